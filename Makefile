@@ -1,0 +1,28 @@
+# The two set-up commands of the README. Each creates .venv when missing and installs into it.
+# torch is pinned here (the CPU build these machines install from local disk); the package's own
+# requirement stays a range.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+TORCH_PIN ?= torch==2.13.0
+
+.PHONY: demo test bench clean-venv
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH_PIN)"
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $@
+
+demo: $(VENV)/.installed
+	$(VENV)/bin/pilotrun demo --out $(or $(OUT),demo-out)
+
+test: $(VENV)/.installed
+	$(PY) -m pytest -q
+
+bench: $(VENV)/.installed
+	$(PY) bench/run.py
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,21 @@
+"""pilotrun: rehearse a PyTorch fine-tuning campaign on a small pilot before renting GPUs.
+
+Heavy modules (torch, transformers) are imported lazily so that ``pilotrun --help`` and
+``pilotrun validate`` answer quickly.
+"""
+
+__version__ = "0.1.0"
+
+__all__ = ["__version__", "Task", "phase"]
+
+
+def __getattr__(name):
+    if name == "Task":
+        from pilotrun.tasks.base import Task
+
+        return Task
+    if name == "phase":
+        from pilotrun.probe.recorder import phase
+
+        return phase
+    raise AttributeError(f"module 'pilotrun' has no attribute {name!r}")

@@ -1,0 +1,53 @@
+"""Batch arithmetic: examples per update, updates per epoch, what the last partial batch does, and
+what the budget means in examples. Printed, never silently changed."""
+
+from __future__ import annotations
+
+import math
+
+from pilotrun.errors import BadInput
+
+
+def data_parallel_ranks(t) -> int:
+    return t.nproc if t.strategy in ("ddp", "fsdp") else 1
+
+
+def batch_arithmetic(t, n_train: int) -> dict:
+    ranks = data_parallel_ranks(t)
+    per_update = t.micro_batch * t.accumulation * ranks
+    full, rest = divmod(n_train, per_update)
+    if full == 0 and (t.drop_last or rest == 0):
+        raise BadInput(f"{n_train} training examples are fewer than one update of {per_update} "
+                       f"(train.micro_batch={t.micro_batch} × train.accumulation={t.accumulation} × {ranks} ranks)",
+                       where="train.micro_batch",
+                       fix="lower train.micro_batch or train.accumulation, or add training examples")
+    per_epoch = full if (t.drop_last or rest == 0) else full + 1
+    if t.epochs is not None:
+        updates = max(1, math.ceil(t.epochs * per_epoch))
+    else:
+        updates = t.updates
+    full_epochs, extra = divmod(updates, per_epoch)
+    examples_per_epoch = n_train - rest if t.drop_last else n_train
+    seen = full_epochs * examples_per_epoch + min(extra * per_update, examples_per_epoch)
+    if rest == 0:
+        last = "every update is full"
+    elif t.drop_last:
+        last = (f"train.drop_last=true: the last {rest} examples of each (shuffled) epoch are skipped; "
+                "a different set each epoch")
+    else:
+        last = f"train.drop_last=false: the last update of each epoch has {rest} examples instead of {per_update}"
+    return {
+        "micro_batch": t.micro_batch, "accumulation": t.accumulation, "ranks": ranks,
+        "examples_per_update": per_update, "train_examples": n_train, "updates_per_epoch": per_epoch,
+        "last_partial": last, "updates": updates, "epochs": round(updates / per_epoch, 3),
+        "examples_seen": seen, "budget_from": "train.epochs" if t.epochs is not None else "train.updates",
+    }
+
+
+def describe(a: dict) -> list[str]:
+    return [
+        f"examples per update = micro_batch {a['micro_batch']} × accumulation {a['accumulation']} × "
+        f"ranks {a['ranks']} = {a['examples_per_update']}",
+        f"updates per epoch = {a['updates_per_epoch']} ({a['train_examples']} training examples); {a['last_partial']}",
+        f"budget ({a['budget_from']}): {a['updates']} updates ≈ {a['epochs']} epochs, {a['examples_seen']} examples seen",
+    ]

@@ -1,0 +1,96 @@
+"""What ``validate`` checks beyond the schema: the task's needs, the files, the fields in the records."""
+
+from __future__ import annotations
+
+from pilotrun.errors import BadInput, BadInputs
+from pilotrun.tasks.common import SPLITS, template_fields
+
+
+def task_needs(c) -> list[BadInput]:
+    d, problems = c.data, []
+    if d.train is None:
+        problems.append(BadInput("no training data", where="data.train", fix="set data.train to a .jsonl/.json/.csv/.parquet file"))
+    if c.task == "causal-lm":
+        if d.messages is None and (d.prompt is None or d.response is None):
+            problems.append(BadInput("causal-lm needs data.prompt and data.response, or data.messages", where="data",
+                                     fix="name the prompt and response fields (or a chat messages field)"))
+        if d.messages is not None and (d.prompt is not None or d.response is not None):
+            problems.append(BadInput("data.messages with data.prompt/response: choose one form", where="data.messages",
+                                     fix="set data.prompt and data.response to null for chat data"))
+        for k in ("text", "label", "labels"):
+            if getattr(d, k) is not None:
+                problems.append(BadInput(f"data.{k} is a seq-cls key; this campaign is causal-lm", where=f"data.{k}",
+                                         fix=f"remove data.{k}, or set task: seq-cls"))
+    elif c.task == "seq-cls":
+        for k in ("text", "label", "labels"):
+            if getattr(d, k) is None:
+                problems.append(BadInput(f"seq-cls needs data.{k}", where=f"data.{k}",
+                                         fix="seq-cls needs data.text, data.label and data.labels (ordered class names)"))
+        if d.labels is not None and len(set(d.labels)) != len(d.labels):
+            problems.append(BadInput("data.labels has repeated names", where="data.labels", fix="list each class once"))
+    if c.model.path is None and c.model.config is None:
+        problems.append(BadInput("no model", where="model", fix="set model.path (local folder) or model.config"))
+    if c.model.path is not None and c.model.config is not None:
+        problems.append(BadInput("model.path and model.config both set", where="model.config",
+                                 fix="keep model.path to fine-tune, or model.config for random init"))
+    if c.model.config is not None and c.model.tokenizer is None:
+        problems.append(BadInput("model.config needs a tokenizer", where="model.tokenizer",
+                                 fix="set model.tokenizer: byte, or a local tokenizer folder"))
+    if c.train.precision == "bf16-true" and c.model.dtype == "float16":
+        problems.append(BadInput("train.precision=bf16-true with model.dtype=float16", where="model.dtype",
+                                 fix="set model.dtype: bfloat16 (or float32)"))
+    return problems
+
+
+def fields_named(c) -> list[tuple[str, str]]:
+    """(field, key) pairs every record must have."""
+    d, out = c.data, []
+    if c.task == "causal-lm":
+        if d.messages:
+            out.append((d.messages, "data.messages"))
+        else:
+            names = template_fields(d.prompt or "") if d.prompt else None
+            out += [(n, "data.prompt") for n in (names or ([d.prompt] if d.prompt else []))]
+            if d.response:
+                out.append((d.response, "data.response"))
+    elif c.task == "seq-cls":
+        out += [(d.text, "data.text"), (d.label, "data.label")]
+    for key in ("group_by", "period_by"):
+        if getattr(d, key):
+            out.append((getattr(d, key), f"data.{key}"))
+    return [(f, k) for f, k in out if f]
+
+
+def check_records(c) -> dict[str, int]:
+    """Read every data file and check each record has the named fields. Returns records per split."""
+    from pilotrun.data.readers import read_records
+
+    counts, problems = {}, []
+    need = fields_named(c) if c.task in ("causal-lm", "seq-cls") else []
+    for split in SPLITS:
+        path = getattr(c.data, split)
+        if path is None:
+            continue
+        try:
+            records = read_records(path)
+        except BadInput as e:
+            problems.append(e)
+            continue
+        counts[split] = len(records)
+        for f, key in need:
+            missing = [r for r in records if f not in r.fields]
+            if missing:
+                present = ", ".join(sorted(missing[0].fields))
+                problems.append(BadInput(
+                    f"{len(missing)} of {len(records)} records have no field '{f}' (named by {key}); "
+                    f"fields present: {present}", where=missing[0].where,
+                    fix=f"set {key} to an existing field, or add '{f}' to every record"))
+    if problems:
+        raise BadInputs(problems) if len(problems) > 1 else problems[0]
+    return counts
+
+
+def check_consistency(c) -> None:
+    problems = task_needs(c)
+    if problems:
+        raise BadInputs(problems) if len(problems) > 1 else problems[0]

@@ -1,0 +1,244 @@
+"""Loading a campaign file: YAML with line numbers, ``--set`` overrides, errors that name the key.
+
+Every error is a :class:`BadInput` naming the file, the line when known, the dotted key, the value
+and a fix.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from pilotrun.campaign.schema import Campaign
+from pilotrun.errors import BadInput, BadInputs
+
+PATH_KEYS = ("model.path", "model.tokenizer", "data.train", "data.validation", "data.test")
+
+
+@dataclass
+class LoadedCampaign:
+    """A validated campaign with its paths resolved against the campaign file's folder."""
+
+    campaign: Campaign
+    source: Path | None
+    base_dir: Path
+
+    @property
+    def c(self) -> Campaign:
+        return self.campaign
+
+    def resolved_dict(self) -> dict[str, Any]:
+        return self.campaign.model_dump(mode="json")
+
+    def config_sha256(self) -> str:
+        return sha256_of_config(self.resolved_dict())
+
+    def with_overrides(self, overrides: dict[str, Any]) -> "LoadedCampaign":
+        raw = apply_overrides(self.resolved_dict(), overrides, where=str(self.source or "campaign"))
+        return LoadedCampaign(_validate(raw, self.source, {}), self.source, self.base_dir)
+
+
+def sha256_of_config(d: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(d, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def _line_index(text: str) -> dict[tuple, int]:
+    """Map each key path in a YAML document to its 1-based line."""
+    out: dict[tuple, int] = {}
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        return out
+
+    def walk(n, path):
+        if isinstance(n, yaml.MappingNode):
+            for k, v in n.value:
+                p = path + (k.value,)
+                out[p] = k.start_mark.line + 1
+                walk(v, p)
+        elif isinstance(n, yaml.SequenceNode):
+            for i, v in enumerate(n.value):
+                p = path + (i,)
+                out[p] = v.start_mark.line + 1
+                walk(v, p)
+
+    if node is not None:
+        walk(node, ())
+    return out
+
+
+def _known_keys(model: type[BaseModel]) -> list[str]:
+    return list(model.model_fields)
+
+
+def _submodel_at(loc: tuple) -> type[BaseModel] | None:
+    model: Any = Campaign
+    for part in loc:
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            return None
+        field = model.model_fields.get(part)
+        if field is None:
+            return None
+        ann = field.annotation
+        # unwrap Optional[X]
+        args = getattr(ann, "__args__", None)
+        if args:
+            ann = next((a for a in args if isinstance(a, type) and issubclass(a, BaseModel)), ann)
+        model = ann
+    return model if isinstance(model, type) and issubclass(model, BaseModel) else None
+
+
+def _format_errors(err: ValidationError, where: str, lines: dict[tuple, int]) -> BadInputs:
+    problems = []
+    for e in err.errors():
+        loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-after")))
+        key = ".".join(str(p) for p in loc) or "(top level)"
+        line = None
+        for n in range(len(loc), 0, -1):
+            if loc[:n] in lines:
+                line = lines[loc[:n]]
+                break
+        at = f"{where}:{line}" if line else where
+        if e["type"] == "extra_forbidden":
+            parent = _submodel_at(loc[:-1]) or Campaign
+            choices = _known_keys(parent)
+            close = difflib.get_close_matches(str(loc[-1]), choices, n=1)
+            fix = f"did you mean '{'.'.join(map(str, loc[:-1] + (close[0],)))}'?" if close else (
+                f"known keys here: {', '.join(choices)}")
+            problems.append(BadInput(f"unknown key '{key}'", where=at, fix=fix))
+        else:
+            value = e.get("input")
+            shown = json.dumps(value, default=str)[:80] if value is not None else "null"
+            msg = e["msg"].removeprefix("Value error, ")
+            if e["type"] in ("value_error", "assertion_error"):
+                problems.append(BadInput(f"{key}: {msg}" if loc else msg, where=at))
+            else:
+                problems.append(BadInput(f"key '{key}' = {shown}: {msg}", where=at,
+                                         fix=f"set {key} to a valid value (see `pilotrun init` for a commented example)"))
+    return BadInputs(problems) if len(problems) > 1 else problems[0]
+
+
+def _validate(raw: dict[str, Any], source: Path | None, lines: dict[tuple, int]) -> Campaign:
+    where = str(source) if source else "campaign"
+    try:
+        return Campaign.model_validate(raw)
+    except ValidationError as err:
+        raise _format_errors(err, where, lines) from None
+
+
+def _coerce_value(text: str) -> Any:
+    """--set values are YAML scalars/flow collections: 1e-4, true, null, [1, 2], {a: 1}."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def parse_set(items: list[str] | tuple[str, ...]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in items:
+        if "=" not in item:
+            raise BadInput(f"--set {item!r} is not KEY=VALUE", where="--set",
+                           fix="write it as --set train.lr=3e-4")
+        key, value = item.split("=", 1)
+        key = key.strip()
+        if not key:
+            raise BadInput(f"--set {item!r} has an empty key", where="--set", fix="write it as --set train.lr=3e-4")
+        out[key] = _coerce_value(value)
+    return out
+
+
+def apply_overrides(raw: dict[str, Any], overrides: dict[str, Any], *, where: str = "--set") -> dict[str, Any]:
+    """Apply dotted-key overrides to a raw campaign dict; an unknown key is an error naming it."""
+    raw = copy.deepcopy(raw)
+    for key, value in overrides.items():
+        parts = key.split(".")
+        node = raw
+        for i, part in enumerate(parts):
+            sub = _submodel_at(tuple(parts[:i]))
+            known = _known_keys(sub) if sub is not None else None
+            if known is not None and part not in known:
+                close = difflib.get_close_matches(part, known, n=1)
+                fix = (f"did you mean '{'.'.join(parts[:i] + [close[0]])}'?" if close
+                       else f"known keys: {', '.join(known)}")
+                raise BadInput(f"unknown key '{key}'", where=where, fix=fix)
+            if i == len(parts) - 1:
+                node[part] = value
+            else:
+                child = node.get(part)
+                if child is None:
+                    child = node[part] = {}
+                if not isinstance(child, dict):
+                    raise BadInput(f"'{'.'.join(parts[:i+1])}' is not a section; cannot set '{key}'", where=where,
+                                   fix="set the whole value instead")
+                node = child
+    return raw
+
+
+def _read_yaml(path: Path) -> tuple[dict[str, Any], dict[tuple, int]]:
+    if not path.is_file():
+        raise BadInput("campaign file not found", where=str(path),
+                       fix="pass the path of a campaign.yaml (pilotrun init writes one)")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise BadInput(f"not UTF-8 text (byte {e.start})", where=str(path), fix="save the file as UTF-8") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f"{path}:{mark.line + 1}" if mark else str(path)
+        problem = getattr(e, "problem", None) or str(e)
+        raise BadInput(f"invalid YAML: {problem}", where=at, fix="fix the YAML syntax at that line") from None
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise BadInput("the campaign file must be a mapping of keys (name:, model:, data:, train: ...)",
+                       where=str(path), fix="see `pilotrun init` for the shape")
+    return raw, _line_index(text)
+
+
+def _resolve_paths(c: Campaign, base: Path) -> None:
+    def res(v: str | None, allow_byte: bool = False) -> str | None:
+        if v is None or (allow_byte and v == "byte"):
+            return v
+        p = Path(v).expanduser()
+        return str(p if p.is_absolute() else (base / p).resolve())
+
+    c.model.path = res(c.model.path)
+    c.model.tokenizer = res(c.model.tokenizer, allow_byte=True)
+    c.data.train = res(c.data.train)
+    c.data.validation = res(c.data.validation)
+    c.data.test = res(c.data.test)
+
+
+def load_campaign(path: str | Path, overrides: dict[str, Any] | None = None) -> LoadedCampaign:
+    """Read, override and validate a campaign file. Raises BadInput naming file, line and key."""
+    path = Path(path).resolve()
+    raw, lines = _read_yaml(path)
+    if overrides:
+        raw = apply_overrides(raw, overrides, where="--set")
+        lines = {}  # overridden values have no line in the file
+    c = _validate(raw, path, lines)
+    _resolve_paths(c, path.parent)
+    return LoadedCampaign(c, path, path.parent)
+
+
+def campaign_from_dict(raw: dict[str, Any], base_dir: Path, overrides: dict[str, Any] | None = None) -> LoadedCampaign:
+    if overrides:
+        raw = apply_overrides(raw, overrides)
+    c = _validate(raw, None, {})
+    _resolve_paths(c, base_dir)
+    return LoadedCampaign(c, None, base_dir)
+
+
+def dump_yaml(d: dict[str, Any]) -> str:
+    return yaml.safe_dump(d, sort_keys=False, allow_unicode=True)

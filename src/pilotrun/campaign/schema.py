@@ -1,0 +1,182 @@
+"""The campaign file as typed models: one docstring per key (SPEC.md "Campaign file").
+
+Only pydantic is imported here, so ``validate`` stays fast.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
+
+_STRICT = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=False)
+
+
+class AdapterConfig(BaseModel):
+    model_config = _STRICT
+    kind: Literal["lora"] = "lora"
+    """Adapter kind; LoRA through peft."""
+    r: PositiveInt = 8
+    """LoRA rank."""
+    alpha: float = 16.0
+    """LoRA scaling numerator (scale = alpha / r)."""
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    """Dropout on the LoRA branch."""
+    target_modules: list[str] | None = None
+    """Module names to adapt, e.g. [q_proj, v_proj]; null lets peft pick for known architectures."""
+
+
+class ModelConfig(BaseModel):
+    model_config = _STRICT
+    path: str | None = None
+    """Local Hugging Face model directory; never downloads. Relative to the campaign file."""
+    config: dict[str, Any] | None = None
+    """Or a transformers config dict (with model_type) for random initialisation."""
+    tokenizer: str | None = None
+    """Local tokenizer directory, or "byte" for the built-in byte-level tokenizer; default model.path."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """The dtype the weights are held in."""
+    adapter: AdapterConfig | None = None
+    """Parameter-efficient adapter, e.g. {kind: lora, r: 8, alpha: 16, target_modules: [q_proj, v_proj]}."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass to save memory."""
+    trust_remote_code: bool = False
+    """Allow model code shipped in the model directory to run. Off unless set; recorded in the journal."""
+
+
+class DataConfig(BaseModel):
+    model_config = _STRICT
+    train: str | None = None
+    """Training records (.jsonl .json .csv .parquet), relative to the campaign file."""
+    validation: str | None = None
+    """Validation records, same formats."""
+    test: str | None = None
+    """Test records, same formats (optional)."""
+    prompt: str | None = None
+    """causal-lm: the prompt field, or a template over fields such as "Q: {question}\\nA: "."""
+    response: str | None = None
+    """causal-lm: the response field: the only tokens in the loss."""
+    messages: str | None = None
+    """causal-lm chat: field holding [{role, content}]; loss on assistant turns only."""
+    text: str | None = None
+    """seq-cls: the text field."""
+    label: str | None = None
+    """seq-cls: the label field (a class name or an id)."""
+    labels: list[str] | None = None
+    """seq-cls: ordered class names; id i means labels[i]."""
+    group_by: str | None = None
+    """Leakage unit (conversation, patient, source document ...): a field of each record."""
+    period_by: str | None = None
+    """Optional time field: validation/test must not precede train."""
+    max_length: PositiveInt = 256
+    """Tokens per example after truncation (from the right)."""
+
+
+class StopConfig(BaseModel):
+    model_config = _STRICT
+    on_nan: bool = True
+    """Stop as diverged when a loss is NaN or infinite."""
+    diverge_factor: float | None = Field(3.0, gt=1.0)
+    """Stop as diverged when the training loss exceeds this factor times the first update's loss."""
+    patience: PositiveInt | None = None
+    """Stop after this many validations without improvement of the plan metric; null never stops."""
+
+
+class TrainConfig(BaseModel):
+    model_config = _STRICT
+    micro_batch: PositiveInt = 2
+    """Examples per forward/backward pass, per rank."""
+    accumulation: PositiveInt = 8
+    """Forward/backward passes per optimizer update."""
+    precision: Literal["fp32", "bf16-mixed", "fp16-mixed", "bf16-true"] = "fp32"
+    """fp32 | bf16-mixed | fp16-mixed (with a grad scaler) | bf16-true (weights and math in bf16)."""
+    optimizer: Literal["adamw", "sgd"] = "adamw"
+    """The optimizer."""
+    lr: float = Field(1.0e-4, ge=0.0)
+    """Peak learning rate."""
+    weight_decay: float = Field(0.0, ge=0.0)
+    """Decoupled weight decay (AdamW) or L2 (SGD)."""
+    schedule: Literal["constant", "linear", "cosine"] = "constant"
+    """Learning-rate shape after warmup."""
+    warmup: int = Field(0, ge=0)
+    """Updates of linear warmup from 0 to lr."""
+    max_grad_norm: float | None = Field(1.0, gt=0.0)
+    """Clip the global gradient norm to this value; null disables clipping."""
+    updates: PositiveInt | None = 200
+    """The budget in optimizer updates (or give epochs instead)."""
+    epochs: float | None = Field(None, gt=0.0)
+    """The budget in passes over the training set; when set, updates must be null."""
+    drop_last: bool = True
+    """Drop the last partial update of each epoch (true) or train on it with fewer examples (false)."""
+    eval_every: PositiveInt = 20
+    """Updates between validations, fixed before launch."""
+    eval_batch: PositiveInt = 8
+    """Examples per evaluation batch."""
+    save_every: PositiveInt | None = 50
+    """Updates between checkpoints; null saves only at the end."""
+    stop: StopConfig = Field(default_factory=StopConfig)
+    """Stop rules, declared before launch."""
+    strategy: Literal["single", "ddp", "fsdp"] = "single"
+    """single | ddp | fsdp."""
+    nproc: PositiveInt = 1
+    """Processes (ranks) on this machine; launched through torch.distributed."""
+
+    @model_validator(mode="after")
+    def _budget(self) -> "TrainConfig":
+        if self.epochs is not None and self.updates is not None and "updates" in self.model_fields_set:
+            raise ValueError("give train.updates or train.epochs, not both; set the other to null")
+        if self.epochs is not None:
+            self.updates = None
+        if self.updates is None and self.epochs is None:
+            raise ValueError("no budget: set train.updates (optimizer updates) or train.epochs")
+        if self.strategy == "single" and self.nproc > 1:
+            raise ValueError(
+                f"train.nproc={self.nproc} with train.strategy=single; set train.strategy: ddp (or fsdp)"
+            )
+        return self
+
+
+class PlanConfig(BaseModel):
+    model_config = _STRICT
+    metric: str = "val_loss"
+    """The metric the comparison is decided on."""
+    goal: Literal["minimize", "maximize"] = "minimize"
+    """Whether lower or higher is better."""
+    control: dict[str, Any] = Field(default_factory=dict)
+    """Overrides of the control run, as dotted keys."""
+    variants: list[dict[str, Any]] = Field(default_factory=list)
+    """Each variant's overrides, as dotted keys; only what the experiment compares."""
+    seeds: list[int] = Field(default_factory=lambda: [0])
+    """Seeds every arm runs with."""
+
+
+class HardwareConfig(BaseModel):
+    model_config = _STRICT
+    memory_per_gpu: str = "80GiB"
+    """Memory of one target GPU, e.g. 24GiB, 80GiB."""
+    gpus: PositiveInt = 1
+    """GPUs in the rental."""
+    rental_days: list[PositiveInt] = Field(default_factory=lambda: [3, 7, 30])
+    """Rental lengths to plan for."""
+    reserve: float = Field(0.2, ge=0.0, lt=1.0)
+    """Share of each rental kept for evaluation and export."""
+
+
+class Campaign(BaseModel):
+    model_config = _STRICT
+    name: str = "campaign"
+    """A short name for the campaign."""
+    seed: int = 0
+    """Seed of the run (data order, initialisation, dropout)."""
+    task: str = "causal-lm"
+    """causal-lm | seq-cls | "package.module:TaskClass" (Python Task API)."""
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    """The model and tokenizer."""
+    data: DataConfig = Field(default_factory=DataConfig)
+    """Data files and what the loss sees."""
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    """Training settings."""
+    plan: PlanConfig = Field(default_factory=PlanConfig)
+    """The campaign's experiment: control, variants and seeds."""
+    hardware: HardwareConfig = Field(default_factory=HardwareConfig)
+    """The rental being planned."""

@@ -1,0 +1,1 @@
+"""Reading data files with exact error locations; label checks, leakage and splitting."""

@@ -1,0 +1,137 @@
+"""Read records from .jsonl, .json, .csv and .parquet files.
+
+Errors name the file and the line (or row) and say what to do. Each record keeps where it came
+from, so later checks can point at it.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pilotrun.errors import BadInput
+
+FORMATS = (".jsonl", ".json", ".csv", ".parquet")
+
+
+@dataclass(frozen=True)
+class Record:
+    fields: dict[str, Any]
+    where: str  # "path:line" (jsonl, csv), "path[index]" (json, parquet)
+    index: int  # 0-based position in the file
+
+    @property
+    def rid(self) -> str:
+        return self.where
+
+
+def _decode(raw: bytes, path: Path) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        raise BadInput(f"byte 0x{raw[e.start]:02x} at offset {e.start} is not UTF-8", where=f"{path}:{line}",
+                       fix="re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
+
+
+def read_records(path: str | Path) -> list[Record]:
+    path = Path(path)
+    if not path.exists():
+        raise BadInput("data file not found", where=str(path), fix="check the path (relative to the campaign file)")
+    if path.is_dir():
+        raise BadInput("is a folder, not a data file", where=str(path), fix=f"point at one of {', '.join(FORMATS)}")
+    suffix = path.suffix.lower()
+    if suffix not in FORMATS:
+        raise BadInput(f"unknown data format '{suffix}'", where=str(path), fix=f"use one of {', '.join(FORMATS)}")
+    if suffix == ".parquet":
+        records = _read_parquet(path)
+    else:
+        text = _decode(path.read_bytes(), path)
+        if suffix == ".jsonl":
+            records = _read_jsonl(text, path)
+        elif suffix == ".json":
+            records = _read_json(text, path)
+        else:
+            records = _read_csv(text, path)
+    if not records:
+        raise BadInput("no records in the file", where=str(path), fix="fill the file or remove the key")
+    return records
+
+
+def _read_jsonl(text: str, path: Path) -> list[Record]:
+    out = []
+    for n, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise BadInput(f"invalid JSON: {e.msg} (column {e.colno})", where=f"{path}:{n}",
+                           fix="each line must hold one JSON object") from None
+        if not isinstance(obj, dict):
+            raise BadInput(f"a JSON {type(obj).__name__}, not an object", where=f"{path}:{n}",
+                           fix="each line must hold one JSON object such as {\"prompt\": ..., \"response\": ...}")
+        out.append(Record(obj, f"{path}:{n}", len(out)))
+    return out
+
+
+def _read_json(text: str, path: Path) -> list[Record]:
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise BadInput(f"invalid JSON: {e.msg} (column {e.colno})", where=f"{path}:{e.lineno}",
+                       fix="the file must hold a JSON list of objects") from None
+    if isinstance(obj, dict) and len(obj) == 1 and isinstance(next(iter(obj.values())), list):
+        obj = next(iter(obj.values()))
+    if not isinstance(obj, list):
+        raise BadInput("the JSON file must hold a list of objects", where=str(path),
+                       fix="write [{...}, {...}] or use .jsonl with one object per line")
+    out = []
+    for i, item in enumerate(obj):
+        if not isinstance(item, dict):
+            raise BadInput(f"item {i} is a JSON {type(item).__name__}, not an object", where=f"{path}[{i}]",
+                           fix="every item must be an object of fields")
+        out.append(Record(item, f"{path}[{i}]", i))
+    return out
+
+
+def _read_csv(text: str, path: Path) -> list[Record]:
+    reader = csv.reader(io.StringIO(text, newline=""))
+    try:
+        header = next(reader)
+    except StopIteration:
+        return []
+    out = []
+    for row in reader:
+        line = reader.line_num
+        if not any(cell.strip() for cell in row):
+            continue
+        if len(row) != len(header):
+            raise BadInput(f"{len(row)} columns where the header has {len(header)} ({', '.join(header)})",
+                           where=f"{path}:{line}", fix="quote fields that contain commas; give every row each column")
+        out.append(Record(dict(zip(header, row)), f"{path}:{line}", len(out)))
+    return out
+
+
+def _read_parquet(path: Path) -> list[Record]:
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(path)
+    except Exception as e:  # pyarrow raises several types for a damaged file
+        raise BadInput(f"cannot read parquet: {e}", where=str(path), fix="rewrite the file with pyarrow or pandas") from None
+    return [Record(row, f"{path}[{i}]", i) for i, row in enumerate(table.to_pylist())]
+
+
+def fingerprint(path: str | Path) -> str:
+    """sha256 of the file's bytes."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()

@@ -1,0 +1,239 @@
+"""The one training loop. Every check (overfit, pilot, resume, sweep) runs through these functions.
+
+Reading order: ``TrainState`` (what a run is), ``run_update`` (one optimizer update),
+``evaluate`` (validation loss), ``train`` (the loop: sample → update → log → eval → stop rules →
+checkpoint).
+
+The loss of an update is the sum of per-target losses over all its micro-batches and ranks divided
+by the number of targets in the whole update. Counting the targets first and dividing each
+micro-batch's sum by that total makes K accumulated micro-batches equal one batch of K·m, even
+when their lengths differ — a per-micro-batch mean would weight short batches' tokens more.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from pilotrun.engine.distributed import all_reduce_sum, world_rank
+from pilotrun.engine.optim import make_optimizer, make_scheduler
+from pilotrun.engine.precision import autocast, make_scaler
+from pilotrun.engine.sampler import UpdateSampler
+
+
+@dataclass
+class TrainState:
+    model: Any
+    optimizer: Any
+    scheduler: Any
+    scaler: Any
+    sampler: UpdateSampler
+    precision: str
+    device: Any
+    total_updates: int
+    update: int = 0
+    examples_seen: int = 0
+    initial_loss: float | None = None
+    best_metric: float | None = None
+    evals_without_improvement: int = 0
+
+    def counters(self) -> dict:
+        return {"update": self.update, "examples_seen": self.examples_seen, "initial_loss": self.initial_loss,
+                "best_metric": self.best_metric, "evals_without_improvement": self.evals_without_improvement,
+                "total_updates": self.total_updates}
+
+    def load_counters(self, d: dict) -> None:
+        for k in ("update", "examples_seen", "initial_loss", "best_metric", "evals_without_improvement"):
+            setattr(self, k, d[k])
+
+    @property
+    def lr(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"])
+
+
+def make_state(model, t, *, n_train: int, seed: int, total_updates: int, device=None) -> TrainState:
+    """A fresh state for a model: optimizer, schedule, scaler and sampler from the train section ``t``."""
+    import torch
+
+    world, rank = world_rank()
+    device = device or torch.device("cpu")
+    optimizer = make_optimizer(model, t)
+    return TrainState(model=model, optimizer=optimizer, scheduler=make_scheduler(optimizer, t, total_updates),
+                      scaler=make_scaler(t.precision, device.type),
+                      sampler=UpdateSampler(n_train, t.micro_batch, t.accumulation, seed, t.drop_last, rank, world),
+                      precision=t.precision, device=device, total_updates=total_updates)
+
+
+def _to(batch: dict, device) -> dict:
+    return {k: (v.to(device) if hasattr(v, "to") else v) for k, v in batch.items()}
+
+
+def run_update(state: TrainState, task, micro_batches: list[list], *, max_grad_norm: float | None,
+               step: bool = True) -> dict:
+    """One optimizer update over this rank's micro-batches (lists of encoded examples).
+
+    Returns the update's loss (normalised over all its targets on all ranks), its target count,
+    the gradient norm before clipping, the lr used and whether the loss was finite. A non-finite
+    loss skips the optimizer step.
+    """
+    import torch
+
+    model, opt = state.model, state.optimizer
+    world, _ = world_rank()
+    batches = [_to(task.collate(mb), state.device) for mb in micro_batches if mb]
+    local_targets = sum(task.count_targets(b) for b in batches)
+    total_targets = all_reduce_sum(local_targets, state.device)
+    if total_targets == 0:
+        raise ValueError("an update with no target tokens: every label is masked")
+    loss_sum = 0.0
+    model.train()
+    for i, batch in enumerate(batches):
+        # DDP averages gradients over ranks; multiplying by world turns that back into the global sum.
+        sync = i == len(batches) - 1 or not hasattr(model, "no_sync")
+        with (contextlib.nullcontext() if sync else model.no_sync()):
+            with autocast(state.precision, state.device.type):
+                s, _ = task.loss(model, batch)
+            scaled = s * (world / total_targets)
+            (state.scaler.scale(scaled) if state.scaler is not None else scaled).backward()
+        loss_sum += float(s.detach())
+    loss = all_reduce_sum(loss_sum, state.device) / total_targets
+    finite = math.isfinite(loss)
+    lr = state.lr
+    params = [p for p in model.parameters() if p.requires_grad]
+    # The scaler unscales, clips, steps and updates its scale once per update, after all passes.
+    if state.scaler is not None:
+        state.scaler.unscale_(opt)
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm else float("inf")))
+    if step and finite:
+        if state.scaler is not None:
+            state.scaler.step(opt)
+            state.scaler.update()
+        else:
+            opt.step()
+        state.scheduler.step()
+    opt.zero_grad(set_to_none=True)
+    n_examples = int(all_reduce_sum(sum(len(mb) for mb in micro_batches), state.device))
+    if step and finite:
+        state.update += 1
+        state.examples_seen += n_examples
+    return {"loss": loss, "targets": int(total_targets), "grad_norm": grad_norm, "lr": lr, "finite": finite,
+            "examples": n_examples}
+
+
+def evaluate(state: TrainState, task, examples: list, batch_size: int) -> dict:
+    """Validation loss over the examples (this rank's shard under torch.distributed), per target."""
+    import torch
+
+    world, rank = world_rank()
+    mine = examples[rank::world]
+    model = state.model
+    was_training = model.training
+    model.eval()
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for i in range(0, len(mine), batch_size):
+            batch = _to(task.collate(mine[i: i + batch_size]), state.device)
+            with autocast(state.precision, state.device.type):
+                s, n = task.loss(model, batch)
+            total += float(s)
+            count += int(n)
+    if was_training:
+        model.train()
+    total, count = all_reduce_sum(total, state.device), all_reduce_sum(count, state.device)
+    return {"val_loss": total / count if count else float("nan"), "targets": int(count), "examples": len(examples)}
+
+
+@dataclass
+class LoopResult:
+    status: str  # completed | diverged | stopped | interrupted
+    reason: str
+    history: list[dict] = field(default_factory=list)
+    evals: list[dict] = field(default_factory=list)
+    wall_s: float = 0.0
+
+
+@dataclass
+class Hooks:
+    """Optional callbacks; a stage that needs something unusual gets it here, never by copying the loop."""
+
+    on_update: Callable[[TrainState, dict], None] | None = None
+    on_eval: Callable[[TrainState, dict], None] | None = None
+    on_checkpoint: Callable[[TrainState, Any], None] | None = None
+    stop_at: int | None = None  # end the loop after this update (resume tests)
+
+
+def train(state: TrainState, task, train_examples: list, val_examples: list, t, *, plan_metric: str = "val_loss",
+          goal: str = "minimize", checkpoint_dir=None, hooks: Hooks | None = None, progress=None) -> LoopResult:
+    """The loop. ``t`` is the campaign's train section; the budget is ``state.total_updates``."""
+    from pilotrun.engine.state import save_state
+
+    hooks = hooks or Hooks()
+    started = time.perf_counter()
+    result = LoopResult("completed", f"budget of {state.total_updates} updates reached")
+    end = state.total_updates if hooks.stop_at is None else min(hooks.stop_at, state.total_updates)
+
+    def do_eval() -> bool:
+        """Returns True when the patience rule stops the run."""
+        if not val_examples:
+            return False
+        ev = evaluate(state, task, val_examples, t.eval_batch)
+        ev.update(update=state.update, examples_seen=state.examples_seen, wall_s=time.perf_counter() - started)
+        result.evals.append(ev)
+        if hooks.on_eval:
+            hooks.on_eval(state, ev)
+        value = ev.get(plan_metric, ev["val_loss"])
+        better = state.best_metric is None or (value < state.best_metric if goal == "minimize"
+                                               else value > state.best_metric)
+        if better:
+            state.best_metric, state.evals_without_improvement = value, 0
+        elif state.update > 0:
+            state.evals_without_improvement += 1
+        patience = t.stop.patience
+        return bool(patience and state.evals_without_improvement >= patience)
+
+    if state.update == 0:
+        do_eval()
+    while state.update < end:
+        micro_batches = [[train_examples[i] for i in mb] for mb in state.sampler.next_update()]
+        t0 = time.perf_counter()
+        out = run_update(state, task, micro_batches, max_grad_norm=t.max_grad_norm)
+        out.update(update=state.update if out["finite"] else state.update + 1, examples_seen=state.examples_seen,
+                   seconds=time.perf_counter() - t0, wall_s=time.perf_counter() - started,
+                   ids=[[e.rid for e in mb] for mb in micro_batches],
+                   epoch=state.sampler.epoch)
+        result.history.append(out)
+        if state.initial_loss is None and out["finite"]:
+            state.initial_loss = out["loss"]
+        if hooks.on_update:
+            hooks.on_update(state, out)
+        if progress is not None:
+            progress(state, out)
+        if not out["finite"]:
+            if t.stop.on_nan:
+                result.status, result.reason = "diverged", f"loss is {out['loss']} at update {out['update']}"
+                break
+            continue
+        factor = t.stop.diverge_factor
+        if factor and state.initial_loss and out["loss"] > factor * state.initial_loss:
+            result.status = "diverged"
+            result.reason = (f"loss {out['loss']:.4g} at update {state.update} is above {factor} × the first "
+                             f"update's {state.initial_loss:.4g} (train.stop.diverge_factor)")
+            break
+        last = state.update == end
+        if state.update % t.eval_every == 0 or (last and state.update == state.total_updates):
+            if do_eval():
+                result.status = "stopped"
+                result.reason = (f"{t.stop.patience} validations without improvement of {plan_metric} "
+                                 f"(train.stop.patience) at update {state.update}")
+                break
+        if checkpoint_dir is not None and t.save_every and state.update % t.save_every == 0:
+            path = save_state(state, f"{checkpoint_dir}/update-{state.update:06d}")
+            if hooks.on_checkpoint:
+                hooks.on_checkpoint(state, path)
+    if result.status == "completed" and hooks.stop_at is not None and state.update < state.total_updates:
+        result.reason = f"stopped at update {state.update} as asked"
+    result.wall_s = time.perf_counter() - started
+    return result

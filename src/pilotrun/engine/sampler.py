@@ -1,0 +1,61 @@
+"""A resumable sampler that hands out whole optimizer updates.
+
+Each epoch is a fresh permutation of the training set drawn from (seed, epoch) alone, so the data
+order after a resume depends only on the saved position (epoch, cursor), not on any RNG state.
+An update takes ``micro_batch × accumulation × world`` examples; rank r gets its contiguous share,
+cut into micro-batches. With drop_last the remainder of an epoch (fewer than one update) is
+skipped; otherwise it forms a smaller last update.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class UpdateSampler:
+    n: int
+    micro_batch: int
+    accumulation: int
+    seed: int
+    drop_last: bool = True
+    rank: int = 0
+    world: int = 1
+    epoch: int = 0
+    cursor: int = 0
+
+    @property
+    def per_update(self) -> int:
+        return self.micro_batch * self.accumulation * self.world
+
+    @property
+    def updates_per_epoch(self) -> int:
+        full, rest = divmod(self.n, self.per_update)
+        return full if (self.drop_last or rest == 0) else full + 1
+
+    def permutation(self, epoch: int) -> np.ndarray:
+        return np.random.default_rng([self.seed, epoch]).permutation(self.n)
+
+    def next_update(self) -> list[list[int]]:
+        """Micro-batches (lists of example indices) for this rank's share of the next update."""
+        if self.updates_per_epoch == 0:
+            raise ValueError(f"{self.n} training examples are fewer than one update of {self.per_update}")
+        if self.cursor >= self.n or (self.drop_last and self.cursor + self.per_update > self.n):
+            self.epoch += 1
+            self.cursor = 0
+        perm = self.permutation(self.epoch)
+        chunk = perm[self.cursor: self.cursor + self.per_update].tolist()
+        self.cursor += self.per_update
+        share = -(-len(chunk) // self.world)  # ceil: the last partial update is split as evenly as it goes
+        mine = chunk[self.rank * share: (self.rank + 1) * share]
+        return [mine[i: i + self.micro_batch] for i in range(0, len(mine), self.micro_batch)]
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "cursor": self.cursor, "n": self.n, "seed": self.seed}
+
+    def load_state_dict(self, d: dict) -> None:
+        if d["n"] != self.n:
+            raise ValueError(f"saved sampler was over {d['n']} examples, this data has {self.n}")
+        self.epoch, self.cursor = int(d["epoch"]), int(d["cursor"])

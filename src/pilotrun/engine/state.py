@@ -1,0 +1,130 @@
+"""The full training state, saved atomically and loaded without unpickling arbitrary objects.
+
+A checkpoint is a folder: model weights (safetensors), optimizer state (torch.save of tensors and
+numbers only, read back with ``weights_only=True``), RNG tensors (safetensors), and JSON for the
+scheduler, the grad scaler, the sampler position, the counters and Python/NumPy RNG states. It is
+written under a temporary name and renamed into place after everything, the manifest last, is on
+disk, so a folder with a final name is always complete.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from pathlib import Path
+
+import numpy as np
+
+from pilotrun.journal.files import MANIFEST, commit_dir, verify_manifest, write_manifest
+
+COMPONENTS = ("model", "optimizer", "scheduler", "scaler", "rng", "sampler", "counters")
+
+
+def _np_state_to_json(st) -> dict:
+    name, keys, pos, has_gauss, cached = st
+    return {"name": name, "keys": keys.tolist(), "pos": int(pos), "has_gauss": int(has_gauss), "cached": float(cached)}
+
+
+def _np_state_from_json(d) -> tuple:
+    return (d["name"], np.array(d["keys"], dtype=np.uint32), d["pos"], d["has_gauss"], d["cached"])
+
+
+def save_state(state, path: str | Path, *, skip: tuple[str, ...] = ()) -> Path:
+    """Write the state to ``path`` (a folder). ``skip`` leaves components out (tests plant defects with it)."""
+    import torch
+    from safetensors.torch import save_file, save_model
+
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    if tmp.exists():
+        import shutil
+
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    if "model" not in skip:
+        save_model(_unwrap(state.model), str(tmp / "model.safetensors"))
+    if "optimizer" not in skip:
+        torch.save(state.optimizer.state_dict(), tmp / "optimizer.pt")
+    if "scheduler" not in skip:
+        (tmp / "scheduler.json").write_text(json.dumps(state.scheduler.state_dict()))
+    if "scaler" not in skip and state.scaler is not None:
+        (tmp / "scaler.json").write_text(json.dumps(state.scaler.state_dict()))
+    if "rng" not in skip:
+        tensors = {"torch": torch.get_rng_state()}
+        if torch.cuda.is_available():
+            for i, s in enumerate(torch.cuda.get_rng_state_all()):
+                tensors[f"cuda{i}"] = s
+        save_file(tensors, str(tmp / "rng.safetensors"))
+        py = random.getstate()
+        (tmp / "rng.json").write_text(json.dumps({"python": [py[0], list(py[1]), py[2]],
+                                                  "numpy": _np_state_to_json(np.random.get_state())}))
+    if "sampler" not in skip:
+        (tmp / "sampler.json").write_text(json.dumps(state.sampler.state_dict()))
+    if "counters" not in skip:
+        (tmp / "counters.json").write_text(json.dumps(state.counters()))
+    write_manifest(tmp, {"kind": "pilotrun-checkpoint", "components": [c for c in COMPONENTS if c not in skip]})
+    commit_dir(tmp, path)
+    return path
+
+
+def is_complete(path: str | Path) -> bool:
+    path = Path(path)
+    return path.is_dir() and (path / MANIFEST).is_file() and not verify_manifest(path)
+
+
+def load_state(state, path: str | Path) -> list[str]:
+    """Restore every component present in the checkpoint; returns the components restored."""
+    import torch
+    from safetensors.torch import load_file, load_model
+
+    path = Path(path)
+    problems = verify_manifest(path)
+    if problems:
+        from pilotrun.errors import BadInput
+
+        raise BadInput("checkpoint does not match its manifest: " + "; ".join(problems), where=str(path),
+                       fix="use an earlier complete checkpoint")
+    restored = []
+    if (path / "model.safetensors").is_file():
+        load_model(_unwrap(state.model), str(path / "model.safetensors"))
+        restored.append("model")
+    if (path / "optimizer.pt").is_file():
+        state.optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True, map_location="cpu"))
+        restored.append("optimizer")
+    if (path / "scheduler.json").is_file():
+        state.scheduler.load_state_dict(json.loads((path / "scheduler.json").read_text()))
+        restored.append("scheduler")
+    if (path / "scaler.json").is_file() and state.scaler is not None:
+        state.scaler.load_state_dict(json.loads((path / "scaler.json").read_text()))
+        restored.append("scaler")
+    if (path / "rng.safetensors").is_file():
+        t = load_file(str(path / "rng.safetensors"))
+        torch.set_rng_state(t["torch"])
+        cuda = [t[k] for k in sorted(k for k in t if k.startswith("cuda"))]
+        if cuda and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(cuda)
+        r = json.loads((path / "rng.json").read_text())
+        random.setstate((r["python"][0], tuple(r["python"][1]), r["python"][2]))
+        np.random.set_state(_np_state_from_json(r["numpy"]))
+        restored.append("rng")
+    if (path / "sampler.json").is_file():
+        state.sampler.load_state_dict(json.loads((path / "sampler.json").read_text()))
+        restored.append("sampler")
+    if (path / "counters.json").is_file():
+        state.load_counters(json.loads((path / "counters.json").read_text()))
+        restored.append("counters")
+    return restored
+
+
+def latest_checkpoint(folder: str | Path) -> Path | None:
+    """The newest complete checkpoint under folder; partial (temporary) folders are never taken."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return None
+    done = sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".") and is_complete(p))
+    return done[-1] if done else None
+
+
+def _unwrap(model):
+    return getattr(model, "module", model)

@@ -1,0 +1,35 @@
+"""The two kinds of failure a user sees, and the exit codes they map to (SPEC.md).
+
+A check that gives a failing verdict is not an exception: stages return verdicts as data.
+"""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_CHECK_FAILED = 1
+EXIT_BAD_INPUT = 2
+EXIT_INTERNAL = 3
+
+
+class BadInput(Exception):
+    """The user's input is wrong: the message names the file, line or key and the fix (exit 2)."""
+
+    def __init__(self, message: str, *, where: str | None = None, fix: str | None = None):
+        self.where = where
+        self.fix = fix
+        self.detail = message
+        text = f"{where}: {message}" if where else message
+        if fix:
+            text = f"{text}\n  fix: {fix}"
+        super().__init__(text)
+
+
+class BadInputs(BadInput):
+    """Several problems found at once, reported together."""
+
+    def __init__(self, problems: list[BadInput]):
+        self.problems = problems
+        Exception.__init__(self, "\n".join(str(p) for p in problems))
+        self.where = None
+        self.fix = None
+        self.detail = str(self)

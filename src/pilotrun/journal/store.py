@@ -1,0 +1,355 @@
+"""The SQLite journal (WAL): runs, phase rows, metrics, predictions, notes, decisions, sweeps.
+
+A run id is never reused and a run row is never deleted; its identity and resolved config are
+immutable (triggers enforce it). Only its status and progress counters move forward.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import socket
+import sqlite3
+import time
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterator
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    run_id TEXT PRIMARY KEY,
+    kind TEXT NOT NULL,
+    name TEXT NOT NULL,
+    created_at TEXT NOT NULL,
+    campaign_path TEXT,
+    config_json TEXT NOT NULL,
+    config_sha256 TEXT NOT NULL,
+    seed INTEGER,
+    git_rev TEXT,
+    packages_json TEXT,
+    data_json TEXT,
+    trust_remote_code INTEGER NOT NULL DEFAULT 0,
+    supersedes TEXT REFERENCES runs(run_id),
+    sweep_id TEXT,
+    arm TEXT,
+    command TEXT,
+    host TEXT,
+    pid INTEGER,
+    status TEXT NOT NULL,
+    started_at TEXT,
+    ended_at TEXT,
+    updates_done INTEGER NOT NULL DEFAULT 0,
+    examples_seen INTEGER NOT NULL DEFAULT 0,
+    summary_json TEXT
+);
+CREATE TRIGGER IF NOT EXISTS runs_no_delete BEFORE DELETE ON runs
+BEGIN SELECT RAISE(ABORT, 'runs are never deleted'); END;
+CREATE TRIGGER IF NOT EXISTS runs_immutable
+BEFORE UPDATE OF run_id, kind, name, created_at, campaign_path, config_json, config_sha256, seed, git_rev,
+    packages_json, data_json, trust_remote_code, supersedes, sweep_id, arm, command ON runs
+BEGIN SELECT RAISE(ABORT, 'a run''s identity and config are immutable'); END;
+CREATE TRIGGER IF NOT EXISTS runs_final_status BEFORE UPDATE OF status ON runs
+WHEN OLD.status NOT IN ('created', 'running')
+BEGIN SELECT RAISE(ABORT, 'a finished run keeps its status'); END;
+
+CREATE TABLE IF NOT EXISTS phases (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    run_id TEXT NOT NULL REFERENCES runs(run_id),
+    phase TEXT NOT NULL,
+    rank INTEGER NOT NULL DEFAULT 0,
+    device TEXT,
+    counter TEXT,
+    inputs_json TEXT,
+    baseline INTEGER,
+    peak_allocated INTEGER,
+    peak_reserved INTEGER,
+    end_allocated INTEGER,
+    end_reserved INTEGER,
+    duration_s REAL,
+    verdict TEXT NOT NULL,
+    note TEXT,
+    created_at TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS metrics (
+    run_id TEXT NOT NULL REFERENCES runs(run_id),
+    split TEXT NOT NULL,
+    name TEXT NOT NULL,
+    step INTEGER NOT NULL,
+    value REAL,
+    examples_seen INTEGER,
+    wall_s REAL,
+    PRIMARY KEY (run_id, split, name, step)
+);
+CREATE TABLE IF NOT EXISTS predictions (
+    run_id TEXT NOT NULL REFERENCES runs(run_id),
+    split TEXT NOT NULL,
+    example_id TEXT NOT NULL,
+    payload_json TEXT NOT NULL,
+    PRIMARY KEY (run_id, split, example_id)
+);
+CREATE TABLE IF NOT EXISTS notes (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    run_id TEXT REFERENCES runs(run_id),
+    text TEXT NOT NULL,
+    decision INTEGER NOT NULL DEFAULT 0,
+    created_at TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS sweeps (
+    sweep_id TEXT PRIMARY KEY,
+    created_at TEXT NOT NULL,
+    campaign_path TEXT,
+    plan_json TEXT NOT NULL,
+    plan_sha256 TEXT NOT NULL
+);
+CREATE TRIGGER IF NOT EXISTS sweeps_immutable BEFORE UPDATE ON sweeps
+BEGIN SELECT RAISE(ABORT, 'a sweep plan is frozen'); END;
+"""
+
+FINAL = ("completed", "diverged", "stopped", "failed", "interrupted")
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+def new_run_id(prefix: str = "") -> str:
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    return f"{prefix}{stamp}-{secrets.token_hex(3)}"
+
+
+def resolve_home(home: str | Path | None, campaign_path: str | Path | None = None) -> Path:
+    """--home, else $PILOTRUN_HOME, else .pilotrun/ beside the campaign file (or in the current folder)."""
+    if home:
+        return Path(home).expanduser().resolve()
+    if os.environ.get("PILOTRUN_HOME"):
+        return Path(os.environ["PILOTRUN_HOME"]).expanduser().resolve()
+    base = Path(campaign_path).resolve().parent if campaign_path else Path.cwd()
+    return base / ".pilotrun"
+
+
+def _pid_alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class Journal:
+    """One journal per home folder. Connections are short-lived and every write is a transaction."""
+
+    def __init__(self, home: str | Path, *, create: bool = True):
+        self.home = Path(home)
+        self.path = self.home / "journal.sqlite"
+        if not create and not self.path.exists():
+            from pilotrun.errors import BadInput
+
+            raise BadInput(f"no journal at {self.path}", where="--home",
+                           fix="pass the --home of an earlier run, or run a stage first")
+        self.home.mkdir(parents=True, exist_ok=True)
+        with self.connect() as db:
+            db.executescript(SCHEMA)
+        self.reap_interrupted()
+
+    @property
+    def runs_dir(self) -> Path:
+        return self.home / "runs"
+
+    def run_dir(self, run_id: str) -> Path:
+        return self.runs_dir / run_id
+
+    @contextmanager
+    def connect(self) -> Iterator[sqlite3.Connection]:
+        db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
+        db.row_factory = sqlite3.Row
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")
+            db.execute("PRAGMA foreign_keys=ON")
+            db.execute("PRAGMA busy_timeout=30000")
+            yield db
+        finally:
+            db.close()
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        with self.connect() as db:
+            for attempt in range(50):
+                try:
+                    db.execute("BEGIN IMMEDIATE")
+                    break
+                except sqlite3.OperationalError as e:
+                    if "locked" not in str(e) or attempt == 49:
+                        raise
+                    time.sleep(0.05 * (attempt + 1))
+            try:
+                yield db
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+
+    # --- runs -------------------------------------------------------------------------------------
+    def create_run(self, *, kind: str, name: str, config: dict, config_sha256: str, campaign_path: str | None,
+                   seed: int | None, git_rev: str | None, packages: dict, data: dict, trust_remote_code: bool,
+                   supersedes: str | None = None, sweep_id: str | None = None, arm: str | None = None,
+                   command: str | None = None, status: str = "running") -> str:
+        if supersedes is not None and self.get_run(supersedes) is None:
+            from pilotrun.errors import BadInput
+
+            raise BadInput(f"run {supersedes} does not exist", where="--supersedes", fix="see `pilotrun runs`")
+        for _ in range(10):
+            run_id = new_run_id()
+            try:
+                with self.transaction() as db:
+                    db.execute(
+                        "INSERT INTO runs (run_id, kind, name, created_at, campaign_path, config_json, config_sha256,"
+                        " seed, git_rev, packages_json, data_json, trust_remote_code, supersedes, sweep_id, arm,"
+                        " command, host, pid, status, started_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                        (run_id, kind, name, now(), campaign_path, json.dumps(config, sort_keys=True), config_sha256,
+                         seed, git_rev, json.dumps(packages), json.dumps(data), int(trust_remote_code), supersedes,
+                         sweep_id, arm, command, socket.gethostname(), os.getpid(), status, now()))
+                return run_id
+            except sqlite3.IntegrityError:
+                continue  # the same id drawn twice in one second: draw again, never reuse
+        raise RuntimeError("could not draw a fresh run id")
+
+    def update_progress(self, run_id: str, *, updates_done: int, examples_seen: int) -> None:
+        with self.transaction() as db:
+            db.execute("UPDATE runs SET updates_done=?, examples_seen=? WHERE run_id=?",
+                       (updates_done, examples_seen, run_id))
+
+    def finish_run(self, run_id: str, status: str, summary: dict | None = None) -> None:
+        assert status in FINAL, status
+        with self.transaction() as db:
+            db.execute("UPDATE runs SET status=?, ended_at=?, summary_json=? WHERE run_id=? AND status IN"
+                       " ('created','running')", (status, now(), json.dumps(summary or {}, default=str), run_id))
+
+    def reap_interrupted(self) -> None:
+        """A run left 'running' by a process that no longer exists on this host was interrupted."""
+        host = socket.gethostname()
+        with self.connect() as db:
+            rows = db.execute("SELECT run_id, pid FROM runs WHERE status='running' AND host=?", (host,)).fetchall()
+        dead = [r["run_id"] for r in rows if not _pid_alive(r["pid"])]
+        for run_id in dead:
+            self.finish_run(run_id, "interrupted", {"reason": "the process ended without finishing the run"})
+
+    def get_run(self, run_id: str) -> dict | None:
+        with self.connect() as db:
+            row = db.execute("SELECT * FROM runs WHERE run_id=?", (run_id,)).fetchone()
+        return _run_dict(row) if row else None
+
+    def require_run(self, run_id: str) -> dict:
+        run = self.get_run(run_id)
+        if run is None:
+            from pilotrun.errors import BadInput
+
+            raise BadInput(f"run {run_id} does not exist in {self.path}", where="RUN_ID",
+                           fix="list runs with `pilotrun runs` (and pass the same --home)")
+        return run
+
+    def list_runs(self, *, kind: str | None = None, sweep_id: str | None = None, name: str | None = None) -> list[dict]:
+        q, args = "SELECT * FROM runs WHERE 1=1", []
+        for col, val in (("kind", kind), ("sweep_id", sweep_id), ("name", name)):
+            if val is not None:
+                q += f" AND {col}=?"
+                args.append(val)
+        with self.connect() as db:
+            return [_run_dict(r) for r in db.execute(q + " ORDER BY created_at, run_id", args)]
+
+    # --- metrics, phases, predictions, notes ------------------------------------------------------
+    def add_metrics(self, run_id: str, rows: list[tuple[str, str, int, float, int | None, float | None]]) -> None:
+        """rows of (split, name, step, value, examples_seen, wall_s)."""
+        with self.transaction() as db:
+            db.executemany("INSERT OR REPLACE INTO metrics VALUES (?,?,?,?,?,?,?)",
+                           [(run_id, *r) for r in rows])
+
+    def metrics(self, run_id: str, split: str | None = None, name: str | None = None) -> list[dict]:
+        q, args = "SELECT * FROM metrics WHERE run_id=?", [run_id]
+        if split:
+            q += " AND split=?"
+            args.append(split)
+        if name:
+            q += " AND name=?"
+            args.append(name)
+        with self.connect() as db:
+            return [dict(r) for r in db.execute(q + " ORDER BY split, name, step", args)]
+
+    def add_phase_rows(self, run_id: str, rows: list[dict]) -> None:
+        cols = ("phase", "rank", "device", "counter", "inputs_json", "baseline", "peak_allocated", "peak_reserved",
+                "end_allocated", "end_reserved", "duration_s", "verdict", "note")
+        with self.transaction() as db:
+            for r in rows:
+                vals = [json.dumps(r.get("inputs", {})) if c == "inputs_json" else r.get(c) for c in cols]
+                db.execute(f"INSERT INTO phases (run_id, {', '.join(cols)}, created_at) VALUES "
+                           f"(?, {', '.join('?' * len(cols))}, ?)", (run_id, *vals, now()))
+
+    def phase_rows(self, run_id: str) -> list[dict]:
+        with self.connect() as db:
+            rows = [dict(r) for r in db.execute("SELECT * FROM phases WHERE run_id=? ORDER BY id", (run_id,))]
+        for r in rows:
+            r["inputs"] = json.loads(r.pop("inputs_json") or "{}")
+        return rows
+
+    def add_predictions(self, run_id: str, split: str, items: list[tuple[str, Any]]) -> None:
+        with self.transaction() as db:
+            db.executemany("INSERT OR REPLACE INTO predictions VALUES (?,?,?,?)",
+                           [(run_id, split, eid, json.dumps(p)) for eid, p in items])
+
+    def predictions(self, run_id: str, split: str) -> dict[str, Any]:
+        with self.connect() as db:
+            return {r["example_id"]: json.loads(r["payload_json"]) for r in
+                    db.execute("SELECT * FROM predictions WHERE run_id=? AND split=?", (run_id, split))}
+
+    def add_note(self, text: str, run_id: str | None = None, decision: bool = False) -> int:
+        if run_id is not None:
+            self.require_run(run_id)
+        with self.transaction() as db:
+            cur = db.execute("INSERT INTO notes (run_id, text, decision, created_at) VALUES (?,?,?,?)",
+                             (run_id, text, int(decision), now()))
+            return int(cur.lastrowid)
+
+    def notes(self, run_id: str | None = None) -> list[dict]:
+        q, args = "SELECT * FROM notes", []
+        if run_id:
+            q += " WHERE run_id=?"
+            args.append(run_id)
+        with self.connect() as db:
+            return [dict(r) for r in db.execute(q + " ORDER BY id", args)]
+
+    # --- sweeps -----------------------------------------------------------------------------------
+    def create_sweep(self, plan: dict, plan_sha256: str, campaign_path: str | None) -> str:
+        sweep_id = "sweep-" + new_run_id()
+        with self.transaction() as db:
+            db.execute("INSERT INTO sweeps VALUES (?,?,?,?,?)",
+                       (sweep_id, now(), campaign_path, json.dumps(plan, sort_keys=True), plan_sha256))
+        return sweep_id
+
+    def get_sweep(self, sweep_id: str) -> dict | None:
+        with self.connect() as db:
+            row = db.execute("SELECT * FROM sweeps WHERE sweep_id=?", (sweep_id,)).fetchone()
+        if row is None:
+            return None
+        d = dict(row)
+        d["plan"] = json.loads(d.pop("plan_json"))
+        return d
+
+    def find_sweep(self, plan_sha256: str) -> dict | None:
+        with self.connect() as db:
+            row = db.execute("SELECT sweep_id FROM sweeps WHERE plan_sha256=? ORDER BY created_at DESC LIMIT 1",
+                             (plan_sha256,)).fetchone()
+        return self.get_sweep(row["sweep_id"]) if row else None
+
+
+def _run_dict(row: sqlite3.Row) -> dict:
+    d = dict(row)
+    for k in ("config_json", "packages_json", "data_json", "summary_json"):
+        v = d.pop(k)
+        d[k.removesuffix("_json")] = json.loads(v) if v else None
+    return d

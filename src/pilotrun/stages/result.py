@@ -1,0 +1,34 @@
+"""A stage's result: a verdict, messages a user can act on, data for --json, an optional table."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from pilotrun.errors import EXIT_CHECK_FAILED, EXIT_OK
+
+Verdict = Literal["ok", "warn", "fail"]
+_ORDER = {"ok": 0, "warn": 1, "fail": 2}
+
+
+@dataclass
+class StageResult:
+    stage: str
+    verdict: Verdict
+    summary: str
+    messages: list[str] = field(default_factory=list)
+    data: dict[str, Any] = field(default_factory=dict)
+    columns: list[str] = field(default_factory=list)
+    rows: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def worst(verdicts) -> Verdict:
+    return max(verdicts, key=_ORDER.__getitem__, default="ok")
+
+
+def exit_code(results: list[StageResult]) -> int:
+    """The one place verdicts become exit codes: any failing verdict exits 1."""
+    return EXIT_CHECK_FAILED if any(r.verdict == "fail" for r in results) else EXIT_OK

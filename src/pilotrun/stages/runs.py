@@ -1,0 +1,82 @@
+"""A run's life in the journal: created only once the run can start, logged as it goes, always finished.
+
+A run that fails, diverges or is interrupted keeps its row, its curve and its status.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from pathlib import Path
+
+from pilotrun.journal.files import atomic_write_json, atomic_write_text
+from pilotrun.journal.store import Journal
+from pilotrun.stages.prepare import run_provenance
+
+
+def command_line() -> str:
+    return "pilotrun " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv else "pilotrun"
+
+
+class RunRecorder:
+    """Creates the run row and folder, records metrics to the journal and metrics.jsonl, finishes the run."""
+
+    def __init__(self, journal: Journal, loaded, *, kind: str, supersedes: str | None = None,
+                 sweep_id: str | None = None, arm: str | None = None, command: str | None = None):
+        self.journal = journal
+        prov = run_provenance(loaded)
+        self.run_id = journal.create_run(kind=kind, name=loaded.campaign.name, supersedes=supersedes,
+                                         sweep_id=sweep_id, arm=arm, command=command or command_line(), **prov)
+        self.dir = journal.run_dir(self.run_id)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        from pilotrun.campaign.load import dump_yaml
+
+        atomic_write_text(self.dir / "config.yaml", dump_yaml(prov["config"]))
+        atomic_write_json(self.dir / "revisions.json", {k: prov[k] for k in ("git_rev", "packages", "data",
+                                                                             "config_sha256", "trust_remote_code")})
+        self._metrics = open(self.dir / "metrics.jsonl", "a", encoding="utf-8")
+        self.finished = False
+
+    def log(self, split: str, step: int, values: dict, *, examples_seen: int | None = None,
+            wall_s: float | None = None) -> None:
+        rows = [(split, k, step, float(v), examples_seen, wall_s) for k, v in values.items()]
+        self.journal.add_metrics(self.run_id, rows)
+        self._metrics.write(json.dumps({"split": split, "step": step, "examples_seen": examples_seen,
+                                        "wall_s": wall_s, **{k: float(v) for k, v in values.items()}}) + "\n")
+        self._metrics.flush()
+
+    def progress(self, updates_done: int, examples_seen: int) -> None:
+        self.journal.update_progress(self.run_id, updates_done=updates_done, examples_seen=examples_seen)
+
+    def finish(self, status: str, summary: dict | None = None) -> None:
+        if self.finished:
+            return
+        self._metrics.close()
+        self.journal.finish_run(self.run_id, status, summary)
+        self.finished = True
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if not self.finished:
+            if exc_type is KeyboardInterrupt:
+                self.finish("interrupted", {"reason": "interrupted by the user (Ctrl-C)"})
+            elif exc_type is not None:
+                self.finish("failed", {"reason": f"{exc_type.__name__}: {exc}"})
+            else:
+                self.finish("completed")
+        return False
+
+
+def write_run_readme(run_dir: Path, run: dict, extra: list[str] | None = None) -> None:
+    lines = [f"# pilotrun run {run['run_id']}", "",
+             f"- campaign: {run['name']} ({run.get('campaign_path')})",
+             f"- kind: {run['kind']}, seed: {run['seed']}",
+             f"- config sha256: {run['config_sha256']}",
+             f"- git revision of the campaign folder: {run.get('git_rev') or 'not a git repository'}", "",
+             "Reproduce this run:", "", "```", f"{run.get('command')}", "```", "",
+             "The resolved config is in `config.yaml`; package versions and data fingerprints in `revisions.json`;",
+             "metrics per update in `metrics.jsonl`; every file's sha256 in `manifest.json`."]
+    atomic_write_text(run_dir / "README.md", "\n".join(lines + (extra or [])) + "\n")

@@ -1,0 +1,40 @@
+"""Tasks: the Task protocol, the built-in causal-lm and seq-cls tasks, and custom tasks by import path."""
+
+from __future__ import annotations
+
+import importlib
+
+from pilotrun.errors import BadInput
+from pilotrun.tasks.base import IGNORE, REQUIRED_METHODS, Example, Task
+
+__all__ = ["IGNORE", "Example", "Task", "make_task"]
+
+
+def make_task(loaded):
+    """The task of a campaign: built-in by name, or ``package.module:Class`` constructed with the campaign."""
+    name = loaded.campaign.task
+    if name == "causal-lm":
+        from pilotrun.tasks.causal_lm import CausalLMTask
+
+        return CausalLMTask(loaded)
+    if name == "seq-cls":
+        from pilotrun.tasks.seq_cls import SeqClsTask
+
+        return SeqClsTask(loaded)
+    if ":" not in name:
+        raise BadInput(f"unknown task '{name}'", where="task",
+                       fix="use causal-lm, seq-cls or a Python task as package.module:Class")
+    module_name, _, cls_name = name.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise BadInput(f"cannot import '{module_name}': {e}", where="task",
+                       fix="make the module importable (install it, or run from its folder)") from None
+    cls = getattr(module, cls_name, None)
+    if cls is None:
+        raise BadInput(f"module '{module_name}' has no '{cls_name}'", where="task", fix="name the Task class")
+    missing = [m for m in REQUIRED_METHODS if not callable(getattr(cls, m, None))]
+    if missing:
+        raise BadInput(f"task class {name} lacks {', '.join(missing)}", where="task",
+                       fix="implement the pilotrun.Task protocol (see README, 'Custom tasks')")
+    return cls(loaded)

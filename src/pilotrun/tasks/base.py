@@ -1,0 +1,83 @@
+"""The Task protocol: everything pilotrun needs to know about a task, and the encoded example.
+
+A task turns a raw record into exactly what the loss sees (``encode``); every check uses that one
+path. Its loss is a *sum* with the count of targets, so the loop can normalise over the whole
+optimizer update (all micro-batches, all ranks) instead of averaging per micro-batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+IGNORE = -100  # the label value cross-entropy skips (torch's default ignore_index)
+
+
+@dataclass
+class Example:
+    """One encoded record: what the model gets and what the loss is computed on."""
+
+    input_ids: list[int]
+    labels: list[int]
+    """causal-lm: one label per position, IGNORE where no loss; seq-cls: [class id]."""
+    rid: str
+    """Where the record came from ("file:line")."""
+    group: str | None = None
+    period: str | None = None
+    prompt_len: int = 0
+    """causal-lm: tokens before the first target (after truncation); checks use it."""
+    target_len_full: int = 0
+    """Target tokens before truncation; ``n_targets`` after it."""
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def length(self) -> int:
+        return len(self.input_ids)
+
+    @property
+    def n_targets(self) -> int:
+        return sum(1 for t in self.labels if t != IGNORE)
+
+
+@runtime_checkable
+class Task(Protocol):
+    """What a task provides. Built-in: causal-lm, seq-cls; custom: ``task: package.module:Class``.
+
+    A custom class is constructed as ``Class(campaign)`` with the :class:`LoadedCampaign`.
+    """
+
+    kind: str
+
+    def build_model(self) -> Any:
+        """The model (an ``nn.Module``), initialised or loaded, on the CPU."""
+
+    def records(self, split: str) -> list:
+        """Raw records of a split ("train", "validation", "test"), as :class:`Record` objects."""
+
+    def encode(self, record) -> Example:
+        """The one path from a record to what the loss sees."""
+
+    def collate(self, examples: list[Example]) -> dict[str, Any]:
+        """A batch of tensors (padded) from encoded examples."""
+
+    def loss(self, model, batch: dict[str, Any]) -> tuple[Any, Any]:
+        """(sum of per-target losses, number of targets) for a batch."""
+
+    def count_targets(self, batch: dict[str, Any]) -> int:
+        """Number of loss targets in a batch, known before the forward pass."""
+
+    def predict(self, model, batch: dict[str, Any]) -> list[list[int]]:
+        """Per example, the predicted ids at its targets (token ids, or the class id)."""
+
+    def group_key(self, record) -> str | None:
+        """The leakage unit of a record (data.group_by), or None."""
+
+    def save_artifact(self, model, out_dir) -> None:
+        """Write the artifact the campaign ships (safetensors, config, tokenizer)."""
+
+    def load_artifact(self, path) -> Any:
+        """Load an artifact written by save_artifact, the way a user would."""
+
+
+REQUIRED_METHODS = ("build_model", "records", "encode", "collate", "loss", "count_targets", "predict",
+                    "group_key", "save_artifact", "load_artifact")

@@ -1,0 +1,80 @@
+"""Pieces both built-in tasks use: field access with record locations, padding, split records."""
+
+from __future__ import annotations
+
+import string
+from typing import Any
+
+from pilotrun.errors import BadInput
+from pilotrun.tasks.base import IGNORE, Example
+
+SPLITS = ("train", "validation", "test")
+
+
+def field(record, name: str, key: str) -> Any:
+    if name not in record.fields:
+        present = ", ".join(sorted(record.fields)) or "none"
+        raise BadInput(f"record has no field '{name}' (named by {key}); fields present: {present}",
+                       where=record.where, fix=f"set {key} to one of the fields, or add '{name}' to every record")
+    return record.fields[name]
+
+
+def text_field(record, name: str, key: str, *, allow_empty: bool = False) -> str:
+    value = field(record, name, key)
+    if value is None:
+        value = ""
+    if not isinstance(value, str):
+        value = str(value)
+    if not allow_empty and not value.strip():
+        raise BadInput(f"field '{name}' (named by {key}) is empty", where=record.where,
+                       fix="remove the record or give it a value; an empty target trains nothing")
+    return value
+
+
+def template_fields(template: str) -> list[str] | None:
+    """The placeholders of a "{field}" template, or None when the value is a plain field name."""
+    names = [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
+    return names or None
+
+
+def render_prompt(record, prompt: str) -> str:
+    names = template_fields(prompt)
+    if names is None:
+        return text_field(record, prompt, "data.prompt", allow_empty=True)
+    values = {n: text_field(record, n, "data.prompt", allow_empty=True) for n in names}
+    return prompt.format(**values)
+
+
+def group_of(record, c) -> str | None:
+    if c.data.group_by is None:
+        return None
+    return str(field(record, c.data.group_by, "data.group_by"))
+
+
+def period_of(record, c) -> str | None:
+    if c.data.period_by is None:
+        return None
+    return str(field(record, c.data.period_by, "data.period_by"))
+
+
+def pad_batch(examples: list[Example], pad: int) -> dict[str, Any]:
+    """Right-pad to the longest example; padded positions get attention 0 and label IGNORE."""
+    import torch
+
+    width = max(e.length for e in examples)
+    ids = torch.full((len(examples), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(examples), width), dtype=torch.long)
+    labels = torch.full((len(examples), width), IGNORE, dtype=torch.long)
+    for i, e in enumerate(examples):
+        n = e.length
+        ids[i, :n] = torch.tensor(e.input_ids, dtype=torch.long)
+        mask[i, :n] = 1
+        labels[i, :n] = torch.tensor(e.labels, dtype=torch.long)
+    return {"input_ids": ids, "attention_mask": mask, "labels": labels, "rids": [e.rid for e in examples]}
+
+
+def read_split(c, split: str):
+    from pilotrun.data.readers import read_records
+
+    path = getattr(c.data, split)
+    return read_records(path) if path else []

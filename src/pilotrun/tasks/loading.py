@@ -1,0 +1,200 @@
+"""Tokenizers and models from local folders or configs; never from a hub."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from pilotrun.errors import BadInput
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+
+_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
+
+
+def torch_dtype(name: str):
+    import torch
+
+    return getattr(torch, _DTYPES[name])
+
+
+def load_tokenizer(c) -> Any:
+    """The campaign's tokenizer: "byte" is transformers' ByT5Tokenizer, otherwise a local folder."""
+    spec = c.model.tokenizer or c.model.path
+    if spec is None:
+        raise BadInput("no tokenizer: model.config builds a model but names no tokenizer", where="model.tokenizer",
+                       fix="set model.tokenizer: byte (built-in byte-level) or a local tokenizer folder")
+    if spec == "byte":
+        from transformers import ByT5Tokenizer
+
+        return ByT5Tokenizer()
+    path = Path(spec)
+    if not path.is_dir():
+        raise BadInput(f"tokenizer folder not found: {path}", where="model.tokenizer",
+                       fix="point at a folder written by tokenizer.save_pretrained, or use 'byte'")
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(path), local_files_only=True,
+                                             trust_remote_code=c.model.trust_remote_code)
+    except Exception as e:
+        raise BadInput(f"cannot load the tokenizer from {path}: {e}", where="model.tokenizer",
+                       fix="the folder needs tokenizer.json or the tokenizer's vocabulary files") from None
+
+
+def eos_id(tokenizer) -> int:
+    eos = tokenizer.eos_token_id
+    if eos is None:
+        raise BadInput("the tokenizer sets no EOS token, so the model cannot learn to stop", where="model.tokenizer",
+                       fix="set tokenizer.eos_token (e.g. '<|endoftext|>') and save_pretrained the tokenizer again")
+    return int(eos)
+
+
+def pad_id(tokenizer) -> int:
+    """The pad id; a tokenizer without one pads with EOS (positions are masked by the attention mask)."""
+    return int(tokenizer.pad_token_id) if tokenizer.pad_token_id is not None else eos_id(tokenizer)
+
+
+def _check_model_dir(path: Path) -> None:
+    if not path.is_dir():
+        raise BadInput(f"model folder not found: {path}", where="model.path",
+                       fix="point at a folder written by model.save_pretrained (nothing is downloaded)")
+    if not (path / "config.json").is_file():
+        raise BadInput(f"no config.json in {path}", where="model.path",
+                       fix="save the model with save_pretrained, which writes config.json beside the weights")
+    names = [p.name for p in path.iterdir()]
+    if any(n.endswith(".safetensors") or n == "model.safetensors.index.json" for n in names):
+        return
+    pickled = [n for n in names if n.endswith((".bin", ".pt", ".pth", ".pkl", ".ckpt"))]
+    if pickled:
+        raise BadInput(f"{path} holds only pickle-based weights ({', '.join(sorted(pickled))}); pilotrun never "
+                       "unpickles weights", where="model.path",
+                       fix="convert once with model.save_pretrained(dir, safe_serialization=True) in a trusted session")
+    raise BadInput(f"no weights in {path} (no *.safetensors file)", where="model.path",
+                   fix="save the model with save_pretrained; or use model.config for random initialisation")
+
+
+def _generic_labels(config) -> bool:
+    names = list((getattr(config, "id2label", None) or {}).values())
+    return all(str(n).startswith("LABEL_") for n in names)
+
+
+def build_model(c, tokenizer, kind: str, labels: list[str] | None = None):
+    """The model for a built-in task: loaded from model.path or initialised from model.config."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    auto = AutoModelForCausalLM if kind == "causal-lm" else AutoModelForSequenceClassification
+    dtype = torch_dtype(c.model.dtype)
+    head_kwargs: dict[str, Any] = {}
+    if labels is not None:
+        head_kwargs = {"num_labels": len(labels), "id2label": dict(enumerate(labels)),
+                       "label2id": {n: i for i, n in enumerate(labels)}}
+    if c.model.path:
+        path = Path(c.model.path)
+        _check_model_dir(path)
+        try:
+            config = AutoConfig.from_pretrained(str(path), local_files_only=True,
+                                                trust_remote_code=c.model.trust_remote_code)
+        except Exception as e:
+            raise BadInput(f"cannot read {path}/config.json: {e}", where="model.path",
+                           fix="the folder must be a Hugging Face model folder") from None
+        if labels is not None and _generic_labels(config):
+            for k, v in head_kwargs.items():
+                setattr(config, k, v)
+        if kind == "seq-cls" and getattr(config, "pad_token_id", None) is None:
+            config.pad_token_id = pad_id(tokenizer)
+        try:
+            model = auto.from_pretrained(str(path), config=config, local_files_only=True, dtype=dtype,
+                                         use_safetensors=True, trust_remote_code=c.model.trust_remote_code)
+        except Exception as e:
+            raise BadInput(f"cannot load the model from {path}: {e}", where="model.path",
+                           fix="check that the weights match config.json (save_pretrained writes both)") from None
+    elif c.model.config:
+        cfg = dict(c.model.config)
+        model_type = cfg.pop("model_type", None)
+        if not model_type:
+            raise BadInput("model.config has no model_type", where="model.config",
+                           fix="add model_type (e.g. llama, gpt2, bert) to model.config")
+        try:
+            config = AutoConfig.for_model(model_type, **cfg, **head_kwargs)
+        except Exception as e:
+            raise BadInput(f"invalid model.config: {e}", where="model.config",
+                           fix="use keys of the transformers config class of that model_type") from None
+        if kind == "seq-cls":
+            config.pad_token_id = pad_id(tokenizer)
+        torch.manual_seed(c.seed)
+        try:
+            model = auto.from_config(config)
+        except Exception as e:
+            raise BadInput(f"cannot build a {model_type} model from model.config: {e}", where="model.config",
+                           fix="check the sizes in model.config") from None
+        model = model.to(dtype)
+    else:
+        raise BadInput("no model: set model.path (a local model folder) or model.config (random init)",
+                       where="model", fix="see `pilotrun init` for both forms")
+    _check_vocab(model, tokenizer)
+    if c.train.precision == "bf16-true":
+        model = model.to(torch.bfloat16)
+    if c.model.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if hasattr(model.config, "use_cache"):
+            model.config.use_cache = False
+    if c.model.adapter is not None:
+        model = _apply_adapter(model, c.model.adapter, kind)
+    return model
+
+
+def _check_vocab(model, tokenizer) -> None:
+    emb = model.get_input_embeddings()
+    if emb is None:
+        return
+    n = emb.num_embeddings
+    need = len(tokenizer)
+    if need > n:
+        raise BadInput(f"the tokenizer has {need} tokens but the model's embedding has {n} rows",
+                       where="model.tokenizer",
+                       fix="use the tokenizer the model was trained with, or resize the embeddings and save the model")
+
+
+def _apply_adapter(model, adapter, kind: str):
+    from peft import LoraConfig, TaskType, get_peft_model
+
+    cfg = LoraConfig(r=adapter.r, lora_alpha=adapter.alpha, lora_dropout=adapter.dropout,
+                     target_modules=adapter.target_modules,
+                     task_type=TaskType.CAUSAL_LM if kind == "causal-lm" else TaskType.SEQ_CLS)
+    try:
+        return get_peft_model(model, cfg)
+    except ValueError as e:
+        raise BadInput(f"cannot apply the LoRA adapter: {e}", where="model.adapter.target_modules",
+                       fix="name modules that exist in the model, e.g. [q_proj, v_proj] for Llama") from None
+
+
+def save_hf_artifact(model, tokenizer, out_dir, *, merged: bool = True) -> list[str]:
+    """Write an artifact: full weights as safetensors (or the adapter plus a merged copy), config, tokenizer.
+
+    Returns the sub-folders written, relative to out_dir.
+    """
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    out_dir = Path(out_dir)
+    written = []
+    if hasattr(model, "peft_config"):
+        model.save_pretrained(str(out_dir / "adapter"), safe_serialization=True)
+        tokenizer.save_pretrained(str(out_dir / "adapter"))
+        written.append("adapter")
+        if merged:
+            import copy
+
+            full = copy.deepcopy(model).merge_and_unload()
+            full.save_pretrained(str(out_dir / "merged"), safe_serialization=True)
+            tokenizer.save_pretrained(str(out_dir / "merged"))
+            written.append("merged")
+    else:
+        model.save_pretrained(str(out_dir / "model"), safe_serialization=True)
+        tokenizer.save_pretrained(str(out_dir / "model"))
+        written.append("model")
+    return written

@@ -1,0 +1,98 @@
+"""seq-cls: text → one of data.labels. Names map to ids by the order of data.labels."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pilotrun.errors import BadInput
+from pilotrun.tasks import common
+from pilotrun.tasks.base import Example
+from pilotrun.tasks.loading import build_model, load_tokenizer, pad_id, save_hf_artifact
+
+
+class SeqClsTask:
+    kind = "seq-cls"
+
+    def __init__(self, campaign, tokenizer=None):
+        self.campaign = campaign
+        self.c = campaign.campaign if hasattr(campaign, "campaign") else campaign
+        self.labels = list(self.c.data.labels or [])
+        self.label2id = {n: i for i, n in enumerate(self.labels)}
+        self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(self.c)
+        self.pad = pad_id(self.tokenizer)
+
+    def records(self, split: str):
+        return common.read_split(self.c, split)
+
+    def group_key(self, record) -> str | None:
+        return common.group_of(record, self.c)
+
+    def label_id(self, record) -> int:
+        value = common.field(record, self.c.data.label, "data.label")
+        if isinstance(value, str) and value in self.label2id:
+            return self.label2id[value]
+        if isinstance(value, bool):
+            value = str(value)
+        if isinstance(value, int) or (isinstance(value, str) and value.strip().lstrip("-").isdigit()):
+            i = int(value)
+            if 0 <= i < len(self.labels):
+                return i
+        raise BadInput(f"label {value!r} is not in data.labels {self.labels}", where=record.where,
+                       fix="add the class to data.labels, or give a name or an id 0..n-1")
+
+    def encode(self, record) -> Example:
+        text = common.text_field(record, self.c.data.text, "data.text")
+        ids = list(self.tokenizer(text, add_special_tokens=True, truncation=True,
+                                  max_length=self.c.data.max_length)["input_ids"])
+        return Example(ids, [self.label_id(record)], record.where, group=common.group_of(record, self.c),
+                       period=common.period_of(record, self.c), prompt_len=len(ids), target_len_full=1)
+
+    def collate(self, examples: list[Example]) -> dict[str, Any]:
+        import torch
+
+        width = max(e.length for e in examples)
+        ids = torch.full((len(examples), width), self.pad, dtype=torch.long)
+        mask = torch.zeros((len(examples), width), dtype=torch.long)
+        for i, e in enumerate(examples):
+            ids[i, : e.length] = torch.tensor(e.input_ids)
+            mask[i, : e.length] = 1
+        labels = torch.tensor([e.labels[0] for e in examples], dtype=torch.long)
+        return {"input_ids": ids, "attention_mask": mask, "labels": labels, "rids": [e.rid for e in examples]}
+
+    def count_targets(self, batch) -> int:
+        return int(batch["labels"].numel())
+
+    def loss(self, model, batch):
+        import torch.nn.functional as F
+
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
+        return F.cross_entropy(logits, batch["labels"], reduction="sum"), batch["labels"].new_tensor(
+            batch["labels"].numel())
+
+    def predict(self, model, batch) -> list[list[int]]:
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        return [[int(i)] for i in logits.argmax(-1).tolist()]
+
+    def targets(self, batch) -> list[list[int]]:
+        return [[int(i)] for i in batch["labels"].tolist()]
+
+    def build_model(self):
+        if not self.labels:
+            raise BadInput("seq-cls needs data.labels", where="data.labels", fix="list the class names in id order")
+        return build_model(self.c, self.tokenizer, self.kind, self.labels)
+
+    def save_artifact(self, model, out_dir) -> list[str]:
+        return save_hf_artifact(model, self.tokenizer, out_dir)
+
+    def load_artifact(self, path):
+        from pathlib import Path
+
+        from transformers import AutoModelForSequenceClassification
+
+        path = Path(path)
+        if (path / "adapter_config.json").is_file():
+            from peft import AutoPeftModelForSequenceClassification
+
+            return AutoPeftModelForSequenceClassification.from_pretrained(str(path), local_files_only=True)
+        return AutoModelForSequenceClassification.from_pretrained(str(path), local_files_only=True,
+                                                                  use_safetensors=True)
