@@ -1,0 +1,1 @@
+"""The command line: thin; parses, calls a stage, renders. One module per group of verbs."""

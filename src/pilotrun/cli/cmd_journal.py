@@ -1,0 +1,59 @@
+"""The journal verbs: runs, show, note."""
+
+from __future__ import annotations
+
+import click
+
+from pilotrun.cli.common import common_options, emit_data, home_for
+from pilotrun.cli.main import cli
+
+
+def _journal(home):
+    from pilotrun.journal.store import Journal
+
+    return Journal(home_for(home), create=False)
+
+
+@cli.command()
+@click.option("--kind", default=None, help="only runs of this kind (train, pilot, overfit, sweep ...)")
+@common_options
+def runs(kind, home, as_json):
+    """Every run in the journal, oldest first, with its status."""
+    from pilotrun.report.terminal import render_runs
+
+    data = _journal(home).list_runs(kind=kind)
+    return emit_data(data, as_json, render_runs)
+
+
+@cli.command()
+@click.argument("run_id")
+@common_options
+def show(run_id, home, as_json):
+    """One run: config, status, metrics, phase rows, notes and files."""
+    from pilotrun.report.terminal import render_run
+
+    j = _journal(home)
+    run = j.require_run(run_id)
+    run_dir = j.run_dir(run_id)
+    data = {"run": run, "phases": j.phase_rows(run_id), "notes": j.notes(run_id),
+            "validation": j.metrics(run_id, "validation"),
+            "train_updates": len(j.metrics(run_id, "train", "loss")),
+            "files": sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob("*") if p.is_file())
+            if run_dir.is_dir() else []}
+    return emit_data(data, as_json, render_run)
+
+
+@cli.command()
+@click.argument("text")
+@click.option("--run", "run_id", default=None, help="the run the note is about")
+@click.option("--decision", is_flag=True, help="record the note as a decision")
+@common_options
+def note(text, run_id, decision, home, as_json):
+    """Add a note (or a decision) to the journal."""
+    from pilotrun.journal.store import Journal
+
+    j = Journal(home_for(home))
+    note_id = j.add_note(text, run_id=run_id, decision=decision)
+    data = {"note_id": note_id, "run_id": run_id, "decision": decision, "text": text}
+    return emit_data(data, as_json, lambda con, d: con.print(
+        f"{'decision' if decision else 'note'} {note_id} recorded" + (f" for run {run_id}" if run_id else "")))

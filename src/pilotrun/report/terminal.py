@@ -1,0 +1,90 @@
+"""Terminal rendering of stage results and journal records (rich)."""
+
+from __future__ import annotations
+
+import json
+
+STYLE = {"ok": "bold green", "warn": "bold yellow", "fail": "bold red"}
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    if isinstance(v, (dict, list)):
+        return json.dumps(v, default=str)
+    return "" if v is None else str(v)
+
+
+def render_result(r, con) -> None:
+    from rich.table import Table
+
+    con.print(f"[{STYLE[r.verdict]}]{r.verdict.upper():4}[/] [bold]{r.stage}[/]: {r.summary}")
+    for m in r.messages:
+        con.print(f"     {m}", markup=False)
+    if r.rows and r.columns:
+        table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
+        for c in r.columns:
+            table.add_column(c)
+        for row in r.rows:
+            cells = []
+            for c in r.columns:
+                v = row.get(c)
+                cells.append(f"[{STYLE[v]}]{v}[/]" if c == "verdict" and v in STYLE else _fmt(v))
+            table.add_row(*cells)
+        con.print(table)
+
+
+def render_summary(results, con) -> None:
+    from rich.table import Table
+
+    table = Table(title="rehearsal summary", show_header=True, header_style="bold")
+    table.add_column("stage")
+    table.add_column("verdict")
+    table.add_column("summary")
+    for r in results:
+        table.add_row(r.stage, f"[{STYLE[r.verdict]}]{r.verdict}[/]", r.summary)
+    con.print(table)
+
+
+RUN_COLUMNS = ("run_id", "kind", "name", "status", "updates_done", "examples_seen", "created_at", "supersedes")
+
+
+def render_runs(con, runs) -> None:
+    from rich.table import Table
+
+    if not runs:
+        con.print("no runs yet")
+        return
+    table = Table(show_header=True, header_style="bold", box=None)
+    for c in RUN_COLUMNS:
+        table.add_column(c.replace("_done", "").replace("_", " "))
+    for r in runs:
+        table.add_row(*(_fmt(r.get(c)) for c in RUN_COLUMNS))
+    con.print(table)
+
+
+def render_run(con, data) -> None:
+    run = data["run"]
+    con.print(f"[bold]run {run['run_id']}[/] ({run['kind']}, {run['name']}): [bold]{run['status']}[/]")
+    for k in ("created_at", "ended_at", "updates_done", "examples_seen", "seed", "config_sha256", "git_rev",
+              "supersedes", "sweep_id", "command"):
+        if run.get(k) is not None:
+            con.print(f"  {k}: {run[k]}", markup=False)
+    if run.get("trust_remote_code"):
+        con.print("  trust_remote_code: ON (model code from the model folder ran)")
+    if run.get("summary"):
+        for k, v in run["summary"].items():
+            if k != "arithmetic":
+                con.print(f"  {k}: {_fmt(v)}", markup=False)
+    if data["validation"]:
+        pts = ", ".join(f"{m['step']}: {m['value']:.4f}" for m in data["validation"] if m["name"] == "val_loss")
+        con.print(f"  validation ({data['train_updates']} updates logged): {pts}", markup=False)
+    if data["phases"]:
+        con.print(f"  phase rows: {len(data['phases'])}")
+        for p in data["phases"]:
+            con.print(f"    {p['phase']:13} rank {p['rank']} {p['verdict']:11} {_fmt(p['duration_s'])}s", markup=False)
+    for n in data["notes"]:
+        con.print(f"  {'decision' if n['decision'] else 'note'} {n['id']}: {n['text']}", markup=False)
+    if data["files"]:
+        con.print(f"  files ({len(data['files'])}): " + ", ".join(data["files"][:12]) +
+                  (" …" if len(data["files"]) > 12 else ""), markup=False)

@@ -1,0 +1,103 @@
+"""Shared fixtures: real files, real tiny models, the real CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+TINY_LLAMA = {
+    "model_type": "llama", "vocab_size": 384, "hidden_size": 64, "intermediate_size": 128,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4,
+    "max_position_embeddings": 256, "tie_word_embeddings": False,
+}
+
+
+def write_jsonl(path: Path, records) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    return path
+
+
+def write_campaign(folder: Path, campaign: dict, name: str = "campaign.yaml") -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    path.write_text(yaml.safe_dump(campaign, sort_keys=False), encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def demo_dir(tmp_path) -> Path:
+    """The demo campaign and data, written by the real demo writer, with a small fast budget."""
+    from pilotrun.demo.synth import write_demo
+
+    path = write_demo(tmp_path / "demo", n_conversations=120)
+    c = yaml.safe_load(path.read_text())
+    c["model"]["config"] = dict(TINY_LLAMA)
+    c["train"].update(updates=12, eval_every=6, save_every=6, micro_batch=4, accumulation=2)
+    c["plan"]["seeds"] = [0]
+    write_campaign(path.parent, c)
+    return path.parent
+
+
+@pytest.fixture
+def demo_campaign(demo_dir) -> Path:
+    return demo_dir / "campaign.yaml"
+
+
+def tiny_causal_campaign(folder: Path, train, validation=None, **overrides) -> Path:
+    """A causal-lm campaign over given records (fields instruction/output), tiny Llama, byte tokenizer."""
+    write_jsonl(folder / "data" / "train.jsonl", train)
+    if validation is not None:
+        write_jsonl(folder / "data" / "validation.jsonl", validation)
+    c = {
+        "name": "tiny", "seed": 0, "task": "causal-lm",
+        "model": {"config": dict(TINY_LLAMA), "tokenizer": "byte"},
+        "data": {"train": "data/train.jsonl", "validation": "data/validation.jsonl" if validation else None,
+                 "prompt": "instruction", "response": "output", "max_length": 64},
+        "train": {"micro_batch": 2, "accumulation": 2, "lr": 1e-3, "updates": 4, "eval_every": 2, "save_every": None},
+    }
+    for key, value in overrides.items():
+        section, _, leaf = key.partition("__")
+        c.setdefault(section, {})[leaf] = value
+    return write_campaign(folder, c)
+
+
+def simple_records(n: int, start: int = 0) -> list[dict]:
+    return [{"id": i, "instruction": f"reverse word{i}", "output": f"{i}drow"} for i in range(start, start + n)]
+
+
+class CLIResult:
+    def __init__(self, code: int, out: str, err: str):
+        self.code, self.out, self.err = code, out, err
+
+    @property
+    def json(self):
+        return json.loads(self.out)
+
+
+@pytest.fixture
+def cli(capsys):
+    """Run the real CLI in this process; returns exit code, stdout and stderr."""
+    from pilotrun.cli.main import run
+
+    def invoke(*args) -> CLIResult:
+        code = run([str(a) for a in args])
+        captured = capsys.readouterr()
+        return CLIResult(code, captured.out, captured.err)
+
+    return invoke
+
+
+def run_cli_process(*args, cwd=None, env=None, timeout=600) -> subprocess.CompletedProcess:
+    """The CLI in a fresh process (for tests that need a new interpreter)."""
+    full_env = dict(os.environ, **(env or {}))
+    return subprocess.run([sys.executable, "-m", "pilotrun", *map(str, args)], capture_output=True, text=True,
+                          cwd=cwd, env=full_env, timeout=timeout)
