@@ -85,6 +85,13 @@ def check_records(c) -> dict[str, int]:
                     f"{len(missing)} of {len(records)} records have no field '{f}' (named by {key}); "
                     f"fields present: {present}", where=missing[0].where,
                     fix=f"set {key} to an existing field, or add '{f}' to every record"))
+                continue
+            if key in ("data.response", "data.text"):
+                empty = [r for r in records if not str(r.fields[f] if r.fields[f] is not None else "").strip()]
+                if empty:
+                    problems.append(BadInput(
+                        f"field '{f}' (named by {key}) is empty in {len(empty)} of {len(records)} records",
+                        where=empty[0].where, fix="remove those records or give them a value; an empty target trains nothing"))
     if problems:
         raise BadInputs(problems) if len(problems) > 1 else problems[0]
     return counts

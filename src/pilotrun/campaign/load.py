@@ -167,7 +167,7 @@ def apply_overrides(raw: dict[str, Any], overrides: dict[str, Any], *, where: st
             known = _known_keys(sub) if sub is not None else None
             if known is not None and part not in known:
                 close = difflib.get_close_matches(part, known, n=1)
-                fix = (f"did you mean '{'.'.join(parts[:i] + [close[0]])}'?" if close
+                fix = (f"did you mean '{'.'.join(parts[:i] + [close[0]] + parts[i + 1:])}'?" if close
                        else f"known keys: {', '.join(known)}")
                 raise BadInput(f"unknown key '{key}'", where=where, fix=fix)
             if i == len(parts) - 1:

@@ -31,3 +31,125 @@ def default_device():
     if torch.cuda.is_available():
         return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
     return torch.device("cpu")
+
+
+# --- launching and wrapping (pilot, train) -----------------------------------------------------------
+
+def is_initialized() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
+
+
+def under_launcher() -> bool:
+    """True when torchrun (or a launcher like it) started this process as one rank of several."""
+    import os
+
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1 and "RANK" in os.environ
+
+
+def backend_for_device() -> str:
+    import torch
+
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def check_strategy(t) -> None:
+    """Refuse what cannot run here before any process starts, with the key to change."""
+    import torch
+
+    from pilotrun.errors import BadInput
+
+    if t.strategy == "fsdp" and not torch.cuda.is_available():
+        raise BadInput("train.strategy=fsdp needs CUDA: FSDP2 (fully_shard) shards parameters over NCCL, and this "
+                       "machine has no CUDA device", where="train.strategy",
+                       fix="use train.strategy=ddp for a CPU pilot (same data-parallel arithmetic), or run on a GPU")
+    if t.strategy in ("ddp", "fsdp") and torch.cuda.is_available() and t.nproc > torch.cuda.device_count():
+        raise BadInput(f"train.nproc={t.nproc} but this machine has {torch.cuda.device_count()} CUDA devices",
+                       where="train.nproc", fix=f"set train.nproc={torch.cuda.device_count()} or fewer")
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def init_process_group(rank: int, world: int, port: int | None = None) -> None:
+    """torchrun-style environment, then the process group: gloo on CPU, nccl on CUDA (one device per rank)."""
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    if port is not None:
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                          LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
+    else:
+        # ranks share the cores: without this each would start one thread per core
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    dist.init_process_group(backend_for_device(), rank=rank, world_size=world)
+
+
+def _entry(rank: int, fn, world: int, port: int, args: tuple) -> None:
+    import torch.distributed as dist
+
+    init_process_group(rank, world, port)
+    try:
+        fn(*args)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def launch(fn, nproc: int, args: tuple = ()) -> None:
+    """Run ``fn(*args)`` in ``nproc`` fresh processes, each one rank of a process group on 127.0.0.1.
+
+    ``fn`` must be a module-level function (it is pickled into spawned processes); it talks to the
+    parent through the journal. A rank that raises makes this raise, with that rank's traceback.
+    """
+    import torch.multiprocessing as mp
+
+    mp.start_processes(_entry, args=(fn, nproc, free_port(), args), nprocs=nproc, join=True,
+                       start_method="spawn")
+
+
+def wrap_model(model, strategy: str, device):
+    """DDP (CPU or CUDA) or FSDP2 ``fully_shard`` (CUDA) around a model already on its device."""
+    if not is_initialized() or strategy == "single":
+        return model
+    if strategy == "ddp":
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        return DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+    from torch.distributed.fsdp import fully_shard
+
+    # shard each transformer block, then the root: the layer classes HF marks as not to be split
+    names = set(getattr(model, "_no_split_modules", None) or [])
+    for module in model.modules():
+        if type(module).__name__ in names:
+            fully_shard(module)
+    fully_shard(model)
+    return model
+
+
+def barrier() -> None:
+    if is_initialized():
+        import torch.distributed as dist
+
+        dist.barrier()
+
+
+def gather_to_rank0(obj) -> list | None:
+    """Every rank's ``obj``, in rank order, on rank 0 (None elsewhere); ``[obj]`` without torch.distributed."""
+    if not is_initialized():
+        return [obj]
+    import torch.distributed as dist
+
+    out = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(obj, out, dst=0)
+    return out

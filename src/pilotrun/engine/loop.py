@@ -72,12 +72,13 @@ def _to(batch: dict, device) -> dict:
 
 
 def run_update(state: TrainState, task, micro_batches: list[list], *, max_grad_norm: float | None,
-               step: bool = True) -> dict:
+               step: bool = True, zero_grad: bool = True) -> dict:
     """One optimizer update over this rank's micro-batches (lists of encoded examples).
 
     Returns the update's loss (normalised over all its targets on all ranks), its target count,
     the gradient norm before clipping, the lr used and whether the loss was finite. A non-finite
-    loss skips the optimizer step.
+    loss skips the optimizer step. ``step=False, zero_grad=False`` leaves the accumulated gradients
+    in place for checks that compare them.
     """
     import torch
 
@@ -106,7 +107,11 @@ def run_update(state: TrainState, task, micro_batches: list[list], *, max_grad_n
     # The scaler unscales, clips, steps and updates its scale once per update, after all passes.
     if state.scaler is not None:
         state.scaler.unscale_(opt)
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm else float("inf")))
+    if step:
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm else float("inf")))
+    else:  # measure without clipping, so the gradients stay as accumulated
+        grads = [p.grad.detach().norm() for p in params if p.grad is not None]
+        grad_norm = float(torch.stack(grads).norm()) if grads else 0.0
     if step and finite:
         if state.scaler is not None:
             state.scaler.step(opt)
@@ -114,7 +119,8 @@ def run_update(state: TrainState, task, micro_batches: list[list], *, max_grad_n
         else:
             opt.step()
         state.scheduler.step()
-    opt.zero_grad(set_to_none=True)
+    if zero_grad:
+        opt.zero_grad(set_to_none=True)
     n_examples = int(all_reduce_sum(sum(len(mb) for mb in micro_batches), state.device))
     if step and finite:
         state.update += 1

@@ -1,0 +1,207 @@
+"""The phase recorder: one ledger row per phase per rank, for the pilot and for users' own loops.
+
+    with pilotrun.phase("eval_longest", inputs={"seq_len": 1024, "eval_batch": 8},
+                        journal=home, run_id=run_id) as p:
+        loss = evaluate(...)
+        p.check_finite(loss)            # or p.nan("why") — the row's verdict becomes "nan"
+
+The block's duration and memory (see ``probe.memory``) become a row with a verdict:
+ok | over-budget (peak above ``memory_limit``) | oom (an out-of-memory error, caught: the program
+goes on) | nan (signalled in the block, or ``NonFinite`` raised) | error (any other exception; the
+row is written, then the exception propagates unless ``catch_errors=True``).
+Under torch.distributed every rank reads its counters after a barrier at the same boundaries.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+from pilotrun.probe.memory import make_probe
+from pilotrun.probe.sizes import fmt_bytes
+
+VERDICTS = ("ok", "over-budget", "oom", "nan", "error")
+_OOM_TEXT = ("out of memory", "can't allocate memory")  # CUDA/MPS, and the CPU allocator
+ROW_KEYS = ("phase", "rank", "device", "counter", "inputs", "baseline", "peak_allocated", "peak_reserved",
+            "end_allocated", "end_reserved", "duration_s", "verdict", "note")
+
+
+class NonFinite(Exception):
+    """Raise inside a phase to end it with verdict "nan"."""
+
+
+def is_oom(exc: BaseException) -> bool:
+    import torch
+
+    oom_type = getattr(torch, "OutOfMemoryError", None) or getattr(torch.cuda, "OutOfMemoryError", ())
+    return isinstance(exc, (MemoryError, oom_type)) or (isinstance(exc, RuntimeError)
+                                                        and any(s in str(exc).lower() for s in _OOM_TEXT))
+
+
+def peak_of(row: dict) -> int | None:
+    """The number checked against a memory limit: on CUDA the reserved peak (what the card holds for
+    the process, which a new allocation must fit beside), else the allocated/RSS peak."""
+    vals = [v for v in (row.get("peak_allocated"), row.get("peak_reserved")) if v is not None]
+    return max(vals) if vals else None
+
+
+def describe_inputs(inputs: dict) -> str:
+    return ", ".join(f"{k} {v}" for k, v in inputs.items())
+
+
+def _barrier() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def _journal(journal):
+    if journal is None or hasattr(journal, "add_phase_rows"):
+        return journal
+    from pilotrun.journal.store import Journal
+
+    return Journal(Path(journal))
+
+
+class Phase:
+    """The handle ``phase()`` yields; after the block, ``.row`` holds the ledger row."""
+
+    def __init__(self, name: str, inputs: dict | None = None, *, journal=None, run_id: str | None = None,
+                 rank: int | None = None, rows: list | None = None, device=None, memory_limit: int | None = None,
+                 catch_errors: bool = False, barrier: bool = True):
+        if journal is not None and run_id is None:
+            from pilotrun.errors import BadInput
+
+            raise BadInput("phase(journal=...) needs the run_id the rows belong to", where="pilotrun.phase",
+                           fix="open a run first: `with pilotrun.probe.recorder.own_run(home) as run:` and pass "
+                               "journal=run.journal, run_id=run.run_id")
+        if rank is None:
+            from pilotrun.engine.distributed import world_rank
+
+            rank = world_rank()[1]
+        self.name, self.inputs, self.rank = name, dict(inputs or {}), int(rank)
+        self.journal, self.run_id, self.rows = _journal(journal), run_id, rows
+        self.memory_limit, self.catch_errors, self.barrier = memory_limit, catch_errors, barrier
+        self.probe = make_probe(device)
+        self.note: str | None = None
+        self._nan: str | None = None
+        self.row: dict | None = None
+
+    # --- what the block may call ------------------------------------------------------------------
+    def nan(self, message: str = "the loss is not finite") -> None:
+        self._nan = message
+
+    def check_finite(self, value, what: str = "loss") -> bool:
+        v = float(value)
+        if not math.isfinite(v):
+            self.nan(f"{what} is {v}")
+            return False
+        return True
+
+    # --- the context manager ----------------------------------------------------------------------
+    def __enter__(self) -> "Phase":
+        if self.barrier:
+            _barrier()
+        self.probe.start()
+        self._t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        duration = time.perf_counter() - self._t0
+        verdict, note = "ok", self.note
+        if exc is not None:
+            if is_oom(exc):
+                verdict, note = "oom", f"out of memory: {_first_line(exc)}"
+            elif isinstance(exc, NonFinite):
+                verdict, note = "nan", str(exc) or "the loss is not finite"
+            else:
+                verdict, note = "error", f"{type(exc).__name__}: {_first_line(exc)}"
+        elif self._nan is not None:
+            verdict, note = "nan", self._nan
+        suppress = exc is None or verdict in ("oom", "nan") or self.catch_errors
+        if self.barrier and suppress:
+            # ranks that go on meet here; one whose exception propagates cannot be waited for
+            _barrier()
+        counters = self.probe.stop()
+        if verdict == "oom":
+            _release_cached(counters["device"])
+        row = {"phase": self.name, "rank": self.rank, "inputs": self.inputs, **counters,
+               "duration_s": duration, "verdict": verdict, "note": note}
+        peak = peak_of(row)
+        if verdict == "ok" and self.memory_limit and peak is not None and peak > self.memory_limit:
+            row["verdict"] = "over-budget"
+            row["note"] = (f"peak {fmt_bytes(peak)} ({row['counter']}) is above the limit "
+                           f"{fmt_bytes(self.memory_limit)} at phase {self.name} ({describe_inputs(self.inputs)})")
+        self.row = {k: row.get(k) for k in ROW_KEYS}
+        if self.rows is not None:
+            self.rows.append(self.row)
+        if self.journal is not None:
+            self.journal.add_phase_rows(self.run_id, [self.row])
+        return exc is not None and suppress
+
+
+def phase(name: str, inputs: dict | None = None, journal=None, run_id: str | None = None, rank: int | None = None,
+          rows: list | None = None, **kwargs) -> Phase:
+    """A context manager measuring one phase of a loop; see the module docstring.
+
+    ``journal`` is a :class:`Journal` or a home folder; ``rows`` a list the row is appended to.
+    Keyword options: ``device`` (default the process's device), ``memory_limit`` (bytes),
+    ``catch_errors`` (keep going after an error), ``barrier`` (default True under torch.distributed).
+    """
+    return Phase(name, inputs, journal=journal, run_id=run_id, rank=rank, rows=rows, **kwargs)
+
+
+class OwnRun:
+    def __init__(self, journal, run_id: str):
+        self.journal, self.run_id = journal, run_id
+
+    def phase(self, name: str, inputs: dict | None = None, **kwargs) -> Phase:
+        return phase(name, inputs, journal=self.journal, run_id=self.run_id, **kwargs)
+
+
+@contextmanager
+def own_run(home, name: str = "own-loop", config: dict | None = None):
+    """A journal run of kind "phases" for rows recorded from a user's own loop; finished on exit."""
+    import hashlib
+    import json
+
+    from pilotrun.journal.store import Journal
+    from pilotrun.stages.prepare import package_versions
+    from pilotrun.stages.runs import command_line
+
+    journal = Journal(Path(home))
+    config = dict(config or {})
+    sha = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()
+    run_id = journal.create_run(kind="phases", name=name, config=config, config_sha256=sha, campaign_path=None,
+                                seed=None, git_rev=None, packages=package_versions(), data={},
+                                trust_remote_code=False, command=command_line())
+    try:
+        yield OwnRun(journal, run_id)
+    except KeyboardInterrupt:
+        journal.finish_run(run_id, "interrupted", {"reason": "interrupted by the user (Ctrl-C)"})
+        raise
+    except BaseException as e:
+        journal.finish_run(run_id, "failed", {"reason": f"{type(e).__name__}: {e}"})
+        raise
+    verdicts = [r["verdict"] for r in journal.phase_rows(run_id)]
+    journal.finish_run(run_id, "completed", {"phases": len(verdicts),
+                                             "failing": sum(v != "ok" for v in verdicts)})
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _release_cached(device: str) -> None:
+    """After an OOM, hand the allocator's cache back so the phases after it start from a clean card."""
+    if device.startswith("cuda"):
+        import gc
+
+        import torch
+
+        gc.collect()
+        torch.cuda.empty_cache()

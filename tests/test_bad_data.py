@@ -1,0 +1,78 @@
+"""Malformed data exits 2 naming file and line; nothing reaches the journal for a run that never started."""
+
+import pytest
+from conftest import simple_records, tiny_causal_campaign
+
+
+def _assert_nothing_written(home):
+    assert not (home / "journal.sqlite").exists()
+    assert not (home / "runs").exists()
+
+
+@pytest.mark.parametrize("content, where, message", [
+    (b'{"instruction": "a", "output": "b"}\n{"instruction": "a", "output": \n', ":2", "invalid JSON"),
+    (b'{"instruction": "a", "output": "b"}\n{"instruction": "caf\xe9", "output": "b"}\n', ":2", "not UTF-8"),
+    (b'{"instruction": "a", "output": "b"}\n{"instruction": "a", "output": ""}\n', ":2", "is empty"),
+    (b'{"instruction": "a", "output": "b"}\n{"instruction": "a"}\n', ":2", "no field 'output'"),
+    (b'{"instruction": "a", "output": "b"}\n[1, 2]\n', ":2", "not an object"),
+    (b"", "", "no records"),
+])
+@pytest.mark.parametrize("verb", ["validate", "train"])
+def test_malformed_jsonl(cli, tmp_path, content, where, message, verb):
+    path = tiny_causal_campaign(tmp_path, simple_records(2))
+    (tmp_path / "data" / "train.jsonl").write_bytes(content)
+    home = tmp_path / "home"
+    r = cli(verb, path, "--home", home)
+    assert r.code == 2, r.err
+    assert f"train.jsonl{where}" in r.err and message in r.err
+    assert "Traceback" not in r.err
+    _assert_nothing_written(home)
+
+
+def test_csv_with_missing_column(cli, tmp_path):
+    path = tiny_causal_campaign(tmp_path, simple_records(2))
+    csv_path = tmp_path / "data" / "train.csv"
+    csv_path.write_text("instruction,output\nhello,world\nonly-one-column\n")
+    text = path.read_text().replace("data/train.jsonl", "data/train.csv")
+    path.write_text(text)
+    r = cli("validate", path)
+    assert r.code == 2 and "train.csv:3" in r.err and "columns" in r.err
+
+
+def test_json_list_and_parquet_are_read(tmp_path):
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pilotrun.data.readers import read_records
+
+    recs = simple_records(3)
+    (tmp_path / "a.json").write_text(json.dumps(recs))
+    pq.write_table(pa.Table.from_pylist(recs), tmp_path / "a.parquet")
+    assert [r.fields for r in read_records(tmp_path / "a.json")] == recs
+    got = read_records(tmp_path / "a.parquet")
+    assert [r.fields for r in got] == recs and got[1].where.endswith("a.parquet[1]")
+
+
+def test_shared_alpaca_and_stack_exchange_read(tmp_path):
+    from conftest import SHARED_DATA
+
+    from pilotrun.data.readers import read_records
+
+    alpaca = read_records(SHARED_DATA / "alpaca_tiny.json")
+    assert len(alpaca) == 100 and {"instruction", "input", "output"} <= set(alpaca[0].fields)
+    assert len(read_records(SHARED_DATA / "stack_exchange_paired_tiny.json")) == 25
+
+
+def test_internal_error_exits_3(cli, tmp_path, monkeypatch):
+    """A bug is not bad input: exit 3, a short message, the traceback in a file."""
+    import pilotrun.stages.validate as v
+
+    def broken(loaded):
+        raise ZeroDivisionError("planted bug")
+
+    monkeypatch.setattr(v, "validate", broken)
+    path = tiny_causal_campaign(tmp_path, simple_records(2))
+    r = cli("validate", path)
+    assert r.code == 3 and "internal error" in r.err and "planted bug" in r.err and "Traceback" not in r.err

@@ -1,0 +1,161 @@
+"""Config errors exit 2 with the key path and a fix; --set parses typed values."""
+
+import pytest
+import yaml
+from conftest import simple_records, tiny_causal_campaign, write_campaign
+
+
+def _edit(path, fn):
+    c = yaml.safe_load(path.read_text())
+    fn(c)
+    path.write_text(yaml.safe_dump(c, sort_keys=False))
+    return path
+
+
+def test_clean_campaign_validates_and_prints_arithmetic(cli, demo_campaign):
+    r = cli("validate", demo_campaign, "--json")
+    assert r.code == 0, r.err
+    a = r.json["data"]["arithmetic"]
+    assert a["examples_per_update"] == a["micro_batch"] * a["accumulation"] * a["ranks"]
+    assert "examples per update" in r.err and "updates per epoch" in r.err and "drop_last" in r.err
+
+
+def test_unknown_key_suggests_the_right_one(cli, demo_campaign):
+    _edit(demo_campaign, lambda c: c["train"].update(acumulation=4))
+    r = cli("validate", demo_campaign)
+    assert r.code == 2
+    assert "unknown key 'train.acumulation'" in r.err
+    assert "did you mean 'train.accumulation'" in r.err
+    assert f"{demo_campaign}:" in r.err  # names the file and line
+    assert "Traceback" not in r.err
+
+
+def test_unknown_key_reports_its_line(cli, tmp_path):
+    path = tiny_causal_campaign(tmp_path, simple_records(8))
+    text = path.read_text().replace("train:\n", "train:\n  lrr: 0.1\n", 1)
+    path.write_text(text)
+    line = next(i for i, ln in enumerate(text.splitlines(), 1) if "lrr" in ln)
+    r = cli("validate", path)
+    assert r.code == 2 and f"{path}:{line}" in r.err and "did you mean 'train.lr'" in r.err
+
+
+def test_wrong_type_names_key_and_value(cli, demo_campaign):
+    _edit(demo_campaign, lambda c: c["train"].update(micro_batch="eight"))
+    r = cli("validate", demo_campaign)
+    assert r.code == 2
+    assert "train.micro_batch" in r.err and '"eight"' in r.err and "fix:" in r.err
+
+
+def test_negative_size_refused(cli, demo_campaign):
+    _edit(demo_campaign, lambda c: c["train"].update(accumulation=0))
+    r = cli("validate", demo_campaign)
+    assert r.code == 2 and "train.accumulation" in r.err and "greater than 0" in r.err
+
+
+def test_missing_data_file(cli, demo_campaign):
+    _edit(demo_campaign, lambda c: c["data"].update(validation="data/nope.jsonl"))
+    r = cli("validate", demo_campaign)
+    assert r.code == 2 and "nope.jsonl" in r.err and "data file not found" in r.err
+
+
+def test_missing_field_in_records(cli, demo_campaign):
+    _edit(demo_campaign, lambda c: c["data"].update(response="answer"))
+    r = cli("validate", demo_campaign)
+    assert r.code == 2
+    assert "no field 'answer'" in r.err and "data.response" in r.err and "train.jsonl:1" in r.err
+
+
+def test_template_fields_must_exist(cli, demo_campaign):
+    _edit(demo_campaign, lambda c: c["data"].update(prompt="Q: {question}\nA: "))
+    r = cli("validate", demo_campaign)
+    assert r.code == 2 and "no field 'question'" in r.err and "data.prompt" in r.err
+
+
+def test_task_needs(cli, demo_campaign):
+    _edit(demo_campaign, lambda c: c.update(task="seq-cls"))
+    r = cli("validate", demo_campaign)
+    assert r.code == 2
+    for key in ("data.text", "data.label", "data.labels"):
+        assert key in r.err
+
+
+def test_both_budgets_refused(cli, demo_campaign):
+    _edit(demo_campaign, lambda c: c["train"].update(epochs=2))
+    r = cli("validate", demo_campaign)
+    assert r.code == 2 and "train.updates or train.epochs" in r.err
+
+
+def test_epochs_budget_arithmetic(cli, demo_campaign):
+    _edit(demo_campaign, lambda c: c["train"].update(epochs=2, updates=None))
+    r = cli("validate", demo_campaign, "--json")
+    a = r.json["data"]["arithmetic"]
+    assert a["budget_from"] == "train.epochs" and a["updates"] == 2 * a["updates_per_epoch"]
+
+
+def test_broken_yaml_names_line(cli, tmp_path):
+    path = tmp_path / "campaign.yaml"
+    path.write_text("name: x\ntrain:\n  lr: [1\n  micro_batch: 2\n")
+    r = cli("validate", path)
+    assert r.code == 2 and "invalid YAML" in r.err and f"{path}:" in r.err
+
+
+def test_set_typed_parsing(cli, demo_campaign):
+    r = cli("validate", demo_campaign, "--set", "train.lr=3e-4", "--set", "train.drop_last=false",
+            "--set", "train.micro_batch=3", "--json")
+    assert r.code == 0, r.err
+    from pilotrun.campaign import load_campaign, parse_set
+
+    c = load_campaign(demo_campaign, parse_set(["train.lr=3e-4", "train.drop_last=false"])).campaign
+    assert c.train.lr == pytest.approx(3e-4) and c.train.drop_last is False
+
+
+@pytest.mark.parametrize("item, message", [
+    ("train.lrr=0.1", "did you mean 'train.lr'"),
+    ("trian.lr=0.1", "did you mean 'train.lr'"),
+    ("train.lr", "not KEY=VALUE"),
+    ("train.micro_batch=big", "train.micro_batch"),
+])
+def test_bad_set(cli, demo_campaign, item, message):
+    r = cli("validate", demo_campaign, "--set", item)
+    assert r.code == 2, r.err
+    assert message in r.err and "Traceback" not in r.err
+
+
+def test_paths_relative_to_campaign_file(tmp_path, monkeypatch):
+    from pilotrun.campaign import load_campaign
+
+    path = tiny_causal_campaign(tmp_path / "proj", simple_records(8))
+    monkeypatch.chdir(tmp_path)
+    c = load_campaign(path).campaign
+    assert c.data.train == str((tmp_path / "proj" / "data" / "train.jsonl").resolve())
+
+
+def test_init_writes_valid_commented_starters(cli, tmp_path):
+    from pilotrun.campaign.schema import Campaign
+
+    for task in ("causal-lm", "seq-cls"):
+        folder = tmp_path / task
+        r = cli("init", folder, "--task", task)
+        assert r.code == 0, r.err
+        text = (folder / "campaign.yaml").read_text()
+        assert "#" in text and f"task: {task}" in text
+        Campaign.model_validate(yaml.safe_load(text))
+    assert cli("init", tmp_path / "causal-lm").code == 2  # no silent overwrite
+
+
+def test_validate_is_fast_without_torch(tmp_path):
+    """validate must not import torch or transformers (it answers in well under a second)."""
+    import subprocess
+    import sys
+
+    path = tiny_causal_campaign(tmp_path, simple_records(8))
+    code = ("import sys; from pilotrun.cli.main import run; rc = run(['validate', %r]);"
+            "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'heavy import'; sys.exit(rc)"
+            % str(path))
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+
+
+def test_write_campaign_helper_roundtrip(tmp_path):
+    p = write_campaign(tmp_path, {"name": "x"})
+    assert yaml.safe_load(p.read_text()) == {"name": "x"}

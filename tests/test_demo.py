@@ -1,0 +1,34 @@
+"""The embedded demo end to end, through the real CLI in a fresh process."""
+
+import json
+
+from conftest import run_cli_process
+
+
+def test_demo_end_to_end(tmp_path):
+    out = tmp_path / "demo"
+    p = run_cli_process("demo", "--out", out, "--json", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    data = json.loads(p.stdout)
+    stages = {s["stage"]: s for s in data["stages"]}
+    assert stages["validate"]["verdict"] == "ok"
+    vals = [v["val_loss"] for v in stages["train"]["data"]["validation"]]
+    assert vals[-1] < 0.6 * vals[0], vals  # the validation loss visibly falls
+    assert (out / "campaign.yaml").is_file() and (out / "data" / "train.jsonl").is_file()
+    assert (out / ".pilotrun" / "journal.sqlite").is_file()
+    assert "rehearsal summary" in p.stderr
+
+
+def test_demo_data_is_deterministic_and_split_by_conversation(tmp_path):
+    from pilotrun.demo.synth import write_demo
+
+    a = write_demo(tmp_path / "a").parent
+    b = write_demo(tmp_path / "b").parent
+    for split in ("train", "validation", "test"):
+        assert (a / "data" / f"{split}.jsonl").read_bytes() == (b / "data" / f"{split}.jsonl").read_bytes()
+    ids = {}
+    for split in ("train", "validation", "test"):
+        recs = [json.loads(ln) for ln in (a / "data" / f"{split}.jsonl").read_text().splitlines()]
+        ids[split] = {r["conversation_id"] for r in recs}
+        assert len({r["family"] for r in recs}) == 4
+    assert not (ids["train"] & ids["validation"]) and not (ids["train"] & ids["test"])

@@ -1,0 +1,120 @@
+"""The one loop: accumulation equivalence, schedules, stop rules, budget bookkeeping."""
+
+import math
+
+import pytest
+import torch
+from conftest import simple_records, tiny_causal_campaign
+
+from pilotrun.campaign import load_campaign
+from pilotrun.engine.loop import make_state, run_update
+from pilotrun.engine.optim import lr_factor
+from pilotrun.engine.sampler import UpdateSampler
+from pilotrun.stages.prepare import prepare
+
+
+def _grads(model):
+    return torch.cat([p.grad.detach().flatten() for p in model.parameters() if p.grad is not None])
+
+
+def _varied_records():
+    # very different response lengths, so a per-micro-batch mean would weight tokens unequally
+    return [{"instruction": f"q{i}", "output": "z" * (1 + 7 * (i % 4))} for i in range(8)]
+
+
+def test_accumulation_equals_one_big_batch(tmp_path):
+    path = tiny_causal_campaign(tmp_path, _varied_records())
+    prep = prepare(load_campaign(path))
+    ex = prep.train
+    grads = []
+    for micro in ([ex[0:2], ex[2:4], ex[4:6], ex[6:8]], [ex[0:8]]):
+        torch.manual_seed(0)
+        model = prep.task.build_model()
+        state = make_state(model, prep.c.train, n_train=len(ex), seed=0, total_updates=1)
+        out = run_update(state, prep.task, micro, max_grad_norm=None, step=False, zero_grad=False)
+        grads.append(_grads(model))
+        assert math.isfinite(out["loss"])
+    diff = (grads[0] - grads[1]).norm() / grads[1].norm()
+    assert diff < 1e-6, f"relative gradient difference {diff:.2e}"
+
+
+def test_per_micro_batch_mean_would_differ(tmp_path):
+    """The equivalence test can fail: averaging per micro-batch gives different gradients here."""
+    path = tiny_causal_campaign(tmp_path, _varied_records())
+    prep = prepare(load_campaign(path))
+    ex = prep.train
+    torch.manual_seed(0)
+    model = prep.task.build_model()
+    for mb in (ex[0:2], ex[2:4], ex[4:6], ex[6:8]):
+        s, n = prep.task.loss(model, prep.task.collate(mb))
+        (s / n / 4).backward()
+    wrong = _grads(model)
+    model.zero_grad()
+    s, n = prep.task.loss(model, prep.task.collate(ex))
+    (s / n).backward()
+    right = _grads(model)
+    assert (wrong - right).norm() / right.norm() > 1e-3
+
+
+@pytest.mark.parametrize("schedule", ["constant", "linear", "cosine"])
+def test_schedules_with_warmup(schedule):
+    f = [lr_factor(u, 10, 2, schedule) for u in range(10)]
+    assert f[0] == 0.5 and f[1] == 1.0
+    if schedule == "constant":
+        assert all(x == 1.0 for x in f[1:])
+    else:
+        assert all(a >= b for a, b in zip(f[1:], f[2:])) and f[-1] < 0.2
+
+
+def test_sampler_epochs_and_resume_position():
+    s = UpdateSampler(n=10, micro_batch=2, accumulation=2, seed=3, drop_last=True)
+    assert s.updates_per_epoch == 2
+    seen = [s.next_update() for _ in range(4)]
+    flat_epoch0 = [i for u in seen[:2] for mb in u for i in mb]
+    assert len(set(flat_epoch0)) == 8  # no repeats inside an epoch; 2 dropped
+    assert s.epoch == 1
+    saved = s.state_dict()
+    expected = [s.next_update() for _ in range(3)]  # crosses into epoch 2
+    t = UpdateSampler(n=10, micro_batch=2, accumulation=2, seed=3, drop_last=True)
+    t.load_state_dict(saved)
+    assert [t.next_update() for _ in range(3)] == expected
+    k = UpdateSampler(n=10, micro_batch=2, accumulation=2, seed=3, drop_last=False)
+    sizes = [sum(len(mb) for mb in k.next_update()) for _ in range(3)]
+    assert sizes == [4, 4, 2]
+
+
+def test_nan_stops_as_diverged(cli, tmp_path):
+    path = tiny_causal_campaign(tmp_path, simple_records(8), train__lr=1e30, train__updates=6,
+                                train__max_grad_norm=None, train__optimizer="sgd")
+    r = cli("train", path, "--home", tmp_path / "home", "--json")
+    assert r.code == 1
+    d = r.json["data"]
+    assert d["status"] == "diverged"
+    assert "nan" in d["reason"].lower() or "diverge_factor" in d["reason"] or "inf" in d["reason"]
+
+
+def test_patience_stops(cli, tmp_path):
+    path = tiny_causal_campaign(tmp_path, simple_records(8), simple_records(4, 100), train__lr=0.0,
+                                train__updates=12, train__eval_every=1, train__stop={"patience": 2})
+    r = cli("train", path, "--home", tmp_path / "home", "--json")
+    d = r.json["data"]
+    assert d["status"] == "stopped" and "train.stop.patience" in d["reason"] and d["updates"] < 12
+
+
+def test_records_updates_and_examples(cli, tmp_path):
+    path = tiny_causal_campaign(tmp_path, simple_records(10), train__updates=5, train__drop_last=False)
+    r = cli("train", path, "--home", tmp_path / "home", "--json")
+    assert r.code == 0, r.err
+    from pilotrun.journal import Journal
+
+    run = Journal(tmp_path / "home").get_run(r.json["data"]["run_id"])
+    # 10 examples, 4 per update, drop_last false: updates of 4, 4, 2, then 4, 4
+    assert run["updates_done"] == 5 and run["examples_seen"] == 18
+
+
+@pytest.mark.parametrize("precision", ["bf16-mixed", "fp16-mixed", "bf16-true"])
+def test_precision_modes_run(cli, tmp_path, precision):
+    path = tiny_causal_campaign(tmp_path, simple_records(8), train__precision=precision, train__updates=2)
+    r = cli("train", path, "--home", tmp_path / "home", "--json")
+    assert r.code == 0, r.err
+    assert r.json["data"]["status"] == "completed"
