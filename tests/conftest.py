@@ -11,7 +11,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+def _shared_data() -> Path:
+    """../shared/data beside the repository (as CI lays it), else $PILOTRUN_SHARED_DATA, else /work/shared/data."""
+    candidates = [Path(__file__).resolve().parents[1].parent / "shared" / "data"]
+    if os.environ.get("PILOTRUN_SHARED_DATA"):
+        candidates.insert(0, Path(os.environ["PILOTRUN_SHARED_DATA"]))
+    candidates.append(Path("/work/shared/data"))
+    return next((c for c in candidates if (c / "alpaca_tiny.json").is_file()), candidates[0])
+
+
+SHARED_DATA = _shared_data()
 
 TINY_LLAMA = {
     "model_type": "llama", "vocab_size": 384, "hidden_size": 64, "intermediate_size": 128,
