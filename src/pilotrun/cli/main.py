@@ -17,6 +17,11 @@ from pilotrun.errors import EXIT_BAD_INPUT, EXIT_INTERNAL, BadInput
 COMMAND_MODULES = (
     "pilotrun.cli.cmd_core",
     "pilotrun.cli.cmd_journal",
+    "pilotrun.cli.cmd_sweep",
+    "pilotrun.cli.cmd_memory",
+    "pilotrun.cli.cmd_mechanics",
+    "pilotrun.cli.cmd_data",
+    "pilotrun.cli.cmd_sheet",
 )
 
 

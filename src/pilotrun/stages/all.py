@@ -13,16 +13,60 @@ def _validate(loaded, home):
     return validate(loaded)
 
 
+def _inspect(loaded, home):
+    from pilotrun.stages.inspect import inspect
+
+    return inspect(loaded)
+
+
+def _leakage(loaded, home):
+    from pilotrun.stages.leakage import leakage
+
+    return leakage(loaded)
+
+
+def _overfit(loaded, home):
+    from pilotrun.stages.overfit import overfit
+
+    return overfit(loaded, home)
+
+
+def _resume(loaded, home):
+    from pilotrun.stages.resume import resume
+
+    return resume(loaded, home)
+
+
+def _verify(loaded, home):
+    from pilotrun.stages.verify import verify_latest
+
+    return verify_latest(loaded, home)
+
+
 def _train(loaded, home):
     from pilotrun.stages.train import train_run
 
     return train_run(loaded, home)
 
 
+def _sheet(loaded, home):
+    from pathlib import Path
+
+    from pilotrun.stages.sheet import sheet_stage
+
+    return sheet_stage(loaded, home, out=str(Path(home) / "sheet.md"))
+
+
 # SPEC order: validate → data checks → leakage → overfit → pilot → resume → verify → sheet.
 STAGES = [
     ("validate", _validate),
+    ("inspect", _inspect),
+    ("leakage", _leakage),
+    ("overfit", _overfit),
+    ("resume", _resume),
+    ("verify", _verify),
     ("train", _train),
+    ("sheet", _sheet),
 ]
 
 

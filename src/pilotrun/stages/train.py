@@ -16,7 +16,10 @@ CONTROL_EXAMPLES = 4  # validation examples whose predictions are stored with ev
 
 
 def store_control_predictions(recorder: RunRecorder, prep: Prepared, model) -> list[dict]:
+    """Predictions (journal) and top logits (control.safetensors) on the control inputs; before the manifest."""
     import torch
+
+    from pilotrun.stages.control import save_control, target_logits, tokenizer_facts
 
     pool = prep.validation or prep.train
     control = pool[:CONTROL_EXAMPLES]
@@ -28,14 +31,19 @@ def store_control_predictions(recorder: RunRecorder, prep: Prepared, model) -> l
         device = next(model.parameters()).device
         batch = {k: (v.to(device) if hasattr(v, "to") else v) for k, v in batch.items()}
         preds = prep.task.predict(model, batch)
-    items = [(e.rid, {"input_ids": e.input_ids, "pred": p}) for e, p in zip(control, preds)]
+        logits = target_logits(prep.task, model, batch)
+    items = [(e.rid, {"input_ids": e.input_ids, "labels": e.labels, "pred": p}) for e, p in zip(control, preds)]
     recorder.journal.add_predictions(recorder.run_id, "control", items)
+    if logits is not None:  # verify compares the reloaded artifact's logits with these
+        save_control(recorder.dir, [e.rid for e in control], logits,
+                     {"dtype": str(next(model.parameters()).dtype), "tokenizer": tokenizer_facts(prep.task)})
     return [{"rid": rid, **v} for rid, v in items]
 
 
 def train_run(loaded, home, *, kind: str = "train", supersedes: str | None = None, sweep_id: str | None = None,
               arm: str | None = None, hooks: Hooks | None = None, progress: bool = True, prep: Prepared | None = None,
-              save_artifact: bool = True, command: str | None = None) -> StageResult:
+              save_artifact: bool = True, command: str | None = None,
+              validation_predictions: bool = False) -> StageResult:
     """Prepare everything that can fail on bad input first; only then create the run."""
     prep = prep or prepare(loaded, splits=("train", "validation"))
     c = prep.c
@@ -79,6 +87,10 @@ def train_run(loaded, home, *, kind: str = "train", supersedes: str | None = Non
         save_state(state, rec.dir / "checkpoints" / "final")
         artifact = prep.task.save_artifact(model, rec.dir / "artifact") if save_artifact else []
         control = store_control_predictions(rec, prep, model)
+        if validation_predictions:
+            from pilotrun.stages.val_predictions import store_validation_predictions
+
+            store_validation_predictions(rec, prep, model)
         summary = {"reason": result.reason, "updates": state.update, "examples_seen": state.examples_seen,
                    "wall_s": result.wall_s, "final_val_loss": result.evals[-1]["val_loss"] if result.evals else None,
                    "first_val_loss": result.evals[0]["val_loss"] if result.evals else None,

@@ -1,0 +1,56 @@
+"""inspect, leakage, split: what the loss sees, what crosses the splits, and a split by unit."""
+
+from __future__ import annotations
+
+import click
+
+from pilotrun.cli.common import campaign_argument, common_options, console, emit, load
+from pilotrun.cli.main import cli
+
+_SPLITS = click.Choice(["train", "validation", "test"])
+
+
+@cli.command()
+@campaign_argument
+@click.option("-n", "n", type=click.IntRange(min=0), default=3, show_default=True,
+              help="examples to render token by token")
+@click.option("--split", type=_SPLITS, default="train", show_default=True, help="the split the examples come from")
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="override a campaign key (repeatable)")
+@common_options
+def inspect(campaign, n, split, sets, home, as_json):
+    """N examples exactly as the loss sees them (trained / masked / padding), then the data-set-wide checks."""
+    from pilotrun.report.tokens import render_examples
+    from pilotrun.stages.inspect import inspect as run_inspect
+
+    result = run_inspect(load(campaign, sets), n=n, split=split)
+    if n:
+        render_examples(result.data["examples"], console(as_json), split)
+    return emit(result, as_json)
+
+
+@cli.command()
+@campaign_argument
+@click.option("--near-threshold", type=float, default=0.8, show_default=True,
+              help="estimated Jaccard similarity (word 3-gram shingles) from which two units count as near duplicates")
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="override a campaign key (repeatable)")
+@common_options
+def leakage(campaign, near_threshold, sets, home, as_json):
+    """Units of data.group_by shared by splits, exact and near duplicates across splits, period order."""
+    from pilotrun.stages.leakage import leakage as run_leakage
+
+    return emit(run_leakage(load(campaign, sets), near_threshold), as_json)
+
+
+@cli.command()
+@click.argument("data", type=click.Path(dir_okay=False))
+@click.option("--by", "by", required=True, metavar="FIELD", help="the unit no split may share (conversation, patient ...)")
+@click.option("--period", default=None, metavar="FIELD", help="a time field: earliest periods go to train")
+@click.option("--ratios", default="0.8,0.1,0.1", show_default=True, help="train,validation[,test] shares, summing to 1")
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="folder for train/validation/test.jsonl")
+@click.option("--seed", type=int, default=0, show_default=True, help="seed of the unit order")
+@common_options
+def split(data, by, period, ratios, out, seed, home, as_json):
+    """A deterministic split of DATA by unit (or by period) into OUT/{train,validation,test}.jsonl."""
+    from pilotrun.data.split import parse_ratios, split_file
+
+    return emit(split_file(data, by, parse_ratios(ratios), out, seed=seed, period=period), as_json)

@@ -1,0 +1,83 @@
+"""overfit, resume, verify, archive — and the hidden worker verbs that resume and verify start in a fresh process."""
+
+from __future__ import annotations
+
+import click
+
+from pilotrun.cli.common import campaign_argument, common_options, emit, emit_data, home_for, load
+from pilotrun.cli.main import cli
+
+_set = click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="override a campaign key (repeatable)")
+
+
+@cli.command()
+@campaign_argument
+@click.option("--examples", type=click.IntRange(min=1), default=8, show_default=True,
+              help="training examples to memorise")
+@click.option("--max-updates", type=click.IntRange(min=1), default=150, show_default=True,
+              help="the most updates the memorising run may take")
+@_set
+@common_options
+def overfit(campaign, examples, max_updates, sets, home, as_json):
+    """Accumulation arithmetic on the task's own loss, then can the loop memorise N examples."""
+    from pilotrun.stages.overfit import overfit as run_overfit
+
+    return emit(run_overfit(load(campaign, sets), home_for(home, campaign), examples=examples,
+                            max_updates=max_updates), as_json)
+
+
+@cli.command()
+@campaign_argument
+@click.option("--at", type=click.IntRange(min=2), default=None,
+              help="stop at this update and resume in a new process (default 4; the reference runs 2 × K)")
+@_set
+@common_options
+def resume(campaign, at, sets, home, as_json):
+    """Stop at update K, resume in a fresh process, compare with an uninterrupted run of 2K updates."""
+    from pilotrun.stages.resume import resume as run_resume
+
+    return emit(run_resume(load(campaign, sets), home_for(home, campaign), at=at), as_json)
+
+
+@cli.command()
+@click.argument("run_id")
+@common_options
+def verify(run_id, home, as_json):
+    """Reload a run's artifact in a fresh process (hashes checked first) and reproduce its control predictions."""
+    from pilotrun.stages.verify import verify as run_verify
+
+    return emit(run_verify(home_for(home), run_id), as_json)
+
+
+@cli.command()
+@click.argument("run_id")
+@click.option("--out", required=True, type=click.Path(dir_okay=False), help="the .tar.gz to write")
+@common_options
+def archive(run_id, out, home, as_json):
+    """Pack a run's folder (artifact, config, revisions, metrics, control predictions, README) into a .tar.gz."""
+    from pilotrun.journal.archive import pack
+    from pilotrun.journal.store import Journal
+
+    data = pack(Journal(home_for(home), create=False), run_id, out)
+    return emit_data(data, as_json, lambda con, d: con.print(
+        f"run {d['run_id']}: {len(d['files'])} files packed into {d['path']} ({d['bytes']} bytes)"))
+
+
+@cli.command(name="_resume-worker", hidden=True)
+@click.argument("spec", type=click.Path(exists=True, dir_okay=False))
+def resume_worker(spec):
+    """Internal: the fresh process of `resume` (loads the saved state, continues, writes its history)."""
+    from pilotrun.stages.resume import resume_worker as work
+
+    return work(spec)
+
+
+@cli.command(name="_verify-worker", hidden=True)
+@click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
+@click.argument("control", type=click.Path(exists=True, dir_okay=False))
+@click.argument("out", type=click.Path(dir_okay=False))
+def verify_worker(run_dir, control, out):
+    """Internal: the fresh process of `verify` (loads the artifact, predicts the control inputs)."""
+    from pilotrun.stages.verify import verify_worker as work
+
+    return work(run_dir, control, out)

@@ -1,0 +1,45 @@
+"""estimate and fit: memory before the hardware exists, and variants that fit a limit."""
+
+from __future__ import annotations
+
+import click
+
+from pilotrun.cli.common import campaign_argument, common_options, emit, home_for, load
+from pilotrun.cli.main import cli
+
+
+@cli.command()
+@campaign_argument
+@click.option("--device", type=click.Choice(["cuda", "cpu"]), default="cuda", show_default=True,
+              help="the device to predict for: cuda (the rental) or cpu (this machine, tensor bytes)")
+@click.option("--gpu-memory", default=None, metavar="SIZE",
+              help="memory of one target GPU, e.g. 24GiB (default: hardware.memory_per_gpu for cuda)")
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="override a campaign key (repeatable)")
+@common_options
+def estimate(campaign, device, gpu_memory, sets, home, as_json):
+    """Predicted memory per phase on fake tensors: nothing is allocated, no GPU is needed."""
+    from pilotrun.probe.sizes import parse_size
+    from pilotrun.stages.estimate import estimate as run_estimate
+
+    limit = parse_size(gpu_memory, where="--gpu-memory") if gpu_memory else None
+    return emit(run_estimate(load(campaign, sets), device=device, gpu_memory=limit), as_json)
+
+
+@cli.command()
+@campaign_argument
+@click.option("--memory-limit", required=True, metavar="SIZE", help="the memory one rank may use, e.g. 24GiB")
+@click.option("--write", "write_path", type=click.Path(dir_okay=False), default=None,
+              help="write the chosen variant as a new campaign file, with a comment saying what changed and why")
+@click.option("--effective-batch", type=int, default=None,
+              help="examples per update every variant must keep (default: the campaign's)")
+@click.option("--all-variants", is_flag=True, help="measure every variant, not only up to the first that fits")
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="override a campaign key (repeatable)")
+@common_options
+def fit(campaign, memory_limit, write_path, effective_batch, all_variants, sets, home, as_json):
+    """Variants that fit a memory limit, least change first, each measured and checked against the control."""
+    from pilotrun.probe.sizes import parse_size
+    from pilotrun.stages.fit import fit as run_fit
+
+    limit = parse_size(memory_limit, where="--memory-limit")
+    return emit(run_fit(load(campaign, sets), home_for(home, campaign), limit, write=write_path,
+                        effective_batch=effective_batch, all_variants=all_variants), as_json)

@@ -1,0 +1,47 @@
+"""sweep and report."""
+
+from __future__ import annotations
+
+import click
+
+from pilotrun.cli.common import campaign_argument, common_options, emit, home_for, load
+from pilotrun.cli.main import cli
+
+
+@cli.command()
+@campaign_argument
+@click.option("--continue", "continue_id", default=None, metavar="SWEEP_ID",
+              help="pick an interrupted sweep up: skip finished runs, rerun the others as new runs")
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
+              help="override a campaign key (repeatable); part of the frozen plan")
+@common_options
+def sweep(campaign, continue_id, sets, home, as_json):
+    """The control and each variant of `plan`, for every seed, each its own run; then the comparison."""
+    from pilotrun.stages.sweep import sweep as run_sweep
+
+    loaded = load(campaign, sets)
+
+    def on_run(r):
+        again = f" (supersedes {r['supersedes']})" if r["supersedes"] else ""
+        click.echo(f"run {r['index']}/{r['of']}: {r['arm']} [{r['label']}] seed {r['seed']} → {r['run_id']} "
+                   f"{r['status']}{again}", err=True)
+
+    return emit(run_sweep(loaded, home_for(home, campaign), continue_id=continue_id, on_run=on_run), as_json)
+
+
+@cli.command()
+@click.option("--out", type=click.Path(dir_okay=False), default=None,
+              help="the HTML file to write (default: HOME/report.html)")
+@common_options
+def report(out, home, as_json):
+    """One self-contained HTML file: loss curves, comparison, the pilot's phase ledger, notes and decisions."""
+    from pathlib import Path
+
+    from pilotrun.journal.store import Journal
+    from pilotrun.report.html import write_report
+    from pilotrun.stages.result import StageResult
+
+    journal = Journal(home_for(home), create=False)
+    path = write_report(journal, Path(out) if out else journal.home / "report.html")
+    return emit(StageResult("report", "ok", f"wrote {path}", ["open it in a browser; it needs no network"],
+                            {"path": str(path)}), as_json)

@@ -1,0 +1,94 @@
+"""seq-cls label checks: unknown class values (bad input), the model head's id2label order, class counts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pilotrun.errors import BadInput
+
+FEW = 3
+
+
+def scan_labels(task, records: dict[str, list]) -> None:
+    """Every label value must be a name in data.labels or an id 0..n-1; all unknown values are listed at once."""
+    if getattr(task, "kind", None) != "seq-cls" or not hasattr(task, "label_id"):
+        return
+    name = task.c.data.label
+    unknown: dict[str, list[str]] = {}
+    for recs in records.values():
+        for r in recs:
+            if name not in r.fields:
+                task.label_id(r)  # raises the missing-field error with the record's location
+            try:
+                task.label_id(r)
+            except BadInput:
+                unknown.setdefault(repr(r.fields[name]), []).append(r.where)
+    if unknown:
+        listed = "; ".join(f"{v} ({len(w)} records, first {w[0]})" for v, w in unknown.items())
+        first = next(iter(unknown.values()))[0]
+        raise BadInput(f"{len(unknown)} label values are not in data.labels {task.labels}: {listed}", where=first,
+                       fix="add these classes to data.labels (in id order), or correct the records")
+
+
+def model_id2label(c) -> dict[int, str] | None:
+    """The id2label of a pretrained model folder, unless it holds only the generic LABEL_i names."""
+    if not c.model.path:
+        return None
+    path = Path(c.model.path) / "config.json"
+    try:
+        cfg = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    raw = cfg.get("id2label") or {}
+    names = {int(k): str(v) for k, v in raw.items()}
+    if not names or all(v.startswith("LABEL_") for v in names.values()):
+        return None
+    return names
+
+
+def head_name(c, class_id: int) -> str | None:
+    """The name the model's config gives a class id (the pretrained head's, else data.labels')."""
+    names = model_id2label(c)
+    if names is not None:
+        return names.get(class_id)
+    labels = c.data.labels or []
+    return labels[class_id] if 0 <= class_id < len(labels) else None
+
+
+def label_checks(task, loaded, scans) -> list:
+    from pilotrun.data.checks import Check
+
+    if getattr(task, "kind", None) != "seq-cls":
+        return []
+    c = loaded.campaign
+    labels = list(c.data.labels or [])
+    out = []
+    head = model_id2label(c)
+    if head is not None and [head.get(i) for i in range(len(labels))] != labels:
+        width = max(len(n) for n in labels + ["data.labels"])
+        rows = [f"  id  {'data.labels':<{width}}  model id2label"]
+        for i in range(max(len(labels), max(head) + 1)):
+            mine = labels[i] if i < len(labels) else "-"
+            mark = "" if head.get(i) == mine else "   ≠"
+            rows.append(f"  {i:<3} {mine:<{width}}  {head.get(i, '-')}{mark}")
+        same = sorted(head.values()) == sorted(labels)
+        out.append(Check("id2label", "fail",
+                         ("the model's id2label names the same classes in another order" if same else
+                          "the model's id2label names other classes") +
+                         f" than data.labels ({c.model.path}/config.json):\n" + "\n".join(rows) +
+                         "\n  fix: order data.labels as the model's id2label, or train a new head",
+                         data={"data_labels": labels, "model_id2label": {str(k): v for k, v in head.items()}}))
+    counts = {}
+    for split, s in scans.items():
+        counts[split] = {labels[i] if 0 <= i < len(labels) else str(i): s.classes.get(i, 0)
+                         for i in range(len(labels))}
+        out.append(Check("classes", "ok", ", ".join(f"{k} {v}" for k, v in counts[split].items()), split,
+                         {"counts": counts[split]}))
+    for split in ("train", "validation"):
+        missing = [k for k, v in counts.get(split, {}).items() if v == 0]
+        if missing:
+            out.append(Check("classes", "warn", f"{split} has no example of class {', '.join(map(repr, missing))}: "
+                             + ("the model cannot learn it" if split == "train" else "its accuracy is never measured"),
+                             split, {"missing": missing}))
+    return out

@@ -1,0 +1,258 @@
+"""Leakage across splits, on the raw record text: shared units, exact and near duplicates, period order.
+
+The unit of comparison is the leakage unit: with ``data.group_by`` all records of one unit (a
+conversation, a patient) form one text, since the unit is what must not cross splits; without it,
+each record is its own unit. A split is read, reduced to arrays (a hash and a MinHash signature per
+unit) and dropped before the next, so memory holds no per-token objects and time grows linearly.
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import re
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import date, datetime
+
+import numpy as np
+
+from pilotrun.data import minhash
+from pilotrun.data.checks import Check
+from pilotrun.errors import BadInput
+from pilotrun.tasks import common
+
+FEW = 3
+CHUNK = 4096
+
+
+def normalise(text: str) -> str:
+    """Case and whitespace do not make two texts different (split() drops any run of whitespace)."""
+    return " ".join(text.split()).casefold()
+
+
+def text_of(c):
+    """A function giving the text a record trains on: prompt fields and response, chat contents, or the
+    seq-cls text; the fields are worked out once, not per record."""
+    d = c.data
+    if c.task == "causal-lm" and d.messages:
+        def chat(record) -> str:
+            msgs = common.field(record, d.messages, "data.messages")
+            if not isinstance(msgs, list):
+                return str(msgs)
+            return "\n".join(str(m.get("content", m.get("value", ""))) for m in msgs if isinstance(m, dict))
+        return chat
+    if c.task == "causal-lm":
+        names = [(n, "data.prompt") for n in ((common.template_fields(d.prompt) or [d.prompt]) if d.prompt else [])]
+        names.append((d.response, "data.response"))
+    elif c.task == "seq-cls":
+        names = [(d.text, "data.text")]
+    else:
+        skip = {d.group_by, d.period_by}
+        return lambda r: "\n".join(str(v) for k, v in sorted(r.fields.items()) if k not in skip and isinstance(v, str))
+
+    def fields(record) -> str:
+        return "\n".join(common.text_field(record, n, key, allow_empty=True) for n, key in names)
+    return fields
+
+
+def record_text(c, record) -> str:
+    return text_of(c)(record)
+
+
+def _require(records, name: str, key: str, path) -> None:
+    missing = next((r for r in records if name not in r.fields), None)
+    if missing is not None:
+        present = ", ".join(sorted(missing.fields)) or "none"
+        raise BadInput(f"a record of {path} has no field '{name}' (named by {key}); fields present: {present}",
+                       where=missing.where, fix=f"add '{name}' to every record, or set {key} to a field every record has")
+
+
+@dataclass
+class SplitUnits:
+    """One split reduced to arrays, one row per unit."""
+
+    split: str
+    records: int
+    where: list[str]  # the first record of each unit
+    names: list[str] | None  # unit values (group_by), or None when records are units
+    digest: np.ndarray  # uint64 hash of the normalised unit text
+    sig: np.ndarray  # (PERMS, units) MinHash signatures, one column per unit
+    periods: list | None
+    _index: list | None = None
+
+    def index(self) -> list:
+        if self._index is None:
+            self._index = minhash.band_index(self.sig)
+        return self._index
+
+
+def _digest(text: str) -> int:
+    return int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "little")
+
+
+def reduce_split(c, split: str, chunks) -> SplitUnits:
+    """One split, chunk by chunk of records, to a hash and a signature per unit."""
+    d = c.data
+    path = getattr(d, split)
+    digests, sigs, where, periods, code = [], [], [], [] if d.period_by else None, []
+    codes: dict[str, int] = {}
+    text = text_of(c)
+    for records in chunks:
+        if d.group_by:
+            _require(records, d.group_by, "data.group_by", path)
+            code.append(np.fromiter((codes.setdefault(str(r.fields[d.group_by]), len(codes)) for r in records),
+                                    dtype=np.int64, count=len(records)))
+        if d.period_by:
+            _require(records, d.period_by, "data.period_by", path)
+            periods += [r.fields[d.period_by] for r in records]
+        texts = [normalise(text(r)) for r in records]
+        digests.append(np.fromiter((_digest(t) if t else 0 for t in texts), dtype=np.uint64, count=len(texts)))
+        sigs += [minhash.signatures(texts[i:i + CHUNK]) for i in range(0, len(texts), CHUNK)]
+        where += [r.where for r in records]
+    digest = np.concatenate(digests) if digests else np.empty(0, np.uint64)
+    sig = np.concatenate(sigs, axis=1) if sigs else np.empty((minhash.PERMS, 0), np.uint32)
+    if not d.group_by:
+        return SplitUnits(split, len(where), where, None, digest, sig, periods)
+    code = np.concatenate(code) if code else np.empty(0, np.int64)
+    order = np.argsort(code, kind="stable")
+    starts = np.flatnonzero(np.concatenate(([True], code[order][1:] != code[order][:-1])))
+    pos = np.arange(order.size) - np.repeat(starts, np.diff(np.append(starts, order.size)))
+    with np.errstate(over="ignore"):
+        weights = minhash._powers(minhash._P, int(pos.max()) + 1)[pos] if pos.size else pos.astype(np.uint64)
+        unit_digest = np.add.reduceat(digest[order] * weights, starts, dtype=np.uint64)
+    return SplitUnits(split, len(where), [where[order[s]] for s in starts], list(codes), unit_digest,
+                      np.stack([np.minimum.reduceat(row[order], starts) for row in sig]), periods)
+
+
+def _share(n: int, of: int) -> str:
+    return f"{n} of {of} ({n / max(of, 1):.1%})"
+
+
+def _unit(u: SplitUnits, i: int) -> str:
+    return f"{u.where[i]}" + (f" ({u.names[i]})" if u.names is not None else "")
+
+
+def group_overlap(a: SplitUnits, b: SplitUnits, field: str) -> Check | None:
+    shared = sorted(set(a.names) & set(b.names))
+    if not shared:
+        return None
+    return Check("shared-units", "fail", f"{_share(len(shared), len(b.names))} {b.split} units of '{field}' "
+                 f"(data.group_by) also occur in {a.split}, e.g. {', '.join(map(repr, shared[:FEW]))}; split by "
+                 f"unit with `pilotrun split DATA --by {field}`", b.split, {"count": len(shared), "values": shared[:FEW]})
+
+
+def exact_duplicates(a: SplitUnits, b: SplitUnits) -> Check | None:
+    live = b.digest != 0
+    hit = np.flatnonzero(live & np.isin(b.digest, a.digest[a.digest != 0]))
+    if not hit.size:
+        return None
+    first_a = {}
+    for i in np.flatnonzero(np.isin(a.digest, b.digest[hit])):
+        first_a.setdefault(int(a.digest[i]), int(i))
+    pairs = [f"{_unit(b, j)} = {_unit(a, first_a[int(b.digest[j])])}" for j in hit[:FEW]]
+    return Check("exact-duplicates", "fail", f"{_share(hit.size, b.digest.size)} {b.split} units repeat a {a.split} "
+                 f"unit exactly after normalising case and whitespace, e.g. {'; '.join(pairs)}", b.split,
+                 {"count": int(hit.size), "pairs": pairs})
+
+
+def near_duplicates(a: SplitUnits, b: SplitUnits, threshold: float) -> Check | None:
+    ia, ib, sim = minhash.near_pairs(a.sig, b.sig, threshold, a.index())
+    keep = a.digest[ia] != b.digest[ib]  # exact duplicates are reported on their own
+    ia, ib, sim = ia[keep], ib[keep], sim[keep]
+    if not ia.size:
+        return None
+    n_units = np.unique(ib).size
+    top = np.argsort(-sim, kind="stable")[:FEW]
+    pairs = [f"{_unit(b, ib[k])} ~ {_unit(a, ia[k])} (J≈{sim[k]:.2f})" for k in top]
+    return Check("near-duplicates", "warn", f"{_share(n_units, b.digest.size)} {b.split} units are near duplicates "
+                 f"of {a.split} units (estimated Jaccard ≥ {threshold} over {minhash.SHINGLE}-word shingles), e.g. "
+                 f"{'; '.join(pairs)}", b.split,
+                 {"count": int(n_units), "pairs": [[_unit(b, ib[k]), _unit(a, ia[k]), float(sim[k])] for k in top]})
+
+
+def _period_key(values: list):
+    """Periods as comparable values: numbers, ISO dates/times, else their text."""
+    for conv in (float, _iso):
+        try:
+            return [conv(v) for v in values]
+        except (TypeError, ValueError):
+            continue
+    return [str(v) for v in values]
+
+
+def _iso(v):
+    if isinstance(v, (date, datetime)):
+        return datetime(v.year, v.month, v.day) if not isinstance(v, datetime) else v.replace(tzinfo=None)
+    s = str(v)
+    if re.fullmatch(r"\d{4}-\d{2}", s):
+        s += "-01"
+    return datetime.fromisoformat(s).replace(tzinfo=None)
+
+
+def period_order(units: dict[str, SplitUnits], key: str) -> list[Check]:
+    train = units.get("train")
+    if train is None or train.periods is None:
+        return []
+    names = list(units)
+    keyed = dict(zip(names, (_period_key(units[s].periods) for s in names)))
+    kinds = {type(v[0]) for v in keyed.values() if v}
+    if len(kinds) > 1:
+        keyed = {s: [str(x) for x in units[s].periods] for s in names}
+    raw = {s: dict(zip(keyed[s], units[s].periods)) for s in names}
+    lo_t, hi_t = min(keyed["train"]), max(keyed["train"])
+    out = []
+    for s in names:
+        if s == "train" or not keyed[s]:
+            continue
+        lo, hi = min(keyed[s]), max(keyed[s])
+        if lo > hi_t:
+            continue
+        early = sum(1 for v in keyed[s] if v <= hi_t)
+        how = "precede" if hi < lo_t else "overlap"
+        out.append(Check("period-order", "fail", f"{s} periods {raw[s][lo]}..{raw[s][hi]} {how} train periods "
+                         f"{raw['train'][lo_t]}..{raw['train'][hi_t]} ({_share(early, len(keyed[s]))} {s} records "
+                         f"at or before the last train period); {s} must come after train: `pilotrun split DATA "
+                         f"--by FIELD --period {key}`", s, {"records": early, "relation": how}))
+    return out
+
+
+@contextmanager
+def _no_cycle_collection():
+    """Records are plain dicts and make no reference cycles; CPython's cycle collector would rescan the
+    millions of them on every full pass while they are read, making time grow faster than the records."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def leakage_checks(loaded, threshold: float = 0.8) -> tuple[list[Check], dict]:
+    """Every check across the splits of a campaign; returns the checks and per-split counts."""
+    c = loaded.campaign
+    units: dict[str, SplitUnits] = {}
+    from pilotrun.data.stream import iter_chunks
+
+    for split in common.SPLITS:
+        if getattr(c.data, split):
+            with _no_cycle_collection():
+                units[split] = reduce_split(c, split, iter_chunks(getattr(c.data, split)))
+    checks: list[Check] = []
+    names = list(units)
+    for i, sa in enumerate(names):
+        for sb in names[i + 1:]:
+            a, b = units[sa], units[sb]
+            if c.data.group_by:
+                found = group_overlap(a, b, c.data.group_by)
+                if found:
+                    checks.append(found)
+            for found in (exact_duplicates(a, b), near_duplicates(a, b, threshold)):
+                if found:
+                    checks.append(found)
+    if c.data.period_by:
+        checks += period_order(units, c.data.period_by)
+    counts = {s: {"records": u.records, "units": int(u.digest.size)} for s, u in units.items()}
+    return checks, counts

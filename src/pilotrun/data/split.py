@@ -1,0 +1,133 @@
+"""A deterministic split by unit (or by period), so no unit crosses the splits.
+
+By unit: units are ordered by a seeded hash of their value, and split where the record counts reach
+the ratios, so the same data, field and seed always give the same files, whatever the record order.
+By period: whole periods go to the splits in time order (earliest to train); a unit stays whole, in
+the split of its first period.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import json
+from pathlib import Path
+
+from pilotrun.errors import BadInput
+from pilotrun.stages.result import StageResult
+
+SPLITS = ("train", "validation", "test")
+
+
+def parse_ratios(text: str) -> tuple[float, ...]:
+    try:
+        ratios = tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise BadInput(f"--ratios '{text}' is not a list of numbers", where="--ratios",
+                       fix="give two or three shares that sum to 1, e.g. 0.8,0.1,0.1") from None
+    if not 1 <= len(ratios) <= 3 or any(r < 0 for r in ratios) or ratios[0] <= 0:
+        raise BadInput(f"--ratios '{text}': need 1 to 3 shares, none negative, train above 0", where="--ratios",
+                       fix="e.g. 0.8,0.1,0.1 (train, validation, test)")
+    if abs(sum(ratios) - 1.0) > 1e-6:
+        raise BadInput(f"--ratios '{text}' sum to {sum(ratios):g}, not 1", where="--ratios",
+                       fix="make the shares sum to 1, e.g. 0.8,0.1,0.1")
+    return ratios
+
+
+def _require(records, name: str, option: str, path) -> None:
+    missing = [r for r in records if name not in r.fields or r.fields[name] is None]
+    if missing:
+        present = ", ".join(sorted(missing[0].fields)) or "none"
+        raise BadInput(f"{len(missing)} of {len(records)} records in {path} have no field '{name}' (named by "
+                       f"{option}); fields present: {present}", where=missing[0].where,
+                       fix=f"give every record a '{name}', or name another field with {option}")
+
+
+def _rank(seed: int, value: str) -> bytes:
+    return hashlib.blake2b(f"{seed}\0{value}".encode("utf-8"), digest_size=16).digest()
+
+
+def _assign(sizes: list[int], ratios) -> list[int]:
+    """Split index of each block (in order) so the record counts follow the ratios."""
+    total = sum(sizes) or 1
+    bounds = [sum(ratios[: k + 1]) for k in range(len(ratios) - 1)]
+    out, done = [], 0
+    for n in sizes:
+        out.append(bisect.bisect_right(bounds, (done + n / 2) / total))
+        done += n
+    return out
+
+
+def split_records(records, by: str, ratios, seed: int = 0, period: str | None = None):
+    """{split: [records]} and the number of units whose records span more than one period block."""
+    from pilotrun.data.leakage import _period_key
+
+    units: dict[str, list] = {}
+    for r in records:
+        units.setdefault(str(r.fields[by]), []).append(r)
+    spanning = 0
+    if period is None:
+        order = sorted(units, key=lambda u: _rank(seed, u))
+        where = dict(zip(order, _assign([len(units[u]) for u in order], ratios)))
+    else:
+        keys = _period_key([r.fields[period] for r in records])
+        key_of = {id(r): k for r, k in zip(records, keys)}
+        first = {u: min(key_of[id(r)] for r in rs) for u, rs in units.items()}
+        periods = sorted(set(first.values()))
+        size = dict.fromkeys(periods, 0)
+        for u, rs in units.items():
+            size[first[u]] += len(rs)
+        block = dict(zip(periods, _assign([size[p] for p in periods], ratios)))
+        where = {u: block[first[u]] for u in units}
+        lows = {}
+        for p in periods:
+            lows.setdefault(block[p], p)
+        starts = sorted(lows.values())
+        for u, rs in units.items():
+            if any(bisect.bisect_right(starts, key_of[id(r)]) != bisect.bisect_right(starts, first[u]) for r in rs):
+                spanning += 1
+    out = {s: [] for s in SPLITS[: len(ratios)]}
+    for r in records:  # keep the file's record order inside each split
+        out[SPLITS[where[str(r.fields[by])]]].append(r)
+    return out, spanning
+
+
+def split_file(data: str | Path, by: str, ratios, out: str | Path, seed: int = 0,
+               period: str | None = None) -> StageResult:
+    from pilotrun.data.readers import read_records
+    from pilotrun.journal.files import atomic_write_text
+
+    records = read_records(data)
+    _require(records, by, "--by", data)
+    if period:
+        _require(records, period, "--period", data)
+    parts, spanning = split_records(records, by, ratios, seed, period)
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise BadInput("is a file, not a folder", where=str(out), fix="give --out a folder")
+    rows, messages, written = [], [], {}
+    texts = {s: "".join(json.dumps(r.fields, ensure_ascii=False) + "\n" for r in rs) for s, rs in parts.items() if rs}
+    for split, text in texts.items():
+        written[split] = str(out / f"{split}.jsonl")
+        atomic_write_text(out / f"{split}.jsonl", text)
+    for split, rs in parts.items():
+        n_units = len({str(r.fields[by]) for r in rs})
+        rows.append({"split": split, "records": len(rs), "units": n_units, "share": round(len(rs) / len(records), 4),
+                     "file": written.get(split, "(empty: not written)")})
+    empty = [s for s, rs in parts.items() if not rs]
+    verdict = "ok"
+    if empty:
+        verdict = "warn"
+        messages.append(f"{', '.join(empty)} got no unit: too few units of '{by}'"
+                        + (" or periods" if period else "") + " for these ratios")
+    if spanning:
+        verdict = "warn"
+        messages.append(f"{spanning} units of '{by}' have records in periods of a later split; they stay whole in "
+                        "the split of their first period, so `pilotrun leakage` will report the period overlap")
+    messages.append("campaign keys: " + ", ".join(f"data.{s}: {p}" for s, p in written.items())
+                    + f", data.group_by: {by}" + (f", data.period_by: {period}" if period else ""))
+    summary = f"{len(records)} records of {data} split by {by}" + (f" and period {period}" if period else "") + \
+        f" into {out}: " + ", ".join(f"{r['split']} {r['records']}" for r in rows)
+    return StageResult("split", verdict, summary, messages,
+                       {"files": written, "seed": seed, "ratios": list(ratios), "spanning_units": spanning},
+                       ["split", "records", "units", "share", "file"], rows)

@@ -1,0 +1,117 @@
+"""Pack a run's folder into a .tar.gz for the user's backups, and unpack one without escaping the target.
+
+The archive holds ``RUN_ID/`` with every file of the run folder (artifact, checkpoints, config.yaml,
+revisions.json, metrics.jsonl, control.safetensors, README.md, manifest.json), plus what lives only in
+the journal: ``run.json`` (the run row: status, summary, command, provenance) and
+``control_predictions.json``; a README with the exact command is generated when the folder has none.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import tarfile
+import time
+from pathlib import Path, PurePosixPath
+
+from pilotrun.errors import BadInput
+
+
+def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size, info.mtime, info.mode = len(data), int(time.time()), 0o644
+    tar.addfile(info, io.BytesIO(data))
+
+
+def pack(journal, run_id: str, out: str | Path) -> dict:
+    """Write ``out`` (atomically: a temporary name, renamed when complete); returns what went in."""
+    from pilotrun.stages.runs import write_run_readme
+
+    run = journal.require_run(run_id)
+    run_dir = journal.run_dir(run_id)
+    if not run_dir.is_dir():
+        raise BadInput(f"run {run_id} has no folder at {run_dir}", where="RUN_ID", fix="see `pilotrun show RUN_ID`")
+    out = Path(out).resolve()
+    if run_dir.resolve() in out.parents:
+        raise BadInput(f"--out {out} is inside the run folder it packs", where="--out", fix="write it elsewhere")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    files = sorted(p for p in run_dir.rglob("*") if p.is_file() and ".tmp-" not in p.name)
+    extra = {"run.json": json.dumps(run, indent=2, sort_keys=True, default=str).encode(),
+             "control_predictions.json": json.dumps(journal.predictions(run_id, "control"), indent=2).encode()}
+    if not (run_dir / "README.md").is_file():
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as tmp:
+            write_run_readme(Path(tmp), run)
+            extra["README.md"] = (Path(tmp) / "README.md").read_bytes()
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    try:
+        with tarfile.open(tmp, "w:gz") as tar:
+            for p in files:
+                tar.add(p, arcname=f"{run_id}/{p.relative_to(run_dir).as_posix()}", recursive=False)
+            for name, data in extra.items():
+                _add_bytes(tar, f"{run_id}/{name}", data)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, out)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    names = [p.relative_to(run_dir).as_posix() for p in files] + sorted(extra)
+    return {"path": str(out), "run_id": run_id, "files": names, "bytes": out.stat().st_size}
+
+
+def _check_member(m: tarfile.TarInfo) -> None:
+    name = m.name
+    parts = PurePosixPath(name).parts
+    if name.startswith(("/", "\\")) or (len(name) > 1 and name[1] == ":"):
+        raise BadInput(f"archive member '{name}' has an absolute path", where=name,
+                       fix="refused: it would be written outside the target folder")
+    if ".." in parts or "\\" in name:
+        raise BadInput(f"archive member '{name}' climbs out of the target folder ('..')", where=name,
+                       fix="refused: an archive written by pilotrun never has such a member")
+    if m.issym() or m.islnk():
+        raise BadInput(f"archive member '{name}' is a link (to '{m.linkname}')", where=name,
+                       fix="refused: links could point outside the target folder")
+    if not (m.isfile() or m.isdir()):
+        raise BadInput(f"archive member '{name}' is a device, FIFO or other special file", where=name,
+                       fix="refused: only plain files and folders are unpacked")
+
+
+def extract(archive: str | Path, target: str | Path) -> list[Path]:
+    """Unpack into ``target`` after checking every member; nothing is written when one is refused."""
+    archive, target = Path(archive), Path(target)
+    try:
+        tar = tarfile.open(archive, "r:*")
+    except (tarfile.TarError, OSError) as e:
+        raise BadInput(f"cannot read the archive: {e}", where=str(archive), fix="pass a .tar.gz from pilotrun archive")
+    with tar:
+        members = tar.getmembers()
+        for m in members:
+            _check_member(m)
+        target.mkdir(parents=True, exist_ok=True)
+        staging = target / f".extract-{os.getpid()}"
+        staging.mkdir()
+        written = []
+        try:
+            for m in members:
+                dest = staging / PurePosixPath(m.name)
+                if m.isdir():
+                    dest.mkdir(parents=True, exist_ok=True)
+                    continue
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                src = tar.extractfile(m)
+                with open(dest, "wb") as f:
+                    shutil.copyfileobj(src, f)
+                os.chmod(dest, 0o644)
+                written.append(PurePosixPath(m.name))
+            for top in sorted({PurePosixPath(m.name).parts[0] for m in members}):
+                final = target / top
+                if final.exists():
+                    raise BadInput(f"{final} already exists", where=str(final), fix="extract into an empty folder")
+                os.replace(staging / top, final)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    return [target / p for p in written]

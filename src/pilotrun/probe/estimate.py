@@ -1,0 +1,319 @@
+"""Memory accounting without memory: fake tensors and a ledger of every storage they would allocate.
+
+``fake_build(prep, dtype)`` builds the campaign's model through ``task.build_model()`` inside a
+``FakeTensorMode`` (shapes and dtypes, no bytes). ``Accountant`` is a dispatch mode that sits above
+the fake mode and books each new storage an op returns: its bytes (rounded the way the target
+device's allocator rounds), when it was born and died, and what it is (parameters, gradients,
+optimizer state, activations, temporaries). The loop's own functions then run under both modes, so
+the estimate is the loop's computation, not a formula.
+
+What the ledger knows about the target device:
+- CUDA: each block is rounded up to 512 B (the caching allocator's minimum); reserved is the
+  segments those blocks need — blocks of at most 1 MiB share 2 MiB segments, blocks under 10 MiB
+  share 20 MiB segments, bigger ones get their own rounded up to 2 MiB — and never shrinks (the
+  cache is not emptied between phases). Fragmentation is not modelled, so reserved is a floor.
+  The CUDA context (typically 300–600 MiB per process), cuBLAS/cuDNN workspaces and NCCL buffers
+  are not tensors and are not counted.
+- CPU: the bytes of the tensors; RSS adds the interpreter and libraries (the pilot's baseline).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import weakref
+
+CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "temporaries")
+MIN_BLOCK = 512
+SMALL_BLOCK, SMALL_SEGMENT = 2**20, 2 * 2**20
+MID_BLOCK, MID_SEGMENT = 10 * 2**20, 20 * 2**20
+LARGE_ROUND = 2 * 2**20
+
+
+def _ceil(n: int, k: int) -> int:
+    return -(-n // k) * k
+
+
+class _Block:
+    __slots__ = ("nbytes", "category", "born", "died")
+
+    def __init__(self, nbytes: int, category: str, born: int):
+        self.nbytes, self.category, self.born, self.died = nbytes, category, born, math.inf
+
+
+def _dispatch_base():
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    return TorchDispatchMode
+
+
+class Accountant:
+    """Books storages; use ``with acc.tracking():`` around code that runs on fake tensors."""
+
+    def __init__(self, device_kind: str = "cuda"):
+        self.cuda = device_kind == "cuda"
+        self.blocks: list[_Block] = []
+        self.timeline: list[int] = [0]       # live bytes after each event
+        self.reserved: list[int] = [0]       # estimated reserved bytes after each event (CUDA)
+        self._small = self._mid = self._large = 0
+        self._max_reserved = 0
+        self._known = None                   # storage -> (block, weakref), weakly keyed
+        self.in_optimizer = False
+        self.marks: dict[str, tuple[int, int]] = {}
+
+    # --- booking ----------------------------------------------------------------------------------
+    def _round(self, nbytes: int) -> int:
+        return _ceil(nbytes, MIN_BLOCK) if (self.cuda and nbytes > 0) else nbytes
+
+    def _pool(self, nbytes: int, sign: int) -> None:
+        if nbytes <= SMALL_BLOCK:
+            self._small += sign * nbytes
+        elif nbytes < MID_BLOCK:
+            self._mid += sign * nbytes
+        else:
+            self._large += sign * _ceil(nbytes, LARGE_ROUND)
+        need = _ceil(self._small, SMALL_SEGMENT) + _ceil(self._mid, MID_SEGMENT) + self._large
+        self._max_reserved = max(self._max_reserved, need)
+
+    def _event(self, delta: int) -> int:
+        self.timeline.append(self.timeline[-1] + delta)
+        self.reserved.append(self._max_reserved if self.cuda else 0)
+        return len(self.timeline) - 1
+
+    def allocate(self, nbytes: int, category: str) -> _Block:
+        """A block that is no tensor of the trace (DDP buckets, a merged copy); free it with ``release``."""
+        nbytes = self._round(int(nbytes))
+        self._pool(nbytes, +1)
+        block = _Block(nbytes, category, 0)
+        block.born = self._event(nbytes)
+        self.blocks.append(block)
+        return block
+
+    def release(self, block: _Block) -> None:
+        if block.died == math.inf:
+            self._pool(block.nbytes, -1)
+            block.died = self._event(-block.nbytes)
+
+    def book(self, tensor, category: str, *, retag: bool = False) -> None:
+        """Book the tensor's storage if new; with ``retag`` also say what an already booked one is."""
+        from torch.utils.weak import WeakIdKeyDictionary
+
+        if self._known is None:
+            self._known = WeakIdKeyDictionary()
+        try:
+            storage = tensor.untyped_storage()
+        except (RuntimeError, NotImplementedError):
+            return
+        hit = self._known.get(storage)
+        if hit is not None:
+            if retag:
+                hit[0].category = category
+            return
+        block = self.allocate(storage.nbytes(), category)
+        self._known[storage] = (block, weakref.ref(storage, lambda _r, b=block: self.release(b)))
+
+    # --- phases -----------------------------------------------------------------------------------
+    def mark(self, name: str):
+        acc = self
+
+        class _Mark:
+            def __enter__(self):
+                self.start = len(acc.timeline) - 1
+
+            def __exit__(self, *exc):
+                acc.marks[name] = (self.start, len(acc.timeline) - 1)
+                return False
+
+        return _Mark()
+
+    def summary(self, name: str, scale: dict | None = None) -> dict:
+        """Counters of a marked phase: baseline, peak, end, reserved, and what the peak is made of.
+
+        ``scale`` weighs categories (FSDP: parameters, gradients and optimizer state × 1/ranks); the
+        peak is then the peak of the weighted sum, which can fall at another moment than the unweighted."""
+        start, end = self.marks[name]
+        n = end - start + 1
+        delta = {c: [0] * (n + 1) for c in CATEGORIES}
+        for b in self.blocks:
+            if b.born <= end and b.died > start:
+                delta[b.category][max(b.born, start) - start] += b.nbytes
+                if b.died <= end:
+                    delta[b.category][b.died - start] -= b.nbytes
+        weight = {c: (scale or {}).get(c, 1.0) for c in CATEGORIES}
+        live = dict.fromkeys(CATEGORIES, 0)
+        totals, parts_at = [], []
+        best, best_parts = -1, None
+        for i in range(n):
+            for c in CATEGORIES:
+                live[c] += delta[c][i]
+            total = int(sum(live[c] * weight[c] for c in CATEGORIES))
+            totals.append(total)
+            if total > best:
+                best, best_parts = total, {c: int(live[c] * weight[c]) for c in CATEGORIES}
+        reserved = None
+        if self.cuda:
+            # what the weighting saved at the peak is not reserved either
+            reserved = max(best, self.reserved[end] - (max(self.timeline[start: end + 1]) - best))
+        return {"baseline": totals[0], "peak_allocated": best, "end_allocated": totals[-1],
+                "peak_reserved": reserved, "end_reserved": reserved, **best_parts}
+
+    # --- the dispatch mode ------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def tracking(self, model=None):
+        """Book every storage ops return; gradients and optimizer state are told apart by hooks."""
+        import torch
+        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+        acc = self
+        handles = []
+
+        def pre(opt, args, kwargs):
+            acc.in_optimizer = True
+
+        def post(opt, args, kwargs):
+            acc.in_optimizer = False
+            for state in opt.state.values():
+                for v in state.values():
+                    if isinstance(v, torch.Tensor):
+                        acc.book(v, "optimizer_state", retag=True)
+
+        handles += [register_optimizer_step_pre_hook(pre), register_optimizer_step_post_hook(post)]
+        if model is not None:
+            for p in model.parameters():
+                if p.requires_grad:
+                    handles.append(p.register_post_accumulate_grad_hook(
+                        lambda q: acc.book(q.grad, "gradients", retag=True)))
+
+        class Mode(_dispatch_base()):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                if func is torch.ops.aten._local_scalar_dense.default:
+                    return _placeholder(args[0])
+                out = func(*args, **(kwargs or {}))
+                if acc.in_optimizer or torch._C._current_graph_task_id() != -1:
+                    category = "temporaries"
+                else:
+                    category = "activations"
+                for t in _tensors(out):
+                    acc.book(t, category)
+                return out
+
+        try:
+            with Mode():
+                yield self
+        finally:
+            for h in handles:
+                h.remove()
+
+
+def _tensors(out):
+    import torch
+
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (list, tuple)):
+        return [t for t in out if isinstance(t, torch.Tensor)]
+    return []
+
+
+def _placeholder(t):
+    """A value for ``.item()`` on a fake tensor. Memory depends on shapes, not on values, so any value
+    the loop accepts will do: 1 for counts (an update needs targets), 0.0 for losses and norms (finite,
+    and the grad scaler finds no inf, so the optimizer step runs and allocates its state), False for
+    flags (e.g. "no padding anywhere?", which keeps the attention mask: the larger, safer case).
+    Scalars fake mode still knows (the optimizer's step count) answer with their value."""
+    import torch
+
+    known = getattr(t, "constant", None)
+    if known is not None:
+        return known.item()
+    if t.dtype == torch.bool:
+        return False
+    if t.dtype.is_floating_point or t.dtype.is_complex:
+        return 0.0
+    return 1
+
+
+# --- the model on fake tensors --------------------------------------------------------------------
+
+@contextlib.contextmanager
+def _default_dtype(dtype):
+    import torch
+
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(old)
+
+
+@contextlib.contextmanager
+def _conversions_are_noops(allowed: set):
+    """Inside fake mode ``module.to(...)`` cannot swap parameters. The model is built with its final
+    dtype already the default, so the builder's own ``.to(dtype)`` steps on the way there (the
+    campaign's dtype, then bf16 for bf16-true) change nothing in the end: answer them with the module
+    itself, and refuse any other conversion."""
+    import torch
+
+    from pilotrun.errors import BadInput
+
+    original = torch.nn.Module.to
+
+    def to(self, *args, **kwargs):
+        device, dtype, _, _ = torch._C._nn._parse_to(*args, **kwargs)
+        floats = {p.dtype for p in self.parameters() if p.is_floating_point()}
+        if (device is None or device.type == "cpu") and (dtype is None or floats <= {dtype} or dtype in allowed):
+            return self
+        raise BadInput(f"the model's builder converts it to {dtype or device} after building, which fake tensors "
+                       "cannot do", where="estimate",
+                       fix="build the model in its dtype (torch.set_default_dtype) or measure with `pilotrun pilot`")
+
+    torch.nn.Module.to = to
+    try:
+        yield
+    finally:
+        torch.nn.Module.to = original
+
+
+def _config_campaign(loaded):
+    """model.path → the same architecture from its config.json (the weights' values do not matter)."""
+    import json
+    from pathlib import Path
+
+    c = loaded.campaign
+    if not c.model.path or c.task not in ("causal-lm", "seq-cls"):
+        return loaded
+    from pilotrun.tasks.loading import _check_model_dir
+
+    path = Path(c.model.path)
+    _check_model_dir(path)
+    cfg = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    for k in ("architectures", "transformers_version", "torch_dtype", "dtype", "_name_or_path"):
+        cfg.pop(k, None)
+    return loaded.with_overrides({"model.path": None, "model.config": cfg,
+                                  "model.tokenizer": c.model.tokenizer or str(path)})
+
+
+def fake_build(loaded, fake_mode):
+    """The campaign's model on fake tensors, built by ``task.build_model()`` in its dtype."""
+    import torch
+
+    from pilotrun.tasks import make_task
+    from pilotrun.tasks.loading import torch_dtype
+
+    c = loaded.campaign
+    dtype = torch.bfloat16 if c.train.precision == "bf16-true" else torch_dtype(c.model.dtype)
+    task = make_task(_config_campaign(loaded))
+    with fake_mode, _default_dtype(dtype), _conversions_are_noops({dtype, torch_dtype(c.model.dtype)}):
+        model = task.build_model()
+    return model
+
+
+def unsharded_block_bytes(model) -> int:
+    """Bytes of the largest module FSDP shards as a unit (HF's ``_no_split_modules``): what one all-gather holds."""
+    names = set(getattr(model, "_no_split_modules", None) or [])
+    best = 0
+    for m in model.modules():
+        if type(m).__name__ in names:
+            best = max(best, sum(p.numel() * p.element_size() for p in m.parameters()))
+    return best

@@ -1,0 +1,199 @@
+"""The HTML report: ONE self-contained file (inline CSS and SVG; no network, no CDN, no script).
+
+Sections are pluggable: ``SECTIONS`` is an ordered list of ``(title, fn(journal) -> html)``; a stage
+adds its own section by appending (or inserting) a builder. A builder returns an HTML fragment,
+escaping whatever text it takes from the journal with :func:`esc`.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable
+
+from pilotrun.journal.files import atomic_write_text
+
+Section = tuple[str, Callable[..., str]]
+
+CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em auto;max-width:1200px;color:#222;
+padding:0 1em}
+h1{font-size:1.5em}h2{font-size:1.2em;border-bottom:1px solid #ccc;padding-bottom:.2em;margin-top:2em}
+table{border-collapse:collapse;font-size:.85em;margin:.6em 0}th,td{border:1px solid #ddd;padding:.25em .5em;
+text-align:left;vertical-align:top}th{background:#f4f4f4}
+.muted{color:#777}.status-diverged,.verdict-worse{color:#b03a2e;font-weight:600}.status-stopped{color:#b9770e}
+.verdict-better{color:#1e8449;font-weight:600}.status-interrupted,.status-failed{color:#7d3c98}
+.plot svg{max-width:100%;height:auto}code{background:#f4f4f4;padding:0 .2em}
+"""
+
+
+def esc(v) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return esc(f"{v:.4g}" if math.isfinite(v) else str(v))
+    if isinstance(v, (dict, list)):
+        return html.escape(json.dumps(v, default=str))
+    return html.escape(str(v))
+
+
+def table(columns: list[str], rows: list[dict], classes: dict[str, Callable[[dict], str]] | None = None) -> str:
+    """An HTML table; ``classes`` maps a column to a function giving a cell's CSS class."""
+    classes = classes or {}
+    head = "".join(f"<th>{esc(c)}</th>" for c in columns)
+    body = []
+    for r in rows:
+        cells = []
+        for c in columns:
+            cls = classes[c](r) if c in classes else ""
+            cells.append(f'<td class="{esc(cls)}">{esc(r.get(c))}</td>' if cls else f"<td>{esc(r.get(c))}</td>")
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+
+
+def latest_sweep_id(journal) -> str | None:
+    with journal.connect() as db:
+        row = db.execute("SELECT sweep_id FROM sweeps ORDER BY created_at DESC, sweep_id DESC LIMIT 1").fetchone()
+    return row["sweep_id"] if row else None
+
+
+def _sweep_data(journal) -> dict | None:
+    from pilotrun.stages.sweep import sweep_comparison
+
+    sid = latest_sweep_id(journal)
+    return sweep_comparison(journal, sid) if sid else None
+
+
+NO_SWEEP = '<p class="muted">no sweep in this journal yet: run <code>pilotrun sweep CAMPAIGN</code>.</p>'
+
+
+def section_curves(journal) -> str:
+    from pilotrun.report.plots import loss_curves
+
+    data = _sweep_data(journal)
+    if data is None:
+        return NO_SWEEP
+    plan, series = data["plan"], []
+    for r in sorted(data["runs"], key=lambda r: (r["arm"], r["seed"])):
+        train = journal.metrics(r["run_id"], "train", "loss")
+        val = journal.metrics(r["run_id"], "validation", plan["metric"]) or \
+            journal.metrics(r["run_id"], "validation", "val_loss")
+        series.append({"arm": r["arm"], "seed": r["seed"], "status": r["status"],
+                       "train_steps": [m["step"] for m in train], "train_loss": [m["value"] for m in train],
+                       "val_steps": [m["step"] for m in val], "val_values": [m["value"] for m in val]})
+    svg = loss_curves(series, data["labels"], [a["name"] for a in plan["arms"]],
+                      title=f"sweep {data['sweep_id']} — {plan['metric']} ({plan['goal']})")
+    points = [{"run_id": r["run_id"], "arm": r["arm"], "seed": r["seed"], "status": r["status"],
+               "update": m["step"], plan["metric"]: m["value"]}
+              for r in sorted(data["runs"], key=lambda r: (r["arm"], r["seed"]))
+              for m in (journal.metrics(r["run_id"], "validation", plan["metric"])
+                        or journal.metrics(r["run_id"], "validation", "val_loss"))]
+    return (f'<div class="plot">{svg}</div>'
+            f"<details><summary>validation points ({len(points)})</summary>"
+            f"{table(['run_id', 'arm', 'seed', 'status', 'update', plan['metric']], points, _STATUS_CLASS)}"
+            f"</details>")
+
+
+_STATUS_CLASS = {"status": lambda r: f"status-{r.get('status')}"}
+
+
+def section_comparison(journal) -> str:
+    from pilotrun.stages.compare import TABLE_COLUMNS
+
+    data = _sweep_data(journal)
+    if data is None:
+        return NO_SWEEP
+    plan, eb = data["plan"], data["plan"]["effective_batch"]
+    frozen = (f"<p>sweep <code>{esc(data['sweep_id'])}</code>, plan sha256 <code>{esc(data['plan_sha256'])}</code>, "
+              f"campaign config sha256 <code>{esc(plan['config_sha256'])}</code>.<br>Fixed before launch for every "
+              f"arm: budget updates={esc(plan['budget']['updates'])} epochs={esc(plan['budget']['epochs'])}; "
+              f"effective batch {eb['micro_batch']} × {eb['accumulation']} × {eb['ranks']} = "
+              f"{eb['examples_per_update']}; eval_every {esc(plan['eval_every'])}; stop rules {esc(plan['stop'])}; "
+              f"metric {esc(plan['metric'])} ({esc(plan['goal'])}); seeds {esc(plan['seeds'])}.</p>")
+    verdict_cls = {"verdict": lambda r: "verdict-" + r["verdict"].split(" ")[0]}
+    comp = table(TABLE_COLUMNS, data["rows"], verdict_cls)
+    note = ('<p class="muted">at_budget: the plan metric at each run\'s last validation; best: its best so far; '
+            "both as mean [95% t interval] over seeds. vs_control: the arm minus the control, paired by seed. "
+            "Diverged runs are failures of their arm: counted, listed, and left out of the means.</p>")
+    runs = table(["run_id", "arm", "seed", "status", "at_budget", "best", "last_validation_update", "updates",
+                  "reason"], sorted(data["runs"], key=lambda r: (r["seed"], r["arm"])), _STATUS_CLASS)
+    sup = ""
+    if data["superseded"]:
+        sup = ("<p>superseded runs (kept, not counted):</p>" +
+               table(["run_id", "arm", "seed", "status"], data["superseded"], _STATUS_CLASS))
+    return frozen + comp + note + "<h3>every run</h3>" + runs + sup
+
+
+LEDGER_COLUMNS = ["phase", "rank", "counter", "inputs", "baseline", "peak_allocated", "peak_reserved",
+                  "end_allocated", "end_reserved", "duration_s", "verdict", "note"]
+
+
+def section_ledger(journal) -> str:
+    from pilotrun.probe.sizes import fmt_bytes
+    from pilotrun.report.plots import phase_ledger
+
+    pilots = journal.list_runs(kind="pilot")
+    if not pilots:
+        return '<p class="muted">no pilot run in this journal yet: run <code>pilotrun pilot CAMPAIGN</code>.</p>'
+    run = pilots[-1]
+    rows = journal.phase_rows(run["run_id"])
+    head = f"<p>pilot run <code>{esc(run['run_id'])}</code> ({esc(run['status'])}, {esc(run['created_at'])})</p>"
+    if not rows:
+        return head + '<p class="muted">this pilot run recorded no phase rows.</p>'
+    shown = []
+    for r in rows:
+        s = dict(r)
+        for k in ("baseline", "peak_allocated", "peak_reserved", "end_allocated", "end_reserved"):
+            s[k] = fmt_bytes(r[k]) if r.get(k) is not None else "—"
+        s["inputs"] = ", ".join(f"{k} {v}" for k, v in (r.get("inputs") or {}).items())
+        s["duration_s"] = f"{r['duration_s']:.3f}" if r.get("duration_s") is not None else "—"
+        shown.append(s)
+    counters = {r.get("counter") for r in rows}
+    rss = ('<p class="muted">counter rss: process resident memory on the CPU; RSS has no reserved counter, '
+           "so *_reserved stay empty.</p>") if "rss" in counters else ""
+    svg = phase_ledger(rows, title=f"phase ledger of pilot run {run['run_id']}")
+    verdict_cls = {"verdict": lambda r: "" if r["verdict"] == "ok" else "verdict-worse"}
+    return head + f'<div class="plot">{svg}</div>' + rss + table(LEDGER_COLUMNS, shown, verdict_cls)
+
+
+def section_notes(journal) -> str:
+    notes = journal.notes()
+    if not notes:
+        return ('<p class="muted">no notes yet: <code>pilotrun note "TEXT" [--run ID] [--decision]</code>.</p>')
+    rows = [{"when": n["created_at"], "kind": "decision" if n["decision"] else "note", "run": n["run_id"] or "",
+             "text": n["text"]} for n in notes]
+    return table(["when", "kind", "run", "text"], rows, {"kind": lambda r: "verdict-better" if r["kind"] == "decision"
+                                                         else ""})
+
+
+SECTIONS: list[Section] = [
+    ("Sweep: loss curves and validation points", section_curves),
+    ("Sweep: comparison", section_comparison),
+    ("Pilot: phase ledger", section_ledger),
+    ("Notes and decisions", section_notes),
+]
+
+
+def build_report(journal, sections: list[Section] | None = None) -> str:
+    sections = SECTIONS if sections is None else sections
+    kinds: dict[str, int] = {}
+    for r in journal.list_runs():
+        kinds[r["kind"]] = kinds.get(r["kind"], 0) + 1
+    made = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    header = (f"<h1>pilotrun report</h1><p class=\"muted\">journal {esc(journal.path)} · generated {esc(made)} · "
+              f"runs: {esc(', '.join(f'{k} {n}' for k, n in sorted(kinds.items())) or 'none')}</p>")
+    body = [header]
+    for i, (title, fn) in enumerate(sections):
+        body.append(f'<section id="s{i}"><h2>{esc(title)}</h2>{fn(journal)}</section>')
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>pilotrun report</title>"
+            f"<style>{CSS}</style></head><body>{''.join(body)}</body></html>\n")
+
+
+def write_report(journal, out: str | Path, sections: list[Section] | None = None) -> Path:
+    """Build the report and write it atomically (complete or absent, never half-written)."""
+    out = Path(out).resolve()
+    atomic_write_text(out, build_report(journal, sections))
+    return out

@@ -1,0 +1,65 @@
+"""Token-by-token view of encoded examples (from stages.inspect.view_examples), with a legend."""
+
+from __future__ import annotations
+
+# two shades per kind, alternating, so neighbouring tokens stay apart
+STYLES = {"trained": ("black on green3", "black on spring_green2"),
+          "masked": ("grey85 on grey27", "grey85 on grey39"),
+          "padding": ("grey62 on dark_red", "grey62 on red3")}
+
+
+def _piece(text: str) -> str:
+    return text.replace("\n", "↵").replace("\t", "⇥").replace(" ", "·") or "∅"
+
+
+def legend():
+    from rich.text import Text
+
+    t = Text("legend: ")
+    for kind, (style, _) in STYLES.items():
+        t.append(f" {kind} ", style=style)
+        t.append(" ")
+    t.append("  (· space, ↵ newline)")
+    return t
+
+
+def _mask_runs(mask: list[int]) -> str:
+    runs, prev, count = [], None, 0
+    for m in mask:
+        if m == prev:
+            count += 1
+            continue
+        if prev is not None:
+            runs.append(f"{prev}×{count}")
+        prev, count = m, 1
+    if prev is not None:
+        runs.append(f"{prev}×{count}")
+    return " ".join(runs)
+
+
+def render_examples(examples: list[dict], con, split: str) -> None:
+    from rich.table import Table
+    from rich.text import Text
+
+    con.print(f"[bold]{len(examples)} {split} examples as the loss sees them[/]")
+    con.print(legend())
+    for e in examples:
+        con.print(f"\n[bold]{e['rid']}[/]", highlight=False)
+        text = Text()
+        for k, (_, piece, kind) in enumerate(e["tokens"]):
+            text.append(_piece(piece), style=STYLES[kind][k % 2])
+        con.print(text)
+        con.print(f"attention mask: {_mask_runs(e['attention_mask'])}  "
+                  f"({''.join(map(str, e['attention_mask']))})", markup=False, highlight=False)
+        if "trained" in e:
+            table = Table(show_header=True, header_style="bold", expand=True)
+            table.add_column("prompt (decoded, masked)", ratio=1)
+            table.add_column("trained span (decoded, in the loss)", ratio=1)
+            table.add_row(Text(e["prompt"]), Text(e["trained"]))
+            con.print(table)
+        else:
+            head = e.get("head_label")
+            same = "" if head == e.get("label") else f"  [bold red]≠ model id2label name '{head}'[/]"
+            con.print(f"text: {e['text']}", markup=False, highlight=False)
+            con.print(f"label: [bold]{e.get('label')}[/] (id {e['label_id']}); the model's config.id2label names "
+                      f"id {e['label_id']} '{head}'{same}", highlight=False)

@@ -1,0 +1,1 @@
+"""The selection sheet: GPU catalogue, memory and time plan, software stack, rendering."""

@@ -1,0 +1,241 @@
+"""The rental plan from ledger rows, as pure functions: memory need, fit table, time plan, packing.
+
+Every number these return carries where it came from: a ledger row (run id, phase, rank, row id)
+or one of the constants below, so the sheet can name it.
+"""
+
+from __future__ import annotations
+
+import math
+
+GiB = 2**30
+DAY_S = 86400.0
+
+# Memory margin over the highest measured peak. 10%: allocator fragmentation over a long run and
+# batch-to-batch variation the single worst-case pass may not have hit. 1 GiB: the CUDA context and
+# library workspaces (cuBLAS, NCCL buffers: 0.3-0.6 GiB per process) that torch's counters never see.
+MARGIN_FRACTION = 0.10
+MARGIN_BYTES = 1 * GiB
+
+# CPU → GPU time extrapolation. A CPU's peak rate cannot be known from here (cores, AVX-512/AMX, a
+# machine shared with others), so no fixed "CPU reference rate" is defensible; instead the measured
+# step's work is counted exactly (parameters × tokens) and divided by the target's datasheet rate at
+# an assumed utilisation. The sheet prints the resulting ratio to the CPU time and the CPU's implied
+# rate, so a reader can judge the extrapolation.
+ASSUMED_MFU = 0.30  # Hugging Face fine-tuning of >=1B-parameter models reaches ~30-45% of dense peak
+# A pass (forward+backward of one micro-batch, or one eval batch) of a small model on a GPU is bound
+# by kernel launches, not FLOPs: a few milliseconds whatever the card.
+GPU_FLOOR_S_PER_PASS = 0.005
+
+COMPUTE_PHASES = ("first_step", "steady_step", "eval_longest")
+NOT_MEASURED = ("oom", "error")
+
+
+def row_peak(row: dict) -> int | None:
+    """The peak a GPU must hold: reserved when the counter has it (CUDA), else allocated (RSS on CPU)."""
+    if row.get("peak_reserved") is not None:
+        return int(row["peak_reserved"])
+    return None if row.get("peak_allocated") is None else int(row["peak_allocated"])
+
+
+def source(row: dict) -> str:
+    return f"run {row.get('run_id')} phase {row['phase']} rank {row.get('rank', 0)} (row {row.get('id')})"
+
+
+def with_margin(peak: int) -> int:
+    return int(math.ceil(peak * (1 + MARGIN_FRACTION))) + MARGIN_BYTES
+
+
+def phase_peaks(rows: list[dict]) -> dict[str, dict]:
+    """Per phase, the row with the highest peak over all ranks (rows without a peak only if nothing else)."""
+    out: dict[str, dict] = {}
+    for r in rows:
+        best = out.get(r["phase"])
+        if best is None or (row_peak(r) or -1) > (row_peak(best) or -1):
+            out[r["phase"]] = r
+    return out
+
+
+def memory_need(rows: list[dict]) -> dict:
+    """The highest peak over all phases and ranks, plus the margin; which phase and inputs set it."""
+    measured = [r for r in rows if row_peak(r) is not None]
+    if not measured:
+        return {"peak": None, "need": None, "phase": None}
+    top = max(measured, key=row_peak)
+    peak = row_peak(top)
+    return {"peak": peak, "need": with_margin(peak), "phase": top["phase"], "rank": top.get("rank", 0),
+            "inputs": top.get("inputs", {}), "device": top.get("device"), "counter": top.get("counter"),
+            "source": source(top), "unmeasured": sorted({r["phase"] for r in rows if r["verdict"] in NOT_MEASURED}),
+            "margin": f"peak × (1 + {MARGIN_FRACTION:g}) + {MARGIN_BYTES / GiB:g} GiB"}
+
+
+def fit_table(rows: list[dict], gpus, *, needs_bf16: bool) -> list[dict]:
+    """Per catalogue GPU and phase: does the phase's peak plus the margin fit the GPU's memory."""
+    peaks = phase_peaks(rows)
+    table = []
+    for g in gpus:
+        cells, over, unknown = {}, [], []
+        for name, r in peaks.items():
+            if r["verdict"] in NOT_MEASURED or row_peak(r) is None:
+                cells[name] = f"not measured ({r['verdict']})"
+                unknown.append(name)
+            elif with_margin(row_peak(r)) <= g.memory_bytes:
+                cells[name] = "fits"
+            else:
+                cells[name] = "does not fit"
+                over.append(name)
+        no_bf16 = needs_bf16 and not g.bf16
+        if over:
+            verdict = "does not fit: " + ", ".join(over)
+        elif no_bf16:
+            verdict = f"does not fit: no bf16 (compute capability {g.compute_capability} < 8.0)"
+        elif unknown:
+            verdict = "unknown: " + ", ".join(unknown) + " not measured"
+        else:
+            verdict = "fits"
+        table.append({"gpu": g.key, "name": g.name, "memory_bytes": g.memory_bytes, "phases": cells,
+                      "fits": verdict == "fits", "verdict": verdict})
+    return table
+
+
+def largest_micro_batch(row: dict, memory_bytes: int, batch_key: str = "micro_batch") -> int | None:
+    """Linear extrapolation of the batch that fits: the phase's growth over its baseline is taken as
+    proportional to the batch (activations), the baseline (weights, optimizer state) as fixed."""
+    peak, base, batch = row_peak(row), row.get("baseline"), (row.get("inputs") or {}).get(batch_key)
+    if peak is None or base is None or not batch or peak <= base:
+        return None
+    usable = (memory_bytes - MARGIN_BYTES) / (1 + MARGIN_FRACTION)
+    per_example = (peak - base) / batch
+    return max(0, int((usable - base) // per_example))
+
+
+# --- the runs and their time --------------------------------------------------------------------
+def run_list(control: dict, variants: list[dict], seeds: list[int]) -> list[dict]:
+    """Control first, then the variants, on the first seed; then the extra seeds in the same order."""
+    arms = [("control", dict(control))] + [(f"variant {i + 1}", dict(v)) for i, v in enumerate(variants)]
+    runs = []
+    for k, seed in enumerate(seeds or [0]):
+        for arm, overrides in arms:
+            runs.append({"label": f"{arm} seed {seed}", "arm": arm, "seed": seed, "overrides": overrides,
+                         "extra_seed": k > 0})
+    return runs
+
+
+def run_counts(updates: int, eval_every: int, save_every: int | None, n_val: int, eval_batch: int,
+               ranks: int = 1, has_validation: bool = True) -> dict:
+    """How often each timed phase happens in one run of the training loop (engine/loop.py ``train``):
+    a validation before the first update, every ``eval_every`` updates and after the last; a checkpoint
+    every ``save_every`` updates and a final one; one artifact export and one reload check."""
+    evals = (1 + updates // eval_every + (1 if updates % eval_every else 0)) if has_validation else 0
+    return {"updates": updates, "evals": evals,
+            "eval_batches": math.ceil(n_val / (eval_batch * ranks)) if has_validation else 0,
+            "checkpoints": (updates // save_every if save_every else 0) + 1, "exports": 1, "reloads": 1}
+
+
+def flops_per_update(params: int, trainable: int, tokens: int, checkpointing: bool) -> float:
+    """Forward 2·N·T, gradients of the activations 2·N·T, of the trainable weights 2·N_train·T;
+    recomputation adds one forward. Attention's own FLOPs are left out (small while seq_len ≪ 6·width)."""
+    return (2 * params * (3 if checkpointing else 2) + 2 * trainable) * tokens
+
+
+def unit_seconds(measured: dict[str, dict], *, source_gpu, target_gpu, precision: str, work: dict | None) -> dict:
+    """Seconds per occurrence of each phase on the target, from the measured ones.
+
+    ``measured``: phase -> {"seconds", "source"} (slowest rank). ``source_gpu``: the catalogue GPU it was
+    measured on, "cpu", or None (a CUDA device not in the catalogue). ``work``: params, trainable,
+    tokens_update, tokens_eval, passes_update, checkpointing (needed for a CPU extrapolation).
+    Only compute phases are scaled; load/save/export/reload are disk and host work, kept as measured.
+    """
+    first, steady = measured["first_step"]["seconds"], measured["steady_step"]["seconds"]
+    units = {"load": measured["load"]["seconds"], "update": steady, "first_extra": max(0.0, first - steady),
+             "eval_batch": measured["eval_longest"]["seconds"], "save": measured["save"]["seconds"],
+             "export": measured["export"]["seconds"], "reload": measured["reload"]["seconds"]}
+    scaling = {"kind": "measured", "ratio": 1.0, "text": "measured on the target GPU: not scaled"}
+    if target_gpu is None or source_gpu is None:
+        what = "no target GPU" if target_gpu is None else "a CUDA device that is not in the catalogue"
+        scaling = {"kind": "not scaled", "ratio": 1.0, "text": f"measured on {what}: times shown as measured"}
+    elif source_gpu == "cpu":
+        rate = target_gpu.rate_tflops(precision) * 1e12 * ASSUMED_MFU
+        if rate <= 0 or not work or not work.get("params"):
+            scaling = {"kind": "not scaled", "ratio": 1.0,
+                       "text": "measured on CPU; no parameter count or target rate: CPU times shown as measured"}
+        else:
+            f_up = flops_per_update(work["params"], work["trainable"], work["tokens_update"], work["checkpointing"])
+            f_ev = 2 * work["params"] * work["tokens_eval"]
+            t_up = max(f_up / rate, GPU_FLOOR_S_PER_PASS * work["passes_update"])
+            t_ev = max(f_ev / rate, GPU_FLOOR_S_PER_PASS)
+            ratio = t_up / steady if steady else 0.0
+            units.update(update=t_up, first_extra=units["first_extra"] * ratio, eval_batch=t_ev)
+            scaling = {"kind": "extrapolated from CPU", "ratio": ratio, "flops_update": f_up, "flops_eval": f_ev,
+                       "cpu_tflops": f_up / steady / 1e12 if steady else None,
+                       "target_tflops": target_gpu.rate_tflops(precision), "mfu": ASSUMED_MFU,
+                       "text": (f"EXTRAPOLATION from a CPU measurement: {f_up:.3g} FLOPs per update (parameters × "
+                                f"tokens) at {ASSUMED_MFU:.0%} of the {target_gpu.name}'s "
+                                f"{target_gpu.rate_tflops(precision):g} TFLOPS ({precision}), at least "
+                                f"{GPU_FLOOR_S_PER_PASS * 1e3:g} ms per pass; ratio to the CPU time "
+                                f"{ratio:.3g} (the CPU ran at {f_up / steady / 1e12:.3g} TFLOPS)")}
+    elif source_gpu.key != target_gpu.key:
+        compute = source_gpu.rate_tflops(precision) / max(target_gpu.rate_tflops(precision), 1e-9)
+        memory = source_gpu.bandwidth_gbs / target_gpu.bandwidth_gbs
+        ratio = max(compute, memory)  # the smaller speed-up: a step is bound by one of the two
+        for k in ("update", "first_extra", "eval_batch"):
+            units[k] *= ratio
+        scaling = {"kind": "estimate", "ratio": ratio, "compute_ratio": compute, "bandwidth_ratio": memory,
+                   "text": (f"ESTIMATE: measured on {source_gpu.name}, scaled to {target_gpu.name} by {ratio:.3g} "
+                            f"(the larger of the rate ratio {compute:.3g} and the bandwidth ratio {memory:.3g})")}
+    return {"units": units, "scaling": scaling}
+
+
+def run_terms(counts: dict, units: dict) -> list[dict]:
+    """The time of one run, term by term."""
+    u = units
+    terms = [("load", "load", u["load"], 1),
+             ("first update (optimizer state)", "first_extra", u["first_extra"], 1),
+             ("updates", "update", u["update"], counts["updates"]),
+             ("validations", "eval_batch", u["eval_batch"], counts["evals"] * counts["eval_batches"]),
+             ("checkpoints", "save", u["save"], counts["checkpoints"]),
+             ("export", "export", u["export"], counts["exports"]),
+             ("reload check", "reload", u["reload"], counts["reloads"])]
+    out = []
+    for label, key, each, n in terms:
+        how = {"validations": f"{counts['evals']} validations × {counts['eval_batches']} batches"}.get(label, str(n))
+        out.append({"term": label, "unit": key, "each_s": each, "count": n, "count_text": how, "seconds": each * n})
+    return out
+
+
+def pack(runs: list[dict], days: list[int], reserve: float, lanes: int = 1) -> list[dict]:
+    """Each rental plan: ``days`` less the ``reserve`` share on each of ``lanes`` GPUs (or GPU groups);
+    runs are placed in order (control first) on the lane free soonest; a run that does not fit is
+    listed under ``not_fitting`` — never dropped."""
+    plans = []
+    for d in sorted(days):
+        total = d * DAY_S
+        budget = total * (1 - reserve)
+        load = [0.0] * max(1, lanes)
+        placed, left = [], []
+        for r in runs:
+            lane = min(range(len(load)), key=load.__getitem__)
+            if load[lane] + r["seconds"] <= budget:
+                placed.append({"label": r["label"], "lane": lane, "start_s": load[lane],
+                               "end_s": load[lane] + r["seconds"]})
+                load[lane] += r["seconds"]
+            else:
+                left.append(r["label"])
+        plans.append({"days": d, "lanes": len(load), "total_s": total, "reserve_s": total * reserve,
+                      "budget_s": budget, "used_s": max(load), "placed": placed, "not_fitting": left,
+                      "fits_all": not left})
+    return plans
+
+
+def fmt_duration(s: float | None) -> str:
+    if s is None:
+        return "n/a"
+    if s < 1:
+        return f"{s * 1e3:.3g} ms"
+    if s < 120:
+        return f"{s:.3g} s"
+    if s < 7200:
+        return f"{s / 60:.1f} min"
+    if s < 2 * DAY_S:
+        return f"{s / 3600:.1f} h"
+    return f"{s / DAY_S:.2f} days"

@@ -1,0 +1,112 @@
+"""The software stack a campaign needs, and whether a target machine (its ``pilotrun env --json``) has it."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from pilotrun.errors import BadInput
+
+TORCH_FLOOR = "2.4"  # pilotrun's own floor (pyproject.toml dependencies)
+BF16_MIN_CC = 8.0  # bf16 tensor cores start at Ampere
+
+
+def version_tuple(v: str | None) -> tuple[int, ...]:
+    if not v:
+        return ()
+    return tuple(int(x) for x in re.findall(r"\d+", v.split("+")[0])[:3])
+
+
+def needs_bf16(c: dict) -> bool:
+    return c["train"]["precision"] in ("bf16-mixed", "bf16-true") or c["model"]["dtype"] == "bfloat16"
+
+
+def required_stack(c: dict, piloted: dict) -> dict:
+    """``c``: the resolved campaign dict; ``piloted``: package versions the pilot ran with (its run row)."""
+    t = c["train"]
+    packages = ["transformers", "safetensors"] + (["peft"] if c["model"].get("adapter") else [])
+    torch_v = piloted.get("torch")
+    mm = ".".join(map(str, version_tuple(torch_v)[:2]))
+    return {
+        "torch": {"min": TORCH_FLOOR, "piloted": torch_v,
+                  "range": f">={TORCH_FLOOR}" + (f" (piloted with {torch_v}; {mm}.* is the tested series)"
+                                                 if torch_v else "")},
+        "cuda": True,
+        "bf16": needs_bf16(c),
+        "compute_capability_min": BF16_MIN_CC if needs_bf16(c) else None,
+        "gpus_per_run": t["nproc"] if t["strategy"] in ("ddp", "fsdp") else 1,
+        "nccl": t["strategy"] in ("ddp", "fsdp") and t["nproc"] > 1,
+        "packages": {p: piloted.get(p) for p in packages},
+    }
+
+
+def read_target_env(path: str | Path) -> dict:
+    """A target's ``pilotrun env --json`` output (the whole result, or just its ``data``)."""
+    p = Path(path)
+    if not p.is_file():
+        raise BadInput("target env file not found", where=str(p),
+                       fix="on the target machine run `pilotrun env --json > target-env.json` and pass that file")
+    try:
+        doc = json.loads(p.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise BadInput(f"not JSON: {e}", where=str(p), fix="pass the output of `pilotrun env --json`") from None
+    env = doc.get("data", doc) if isinstance(doc, dict) else None
+    missing = [k for k in ("torch", "cuda", "devices", "bf16", "packages", "distributed")
+               if not isinstance(env, dict) or k not in env]
+    if missing:
+        raise BadInput(f"not a `pilotrun env --json` output: missing {', '.join(missing)}", where=str(p),
+                       fix="on the target machine run `pilotrun env --json > target-env.json`")
+    return env
+
+
+def check_stack(req: dict, env: dict, need_bytes: int | None) -> list[dict]:
+    """One row per requirement: check, needed, found, verdict (ok | warn | fail), message."""
+    rows = []
+
+    def add(check, needed, found, verdict, message=""):
+        rows.append({"check": check, "needed": needed, "found": found, "verdict": verdict, "message": message})
+
+    tv = env["torch"].get("version")
+    if version_tuple(tv) < version_tuple(req["torch"]["min"]):
+        add("torch", req["torch"]["range"], tv, "fail", f"torch {tv} is older than pilotrun's floor {TORCH_FLOOR}")
+    elif req["torch"]["piloted"] and version_tuple(tv)[:2] != version_tuple(req["torch"]["piloted"])[:2]:
+        add("torch", req["torch"]["range"], tv, "warn",
+            f"torch {tv} is not the series the pilot ran with ({req['torch']['piloted']}); rerun the pilot there")
+    else:
+        add("torch", req["torch"]["range"], tv, "ok")
+    devices = env.get("devices") or []
+    cuda = env["cuda"].get("available")
+    add("cuda", "a CUDA device", f"{len(devices)} device(s)" if cuda else "no CUDA", "ok" if cuda else "fail",
+        "" if cuda else "the target has no usable CUDA device (`pilotrun env` there says why)")
+    n = req["gpus_per_run"]
+    add("gpus", f">= {n} per run", str(len(devices)), "ok" if len(devices) >= n else "fail",
+        "" if len(devices) >= n else f"train.nproc={n} needs {n} GPUs on one machine")
+    if req["bf16"]:
+        bad = [d for d in devices[:max(1, n)] if not d.get("bf16")]
+        ok = bool(cuda and devices and not bad and env["bf16"].get("cuda"))
+        found = ", ".join(f"{d['name']} (compute capability {d['compute_capability']})" for d in devices) or "none"
+        add("bf16", f"compute capability >= {BF16_MIN_CC}", found, "ok" if ok else "fail",
+            "" if ok else "the campaign uses bf16 (train.precision or model.dtype) and the target has no bf16 "
+                          "support; choose a GPU of compute capability >= 8.0 (A10, L4, A100, H100 ...), or "
+                          "set train.precision: fp16-mixed and rerun the pilot")
+    if need_bytes is not None:
+        small = [d for d in devices[:max(1, n)] if d.get("memory_bytes", 0) < need_bytes]
+        ok = bool(devices) and not small
+        found = ", ".join(f"{d['memory_bytes'] / 2**30:.1f} GiB" for d in devices) or "none"
+        add("memory", f">= {need_bytes / 2**30:.1f} GiB per GPU", found, "ok" if ok else "fail",
+            "" if ok else "the target GPU holds less than the measured peak plus the margin")
+    if req["nccl"]:
+        ok = bool(env["distributed"].get("nccl"))
+        add("nccl", "available", str(ok), "ok" if ok else "fail",
+            "" if ok else f"train.strategy={'ddp/fsdp'} on CUDA needs NCCL; install a CUDA build of torch")
+    for name, piloted in req["packages"].items():
+        found = (env.get("packages") or {}).get(name)
+        if not found:
+            add(name, piloted or "installed", "missing", "fail", f"pip install {name}" +
+                (f"=={piloted}" if piloted else ""))
+        elif piloted and version_tuple(found)[:2] != version_tuple(piloted)[:2]:
+            add(name, piloted, found, "warn", f"{name} {found} differs from the piloted {piloted}")
+        else:
+            add(name, piloted or "installed", found, "ok")
+    return rows

@@ -1,0 +1,207 @@
+"""fit: when the pilot exceeds a memory limit, variants that fit, least change to the experiment first.
+
+(a) a smaller train.micro_batch with train.accumulation raised so examples per update stay the same
+    (largest that fits, by bisection over the divisors); (b) a smaller train.eval_batch when the peak
+    is the evaluation; (c) model.gradient_checkpointing; (d) mixed precision; and, only as a row
+    that says how many examples lose target tokens, a shorter data.max_length. The first variant that
+    fits and keeps the experiment ends the search (``all_variants`` tries every one).
+
+Each variant is measured with the probes through ``run_update`` / ``evaluate`` (``fit_probe``), and
+its first updates' losses through ``train`` are compared with the control's: checkpointing and
+micro-batch must match in fp32 to FP32_RTOL, mixed precision to MIXED_RTOL. Accumulation is never
+offered for memory the weights and optimizer state take: it only divides activations.
+"""
+
+from __future__ import annotations
+
+import math
+
+from pilotrun.campaign.arithmetic import batch_arithmetic, data_parallel_ranks
+from pilotrun.errors import BadInput
+from pilotrun.stages.result import StageResult
+
+FP32_RTOL = 1e-5   # same math in another order: fp32 rounding only (observed ~1e-8 on the tiny models)
+MIXED_RTOL = 2e-2  # bf16 keeps 8 mantissa bits (~0.4 % per rounding); the first losses stay within ~1e-3
+LOSS_UPDATES = 3   # updates compared with the control
+TRAIN_BOUND, EVAL_BOUND = ("first_step", "steady_step"), ("eval_longest",)
+COLUMNS = ["variant", "change", "batch", "probes", "peak", "fits", "step_s", "vs_control", "same_experiment"]
+
+
+def accumulation_for(t, micro_batch: int, effective: int) -> int:
+    """The accumulation that keeps ``effective`` examples per update; an error naming the keys when none does."""
+    ranks = data_parallel_ranks(t)
+    if effective % (micro_batch * ranks):
+        raise BadInput(f"an effective batch of {effective} examples per update cannot be reached with "
+                       f"train.micro_batch={micro_batch} on {ranks} ranks: {effective} is not a multiple of "
+                       f"{micro_batch} × {ranks}", where="train.micro_batch, train.accumulation, train.nproc",
+                       fix=f"choose train.micro_batch × train.accumulation × train.nproc = {effective} "
+                           f"(e.g. train.nproc dividing {effective}), or pass --effective-batch")
+    return effective // (micro_batch * ranks)
+
+
+def micro_batch_candidates(t, effective: int) -> list[int]:
+    """Micro-batches below the control's that keep ``effective`` examples per update, ascending."""
+    per_rank = effective // data_parallel_ranks(t)
+    return [d for d in range(1, t.micro_batch) if per_rank % d == 0]
+
+
+def probe_bound(n: int) -> int:
+    return math.ceil(math.log2(n)) + 1 if n > 1 else 1
+
+
+def batch_line(a: dict) -> str:
+    return (f"{a['micro_batch']} × {a['accumulation']} × {a['ranks']} = {a['examples_per_update']} per update; "
+            f"{a['updates']} updates; {a['examples_seen']} examples")
+
+
+def _same_batch(a: dict, b: dict) -> bool:
+    return all(a[k] == b[k] for k in ("examples_per_update", "updates", "examples_seen"))
+
+
+class _Fit:
+    """The state of one fit: the control, its measurements and the variant rows."""
+
+    def __init__(self, loaded, prep, limit: int, effective: int, device, all_variants: bool = False):
+        self.loaded, self.prep, self.limit, self.effective, self.device = loaded, prep, limit, effective, device
+        self.all_variants = all_variants
+        self.control_arith = batch_arithmetic(prep.c.train, len(prep.train))
+        self._control_losses = None
+        self._encoded: dict = {}
+        self.rows: list[dict] = []
+
+    def variant(self, overrides: dict):
+        """The variant prepared: data.* keys re-encode every example through the task; others reuse them."""
+        from pilotrun.stages.fit_probe import variant_prep
+        from pilotrun.stages.prepare import prepare
+
+        loaded = self.loaded.with_overrides(overrides)
+        if any(k.startswith("data.") for k in overrides):
+            key = tuple(sorted(overrides.items()))
+            if key not in self._encoded:
+                self._encoded[key] = prepare(loaded, splits=("train", "validation"))
+            return self._encoded[key]
+        return variant_prep(self.prep, loaded)
+
+    def measure(self, overrides: dict, kind: str) -> dict:
+        from pilotrun.stages.fit_probe import probe
+
+        return probe(self.variant(overrides), kind, limit=self.limit, device=self.device)
+
+    def done(self) -> bool:
+        """Least change first: the first variant that fits and keeps the experiment ends the search."""
+        return not self.all_variants and any(r["fits"] and not r["changes_experiment"] for r in self.rows)
+
+    def control_losses(self) -> dict:
+        from pilotrun.stages.fit_probe import first_losses
+
+        if self._control_losses is None:
+            self._control_losses = first_losses(self.prep, LOSS_UPDATES, self.device)
+        return self._control_losses
+
+    def add(self, label: str, overrides: dict, measured: dict | None, tried: list, bound: int | None,
+            rtol: float | None, why_not: str | None = None) -> dict:
+        """One variant row; ``rtol`` None means the training is untouched (eval-only) and needs no loss check."""
+        from pilotrun.probe.recorder import peak_of
+        from pilotrun.probe.sizes import fmt_bytes
+        from pilotrun.stages.fit_probe import first_losses, losses_match
+
+        row = {"variant": label, "change": overrides, "overrides": overrides, "probes": len(tried),
+               "probe_bound": bound, "tried": tried, "fits": bool(measured and measured["fits"]),
+               "counters": measured, "peak": fmt_bytes(peak_of(measured)) if measured else "",
+               "step_s": None, "vs_control": None, "changes_experiment": why_not is not None}
+        if bound is not None:
+            row["probes"] = f"{len(tried)} (bound {bound})"
+        prep = self.variant(overrides) if overrides else self.prep
+        arith = batch_arithmetic(prep.c.train, len(prep.train))
+        row["batch"] = batch_line(arith)
+        if not _same_batch(arith, self.control_arith) and why_not is None:
+            why_not = f"the batch arithmetic differs from the control's ({batch_line(self.control_arith)})"
+        if why_not is None and row["fits"] and rtol is not None:
+            control, mine = self.control_losses(), first_losses(prep, LOSS_UPDATES, self.device)
+            ok, gap = losses_match(control["losses"], mine["losses"], rtol)
+            row.update(step_s=mine["step_s"], losses=mine["losses"], control_losses=control["losses"],
+                       loss_gap=gap)
+            if control["step_s"] and mine["step_s"]:
+                row["vs_control"] = f"{mine['step_s'] / control['step_s']:.2f}×"
+            if not ok:
+                why_not = (f"its first {LOSS_UPDATES} losses differ from the control's by up to {gap:.2e} "
+                           f"(relative; the bound is {rtol:g})")
+            else:
+                row["same_experiment"] = (f"yes: first {LOSS_UPDATES} losses within {gap:.1e} of the control's "
+                                          f"(bound {rtol:g})")
+        elif why_not is None and rtol is None:
+            row["same_experiment"] = "yes: training is unchanged"
+        if why_not is not None:
+            row["same_experiment"] = f"changes the experiment: {why_not}"
+            row["changes_experiment"] = True
+        elif "same_experiment" not in row:
+            row["same_experiment"] = "not checked: it does not fit"
+        self.rows.append(row)
+        return row
+
+
+def _over(rows: list[dict]) -> dict | None:
+    return next((r for r in rows if r["verdict"] in ("over-budget", "oom")), None)
+
+
+def fit(loaded, home, memory_limit: int, *, write: str | None = None, effective_batch: int | None = None,
+        all_variants: bool = False, pilot_rows: list[dict] | None = None, device=None) -> StageResult:
+    """The fit stage. ``pilot_rows`` (the control's ledger) default to the pilot's, run or reused.
+    The search stops at the first variant that fits and keeps the experiment unless ``all_variants``."""
+    from pilotrun.engine.distributed import default_device
+    from pilotrun.probe.recorder import describe_inputs, peak_of
+    from pilotrun.probe.sizes import fmt_bytes
+    from pilotrun.stages import fit_variants
+    from pilotrun.stages.prepare import prepare
+
+    device = device or default_device()
+    prep = prepare(loaded, splits=("train", "validation"))
+    t = prep.c.train
+    control_effective = t.micro_batch * t.accumulation * data_parallel_ranks(t)
+    effective = effective_batch or control_effective
+    accumulation_for(t, 1, effective)  # the effective batch must be reachable on these ranks at all
+    measured_here = pilot_rows is None
+    if pilot_rows is None:
+        pilot_rows, pilot_run = fit_variants.control_ledger(loaded, home, memory_limit, prep)
+    else:
+        pilot_run = None
+    over = _over(pilot_rows)
+    data = {"limit": memory_limit, "pilot_run": pilot_run, "control_batch": batch_line(batch_arithmetic(
+        t, len(prep.train))), "device": str(device)}
+    messages = [f"control: {data['control_batch']}"]
+    if pilot_run is None and measured_here:
+        messages.append("the control was measured with fit's probes (training and evaluation phases): no pilot "
+                        "stage is installed to run or reuse")
+    if effective != control_effective:
+        messages.append(f"--effective-batch {effective}: variants keep {effective} examples per update instead of "
+                        f"the control's {control_effective}, which changes the experiment")
+    if over is None:
+        worst = max(pilot_rows, key=lambda r: peak_of(r) or 0)
+        return StageResult("fit", "ok", f"the control fits {fmt_bytes(memory_limit)}: peak {fmt_bytes(peak_of(worst))} "
+                           f"at phase {worst['phase']}; nothing to change", messages, data)
+    messages.insert(0, f"the control exceeds {fmt_bytes(memory_limit)} at phase {over['phase']} "
+                       f"({describe_inputs(over.get('inputs') or {})}): {over['verdict']}, "
+                       f"peak {fmt_bytes(peak_of(over))}")
+    data["over_phase"], data["over_inputs"] = over["phase"], over.get("inputs")
+    job = _Fit(loaded, prep, memory_limit, effective, device, all_variants)
+    messages += fit_variants.try_variants(job, over)
+    chosen = next((r for r in job.rows if r["fits"] and not r["changes_experiment"]), None)
+    data["variants"] = job.rows
+    data["chosen"] = chosen["variant"] if chosen else None
+    rows = [{k: r.get(k) for k in COLUMNS} for r in job.rows]
+    for r in rows:
+        r["change"] = ", ".join(f"{k}={v}" for k, v in r["change"].items()) or "(none)"
+        r["fits"] = "yes" if r["fits"] else "no"
+    if chosen is None:
+        fitting = [r for r in job.rows if r["fits"]]
+        verdict = "warn" if fitting else "fail"
+        summary = ("only variants that change the experiment fit" if fitting
+                   else f"no variant fits {fmt_bytes(memory_limit)}")
+        return StageResult("fit", verdict, summary, messages, data, COLUMNS, rows)
+    summary = f"variant {chosen['variant']} fits and keeps the experiment: " + ", ".join(
+        f"{k}={v}" for k, v in chosen["overrides"].items())
+    if write:
+        path = fit_variants.write_campaign(loaded, chosen, write, over, memory_limit)
+        messages.append(f"wrote {path}")
+        data["written"] = str(path)
+    return StageResult("fit", "ok", summary, messages, data, COLUMNS, rows)

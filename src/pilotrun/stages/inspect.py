@@ -1,0 +1,77 @@
+"""inspect: examples exactly as the loss sees them, and the data-set-wide checks over every split."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+from pilotrun.errors import BadInput
+from pilotrun.stages.result import StageResult
+from pilotrun.tasks.base import IGNORE
+
+INFO_CHECKS = ("classes",)  # ok checks whose message is worth printing
+
+
+def inspect(loaded, n: int = 0, split: str | None = None) -> StageResult:
+    """Run the checks; with ``n`` > 0, also the first n examples of ``split`` token by token in ``data``."""
+    from pilotrun.data.checks import run_checks
+    from pilotrun.stages.prepare import prepare
+
+    task = prepare(loaded, splits=()).task
+    report = run_checks(task, loaded)
+    shown = [c for c in report.checks if c.verdict != "ok" or c.name in INFO_CHECKS]
+    messages = [c.line() for c in shown]
+    for s in report.splits.values():
+        messages.append(f"{s['split']}: {s['examples']} examples, length {s['min']}..{s['max']} (median "
+                        f"{s['median']}), {s['at_max_length']} at data.max_length; max_length {s['keep_99']} keeps "
+                        f"99% of targets, {s['keep_100']} all; lengths 0..{loaded.campaign.data.max_length} "
+                        f"|{s['histogram']}|")
+    n_ex = sum(s["examples"] for s in report.splits.values())
+    fails = sum(c.verdict == "fail" for c in report.checks)
+    warns = sum(c.verdict == "warn" for c in report.checks)
+    summary = (f"{n_ex} examples in {len(report.splits)} splits through task.encode: "
+               + ("every check passed" if not fails and not warns else
+                  f"{fails} failing, {warns} warning{'s' if warns != 1 else ''}"))
+    data = {"checks": [asdict(c) for c in report.checks], "splits": report.splits}
+    if n:
+        data["examples"] = view_examples(task, loaded, split or "train", n)
+    columns = ["split", "examples", "min", "median", "max", "at_max_length", "keep_99", "keep_100"]
+    return StageResult("inspect", report.verdict, summary, messages, data, columns, list(report.splits.values()))
+
+
+def view_examples(task, loaded, split: str, n: int) -> list[dict]:
+    """The first n examples of a split: each token with what the loss does with it, from task.collate."""
+    from pilotrun.data.labels import head_name
+
+    records = task.records(split)
+    if not records:
+        raise BadInput(f"the campaign has no {split} split", where=f"data.{split}",
+                       fix="choose --split train, validation or test, whichever the campaign sets")
+    examples = [task.encode(r) for r in records[:n]]
+    batch = task.collate(examples)
+    ids, mask = batch["input_ids"].tolist(), batch["attention_mask"].tolist()
+    labels = batch["labels"].tolist()
+    tok = task.tokenizer
+    c = loaded.campaign
+    out = []
+    for i, e in enumerate(examples):
+        token_level = isinstance(labels[i], list)
+        kinds = []
+        for p, t in enumerate(ids[i]):
+            if not mask[i][p]:
+                kinds.append("padding")
+            elif token_level and labels[i][p] != IGNORE:
+                kinds.append("trained")
+            else:
+                kinds.append("masked")
+        item = {"rid": e.rid, "tokens": [[t, tok.decode([t]), k] for t, k in zip(ids[i], kinds)],
+                "attention_mask": mask[i]}
+        if token_level:
+            item["prompt"] = tok.decode(e.input_ids[: e.prompt_len])
+            item["trained"] = tok.decode([t for t in e.labels if t != IGNORE])
+        else:
+            cid = int(labels[i])
+            names = c.data.labels or []
+            item.update(text=tok.decode(e.input_ids, skip_special_tokens=True), label_id=cid,
+                        label=names[cid] if 0 <= cid < len(names) else None, head_label=head_name(c, cid))
+        out.append(item)
+    return out

@@ -1,0 +1,311 @@
+"""overfit: can the loop learn at all? Two checks on the campaign's own task, through the one loop.
+
+1. Accumulation arithmetic: the gradients of several micro-batches of different target counts,
+   accumulated by ``run_update(step=False)``, against one batch of the same examples. Equal when
+   the task's loss is a sum over targets (the loop divides by the update's target count); a task
+   that averages per micro-batch weights short batches' tokens more and fails here.
+2. Memorise N examples: a setting that should drive the loss to ~0 (all N in one micro-batch, no
+   accumulation, lr raised, constant schedule, no weight decay, no dropout), run in chunks of the
+   one loop (``train`` with ``Hooks(stop_at=...)``) until the loss is under the threshold and the
+   predictions reproduce the targets — argmax at every target under teacher forcing, then greedy
+   generation for a few examples (causal-lm) or the class ids (seq-cls).
+"""
+
+from __future__ import annotations
+
+import math
+
+from pilotrun.stages.result import StageResult
+
+TOLERANCE = {"fp32": 1e-5}  # relative gradient difference; rounding alone stays far below 1e-5 in fp32
+LOW_PRECISION_TOLERANCE = 2e-2  # bf16/fp16 round each micro-batch's gradients to ~3 significant digits
+LOSS_THRESHOLD = 0.05  # nats per target: memorised examples sit far below, an unlearned byte model near 5
+FLAT_RELATIVE = 0.02  # a loss within 2% of its start after the whole budget has not moved
+MAX_LR = 5e-3  # 10 × a fine-tuning lr memorises quickly; above ~1e-2 AdamW spikes on small models
+CHUNK = 10  # updates between prediction checks
+GENERATE_EXAMPLES = 3
+ACCUM_MAX_EXAMPLES = 32
+
+
+def _no_dropout(model) -> int:
+    """Zero every dropout probability (modules and config values read at forward time); returns how many."""
+    import torch
+
+    n = 0
+    for m in model.modules():
+        if isinstance(m, torch.nn.Dropout) and m.p:
+            m.p, n = 0.0, n + 1
+        for attr in ("attention_dropout", "dropout", "dropout_p"):
+            if isinstance(getattr(m, attr, None), float) and getattr(m, attr):
+                setattr(m, attr, 0.0)
+                n += 1
+    for cfg in {id(c): c for c in (getattr(m, "config", None) for m in model.modules()) if c is not None}.values():
+        for key, value in list(vars(cfg).items()):
+            if "dropout" in key and isinstance(value, float) and value:
+                setattr(cfg, key, 0.0)
+                n += 1
+    return n
+
+
+def _grads(model):
+    import torch
+
+    return torch.cat([p.grad.detach().float().flatten() for p in model.parameters() if p.grad is not None])
+
+
+def accumulation_micro_batches(examples: list, micro_batch: int, accumulation: int) -> list[list]:
+    """Micro-batches whose target counts differ: examples sorted by target count, cut in order.
+
+    At least two micro-batches (one cannot show a weighting error); the last is one example short
+    when that is what it takes to make the counts differ (equal-length examples, seq-cls).
+    """
+    k = max(2, accumulation)
+    mb = max(1, min(micro_batch, ACCUM_MAX_EXAMPLES // k))
+    pool = sorted((e for e in examples if e.n_targets > 0), key=lambda e: e.n_targets)
+    if len(pool) < k:
+        return []
+    step = max(1, len(pool) // (k * mb))
+    chosen = pool[::step][: k * mb]
+    mb = max(1, len(chosen) // k)
+    batches = [chosen[i * mb: (i + 1) * mb] for i in range(k)]
+    if len({sum(e.n_targets for e in b) for b in batches}) == 1 and len(batches[-1]) > 1:
+        batches[-1] = batches[-1][:-1]
+    return batches
+
+
+def accumulation_check(prep) -> dict:
+    """Relative difference between accumulated and one-batch gradients on the campaign's task."""
+    import torch
+
+    from pilotrun.engine.loop import make_state, run_update
+
+    t = prep.c.train
+    batches = accumulation_micro_batches(prep.train, t.micro_batch, t.accumulation)
+    tol = TOLERANCE.get(t.precision, LOW_PRECISION_TOLERANCE)
+    if not batches:
+        return {"verdict": "warn", "message": "accumulation check skipped: fewer than 2 training examples with targets",
+                "tolerance": tol}
+    targets = [sum(e.n_targets for e in b) for b in batches]
+    grads = []
+    for micro in (batches, [[e for b in batches for e in b]]):
+        torch.manual_seed(prep.c.seed)
+        model = prep.task.build_model()
+        if not any(p.requires_grad for p in model.parameters()):
+            return {"verdict": "warn", "message": "accumulation check skipped: no trainable parameters",
+                    "tolerance": tol}
+        _no_dropout(model)
+        state = make_state(model, t, n_train=len(prep.train), seed=prep.c.seed, total_updates=1)
+        run_update(state, prep.task, micro, max_grad_norm=None, step=False, zero_grad=False)
+        grads.append(_grads(model))
+    ref = float(grads[1].norm())
+    rel = float((grads[0] - grads[1]).norm()) / ref if ref else float("nan")
+    setting = (f"{len(batches)} micro-batches of {[len(b) for b in batches]} examples ({targets} targets) "
+               f"against one batch of {sum(len(b) for b in batches)}, {t.precision}")
+    out = {"relative_difference": rel, "tolerance": tol, "micro_batch_targets": targets, "setting": setting}
+    if not math.isfinite(ref) or ref == 0:
+        out.update(verdict="warn", message=f"accumulation check cannot tell: the one-batch gradient norm is {ref} "
+                                           f"({setting}); see the memorising run below")
+    elif len(set(targets)) == 1:
+        out.update(verdict="warn", message=f"accumulation check cannot tell: every micro-batch has {targets[0]} "
+                                           f"targets ({setting}); relative difference {rel:.2e}")
+    elif not math.isfinite(rel) or rel > tol:
+        out.update(verdict="fail", message=(
+            f"accumulated gradients differ from one batch of the same examples by {rel:.2e} (relative; tolerance "
+            f"{tol:.0e}; {setting}): likely a per-micro-batch mean where a sum over targets is needed — "
+            "Task.loss must return (sum of per-target losses, number of targets)"))
+    else:
+        out.update(verdict="ok", message=f"accumulation arithmetic holds: relative gradient difference {rel:.2e} "
+                                         f"≤ {tol:.0e} ({setting})")
+    return out
+
+
+def memorise_setting(t, n: int, max_updates: int):
+    """The train section for memorising n examples, and its description for the output."""
+    lr = max(t.lr, min(10 * t.lr, MAX_LR))
+    stop = t.stop.model_copy(update={"on_nan": True, "diverge_factor": None, "patience": None})
+    mt = t.model_copy(update={"micro_batch": n, "accumulation": 1, "lr": lr, "schedule": "constant", "warmup": 0,
+                              "weight_decay": 0.0, "drop_last": True, "eval_every": max_updates + 1,
+                              "save_every": None, "stop": stop})
+    text = (f"{n} examples in one micro-batch, accumulation 1, lr {lr:.2e} (train.lr {t.lr:.2e} × 10, at most "
+            f"{MAX_LR:g}, never lowered), constant schedule, weight decay 0, dropout 0, {t.optimizer}, {t.precision}, "
+            f"max_grad_norm {t.max_grad_norm}, up to {max_updates} updates")
+    return mt, text
+
+
+def _targets(task, batch, examples) -> list[list[int]]:
+    from pilotrun.tasks.base import IGNORE
+
+    if hasattr(task, "targets"):
+        return task.targets(batch)
+    shift = 1 if task.kind == "causal-lm" else 0
+    return [[x for x in e.labels[shift:] if x != IGNORE] for e in examples]
+
+
+def prediction_check(task, model, examples, device) -> dict:
+    """Teacher-forced argmax at every target; greedy generation for a few causal-lm examples."""
+    import torch
+
+    from pilotrun.engine.loop import _to
+
+    model.eval()
+    with torch.no_grad():
+        batch = _to(task.collate(examples), device)
+        preds = task.predict(model, batch)
+        wanted = _targets(task, batch, examples)
+    wrong = [(e.rid, sum(a != b for a, b in zip(p, w)) + abs(len(p) - len(w)), len(w))
+             for e, p, w in zip(examples, preds, wanted) if p != w]
+    out = {"teacher_forced_wrong": wrong, "generation_wrong": [], "generated": 0}
+    if task.kind == "causal-lm" and not wrong and hasattr(model, "generate"):
+        out["generation_wrong"], out["generated"] = _generation_check(task, model, examples, device)
+    model.train()
+    return out
+
+
+def _generation_check(task, model, examples, device) -> tuple[list, int]:
+    """Greedy generation from the prompt reproduces the first run of target tokens."""
+    import torch
+
+    from pilotrun.tasks.base import IGNORE
+
+    wrong, done = [], 0
+    for e in examples[:GENERATE_EXAMPLES]:
+        start = e.prompt_len
+        if start == 0:
+            continue
+        end = start
+        while end < len(e.labels) and e.labels[end] != IGNORE:
+            end += 1
+        want = e.input_ids[start:end]
+        ids = torch.tensor([e.input_ids[:start]], device=device)
+        with torch.no_grad():
+            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=len(want),
+                                 do_sample=False, eos_token_id=getattr(task, "eos", None),
+                                 pad_token_id=getattr(task, "pad", None))
+        got = out[0, start:].tolist()
+        done += 1
+        if got != want:
+            wrong.append((e.rid, got, want))
+    return wrong, done
+
+
+def overfit(loaded, home, *, examples: int = 8, max_updates: int = 150, prep=None) -> StageResult:
+    """The accumulation check, then memorising ``examples`` training examples in at most ``max_updates``."""
+    import torch
+
+    from pilotrun.engine.distributed import default_device
+    from pilotrun.engine.loop import Hooks, make_state, train
+    from pilotrun.journal.store import Journal
+    from pilotrun.stages.prepare import prepare
+    from pilotrun.stages.runs import RunRecorder
+
+    prep = prep or prepare(loaded, splits=("train",))
+    c, task = prep.c, prep.task
+    msgs, data = [], {}
+    acc = accumulation_check(prep)
+    msgs.append(acc["message"])
+    data["accumulation"] = acc
+    pool = prep.train[:examples]
+    chosen = [e for e in pool if e.n_targets > 0]
+    mt, setting = memorise_setting(c.train, len(chosen) or examples, max_updates)
+    msgs.append(f"memorise setting: {setting}")
+    data["setting"] = setting
+    failed = []
+    if not chosen:
+        failed.append(f"every label of the first {len(pool)} training examples is masked (no target tokens): "
+                      "nothing reaches the loss — check data.response / data.messages (assistant turns) and "
+                      "data.max_length (a prompt longer than it truncates the whole response away)")
+        return _result(acc, msgs + failed, data, failed)
+    if len(chosen) < len(pool):
+        msgs.append(f"{len(pool) - len(chosen)} of the first {len(pool)} examples have every label masked; "
+                    f"memorising the other {len(chosen)}")
+    torch.manual_seed(c.seed)
+    model = task.build_model()
+    if not any(p.requires_grad for p in model.parameters()):
+        failed.append("no trainable parameters: every parameter has requires_grad=False — check "
+                      "model.adapter.target_modules, or unfreeze the model")
+        return _result(acc, msgs + failed, data, failed)
+    data["dropout_zeroed"] = _no_dropout(model)
+    device = default_device()
+    model.to(device)
+    state = make_state(model, mt, n_train=len(chosen), seed=c.seed, total_updates=max_updates, device=device)
+    history, checks = [], {}
+    with RunRecorder(Journal(home), loaded, kind="overfit") as rec:
+        def on_update(st, out):
+            history.append(out)
+            rec.log("train", out["update"], {"loss": out["loss"], "lr": out["lr"], "grad_norm": out["grad_norm"]},
+                    examples_seen=out["examples_seen"], wall_s=out["wall_s"])
+
+        status = "completed"
+        while state.update < max_updates:
+            res = train(state, task, chosen, [], mt, hooks=Hooks(on_update=on_update,
+                                                                   stop_at=min(state.update + CHUNK, max_updates)))
+            if res.status != "completed" or not history or history[0]["grad_norm"] == 0:
+                status = res.status
+                break
+            if history[-1]["loss"] < LOSS_THRESHOLD:
+                checks = prediction_check(task, model, chosen, device)
+                if not checks["teacher_forced_wrong"] and not checks["generation_wrong"]:
+                    break
+        failed = _diagnose(history, checks, state, mt)
+        summary = {"verdict": "fail" if failed or acc["verdict"] == "fail" else acc["verdict"],
+                   "accumulation": acc, "setting": setting, "updates": state.update,
+                   "first_loss": history[0]["loss"] if history else None,
+                   "last_loss": history[-1]["loss"] if history else None, "failed": failed}
+        rec.progress(state.update, state.examples_seen)
+        rec.finish(status, summary)
+    data.update(run_id=rec.run_id, updates=state.update, losses=[h["loss"] for h in history], checks=checks)
+    if not failed and history:
+        n_gen = checks.get("generated", 0)
+        reproduced = (f"argmax reproduces every target; greedy generation reproduces {n_gen} of {n_gen} examples"
+                      if task.kind == "causal-lm" else "the predicted ids reproduce every target")
+        msgs.append(f"memorised {len(chosen)} examples in {state.update} updates: loss {history[0]['loss']:.3f} → "
+                    f"{history[-1]['loss']:.4f} < {LOSS_THRESHOLD}; {reproduced}")
+    msgs.append(f"run {rec.run_id} (kind overfit)")
+    rows = [{"update": h["update"], "loss": h["loss"], "grad_norm": h["grad_norm"], "lr": h["lr"]}
+            for h in history if h["update"] % CHUNK == 0 or h is history[-1]]
+    return _result(acc, msgs + failed, data, failed, rows)
+
+
+def _diagnose(history: list[dict], checks: dict, state, mt) -> list[str]:
+    """Why the loop did not memorise, from what it recorded; empty when it did."""
+    if not history:
+        return ["no update ran"]
+    bad = next((h for h in history if not h["finite"]), None)
+    if bad is not None:
+        return [f"non-finite loss ({bad['loss']}) at update {bad['update']}: check train.precision "
+                f"(fp16 overflow), the lr ({mt.lr:.2e}) and the inputs of that update"]
+    if history[0]["grad_norm"] == 0:
+        return ["gradient norm is 0 at update 1: the loss does not reach the trainable parameters (a detached "
+                "loss, frozen layers, or a loss that ignores the model's output)"]
+    first, last = history[0]["loss"], history[-1]["loss"]
+    if abs(last - first) <= FLAT_RELATIVE * abs(first):
+        why = ("the lr is 0 (train.lr = 0): the optimizer never moves the parameters" if mt.lr == 0 else
+               f"the parameters barely move at lr {mt.lr:.2e}: check that the optimizer holds the model's parameters")
+        return [f"loss flat at its start value: {first:.4f} → {last:.4f} over {state.update} updates; {why}"]
+    if last >= LOSS_THRESHOLD:
+        return [f"loss fell from {first:.4f} to {last:.4f} in {state.update} updates but not under {LOSS_THRESHOLD}: "
+                "the model cannot memorise these examples at this setting — raise --max-updates, check "
+                "the model's capacity and data.max_length"]
+    if checks.get("teacher_forced_wrong"):
+        rid, n, of = checks["teacher_forced_wrong"][0]
+        return [f"loss {last:.4f} is under {LOSS_THRESHOLD} but argmax misses {n} of {of} targets of {rid} "
+                f"({len(checks['teacher_forced_wrong'])} examples wrong): predict and loss disagree on positions"]
+    if checks.get("generation_wrong"):
+        rid, got, want = checks["generation_wrong"][0]
+        return [f"teacher forcing reproduces every target but greedy generation of {rid} gives {got[:12]} instead of "
+                f"{want[:12]}: generation does not see what training saw (prompt format, EOS, padding side)"]
+    return []
+
+
+def _result(acc, msgs, data, failed, rows=None) -> StageResult:
+    verdict = "fail" if failed or acc["verdict"] == "fail" else acc["verdict"]
+    if verdict == "fail":
+        parts = (["accumulation arithmetic is wrong"] if acc["verdict"] == "fail" else []) + \
+            ([failed[0].split(":")[0]] if failed else ["the loop memorises the examples"])
+        summary = "; ".join(parts)
+    else:
+        summary = "the loop memorises the examples"
+        if verdict == "warn":
+            summary += " (accumulation check inconclusive)"
+    return StageResult("overfit", verdict, summary, msgs, data, columns=["update", "loss", "grad_norm", "lr"],
+                       rows=rows or [])

@@ -1,0 +1,219 @@
+"""resume: does a saved state really resume? Stop at update K, continue in a NEW process, compare.
+
+Three runs of the one loop on the same small training set: a reference of 2K updates; a run stopped
+at K (``Hooks(stop_at=K)``) whose full state is saved (``save_state``); and a fresh interpreter
+(``python -m pilotrun _resume-worker``) that loads that state (``load_state``) and continues to 2K,
+writing its per-update history to JSON. Update by update after K: the update counter, the lr, the
+ids of the examples of each micro-batch and the epoch, and the loss — identical in fp32 on the CPU,
+within LOSS_RTOL otherwise. The training set is cut so that an epoch is shorter than K, so the
+comparison crosses epoch boundaries before and after the resume.
+
+Test switch: ``PILOTRUN_TEST_SKIP_STATE=scheduler[,sampler...]`` leaves those components out of the
+saved state (read by this stage only), to plant the defects this check exists to catch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from pilotrun.errors import BadInput
+from pilotrun.stages.result import StageResult
+
+SKIP_ENV = "PILOTRUN_TEST_SKIP_STATE"
+DEFAULT_AT = 4
+LOSS_RTOL = 1e-3  # bf16/fp16 or an accelerator: kernels may pick other reduction orders in a new process
+KEEP = ("update", "lr", "loss", "ids", "epoch", "examples_seen", "finite")
+
+
+def skipped_components() -> tuple[str, ...]:
+    from pilotrun.engine.state import COMPONENTS
+
+    names = tuple(n.strip() for n in os.environ.get(SKIP_ENV, "").split(",") if n.strip())
+    unknown = [n for n in names if n not in COMPONENTS]
+    if unknown:
+        raise BadInput(f"{SKIP_ENV} names unknown state components {unknown}", where=SKIP_ENV,
+                       fix=f"use some of {', '.join(COMPONENTS)} (a test switch), or unset it")
+    return names
+
+
+def small_train_set(n_available: int, per_update: int, at: int) -> tuple[int, int]:
+    """(examples, updates per epoch): epochs shorter than K, plus half an update left over each epoch."""
+    per_epoch = max(2, (3 * at) // 4)
+    n = min(n_available, per_update * per_epoch + per_update // 2)
+    return n, max(1, n // per_update)
+
+
+def _history(res) -> list[dict]:
+    return [{k: h[k] for k in KEEP} for h in res.history]
+
+
+def _run(prep, train_ex, total: int, stop_at: int | None, device):
+    import torch
+
+    from pilotrun.engine.loop import Hooks, make_state, train
+
+    c = prep.c
+    model = prep.task.build_model()
+    model.to(device)
+    torch.manual_seed(c.seed)
+    state = make_state(model, c.train, n_train=len(train_ex), seed=c.seed, total_updates=total, device=device)
+    res = train(state, prep.task, train_ex, [], c.train, hooks=Hooks(stop_at=stop_at))
+    return state, res
+
+
+def resume_worker(spec_path: str | Path) -> int:
+    """The fresh process: load the saved state and continue to the end; history to spec["out"]."""
+    from pilotrun.campaign.load import load_campaign
+    from pilotrun.engine.distributed import default_device
+    from pilotrun.engine.loop import make_state, train
+    from pilotrun.engine.state import load_state
+    from pilotrun.journal.files import atomic_write_json
+    from pilotrun.stages.prepare import prepare
+
+    spec = json.loads(Path(spec_path).read_text())
+    prep = prepare(load_campaign(spec["config"]), splits=("train",))
+    c = prep.c
+    train_ex = prep.train[: spec["n_train"]]
+    model = prep.task.build_model()
+    device = default_device()
+    model.to(device)
+    state = make_state(model, c.train, n_train=len(train_ex), seed=c.seed, total_updates=spec["total"], device=device)
+    restored = load_state(state, spec["state"])
+    res = train(state, prep.task, train_ex, [], c.train)
+    atomic_write_json(spec["out"], {"restored": restored, "status": res.status, "reason": res.reason,
+                                    "pid": os.getpid(), "history": _history(res)})
+    return 0
+
+
+def _fmt_pair(a: float, b: float) -> tuple[str, str]:
+    """Two numbers with just enough digits to show that they differ."""
+    for p in range(1, 12):
+        x, y = f"{a:.{p}e}", f"{b:.{p}e}"
+        if x != y:
+            return x, y
+    return repr(a), repr(b)
+
+
+def _short(rid: str) -> str:
+    return Path(rid).name
+
+
+def _loss_equal(a: float, b: float, exact: bool) -> bool:
+    return a == b if exact else abs(a - b) <= LOSS_RTOL * max(abs(a), abs(b), 1e-12)
+
+
+def first_difference(ref: list[dict], resumed: list[dict], at: int, exact: bool) -> str | None:
+    """The first update after ``at`` where the resumed run leaves the reference, and what it implicates."""
+    expected = ref[at:]
+    for i, r in enumerate(expected):
+        u = r["update"]
+        if i >= len(resumed):
+            return (f"the resumed run ended after {len(resumed)} updates, the reference ran to update "
+                    f"{ref[-1]['update']}: counters (update, budget) not restored")
+        s = resumed[i]
+        if s["update"] != u or s["examples_seen"] != r["examples_seen"]:
+            return (f"update counter at the {i + 1}th update after resuming is {s['update']} ({s['examples_seen']} "
+                    f"examples seen), reference {u} ({r['examples_seen']}): counters not restored")
+        if s["lr"] != r["lr"]:
+            got, want = _fmt_pair(s["lr"], r["lr"])
+            return f"lr at update {u} is {got}, reference {want}: scheduler state not restored"
+        if s["ids"] != r["ids"] or s["epoch"] != r["epoch"]:
+            got = [_short(x) for mb in s["ids"] for x in mb]
+            want = [_short(x) for mb in r["ids"] for x in mb]
+            return (f"examples of update {u} differ from the reference (epoch {s['epoch']}: {', '.join(got[:3])} ...; "
+                    f"reference epoch {r['epoch']}: {', '.join(want[:3])} ...): sampler position not restored")
+        if not _loss_equal(s["loss"], r["loss"], exact):
+            got, want = _fmt_pair(s["loss"], r["loss"])
+            what = ("model weights or RNG state (dropout) not restored" if i == 0 else
+                    "optimizer state (moments, step count) or the grad scaler not restored")
+            return f"loss at update {u} is {got}, reference {want}: {what}"
+    return None
+
+
+def resume(loaded, home, *, at: int | None = None, prep=None) -> StageResult:
+    """Reference 2K updates vs stop at K + resume in a new process; also saves the reference's artifact."""
+    from pilotrun.engine.distributed import default_device
+    from pilotrun.engine.state import save_state
+    from pilotrun.journal.files import atomic_write_json, write_manifest
+    from pilotrun.journal.store import Journal
+    from pilotrun.stages.prepare import prepare
+    from pilotrun.stages.runs import RunRecorder, write_run_readme
+    from pilotrun.stages.train import store_control_predictions
+
+    at = DEFAULT_AT if at is None else at
+    if at < 2:
+        raise BadInput(f"--at {at}: the resume point must be at least update 2", where="--at",
+                       fix="pass --at 2 or more (the reference then runs 2 × K updates)")
+    skip = skipped_components()
+    prep = prep or prepare(loaded, splits=("train", "validation"))
+    c, t = prep.c, prep.c.train
+    per_update = t.micro_batch * t.accumulation
+    n, per_epoch = small_train_set(len(prep.train), per_update, at)
+    if n < per_update:
+        raise BadInput(f"{len(prep.train)} training examples are fewer than one update of {per_update}",
+                       where="train.micro_batch", fix="lower train.micro_batch or train.accumulation")
+    train_ex, total = prep.train[:n], 2 * at
+    device = default_device()
+    exact = t.precision == "fp32" and device.type == "cpu"
+    setting = (f"{n} training examples ({per_epoch} updates per epoch of {per_update}), reference {total} updates, "
+               f"stop at {at}, resume in a new process; {t.precision} on {device.type}: "
+               + ("identical values required" if exact else f"loss within {LOSS_RTOL:g} relative"))
+    msgs = [setting] + ([f"test switch {SKIP_ENV}: left out of the saved state: {', '.join(skip)}"] if skip else [])
+    journal = Journal(home)
+    with RunRecorder(journal, loaded, kind="resume") as rec:
+        ref_state, ref = _run(prep, train_ex, total, None, device)
+        for h in ref.history:
+            rec.log("train", h["update"], {"loss": h["loss"], "lr": h["lr"]}, examples_seen=h["examples_seen"])
+        stop_state, stopped = _run(prep, train_ex, total, at, device)
+        ckpt = save_state(stop_state, rec.dir / "checkpoints" / f"update-{at:06d}", skip=skip)
+        spec = {"config": str(rec.dir / "config.yaml"), "state": str(ckpt), "n_train": n, "total": total,
+                "out": str(rec.dir / "resumed_history.json")}
+        atomic_write_json(rec.dir / "resume_spec.json", spec)
+        atomic_write_json(rec.dir / "reference_history.json", _history(ref))
+        proc = subprocess.run([sys.executable, "-m", "pilotrun", "_resume-worker", str(rec.dir / "resume_spec.json")],
+                              capture_output=True, text=True, env=dict(os.environ), timeout=3600)
+        worker = json.loads(Path(spec["out"]).read_text()) if proc.returncode == 0 else None
+        ref_h = _history(ref)
+        problem = first_difference(ref_h[:at], _history(stopped), 0, exact)
+        if problem:
+            problem = f"the run stopped at {at} already differs from the reference before any resume: {problem}"
+        elif worker is None:
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
+            problem = f"the resumed process failed (exit {proc.returncode}): " + " | ".join(tail)
+        else:
+            problem = first_difference(ref_h, worker["history"], at, exact)
+            for h in worker["history"]:
+                rec.log("resumed", h["update"], {"loss": h["loss"], "lr": h["lr"]}, examples_seen=h["examples_seen"])
+        artifact = prep.task.save_artifact(ref_state.model, rec.dir / "artifact")
+        store_control_predictions(rec, prep, ref_state.model)
+        write_run_readme(rec.dir, journal.get_run(rec.run_id),
+                         ["", f"A resume check: the artifact is the reference run's model after {total} updates."])
+        write_manifest(rec.dir, {"kind": "pilotrun-run", "run_id": rec.run_id})
+        rec.progress(ref_state.update, ref_state.examples_seen)
+        rec.finish(ref.status, {"verdict": "fail" if problem else "ok", "problem": problem, "at": at,
+                                "total": total, "n_train": n, "skipped": list(skip), "artifact": artifact})
+    rows = _rows(ref_h, worker["history"] if worker else [], at)
+    epochs = sorted({h["epoch"] for h in ref_h})
+    data = {"run_id": rec.run_id, "at": at, "total": total, "n_train": n, "epochs": epochs, "exact": exact,
+            "restored": worker["restored"] if worker else None, "problem": problem, "skipped": list(skip)}
+    if problem:
+        return StageResult("resume", "fail", problem.split(":")[-1].strip() or "resume differs",
+                           msgs + [problem, f"run {rec.run_id} (kind resume)"], data,
+                           columns=["update", "epoch", "lr", "ref_lr", "loss", "ref_loss", "same_examples"], rows=rows)
+    msgs += [f"updates {at + 1}..{total} in the new process match the reference: counter, lr, examples "
+             f"(epochs {epochs[0]}..{epochs[-1]}) and loss; restored {', '.join(worker['restored'])}",
+             f"run {rec.run_id} (kind resume)"]
+    return StageResult("resume", "ok", f"resumes exactly at update {at} in a new process", msgs, data,
+                       columns=["update", "epoch", "lr", "ref_lr", "loss", "ref_loss", "same_examples"], rows=rows)
+
+
+def _rows(ref: list[dict], resumed: list[dict], at: int) -> list[dict]:
+    rows = []
+    for r, s in zip(ref[at:], resumed):
+        rows.append({"update": r["update"], "epoch": s["epoch"], "lr": s["lr"], "ref_lr": r["lr"], "loss": s["loss"],
+                     "ref_loss": r["loss"], "same_examples": s["ids"] == r["ids"]})
+    return rows

@@ -1,0 +1,36 @@
+"""Predictions of a run's final model on the whole validation set, stored in the journal (split "validation").
+
+A sweep keeps them per run so arms can be compared example by example later, not only by one loss.
+"""
+
+from __future__ import annotations
+
+from pilotrun.tasks.base import IGNORE
+
+
+def _targets(task, example) -> list[int]:
+    if task.kind == "causal-lm":
+        return [t for t in example.labels[1:] if t != IGNORE]  # position t predicts token t+1
+    return [t for t in example.labels if t != IGNORE]
+
+
+def store_validation_predictions(recorder, prep, model) -> int:
+    """Greedy predictions at the targets of every validation example; returns how many were stored."""
+    import torch
+
+    examples = prep.validation
+    if not examples:
+        return 0
+    batch_size = prep.c.train.eval_batch
+    device = next(model.parameters()).device
+    model.eval()
+    items = []
+    with torch.no_grad():
+        for i in range(0, len(examples), batch_size):
+            chunk = examples[i: i + batch_size]
+            batch = {k: (v.to(device) if hasattr(v, "to") else v) for k, v in prep.task.collate(chunk).items()}
+            for e, pred in zip(chunk, prep.task.predict(model, batch)):
+                target = _targets(prep.task, e)
+                items.append((e.rid, {"pred": pred, "target": target, "exact": pred == target}))
+    recorder.journal.add_predictions(recorder.run_id, "validation", items)
+    return len(items)

@@ -1,0 +1,214 @@
+"""verify: reload a run's artifact in a fresh process and reproduce its control predictions.
+
+Before anything is loaded: every file of the run folder is checked against ``manifest.json``
+(sha256), every file of ``artifact/`` must be listed there, and pickle-based weights are refused.
+Then a new interpreter (``python -m pilotrun _verify-worker``) loads each artifact folder the way
+a user would — config, safetensors weights and tokenizer through transformers (the adapter
+through peft) — and predicts the control inputs stored at the end of training. The ids must be
+equal; the logits at the stored top-k ids within the tolerance for the artifact's dtype.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from pilotrun.errors import BadInput
+from pilotrun.stages.result import StageResult
+
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
+LOGIT_ATOL = {"torch.float32": 1e-4}  # fp32 on CPU reproduces to ~1e-6; 1e-4 leaves room for a GPU-trained run
+LOW_PRECISION_ATOL = 5e-2  # bf16 keeps ~3 significant digits of logits of order 10
+
+
+def preflight(run_dir: Path) -> list[str]:
+    """Reasons to refuse loading: pickle-based weights, files that differ from or are missing in the manifest."""
+    from pilotrun.journal.files import MANIFEST, verify_manifest
+
+    art = run_dir / "artifact"
+    refused = []
+    files = sorted(p for p in art.rglob("*") if p.is_file()) if art.is_dir() else []
+    for p in files:
+        if p.suffix.lower() in PICKLE_SUFFIXES:
+            refused.append(f"{p.relative_to(run_dir)}: pickle-based weights refused — unpickling runs arbitrary "
+                           "code, so pilotrun loads weights only from safetensors (re-save with "
+                           "save_pretrained(dir, safe_serialization=True) in a trusted session)")
+    problems = verify_manifest(run_dir)
+    if (run_dir / MANIFEST).is_file():
+        listed = set(json.loads((run_dir / MANIFEST).read_text()).get("files", {}))
+        problems += [f"{p.relative_to(run_dir)}: not listed in manifest.json" for p in files
+                     if str(p.relative_to(run_dir)) not in listed]
+    return refused + [f"{p} — refused, nothing was loaded" for p in problems]
+
+
+def verify(home, run_id: str) -> StageResult:
+    """Check hashes here, then reload and predict in a fresh process, then compare."""
+    from pilotrun.journal.store import Journal
+
+    journal = Journal(home, create=False)
+    run = journal.require_run(run_id)
+    run_dir = journal.run_dir(run_id)
+    if not (run_dir / "artifact").is_dir():
+        raise BadInput(f"run {run_id} (kind {run['kind']}) has no artifact folder in {run_dir}", where="RUN_ID",
+                       fix="verify a run that saved an artifact (train, resume, sweep runs); see `pilotrun runs`")
+    refused = preflight(run_dir)
+    if refused:
+        return StageResult("verify", "fail", f"run {run_id}: refused before loading: {refused[0].split(' — ')[0]}",
+                           refused, {"run_id": run_id, "refused": refused})
+    control = journal.predictions(run_id, "control")
+    if not control:
+        raise BadInput(f"run {run_id} stored no control predictions", where="RUN_ID",
+                       fix="verify a run written by `pilotrun train` (control predictions are stored at its end)")
+    with tempfile.TemporaryDirectory(prefix="pilotrun-verify-") as tmp:
+        out = Path(tmp) / "reloaded.json"
+        (Path(tmp) / "control.json").write_text(json.dumps(control))
+        proc = subprocess.run([sys.executable, "-m", "pilotrun", "_verify-worker", str(run_dir),
+                               str(Path(tmp) / "control.json"), str(out)],
+                              capture_output=True, text=True, env=dict(os.environ), timeout=3600)
+        if proc.returncode != 0 or not out.is_file():
+            tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-5:])
+            return StageResult("verify", "fail", f"run {run_id}: the artifact does not reload",
+                               [f"the fresh process failed (exit {proc.returncode}): {tail}"], {"run_id": run_id})
+        reloaded = json.loads(out.read_text())
+    return compare(run_id, control, reloaded)
+
+
+def compare(run_id: str, control: dict, reloaded: dict) -> StageResult:
+    msgs, rows, failed = [f"every file matches manifest.json (sha256); no pickle-based weights; fresh process "
+                          f"pid {reloaded['pid']}"], [], []
+    for name, res in reloaded["artifacts"].items():
+        if res.get("skipped"):
+            msgs.append(f"artifact/{name}: not loaded — {res['skipped']}")
+            continue
+        wrong = [rid for rid, c in control.items() if res["pred"].get(rid) != c["pred"]]
+        tol = res["atol"]
+        diff = res.get("max_logit_diff")
+        row = {"artifact": name, "examples": len(control), "ids_equal": not wrong,
+               "max_logit_diff": diff, "tolerance": tol, "tokenizer": res["tokenizer"]}
+        rows.append(row)
+        if wrong:
+            rid = wrong[0]
+            failed.append(f"artifact/{name}: predicted ids of {rid} are {res['pred'].get(rid)[:12]}, at the end of "
+                          f"training {control[rid]['pred'][:12]} ({len(wrong)} of {len(control)} control examples "
+                          "differ): the saved artifact is not the trained model")
+        if diff is not None and diff > tol:
+            failed.append(f"artifact/{name}: logits differ from training by up to {diff:.2e} (tolerance {tol:.0e})")
+        if res["tokenizer"] != "same":
+            failed.append(f"artifact/{name}: {res['tokenizer']}")
+        if not wrong and (diff is None or diff <= tol) and res["tokenizer"] == "same":
+            logit_text = f"logits within {diff:.1e} (tolerance {tol:.0e})" if diff is not None else \
+                "no logits for this task (ids only)"
+            msgs.append(f"artifact/{name}: loaded as a user would ({res['loaded']}); {len(control)} control "
+                        f"predictions reproduced, {logit_text}; tokenizer encodes the control inputs identically")
+    if not rows:
+        failed.append("no artifact folder could be loaded")
+    verdict = "fail" if failed else "ok"
+    summary = (f"run {run_id}: {failed[0].split(':')[0]} does not reproduce" if failed
+               else f"run {run_id}: the artifact reloads and reproduces its control predictions")
+    return StageResult("verify", verdict, summary, msgs + failed, {"run_id": run_id, "artifacts": rows},
+                       columns=["artifact", "examples", "ids_equal", "max_logit_diff", "tolerance"], rows=rows)
+
+
+def verify_worker(run_dir: str, control_path: str, out_path: str) -> int:
+    """The fresh process: hashes again, then load each artifact folder and predict the control inputs."""
+    import torch
+
+    from pilotrun.campaign.load import load_campaign
+    from pilotrun.journal.files import atomic_write_json
+    from pilotrun.stages.control import CONTROL_FILE, load_control, target_logits
+    from pilotrun.tasks import make_task
+    from pilotrun.tasks.base import Example
+
+    run_dir = Path(run_dir)
+    refused = preflight(run_dir)
+    if refused:
+        raise BadInput(refused[0], where=str(run_dir))
+    control = json.loads(Path(control_path).read_text())
+    rids = list(control)
+    if any("labels" not in c for c in control.values()):
+        raise BadInput("the control predictions hold no labels (a run from an older pilotrun)", where=str(run_dir),
+                       fix="train the run again to verify it")
+    examples = [Example(control[r]["input_ids"], control[r]["labels"], r) for r in rids]
+    task = make_task(load_campaign(run_dir / "config.yaml"))
+    stored = load_control(run_dir / CONTROL_FILE) if (run_dir / CONTROL_FILE).is_file() else None
+    results = {}
+    for sub in sorted(p for p in (run_dir / "artifact").iterdir() if p.is_dir()):
+        skipped = _cannot_load(sub)
+        if skipped:
+            results[sub.name] = {"skipped": skipped}
+            continue
+        model = task.load_artifact(sub)
+        model.eval()
+        dtype = str(next(model.parameters()).dtype)
+        with torch.no_grad():
+            batch = task.collate(examples)
+            preds = task.predict(model, batch)
+            logits = target_logits(task, model, batch) if stored else None
+        diff = None
+        if logits is not None:
+            by_rid = dict(zip(stored["rids"], zip(stored["values"], stored["indices"])))
+            diff = max(float((lg.gather(-1, by_rid[r][1]) - by_rid[r][0]).abs().max()) if lg.numel() else 0.0
+                       for r, lg in zip(rids, logits))
+        results[sub.name] = {"pred": dict(zip(rids, preds)), "max_logit_diff": diff, "dtype": dtype,
+                             "atol": LOGIT_ATOL.get(dtype, LOW_PRECISION_ATOL),
+                             "tokenizer": _tokenizer_same(task, sub, examples),
+                             "loaded": f"{type(model).__name__}, {dtype}"}
+    atomic_write_json(out_path, {"pid": os.getpid(), "artifacts": results})
+    return 0
+
+
+def _cannot_load(sub: Path) -> str | None:
+    """Why an adapter cannot be reloaded alone (its base model is not on disk), else None."""
+    cfg = sub / "adapter_config.json"
+    if not cfg.is_file():
+        return None
+    base = json.loads(cfg.read_text()).get("base_model_name_or_path")
+    if not base or not Path(base).is_dir():
+        return (f"its base model ({base or 'built from model.config'}) is not a folder on disk; the merged copy "
+                "stands for it")
+    return None
+
+
+def _tokenizer_same(task, sub: Path, examples) -> str:
+    """'same' when the artifact's tokenizer encodes the control inputs like the training tokenizer."""
+    from transformers import AutoTokenizer
+
+    train_tok = getattr(task, "tokenizer", None)
+    if train_tok is None:
+        return "same"
+    try:
+        tok = AutoTokenizer.from_pretrained(str(sub), local_files_only=True)
+    except Exception as e:  # a missing or broken tokenizer is the finding, whatever transformers raises
+        return f"the tokenizer does not load: {type(e).__name__}: {e}"
+    if tok.eos_token_id != train_tok.eos_token_id or len(tok) != len(train_tok):
+        return (f"the tokenizer differs: {len(tok)} tokens, eos {tok.eos_token_id}; training used {len(train_tok)}, "
+                f"eos {train_tok.eos_token_id}")
+    for e in examples:
+        text = train_tok.decode(e.input_ids)
+        if tok(text, add_special_tokens=False)["input_ids"] != train_tok(text, add_special_tokens=False)["input_ids"]:
+            return f"the tokenizer encodes control input {e.rid} differently from the training tokenizer"
+    return "same"
+
+
+def verify_latest(loaded, home) -> StageResult:
+    """For `all`: verify the most recent completed run of this campaign that saved an artifact.
+
+    Within `all` that is the resume check's reference run (verify comes before train in SPEC order).
+    """
+    from pilotrun.journal.store import Journal
+
+    journal = Journal(home)
+    runs = [r for r in journal.list_runs(name=loaded.campaign.name)
+            if r["status"] == "completed" and (journal.run_dir(r["run_id"]) / "artifact").is_dir()]
+    if not runs:
+        return StageResult("verify", "warn", "no completed run of this campaign with an artifact yet",
+                           ["run `pilotrun train CAMPAIGN`, then `pilotrun verify RUN_ID`"])
+    run = runs[-1]
+    result = verify(home, run["run_id"])
+    result.messages.insert(0, f"verifying run {run['run_id']} (kind {run['kind']}): the most recent completed run "
+                              f"of campaign '{loaded.campaign.name}' with an artifact")
+    return result

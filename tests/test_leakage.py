@@ -1,0 +1,129 @@
+"""Leakage across splits: each planted leak is caught (verdict and message); the clean demo passes."""
+
+import json
+
+import numpy as np
+import yaml
+from conftest import tiny_causal_campaign, write_campaign, write_jsonl
+
+from pilotrun.campaign import load_campaign
+from pilotrun.data import minhash
+from pilotrun.data.leakage import normalise
+from pilotrun.stages.all import STAGES
+from pilotrun.stages.leakage import leakage
+
+LONG = ("the quick brown fox jumps over the lazy dog while the farmer watches from the old wooden "
+        "porch and drinks his morning coffee slowly before the long day of work in the fields begins")
+
+
+def _one(result, name):
+    hits = [c for c in result.data["checks"] if c["name"] == name]
+    assert len(hits) == 1, result.messages
+    return hits[0]
+
+
+def test_clean_demo_passes(demo_campaign, cli):
+    result = leakage(load_campaign(demo_campaign))
+    assert result.verdict == "ok", result.messages
+    assert "nothing crosses train / validation / test" in result.summary
+    res = cli("leakage", demo_campaign, "--json")
+    assert res.code == 0 and res.json["data"]["unit"] == "conversation_id"
+
+
+def test_inspect_and_leakage_join_all_after_validate():
+    names = [n for n, _ in STAGES]
+    assert names[:3] == ["validate", "inspect", "leakage"]
+
+
+def test_conversation_in_train_and_test(demo_dir):
+    train = [json.loads(x) for x in (demo_dir / "data" / "train.jsonl").read_text().splitlines()]
+    conv = train[0]["conversation_id"]
+    test_path = demo_dir / "data" / "test.jsonl"
+    leaked = [r for r in train if r["conversation_id"] == conv][:1]  # one turn of it is enough
+    test_path.write_text(test_path.read_text() + "".join(json.dumps(r) + "\n" for r in leaked))
+    result = leakage(load_campaign(demo_dir / "campaign.yaml"))
+    assert result.verdict == "fail"
+    hit = _one(result, "shared-units")
+    assert hit["split"] == "test" and hit["data"]["values"] == [conv]
+    n_test = len({json.loads(x)["conversation_id"] for x in test_path.read_text().splitlines()})
+    assert (f"1 of {n_test} ({1 / n_test:.1%}) test units of 'conversation_id' (data.group_by) also occur in "
+            f"train, e.g. '{conv}'") in hit["message"]
+    assert "pilotrun split DATA --by conversation_id" in hit["message"]
+
+
+def test_same_text_with_different_whitespace(tmp_path):
+    train = [{"instruction": "Reverse  the word\tapple", "output": "elppa"},
+             {"instruction": "add 2 3", "output": "5"}]
+    val = [{"instruction": "reverse the WORD apple ", "output": "elppa"},
+           {"instruction": "upper pear", "output": "PEAR"}]
+    result = leakage(load_campaign(tiny_causal_campaign(tmp_path, train, val)))
+    assert result.verdict == "fail"
+    hit = _one(result, "exact-duplicates")
+    assert hit["split"] == "validation"
+    assert "1 of 2 (50.0%) validation units repeat a train unit exactly after normalising case and whitespace" \
+        in hit["message"]
+    assert "validation.jsonl:1 = " in hit["message"] and "train.jsonl:1" in hit["message"]
+    assert not [c for c in result.data["checks"] if c["name"] == "near-duplicates"]
+
+
+def test_near_duplicate_across_splits(tmp_path):
+    near = LONG.replace("morning", "evening")
+    train = [{"instruction": "tell a story", "output": LONG}, {"instruction": "add 2 3", "output": "5"}]
+    val = [{"instruction": "tell a story", "output": near}, {"instruction": "upper pear", "output": "PEAR"}]
+    path = tiny_causal_campaign(tmp_path, train, val)
+    result = leakage(load_campaign(path), threshold=0.7)
+    assert result.verdict == "warn"
+    hit = _one(result, "near-duplicates")
+    assert "1 of 2 (50.0%) validation units are near duplicates of train units (estimated Jaccard ≥ 0.7" \
+        in hit["message"]
+    assert "validation.jsonl:1 ~ " in hit["message"] and "train.jsonl:1 (J≈" in hit["message"]
+    assert leakage(load_campaign(path), threshold=0.99).verdict == "ok"  # the threshold is a setting
+
+
+def test_test_period_before_train(tmp_path):
+    train = [{"instruction": f"q{i}", "output": f"a{i}", "month": f"2023-0{i + 1}"} for i in range(6)]
+    val = [{"instruction": "v1", "output": "x", "month": "2023-07"}]
+    path = tiny_causal_campaign(tmp_path, train, val, data__period_by="month")
+    write_jsonl(tmp_path / "data" / "test.jsonl", [{"instruction": "t1", "output": "y", "month": "2022-01"},
+                                                   {"instruction": "t2", "output": "z", "month": "2022-03"}])
+    c = yaml.safe_load(path.read_text())
+    c["data"]["test"] = "data/test.jsonl"
+    write_campaign(tmp_path, c)
+    result = leakage(load_campaign(path))
+    assert result.verdict == "fail"
+    hit = _one(result, "period-order")
+    assert hit["split"] == "test"
+    assert "test periods 2022-01..2022-03 precede train periods 2023-01..2023-06" in hit["message"]
+    assert "2 of 2 (100.0%) test records at or before the last train period" in hit["message"]
+    c["data"]["test"] = None
+    write_campaign(tmp_path, c)
+    assert leakage(load_campaign(path)).verdict == "ok"  # validation 2023-07 comes after train
+
+
+def test_missing_group_by_field_is_bad_input(tmp_path, cli):
+    train = [{"instruction": "a", "output": "b", "cid": "1"}, {"instruction": "c", "output": "d"}]
+    path = tiny_causal_campaign(tmp_path, train, [{"instruction": "e", "output": "f", "cid": "2"}],
+                                data__group_by="cid")
+    res = cli("leakage", path)
+    assert res.code == 2
+    assert "train.jsonl:2" in res.err and "no field 'cid' (named by data.group_by)" in res.err
+
+
+def test_minhash_estimates_jaccard():
+    """The vectorised signatures estimate the Jaccard similarity of word 3-gram shingle sets."""
+    def shingles(t):
+        w = normalise(t).split()
+        return {tuple(w[i:i + minhash.SHINGLE]) for i in range(len(w))}
+
+    words = LONG.split()
+    texts = [LONG] + [" ".join(words[:k] + ["zzz"] + words[k + 1:]) for k in (5, 12)] + \
+        [" ".join(words[: len(words) // 2]), "something else entirely"]
+    sig = minhash.signatures([normalise(t) for t in texts])
+    for j in range(1, len(texts)):
+        a, b = shingles(texts[0]), shingles(texts[j])
+        exact = len(a & b) / len(a | b)
+        est = float((sig[:, 0] == sig[:, j]).mean())
+        assert abs(est - exact) < 0.2, (j, exact, est)
+    assert (minhash.signatures(["", "a"])[:, 0] == minhash.EMPTY).all()
+    ia, ib, sim = minhash.near_pairs(sig[:, :1], sig[:, 1:], 0.5)
+    assert list(ib) == [0, 1] and np.all(sim >= 0.5)

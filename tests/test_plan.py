@@ -1,0 +1,148 @@
+"""The rental plan's pure functions: memory need, fit table, time arithmetic, scaling, packing."""
+
+import pytest
+
+from pilotrun.sheet import plan as P
+from pilotrun.sheet.catalogue import BY_KEY, CATALOGUE, match_gpu
+
+GiB = 2**30
+PHASES = ("load", "first_step", "steady_step", "eval_longest", "save", "export", "reload")
+
+
+def cuda_rows(peaks_gib: dict, **extra) -> list[dict]:
+    rows = []
+    for i, ph in enumerate(PHASES):
+        peak = int(peaks_gib.get(ph, 1.0) * GiB)
+        rows.append({"id": i + 1, "run_id": "R1", "phase": ph, "rank": 0, "device": "cuda:0", "counter": "cuda",
+                     "inputs": {"eval_batch": 64, "seq_len": 4096} if ph == "eval_longest" else {},
+                     "baseline": GiB // 2, "peak_allocated": peak - GiB // 4, "peak_reserved": peak,
+                     "end_allocated": GiB // 2, "end_reserved": GiB, "duration_s": 1.0, "verdict": "ok", **extra})
+    return rows
+
+
+def test_eval_over_24gib_does_not_fit_24gib_gpus_and_fits_80gib():
+    rows = cuda_rows({"load": 6, "first_step": 14, "steady_step": 14, "eval_longest": 30})
+    need = P.memory_need(rows)
+    assert need["phase"] == "eval_longest" and need["peak"] == 30 * GiB
+    assert need["need"] == int(30 * GiB * 1.1) + GiB
+    assert need["inputs"] == {"eval_batch": 64, "seq_len": 4096} and "run R1 phase eval_longest" in need["source"]
+    table = {f["gpu"]: f for f in P.fit_table(rows, CATALOGUE, needs_bf16=False)}
+    for key in ("rtx4090", "l4", "a10"):
+        assert table[key]["verdict"] == "does not fit: eval_longest", table[key]
+        assert table[key]["phases"]["steady_step"] == "fits" and not table[key]["fits"]
+    for key in ("a100-80gb", "h100-sxm", "h100-pcie", "h200"):
+        assert table[key]["verdict"] == "fits" and table[key]["fits"]
+    # the margin matters: 30 GiB fits 40 GiB only because 30 × 1.1 + 1 = 34 GiB <= 40
+    assert table["a100-40gb"]["fits"]
+
+
+def test_reserved_counter_wins_over_allocated_and_rss_uses_allocated():
+    row = {"phase": "steady_step", "peak_allocated": 5, "peak_reserved": 9}
+    assert P.row_peak(row) == 9
+    assert P.row_peak({"phase": "x", "peak_allocated": 5, "peak_reserved": None}) == 5
+
+
+def test_bf16_campaign_does_not_fit_a_gpu_without_bf16():
+    rows = cuda_rows({})
+    t4 = next(f for f in P.fit_table(rows, CATALOGUE, needs_bf16=True) if f["gpu"] == "t4")
+    assert t4["verdict"] == "does not fit: no bf16 (compute capability 7.5 < 8.0)"
+    t4_fp32 = next(f for f in P.fit_table(rows, CATALOGUE, needs_bf16=False) if f["gpu"] == "t4")
+    assert t4_fp32["fits"]
+
+
+def test_an_oom_phase_is_not_measured_and_never_certified():
+    rows = cuda_rows({})
+    rows[3]["verdict"] = "oom"
+    h200 = next(f for f in P.fit_table(rows, CATALOGUE, needs_bf16=False) if f["gpu"] == "h200")
+    assert h200["verdict"] == "unknown: eval_longest not measured" and not h200["fits"]
+    assert P.memory_need(rows)["unmeasured"] == ["eval_longest"]
+
+
+def test_run_list_control_first_then_variants_then_extra_seeds():
+    runs = P.run_list({"train.lr": 1e-4}, [{"train.lr": 5e-5}, {"train.lr": 2e-4}], [0, 1])
+    assert [r["label"] for r in runs] == ["control seed 0", "variant 1 seed 0", "variant 2 seed 0",
+                                          "control seed 1", "variant 1 seed 1", "variant 2 seed 1"]
+    assert [r["extra_seed"] for r in runs] == [False] * 3 + [True] * 3
+
+
+MEASURED = {"load": 10.0, "first_step": 3.0, "steady_step": 2.0, "eval_longest": 0.5, "save": 4.0, "export": 6.0,
+            "reload": 5.0}
+
+
+def measured(values=MEASURED):
+    return {k: {"seconds": v, "source": f"run R1 phase {k}"} for k, v in values.items()}
+
+
+def test_time_plan_arithmetic_term_by_term():
+    counts = P.run_counts(updates=100, eval_every=10, save_every=50, n_val=40, eval_batch=8)
+    assert counts == {"updates": 100, "evals": 11, "eval_batches": 5, "checkpoints": 3, "exports": 1, "reloads": 1}
+    h100 = BY_KEY["h100-sxm"]
+    u = P.unit_seconds(measured(), source_gpu=h100, target_gpu=h100, precision="bf16-mixed", work=None)
+    assert u["scaling"]["ratio"] == 1.0
+    terms = {t["term"]: t["seconds"] for t in P.run_terms(counts, u["units"])}
+    assert terms == {"load": 10.0, "first update (optimizer state)": 1.0, "updates": 200.0, "validations": 27.5,
+                     "checkpoints": 12.0, "export": 6.0, "reload check": 5.0}
+    assert sum(terms.values()) == 261.5
+    # a partial last interval adds the final validation
+    assert P.run_counts(105, 10, None, 40, 8)["evals"] == 12
+    assert P.run_counts(105, 10, None, 40, 8)["checkpoints"] == 1
+
+
+def test_packing_keeps_the_reserve_and_lists_what_overflows_the_3_day_plan():
+    runs = [{"label": f"run {i}", "seconds": 1.0 * P.DAY_S} for i in range(5)]
+    plans = {p["days"]: p for p in P.pack(runs, [7, 3, 30], reserve=0.2)}
+    three = plans[3]
+    assert three["reserve_s"] == pytest.approx(0.6 * P.DAY_S) and three["budget_s"] == pytest.approx(2.4 * P.DAY_S)
+    assert [p["label"] for p in three["placed"]] == ["run 0", "run 1"]
+    assert three["not_fitting"] == ["run 2", "run 3", "run 4"] and not three["fits_all"]
+    assert plans[7]["fits_all"] and len(plans[7]["placed"]) == 5  # 5 days <= 7 × 0.8
+    assert [p["days"] for p in P.pack(runs, [7, 3, 30], 0.2)] == [3, 7, 30]
+    # two GPUs run two lanes side by side
+    two = P.pack(runs, [3], reserve=0.2, lanes=2)[0]
+    assert len(two["placed"]) == 4 and two["not_fitting"] == ["run 4"]
+    assert {p["lane"] for p in two["placed"]} == {0, 1}
+
+
+def test_gpu_to_gpu_scaling_takes_the_smaller_speed_up():
+    a100, h100 = BY_KEY["a100-80gb"], BY_KEY["h100-sxm"]
+    u = P.unit_seconds(measured(), source_gpu=a100, target_gpu=h100, precision="bf16-mixed", work=None)
+    s = u["scaling"]
+    assert s["compute_ratio"] == pytest.approx(312 / 989.5) and s["bandwidth_ratio"] == pytest.approx(2039 / 3350)
+    assert s["ratio"] == pytest.approx(2039 / 3350) and s["kind"] == "estimate" and "ESTIMATE" in s["text"]
+    assert u["units"]["update"] == pytest.approx(2.0 * 2039 / 3350)
+    assert u["units"]["save"] == 4.0  # disk work is not scaled
+
+
+def test_cpu_measurement_is_an_extrapolation_with_its_ratio():
+    h100 = BY_KEY["h100-sxm"]
+    work = {"params": 1_000_000_000, "trainable": 1_000_000_000, "tokens_update": 32 * 2048, "tokens_eval": 8 * 2048,
+            "passes_update": 4, "checkpointing": False}
+    m = measured(dict(MEASURED, steady_step=4000.0))
+    u = P.unit_seconds(m, source_gpu="cpu", target_gpu=h100, precision="bf16-mixed", work=work)
+    flops = 6 * 1e9 * 32 * 2048
+    expect = flops / (989.5e12 * P.ASSUMED_MFU)
+    assert u["units"]["update"] == pytest.approx(expect)
+    assert u["scaling"]["ratio"] == pytest.approx(expect / 4000.0)
+    assert u["scaling"]["text"].startswith("EXTRAPOLATION from a CPU measurement")
+    # a tiny model is bound by the per-pass floor, not by FLOPs
+    tiny = dict(work, params=1000, trainable=1000)
+    assert P.unit_seconds(m, source_gpu="cpu", target_gpu=h100, precision="bf16-mixed",
+                          work=tiny)["units"]["update"] == pytest.approx(4 * P.GPU_FLOOR_S_PER_PASS)
+    # an unidentified CUDA device is not scaled, and says so
+    plain = P.unit_seconds(m, source_gpu=None, target_gpu=h100, precision="bf16-mixed", work=work)
+    assert plain["scaling"]["kind"] == "not scaled" and plain["units"]["update"] == 4000.0
+
+
+def test_catalogue_matches_torch_device_names():
+    assert match_gpu("NVIDIA H100 80GB HBM3").key == "h100-sxm"
+    assert match_gpu("NVIDIA H100 PCIe").key == "h100-pcie"
+    assert match_gpu("NVIDIA A100-SXM4-40GB").key == "a100-40gb"
+    assert match_gpu("NVIDIA A100-SXM4-80GB").key == "a100-80gb"
+    assert match_gpu("NVIDIA L40S").key == "l40s" and match_gpu("NVIDIA L4").key == "l4"
+    assert match_gpu("NVIDIA A10").key == "a10" and match_gpu("Tesla T4").key == "t4"
+    assert match_gpu("NVIDIA GeForce RTX 4090").key == "rtx4090"
+    assert match_gpu("NVIDIA H200", 140 * GiB).key == "h200"
+    assert match_gpu("NVIDIA H100 NVL", 94 * GiB) is None and match_gpu(None) is None
+    for g in CATALOGUE:
+        assert g.source and g.memory_bytes > 0 and g.bandwidth_gbs > 0
+        assert (g.bf16_tflops is None) == (not g.bf16)

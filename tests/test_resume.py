@@ -1,0 +1,71 @@
+"""resume: stop at K, continue in a new process, compare update by update with a run of 2K."""
+
+import json
+import os
+import re
+
+from pilotrun.journal.store import Journal
+from pilotrun.stages.resume import SKIP_ENV, first_difference
+
+
+def test_clean_demo_resumes_exactly_across_epochs(cli, demo_campaign, tmp_path):
+    r = cli("resume", demo_campaign, "--home", tmp_path / "home", "--json")
+    assert r.code == 0, r.out + r.err
+    res = r.json
+    assert res["verdict"] == "ok" and res["data"]["exact"] is True
+    assert set(res["data"]["restored"]) >= {"model", "optimizer", "scheduler", "rng", "sampler", "counters"}
+    resumed = res["rows"]
+    assert [row["update"] for row in resumed] == [5, 6, 7, 8]
+    assert all(row["loss"] == row["ref_loss"] and row["lr"] == row["ref_lr"] and row["same_examples"]
+               for row in resumed)
+    assert len({row["epoch"] for row in resumed}) > 1  # an epoch boundary after the resume
+    run_dir = Journal(tmp_path / "home").run_dir(res["data"]["run_id"])
+    worker = json.loads((run_dir / "resumed_history.json").read_text())
+    assert worker["pid"] != os.getpid()  # a new interpreter did the resumed half
+    assert (run_dir / "artifact" / "model" / "model.safetensors").is_file()
+    # inside `all`, verify takes the most recent completed run of the campaign: this resume run's artifact
+    from pilotrun.campaign import load_campaign
+    from pilotrun.stages.all import STAGES
+    from pilotrun.stages.verify import verify_latest
+
+    names = [n for n, _ in STAGES]
+    assert names.index("validate") < names.index("overfit") < names.index("resume") < names.index("verify") \
+        < names.index("train")
+    v = verify_latest(load_campaign(demo_campaign), tmp_path / "home")
+    assert v.verdict == "ok", v.messages
+    assert v.messages[0].startswith(f"verifying run {res['data']['run_id']} (kind resume)")
+
+
+def test_scheduler_left_out_is_caught_by_the_lr(cli, demo_campaign, tmp_path, monkeypatch):
+    monkeypatch.setenv(SKIP_ENV, "scheduler")
+    r = cli("resume", demo_campaign, "--home", tmp_path / "home", "--at", "3", "--set", "train.micro_batch=2", "--json")
+    assert r.code == 1
+    problem = r.json["data"]["problem"]
+    assert re.search(r"^lr at update \d+ is [\d.e+-]+, reference [\d.e+-]+: scheduler state not restored$", problem), \
+        problem
+    assert r.json["summary"] == "scheduler state not restored"
+
+
+def test_sampler_left_out_is_caught_by_the_data_order(cli, demo_campaign, tmp_path, monkeypatch):
+    monkeypatch.setenv(SKIP_ENV, "sampler")
+    r = cli("resume", demo_campaign, "--home", tmp_path / "home", "--at", "3", "--set", "train.micro_batch=2", "--json")
+    assert r.code == 1
+    problem = r.json["data"]["problem"]
+    assert problem.startswith("examples of update 4 differ from the reference")
+    assert problem.endswith("sampler position not restored")
+
+
+def _h(u, lr=1e-3, loss=2.0, ids=(("a:1",),), epoch=0):
+    return {"update": u, "lr": lr, "loss": loss, "ids": [list(x) for x in ids], "epoch": epoch,
+            "examples_seen": u, "finite": True}
+
+
+def test_first_difference_names_the_component():
+    ref = [_h(1), _h(2), _h(3, loss=1.5), _h(4, loss=1.2)]
+    assert first_difference(ref, ref[2:], 2, exact=True) is None
+    assert "optimizer state" in first_difference(ref, [_h(3, loss=1.5), _h(4, loss=1.3)], 2, exact=True)
+    assert "model weights or RNG" in first_difference(ref, [_h(3, loss=1.6), _h(4, loss=1.2)], 2, exact=True)
+    assert first_difference(ref, [_h(3, loss=1.5 * (1 + 1e-5)), _h(4, loss=1.2)], 2, exact=False) is None
+    assert "counters not restored" in first_difference(ref, [_h(1), _h(2)], 2, exact=True)
+    msg = first_difference(ref, [_h(3, lr=9.5e-5, loss=1.5), _h(4)], 2, exact=True)
+    assert msg == "lr at update 3 is 9.5e-05, reference 1.0e-03: scheduler state not restored"

@@ -1,0 +1,257 @@
+"""`pilotrun sheet`: from real pilot ledger rows in a real journal to the sheet, Markdown, JSON and HTML."""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import simple_records, tiny_causal_campaign
+
+from pilotrun.campaign.load import load_campaign
+from pilotrun.journal.store import Journal
+from pilotrun.stages.env import collect_env
+from pilotrun.stages.prepare import run_provenance
+from pilotrun.stages.sheet import find_pilot, sheet_section_html, sheet_stage
+
+GiB = 2**30
+PHASES = ("load", "first_step", "steady_step", "eval_longest", "save", "export", "reload")
+
+
+def campaign(tmp_path, **over) -> Path:
+    over.setdefault("hardware__memory_per_gpu", "80GiB")
+    path = tiny_causal_campaign(tmp_path / "camp", simple_records(40), simple_records(10, start=100), **over)
+    c = yaml.safe_load(path.read_text())
+    c["plan"] = {"metric": "val_loss", "goal": "minimize", "control": {"train.lr": 1e-3},
+                 "variants": [{"train.lr": 3e-4}], "seeds": [0, 1]}
+    path.write_text(yaml.safe_dump(c, sort_keys=False))
+    return path
+
+
+def record_pilot(path: Path, home: Path, peaks_gib: dict, *, device="cuda:0", device_name="NVIDIA H100 80GB HBM3",
+                 steady_s=2.0, overrides=None, verdicts=None) -> str:
+    """A pilot run as the pilot stage writes it: a run row of kind pilot and one ledger row per phase."""
+    loaded = load_campaign(path, overrides)
+    j = Journal(home)
+    run = j.create_run(kind="pilot", name=loaded.c.name, **run_provenance(loaded))
+    cuda = device.startswith("cuda")
+    train_in = {"micro_batch": 2, "accumulation": 2, "ranks": 1, "seq_len": 60, "precision": loaded.c.train.precision}
+    inputs = {"load": {"params": 200_000, "trainable": 200_000}, "first_step": train_in, "steady_step": train_in,
+              "eval_longest": {"eval_batch": 8, "seq_len": 64}}
+    secs = {"load": 3.0, "first_step": steady_s + 1.0, "steady_step": steady_s, "eval_longest": 0.5, "save": 1.0,
+            "export": 2.0, "reload": 1.5}
+    rows = []
+    for ph in PHASES:
+        peak = int(peaks_gib.get(ph, 2.0) * GiB)
+        rows.append({"phase": ph, "rank": 0, "device": device, "counter": "cuda" if cuda else "rss",
+                     "inputs": inputs.get(ph, {}), "baseline": GiB, "peak_allocated": peak - (GiB // 8 if cuda else 0),
+                     "peak_reserved": peak if cuda else None, "end_allocated": GiB,
+                     "end_reserved": GiB if cuda else None, "duration_s": secs[ph],
+                     "verdict": (verdicts or {}).get(ph, "ok"), "note": None})
+    j.add_phase_rows(run, rows)
+    j.finish_run(run, "completed", {"device_name": device_name} if cuda else {})
+    return run
+
+
+def target_env(tmp_path, name, cc, memory_gib, bf16) -> Path:
+    """This machine's real `env` report with its devices replaced by the target's."""
+    env = collect_env()
+    env["cuda"] = {"available": True, "device_count": 1, "built_with": "12.4", "hip": None}
+    env["devices"] = [{"index": 0, "name": name, "memory_bytes": memory_gib * GiB, "compute_capability": cc,
+                       "multiprocessors": 40, "bf16": bf16}]
+    env["bf16"] = {"cuda": bf16, "cpu": True}
+    env["distributed"]["nccl"] = True
+    out = tmp_path / f"{name.replace(' ', '_')}.json"
+    out.write_text(json.dumps({"stage": "env", "data": env}))
+    return out
+
+
+def test_no_pilot_is_a_failing_verdict_naming_the_fix(tmp_path, cli):
+    path = campaign(tmp_path)
+    r = sheet_stage(load_campaign(path), tmp_path / "home")
+    assert r.verdict == "fail" and "no pilot run for campaign 'tiny'" in r.summary
+    assert "run `pilotrun pilot" in r.messages[0]
+    res = cli("sheet", path, "--home", tmp_path / "home")
+    assert res.code == 1 and "pilotrun pilot" in res.out
+
+
+def test_eval_over_24gib_fails_a_24gib_rental_and_fits_80gib(tmp_path):
+    path = campaign(tmp_path, hardware__memory_per_gpu="24GiB")
+    home = tmp_path / "home"
+    run = record_pilot(path, home, {"load": 4, "first_step": 10, "steady_step": 10, "eval_longest": 30})
+    r = sheet_stage(load_campaign(path), home)
+    fit = {f["gpu"]: f for f in r.data["fit"]}
+    for key in ("rtx4090", "l4", "a10"):
+        assert fit[key]["verdict"] == "does not fit: eval_longest"
+    assert fit["a100-80gb"]["fits"] and fit["h100-sxm"]["fits"]
+    assert r.verdict == "fail"
+    msg = next(p for p in r.data["problems"] if "hardware.memory_per_gpu" in p)
+    assert "needs 34.00 GiB per GPU (phase eval_longest" in msg and f"run {run} phase eval_longest" in msg
+    assert r.data["memory"]["source"].startswith(f"run {run} phase eval_longest rank 0")
+    # the terminal table is the fit table
+    assert any(row["gpu"] == "L4 24GB" and row["verdict"] == "does not fit: eval_longest" for row in r.rows)
+    # the same pilot with an 80 GiB rental: ok
+    ok = sheet_stage(load_campaign(path, {"hardware.memory_per_gpu": "80GiB"}), home)
+    assert ok.data["pilot_run"] == run  # found by name though the config sha differs
+    assert ok.data["warnings"][0].startswith(f"the latest pilot {run} measured another version")
+
+
+def test_target_without_bf16_fails_the_stack_check_of_a_bf16_campaign(tmp_path):
+    path = campaign(tmp_path, train__precision="bf16-mixed")
+    home = tmp_path / "home"
+    record_pilot(path, home, {})
+    t4 = target_env(tmp_path, "Tesla T4", "7.5", 16, False)
+    r = sheet_stage(load_campaign(path), home, target_env_path=str(t4))
+    assert r.verdict == "fail"
+    bf16 = next(c for c in r.data["stack"]["checks"] if c["check"] == "bf16")
+    assert bf16["verdict"] == "fail" and "compute capability >= 8.0" in bf16["message"]
+    assert any(p.startswith("target env: bf16: the campaign uses bf16") for p in r.data["problems"])
+    assert r.data["target"]["key"] == "t4"  # the plan is for the target's own GPU
+    # the clean case: an H100 target passes every check
+    h100 = target_env(tmp_path, "NVIDIA H100 80GB HBM3", "9.0", 80, True)
+    ok = sheet_stage(load_campaign(path), home, target_env_path=str(h100))
+    assert {c["check"]: c["verdict"] for c in ok.data["stack"]["checks"]}["bf16"] == "ok"
+    assert all(c["verdict"] == "ok" for c in ok.data["stack"]["checks"]), ok.data["stack"]["checks"]
+    assert ok.verdict == "ok", ok.data["problems"] + ok.data["warnings"]
+    assert ok.data["time"]["scaling"]["kind"] == "measured"  # measured on an H100, planned for an H100
+
+
+def test_bf16_campaign_marks_t4_in_the_fit_table(tmp_path):
+    path = campaign(tmp_path, train__precision="bf16-mixed")
+    home = tmp_path / "home"
+    record_pilot(path, home, {})
+    fit = {f["gpu"]: f for f in sheet_stage(load_campaign(path), home).data["fit"]}
+    assert fit["t4"]["verdict"].startswith("does not fit: no bf16")
+
+
+def test_time_plan_from_the_ledger_and_an_overflowing_3_day_plan(tmp_path):
+    # 2 s per update measured on an H100, 40 training examples / (2 × 2) → 10 updates per epoch;
+    # 3000 epochs make 30000 updates ≈ 16.7 h per run; 4 runs overflow 3 days less the 20% reserve.
+    path = campaign(tmp_path, train__updates=None, train__epochs=3000, train__eval_every=1000,
+                    train__save_every=10000)
+    home = tmp_path / "home"
+    run = record_pilot(path, home, {})
+    r = sheet_stage(load_campaign(path), home, gpu="h100-sxm")
+    tm = r.data["time"]
+    assert tm["counts"]["updates"] == 30000 and tm["counts"]["evals"] == 31 and tm["counts"]["eval_batches"] == 2
+    terms = {t["term"]: t for t in tm["terms"]}
+    assert terms["updates"]["seconds"] == 60000.0 and terms["validations"]["seconds"] == 0.5 * 31 * 2
+    assert terms["first update (optimizer state)"]["seconds"] == 1.0 and terms["checkpoints"]["count"] == 4
+    assert tm["per_run_s"] == pytest.approx(3 + 1 + 60000 + 31 + 4 * 1 + 2 + 1.5)
+    assert tm["measured"]["steady_step"]["source"].startswith(f"run {run} phase steady_step")
+    assert [x["label"] for x in tm["runs"]] == ["control seed 0", "variant 1 seed 0", "control seed 1",
+                                                "variant 1 seed 1"]
+    plans = {p["days"]: p for p in tm["plans"]}
+    assert plans[3]["reserve_s"] == pytest.approx(0.2 * 3 * 86400)
+    assert len(plans[3]["placed"]) == 3 and plans[3]["not_fitting"] == ["variant 1 seed 1"]
+    assert plans[7]["fits_all"] and plans[30]["fits_all"]
+    assert r.verdict == "ok"
+    assert any("variant 1 seed 1" in line for line in r.messages)
+
+
+def test_cpu_pilot_is_labelled_as_rss_and_an_extrapolation(tmp_path, cli):
+    path = campaign(tmp_path)
+    home = tmp_path / "home"
+    record_pilot(path, home, {"first_step": 1.5}, device="cpu")
+    out = tmp_path / "sheet.md"
+    res = cli("sheet", path, "--home", home, "--out", out, "--json")
+    assert res.code == 0, res.err
+    data = res.json["data"]
+    assert data["time"]["scaling"]["kind"] == "extrapolated from CPU"
+    md = out.read_text()
+    assert "peak RSS (CPU)" in md and "EXTRAPOLATION from a CPU measurement" in md and "ratio to the CPU time" in md
+    for section in ("## Memory per GPU", "## Settings", "## Software stack", "## Fit table", "## Time plan",
+                    "## Expected result", "## Constants"):
+        assert section in md
+    assert not [p for p in os.listdir(tmp_path) if p.startswith(".sheet.md") or p.endswith(".tmp")]
+
+
+def test_a_pilot_phase_that_ran_out_of_memory_fails_the_sheet(tmp_path):
+    path = campaign(tmp_path)
+    home = tmp_path / "home"
+    record_pilot(path, home, {}, verdicts={"eval_longest": "oom"})
+    r = sheet_stage(load_campaign(path), home)
+    assert r.verdict == "fail"
+    assert any(p.startswith("pilot phase eval_longest rank 0 ended with oom") for p in r.data["problems"])
+    assert "no time plan: the pilot lacks a measured duration of eval_longest" in r.data["problems"]
+    assert all(not f["fits"] for f in r.data["fit"])
+
+
+def test_bad_target_env_and_bad_gpu_are_bad_input(tmp_path, cli):
+    path = campaign(tmp_path)
+    home = tmp_path / "home"
+    record_pilot(path, home, {})
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"torch": {}}')
+    res = cli("sheet", path, "--home", home, "--target-env", bad)
+    assert res.code == 2 and "not a `pilotrun env --json` output: missing cuda" in res.err
+    res = cli("sheet", path, "--home", home, "--gpu", "v100")
+    assert res.code == 2 and "no GPU 'v100' in the built-in catalogue" in res.err
+
+
+def test_prefers_the_pilot_of_the_same_config(tmp_path):
+    path = campaign(tmp_path)
+    home = tmp_path / "home"
+    same = record_pilot(path, home, {})
+    record_pilot(path, home, {}, overrides={"train.lr": 0.5})  # a later pilot of another version
+    loaded = load_campaign(path)
+    pilot, stale = find_pilot(Journal(home), "tiny", loaded.config_sha256())
+    assert pilot["run_id"] == same and stale is None
+
+
+def test_sheet_section_html(tmp_path):
+    home = tmp_path / "home"
+    assert "run <code>pilotrun pilot CAMPAIGN</code> first" in sheet_section_html(Journal(home))
+    path = campaign(tmp_path)
+    run = record_pilot(path, home, {})
+    frag = sheet_section_html(Journal(home))
+    assert frag.startswith("<div class='sheet'><h3>Selection sheet — tiny</h3>") and run in frag and "<table>" in frag
+    assert "Time plan" in frag and "Fit table" in frag and "Expected result" in frag
+
+
+def test_sheet_ends_all():
+    from pilotrun.stages.all import STAGES
+
+    assert STAGES[-1][0] == "sheet"
+
+
+def test_demo_pilot_then_sheet_is_complete(demo_campaign, tmp_path, cli):
+    pytest.importorskip("pilotrun.stages.pilot", reason="the pilot stage (issue 3) has not landed yet")
+    home = tmp_path / "home"
+    p = cli("pilot", demo_campaign, "--home", home, "--json")
+    assert p.code == 0, p.err[-2000:]
+    out = tmp_path / "sheet.md"
+    r = cli("sheet", demo_campaign, "--home", home, "--out", out, "--json")
+    assert r.code == 0, r.out[-3000:] + r.err[-2000:]
+    data = r.json["data"]
+    run = data["pilot_run"]
+    assert data["problems"] == [] and data["memory"]["source"].startswith(f"run {run} phase ")
+    assert len(data["fit"]) == 10 and any(f["fits"] for f in data["fit"])
+    tm = data["time"]
+    assert set(tm["measured"]) == set(PHASES)
+    assert all(m["source"].startswith(f"run {run} phase ") for m in tm["measured"].values())
+    assert tm["scaling"]["kind"] == "extrapolated from CPU" and tm["per_run_s"] > 0
+    assert len(tm["runs"]) == 3 and [p["days"] for p in tm["plans"]] == [3, 7, 30]  # fixture: 1 seed
+    md = out.read_text()
+    for section in ("## Memory per GPU", "## Settings", "## Software stack", "## Fit table", "## Time plan",
+                    "## Expected result", "## Constants"):
+        assert section in md
+    assert "n/a" not in md.split("## Fit table")[0]
+
+
+def test_sheet_from_real_pilot_phase_rows(demo_campaign, tmp_path):
+    """The rows of the pilot's own phase runner (stages/pilot_phases.py), not hand-written ones."""
+    from pilotrun.stages.pilot_phases import PilotJob, run_phases
+
+    loaded = load_campaign(demo_campaign)
+    home = tmp_path / "home"
+    j = Journal(home)
+    run = j.create_run(kind="pilot", name=loaded.c.name, **run_provenance(loaded))
+    j.run_dir(run).mkdir(parents=True)
+    j.add_phase_rows(run, run_phases(PilotJob(loaded, str(home), run, str(j.run_dir(run)), None)))
+    j.finish_run(run, "completed")
+    r = sheet_stage(loaded, home)
+    assert r.verdict == "ok", r.data["problems"] + r.data["warnings"]
+    assert r.data["counter"] == "rss" and r.data["time"]["work"]["params"] > 0
+    assert r.data["target"]["key"] == "rtx4090"  # the demo's hardware.memory_per_gpu is 24GiB; fp32 → fastest
+    assert r.data["time"]["counts"]["updates"] == 12

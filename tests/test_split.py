@@ -1,0 +1,87 @@
+"""pilotrun split: deterministic, by unit or period; its output passes the leakage checks; bad input exits 2."""
+
+import json
+import random
+
+from conftest import write_campaign, write_jsonl
+
+from pilotrun.campaign import load_campaign
+from pilotrun.demo.synth import conversations
+from pilotrun.stages.leakage import leakage
+
+
+def _records():
+    return [r for conv in conversations(60, seed=3) for r in conv]
+
+
+def _read(folder):
+    return {s: [json.loads(x) for x in (folder / f"{s}.jsonl").read_text().splitlines()]
+            for s in ("train", "validation", "test") if (folder / f"{s}.jsonl").exists()}
+
+
+def _campaign(folder, out, **data):
+    c = {"name": "s", "task": "causal-lm", "model": {"config": {"model_type": "llama"}, "tokenizer": "byte"},
+         "data": {"train": str(out / "train.jsonl"), "validation": str(out / "validation.jsonl"),
+                  "test": str(out / "test.jsonl"), "prompt": "instruction", "response": "output", **data}}
+    return write_campaign(folder, c)
+
+
+def test_split_by_unit_is_deterministic_and_leak_free(tmp_path, cli):
+    recs = _records()
+    data = write_jsonl(tmp_path / "all.jsonl", recs)
+    res = cli("split", data, "--by", "conversation_id", "--ratios", "0.8,0.1,0.1", "--out", tmp_path / "a", "--json")
+    assert res.code == 0, res.err
+    parts = _read(tmp_path / "a")
+    units = {s: {r["conversation_id"] for r in rs} for s, rs in parts.items()}
+    assert not (units["train"] & units["validation"]) and not (units["train"] & units["test"])
+    assert not (units["validation"] & units["test"])
+    assert sum(len(rs) for rs in parts.values()) == len(recs)
+    assert 0.7 < len(parts["train"]) / len(recs) < 0.9
+    assert res.json["data"]["files"]["train"].endswith("train.jsonl")
+    # same data, field and seed: the same files, whatever the record order
+    shuffled = recs[:]
+    random.Random(1).shuffle(shuffled)
+    cli("split", write_jsonl(tmp_path / "shuffled.jsonl", shuffled), "--by", "conversation_id", "--out",
+        tmp_path / "b")
+    again = _read(tmp_path / "b")
+    assert {s: sorted(json.dumps(r) for r in rs) for s, rs in again.items()} == \
+        {s: sorted(json.dumps(r) for r in rs) for s, rs in parts.items()}
+    other = cli("split", data, "--by", "conversation_id", "--out", tmp_path / "c", "--seed", "7")
+    assert other.code == 0 and _read(tmp_path / "c") != parts
+    result = leakage(load_campaign(_campaign(tmp_path, tmp_path / "a", group_by="conversation_id")))
+    assert not [c for c in result.data["checks"] if c["name"] == "shared-units"]
+
+
+def test_split_by_period_sends_earliest_to_train(tmp_path, cli):
+    # one month per conversation, so no unit spans periods
+    recs = [dict(r, month=f"2023-{1 + int(r['conversation_id'][-2:]) % 10:02d}") for r in _records()]
+    data = write_jsonl(tmp_path / "all.jsonl", recs)
+    res = cli("split", data, "--by", "conversation_id", "--period", "month", "--out", tmp_path / "p")
+    assert res.code == 0, res.out + res.err
+    parts = _read(tmp_path / "p")
+    months = {s: sorted({r["month"] for r in rs}) for s, rs in parts.items()}
+    assert months["train"][-1] < months["validation"][0] <= months["validation"][-1] < months["test"][0]
+    path = _campaign(tmp_path, tmp_path / "p", group_by="conversation_id", period_by="month")
+    assert leakage(load_campaign(path)).verdict == "ok"
+
+
+def test_split_reports_units_spanning_periods(tmp_path, cli):
+    recs = [{"cid": f"c{i}", "t": f"2023-{1 + i % 10:02d}", "instruction": f"q{i}", "output": "a"} for i in range(40)]
+    recs.append({"cid": "c0", "t": "2023-12", "instruction": "late turn", "output": "b"})
+    res = cli("split", write_jsonl(tmp_path / "d.jsonl", recs), "--by", "cid", "--period", "t", "--out",
+              tmp_path / "o", "--json")
+    assert res.code == 0
+    assert res.json["verdict"] == "warn" and res.json["data"]["spanning_units"] == 1
+    assert "1 units of 'cid' have records in periods of a later split" in res.json["messages"][0]
+
+
+def test_bad_ratios_and_fields_exit_2(tmp_path, cli):
+    data = write_jsonl(tmp_path / "d.jsonl", [{"cid": "a", "x": 1}, {"x": 2}])
+    for bad, text in (("0.8,0.3", "sum to 1.1, not 1"), ("0.8,-0.1,0.3", "none negative"), ("a,b", "not a list")):
+        res = cli("split", data, "--by", "cid", "--ratios", bad, "--out", tmp_path / "o")
+        assert res.code == 2 and text in res.err, res.err
+    res = cli("split", data, "--by", "cid", "--out", tmp_path / "o")
+    assert res.code == 2 and "d.jsonl:2" in res.err and "no field 'cid' (named by --by)" in res.err
+    res = cli("split", data, "--by", "x", "--period", "when", "--out", tmp_path / "o")
+    assert res.code == 2 and "no field 'when' (named by --period)" in res.err
+    assert not (tmp_path / "o").exists()  # nothing written on bad input
