@@ -159,3 +159,12 @@ def test_validate_is_fast_without_torch(tmp_path):
 def test_write_campaign_helper_roundtrip(tmp_path):
     p = write_campaign(tmp_path, {"name": "x"})
     assert yaml.safe_load(p.read_text()) == {"name": "x"}
+
+
+def test_override_paths_relative_to_campaign_file(tmp_path, monkeypatch):
+    from pilotrun.campaign import load_campaign
+
+    path = tiny_causal_campaign(tmp_path / "proj", simple_records(8))
+    monkeypatch.chdir(tmp_path)
+    loaded = load_campaign(path).with_overrides({"data.validation": "data/other.jsonl"})
+    assert loaded.campaign.data.validation == str((tmp_path / "proj" / "data" / "other.jsonl").resolve())

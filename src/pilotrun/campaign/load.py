@@ -43,7 +43,9 @@ class LoadedCampaign:
 
     def with_overrides(self, overrides: dict[str, Any]) -> "LoadedCampaign":
         raw = apply_overrides(self.resolved_dict(), overrides, where=str(self.source or "campaign"))
-        return LoadedCampaign(_validate(raw, self.source, {}), self.source, self.base_dir)
+        c = _validate(raw, self.source, {})
+        _resolve_paths(c, self.base_dir)  # an overridden relative path is relative to the campaign file too
+        return LoadedCampaign(c, self.source, self.base_dir)
 
 
 def sha256_of_config(d: dict[str, Any]) -> str:

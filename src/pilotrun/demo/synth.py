@@ -14,20 +14,24 @@ from pathlib import Path
 from pilotrun.campaign.load import dump_yaml
 from pilotrun.journal.files import atomic_write_text
 
-WORDS = ("apple river stone cloud tiger lemon piano orbit maple quartz delta ember frost grain honey ivory "
-         "jelly koala lunar mango noble ocean pearl raven solar tulip umber vivid wheat yacht zebra amber "
-         "bloom cedar dune eagle fable glade haven iris jade kite lotus moss nectar opal plume quill reef").split()
+CONSONANTS = "bdfgklmnprstvz"
+VOWELS = "aeiou"
+
+
+def _word(rng: random.Random) -> str:
+    """A pronounceable pseudo-word of 3 syllables: enough variety that records rarely repeat."""
+    return "".join(rng.choice(CONSONANTS) + rng.choice(VOWELS) for _ in range(3))
 
 
 def _turn(rng: random.Random, family: str) -> tuple[str, str]:
-    w = rng.choice(WORDS)
+    w = _word(rng)
     if family == "reverse":
         return f"reverse {w}", w[::-1]
     if family == "upper":
         return f"upper {w}", w.upper()
     if family == "repeat":
         return f"repeat {w}", f"{w} {w}"
-    a, b = rng.randrange(50), rng.randrange(50)
+    a, b = rng.randrange(1000), rng.randrange(1000)
     return f"add {a} {b}", str(a + b)
 
 
