@@ -28,7 +28,8 @@ def task_needs(c) -> list[BadInput]:
                                          fix="seq-cls needs data.text, data.label and data.labels (ordered class names)"))
         if d.labels is not None and len(set(d.labels)) != len(d.labels):
             problems.append(BadInput("data.labels has repeated names", where="data.labels", fix="list each class once"))
-    if c.model.path is None and c.model.config is None:
+    problems += _task_and_model_files(c)
+    if c.task in ("causal-lm", "seq-cls") and c.model.path is None and c.model.config is None:
         problems.append(BadInput("no model", where="model", fix="set model.path (local folder) or model.config"))
     if c.model.path is not None and c.model.config is not None:
         problems.append(BadInput("model.path and model.config both set", where="model.config",
@@ -101,3 +102,40 @@ def check_consistency(c) -> None:
     problems = task_needs(c)
     if problems:
         raise BadInputs(problems) if len(problems) > 1 else problems[0]
+
+
+def _task_and_model_files(c) -> list[BadInput]:
+    """The task name, model folder, tokenizer folder and model_type, checked without importing torch."""
+    import importlib.util
+    from pathlib import Path
+
+    from pilotrun.tasks.loading import _check_model_dir
+
+    problems = []
+    if c.task not in ("causal-lm", "seq-cls"):
+        module, sep, cls = c.task.partition(":")
+        if not sep or not module or not cls:
+            problems.append(BadInput(f"unknown task '{c.task}'", where="task",
+                                     fix="use causal-lm, seq-cls or a Python task as package.module:Class"))
+        else:
+            try:
+                found = importlib.util.find_spec(module) is not None
+            except (ImportError, ValueError):
+                found = False
+            if not found:
+                problems.append(BadInput(f"cannot import '{module}'", where="task",
+                                         fix="make the module importable (install it, or run from its folder)"))
+        return problems
+    if c.model.path is not None:
+        try:
+            _check_model_dir(Path(c.model.path))
+        except BadInput as e:
+            problems.append(e)
+    tok = c.model.tokenizer
+    if tok not in (None, "byte") and not Path(tok).is_dir():
+        problems.append(BadInput(f"tokenizer folder not found: {tok}", where="model.tokenizer",
+                                 fix="point at a folder written by tokenizer.save_pretrained, or use 'byte'"))
+    if c.model.config is not None and not c.model.config.get("model_type"):
+        problems.append(BadInput("model.config has no model_type", where="model.config",
+                                 fix="add model_type (e.g. llama, gpt2, bert) to model.config"))
+    return problems

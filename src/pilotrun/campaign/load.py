@@ -121,7 +121,9 @@ def _format_errors(err: ValidationError, where: str, lines: dict[tuple, int]) ->
             shown = json.dumps(value, default=str)[:80] if value is not None else "null"
             msg = e["msg"].removeprefix("Value error, ")
             if e["type"] in ("value_error", "assertion_error"):
-                problems.append(BadInput(f"{key}: {msg}" if loc else msg, where=at))
+                msg, _, fix = msg.partition("; ")
+                problems.append(BadInput(f"{key}: {msg}" if loc else msg, where=at,
+                                         fix=fix or f"change {key} as the message says"))
             else:
                 problems.append(BadInput(f"key '{key}' = {shown}: {msg}", where=at,
                                          fix=f"set {key} to a valid value (see `pilotrun init` for a commented example)"))

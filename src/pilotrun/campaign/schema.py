@@ -128,7 +128,7 @@ class TrainConfig(BaseModel):
         if self.epochs is not None:
             self.updates = None
         if self.updates is None and self.epochs is None:
-            raise ValueError("no budget: set train.updates (optimizer updates) or train.epochs")
+            raise ValueError("no budget; set train.updates (optimizer updates) or train.epochs")
         if self.strategy == "single" and self.nproc > 1:
             raise ValueError(
                 f"train.nproc={self.nproc} with train.strategy=single; set train.strategy: ddp (or fsdp)"
