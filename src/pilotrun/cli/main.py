@@ -22,6 +22,7 @@ COMMAND_MODULES = (
     "pilotrun.cli.cmd_mechanics",
     "pilotrun.cli.cmd_data",
     "pilotrun.cli.cmd_sheet",
+    "pilotrun.cli.cmd_pilot",
 )
 
 

@@ -57,12 +57,19 @@ def _sheet(loaded, home):
     return sheet_stage(loaded, home, out=str(Path(home) / "sheet.md"))
 
 
+def _pilot(loaded, home):
+    from pilotrun.stages.pilot import pilot
+
+    return pilot(loaded, home)
+
+
 # SPEC order: validate → data checks → leakage → overfit → pilot → resume → verify → sheet.
 STAGES = [
     ("validate", _validate),
     ("inspect", _inspect),
     ("leakage", _leakage),
     ("overfit", _overfit),
+    ("pilot", _pilot),
     ("resume", _resume),
     ("verify", _verify),
     ("train", _train),

@@ -1,0 +1,22 @@
+"""pilot."""
+
+from __future__ import annotations
+
+import click
+
+from pilotrun.cli.common import campaign_argument, common_options, emit, home_for, load
+from pilotrun.cli.main import cli
+
+
+@cli.command()
+@campaign_argument
+@click.option("--memory-limit", default=None, metavar="SIZE",
+              help="peak allowed per phase, e.g. 24GiB (default: hardware.memory_per_gpu)")
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="override a campaign key (repeatable)")
+@common_options
+def pilot(campaign, memory_limit, sets, home, as_json):
+    """Every phase once (load, first_step, steady_step, eval_longest, save, export, reload) on the
+    worst-case inputs: one ledger row per phase per rank."""
+    from pilotrun.stages.pilot import pilot as run_pilot
+
+    return emit(run_pilot(load(campaign, sets), home_for(home, campaign), memory_limit=memory_limit), as_json)

@@ -1,0 +1,94 @@
+"""pilot: every phase once, on the worst-case inputs, one ledger row per phase per rank.
+
+The phases themselves are in ``pilot_phases``; this module prepares (so bad input fails before a
+run exists), records the run, launches the ranks when ``train.nproc > 1``, gathers every rank's
+rows into the journal and turns them into a verdict with messages a user can act on.
+"""
+
+from __future__ import annotations
+
+from pilotrun.journal.store import Journal
+from pilotrun.probe.sizes import fmt_bytes, parse_size
+from pilotrun.stages.pilot_phases import PHASES, PilotJob, parse_inject, run_phases
+from pilotrun.stages.prepare import prepare
+from pilotrun.stages.result import StageResult
+from pilotrun.stages.runs import RunRecorder
+
+COLUMNS = ["phase", "rank", "counter", "baseline", "peak_allocated", "peak_reserved", "end_allocated",
+           "end_reserved", "duration_s", "verdict", "inputs"]
+FAILING = ("over-budget", "oom", "nan", "error")
+
+
+def _rank_main(job: PilotJob) -> None:
+    """One rank of a distributed pilot: run the phases, gather the rows, rank 0 writes them."""
+    from pilotrun.engine.distributed import gather_to_rank0
+
+    rows = run_phases(job)
+    gathered = gather_to_rank0(rows)
+    if gathered is not None:
+        Journal(job.home).add_phase_rows(job.run_id, [r for rank_rows in gathered for r in rank_rows])
+
+
+def _fix_for(row: dict, c) -> str:
+    t, name = c.train, row["phase"]
+    if name == "eval_longest":
+        return (f"try train.eval_batch={max(1, t.eval_batch // 2)}, or `pilotrun fit` to find the largest that fits")
+    if name in ("first_step", "steady_step"):
+        return (f"try train.micro_batch={max(1, t.micro_batch // 2)} with train.accumulation={t.accumulation * 2} "
+                "(same effective batch), or model.gradient_checkpointing=true; `pilotrun fit` measures them")
+    if name == "load":
+        return "the weights alone do not fit: a lower-precision model.dtype, an adapter, or fsdp over more GPUs"
+    return "see the note; `pilotrun fit` tries the variants that keep the experiment"
+
+
+def _show_inputs(inputs: dict) -> str:
+    keep = ("micro_batch", "accumulation", "ranks", "seq_len", "eval_batch", "precision", "targets", "bytes")
+    return ", ".join(f"{k} {v}" for k, v in inputs.items() if k in keep)
+
+
+def pilot(loaded, home, *, memory_limit=None, inject=None) -> StageResult:
+    """Run the pilot; ``inject`` plants faults for tests ({"oom": "eval_longest"}; see pilot_phases)."""
+    prep = prepare(loaded, splits=("train", "validation"))
+    c = prep.c
+    from pilotrun.engine.distributed import check_strategy, launch, under_launcher
+
+    check_strategy(c.train)
+    limit = (parse_size(memory_limit) if isinstance(memory_limit, str) else memory_limit) \
+        or parse_size(c.hardware.memory_per_gpu, where="hardware.memory_per_gpu")
+    inject = parse_inject(inject)
+    arith = prep.arithmetic()
+    journal = Journal(home)
+    with RunRecorder(journal, loaded, kind="pilot") as rec:
+        job = PilotJob(loaded, str(journal.home), rec.run_id, str(rec.dir), limit, inject)
+        world = c.train.nproc if c.train.strategy in ("ddp", "fsdp") else 1
+        if world > 1 and not under_launcher():
+            launch(_rank_main, world, (job,))
+        else:
+            journal.add_phase_rows(rec.run_id, run_phases(job, prep))
+        rows = journal.phase_rows(rec.run_id)
+        bad = [r for r in rows if r["verdict"] in FAILING]
+        rec.finish("failed" if any(r["verdict"] in ("oom", "nan", "error") for r in bad) else "completed",
+                   {"memory_limit": limit, "arithmetic": arith, "phases": len(rows),
+                    "failing": [f"{r['phase']}/{r['rank']}: {r['verdict']}" for r in bad]})
+    messages = [f"run {rec.run_id}: {len(rows)} rows ({len(PHASES)} phases × {len(rows) // len(PHASES) or 1} ranks); "
+                f"memory limit {fmt_bytes(limit)}",
+                f"examples per update = {arith['examples_per_update']} (micro_batch {arith['micro_batch']} × "
+                f"accumulation {arith['accumulation']} × ranks {arith['ranks']})"]
+    if rows and rows[0].get("counter") == "rss":
+        messages.append("CPU counters are process RSS (peak within the phase), shown in the allocated columns")
+    for r in bad:
+        messages.append(f"{r['verdict']} at {r['phase']} (rank {r['rank']}; {_show_inputs(r['inputs'])}): "
+                        f"{r.get('note') or ''}".rstrip())
+        if r["verdict"] in ("over-budget", "oom"):
+            messages.append(f"  fix: {_fix_for(r, c)}")
+    table = [{**{k: r.get(k) for k in COLUMNS}, "inputs": _show_inputs(r["inputs"]),
+              **{k: fmt_bytes(r[k]) if r.get(k) is not None else "—" for k in
+                 ("baseline", "peak_allocated", "peak_reserved", "end_allocated", "end_reserved")},
+              "duration_s": round(r["duration_s"] or 0.0, 3)} for r in rows]
+    peak = max(rows, key=lambda r: max(r.get("peak_reserved") or 0, r.get("peak_allocated") or 0), default=None)
+    summary = (f"{len(bad)} of {len(rows)} phase rows failing" if bad else
+               f"every phase ran within {fmt_bytes(limit)}; the peak is {peak['phase']} "
+               f"({fmt_bytes(max(peak.get('peak_reserved') or 0, peak.get('peak_allocated') or 0))})" if peak
+               else "no rows")
+    return StageResult("pilot", "fail" if bad else "ok", summary, messages,
+                       {"run_id": rec.run_id, "memory_limit": limit, "rows": rows}, columns=COLUMNS, rows=table)
