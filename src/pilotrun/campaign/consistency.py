@@ -6,7 +6,7 @@ from pilotrun.errors import BadInput, BadInputs
 from pilotrun.tasks.common import SPLITS, template_fields
 
 
-def task_needs(c) -> list[BadInput]:
+def task_needs(c, base_dir=None) -> list[BadInput]:
     d, problems = c.data, []
     if d.train is None:
         problems.append(BadInput("no training data", where="data.train", fix="set data.train to a .jsonl/.json/.csv/.parquet file"))
@@ -28,7 +28,7 @@ def task_needs(c) -> list[BadInput]:
                                          fix="seq-cls needs data.text, data.label and data.labels (ordered class names)"))
         if d.labels is not None and len(set(d.labels)) != len(d.labels):
             problems.append(BadInput("data.labels has repeated names", where="data.labels", fix="list each class once"))
-    problems += _task_and_model_files(c)
+    problems += _task_and_model_files(c, base_dir)
     if c.task in ("causal-lm", "seq-cls") and c.model.path is None and c.model.config is None:
         problems.append(BadInput("no model", where="model", fix="set model.path (local folder) or model.config"))
     if c.model.path is not None and c.model.config is not None:
@@ -98,13 +98,14 @@ def check_records(c) -> dict[str, int]:
     return counts
 
 
-def check_consistency(c) -> None:
-    problems = task_needs(c)
+def check_consistency(c, base_dir=None) -> None:
+    """``base_dir``: the campaign's folder, where a custom task module may live (make_task imports from it)."""
+    problems = task_needs(c, base_dir)
     if problems:
         raise BadInputs(problems) if len(problems) > 1 else problems[0]
 
 
-def _task_and_model_files(c) -> list[BadInput]:
+def _task_and_model_files(c, base_dir=None) -> list[BadInput]:
     """The task name, model folder, tokenizer folder and model_type, checked without importing torch."""
     import importlib.util
     from pathlib import Path
@@ -122,9 +123,13 @@ def _task_and_model_files(c) -> list[BadInput]:
                 found = importlib.util.find_spec(module) is not None
             except (ImportError, ValueError):
                 found = False
+            top = module.split(".")[0]
+            if not found and base_dir is not None:
+                found = (Path(base_dir) / f"{top}.py").is_file() or (Path(base_dir) / top / "__init__.py").is_file()
             if not found:
                 problems.append(BadInput(f"cannot import '{module}'", where="task",
-                                         fix="make the module importable (install it, or run from its folder)"))
+                                         fix="put the module next to the campaign file, install it, or add its "
+                                             "folder to PYTHONPATH"))
         return problems
     if c.model.path is not None:
         try:

@@ -27,13 +27,20 @@ def runs(kind, home, as_json):
 
 @cli.command()
 @click.argument("run_id")
+@click.option("--tensorboard", "tensorboard_dir", type=click.Path(file_okay=False), default=None,
+              help="also write the run's metrics as TensorBoard event files under DIR/RUN_ID")
 @common_options
-def show(run_id, home, as_json):
+def show(run_id, home, as_json, tensorboard_dir=None):
     """One run: config, status, metrics, phase rows, notes and files."""
     from pilotrun.report.terminal import render_run
 
     j = _journal(home)
     run = j.require_run(run_id)
+    if tensorboard_dir is not None:
+        from pilotrun.report.tensorboard import export_tensorboard
+
+        exported = export_tensorboard(j, run_id, tensorboard_dir)
+        click.echo(f"TensorBoard: {exported['scalars']} scalars in {exported['dir']}", err=True)
     run_dir = j.run_dir(run_id)
     data = {"run": run, "phases": j.phase_rows(run_id), "notes": j.notes(run_id),
             "validation": j.metrics(run_id, "validation"),

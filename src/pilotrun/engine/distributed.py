@@ -95,6 +95,14 @@ def init_process_group(rank: int, world: int, port: int | None = None) -> None:
     dist.init_process_group(backend_for_device(), rank=rank, world_size=world)
 
 
+def init_from_launcher() -> None:
+    """The process group of a process torchrun started (RANK, WORLD_SIZE, MASTER_ADDR/PORT in the env)."""
+    import os
+
+    if not is_initialized():
+        init_process_group(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]))
+
+
 def _entry(rank: int, fn, world: int, port: int, args: tuple) -> None:
     import torch.distributed as dist
 

@@ -31,11 +31,22 @@ def _np_state_from_json(d) -> tuple:
 
 
 def save_state(state, path: str | Path, *, skip: tuple[str, ...] = ()) -> Path:
-    """Write the state to ``path`` (a folder). ``skip`` leaves components out (tests plant defects with it)."""
+    """Write the state to ``path`` (a folder). ``skip`` leaves components out (tests plant defects with it).
+
+    Under torch.distributed every rank calls it and rank 0 alone writes (the model and optimizer are
+    replicated under DDP; under FSDP every rank first helps gather the full state); all ranks leave
+    once the folder is complete. The RNG states saved are rank 0's.
+    """
     import torch
     from safetensors.torch import save_file, save_model
 
+    from pilotrun.engine.distributed import barrier, world_rank
+
     path = Path(path)
+    sharded = _full_state_if_sharded(state) if "model" not in skip or "optimizer" not in skip else None
+    if world_rank()[1] != 0:
+        barrier()
+        return path
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     if tmp.exists():
         import shutil
@@ -43,9 +54,12 @@ def save_state(state, path: str | Path, *, skip: tuple[str, ...] = ()) -> Path:
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
     if "model" not in skip:
-        save_model(_unwrap(state.model), str(tmp / "model.safetensors"))
+        if sharded is not None:
+            save_file(_unshare(sharded[0]), str(tmp / "model.safetensors"))
+        else:
+            save_model(_unwrap(state.model), str(tmp / "model.safetensors"))
     if "optimizer" not in skip:
-        torch.save(state.optimizer.state_dict(), tmp / "optimizer.pt")
+        torch.save(sharded[1] if sharded is not None else state.optimizer.state_dict(), tmp / "optimizer.pt")
     if "scheduler" not in skip:
         (tmp / "scheduler.json").write_text(json.dumps(state.scheduler.state_dict()))
     if "scaler" not in skip and state.scaler is not None:
@@ -65,7 +79,34 @@ def save_state(state, path: str | Path, *, skip: tuple[str, ...] = ()) -> Path:
         (tmp / "counters.json").write_text(json.dumps(state.counters()))
     write_manifest(tmp, {"kind": "pilotrun-checkpoint", "components": [c for c in COMPONENTS if c not in skip]})
     commit_dir(tmp, path)
+    barrier()
     return path
+
+
+def _full_state_if_sharded(state):
+    """(model, optimizer) full state dicts on the CPU when the parameters are FSDP2 DTensors, else None.
+
+    A collective: every rank must call it. The optimizer's full state is keyed by parameter name."""
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:
+        return None
+    if not any(isinstance(p, DTensor) for p in state.model.parameters()):
+        return None
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    return get_state_dict(state.model, state.optimizer,
+                          options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def _unshare(sd: dict) -> dict:
+    """safetensors refuses tensors that share memory (tied weights): give repeats their own copy."""
+    seen, out = set(), {}
+    for k, v in sd.items():
+        v = v.detach().contiguous()
+        out[k] = v.clone() if v.data_ptr() in seen else v
+        seen.add(v.data_ptr())
+    return out
 
 
 def is_complete(path: str | Path) -> bool:

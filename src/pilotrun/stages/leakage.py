@@ -17,7 +17,7 @@ def leakage(loaded, threshold: float = DEFAULT_THRESHOLD) -> StageResult:
     if not 0.0 < threshold <= 1.0:
         raise BadInput(f"near-duplicate threshold {threshold} is not in (0, 1]", where="--near-threshold",
                        fix="give an estimated Jaccard similarity such as 0.8")
-    check_consistency(loaded.campaign)
+    check_consistency(loaded.campaign, loaded.base_dir)
     checks, counts = leakage_checks(loaded, threshold)
     verdict = worst(c.verdict for c in checks)
     d = loaded.campaign.data

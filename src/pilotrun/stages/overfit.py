@@ -39,7 +39,8 @@ def _no_dropout(model) -> int:
             if isinstance(getattr(m, attr, None), float) and getattr(m, attr):
                 setattr(m, attr, 0.0)
                 n += 1
-    for cfg in {id(c): c for c in (getattr(m, "config", None) for m in model.modules()) if c is not None}.values():
+    configs = (getattr(m, "config", None) for m in model.modules())
+    for cfg in {id(c): c for c in configs if hasattr(c, "__dict__")}.values():  # a custom model's dict config has none
         for key, value in list(vars(cfg).items()):
             if "dropout" in key and isinstance(value, float) and value:
                 setattr(cfg, key, 0.0)

@@ -19,11 +19,11 @@ COLUMNS = ["phase", "rank", "counter", "baseline", "peak_allocated", "peak_reser
 FAILING = ("over-budget", "oom", "nan", "error")
 
 
-def _rank_main(job: PilotJob) -> None:
+def _rank_main(job: PilotJob, prep=None) -> None:
     """One rank of a distributed pilot: run the phases, gather the rows, rank 0 writes them."""
     from pilotrun.engine.distributed import gather_to_rank0
 
-    rows = run_phases(job)
+    rows = run_phases(job, prep)
     gathered = gather_to_rank0(rows)
     if gathered is not None:
         Journal(job.home).add_phase_rows(job.run_id, [r for rank_rows in gathered for r in rank_rows])
@@ -57,11 +57,20 @@ def pilot(loaded, home, *, memory_limit=None, inject=None) -> StageResult:
         or parse_size(c.hardware.memory_per_gpu, where="hardware.memory_per_gpu")
     inject = parse_inject(inject)
     arith = prep.arithmetic()
+    if under_launcher():  # torchrun started this process as one rank: rank 0 owns the run
+        from pilotrun.engine.distributed import init_from_launcher, world_rank
+
+        init_from_launcher()
+        if world_rank()[1] != 0:
+            return _follower(prep)
     journal = Journal(home)
     with RunRecorder(journal, loaded, kind="pilot") as rec:
         job = PilotJob(loaded, str(journal.home), rec.run_id, str(rec.dir), limit, inject)
         world = c.train.nproc if c.train.strategy in ("ddp", "fsdp") else 1
-        if world > 1 and not under_launcher():
+        if under_launcher():
+            _broadcast([job])
+            _rank_main(job, prep)
+        elif world > 1:
             launch(_rank_main, world, (job,))
         else:
             journal.add_phase_rows(rec.run_id, run_phases(job, prep))
@@ -90,5 +99,33 @@ def pilot(loaded, home, *, memory_limit=None, inject=None) -> StageResult:
                f"every phase ran within {fmt_bytes(limit)}; the peak is {peak['phase']} "
                f"({fmt_bytes(max(peak.get('peak_reserved') or 0, peak.get('peak_allocated') or 0))})" if peak
                else "no rows")
+    if under_launcher():
+        _broadcast(["fail" if bad else "ok"])
     return StageResult("pilot", "fail" if bad else "ok", summary, messages,
-                       {"run_id": rec.run_id, "memory_limit": limit, "rows": rows}, columns=COLUMNS, rows=table)
+                       {"run_id": rec.run_id, "memory_limit": limit, "rows": rows}, columns=_columns(rows), rows=table)
+
+
+def _columns(rows: list[dict]) -> list[str]:
+    """RSS has no reserved counter: its empty columns are left out of the table (the JSON keeps them)."""
+    if rows and all(r.get("peak_reserved") is None and r.get("end_reserved") is None for r in rows):
+        return [c for c in COLUMNS if c not in ("peak_reserved", "end_reserved")]
+    return COLUMNS
+
+
+def _broadcast(box: list) -> list:
+    import torch.distributed as dist
+
+    dist.broadcast_object_list(box, src=0)
+    return box
+
+
+def _follower(prep) -> StageResult:
+    """A rank other than 0 under torchrun: run the phases with rank 0's job; rank 0 reports."""
+    import torch.distributed as dist
+
+    (job,) = _broadcast([None])
+    _rank_main(job, prep)
+    (verdict,) = _broadcast([None])
+    rank = dist.get_rank()
+    return StageResult("pilot", verdict, f"rank {rank}: rows gathered into run {job.run_id} by rank 0",
+                       data={"run_id": job.run_id, "rank": rank})

@@ -40,7 +40,7 @@ class Prepared:
 
 def prepare(loaded, splits=SPLITS) -> Prepared:
     """Validate, build the task and encode every record of the splits through task.encode."""
-    check_consistency(loaded.campaign)
+    check_consistency(loaded.campaign, loaded.base_dir)
     task = make_task(loaded)
     examples = {}
     for split in splits:

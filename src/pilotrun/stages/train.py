@@ -32,7 +32,8 @@ def store_control_predictions(recorder: RunRecorder, prep: Prepared, model) -> l
         batch = {k: (v.to(device) if hasattr(v, "to") else v) for k, v in batch.items()}
         preds = prep.task.predict(model, batch)
         logits = target_logits(prep.task, model, batch)
-    items = [(e.rid, {"input_ids": e.input_ids, "labels": e.labels, "pred": p}) for e, p in zip(control, preds)]
+    items = [(e.rid, {"input_ids": e.input_ids, "labels": e.labels, "pred": p, **({"meta": e.meta} if e.meta else {})})
+             for e, p in zip(control, preds)]
     recorder.journal.add_predictions(recorder.run_id, "control", items)
     if logits is not None:  # verify compares the reloaded artifact's logits with these
         save_control(recorder.dir, [e.rid for e in control], logits,

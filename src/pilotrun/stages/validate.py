@@ -9,7 +9,7 @@ from pilotrun.stages.result import StageResult
 
 def validate(loaded) -> StageResult:
     c = loaded.campaign
-    check_consistency(c)
+    check_consistency(c, loaded.base_dir)
     counts = check_records(c)
     arith = batch_arithmetic(c.train, counts.get("train", 0))
     msgs = [f"{split}: {n} records" for split, n in counts.items()] + describe(arith)

@@ -132,7 +132,8 @@ def verify_worker(run_dir: str, control_path: str, out_path: str) -> int:
     if any("labels" not in c for c in control.values()):
         raise BadInput("the control predictions hold no labels (a run from an older pilotrun)", where=str(run_dir),
                        fix="train the run again to verify it")
-    examples = [Example(control[r]["input_ids"], control[r]["labels"], r) for r in rids]
+    examples = [Example(control[r]["input_ids"], control[r]["labels"], r, meta=control[r].get("meta") or {})
+                for r in rids]
     task = make_task(load_campaign(run_dir / "config.yaml"))
     stored = load_control(run_dir / CONTROL_FILE) if (run_dir / CONTROL_FILE).is_file() else None
     results = {}

@@ -26,10 +26,11 @@ def make_task(loaded):
                        fix="use causal-lm, seq-cls or a Python task as package.module:Class")
     module_name, _, cls_name = name.partition(":")
     try:
-        module = importlib.import_module(module_name)
+        module = _import_task_module(module_name, getattr(loaded, "base_dir", None))
     except ImportError as e:
         raise BadInput(f"cannot import '{module_name}': {e}", where="task",
-                       fix="make the module importable (install it, or run from its folder)") from None
+                       fix="put the module next to the campaign file, install it, or add its folder to "
+                           "PYTHONPATH") from None
     cls = getattr(module, cls_name, None)
     if cls is None:
         raise BadInput(f"module '{module_name}' has no '{cls_name}'", where="task", fix="name the Task class")
@@ -38,3 +39,20 @@ def make_task(loaded):
         raise BadInput(f"task class {name} lacks {', '.join(missing)}", where="task",
                        fix="implement the pilotrun.Task protocol (see README, 'Custom tasks')")
     return cls(loaded)
+
+
+def _import_task_module(module_name: str, base_dir):
+    """Import from the path, else from the campaign's folder (so a task file beside the campaign works)."""
+    import os
+    import sys
+
+    try:
+        return importlib.import_module(module_name)
+    except ImportError:
+        if base_dir is None or str(base_dir) in sys.path:
+            raise
+    sys.path.append(str(base_dir))
+    module = importlib.import_module(module_name)
+    # the fresh processes of resume/verify load the run's config.yaml (another folder): they inherit this
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(base_dir)) if p)
+    return module

@@ -73,7 +73,8 @@ class Task(Protocol):
         """The leakage unit of a record (data.group_by), or None."""
 
     def save_artifact(self, model, out_dir) -> None:
-        """Write the artifact the campaign ships (safetensors, config, tokenizer)."""
+        """Write the artifact the campaign ships (safetensors, config, tokenizer) as sub-folders of out_dir,
+        each loadable by ``load_artifact``; returns their names (verify reloads each)."""
 
     def load_artifact(self, path) -> Any:
         """Load an artifact written by save_artifact, the way a user would."""

@@ -1,0 +1,1 @@
+"""Callbacks that record pilotrun phases inside other training loops (HF Trainer)."""

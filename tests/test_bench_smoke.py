@@ -1,0 +1,34 @@
+"""bench/run.py's table writer: the Markdown it writes from given rows (no timing)."""
+
+import importlib.util
+from pathlib import Path
+
+RUN = Path(__file__).resolve().parents[1] / "bench" / "run.py"
+
+
+def _run_module():
+    spec = importlib.util.spec_from_file_location("bench_run", RUN)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_results_table_has_every_row_target_and_machine(tmp_path):
+    run = _run_module()
+    rows = [{"figure": "a | b ratio", "median": 1.0234, "min": 1.01, "max": 1.07, "runs": 5, "target": "<= 1.03",
+             "met": True, "command": "python bench/x.py", "note": "detail"},
+            {"figure": "rehearsal", "median": None, "min": None, "max": None, "runs": 0, "target": "<= 1.5",
+             "met": None, "command": "python bench/y.py", "note": "not measured: pilot stage missing"},
+            {"figure": "missed", "median": 2.0, "min": 1.5, "max": 3.0, "runs": 7, "target": "<= 1.03",
+             "met": False, "command": "python bench/z.py"}]
+    out = tmp_path / "RESULTS.md"
+    run.write_results(run.markdown(rows, "Machine: test cpu, 2 cores"), out)
+    text = out.read_text()
+    lines = text.splitlines()
+    assert "| figure | median | min–max | runs | target | met | command |" in lines
+    assert "| a \\| b ratio | 1.02 | 1.01–1.07 | 5 | <= 1.03 | yes | `python bench/x.py` |" in lines
+    assert "| rehearsal | — | — | 0 | <= 1.5 | — | `python bench/y.py` |" in lines
+    assert "| missed | 2 | 1.5–3 | 7 | <= 1.03 | NO | `python bench/z.py` |" in lines
+    assert "- rehearsal: not measured: pilot stage missing" in lines
+    assert lines[-1] == "Machine: test cpu, 2 cores"
+    assert [p.name for p in tmp_path.iterdir()] == ["RESULTS.md"]  # no temporary file left behind

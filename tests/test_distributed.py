@@ -1,0 +1,135 @@
+"""Real torch.distributed over gloo, 2 processes: the launcher, DDP's update arithmetic, rank-0 saving,
+rank-aware phase rows. (The pilot's 2 × 7 rows are in test_pilot.py.)"""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import simple_records, tiny_causal_campaign
+
+from pilotrun.campaign import load_campaign
+from pilotrun.errors import BadInput
+
+pytestmark = pytest.mark.distributed
+
+
+def _examples(prep):
+    return prep.train[:8]
+
+
+def _rank_work(campaign_path: str, out: str, home: str, run_id: str) -> None:
+    """One rank (module level: it is pickled into spawned processes)."""
+    import torch.distributed as dist
+
+    from pilotrun.engine.distributed import gather_to_rank0, world_rank, wrap_model
+    from pilotrun.engine.loop import make_state, run_update
+    from pilotrun.engine.state import save_state
+    from pilotrun.probe.recorder import phase
+    from pilotrun.stages.prepare import prepare
+
+    world, rank = world_rank()
+    prep = prepare(load_campaign(campaign_path), splits=("train",))
+    torch.manual_seed(0)
+    model = wrap_model(prep.task.build_model(), "ddp", torch.device("cpu"))
+    state = make_state(model, prep.c.train, n_train=len(prep.train), seed=0, total_updates=4,
+                       device=torch.device("cpu"))
+    mine = _examples(prep)[rank * 4:(rank + 1) * 4]  # this rank's half of one update of 8
+    with phase("first_step", {"examples": len(mine)}, journal=home, run_id=run_id):
+        result = run_update(state, prep.task, [mine[:2], mine[2:]], max_grad_norm=None)
+    save_state(state, Path(out) / "ckpt")
+    gathered = gather_to_rank0({"rank": rank, "world": world, "loss": result["loss"],
+                                "backend": dist.get_backend()})
+    if rank == 0:
+        (Path(out) / "ranks.json").write_text(json.dumps(gathered))
+
+
+def test_two_ranks_equal_one_process_with_the_whole_update(tmp_path):
+    from safetensors.torch import load_file
+
+    from pilotrun.engine.distributed import launch
+    from pilotrun.engine.loop import make_state, run_update
+    from pilotrun.engine.state import is_complete
+    from pilotrun.journal import Journal
+    from pilotrun.probe.recorder import own_run
+    from pilotrun.stages.prepare import prepare
+
+    # lengths differ across examples, so a per-rank mean would not equal the global token mean
+    records = [{"instruction": "x" * (3 + 5 * i), "output": "y" * (1 + 3 * i)} for i in range(8)]
+    path = tiny_causal_campaign(tmp_path / "c", records, train__strategy="ddp", train__nproc=2, train__micro_batch=2,
+                                train__accumulation=2, train__optimizer="sgd", train__lr=0.5)
+    home = tmp_path / "home"
+    with own_run(home, name="ddp-check") as run:
+        launch(_rank_work, 2, (str(path), str(tmp_path), str(home), run.run_id))
+    ranks = json.loads((tmp_path / "ranks.json").read_text())
+    assert [r["rank"] for r in ranks] == [0, 1] and {r["world"] for r in ranks} == {2}
+    assert {r["backend"] for r in ranks} == {"gloo"}
+
+    prep = prepare(load_campaign(path), splits=("train",))
+    torch.manual_seed(0)
+    model = prep.task.build_model()
+    state = make_state(model, prep.c.train, n_train=len(prep.train), seed=0, total_updates=4,
+                       device=torch.device("cpu"))
+    ex = _examples(prep)
+    single = run_update(state, prep.task, [ex[0:2], ex[2:4], ex[4:6], ex[6:8]], max_grad_norm=None)
+    assert ranks[0]["loss"] == pytest.approx(single["loss"], rel=1e-6)
+    assert ranks[1]["loss"] == pytest.approx(single["loss"], rel=1e-6)
+
+    ckpt = tmp_path / "ckpt"
+    assert is_complete(ckpt)
+    assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name]  # rank 1 wrote nothing beside it
+    saved = load_file(str(ckpt / "model.safetensors"))
+    for name, p in model.state_dict().items():
+        assert torch.allclose(saved[name], p, atol=1e-6), name
+
+    rows = Journal(home).phase_rows(run.run_id)
+    assert sorted(r["rank"] for r in rows) == [0, 1]
+    assert all(r["phase"] == "first_step" and r["verdict"] == "ok" and r["inputs"] == {"examples": 4}
+               for r in rows)
+
+
+def test_fsdp_on_cpu_is_bad_input_naming_the_key(tmp_path):
+    from pilotrun.stages.pilot import pilot
+
+    if torch.cuda.is_available():
+        pytest.skip("FSDP runs on CUDA here")
+    path = tiny_causal_campaign(tmp_path, simple_records(16), train__strategy="fsdp", train__nproc=2)
+    with pytest.raises(BadInput) as e:
+        pilot(load_campaign(path), tmp_path / "home")
+    assert e.value.where == "train.strategy" and "train.strategy=ddp" in str(e.value)
+    assert not (tmp_path / "home" / "runs").exists()
+
+
+def test_a_failing_rank_makes_launch_raise(tmp_path):
+    from pilotrun.engine.distributed import launch
+
+    with pytest.raises(Exception, match="rank 1 failed on purpose"):
+        launch(_fail_on_rank1, 2)
+
+
+def _fail_on_rank1() -> None:
+    from pilotrun.engine.distributed import world_rank
+
+    if world_rank()[1] == 1:
+        raise RuntimeError("rank 1 failed on purpose")
+
+
+def test_pilot_under_torchrun_makes_one_run_with_both_ranks(tmp_path):
+    import subprocess
+    import sys
+
+    from pilotrun.engine.distributed import free_port
+    from pilotrun.journal import Journal
+    from pilotrun.stages.pilot_phases import PHASES
+
+    path = tiny_causal_campaign(tmp_path, simple_records(16), simple_records(8, 50), train__strategy="ddp",
+                                train__nproc=2)
+    home = tmp_path / "home"
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                           str(free_port()), "-m", "pilotrun", "pilot", str(path), "--home", str(home)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (run,) = Journal(home).list_runs(kind="pilot")  # one run, owned by rank 0, not one per rank
+    rows = Journal(home).phase_rows(run["run_id"])
+    assert sorted((r["phase"], r["rank"]) for r in rows) == sorted((p, k) for p in PHASES for k in (0, 1))
+    assert all(r["verdict"] == "ok" and r["inputs"].get("ranks", 2) == 2 for r in rows)
