@@ -129,15 +129,9 @@ def run() -> list[dict]:
         return [bench_checks(tmp), bench_leakage(tmp)]
 
 
-def markdown(rows: list[dict]) -> str:
-    out = ["| figure | median | min | max | runs | target | met |", "| --- | --- | --- | --- | --- | --- | --- |"]
-    for r in rows:
-        out.append(f"| {r['figure']} | {r['median']:.3g} | {r['min']:.3g} | {r['max']:.3g} | {r['runs']} | "
-                   f"{r['target']} | {'yes' if r['met'] else 'NO'} |")
-    notes = [f"- {r['figure']}: {r['note']}" for r in rows if r.get("note")]
-    return "\n".join(out + ([""] + notes if notes else []))
-
-
 if __name__ == "__main__":
     sys.path.insert(0, str(REPO / "src"))
+    sys.path.insert(0, str(REPO))
+    from bench.run import markdown  # the one results table, shared with `make bench`
+
     print(markdown(run()))
