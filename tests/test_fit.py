@@ -10,9 +10,37 @@ import yaml
 from conftest import TINY_LLAMA, tiny_causal_campaign
 
 # The logits (micro_batch × seq_len × vocab floats, several copies in forward and backward) dominate
-# this model's activations, so halving the micro-batch moves the RSS peak by tens of MiB — well
+# this model's activations, so halving the micro-batch moves the RSS peak by ~100 MiB — well
 # above the probe's CPU margin (fit_probe.margin) and RSS noise.
-LOGITS_HEAVY = dict(TINY_LLAMA, vocab_size=16384)
+LOGITS_HEAVY = dict(TINY_LLAMA, vocab_size=32768)
+
+
+def _in_fresh_process(body, tmp_path) -> None:
+    """Run ``body(tmp_path)`` in a new interpreter, as ``pilotrun fit`` runs from the command line.
+
+    RSS peaks are process-wide: inside a long pytest process the heap left by earlier tests absorbs
+    new allocations without raising the high-water mark, and the gap between two variants collapses.
+    """
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe(duplex=False)
+    p = ctx.Process(target=_child, args=(body, tmp_path, child))
+    p.start()
+    child.close()
+    err = parent.recv() if parent.poll(300) else "timed out"
+    p.join(60)
+    assert err is None, err
+
+
+def _child(body, tmp_path, conn) -> None:
+    import traceback
+
+    try:
+        body(tmp_path)
+        conn.send(None)
+    except BaseException:  # noqa: BLE001 - sent to the parent as the failure's text
+        conn.send(traceback.format_exc())
 
 
 def _records(n: int, start: int = 0) -> list[dict]:
@@ -49,6 +77,10 @@ def _between(big: dict, small: dict) -> int:
 
 
 def test_halved_micro_batch_with_doubled_accumulation_fits_and_matches(tmp_path):
+    _in_fresh_process(_halved_micro_batch, tmp_path)
+
+
+def _halved_micro_batch(tmp_path):
     from pilotrun.stages.fit import FP32_RTOL, fit
 
     loaded = _loaded(tmp_path)
@@ -78,6 +110,10 @@ def test_halved_micro_batch_with_doubled_accumulation_fits_and_matches(tmp_path)
 
 
 def test_eval_bound_campaign_gets_a_smaller_eval_batch(tmp_path):
+    _in_fresh_process(_eval_bound, tmp_path)
+
+
+def _eval_bound(tmp_path):
     from pilotrun.stages.fit import fit
 
     loaded = _loaded(tmp_path, n_val=16, train__micro_batch=1, train__accumulation=4, train__eval_batch=16)
