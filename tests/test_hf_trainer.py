@@ -1,4 +1,5 @@
-"""The HF Trainer callback: a real Trainer on a tiny Llama writes ledger rows and a loss curve."""
+"""The HF Trainer callback: a real Trainer on a tiny Llama writes ledger rows and a loss curve, on one
+process and on two ranks (gloo)."""
 
 from __future__ import annotations
 
@@ -6,22 +7,11 @@ import pytest
 
 pytest.importorskip("accelerate")
 
+import callback_workers as workers  # noqa: E402  (the tiny trainings, also run one per rank)
 
-def _tiny_trainer(tmp_path, callback, *, steps=4, eval_steps=2, save_steps=3):
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
 
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64))
-    g = torch.Generator().manual_seed(0)
-    rows = [{"input_ids": ids, "labels": ids} for ids in torch.randint(0, 64, (24, 16), generator=g)]
-    args = TrainingArguments(output_dir=str(tmp_path / "out"), max_steps=steps, per_device_train_batch_size=4,
-                             per_device_eval_batch_size=4, gradient_accumulation_steps=2, logging_steps=1,
-                             eval_strategy="steps", eval_steps=eval_steps, save_strategy="steps",
-                             save_steps=save_steps, report_to=[], use_cpu=True, learning_rate=1e-3, seed=0,
-                             disable_tqdm=True)
-    return Trainer(model=model, args=args, train_dataset=rows, eval_dataset=rows[:8], callbacks=[callback])
+def _tiny_trainer(tmp_path, callback, **kwargs):
+    return workers.tiny_hf_trainer(tmp_path, callback, **kwargs)
 
 
 def test_trainer_run_records_phases_and_loss_curve(tmp_path, cli):
@@ -77,3 +67,71 @@ def test_over_budget_phase_in_trainer(tmp_path):
     first = next(r for r in rows if r["phase"] == "first_step")
     assert first["verdict"] == "over-budget"
     assert "above the limit" in first["note"] and "first_step" in first["note"]
+
+
+def test_nan_in_trainer_makes_the_run_diverged(tmp_path, cli):
+    """Embeddings poisoned with NaN after step 1: the Trainer's logging_nan_inf_filter keeps the NaN out of
+    the logged loss, the gradient norm is NaN → the run is diverged at step 2, named in `show`."""
+    from pilotrun.integrations.hf_trainer import PilotrunCallback
+    from pilotrun.journal.store import Journal
+
+    home = tmp_path / "home"
+    cb = PilotrunCallback(home=home)
+    _tiny_trainer(tmp_path, cb, steps=3, eval_steps=10, save_steps=10,
+                  extra_callbacks=[workers.poison_hf_after(1)]).train()
+    run = Journal(home).require_run(cb.run_id)
+    assert run["status"] == "diverged"
+    assert run["summary"]["reason"] == "gradient norm is nan at step 2"
+    cli("env", "--json")
+    r = cli("show", cb.run_id, "--home", home)
+    assert r.code == 0, r.err
+    assert "diverged" in r.out and "gradient norm is nan at step 2" in r.out
+
+
+def test_clean_trainer_run_is_completed_without_reason(tmp_path):
+    from pilotrun.integrations.hf_trainer import PilotrunCallback
+    from pilotrun.journal.store import Journal
+
+    home = tmp_path / "home"
+    cb = PilotrunCallback(home=home)
+    _tiny_trainer(tmp_path, cb, steps=2, eval_steps=10, save_steps=10).train()
+    journal = Journal(home)
+    run = journal.require_run(cb.run_id)
+    assert run["status"] == "completed" and "reason" not in run["summary"]
+    rows = journal.phase_rows(cb.run_id)
+    assert all(r["verdict"] == "ok" for r in rows)
+    assert run["summary"] == {"updates": 2, "phases": len(rows), "failing": 0}
+
+
+@pytest.mark.distributed
+def test_trainer_on_two_ranks_writes_one_run_and_rows_per_rank(tmp_path):
+    """Two real processes (torchrun's environment, gloo), each a Trainer with the callback, one journal."""
+    from pilotrun.journal.store import Journal
+
+    home = tmp_path / "home"
+    ranks = workers.launch_ranks("hf", home, tmp_path / "out")
+    assert [r["rank"] for r in ranks] == [0, 1] and {r["world"] for r in ranks} == {2}
+    assert {r["backend"] for r in ranks} == {"gloo"}
+    assert ranks[0]["run_id"] == ranks[1]["run_id"]  # rank 0 created it, rank 1 got its id
+    journal = Journal(home)
+    runs = journal.list_runs()
+    assert [r["run_id"] for r in runs] == [ranks[0]["run_id"]]
+    run = runs[0]
+    assert run["kind"] == "hf-trainer" and run["status"] == "completed"
+    rows = journal.phase_rows(run["run_id"])
+    assert run["summary"]["phases"] == len(rows)  # rank 0 finished after rank 1 wrote its rows
+    per_rank = {}
+    for r in rows:
+        per_rank.setdefault((r["phase"], r["rank"]), []).append(r)
+        assert r["verdict"] == "ok" and r["peak_allocated"] > 0 and r["duration_s"] > 0
+    assert {phase for phase, _ in per_rank} == {"load", "first_step", "steady_step", "evaluation", "save"}
+    for phase in ("load", "first_step", "steady_step"):
+        assert [len(per_rank[(phase, rank)]) for rank in (0, 1)] == [1, 1], phase
+    for rank in (0, 1):
+        assert [r["inputs"]["step"] for r in per_rank[("evaluation", rank)]] == [2, 4]
+        assert [r["inputs"]["step"] for r in per_rank[("save", rank)]] == [3, 4]  # save_steps=3, and the end
+    loss = journal.metrics(run["run_id"], split="train", name="loss")
+    assert [m["step"] for m in loss] == [1, 2, 3, 4] and all(m["value"] > 0 for m in loss)
+    assert [m["step"] for m in journal.metrics(run["run_id"], split="validation", name="val_loss")] == [2, 4]
+    # 4 updates of 4 examples × 2 accumulation × 2 ranks
+    assert run["updates_done"] == 4 and run["examples_seen"] == 64

@@ -1,1 +1,1 @@
-"""Callbacks that record pilotrun phases inside other training loops (HF Trainer)."""
+"""Callbacks that record pilotrun phases inside other training loops (HF Trainer, Lightning)."""

@@ -8,19 +8,19 @@ It opens a journal run of kind "hf-trainer" and writes, per rank, the ledger row
 ``load`` (end of ``Trainer.__init__`` → ``on_train_begin``), ``first_step`` and ``steady_step``
 (the first and second optimizer steps, ``on_step_begin`` → ``on_step_end``), ``evaluation``
 (from the step that triggers it, or the first prediction step, → ``on_evaluate``) and ``save``
-(→ ``on_save``), with the probes of ``probe.memory``. Rank 0 logs the Trainer's logs as the run's
-metrics (train loss/lr/grad_norm, validation val_loss) and finishes the run at ``on_train_end``.
+(→ ``on_save``), with the probes of ``probe.memory``. Rank 0 creates the run (its id is broadcast
+to the other ranks), logs the Trainer's logs as the run's metrics (train loss/lr/grad_norm,
+validation val_loss) and finishes the run at ``on_train_end``, after every rank wrote its rows:
+"completed", or "diverged" naming the first step whose logged training loss, gradient norm or
+validation loss is not finite.
+The shared machinery is in ``integrations._common``.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-from pathlib import Path
-
 from transformers import TrainerCallback
 
-from pilotrun.probe.recorder import Phase
+from pilotrun.integrations._common import Recorder, is_number
 
 KIND = "hf-trainer"
 _TRAIN_KEYS = {"loss": "loss", "learning_rate": "lr", "grad_norm": "grad_norm"}
@@ -28,112 +28,83 @@ _TRAIN_KEYS = {"loss": "loss", "learning_rate": "lr", "grad_norm": "grad_norm"}
 
 class PilotrunCallback(TrainerCallback):
     def __init__(self, home, name: str = "hf-trainer", memory_limit: int | None = None):
-        from pilotrun.journal.store import Journal
+        self.rec = Recorder(home, kind=KIND, name=name, memory_limit=memory_limit)
+        self.journal, self.name, self.memory_limit = self.rec.journal, name, memory_limit
 
-        self.journal = Journal(Path(home))
-        self.name, self.memory_limit = name, memory_limit
-        self.run_id: str | None = None
-        self._open: Phase | None = None
-        self._steps_seen = 0
-
-    # --- the run ------------------------------------------------------------------------------------
-    def _create_run(self, args, state) -> None:
-        from pilotrun.stages.prepare import package_versions
-        from pilotrun.stages.runs import command_line
-
-        run_id = None
-        if state.is_world_process_zero:
-            config = json.loads(json.dumps(args.to_dict(), default=str))
-            sha = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()
-            run_id = self.journal.create_run(kind=KIND, name=self.name, config=config, config_sha256=sha,
-                                             campaign_path=None, seed=args.seed, git_rev=None,
-                                             packages=package_versions(), data={}, trust_remote_code=False,
-                                             command=command_line())
-        self.run_id = _broadcast(run_id)
+    @property
+    def run_id(self) -> str | None:
+        return self.rec.run_id
 
     def _start(self, name: str, inputs: dict | None = None) -> None:
-        self._end()
-        self._open = Phase(name, inputs, rank=_rank(), memory_limit=self.memory_limit,
-                           journal=self.journal if self.run_id else None, run_id=self.run_id).__enter__()
-
-    def _end(self, name: str | None = None) -> None:
-        if self._open is not None and (name is None or self._open.name == name):
-            phase, self._open = self._open, None
-            if phase.run_id is None and self.run_id is not None:  # load began before the run existed
-                phase.journal, phase.run_id = self.journal, self.run_id
-            phase.__exit__(None, None, None)
+        self.rec.start(name, inputs, rank=_rank())
 
     # --- Trainer events -----------------------------------------------------------------------------
     def on_init_end(self, args, state, control, **kw):
         self._start("load", {"model": type(kw.get("model")).__name__})
 
     def on_train_begin(self, args, state, control, **kw):
-        if self.run_id is None:
-            self._create_run(args, state)
-        if self._open is None or self._open.name != "load":
+        if self.rec.run_id is None:
+            self.rec.create_run(args.to_dict(), seed=args.seed, is_rank0=state.is_world_process_zero,
+                                broadcast=_broadcast)
+        if not self.rec.is_open("load"):
             self._start("load", {"model": type(kw.get("model")).__name__})
-        self._end("load")
+        self.rec.end("load")
 
     def on_step_begin(self, args, state, control, **kw):
-        if self._steps_seen < 2:
+        if self.rec.steps_seen < 2:
             inputs = {"micro_batch": args.per_device_train_batch_size,
                       "accumulation": args.gradient_accumulation_steps, "step": state.global_step + 1}
-            self._start("first_step" if self._steps_seen == 0 else "steady_step", inputs)
+            self._start("first_step" if self.rec.steps_seen == 0 else "steady_step", inputs)
 
     def on_step_end(self, args, state, control, **kw):
-        if self._open is not None and self._open.name in ("first_step", "steady_step"):
-            self._end()
-            self._steps_seen += 1
-        if self.run_id and state.is_world_process_zero:
-            self.journal.update_progress(self.run_id, updates_done=state.global_step,
-                                         examples_seen=state.global_step * args.per_device_train_batch_size
-                                         * args.gradient_accumulation_steps * args.world_size)
+        if self.rec.is_open("first_step", "steady_step"):
+            self.rec.end()
+        self.rec.progress(state.global_step, state.global_step * args.per_device_train_batch_size
+                          * args.gradient_accumulation_steps * args.world_size, is_rank0=state.is_world_process_zero)
         if control.should_evaluate:
             self._start("evaluation", {"eval_batch": args.per_device_eval_batch_size, "step": state.global_step})
         elif control.should_save:
             self._start("save", {"step": state.global_step})
 
     def on_prediction_step(self, args, state, control, **kw):
-        if self._open is None:  # an evaluate() called outside a training step
+        if not self.rec.is_open():  # an evaluate() called outside a training step
             self._start("evaluation", {"eval_batch": args.per_device_eval_batch_size, "step": state.global_step})
 
     def on_evaluate(self, args, state, control, **kw):
-        self._end("evaluation")
+        self.rec.end("evaluation")
         if control.should_save:
             self._start("save", {"step": state.global_step})
 
     def on_save(self, args, state, control, **kw):
-        if self._open is None:
-            return
-        self._end("save")
+        self.rec.end("save")
 
     def on_log(self, args, state, control, logs=None, **kw):
-        if not (self.run_id and state.is_world_process_zero and logs):
+        if not logs:
             return
         step = state.global_step
-        train = {_TRAIN_KEYS[k]: v for k, v in logs.items() if k in _TRAIN_KEYS and _is_number(v)}
-        if train:
-            self.journal.add_metrics(self.run_id, [("train", k, step, float(v), None, None) for k, v in train.items()])
-        if _is_number(logs.get("eval_loss")):
-            self.journal.add_metrics(self.run_id, [("validation", "val_loss", step, float(logs["eval_loss"]), None,
-                                                    None)])
+        # the same numbers on every rank; the Trainer's logging_nan_inf_filter (on by default) keeps a
+        # NaN step out of "loss", but not out of "grad_norm" (clipping on) or "eval_loss"
+        for key, what in (("loss", "training loss"), ("grad_norm", "gradient norm"), ("eval_loss", "validation loss")):
+            if is_number(logs.get(key)):
+                self.rec.check_finite(float(logs[key]), step, what)
+        rank0 = state.is_world_process_zero
+        self.rec.log("train", step, {_TRAIN_KEYS[k]: v for k, v in logs.items() if k in _TRAIN_KEYS}, is_rank0=rank0)
+        self.rec.log("validation", step, {"val_loss": logs.get("eval_loss")}, is_rank0=rank0)
 
     def on_train_end(self, args, state, control, **kw):
-        self._end()
-        if self.run_id and state.is_world_process_zero:
-            verdicts = [r["verdict"] for r in self.journal.phase_rows(self.run_id)]
-            self.journal.finish_run(self.run_id, "completed", {"updates": state.global_step, "phases": len(verdicts),
-                                                               "failing": sum(v != "ok" for v in verdicts)})
-
-
-def _is_number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
+        self.rec.finish(updates=state.global_step, is_rank0=state.is_world_process_zero, barrier=_barrier)
 
 
 def _rank() -> int:
     from pilotrun.engine.distributed import world_rank
 
     return world_rank()[1]
+
+
+def _barrier() -> None:
+    from pilotrun.engine.distributed import barrier
+
+    barrier()
 
 
 def _broadcast(run_id: str | None) -> str | None:

@@ -1,0 +1,129 @@
+"""What the callbacks for other training loops share: the journal run, the one open phase, the metrics.
+
+A callback translates its framework's events into ``start``/``end`` of the phases ``load``,
+``first_step``, ``steady_step``, ``evaluation`` and ``save``; this module writes the rows (one per
+phase per rank, through ``probe.recorder.Phase``), the loss curve, and the run's final status.
+A non-finite training loss (or gradient norm, or validation loss) makes the run "diverged" with the
+step named (and, where the callback still has that step's phase open, that row's verdict "nan"), as
+the pilotrun loop does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from pathlib import Path
+
+from pilotrun.probe.recorder import Phase
+
+STEP_PHASES = ("first_step", "steady_step")
+
+
+def is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def plain_config(config: dict) -> dict:
+    """A JSON-safe copy (anything else becomes its str)."""
+    return json.loads(json.dumps(config, default=str))
+
+
+class Recorder:
+    """The journal run and the open phase of one process (one rank)."""
+
+    def __init__(self, home, *, kind: str, name: str, memory_limit: int | None = None):
+        from pilotrun.journal.store import Journal
+
+        self.journal = Journal(Path(home))
+        self.kind, self.name, self.memory_limit = kind, name, memory_limit
+        self.run_id: str | None = None
+        self.open: Phase | None = None
+        self.steps_seen = 0  # optimizer steps measured (first_step, steady_step)
+        self.diverged: str | None = None  # the reason, at the first non-finite training loss
+
+    # --- the run ------------------------------------------------------------------------------------
+    def create_run(self, config: dict, *, seed: int | None, is_rank0: bool, broadcast) -> str | None:
+        """Rank 0 creates the run; ``broadcast(obj)`` hands its id to every rank (identity on one process)."""
+        from pilotrun.stages.prepare import package_versions
+        from pilotrun.stages.runs import command_line
+
+        run_id = None
+        if is_rank0:
+            config = plain_config(config)
+            sha = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()
+            run_id = self.journal.create_run(kind=self.kind, name=self.name, config=config, config_sha256=sha,
+                                             campaign_path=None, seed=seed, git_rev=None,
+                                             packages=package_versions(), data={}, trust_remote_code=False,
+                                             command=command_line())
+        self.run_id = broadcast(run_id)
+        return self.run_id
+
+    def finish(self, *, updates: int, is_rank0: bool, barrier=None) -> None:
+        """Close the open phase; rank 0 finishes the run once every rank has written its rows."""
+        self.end()
+        if barrier is not None:
+            barrier()
+        if not (self.run_id and is_rank0):
+            return
+        verdicts = [r["verdict"] for r in self.journal.phase_rows(self.run_id)]
+        summary = {"updates": updates, "phases": len(verdicts), "failing": sum(v != "ok" for v in verdicts)}
+        if self.diverged:
+            summary["reason"] = self.diverged
+        self.journal.finish_run(self.run_id, "diverged" if self.diverged else "completed", summary)
+
+    def fail(self, exc: BaseException, *, is_rank0: bool) -> None:
+        """The framework's loop raised: the open phase gets verdict error (or oom), rank 0 ends the run."""
+        if self.open is not None:
+            phase, self.open = self.open, None
+            self._attach(phase)
+            phase.barrier = False  # the other ranks may not come to this boundary
+            phase.__exit__(type(exc), exc, exc.__traceback__)
+        if self.run_id and is_rank0:
+            if isinstance(exc, KeyboardInterrupt):
+                self.journal.finish_run(self.run_id, "interrupted", {"reason": "interrupted by the user (Ctrl-C)"})
+            else:
+                self.journal.finish_run(self.run_id, "failed", {"reason": f"{type(exc).__name__}: {exc}"})
+
+    # --- phases -------------------------------------------------------------------------------------
+    def is_open(self, *names: str) -> bool:
+        return self.open is not None and (not names or self.open.name in names)
+
+    def start(self, name: str, inputs: dict | None = None, *, rank: int, device=None) -> None:
+        self.end()
+        self.open = Phase(name, inputs, rank=rank, device=device, memory_limit=self.memory_limit,
+                          journal=self.journal if self.run_id else None, run_id=self.run_id).__enter__()
+
+    def end(self, name: str | None = None) -> None:
+        if self.open is not None and (name is None or self.open.name == name):
+            phase, self.open = self.open, None
+            self._attach(phase)
+            phase.__exit__(None, None, None)
+            if phase.name in STEP_PHASES:
+                self.steps_seen += 1
+
+    def _attach(self, phase: Phase) -> None:
+        if phase.run_id is None and self.run_id is not None:  # load began before the run existed
+            phase.journal, phase.run_id = self.journal, self.run_id
+
+    # --- metrics ------------------------------------------------------------------------------------
+    def check_finite(self, value: float, step: int, what: str = "training loss") -> bool:
+        """A non-finite loss (or gradient norm): the run diverged at ``step``; an open step phase gets
+        verdict nan. Returns whether ``value`` is finite."""
+        if math.isfinite(value):
+            return True
+        message = f"{what} is {value} at step {step}"
+        if self.diverged is None:
+            self.diverged = message
+        if self.is_open(*STEP_PHASES):
+            self.open.nan(message)
+        return False
+
+    def log(self, split: str, step: int, values: dict, *, is_rank0: bool) -> None:
+        rows = [(split, k, int(step), float(v), None, None) for k, v in values.items() if is_number(v)]
+        if rows and self.run_id and is_rank0:
+            self.journal.add_metrics(self.run_id, rows)
+
+    def progress(self, updates: int, examples: int, *, is_rank0: bool) -> None:
+        if self.run_id and is_rank0:
+            self.journal.update_progress(self.run_id, updates_done=updates, examples_seen=examples)
