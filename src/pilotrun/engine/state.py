@@ -4,7 +4,11 @@ A checkpoint is a folder: model weights (safetensors), optimizer state (torch.sa
 numbers only, read back with ``weights_only=True``), RNG tensors (safetensors), and JSON for the
 scheduler, the grad scaler, the sampler position, the counters and Python/NumPy RNG states. It is
 written under a temporary name and renamed into place after everything, the manifest last, is on
-disk, so a folder with a final name is always complete.
+disk, so a folder with a final name is always complete. Loading checks every file against the
+manifest (and refuses files it does not list) before anything is read.
+
+Test switch: ``PILOTRUN_TEST_KILL_SAVE_AT`` (``journal.files.kill_point``) kills the saving process at
+a chosen step, for the tests that prove a killed save never leaves a partial checkpoint in place.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pilotrun.journal.files import MANIFEST, commit_dir, verify_manifest, write_manifest
+from pilotrun.journal.files import MANIFEST, commit_dir, kill_point, listed_files, verify_manifest, write_manifest
 
 COMPONENTS = ("model", "optimizer", "scheduler", "scaler", "rng", "sampler", "counters")
 
@@ -58,12 +62,16 @@ def save_state(state, path: str | Path, *, skip: tuple[str, ...] = ()) -> Path:
             save_file(_unshare(sharded[0]), str(tmp / "model.safetensors"))
         else:
             save_model(_unwrap(state.model), str(tmp / "model.safetensors"))
+        kill_point("model")
     if "optimizer" not in skip:
         torch.save(sharded[1] if sharded is not None else state.optimizer.state_dict(), tmp / "optimizer.pt")
+        kill_point("optimizer")
     if "scheduler" not in skip:
         (tmp / "scheduler.json").write_text(json.dumps(state.scheduler.state_dict()))
+        kill_point("scheduler")
     if "scaler" not in skip and state.scaler is not None:
         (tmp / "scaler.json").write_text(json.dumps(state.scaler.state_dict()))
+        kill_point("scaler")
     if "rng" not in skip:
         tensors = {"torch": torch.get_rng_state()}
         if torch.cuda.is_available():
@@ -73,11 +81,15 @@ def save_state(state, path: str | Path, *, skip: tuple[str, ...] = ()) -> Path:
         py = random.getstate()
         (tmp / "rng.json").write_text(json.dumps({"python": [py[0], list(py[1]), py[2]],
                                                   "numpy": _np_state_to_json(np.random.get_state())}))
+        kill_point("rng")
     if "sampler" not in skip:
         (tmp / "sampler.json").write_text(json.dumps(state.sampler.state_dict()))
+        kill_point("sampler")
     if "counters" not in skip:
         (tmp / "counters.json").write_text(json.dumps(state.counters()))
+        kill_point("counters")
     write_manifest(tmp, {"kind": "pilotrun-checkpoint", "components": [c for c in COMPONENTS if c not in skip]})
+    kill_point("manifest")
     commit_dir(tmp, path)
     barrier()
     return path
@@ -109,9 +121,22 @@ def _unshare(sd: dict) -> dict:
     return out
 
 
-def is_complete(path: str | Path) -> bool:
+def problems(path: str | Path) -> list[str]:
+    """Why a checkpoint folder cannot be trusted: a file that differs from or is missing in the manifest,
+    or a file the manifest does not list (it would be loaded unchecked). Empty for a complete checkpoint."""
     path = Path(path)
-    return path.is_dir() and (path / MANIFEST).is_file() and not verify_manifest(path)
+    if not path.is_dir():
+        return [f"{path}: not a folder"]
+    found = verify_manifest(path)
+    listed = listed_files(path)
+    if listed is not None:
+        found += [f"{p.relative_to(path).as_posix()}: not listed in manifest.json" for p in sorted(path.rglob("*"))
+                  if p.is_file() and p.name != MANIFEST and p.relative_to(path).as_posix() not in listed]
+    return found
+
+
+def is_complete(path: str | Path) -> bool:
+    return not problems(path)
 
 
 def load_state(state, path: str | Path) -> list[str]:
@@ -119,19 +144,30 @@ def load_state(state, path: str | Path) -> list[str]:
     import torch
     from safetensors.torch import load_file, load_model
 
-    path = Path(path)
-    problems = verify_manifest(path)
-    if problems:
-        from pilotrun.errors import BadInput
+    from pilotrun.errors import BadInput
 
-        raise BadInput("checkpoint does not match its manifest: " + "; ".join(problems), where=str(path),
-                       fix="use an earlier complete checkpoint")
+    path = Path(path)
+    found = problems(path)
+    if found:
+        raise BadInput("checkpoint does not match its manifest: " + "; ".join(found) + "; nothing was loaded",
+                       where=str(path), fix="use an earlier complete checkpoint")
+    opt_state = None
+    if (path / "optimizer.pt").is_file():  # read before anything is restored: a refused file changes nothing
+        import pickle
+
+        try:  # tensors, numbers and containers only: never unpickle arbitrary objects
+            opt_state = torch.load(path / "optimizer.pt", weights_only=True, map_location="cpu")
+        except pickle.UnpicklingError as e:
+            raise BadInput(f"optimizer.pt holds objects other than tensors and numbers; refused, nothing was "
+                           f"loaded ({str(e).strip().splitlines()[0]})", where=str(path / "optimizer.pt"),
+                           fix="use a checkpoint written by pilotrun; never load one from an untrusted source "
+                               "with weights_only=False") from None
     restored = []
     if (path / "model.safetensors").is_file():
         load_model(_unwrap(state.model), str(path / "model.safetensors"))
         restored.append("model")
-    if (path / "optimizer.pt").is_file():
-        state.optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True, map_location="cpu"))
+    if opt_state is not None:
+        state.optimizer.load_state_dict(opt_state)
         restored.append("optimizer")
     if (path / "scheduler.json").is_file():
         state.scheduler.load_state_dict(json.loads((path / "scheduler.json").read_text()))

@@ -37,6 +37,10 @@ def pack(journal, run_id: str, out: str | Path) -> dict:
     if run_dir.resolve() in out.parents:
         raise BadInput(f"--out {out} is inside the run folder it packs", where="--out", fix="write it elsewhere")
     out.parent.mkdir(parents=True, exist_ok=True)
+    links = sorted(p for p in run_dir.rglob("*") if p.is_symlink())
+    if links:  # pilotrun writes no links; packing one would carry whatever it points at, or an unusable member
+        raise BadInput(f"{links[0]} is a link (to {os.readlink(links[0])}); a run folder holds plain files only",
+                       where=str(links[0]), fix="replace the link by the file itself, or remove it, then archive")
     files = sorted(p for p in run_dir.rglob("*") if p.is_file() and ".tmp-" not in p.name)
     extra = {"run.json": json.dumps(run, indent=2, sort_keys=True, default=str).encode(),
              "control_predictions.json": json.dumps(journal.predictions(run_id, "control"), indent=2).encode()}
@@ -78,6 +82,9 @@ def _check_member(m: tarfile.TarInfo) -> None:
     if not (m.isfile() or m.isdir()):
         raise BadInput(f"archive member '{name}' is a device, FIFO or other special file", where=name,
                        fix="refused: only plain files and folders are unpacked")
+    if not parts and m.isfile():
+        raise BadInput(f"archive member '{name}' is a file without a name", where=name or "(empty name)",
+                       fix="refused: an archive written by pilotrun never has such a member")
 
 
 def extract(archive: str | Path, target: str | Path) -> list[Path]:
@@ -91,6 +98,8 @@ def extract(archive: str | Path, target: str | Path) -> list[Path]:
         members = tar.getmembers()
         for m in members:
             _check_member(m)
+        # "./" (what `tar -C dir .` writes first) is the target folder itself: nothing to create
+        members = [m for m in members if PurePosixPath(m.name).parts]
         target.mkdir(parents=True, exist_ok=True)
         staging = target / f".extract-{os.getpid()}"
         staging.mkdir()

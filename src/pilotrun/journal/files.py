@@ -6,10 +6,21 @@ import hashlib
 import json
 import os
 import shutil
-from pathlib import Path
+import signal
+import sys
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 MANIFEST = "manifest.json"
+KILL_ENV = "PILOTRUN_TEST_KILL_SAVE_AT"  # test switch only: see kill_point
+
+
+def kill_point(step: str) -> None:
+    """Test switch: ``$PILOTRUN_TEST_KILL_SAVE_AT=STEP`` makes the process SIGKILL itself at that step of a
+    checkpoint save (steps: each component name, ``manifest``, ``committed``), so tests can prove that a
+    save cut short anywhere leaves the last complete checkpoint loadable. Never set it outside tests."""
+    if os.environ.get(KILL_ENV) == step:
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def fsync_dir(path: Path) -> None:
@@ -73,23 +84,72 @@ def verify_manifest(root: str | Path, only: str | None = None) -> list[str]:
     mpath = root / MANIFEST
     if not mpath.is_file():
         return [f"{mpath}: no manifest"]
-    manifest = json.loads(mpath.read_text())
+    try:
+        manifest = json.loads(mpath.read_text())
+        files = manifest["files"]
+        if not isinstance(files, dict):
+            raise TypeError("'files' is not a mapping")
+    except (ValueError, KeyError, TypeError) as e:  # a truncated or hand-edited manifest is a finding, not a crash
+        return [f"{mpath}: unreadable manifest ({type(e).__name__}: {e})"]
     problems = []
-    for rel, info in manifest.get("files", {}).items():
+    for rel, info in files.items():
         if only and not rel.startswith(only):
             continue
         p = root / rel
-        if not p.is_file():
+        if PurePosixPath(rel).is_absolute() or ".." in PurePosixPath(rel).parts or "\\" in rel:
+            problems.append(f"{rel}: a manifest entry outside the folder")
+        elif not isinstance(info, dict) or not isinstance(info.get("sha256"), str):
+            problems.append(f"{rel}: no sha256 in manifest.json")
+        elif not p.is_file():
             problems.append(f"{rel}: missing")
         elif sha256_file(p) != info["sha256"]:
             problems.append(f"{rel}: sha256 differs from manifest.json")
     return problems
 
 
+def listed_files(root: str | Path) -> set[str] | None:
+    """The paths manifest.json lists (None when it cannot be read)."""
+    try:
+        files = json.loads((Path(root) / MANIFEST).read_text()).get("files")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return set(files) if isinstance(files, dict) else None
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths in one step (Linux renameat2 RENAME_EXCHANGE); False where that is not available."""
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    return renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
+
+
 def commit_dir(tmp: Path, final: Path) -> None:
-    """Make a fully written folder visible under its final name in one rename."""
+    """Make a fully written folder visible under its final name in one rename.
+
+    Replacing an existing folder never deletes the old copy before the new one is in place: the two are
+    swapped in one step where the OS can (Linux), else the old one is first renamed aside (hidden);
+    only then is the old copy removed. A kill at any moment leaves a complete folder (old or new)."""
     fsync_tree(tmp)
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
+    if not final.exists():
+        os.replace(tmp, final)
+        fsync_dir(final.parent)
+        kill_point("committed")
+        return
+    if _exchange(tmp, final):  # final now holds the new copy, tmp the old one
+        old = tmp
+    else:
+        old = final.with_name(f".{final.name}.old-{os.getpid()}")
+        if old.exists():
+            shutil.rmtree(old)
+        os.replace(final, old)
+        os.replace(tmp, final)
     fsync_dir(final.parent)
+    kill_point("committed")
+    shutil.rmtree(old)

@@ -141,6 +141,23 @@ def _pid_alive(pid: int | None) -> bool:
     return True
 
 
+def _wal(db: sqlite3.Connection) -> None:
+    """Switch a new journal to WAL (the mode is stored in the file, so later opens only read it).
+
+    Two processes opening a fresh journal at once race for the switch, which needs the exclusive
+    lock: SQLite answers "database is locked" at once there instead of waiting the busy timeout, so
+    the switch is retried; an open that finds WAL already set takes no lock at all."""
+    for attempt in range(100):
+        try:
+            if db.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+                db.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e) or attempt == 99:
+                raise
+            time.sleep(min(0.01 * (attempt + 1), 0.2))
+
+
 class Journal:
     """One journal per home folder. Connections are short-lived and every write is a transaction."""
 
@@ -169,10 +186,10 @@ class Journal:
         db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
         db.row_factory = sqlite3.Row
         try:
-            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA busy_timeout=30000")
+            _wal(db)
             db.execute("PRAGMA synchronous=NORMAL")
             db.execute("PRAGMA foreign_keys=ON")
-            db.execute("PRAGMA busy_timeout=30000")
             yield db
         finally:
             db.close()
@@ -264,11 +281,15 @@ class Journal:
             return [_run_dict(r) for r in db.execute(q + " ORDER BY created_at, run_id", args)]
 
     # --- metrics, phases, predictions, notes ------------------------------------------------------
-    def add_metrics(self, run_id: str, rows: list[tuple[str, str, int, float, int | None, float | None]]) -> None:
-        """rows of (split, name, step, value, examples_seen, wall_s)."""
+    def add_metrics(self, run_id: str, rows: list[tuple[str, str, int, float, int | None, float | None]],
+                    progress: tuple[int, int] | None = None) -> None:
+        """rows of (split, name, step, value, examples_seen, wall_s); ``progress`` (updates_done,
+        examples_seen) is written in the same transaction."""
         with self.transaction() as db:
             db.executemany("INSERT OR REPLACE INTO metrics VALUES (?,?,?,?,?,?,?)",
                            [(run_id, *r) for r in rows])
+            if progress is not None:
+                db.execute("UPDATE runs SET updates_done=?, examples_seen=? WHERE run_id=?", (*progress, run_id))
 
     def metrics(self, run_id: str, split: str | None = None, name: str | None = None) -> list[dict]:
         q, args = "SELECT * FROM metrics WHERE run_id=?", [run_id]

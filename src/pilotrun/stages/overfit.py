@@ -96,7 +96,17 @@ def accumulation_check(prep) -> dict:
                     "tolerance": tol}
         _no_dropout(model)
         state = make_state(model, t, n_train=len(prep.train), seed=prep.c.seed, total_updates=1)
-        run_update(state, prep.task, micro, max_grad_norm=None, step=False, zero_grad=False)
+        try:
+            run_update(state, prep.task, micro, max_grad_norm=None, step=False, zero_grad=False)
+        except Exception as e:
+            from pilotrun.engine.loop import out_of_memory_reason
+            from pilotrun.probe.recorder import is_oom
+
+            if not is_oom(e):
+                raise
+            return {"verdict": "fail", "tolerance": tol, "micro_batch_targets": targets,
+                    "headline": "the accumulation check ran out of memory",
+                    "message": out_of_memory_reason(state, "the accumulation check", e)}
         grads.append(_grads(model))
     ref = float(grads[1].norm())
     rel = float((grads[0] - grads[1]).norm()) / ref if ref else float("nan")
@@ -247,7 +257,7 @@ def overfit(loaded, home, *, examples: int = 8, max_updates: int = 150, prep=Non
                 checks = prediction_check(task, model, chosen, device)
                 if not checks["teacher_forced_wrong"] and not checks["generation_wrong"]:
                     break
-        failed = _diagnose(history, checks, state, mt)
+        failed = [res.reason] if status == "failed" else _diagnose(history, checks, state, mt)
         summary = {"verdict": "fail" if failed or acc["verdict"] == "fail" else acc["verdict"],
                    "accumulation": acc, "setting": setting, "updates": state.update,
                    "first_loss": history[0]["loss"] if history else None,
@@ -301,7 +311,7 @@ def _diagnose(history: list[dict], checks: dict, state, mt) -> list[str]:
 def _result(acc, msgs, data, failed, rows=None) -> StageResult:
     verdict = "fail" if failed or acc["verdict"] == "fail" else acc["verdict"]
     if verdict == "fail":
-        parts = (["accumulation arithmetic is wrong"] if acc["verdict"] == "fail" else []) + \
+        parts = ([acc.get("headline", "accumulation arithmetic is wrong")] if acc["verdict"] == "fail" else []) + \
             ([failed[0].split(":")[0]] if failed else ["the loop memorises the examples"])
         summary = "; ".join(parts)
     else:

@@ -174,18 +174,29 @@ def resume(loaded, home, *, at: int | None = None, prep=None) -> StageResult:
                 "out": str(rec.dir / "resumed_history.json")}
         atomic_write_json(rec.dir / "resume_spec.json", spec)
         atomic_write_json(rec.dir / "reference_history.json", _history(ref))
-        proc = subprocess.run([sys.executable, "-m", "pilotrun", "_resume-worker", str(rec.dir / "resume_spec.json")],
-                              capture_output=True, text=True, env=dict(os.environ), timeout=3600)
-        worker = json.loads(Path(spec["out"]).read_text()) if proc.returncode == 0 else None
+        worker, proc = None, None
+        if ref.status == "completed":  # no fresh process for a reference that cannot be compared with
+            proc = subprocess.run([sys.executable, "-m", "pilotrun", "_resume-worker",
+                                   str(rec.dir / "resume_spec.json")],
+                                  capture_output=True, text=True, env=dict(os.environ), timeout=3600)
+            worker = json.loads(Path(spec["out"]).read_text()) if proc.returncode == 0 else None
         ref_h = _history(ref)
         problem = first_difference(ref_h[:at], _history(stopped), 0, exact)
-        if problem:
+        headline = None
+        if ref.status != "completed":  # diverged or out of memory: it cannot show that a resume is exact
+            headline = f"the reference run {ref.status}"
+            problem = (f"the reference run {ref.status} before update {total}: {ref.reason}; the resume check "
+                       "needs a run that trains for 2 × K updates")
+        elif problem:
             problem = f"the run stopped at {at} already differs from the reference before any resume: {problem}"
         elif worker is None:
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
             problem = f"the resumed process failed (exit {proc.returncode}): " + " | ".join(tail)
         else:
             problem = first_difference(ref_h, worker["history"], at, exact)
+            if worker["status"] != "completed":
+                headline = f"the resumed run {worker['status']}"
+                problem = f"the resumed process's run {worker['status']}: {worker['reason']}"
             for h in worker["history"]:
                 rec.log("resumed", h["update"], {"loss": h["loss"], "lr": h["lr"]}, examples_seen=h["examples_seen"])
         artifact = prep.task.save_artifact(ref_state.model, rec.dir / "artifact")
@@ -201,7 +212,7 @@ def resume(loaded, home, *, at: int | None = None, prep=None) -> StageResult:
     data = {"run_id": rec.run_id, "at": at, "total": total, "n_train": n, "epochs": epochs, "exact": exact,
             "restored": worker["restored"] if worker else None, "problem": problem, "skipped": list(skip)}
     if problem:
-        return StageResult("resume", "fail", problem.split(":")[-1].strip() or "resume differs",
+        return StageResult("resume", "fail", headline or problem.split(":")[-1].strip() or "resume differs",
                            msgs + [problem, f"run {rec.run_id} (kind resume)"], data,
                            columns=["update", "epoch", "lr", "ref_lr", "loss", "ref_loss", "same_examples"], rows=rows)
     msgs += [f"updates {at + 1}..{total} in the new process match the reference: counter, lr, examples "
