@@ -34,7 +34,8 @@ def sweep(campaign, continue_id, sets, home, as_json):
               help="the HTML file to write (default: HOME/report.html)")
 @common_options
 def report(out, home, as_json):
-    """One self-contained HTML file: loss curves, comparison, the pilot's phase ledger, notes and decisions."""
+    """One self-contained HTML file: loss curves, comparison, the pilot's phase ledger, notes and decisions,
+    and the sweep's runs against the pilot (memory bound, predicted vs actual time)."""
     from pathlib import Path
 
     from pilotrun.journal.store import Journal

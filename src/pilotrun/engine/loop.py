@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -22,6 +23,34 @@ from pilotrun.engine.distributed import all_reduce_sum, world_rank
 from pilotrun.engine.optim import make_optimizer, make_scheduler
 from pilotrun.engine.precision import autocast, make_scaler
 from pilotrun.engine.sampler import UpdateSampler
+
+OOM_ENV = "PILOTRUN_TEST_OOM_AT_UPDATE"  # test switch only: see _planted_oom
+
+
+def _planted_oom(update: int, loss) -> None:
+    """Test switch: ``$PILOTRUN_TEST_OOM_AT_UPDATE=K`` raises a CUDA-style out-of-memory error inside the
+    K-th optimizer update of every run (after its first backward pass), because a CPU box cannot be made to
+    run out of memory on cue; tests use it to prove each stage turns it into a verdict. Never set it outside tests.
+    Fake tensors (``estimate``) allocate nothing, so nothing is planted there."""
+    planted = os.environ.get(OOM_ENV)
+    if planted and planted.strip() == str(update) and getattr(loss, "fake_mode", None) is None:
+        import torch
+
+        raise torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate 2.00 GiB (planted at update {update} "
+                                     f"by the test switch {OOM_ENV})")
+
+
+def out_of_memory_reason(state: "TrainState", where: str, exc: BaseException) -> str:
+    """Free what the failed update held and say what to change; the run ends as failed, with this reason."""
+    state.optimizer.zero_grad(set_to_none=True)
+    if getattr(state.device, "type", "cpu") == "cuda":
+        import torch
+
+        torch.cuda.empty_cache()
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return (f"out of memory at {where}: {first} — lower train.micro_batch (raise train.accumulation to keep the "
+            "effective batch) or train.eval_batch, or set model.gradient_checkpointing=true; "
+            "`pilotrun fit CAMPAIGN --memory-limit SIZE` measures the variants that fit")
 
 
 @dataclass
@@ -100,6 +129,8 @@ def run_update(state: TrainState, task, micro_batches: list[list], *, max_grad_n
             scaled = s * (world / total_targets)
             (state.scaler.scale(scaled) if state.scaler is not None else scaled).backward()
         loss_sum += float(s.detach())
+        if i == 0:
+            _planted_oom(state.update + 1, s)
     loss = all_reduce_sum(loss_sum, state.device) / total_targets
     finite = math.isfinite(loss)
     lr = state.lr
@@ -154,7 +185,7 @@ def evaluate(state: TrainState, task, examples: list, batch_size: int) -> dict:
 
 @dataclass
 class LoopResult:
-    status: str  # completed | diverged | stopped | interrupted
+    status: str  # completed | diverged | stopped | failed (out of memory) | interrupted
     reason: str
     history: list[dict] = field(default_factory=list)
     evals: list[dict] = field(default_factory=list)
@@ -169,14 +200,26 @@ class Hooks:
     on_eval: Callable[[TrainState, dict], None] | None = None
     on_checkpoint: Callable[[TrainState, Any], None] | None = None
     stop_at: int | None = None  # end the loop after this update (resume tests)
+    watch: Callable[[str, dict], Any] | None = None
+    """A context manager factory ``watch(kind, inputs)`` wrapped around every update ("train"),
+    validation ("evaluation") and checkpoint ("save"): probe.watch.PeakWatch keeps their peaks."""
+
+
+def _unwatched(kind: str, inputs: dict):
+    return contextlib.nullcontext()
 
 
 def train(state: TrainState, task, train_examples: list, val_examples: list, t, *, plan_metric: str = "val_loss",
           goal: str = "minimize", checkpoint_dir=None, hooks: Hooks | None = None, progress=None) -> LoopResult:
-    """The loop. ``t`` is the campaign's train section; the budget is ``state.total_updates``."""
+    """The loop. ``t`` is the campaign's train section; the budget is ``state.total_updates``.
+
+    An out-of-memory error in an update or a validation ends the run as ``failed`` with a reason that
+    says what to change (the state stays at the last complete update); any other exception propagates."""
     from pilotrun.engine.state import save_state
+    from pilotrun.probe.recorder import is_oom
 
     hooks = hooks or Hooks()
+    watch = hooks.watch or _unwatched
     started = time.perf_counter()
     result = LoopResult("completed", f"budget of {state.total_updates} updates reached")
     end = state.total_updates if hooks.stop_at is None else min(hooks.stop_at, state.total_updates)
@@ -185,7 +228,9 @@ def train(state: TrainState, task, train_examples: list, val_examples: list, t, 
         """Returns True when the patience rule stops the run."""
         if not val_examples:
             return False
-        ev = evaluate(state, task, val_examples, t.eval_batch)
+        with watch("evaluation", {"update": state.update, "eval_batch": t.eval_batch,
+                                  "seq_len": max(e.length for e in val_examples)}):
+            ev = evaluate(state, task, val_examples, t.eval_batch)
         ev.update(update=state.update, examples_seen=state.examples_seen, wall_s=time.perf_counter() - started)
         result.evals.append(ev)
         if hooks.on_eval:
@@ -200,12 +245,31 @@ def train(state: TrainState, task, train_examples: list, val_examples: list, t, 
         patience = t.stop.patience
         return bool(patience and state.evals_without_improvement >= patience)
 
+    def failed(where: str, exc: BaseException) -> LoopResult:
+        result.status, result.reason = "failed", out_of_memory_reason(state, where, exc)
+        result.wall_s = time.perf_counter() - started
+        return result
+
     if state.update == 0:
-        do_eval()
+        try:
+            do_eval()
+        except Exception as e:
+            if not is_oom(e):
+                raise
+            return failed("the validation before update 1", e)
     while state.update < end:
         micro_batches = [[train_examples[i] for i in mb] for mb in state.sampler.next_update()]
         t0 = time.perf_counter()
-        out = run_update(state, task, micro_batches, max_grad_norm=t.max_grad_norm)
+        seen = {"update": state.update + 1, "micro_batch": t.micro_batch,
+                "seq_len": max(e.length for mb in micro_batches for e in mb)}
+        try:
+            with watch("train", seen):
+                out = run_update(state, task, micro_batches, max_grad_norm=t.max_grad_norm)
+                seen["targets"] = out["targets"]
+        except Exception as e:
+            if not is_oom(e):
+                raise
+            return failed(f"update {state.update + 1}", e)
         out.update(update=state.update if out["finite"] else state.update + 1, examples_seen=state.examples_seen,
                    seconds=time.perf_counter() - t0, wall_s=time.perf_counter() - started,
                    ids=[[e.rid for e in mb] for mb in micro_batches],
@@ -230,13 +294,20 @@ def train(state: TrainState, task, train_examples: list, val_examples: list, t, 
             break
         last = state.update == end
         if state.update % t.eval_every == 0 or (last and state.update == state.total_updates):
-            if do_eval():
+            try:
+                patience_stop = do_eval()
+            except Exception as e:
+                if not is_oom(e):
+                    raise
+                return failed(f"the validation after update {state.update}", e)
+            if patience_stop:
                 result.status = "stopped"
                 result.reason = (f"{t.stop.patience} validations without improvement of {plan_metric} "
                                  f"(train.stop.patience) at update {state.update}")
                 break
         if checkpoint_dir is not None and t.save_every and state.update % t.save_every == 0:
-            path = save_state(state, f"{checkpoint_dir}/update-{state.update:06d}")
+            with watch("save", {"update": state.update}):
+                path = save_state(state, f"{checkpoint_dir}/update-{state.update:06d}")
             if hooks.on_checkpoint:
                 hooks.on_checkpoint(state, path)
     if result.status == "completed" and hooks.stop_at is not None and state.update < state.total_updates:

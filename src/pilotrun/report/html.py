@@ -169,11 +169,60 @@ def section_notes(journal) -> str:
                                                          else ""})
 
 
+def section_promises(journal) -> str:
+    """The pilot's two promises checked by the latest sweep: its peaks bound the runs', its plan their time."""
+    from pilotrun.probe.sizes import fmt_bytes
+    from pilotrun.sheet.plan import fmt_duration
+    from pilotrun.stages.timecheck import sweep_time_check
+
+    sid = latest_sweep_id(journal)
+    if sid is None:
+        return NO_SWEEP
+    mem = []
+    for run in journal.list_runs(sweep_id=sid):
+        bound = (run.get("summary") or {}).get("memory_bound") or {}
+        for kind, k in (bound.get("kinds") or {}).items():
+            over = k["ratio"] is not None and k["peak"] > k["pilot_peak"] + (k["noise"] or 0)
+            mem.append({"run_id": run["run_id"], "arm": run["arm"], "seed": run["seed"], "kind": kind,
+                        "observed": fmt_bytes(k["peak"]) if k["peak"] is not None else "—",
+                        "pilot": f"{fmt_bytes(k['pilot_peak'])} ({k['pilot_phase']})" if k["pilot_peak"] else "—",
+                        "ratio": f"{k['ratio']:.3f}" if k["ratio"] is not None else "—",
+                        "worst at": ", ".join(f"{a} {b}" for a, b in k["inputs"].items() if a != "blocks"),
+                        "verdict": "pilot did not see the worst case" if over else "bounded"})
+    out = [f"<h3>memory: each run's observed peak against pilot {esc(bound.get('pilot_run') if mem else '—')}</h3>"]
+    out.append(table(["run_id", "arm", "seed", "kind", "observed", "pilot", "ratio", "worst at", "verdict"], mem,
+                     {"verdict": lambda r: "verdict-worse" if r["verdict"] != "bounded" else ""}) if mem else
+               '<p class="muted">no run of this sweep recorded its peaks.</p>')
+    out.append('<p class="muted">RSS on CPU counts the whole process; a ratio up to 1.10 (at least 16 MiB over) is '
+               "within the probe's noise (probe/watch.py NOISE). CUDA counters are exact.</p>")
+    check = sweep_time_check(journal, sid)
+    out.append("<h3>time: the sheet's plan on this machine against the clock</h3>")
+    if not check or not check.get("runs"):
+        out.append(f'<p class="muted">not compared: {esc((check or {}).get("why", "no timed runs"))}</p>')
+    else:
+        rows = [{"run_id": r["run_id"], "arm": r["arm"], "seed": r["seed"], "status": r["status"],
+                 "updates": r["updates"], "predicted": fmt_duration(r["predicted_s"]),
+                 "actual": fmt_duration(r["actual_s"]), "predicted ÷ actual": f"{r['ratio']:.2f}"}
+                for r in check["runs"]]
+        rows.append({"run_id": "total", "arm": "", "seed": "", "status": "", "updates": sum(r["updates"] for r in
+                                                                                            check["runs"]),
+                     "predicted": fmt_duration(check["predicted_s"]), "actual": fmt_duration(check["actual_s"]),
+                     "predicted ÷ actual": f"{check['ratio']:.2f}"})
+        out.append(table(["run_id", "arm", "seed", "status", "updates", "predicted", "actual", "predicted ÷ actual"],
+                         rows))
+        u = check["units"]
+        out.append(f'<p class="muted">from pilot {esc(check["pilot_run"])}: {u["update"]:.3g} s per update, '
+                   f'{u["eval_batch"]:.3g} s per validation batch, {u["save"]:.3g} s per checkpoint, {u["load"]:.3g} '
+                   "s load, for the updates, validations and checkpoints each run did.</p>")
+    return "".join(out)
+
+
 SECTIONS: list[Section] = [
     ("Sweep: loss curves and validation points", section_curves),
     ("Sweep: comparison", section_comparison),
     ("Pilot: phase ledger", section_ledger),
     ("Notes and decisions", section_notes),
+    ("Campaign against the pilot: memory bound and time plan", section_promises),
 ]
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+from pilotrun.probe.sizes import fmt_bytes
+
 STYLE = {"ok": "bold green", "warn": "bold yellow", "fail": "bold red"}
 
 
@@ -72,17 +74,30 @@ def render_run(con, data) -> None:
             con.print(f"  {k}: {run[k]}", markup=False)
     if run.get("trust_remote_code"):
         con.print("  trust_remote_code: ON (model code from the model folder ran)")
-    if run.get("summary"):
-        for k, v in run["summary"].items():
-            if k != "arithmetic":
-                con.print(f"  {k}: {_fmt(v)}", markup=False)
+    summary = run.get("summary") or {}
+    for k, v in summary.items():
+        if k not in ("arithmetic", "memory_bound", "timing", "counts"):
+            con.print(f"  {k}: {_fmt(v)}", markup=False)
+    if summary.get("timing"):
+        con.print("  timing: " + ", ".join(f"{k} {v:.3g}" for k, v in summary["timing"].items()), markup=False)
+    if summary.get("memory_bound"):
+        from pilotrun.stages.train import bound_lines
+
+        for line in bound_lines(summary["memory_bound"]):
+            con.print(f"  {line}", style="yellow" if line.startswith("WARNING") else None, markup=False)
     if data["validation"]:
-        pts = ", ".join(f"{m['step']}: {m['value']:.4f}" for m in data["validation"] if m["name"] == "val_loss")
+        # SQLite keeps a NaN as NULL: a None value is a loss that was not a number
+        pts = ", ".join(f"{m['step']}: {'nan' if m['value'] is None else format(m['value'], '.4f')}"
+                        for m in data["validation"] if m["name"] == "val_loss")
         con.print(f"  validation ({data['train_updates']} updates logged): {pts}", markup=False)
     if data["phases"]:
         con.print(f"  phase rows: {len(data['phases'])}")
         for p in data["phases"]:
-            con.print(f"    {p['phase']:13} rank {p['rank']} {p['verdict']:11} {_fmt(p['duration_s'])}s", markup=False)
+            peak = max((v for v in (p.get("peak_allocated"), p.get("peak_reserved")) if v is not None), default=None)
+            con.print(f"    {p['phase']:17} rank {p['rank']} {p['verdict']:11} {_fmt(p['duration_s'])}s"
+                      + (f"  peak {fmt_bytes(peak)} ({p.get('counter')})" if peak is not None else "")
+                      + (f"  — {p['note']}" if p.get("note") and p["phase"].startswith("observed_") else ""),
+                      markup=False)
     for n in data["notes"]:
         con.print(f"  {'decision' if n['decision'] else 'note'} {n['id']}: {n['text']}", markup=False)
     if data["files"]:

@@ -138,18 +138,24 @@ def flops_per_update(params: int, trainable: int, tokens: int, checkpointing: bo
     return (2 * params * (3 if checkpointing else 2) + 2 * trainable) * tokens
 
 
-def unit_seconds(measured: dict[str, dict], *, source_gpu, target_gpu, precision: str, work: dict | None) -> dict:
+def unit_seconds(measured: dict[str, dict], *, source_gpu, target_gpu, precision: str, work: dict | None,
+                 shape: dict | None = None) -> dict:
     """Seconds per occurrence of each phase on the target, from the measured ones.
 
     ``measured``: phase -> {"seconds", "source"} (slowest rank). ``source_gpu``: the catalogue GPU it was
     measured on, "cpu", or None (a CUDA device not in the catalogue). ``work``: params, trainable,
     tokens_update, tokens_eval, passes_update, checkpointing (needed for a CPU extrapolation).
     Only compute phases are scaled; load/save/export/reload are disk and host work, kept as measured.
+    ``shape`` (sheet/shape.py ``scaled_units``): seconds per update and per validation batch at the
+    campaign's mean batch shapes instead of the worst case's.
     """
     first, steady = measured["first_step"]["seconds"], measured["steady_step"]["seconds"]
     units = {"load": measured["load"]["seconds"], "update": steady, "first_extra": max(0.0, first - steady),
              "eval_batch": measured["eval_longest"]["seconds"], "save": measured["save"]["seconds"],
              "export": measured["export"]["seconds"], "reload": measured["reload"]["seconds"]}
+    if shape:
+        units.update(update=shape["update"], eval_batch=shape["eval_batch"])
+        steady = shape["update"]
     scaling = {"kind": "measured", "ratio": 1.0, "text": "measured on the target GPU: not scaled"}
     if target_gpu is None or source_gpu is None:
         what = "no target GPU" if target_gpu is None else "a CUDA device that is not in the catalogue"

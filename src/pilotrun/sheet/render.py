@@ -99,6 +99,8 @@ def _time_blocks(s: dict) -> list[tuple]:
                      f"{tm['scaling']['text']}."))
     out.append(("p", "Measured (slowest rank): " + "; ".join(
         f"{k} {P.fmt_duration(v['seconds'])} [{v['source']}]" for k, v in tm["measured"].items())))
+    if tm.get("shape"):
+        out.append(("p", f"Batch shapes: {tm['shape']['text']}."))
     out.append(("p", f"Counts per run: {tm['counts']['from']}."))
     out.append(("table", ["term", "each", "count", "seconds"],
                 [[x["term"], P.fmt_duration(x["each_s"]), x["count_text"], f"{x['seconds']:.4g}"]

@@ -10,7 +10,6 @@ The first updates' losses (``first_losses``) go through ``train`` itself, stoppe
 
 from __future__ import annotations
 
-import gc
 import statistics
 
 from pilotrun.stages.prepare import Prepared
@@ -31,19 +30,16 @@ def margin(limit: int, device_kind: str) -> int:
 
 
 def quiet_allocator() -> None:
-    gc.collect()
+    """Large blocks straight from mmap (so RSS follows what is held), then ``release_free_memory``."""
+    from pilotrun.probe.memory import release_free_memory
+
     try:
         import ctypes
 
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt(-3, MMAP_THRESHOLD)  # M_MMAP_THRESHOLD; also stops glibc raising it dynamically
-        libc.malloc_trim(0)
+        ctypes.CDLL("libc.so.6").mallopt(-3, MMAP_THRESHOLD)  # M_MMAP_THRESHOLD; also stops glibc raising it
     except (OSError, AttributeError):
         pass  # not glibc: the margin has to absorb the allocator's cache
-    import torch
-
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
+    release_free_memory()
 
 
 def variant_prep(prep: Prepared, loaded) -> Prepared:

@@ -7,9 +7,11 @@ rows into the journal and turns them into a verdict with messages a user can act
 
 from __future__ import annotations
 
+import time
+
 from pilotrun.journal.store import Journal
 from pilotrun.probe.sizes import fmt_bytes, parse_size
-from pilotrun.stages.pilot_phases import PHASES, PilotJob, parse_inject, run_phases
+from pilotrun.stages.pilot_phases import INJECT_ENV, PHASES, PilotJob, parse_inject, run_phases
 from pilotrun.stages.prepare import prepare
 from pilotrun.stages.result import StageResult
 from pilotrun.stages.runs import RunRecorder
@@ -27,6 +29,15 @@ def _rank_main(job: PilotJob, prep=None) -> None:
     gathered = gather_to_rank0(rows)
     if gathered is not None:
         Journal(job.home).add_phase_rows(job.run_id, [r for rank_rows in gathered for r in rank_rows])
+
+
+def _read_json(path) -> dict | None:
+    import json
+
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None  # a pilot whose train phases failed times no typical update
 
 
 def _fix_for(row: dict, c) -> str:
@@ -48,7 +59,9 @@ def _show_inputs(inputs: dict) -> str:
 
 def pilot(loaded, home, *, memory_limit=None, inject=None) -> StageResult:
     """Run the pilot; ``inject`` plants faults for tests ({"oom": "eval_longest"}; see pilot_phases)."""
+    t0 = time.perf_counter()
     prep = prepare(loaded, splits=("train", "validation"))
+    prepare_s = time.perf_counter() - t0
     c = prep.c
     from pilotrun.engine.distributed import check_strategy, launch, under_launcher
 
@@ -78,11 +91,15 @@ def pilot(loaded, home, *, memory_limit=None, inject=None) -> StageResult:
         bad = [r for r in rows if r["verdict"] in FAILING]
         rec.finish("failed" if any(r["verdict"] in ("oom", "nan", "error") for r in bad) else "completed",
                    {"memory_limit": limit, "arithmetic": arith, "phases": len(rows),
-                    "failing": [f"{r['phase']}/{r['rank']}: {r['verdict']}" for r in bad]})
+                    "failing": [f"{r['phase']}/{r['rank']}: {r['verdict']}" for r in bad],
+                    "time_model": _read_json(rec.dir / "time_model.json"), "prepare_s": prepare_s,
+                    **({"test_switch": inject} if inject else {})})
     messages = [f"run {rec.run_id}: {len(rows)} rows ({len(PHASES)} phases × {len(rows) // len(PHASES) or 1} ranks); "
                 f"memory limit {fmt_bytes(limit)}",
                 f"examples per update = {arith['examples_per_update']} (micro_batch {arith['micro_batch']} × "
                 f"accumulation {arith['accumulation']} × ranks {arith['ranks']})"]
+    if inject:
+        messages.append(f"TEST SWITCH {INJECT_ENV} active: {inject}")
     if rows and rows[0].get("counter") == "rss":
         messages.append("CPU counters are process RSS (peak within the phase), shown in the allocated columns")
     for r in bad:

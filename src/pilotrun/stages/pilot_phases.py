@@ -16,8 +16,11 @@ from pathlib import Path
 from pilotrun.probe.recorder import NonFinite, phase
 
 PHASES = ("load", "first_step", "steady_step", "eval_longest", "save", "export", "reload")
-INJECT_KINDS = ("oom", "nan", "error")
-INJECT_ENV = "PILOTRUN_PILOT_INJECT"  # test switch: "oom:eval_longest,nan:first_step"
+INJECT_KINDS = ("oom", "nan", "error", "short")
+# Test switch: "oom:eval_longest,nan:first_step". "short:steady_step" (or first_step) feeds the train
+# phases the shortest examples instead of the longest, "short:eval_longest" the evaluation: a pilot
+# that did not see the worst case, which the runs' memory bound (probe/watch.py) must then flag.
+INJECT_ENV = "PILOTRUN_PILOT_INJECT"
 
 
 @dataclass
@@ -37,15 +40,20 @@ def by_length(examples: list) -> list:
     return sorted(examples, key=lambda e: (e.length, e.n_targets), reverse=True)
 
 
-def worst_case(prep, world: int) -> dict:
+def worst_case(prep, world: int, short: str | None = None) -> dict:
     """The inputs each rank gets: the longest training examples as one full update of ``accumulation``
-    micro-batches of ``micro_batch``, and the longest validation examples as ``eval_batch`` per rank."""
+    micro-batches of ``micro_batch``, and the longest validation examples as ``eval_batch`` per rank.
+    ``short`` ("train" or "eval", the test switch only) takes the shortest instead."""
     t = prep.c.train
     per_rank = t.micro_batch * t.accumulation
-    longest = by_length(prep.train)[:per_rank]
+    order = by_length(prep.train)
+    longest = (order[::-1] if short == "train" else order)[:per_rank]
+    if short == "train":
+        longest = by_length(longest)
     micro_batches = [longest[i: i + t.micro_batch] for i in range(0, len(longest), t.micro_batch)]
     pool = prep.validation or prep.train
-    evals = by_length(pool)[: t.eval_batch * world]
+    order = by_length(pool)
+    evals = by_length((order[::-1] if short == "eval" else order)[: t.eval_batch * world])
     train_inputs = {"micro_batch": t.micro_batch, "accumulation": t.accumulation, "ranks": world,
                     "seq_len": micro_batches[0][0].length, "precision": t.precision}
     eval_inputs = {"eval_batch": t.eval_batch, "seq_len": evals[0].length if evals else 0, "precision": t.precision}
@@ -92,7 +100,7 @@ class _NanLoss:
 
 def _plant(job: PilotJob, name: str, task):
     """The task to use in phase ``name``; raises the planted fault where the test switch asks for one."""
-    kinds = {k for k, p in job.inject.items() if p == name}
+    kinds = {k for k, p in job.inject.items() if p == name and k != "short"}
     if "oom" in kinds:
         import torch
 
@@ -130,7 +138,9 @@ def run_phases(job: PilotJob, prep=None) -> list[dict]:
     c, task = prep.c, prep.task
     world, rank = world_rank()
     device = default_device()
-    wc = worst_case(prep, world)
+    short = job.inject.get("short")
+    wc = worst_case(prep, world, short={"first_step": "train", "steady_step": "train",
+                                        "eval_longest": "eval"}.get(short))
     run_dir = Path(job.run_dir)
     rows: list[dict] = []
     done: set[str] = set()
@@ -167,6 +177,9 @@ def run_phases(job: PilotJob, prep=None) -> list[dict]:
             if not out["finite"]:
                 p.nan(f"the update's loss is {out['loss']} (seq_len {wc['train_inputs']['seq_len']}, "
                       f"micro_batch {c.train.micro_batch}); the optimizer step was skipped")
+
+    if state is not None and all(r["verdict"] == "ok" for r in rows):
+        _time_model(job, prep, state, wc, rank, world)
 
     if state is None:
         skipped("eval_longest", wc["eval_inputs"], "load")
@@ -218,6 +231,45 @@ def run_phases(job: PilotJob, prep=None) -> list[dict]:
     if is_initialized():
         torch.distributed.barrier()
     return rows
+
+
+def _time_model(job: PilotJob, prep, state, wc: dict, rank: int, world: int) -> None:
+    """Time the first updates the campaign's sampler draws and count the budget's padded tokens (sheet/shape.py);
+    rank 0 writes ``time_model.json`` into the run folder. Not a ledger row: the worst case stays the bound."""
+    import time
+
+    from pilotrun.engine.distributed import barrier, default_device
+    from pilotrun.engine.loop import run_update
+    from pilotrun.engine.sampler import UpdateSampler
+    from pilotrun.journal.files import atomic_write_json
+    from pilotrun.sheet import shape
+
+    c, t = prep.c, prep.c.train
+    sampler = UpdateSampler(len(prep.train), t.micro_batch, t.accumulation, c.seed, t.drop_last, rank, world)
+    typical = []
+    for _ in range(shape.TYPICAL_UPDATES):
+        mbs = [[prep.train[i] for i in mb] for mb in sampler.next_update()]
+        _sync(default_device())
+        t0 = time.perf_counter()
+        run_update(state, prep.task, mbs, max_grad_norm=t.max_grad_norm)
+        _sync(default_device())
+        typical.append({"tokens": shape.padded_tokens(mbs), "seconds": time.perf_counter() - t0})
+    pool = prep.validation or prep.train
+    model = {"worst_update_tokens": shape.padded_tokens(wc["micro_batches"]), "typical": typical,
+             "budget_update_tokens": shape.budget_tokens(prep.train, t, c.seed, prep.arithmetic()["updates"], rank,
+                                                         world),
+             "worst_eval_tokens": shape.padded_tokens([wc["eval"][rank::world][: t.eval_batch]]) if wc["eval"] else 0,
+             "eval_batch_tokens": shape.eval_tokens(pool, t.eval_batch, rank, world)}
+    barrier()
+    if rank == 0:
+        atomic_write_json(Path(job.run_dir) / "time_model.json", model)
+
+
+def _sync(device) -> None:
+    if getattr(device, "type", "cpu") == "cuda":
+        import torch
+
+        torch.cuda.synchronize(device)
 
 
 def _export(task, model, out_dir: Path, rank: int, strategy: str) -> list[str]:

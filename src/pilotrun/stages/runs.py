@@ -8,11 +8,15 @@ from __future__ import annotations
 import json
 import shlex
 import sys
+import time
 from pathlib import Path
 
 from pilotrun.journal.files import atomic_write_json, atomic_write_text
 from pilotrun.journal.store import Journal
 from pilotrun.stages.prepare import run_provenance
+
+
+FLUSH_S = 1.0  # the longest per-update metrics wait in memory before they reach the journal
 
 
 def command_line() -> str:
@@ -36,22 +40,37 @@ class RunRecorder:
         atomic_write_json(self.dir / "revisions.json", {k: prov[k] for k in ("git_rev", "packages", "data",
                                                                              "config_sha256", "trust_remote_code")})
         self._metrics = open(self.dir / "metrics.jsonl", "a", encoding="utf-8")
+        self._rows: list[tuple] = []
+        self._progress: tuple[int, int] | None = None
+        self._flushed = time.monotonic()
         self.finished = False
 
     def log(self, split: str, step: int, values: dict, *, examples_seen: int | None = None,
-            wall_s: float | None = None) -> None:
-        rows = [(split, k, step, float(v), examples_seen, wall_s) for k, v in values.items()]
-        self.journal.add_metrics(self.run_id, rows)
+            wall_s: float | None = None, flush: bool = False) -> None:
+        """Journal rows are buffered: written in one transaction at most every ``FLUSH_S`` seconds, at every validation
+        and checkpoint (``flush=True`` or ``flush()``) and when the run finishes — a killed run loses
+        at most the last second of per-update metrics, never a validation or a checkpoint's."""
+        self._rows += [(split, k, step, float(v), examples_seen, wall_s) for k, v in values.items()]
         self._metrics.write(json.dumps({"split": split, "step": step, "examples_seen": examples_seen,
                                         "wall_s": wall_s, **{k: float(v) for k, v in values.items()}}) + "\n")
-        self._metrics.flush()
+        self._metrics.flush()  # the file is whole whenever a manifest hashes it; only the journal batches
+        if flush or time.monotonic() - self._flushed >= FLUSH_S:
+            self.flush()
 
     def progress(self, updates_done: int, examples_seen: int) -> None:
-        self.journal.update_progress(self.run_id, updates_done=updates_done, examples_seen=examples_seen)
+        self._progress = (updates_done, examples_seen)
+
+    def flush(self) -> None:
+        self._metrics.flush()
+        if self._rows or self._progress is not None:
+            self.journal.add_metrics(self.run_id, self._rows, progress=self._progress)
+            self._rows, self._progress = [], None
+        self._flushed = time.monotonic()
 
     def finish(self, status: str, summary: dict | None = None) -> None:
         if self.finished:
             return
+        self.flush()
         self._metrics.close()
         self.journal.finish_run(self.run_id, status, summary)
         self.finished = True

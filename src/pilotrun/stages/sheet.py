@@ -184,9 +184,17 @@ def build_sheet(cfg: dict, journal, pilot: dict, *, target_env: dict | None = No
             "tokens_eval": ev.get("eval_batch", t.eval_batch) * ev.get("seq_len", c.data.max_length),
             "passes_update": su.get("accumulation", t.accumulation), "checkpointing": c.model.gradient_checkpointing}
     source_gpu = _measured_gpu(pilot, rows)
+    from pilotrun.sheet.shape import scaled_units
+
+    model = (pilot.get("summary") or {}).get("time_model")
+    shape = scaled_units(model, measured["steady_step"]["seconds"], measured["eval_longest"]["seconds"]) \
+        if model else None
+    if shape:
+        work["tokens_update"] = shape["mean_update_tokens"]
 
     def plan_for(g):
-        u = P.unit_seconds(measured, source_gpu=source_gpu, target_gpu=g, precision=precision, work=work)
+        u = P.unit_seconds(measured, source_gpu=source_gpu, target_gpu=g, precision=precision, work=work,
+                           shape=shape)
         terms = P.run_terms(counts, u["units"])
         per_run = sum(x["seconds"] for x in terms)
         return u, terms, per_run
@@ -201,10 +209,13 @@ def build_sheet(cfg: dict, journal, pilot: dict, *, target_env: dict | None = No
                          f"`pilotrun pilot CAMPAIGN --set ...`")
     plans = P.pack(runs, c.hardware.rental_days, c.hardware.reserve, lanes)
     total = per_run * len(runs)
-    sheet["time"] = {"measured": measured, "units": u["units"], "scaling": u["scaling"], "counts": counts,
+    sheet["time"] = {"measured": measured, "units": u["units"], "scaling": u["scaling"], "shape": shape,
+                     "prepare_s": (pilot.get("summary") or {}).get("prepare_s"), "counts": counts,
                      "work": work, "terms": terms, "per_run_s": per_run, "runs": runs, "total_s": total,
                      "lanes": lanes, "plans": plans, "target": target.key if target else None,
                      "source_gpu": source_gpu if isinstance(source_gpu, str) or source_gpu is None else source_gpu.key}
+    u_here, terms_here, per_run_here = plan_for(None)  # the pilot's own machine: nothing scaled
+    sheet["time"]["here"] = {"units": u_here["units"], "terms": terms_here, "per_run_s": per_run_here}
     for f, g in zip(fits, CATALOGUE):
         f["campaign_s"] = plan_for(g)[2] * len(runs) / lanes if f["fits"] else None
     if c.hardware.gpus < ranks:

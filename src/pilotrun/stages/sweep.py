@@ -163,16 +163,36 @@ def sweep(loaded, home, *, continue_id: str | None = None, progress: bool = True
         sweep_id = continue_id
     todo = _todo(journal, sweep_id, arms, plan["seeds"])
     total = len(plan["seeds"]) * len(arms)
+    encoded: dict[str, object] = {}  # the data is read and encoded once per distinct task/model/data setting
     for i, (arm, seed, supersedes) in enumerate(todo):
         from pilotrun.stages.train import train_run
 
-        r = train_run(arm.loaded.with_overrides({"seed": seed}), home, kind="sweep", sweep_id=sweep_id, arm=arm.name,
-                      supersedes=supersedes, progress=progress, save_artifact=False, validation_predictions=True)
+        run_loaded = arm.loaded.with_overrides({"seed": seed})
+        r = train_run(run_loaded, home, kind="sweep", sweep_id=sweep_id, arm=arm.name, supersedes=supersedes,
+                      progress=progress, save_artifact=False, validation_predictions=True,
+                      **_encoded_for(run_loaded, encoded))
         if on_run is not None:
             on_run({"index": i + 1, "of": len(todo), "total": total, "arm": arm.name, "label": arm.label,
                     "seed": seed, "run_id": r.data["run_id"], "status": r.data["status"],
                     "reason": r.data["reason"], "supersedes": supersedes})
     return sweep_result(journal, sweep_id, ran=len(todo))
+
+
+def _encoded_for(loaded, cache: dict):
+    """train_run's ``prep`` and ``prepare_s``: the encoded examples of an earlier run with the same task, model and data
+    sections (train.*, seed and plan keys do not change encoding), under this run's own task object."""
+    from pilotrun.stages.prepare import Prepared, prepare
+    from pilotrun.tasks import make_task
+
+    import time
+
+    d = loaded.resolved_dict()
+    key = sha256_of_config({k: d.get(k) for k in ("task", "model", "data")})
+    if key not in cache:
+        t0 = time.perf_counter()
+        cache[key] = prepare(loaded, splits=("train", "validation"))
+        return {"prep": cache[key], "prepare_s": time.perf_counter() - t0}
+    return {"prep": Prepared(loaded, make_task(loaded), cache[key].examples), "prepare_s": 0.0}
 
 
 def _todo(journal: Journal, sweep_id: str, arms: list[Arm], seeds: list[int]) -> list[tuple[Arm, int, str | None]]:
@@ -262,6 +282,20 @@ def sweep_result(journal: Journal, sweep_id: str, ran: int) -> StageResult:
                     "in every table and plot")
     else:
         verdict = "ok"
+    from pilotrun.stages.timecheck import sweep_time_check, time_lines
+
+    data["time_check"] = sweep_time_check(journal, sweep_id)
+    msgs += time_lines(data["time_check"])
+    bounds = [(r["run_id"], (journal.get_run(r["run_id"]).get("summary") or {}).get("memory_bound") or {})
+              for r in runs]
+    flagged = [(rid, b) for rid, b in bounds if b.get("warnings")]
+    ratios = [b["max_ratio"] for _, b in bounds if b.get("max_ratio") is not None]
+    if ratios:
+        msgs.append(f"memory bound: the largest observed ÷ pilot peak over {len(ratios)} run(s) is {max(ratios):.3f}")
+    for rid, b in flagged:
+        msgs += [f"WARNING run {rid}: {w}" for w in b["warnings"]]
+    if flagged and verdict == "ok":
+        verdict = "warn"
     summary = f"sweep {sweep_id}: {statuses.count('completed')} completed, {statuses.count('diverged')} diverged, " \
               f"{statuses.count('stopped')} stopped of {expected}"
     return StageResult("sweep", verdict, summary, msgs, data, columns=list(cmp.TERMINAL_COLUMNS), rows=data["rows"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from pilotrun.engine.distributed import default_device
@@ -44,16 +45,26 @@ def store_control_predictions(recorder: RunRecorder, prep: Prepared, model) -> l
 def train_run(loaded, home, *, kind: str = "train", supersedes: str | None = None, sweep_id: str | None = None,
               arm: str | None = None, hooks: Hooks | None = None, progress: bool = True, prep: Prepared | None = None,
               save_artifact: bool = True, command: str | None = None,
-              validation_predictions: bool = False) -> StageResult:
+              validation_predictions: bool = False, prepare_s: float | None = None) -> StageResult:
     """Prepare everything that can fail on bad input first; only then create the run."""
+    from pilotrun.engine.distributed import world_rank
+    from pilotrun.probe.memory import release_free_memory
+    from pilotrun.probe.watch import PeakWatch
+
+    t_start = time.perf_counter() - (prepare_s or 0.0)  # a caller that prepared for us says how long it took
     prep = prep or prepare(loaded, splits=("train", "validation"))
     c = prep.c
     arith = prep.arithmetic()
+    t_prepared = time.perf_counter()
+    release_free_memory()  # a sweep's runs share a process: start this one without the last one's leftovers
+    t_load = time.perf_counter()
     model = prep.task.build_model()
     device = default_device()
     model.to(device)
     state = make_state(model, c.train, n_train=len(prep.train), seed=c.seed, total_updates=arith["updates"],
                        device=device)
+    timing = {"prepare_s": t_prepared - t_start, "load_s": time.perf_counter() - t_load}
+    watch = PeakWatch(device, rank=world_rank()[1])
     journal = Journal(home)
     with RunRecorder(journal, loaded, kind=kind, supersedes=supersedes, sweep_id=sweep_id, arm=arm,
                      command=command) as rec:
@@ -69,12 +80,17 @@ def train_run(loaded, home, *, kind: str = "train", supersedes: str | None = Non
 
         def on_eval(st, ev):
             rec.log("validation", ev["update"], {"val_loss": ev["val_loss"]}, examples_seen=ev["examples_seen"],
-                    wall_s=ev["wall_s"])
+                    wall_s=ev["wall_s"], flush=True)
             if user.on_eval:
                 user.on_eval(st, ev)
 
-        loop_hooks = Hooks(on_update=on_update, on_eval=on_eval, on_checkpoint=user.on_checkpoint,
-                           stop_at=user.stop_at)
+        def on_checkpoint(st, path):
+            rec.flush()  # a checkpoint's metrics are in the journal before anything resumes from it
+            if user.on_checkpoint:
+                user.on_checkpoint(st, path)
+
+        loop_hooks = Hooks(on_update=on_update, on_eval=on_eval, on_checkpoint=on_checkpoint,
+                           stop_at=user.stop_at, watch=watch)
         bar = _progress_bar(arith["updates"]) if progress else None
         try:
             result = train(state, prep.task, prep.train, prep.validation, c.train, plan_metric=c.plan.metric,
@@ -85,10 +101,22 @@ def train_run(loaded, home, *, kind: str = "train", supersedes: str | None = Non
                 bar.close()
         from pilotrun.engine.state import save_state
 
-        save_state(state, rec.dir / "checkpoints" / "final")
-        artifact = prep.task.save_artifact(model, rec.dir / "artifact") if save_artifact else []
-        control = store_control_predictions(rec, prep, model)
-        if validation_predictions:
+        timing["loop_s"] = result.wall_s
+        t0 = time.perf_counter()
+        with watch("save", {"update": state.update, "path": "checkpoints/final"}):
+            save_state(state, rec.dir / "checkpoints" / "final")
+        timing["final_save_s"] = time.perf_counter() - t0
+        artifact = []
+        ran_out = result.status == "failed"  # out of memory: no artifact or predictions a later stage could trust
+        if save_artifact and not ran_out:
+            t0 = time.perf_counter()
+            with watch("export", {"update": state.update, "path": "artifact"}):
+                artifact = prep.task.save_artifact(model, rec.dir / "artifact")
+            timing["export_s"] = time.perf_counter() - t0
+        control = [] if ran_out else store_control_predictions(rec, prep, model)
+        bound = record_memory_bound(journal, rec.run_id, c.name, loaded.config_sha256(), watch,
+                                    loaded.resolved_dict())
+        if validation_predictions and not ran_out:
             from pilotrun.stages.val_predictions import store_validation_predictions
 
             store_validation_predictions(rec, prep, model)
@@ -97,11 +125,16 @@ def train_run(loaded, home, *, kind: str = "train", supersedes: str | None = Non
                    "first_val_loss": result.evals[0]["val_loss"] if result.evals else None,
                    "best_metric": state.best_metric, "artifact": artifact, "arithmetic": arith,
                    "seconds_per_update": _median([h["seconds"] for h in result.history[1:]] or
-                                                 [h["seconds"] for h in result.history])}
+                                                 [h["seconds"] for h in result.history]),
+                   "memory_bound": bound, "timing": timing,
+                   "counts": {"updates": state.update, "evals": len(result.evals),
+                              "checkpoints": (state.update // c.train.save_every if c.train.save_every else 0) + 1,
+                              "exports": int(bool(save_artifact))}}
+        timing["total_s"] = time.perf_counter() - t_start
         write_run_readme(rec.dir, journal.get_run(rec.run_id))
         write_manifest(rec.dir, {"kind": "pilotrun-run", "run_id": rec.run_id})
         rec.finish(result.status, summary)
-    verdict = "ok" if result.status == "completed" else "fail"
+    verdict = "fail" if result.status != "completed" else "warn" if bound["warnings"] else "ok"
     evals = [{"update": e["update"], "val_loss": e["val_loss"], "examples_seen": e["examples_seen"]}
              for e in result.evals]
     msgs = [f"run {rec.run_id}: {result.status} — {result.reason}",
@@ -109,11 +142,63 @@ def train_run(loaded, home, *, kind: str = "train", supersedes: str | None = Non
     if evals:
         msgs.append(f"val_loss {evals[0]['val_loss']:.4f} (update {evals[0]['update']}) → "
                     f"{evals[-1]['val_loss']:.4f} (update {evals[-1]['update']})")
+    msgs += bound_lines(bound)
     return StageResult(kind, verdict, f"{kind} run {rec.run_id} {result.status}", msgs,
                        {"run_id": rec.run_id, "status": result.status, "reason": result.reason,
                         "updates": state.update, "examples_seen": state.examples_seen, "validation": evals,
                         "control_predictions": len(control), "run_dir": str(rec.dir)},
                        columns=["update", "val_loss", "examples_seen"], rows=evals)
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def memory_keys_changed(a: dict, b: dict) -> list[str]:
+    """Keys that differ between two resolved configs, except those that cannot change memory per step."""
+    from pilotrun.stages.sheet import COST_FREE
+
+    fa, fb = _flat(a), _flat(b)
+    free = COST_FREE + ("plan", "hardware", "name", "train.updates", "train.epochs", "train.eval_every",
+                        "train.save_every")
+    return sorted(k for k in set(fa) | set(fb) if fa.get(k) != fb.get(k)
+                  and not any(k == f or k.startswith(f + ".") for f in free))
+
+
+def record_memory_bound(journal, run_id: str, name: str, sha: str, watch, run_config: dict | None = None) -> dict:
+    """The run's observed peaks as ledger rows, each against the pilot's peak for the same phase kind."""
+    from pilotrun.probe.watch import bound_rows
+    from pilotrun.stages.sheet import find_pilot
+
+    pilot, stale = find_pilot(journal, name, sha)
+    pilot_rows = journal.phase_rows(pilot["run_id"]) if pilot else []
+    rows, bound = bound_rows(watch.rows(), pilot_rows, pilot["run_id"] if pilot else None)
+    if stale and run_config is not None:
+        changed = memory_keys_changed(pilot["config"], run_config)
+        if changed:
+            bound["stale"] = (f"the pilot {pilot['run_id']} measured another setting of "
+                              f"{', '.join(changed[:5])}: the ratio compares different work")
+    journal.add_phase_rows(run_id, rows)
+    return bound
+
+
+def bound_lines(bound: dict) -> list[str]:
+    """What ``train``, ``sweep`` and ``show`` print about the memory bound."""
+    if not bound:
+        return []
+    if not bound.get("pilot_run"):
+        return ["memory bound: no pilot of this campaign in the journal to compare the run's peaks with"]
+    ratio = bound.get("max_ratio")
+    head = (f"memory bound: observed peak / pilot {bound['pilot_run']} peak ≤ {ratio:.3f}"
+            if ratio is not None else f"memory bound: nothing comparable with pilot {bound['pilot_run']}")
+    return [head] + [f"WARNING {w}" for w in bound.get("warnings", [])] + ([bound["stale"]] if bound.get("stale")
+                                                                           else [])
 
 
 def _median(xs):

@@ -1,0 +1,159 @@
+"""The rehearsal's two promises, measured: pilot → sheet → sweep, each a fresh `pilotrun` process.
+
+1. Memory bound: the largest ratio, over every run of the sweep and every phase kind (train,
+   evaluation, save), of the run's observed peak to the pilot's peak for that kind (the runs record
+   it: probe/watch.py). Goal ≤ 1.00 within the probe's noise: RSS on CPU counts the whole process,
+   which wanders by a few percent between updates of identical shapes, so the allowance is 10%
+   (probe.watch.NOISE); CUDA counters are exact.
+2. Time: the sheet's plan on this machine (the pilot's measured seconds per update, per validation
+   batch, per checkpoint, per load; stages/timecheck.py) for the work the sweep's runs did, ÷ the
+   runs' wall time (from reading their data to their last record). Goal 0.9–1.1. The sweep
+   process's own wall time (Python start-up and imports included) is in the note.
+
+On two campaigns: the demo (even lengths), and an uneven one built from the shared Stack Exchange
+records (questions and answers of up to 12k characters) and Alpaca records (a few hundred).
+
+Run: ``python bench/bench_promises.py [--quick]``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = next((p for p in (REPO.parent / "shared" / "data", Path("/work/shared/data")) if p.is_dir()), None)
+COMMAND = "python bench/bench_promises.py"
+MODEL = {"model_type": "llama", "vocab_size": 384, "hidden_size": 128, "intermediate_size": 256,
+         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4,
+         "max_position_embeddings": 1024, "tie_word_embeddings": False}
+
+
+def _pilotrun(*args, timeout=1800) -> tuple[dict, float]:
+    exe = Path(sys.executable).with_name("pilotrun")
+    t0 = time.perf_counter()
+    done = subprocess.run([str(exe), *map(str, args), "--json"], capture_output=True, text=True, timeout=timeout,
+                          env=dict(os.environ, HF_HUB_OFFLINE="1"))
+    wall = time.perf_counter() - t0
+    if done.returncode not in (0, 1):
+        raise RuntimeError(f"pilotrun {args[0]} exited {done.returncode}: {done.stderr.strip()[-400:]}")
+    return json.loads(done.stdout), wall
+
+
+def demo_campaign(tmp: Path, quick: bool) -> Path:
+    import yaml
+
+    from pilotrun.demo.synth import write_demo
+
+    path = write_demo(tmp / "demo")
+    c = yaml.safe_load(path.read_text())
+    if quick:
+        c["train"].update(updates=60, eval_every=20)
+    path.write_text(yaml.safe_dump(c, sort_keys=False))
+    return path
+
+
+def uneven_campaign(tmp: Path, quick: bool) -> Path:
+    """Alpaca instructions (short) and Stack Exchange questions (long), one causal-lm campaign."""
+    import yaml
+
+    se = json.loads((SHARED / "stack_exchange_paired_tiny.json").read_text())
+    al = json.loads((SHARED / "alpaca_tiny.json").read_text())
+    recs = [{"prompt": r["question"], "response": r["response_j"]} for r in se]
+    recs += [{"prompt": (r["instruction"] + "\n" + r["input"]).strip(), "response": r["output"]} for r in al]
+    # interleave so both splits hold both kinds: every fifth record to validation
+    train = [r for i, r in enumerate(recs) if i % 5]
+    val = [r for i, r in enumerate(recs) if not i % 5]
+    folder = tmp / "uneven"
+    folder.mkdir(parents=True)
+    for name, rows in (("train.jsonl", train), ("validation.jsonl", val)):
+        (folder / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    updates = 24 if quick else 60
+    c = {"name": "uneven", "seed": 0, "task": "causal-lm", "model": {"config": MODEL, "tokenizer": "byte"},
+         "data": {"train": "train.jsonl", "validation": "validation.jsonl", "prompt": "prompt",
+                  "response": "response", "max_length": 1024},
+         "train": {"micro_batch": 4, "accumulation": 2, "eval_batch": 8, "lr": 1e-3, "updates": updates,
+                   "eval_every": updates // 2, "save_every": updates // 2, "warmup": 0},
+         "plan": {"control": {"train.lr": 1e-3}, "variants": [{"train.lr": 3e-3}], "seeds": [0, 1]},
+         "hardware": {"memory_per_gpu": "80GB"}}
+    path = folder / "campaign.yaml"
+    path.write_text(yaml.safe_dump(c, sort_keys=False))
+    return path
+
+
+def promises(path: Path, home: Path) -> dict:
+    from pilotrun.journal.store import Journal
+    from pilotrun.stages.timecheck import sweep_time_check
+
+    pilot, pilot_wall = _pilotrun("pilot", path, "--home", home)
+    sheet, _ = _pilotrun("sheet", path, "--home", home)
+    sweep, sweep_wall = _pilotrun("sweep", path, "--home", home)
+    j = Journal(home)
+    sweep_id = sweep["data"]["sweep_id"]
+    ratios, worst = [], None
+    for run in j.list_runs(sweep_id=sweep_id):
+        for kind, k in ((run.get("summary") or {}).get("memory_bound") or {}).get("kinds", {}).items():
+            if k["ratio"] is None:
+                continue
+            ratios.append(k["ratio"])
+            if worst is None or k["ratio"] > worst[0]:
+                worst = (k["ratio"], kind, run["run_id"], k["inputs"], k["noise"] / k["pilot_peak"])
+    check = sweep_time_check(j, sweep_id)
+    return {"memory": ratios, "worst": worst, "time": check, "sweep_wall": sweep_wall, "pilot_wall": pilot_wall,
+            "sheet_total_s": (sheet["data"].get("time") or {}).get("total_s")}
+
+
+def _rows(name: str, res: dict) -> list[dict]:
+    mem, check = res["memory"], res["time"]
+    w = res["worst"]
+    rows = [{"figure": f"memory bound ({name}): largest observed ÷ pilot peak over all sweep runs and phases",
+             "median": max(mem) if mem else None, "min": min(mem) if mem else None, "max": max(mem) if mem else None,
+             "runs": len(mem), "target": "<= 1.00 (+10% RSS noise)",
+             "met": (max(mem) <= 1.0 + (w[4] if w else 0)) if mem else None, "command": COMMAND,
+             "note": (f"the median column is the maximum; worst: {w[1]} of run {w[2]} at "
+                      f"{', '.join(f'{a} {b}' for a, b in w[3].items() if a != 'blocks')}; RSS noise allowance "
+                      f"{w[4]:.1%} of the pilot's peak" if w else "no ratio recorded")}]
+    per_run = [r["ratio"] for r in (check or {}).get("runs", [])]
+    if per_run:
+        total = check["ratio"]
+        rows.append({"figure": f"time plan ({name}): predicted ÷ actual, sum over the sweep's runs",
+                     "median": total, "min": min(per_run), "max": max(per_run), "runs": len(per_run),
+                     "target": "0.9–1.1", "met": 0.9 <= total <= 1.1, "command": COMMAND,
+                     "note": (f"the median column is the total; min–max over runs. Predicted "
+                              f"{check['predicted_s']:.1f}s, runs' wall {check['actual_s']:.1f}s, sweep process "
+                              f"wall {res['sweep_wall']:.1f}s (start-up included); units: "
+                              f"{check['units']['update']:.3g} s/update, {check['units']['eval_batch']:.3g} s per "
+                              f"validation batch, {check['units']['save']:.3g} s/checkpoint, "
+                              f"{check['units']['load']:.3g} s load")})
+    else:
+        rows.append({"figure": f"time plan ({name}): predicted ÷ actual", "median": None, "min": None, "max": None,
+                     "runs": 0, "target": "0.9–1.1", "met": None, "command": COMMAND,
+                     "note": f"not compared: {(check or {}).get('why')}"})
+    return rows
+
+
+def run(quick: bool = False) -> list[dict]:
+    sys.path.insert(0, str(REPO / "src"))
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="pilotrun-bench-promises-") as d:
+        tmp = Path(d)
+        campaigns = [("demo", demo_campaign(tmp, quick))]
+        if SHARED is not None:
+            campaigns.append(("uneven lengths, Stack Exchange + Alpaca", uneven_campaign(tmp, quick)))
+        for name, path in campaigns:
+            print(f"  {name}: pilot → sheet → sweep ...", file=sys.stderr, flush=True)
+            rows += _rows(name, promises(path, tmp / f"home-{len(rows)}"))
+    return rows
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(REPO))
+    from bench.run import markdown
+
+    print(markdown(run(quick="--quick" in sys.argv)))

@@ -1,0 +1,89 @@
+"""The time plan checked against the clock: the sheet's prediction for each sweep run, from the pilot's
+measured seconds (per update, per evaluation batch, per save, per load), against the run's wall time.
+
+The prediction is made on the pilot's own machine (``sheet["time"]["here"]``: nothing scaled, batch
+shapes from sheet/shape.py) and for the work each run did: its updates, validations and checkpoints
+as logged, plus what a sweep run adds (one pass of validation predictions; no export unless it
+exported). So a run stopped early by a rule is compared for the work it did, and the total is the
+sum over runs. A sweep run started with ``sweep --continue`` in a new process is counted as warm:
+its cold start is not predicted.
+"""
+
+from __future__ import annotations
+
+from pilotrun.sheet import plan as P
+
+
+def run_prediction(units: dict, counts: dict, n_val_batches: int, validation_predictions: bool, *,
+                   first: bool = True, prepare_s: float | None = None) -> list[dict]:
+    """The predicted terms of one run that did ``counts`` (updates, evals, checkpoints, exports).
+
+    The runs of a sweep share one process: the first reads and encodes the data (the pilot's
+    ``prepare_s``) and builds the model cold (its ``load``); later ones reuse the encoded data and
+    build warm, which the pilot's ``reload`` (the artifact loaded in a warm process) stands for."""
+    c = {"updates": counts["updates"], "evals": counts["evals"], "eval_batches": n_val_batches,
+         "checkpoints": counts["checkpoints"], "exports": counts.get("exports", 0), "reloads": 0}
+    warm = dict(units) if first else dict(units, load=units["reload"])
+    terms = [t for t in P.run_terms(c, warm) if t["count"]]
+    if not first:
+        terms[0] = dict(terms[0], term="load (warm: the pilot's reload)")
+    if first and prepare_s:
+        terms.insert(0, {"term": "read and encode the data", "unit": "prepare", "each_s": prepare_s, "count": 1,
+                         "count_text": "1", "seconds": prepare_s})
+    if validation_predictions and n_val_batches:
+        terms.append({"term": "validation predictions", "unit": "eval_batch", "each_s": units["eval_batch"],
+                      "count": n_val_batches, "count_text": f"{n_val_batches} batches",
+                      "seconds": units["eval_batch"] * n_val_batches})
+    return terms
+
+
+def sweep_time_check(journal, sweep_id: str) -> dict | None:
+    """Predicted against actual seconds for every finished run of the sweep, and in total.
+
+    None when the sweep's campaign has no pilot with a time plan in the journal."""
+    from pilotrun.stages.sheet import build_sheet, find_pilot
+
+    runs = [r for r in journal.list_runs(sweep_id=sweep_id) if (r.get("summary") or {}).get("timing")]
+    if not runs:
+        return None
+    pilot, stale = find_pilot(journal, runs[0]["name"], runs[0]["config_sha256"])
+    if pilot is None:
+        return {"pilot_run": None, "runs": [], "why": f"no pilot of campaign {runs[0]['name']!r} in the journal"}
+    sheet = build_sheet(runs[0]["config"], journal, pilot)
+    if not sheet.get("time"):
+        return {"pilot_run": pilot["run_id"], "runs": [], "why": "; ".join(sheet["problems"]) or "no time plan"}
+    here, counts = sheet["time"]["here"], sheet["time"]["counts"]
+    out = []
+    prepare_s = sheet["time"].get("prepare_s")
+    for i, r in enumerate(runs):
+        s = r["summary"]
+        terms = run_prediction(here["units"], s["counts"], counts["eval_batches"], r["kind"] == "sweep",
+                               first=i == 0, prepare_s=prepare_s)
+        predicted = sum(t["seconds"] for t in terms)
+        actual = s["timing"]["total_s"]
+        out.append({"run_id": r["run_id"], "arm": r["arm"], "seed": r["seed"], "status": r["status"],
+                    "updates": s["counts"]["updates"], "predicted_s": predicted, "actual_s": actual,
+                    "ratio": predicted / actual if actual else None, "terms": terms,
+                    "measured": {k: s["timing"].get(k) for k in ("load_s", "loop_s", "final_save_s", "export_s")}})
+    pt, at = sum(r["predicted_s"] for r in out), sum(r["actual_s"] for r in out)
+    return {"pilot_run": pilot["run_id"], "stale": stale, "runs": out, "predicted_s": pt, "actual_s": at,
+            "ratio": pt / at if at else None, "per_run_plan_s": here["per_run_s"],
+            "units": here["units"], "goal": (0.9, 1.1)}
+
+
+def time_lines(check: dict | None) -> list[str]:
+    if not check:
+        return []
+    if not check.get("runs"):
+        return [f"time plan: not compared — {check.get('why')}"]
+    lo, hi = check["goal"]
+    ok = lo <= check["ratio"] <= hi
+    lines = [f"time plan (pilot {check['pilot_run']}, this machine): predicted {P.fmt_duration(check['predicted_s'])}"
+             f" for {len(check['runs'])} run(s), actual {P.fmt_duration(check['actual_s'])}: predicted ÷ actual "
+             f"{check['ratio']:.2f} ({'within' if ok else 'OUTSIDE'} {lo}–{hi})"]
+    for r in check["runs"]:
+        lines.append(f"  {r['run_id']}  {r['arm'] or '':<10} seed {r['seed']}: predicted {r['predicted_s']:.1f}s, "
+                     f"actual {r['actual_s']:.1f}s ({r['ratio']:.2f}; {r['updates']} updates, {r['status']})")
+    if check.get("stale"):
+        lines.append(check["stale"])
+    return lines

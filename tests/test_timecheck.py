@@ -1,0 +1,106 @@
+"""The sheet's time plan against the sweep's clock (stages/timecheck.py), and in the report."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from conftest import write_campaign
+
+
+@pytest.fixture
+def piloted_sweep(demo_dir):
+    from pilotrun.campaign.load import load_campaign
+    from pilotrun.stages.pilot import pilot
+    from pilotrun.stages.sweep import sweep
+
+    path = demo_dir / "campaign.yaml"
+    c = yaml.safe_load(path.read_text())
+    c["plan"].update(control={"train.lr": 3e-3}, variants=[{"train.lr": 1e-3}], seeds=[0])
+    write_campaign(demo_dir, c)
+    home = demo_dir / "home"
+    assert pilot(load_campaign(path), home).verdict == "ok"
+    return home, sweep(load_campaign(path), home, progress=False)
+
+
+def test_each_run_is_predicted_from_the_pilots_units_for_the_work_it_did(piloted_sweep, cli, tmp_path):
+    from pilotrun.journal.store import Journal
+
+    home, result = piloted_sweep
+    check = result.data["time_check"]
+    assert check["pilot_run"] and len(check["runs"]) == 2
+    u = check["units"]
+    j = Journal(home)
+    pilot = j.get_run(check["pilot_run"])["summary"]
+    assert pilot["prepare_s"] > 0 and len(pilot["time_model"]["typical"]) == 3
+    for i, r in enumerate(check["runs"]):
+        s = j.get_run(r["run_id"])["summary"]
+        n = s["counts"]
+        assert n == {"updates": 12, "evals": 3, "checkpoints": 3, "exports": 0}  # 0, 6, 12; 6, 12 + final
+        terms = {t["term"]: t for t in r["terms"]}
+        assert terms["updates"]["seconds"] == pytest.approx(12 * u["update"])
+        assert terms["checkpoints"]["count"] == 3 and "export" not in terms and "reload check" not in terms
+        batches = terms["validation predictions"]["count"]
+        assert terms["validations"]["count"] == 3 * batches
+        # the first run reads the data and builds cold; the second reuses the encoded data and builds warm
+        start = pilot["prepare_s"] + u["load"] if i == 0 else u["reload"]
+        assert ("read and encode the data" in terms) == (i == 0)
+        assert s["timing"]["prepare_s"] > 0 if i == 0 else s["timing"]["prepare_s"] < 1e-3
+        assert r["predicted_s"] == pytest.approx(start + u["first_extra"] + 12 * u["update"]
+                                                 + 4 * batches * u["eval_batch"] + 3 * u["save"])
+        assert r["actual_s"] == s["timing"]["total_s"] > s["timing"]["loop_s"] > 0
+    assert check["predicted_s"] == pytest.approx(sum(r["predicted_s"] for r in check["runs"]))
+    assert check["ratio"] == pytest.approx(check["predicted_s"] / check["actual_s"])
+    text = "\n".join(result.messages)
+    assert f"predicted ÷ actual {check['ratio']:.2f}" in text
+    assert "memory bound: the largest observed ÷ pilot peak over 2 run(s)" in text
+
+    out = tmp_path / "r.html"
+    assert cli("report", "--home", home, "--out", out).code == 0
+    html = out.read_text()
+    assert "Campaign against the pilot: memory bound and time plan" in html
+    assert "<th>predicted ÷ actual</th>" in html and f"<td>{check['ratio']:.2f}</td>" in html
+    for r in check["runs"]:
+        assert html.count(r["run_id"]) >= 2  # in the memory table and the time table
+
+
+def test_a_plan_off_by_half_is_reported_outside_the_goal():
+    from pilotrun.stages.timecheck import time_lines
+
+    run = {"run_id": "r1", "arm": "control", "seed": 0, "predicted_s": 5.0, "actual_s": 10.0, "ratio": 0.5,
+           "updates": 12, "status": "completed"}
+    lines = time_lines({"pilot_run": "p", "runs": [run], "predicted_s": 5.0, "actual_s": 10.0, "ratio": 0.5,
+                        "goal": (0.9, 1.1)})
+    assert "predicted ÷ actual 0.50 (OUTSIDE 0.9–1.1)" in lines[0]
+    assert lines[1].strip().startswith("r1") and "(0.50; 12 updates, completed)" in lines[1]
+    ok = time_lines({"pilot_run": "p", "runs": [dict(run, ratio=1.02)], "predicted_s": 10.2, "actual_s": 10.0,
+                     "ratio": 1.02, "goal": (0.9, 1.1)})
+    assert "(within 0.9–1.1)" in ok[0]
+
+
+def test_sweep_without_pilot_is_not_compared(demo_dir):
+    from pilotrun.campaign.load import load_campaign
+    from pilotrun.stages.sweep import sweep
+
+    r = sweep(load_campaign(demo_dir / "campaign.yaml"), demo_dir / "home", progress=False)
+    assert r.data["time_check"]["pilot_run"] is None
+    assert any(m.startswith("time plan: not compared — no pilot of campaign") for m in r.messages)
+
+
+def test_updates_are_costed_at_the_budgets_mean_shape_not_the_worst_case():
+    from pilotrun.sheet.shape import fit_line, scaled_units
+
+    a, b = fit_line([(1000, 1.1), (100, 0.2), (500, 0.6)])
+    assert a == pytest.approx(0.1) and b == pytest.approx(0.001)
+    assert fit_line([(1000, 1.0), (100, 0.5), (200, 0.2)])[0] >= 0  # a negative intercept falls back to the origin
+    model = {"worst_update_tokens": 1000, "typical": [{"tokens": 100, "seconds": 0.2}, {"tokens": 500, "seconds": 0.6}],
+             "budget_update_tokens": [100, 300, 200], "worst_eval_tokens": 400, "eval_batch_tokens": [400, 200]}
+    u = scaled_units(model, steady_s=1.1, eval_s=0.8)
+    assert u["update"] == pytest.approx(0.1 + 0.001 * 200)  # the mean of 100, 300, 200 tokens
+    share = 0.1 / 1.1
+    assert u["eval_batch"] == pytest.approx(0.8 * ((share + (1 - share)) + (share + (1 - share) * 0.5)) / 2)
+    # even lengths: the worst case is the mean, nothing changes
+    even = dict(model, budget_update_tokens=[1000, 1000], eval_batch_tokens=[400])
+    assert scaled_units(even, 1.1, 0.8)["update"] == pytest.approx(1.1)
+    assert scaled_units(even, 1.1, 0.8)["eval_batch"] == pytest.approx(0.8)
+    assert scaled_units({"worst_update_tokens": 0}, 1.0, 1.0) is None
