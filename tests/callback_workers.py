@@ -163,6 +163,29 @@ def _rank_main(framework: str, home: str, out: str) -> None:
                                                           "backend": backend, **extra}))
 
 
+def one_run_of_two_ranks(ranks: list[dict], home: Path, kind: str) -> tuple[dict, dict]:
+    """What both callbacks promise on 2 ranks: one completed run of ``kind`` that rank 0 created and rank 1
+    joined, every row ok with real counters, written before rank 0 finished the run. Returns the run
+    and its rows per (phase, rank)."""
+    from pilotrun.journal.store import Journal
+
+    assert [r["rank"] for r in ranks] == [0, 1] and {r["world"] for r in ranks} == {2}
+    assert {r["backend"] for r in ranks} == {"gloo"}
+    assert ranks[0]["run_id"] == ranks[1]["run_id"]  # rank 0 created it, rank 1 got its id
+    journal = Journal(home)
+    runs = journal.list_runs()
+    assert [r["run_id"] for r in runs] == [ranks[0]["run_id"]]
+    run = runs[0]
+    assert run["kind"] == kind and run["status"] == "completed"
+    rows = journal.phase_rows(run["run_id"])
+    assert run["summary"]["phases"] == len(rows)  # rank 0 finished after rank 1 wrote its rows
+    per_rank: dict = {}
+    for r in rows:
+        per_rank.setdefault((r["phase"], r["rank"]), []).append(r)
+        assert r["verdict"] == "ok" and r["peak_allocated"] > 0 and r["duration_s"] > 0
+    return run, per_rank
+
+
 def launch_ranks(framework: str, home: Path, out: Path, nproc: int = 2, timeout: float = 240) -> list[dict]:
     """Start ``nproc`` processes of this script with torchrun's environment; return their rank-R.json."""
     from pilotrun.engine.distributed import free_port

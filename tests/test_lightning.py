@@ -155,21 +155,9 @@ def test_lightning_ddp_on_two_ranks_writes_one_run_and_rows_per_rank(tmp_path):
 
     home = tmp_path / "home"
     ranks = workers.launch_ranks("lightning", home, tmp_path / "out")
-    assert [r["rank"] for r in ranks] == [0, 1] and {r["world"] for r in ranks} == {2}
-    assert {r["backend"] for r in ranks} == {"gloo"}
-    assert ranks[0]["run_id"] == ranks[1]["run_id"]
+    run, per_rank = workers.one_run_of_two_ranks(ranks, home, "lightning")
     journal = Journal(home)
-    runs = journal.list_runs()
-    assert [r["run_id"] for r in runs] == [ranks[0]["run_id"]]
-    run = runs[0]
-    assert run["kind"] == "lightning" and run["status"] == "completed"
     assert run["config"]["world_size"] == 2 and run["config"]["strategy"] == "DDPStrategy"
-    rows = journal.phase_rows(run["run_id"])
-    assert run["summary"]["phases"] == len(rows)  # rank 0 finished after rank 1 wrote its rows
-    per_rank = {}
-    for r in rows:
-        per_rank.setdefault((r["phase"], r["rank"]), []).append(r)
-        assert r["verdict"] == "ok" and r["peak_allocated"] > 0 and r["duration_s"] > 0
     for phase, n in (("load", 1), ("first_step", 1), ("steady_step", 1), ("evaluation", 3), ("save", 1)):
         assert [len(per_rank[(phase, rank)]) for rank in (0, 1)] == [n, n], phase
     loss = journal.metrics(run["run_id"], split="train", name="loss")
