@@ -209,6 +209,25 @@ def _unwatched(kind: str, inputs: dict):
     return contextlib.nullcontext()
 
 
+class _RanOut(Exception):
+    def __init__(self, where: str, exc: BaseException):
+        super().__init__(where)
+        self.where, self.exc = where, exc
+
+
+@contextlib.contextmanager
+def _out_of_memory_ends_run(where: str):
+    """An out-of-memory error inside the block ends the run (``train`` catches ``_RanOut`` once); others propagate."""
+    from pilotrun.probe.recorder import is_oom
+
+    try:
+        yield
+    except Exception as e:
+        if not is_oom(e):
+            raise
+        raise _RanOut(where, e) from e
+
+
 def train(state: TrainState, task, train_examples: list, val_examples: list, t, *, plan_metric: str = "val_loss",
           goal: str = "minimize", checkpoint_dir=None, hooks: Hooks | None = None, progress=None) -> LoopResult:
     """The loop. ``t`` is the campaign's train section; the budget is ``state.total_updates``.
@@ -216,7 +235,6 @@ def train(state: TrainState, task, train_examples: list, val_examples: list, t, 
     An out-of-memory error in an update or a validation ends the run as ``failed`` with a reason that
     says what to change (the state stays at the last complete update); any other exception propagates."""
     from pilotrun.engine.state import save_state
-    from pilotrun.probe.recorder import is_oom
 
     hooks = hooks or Hooks()
     watch = hooks.watch or _unwatched
@@ -245,71 +263,61 @@ def train(state: TrainState, task, train_examples: list, val_examples: list, t, 
         patience = t.stop.patience
         return bool(patience and state.evals_without_improvement >= patience)
 
-    def failed(where: str, exc: BaseException) -> LoopResult:
-        result.status, result.reason = "failed", out_of_memory_reason(state, where, exc)
-        result.wall_s = time.perf_counter() - started
-        return result
-
-    if state.update == 0:
-        try:
-            do_eval()
-        except Exception as e:
-            if not is_oom(e):
-                raise
-            return failed("the validation before update 1", e)
-    while state.update < end:
-        micro_batches = [[train_examples[i] for i in mb] for mb in state.sampler.next_update()]
-        t0 = time.perf_counter()
-        seen = {"update": state.update + 1, "micro_batch": t.micro_batch,
-                "seq_len": max(e.length for mb in micro_batches for e in mb)}
-        try:
-            with watch("train", seen):
+    def loop() -> None:
+        if state.update == 0:
+            with _out_of_memory_ends_run("the validation before update 1"):
+                do_eval()
+        while state.update < end:
+            micro_batches = [[train_examples[i] for i in mb] for mb in state.sampler.next_update()]
+            t0 = time.perf_counter()
+            seen = {"update": state.update + 1, "micro_batch": t.micro_batch,
+                    "seq_len": max(e.length for mb in micro_batches for e in mb)}
+            with _out_of_memory_ends_run(f"update {state.update + 1}"), watch("train", seen):
                 out = run_update(state, task, micro_batches, max_grad_norm=t.max_grad_norm)
                 seen["targets"] = out["targets"]
-        except Exception as e:
-            if not is_oom(e):
-                raise
-            return failed(f"update {state.update + 1}", e)
-        out.update(update=state.update if out["finite"] else state.update + 1, examples_seen=state.examples_seen,
-                   seconds=time.perf_counter() - t0, wall_s=time.perf_counter() - started,
-                   ids=[[e.rid for e in mb] for mb in micro_batches],
-                   epoch=state.sampler.epoch)
-        result.history.append(out)
-        if state.initial_loss is None and out["finite"]:
-            state.initial_loss = out["loss"]
-        if hooks.on_update:
-            hooks.on_update(state, out)
-        if progress is not None:
-            progress(state, out)
-        if not out["finite"]:
-            if t.stop.on_nan:
-                result.status, result.reason = "diverged", f"loss is {out['loss']} at update {out['update']}"
+            out.update(update=state.update if out["finite"] else state.update + 1, examples_seen=state.examples_seen,
+                       seconds=time.perf_counter() - t0, wall_s=time.perf_counter() - started,
+                       ids=[[e.rid for e in mb] for mb in micro_batches],
+                       epoch=state.sampler.epoch)
+            result.history.append(out)
+            if state.initial_loss is None and out["finite"]:
+                state.initial_loss = out["loss"]
+            if hooks.on_update:
+                hooks.on_update(state, out)
+            if progress is not None:
+                progress(state, out)
+            if not out["finite"]:
+                if t.stop.on_nan:
+                    result.status, result.reason = "diverged", f"loss is {out['loss']} at update {out['update']}"
+                    break
+                continue
+            factor = t.stop.diverge_factor
+            if factor and state.initial_loss and out["loss"] > factor * state.initial_loss:
+                result.status = "diverged"
+                result.reason = (f"loss {out['loss']:.4g} at update {state.update} is above {factor} × the first "
+                                 f"update's {state.initial_loss:.4g} (train.stop.diverge_factor)")
                 break
-            continue
-        factor = t.stop.diverge_factor
-        if factor and state.initial_loss and out["loss"] > factor * state.initial_loss:
-            result.status = "diverged"
-            result.reason = (f"loss {out['loss']:.4g} at update {state.update} is above {factor} × the first "
-                             f"update's {state.initial_loss:.4g} (train.stop.diverge_factor)")
-            break
-        last = state.update == end
-        if state.update % t.eval_every == 0 or (last and state.update == state.total_updates):
-            try:
-                patience_stop = do_eval()
-            except Exception as e:
-                if not is_oom(e):
-                    raise
-                return failed(f"the validation after update {state.update}", e)
-            if patience_stop:
-                result.status = "stopped"
-                result.reason = (f"{t.stop.patience} validations without improvement of {plan_metric} "
-                                 f"(train.stop.patience) at update {state.update}")
-                break
-        if checkpoint_dir is not None and t.save_every and state.update % t.save_every == 0:
-            with watch("save", {"update": state.update}):
-                path = save_state(state, f"{checkpoint_dir}/update-{state.update:06d}")
-            if hooks.on_checkpoint:
-                hooks.on_checkpoint(state, path)
+            last = state.update == end
+            if state.update % t.eval_every == 0 or (last and state.update == state.total_updates):
+                with _out_of_memory_ends_run(f"the validation after update {state.update}"):
+                    patience_stop = do_eval()
+                if patience_stop:
+                    result.status = "stopped"
+                    result.reason = (f"{t.stop.patience} validations without improvement of {plan_metric} "
+                                     f"(train.stop.patience) at update {state.update}")
+                    break
+            if checkpoint_dir is not None and t.save_every and state.update % t.save_every == 0:
+                with watch("save", {"update": state.update}):
+                    path = save_state(state, f"{checkpoint_dir}/update-{state.update:06d}")
+                if hooks.on_checkpoint:
+                    hooks.on_checkpoint(state, path)
+
+    try:
+        loop()
+    except _RanOut as r:
+        result.status, result.reason = "failed", out_of_memory_reason(state, r.where, r.exc)
+        result.wall_s = time.perf_counter() - started
+        return result
     if result.status == "completed" and hooks.stop_at is not None and state.update < state.total_updates:
         result.reason = f"stopped at update {state.update} as asked"
     result.wall_s = time.perf_counter() - started
