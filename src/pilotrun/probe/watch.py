@@ -88,7 +88,7 @@ def bound_rows(observed: list[dict], pilot_rows: list[dict], pilot_run: str | No
         peak = peak_of(row)
         ref = max(mine, key=peak_of) if mine else None
         info = {"peak": peak, "counter": row.get("counter"), "inputs": row["inputs"], "pilot_peak": None,
-                "pilot_phase": None, "ratio": None, "noise": None}
+                "pilot_phase": None, "ratio": None, "noise": None, "over": False}
         verdict, note = "ok", "no pilot row to compare with"
         if ref is not None and peak is not None:
             pp = peak_of(ref)
@@ -96,7 +96,7 @@ def bound_rows(observed: list[dict], pilot_rows: list[dict], pilot_run: str | No
             noise = noise_bytes(row.get("counter"), pp)
             info.update(pilot_peak=pp, pilot_phase=ref["phase"], ratio=ratio, noise=noise)
             if ratio is not None and peak > pp + noise:
-                verdict = "warn"
+                verdict, info["over"] = "warn", True
                 note = (f"the pilot did not see the worst case: {_where(row['inputs'])} peaked at {fmt_bytes(peak)}, "
                         f"{ratio:.3f} × the pilot's {ref['phase']} ({fmt_bytes(pp)}; noise allowance "
                         f"{fmt_bytes(noise)})")
