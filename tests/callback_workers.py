@@ -223,3 +223,6 @@ def launch_ranks(framework: str, home: Path, out: Path, nproc: int = 2, timeout:
 
 if __name__ == "__main__":
     _rank_main(*sys.argv[1:4])
+    from pilotrun.engine.distributed import exit_rank
+
+    exit_rank(0)  # as pilotrun's own ranks end: gloo can abort the interpreter's finalisation

@@ -75,4 +75,10 @@ def run(argv: list[str] | None = None) -> int:
 
 
 def main() -> None:
-    sys.exit(run())
+    code = run()
+    if "torch.distributed" in sys.modules:  # one rank of a torchrun launch: see exit_rank
+        from pilotrun.engine.distributed import exit_rank, is_initialized
+
+        if is_initialized():
+            exit_rank(code)
+    sys.exit(code)
