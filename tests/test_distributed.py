@@ -152,3 +152,58 @@ def test_pilot_under_torchrun_makes_one_run_with_both_ranks(tmp_path):
     rows = Journal(home).phase_rows(run["run_id"])
     assert sorted((r["phase"], r["rank"]) for r in rows) == sorted((p, k) for p in PHASES for k in (0, 1))
     assert all(r["verdict"] == "ok" and r["inputs"].get("ranks", 2) == 2 for r in rows)
+
+
+def test_train_on_two_ranks_is_the_run_the_arithmetic_describes(tmp_path, cli):
+    """`train` with ddp × 2 spawns two ranks into one run: each update takes micro_batch × accumulation × 2
+    examples, so its loss curve is that of one process accumulating twice as many micro-batches."""
+    from pilotrun.engine.state import is_complete
+    from pilotrun.journal import Journal
+
+    records = [{"instruction": "x" * (3 + 5 * (i % 7)), "output": "y" * (1 + 3 * (i % 5))} for i in range(24)]
+    common = dict(train__micro_batch=2, train__updates=3, train__eval_every=3, train__optimizer="sgd", train__lr=0.5)
+    two = tiny_causal_campaign(tmp_path / "two", records, records[:6], train__strategy="ddp", train__nproc=2,
+                               train__accumulation=2, **common)
+    one = tiny_causal_campaign(tmp_path / "one", records, records[:6], train__accumulation=4, **common)
+    home = tmp_path / "home"
+    r2 = cli("train", str(two), "--home", str(home), "--json")
+    assert r2.code == 0, r2.err
+    r1 = cli("train", str(one), "--home", str(home), "--json")
+    assert r1.code == 0, r1.err
+    journal = Journal(home)
+    run2, run1 = journal.get_run(r2.json["data"]["run_id"]), journal.get_run(r1.json["data"]["run_id"])
+    assert run2["status"] == run1["status"] == "completed"
+    assert run2["summary"]["ranks"] == 2 and run2["summary"]["examples_seen"] == 3 * 2 * 2 * 2
+    assert run2["summary"]["examples_seen"] == run1["summary"]["examples_seen"]
+    loss2 = [m["value"] for m in journal.metrics(run2["run_id"], "train", "loss")]
+    loss1 = [m["value"] for m in journal.metrics(run1["run_id"], "train", "loss")]
+    assert len(loss2) == 3 and loss2 == pytest.approx(loss1, rel=1e-5)
+    val2 = [m["value"] for m in journal.metrics(run2["run_id"], "validation", "val_loss")]
+    val1 = [m["value"] for m in journal.metrics(run1["run_id"], "validation", "val_loss")]
+    assert val2 == pytest.approx(val1, rel=1e-5)
+
+    run_dir = Path(r2.json["data"]["run_dir"])
+    assert is_complete(run_dir / "checkpoints" / "final") and (run_dir / "artifact").is_dir()
+    assert r2.json["data"]["control_predictions"] > 0
+    observed = [r for r in journal.phase_rows(run2["run_id"]) if r["phase"].startswith("observed_")]
+    assert {r["rank"] for r in observed} == {0, 1}  # both ranks' peaks, gathered by rank 0
+    assert any("on 2 ranks" in m for m in r2.json["messages"])
+
+
+def test_train_under_torchrun_makes_one_run_of_two_ranks(tmp_path):
+    import subprocess
+    import sys
+
+    from pilotrun.engine.distributed import free_port
+    from pilotrun.journal import Journal
+
+    path = tiny_causal_campaign(tmp_path, simple_records(16), simple_records(4, 50), train__strategy="ddp",
+                                train__nproc=2, train__updates=2, train__eval_every=2)
+    home = tmp_path / "home"
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                           str(free_port()), "-m", "pilotrun", "train", str(path), "--home", str(home)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (run,) = Journal(home).list_runs(kind="train")  # rank 1 joined rank 0's run
+    assert run["status"] == "completed" and run["summary"]["examples_seen"] == 2 * 2 * 2 * 2
+    assert {r["rank"] for r in Journal(home).phase_rows(run["run_id"])} == {0, 1}

@@ -186,6 +186,17 @@ def barrier() -> None:
         dist.barrier()
 
 
+def broadcast_from_rank0(obj):
+    """Rank 0's ``obj`` on every rank (any picklable object); ``obj`` itself without torch.distributed."""
+    if not is_initialized():
+        return obj
+    import torch.distributed as dist
+
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 def gather_to_rank0(obj) -> list | None:
     """Every rank's ``obj``, in rank order, on rank 0 (None elsewhere); ``[obj]`` without torch.distributed."""
     if not is_initialized():

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from transformers import TrainerCallback
 
+from pilotrun.engine.distributed import broadcast_from_rank0
 from pilotrun.integrations._common import Recorder, is_number
 
 KIND = "hf-trainer"
@@ -45,7 +46,7 @@ class PilotrunCallback(TrainerCallback):
     def on_train_begin(self, args, state, control, **kw):
         if self.rec.run_id is None:
             self.rec.create_run(args.to_dict(), seed=args.seed, is_rank0=state.is_world_process_zero,
-                                broadcast=_broadcast)
+                                broadcast=broadcast_from_rank0)
         if not self.rec.is_open("load"):
             self._start("load", {"model": type(kw.get("model")).__name__})
         self.rec.end("load")
@@ -107,11 +108,3 @@ def _barrier() -> None:
     barrier()
 
 
-def _broadcast(run_id: str | None) -> str | None:
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        box = [run_id]
-        dist.broadcast_object_list(box, src=0)
-        return box[0]
-    return run_id

@@ -104,7 +104,8 @@ def bound_rows(observed: list[dict], pilot_rows: list[dict], pilot_run: str | No
             else:
                 note = (f"{ratio:.3f} × the pilot's {ref['phase']} peak ({fmt_bytes(peak)} vs {fmt_bytes(pp)}; "
                         f"noise allowance {fmt_bytes(noise)}); worst at {_where(row['inputs'])}")
-        kinds[kind] = info
+        if kind not in kinds or (info["ratio"] or 0) > (kinds[kind]["ratio"] or 0):
+            kinds[kind] = info | {"rank": row["rank"]}  # the worst rank's, when several ranks ran
         out.append(dict(row, phase=f"observed_{kind}", verdict=verdict, note=note))
     ratios = [k["ratio"] for k in kinds.values() if k["ratio"] is not None]
     return out, {"pilot_run": pilot_run, "max_ratio": max(ratios) if ratios else None, "kinds": kinds,

@@ -63,7 +63,7 @@ def pilot(loaded, home, *, memory_limit=None, inject=None) -> StageResult:
     prep = prepare(loaded, splits=("train", "validation"))
     prepare_s = time.perf_counter() - t0
     c = prep.c
-    from pilotrun.engine.distributed import check_strategy, launch, under_launcher
+    from pilotrun.engine.distributed import broadcast_from_rank0, check_strategy, launch, under_launcher
 
     check_strategy(c.train)
     limit = (parse_size(memory_limit) if isinstance(memory_limit, str) else memory_limit) \
@@ -81,7 +81,7 @@ def pilot(loaded, home, *, memory_limit=None, inject=None) -> StageResult:
         job = PilotJob(loaded, str(journal.home), rec.run_id, str(rec.dir), limit, inject)
         world = c.train.nproc if c.train.strategy in ("ddp", "fsdp") else 1
         if under_launcher():
-            _broadcast([job])
+            broadcast_from_rank0(job)
             _rank_main(job, prep)
         elif world > 1:
             launch(_rank_main, world, (job,))
@@ -117,7 +117,7 @@ def pilot(loaded, home, *, memory_limit=None, inject=None) -> StageResult:
                f"({fmt_bytes(max(peak.get('peak_reserved') or 0, peak.get('peak_allocated') or 0))})" if peak
                else "no rows")
     if under_launcher():
-        _broadcast(["fail" if bad else "ok"])
+        broadcast_from_rank0("fail" if bad else "ok")
     return StageResult("pilot", "fail" if bad else "ok", summary, messages,
                        {"run_id": rec.run_id, "memory_limit": limit, "rows": rows}, columns=_columns(rows), rows=table)
 
@@ -129,20 +129,15 @@ def _columns(rows: list[dict]) -> list[str]:
     return COLUMNS
 
 
-def _broadcast(box: list) -> list:
-    import torch.distributed as dist
-
-    dist.broadcast_object_list(box, src=0)
-    return box
-
-
 def _follower(prep) -> StageResult:
     """A rank other than 0 under torchrun: run the phases with rank 0's job; rank 0 reports."""
     import torch.distributed as dist
 
-    (job,) = _broadcast([None])
+    from pilotrun.engine.distributed import broadcast_from_rank0
+
+    job = broadcast_from_rank0(None)
     _rank_main(job, prep)
-    (verdict,) = _broadcast([None])
+    verdict = broadcast_from_rank0(None)
     rank = dist.get_rank()
     return StageResult("pilot", verdict, f"rank {rank}: rows gathered into run {job.run_id} by rank 0",
                        data={"run_id": job.run_id, "rank": rank})

@@ -205,7 +205,7 @@ def run_phases(job: PilotJob, prep=None) -> list[dict]:
     else:
         with measured("export", {"path": "artifact"}) as p:
             _plant(job, "export", task)
-            written = _export(task, state.model, art, rank, c.train.strategy)
+            written = export_artifact(task, state.model, art, rank, c.train.strategy)
             if rank == 0:
                 p.inputs.update(parts=written, bytes=_dir_bytes(art))
             done.add("export")
@@ -272,11 +272,11 @@ def _sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _export(task, model, out_dir: Path, rank: int, strategy: str) -> list[str]:
+def export_artifact(task, model, out_dir: Path, rank: int, strategy: str) -> list[str]:
     """Rank 0 writes the artifact; under FSDP every rank first helps gather the full weights."""
     import shutil
 
-    from pilotrun.engine.distributed import barrier
+    from pilotrun.engine.distributed import barrier, broadcast_from_rank0
 
     if strategy == "fsdp":
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
@@ -288,23 +288,13 @@ def _export(task, model, out_dir: Path, rank: int, strategy: str) -> list[str]:
             plain.load_state_dict(full)
             written = task.save_artifact(plain, out_dir)
         barrier()
-        return _broadcast(written)
+        return broadcast_from_rank0(written)
     written = []
     if rank == 0:
         if out_dir.exists():
             shutil.rmtree(out_dir)
         written = task.save_artifact(_unwrap(model), out_dir)
     barrier()
-    return _broadcast(written)
+    return broadcast_from_rank0(written)
 
 
-def _broadcast(obj):
-    from pilotrun.engine.distributed import is_initialized
-
-    if not is_initialized():
-        return obj
-    import torch.distributed as dist
-
-    box = [obj]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]

@@ -45,6 +45,16 @@ class RunRecorder:
         self._flushed = time.monotonic()
         self.finished = False
 
+    @classmethod
+    def attach(cls, journal: Journal, run_id: str) -> "RunRecorder":
+        """A recorder for a run another process created and will finish (rank 0 of spawned ranks): it logs
+        metrics into the run; ``flush`` writes them; finishing stays with the run's owner."""
+        rec = cls.__new__(cls)
+        rec.journal, rec.run_id, rec.dir = journal, run_id, journal.run_dir(run_id)
+        rec._metrics = open(rec.dir / "metrics.jsonl", "a", encoding="utf-8")
+        rec._rows, rec._progress, rec._flushed, rec.finished = [], None, time.monotonic(), False
+        return rec
+
     def log(self, split: str, step: int, values: dict, *, examples_seen: int | None = None,
             wall_s: float | None = None, flush: bool = False) -> None:
         """Journal rows are buffered: written in one transaction at most every ``FLUSH_S`` seconds, at every validation

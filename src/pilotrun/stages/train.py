@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
-from pilotrun.engine.distributed import default_device
 from pilotrun.engine.loop import Hooks, make_state, train
 from pilotrun.journal.files import write_manifest
 from pilotrun.journal.store import Journal
@@ -16,16 +16,16 @@ from pilotrun.stages.runs import RunRecorder, write_run_readme
 CONTROL_EXAMPLES = 4  # validation examples whose predictions are stored with every run
 
 
-def store_control_predictions(recorder: RunRecorder, prep: Prepared, model) -> list[dict]:
-    """Predictions (journal) and top logits (control.safetensors) on the control inputs; before the manifest."""
+def control_predictions(prep: Prepared, model) -> tuple[list, list, object]:
+    """The control inputs, the model's predictions on them and its top logits (None for a task without)."""
     import torch
 
-    from pilotrun.stages.control import save_control, target_logits, tokenizer_facts
+    from pilotrun.stages.control import target_logits
 
     pool = prep.validation or prep.train
     control = pool[:CONTROL_EXAMPLES]
     if not control:
-        return []
+        return [], [], None
     model.eval()
     with torch.no_grad():
         batch = prep.task.collate(control)
@@ -33,6 +33,16 @@ def store_control_predictions(recorder: RunRecorder, prep: Prepared, model) -> l
         batch = {k: (v.to(device) if hasattr(v, "to") else v) for k, v in batch.items()}
         preds = prep.task.predict(model, batch)
         logits = target_logits(prep.task, model, batch)
+    return control, preds, logits
+
+
+def store_control_predictions(recorder: RunRecorder, prep: Prepared, model, computed=None) -> list[dict]:
+    """Predictions (journal) and top logits (control.safetensors) on the control inputs; before the manifest."""
+    from pilotrun.stages.control import save_control, tokenizer_facts
+
+    control, preds, logits = computed or control_predictions(prep, model)
+    if not control:
+        return []
     items = [(e.rid, {"input_ids": e.input_ids, "labels": e.labels, "pred": p, **({"meta": e.meta} if e.meta else {})})
              for e, p in zip(control, preds)]
     recorder.journal.add_predictions(recorder.run_id, "control", items)
@@ -42,111 +52,222 @@ def store_control_predictions(recorder: RunRecorder, prep: Prepared, model) -> l
     return [{"rid": rid, **v} for rid, v in items]
 
 
+@dataclass
+class TrainJob:
+    """What every rank of a multi-process run needs (picklable: it crosses into spawned processes)."""
+
+    loaded: object
+    home: str
+    run_id: str
+    kind: str
+    save_artifact: bool
+    validation_predictions: bool
+    result_path: str | None = None  # where rank 0 leaves its outcome for the parent (spawned ranks only)
+
+
 def train_run(loaded, home, *, kind: str = "train", supersedes: str | None = None, sweep_id: str | None = None,
               arm: str | None = None, hooks: Hooks | None = None, progress: bool = True, prep: Prepared | None = None,
               save_artifact: bool = True, command: str | None = None,
               validation_predictions: bool = False, prepare_s: float | None = None) -> StageResult:
-    """Prepare everything that can fail on bad input first; only then create the run."""
-    from pilotrun.engine.distributed import world_rank
-    from pilotrun.probe.memory import release_free_memory
-    from pilotrun.probe.watch import PeakWatch
+    """Prepare everything that can fail on bad input first; only then create the run.
+
+    With ``train.strategy`` ddp/fsdp and ``train.nproc`` > 1 the run has that many ranks, as the batch
+    arithmetic says: spawned here (rank 0 records; this process owns and finishes the run), or, under
+    torchrun, this process is one of them (rank 0 creates the run, the others join it).
+    """
+    from pilotrun.campaign.arithmetic import data_parallel_ranks
+    from pilotrun.engine.distributed import (broadcast_from_rank0, check_strategy, init_from_launcher,
+                                             is_initialized, launch, under_launcher, world_rank)
 
     t_start = time.perf_counter() - (prepare_s or 0.0)  # a caller that prepared for us says how long it took
     prep = prep or prepare(loaded, splits=("train", "validation"))
+    t_prepared = time.perf_counter()
+    c = prep.c
+    prep.arithmetic()  # too few examples for one update is bad input, before any run exists
+    world = data_parallel_ranks(c.train)
+    check_strategy(c.train)
+    spawn = world > 1 and not is_initialized() and not under_launcher()
+    if world > 1 and not spawn:
+        init_from_launcher()
+        if world_rank()[0] != world:
+            from pilotrun.errors import BadInput
+
+            raise BadInput(f"train.nproc={world} but this process is one of {world_rank()[0]} ranks",
+                           where="train.nproc", fix=f"launch with torchrun --nproc_per_node {world}, or set "
+                                                    f"train.nproc={world_rank()[0]}")
+    if spawn and hooks is not None:
+        raise ValueError("hooks cannot follow a run into spawned ranks; run under torchrun to use them")
+    if world > 1 and not spawn and world_rank()[1] != 0:
+        job = broadcast_from_rank0(None)
+        _ranked_run(job, prep, None, None, progress=False, t_start=t_start, t_prepared=t_prepared)
+        rank = world_rank()[1]
+        return StageResult(kind, "ok", f"rank {rank}: joined {kind} run {job.run_id}",
+                           data={"run_id": job.run_id, "rank": rank})
+    journal = Journal(home)
+    with RunRecorder(journal, loaded, kind=kind, supersedes=supersedes, sweep_id=sweep_id, arm=arm,
+                     command=command) as rec:
+        job = TrainJob(loaded, str(journal.home), rec.run_id, kind, save_artifact, validation_predictions)
+        if spawn:
+            import json
+            import tempfile
+
+            with tempfile.TemporaryDirectory(prefix="pilotrun-ranks-") as tmp:
+                job.result_path = str(Path(tmp) / "rank0.json")
+                launch(_spawned_rank, world, (job,))
+                out = json.loads(Path(job.result_path).read_text())  # we wrote it a moment ago
+        else:
+            if world > 1:
+                broadcast_from_rank0(job)
+            out = _ranked_run(job, prep, rec, hooks, progress=progress, t_start=t_start, t_prepared=t_prepared)
+        rec.finish(out["status"], out["summary"])
+    return _result(kind, rec.run_id, str(rec.dir), out, world)
+
+
+def _spawned_rank(job: TrainJob) -> None:
+    """One spawned rank: prepare (each process encodes its own copy), train; rank 0 writes the outcome."""
+    import json
+
+    from pilotrun.engine.distributed import world_rank
+    from pilotrun.journal.files import atomic_write_text
+
+    t_start = time.perf_counter()
+    prep = prepare(job.loaded, splits=("train", "validation"))
+    t_prepared = time.perf_counter()
+    rank = world_rank()[1]
+    rec = RunRecorder.attach(Journal(job.home), job.run_id) if rank == 0 else None
+    try:
+        out = _ranked_run(job, prep, rec, None, progress=rank == 0, t_start=t_start, t_prepared=t_prepared)
+    finally:
+        if rec is not None:
+            rec.flush()
+    if rank == 0:
+        atomic_write_text(Path(job.result_path), json.dumps(out))
+
+
+def _ranked_run(job: TrainJob, prep: Prepared, rec: RunRecorder | None, hooks: Hooks | None, *, progress: bool,
+                t_start: float, t_prepared: float) -> dict:
+    """The run on this process (one of its ranks, or the whole of it): loop, final checkpoint, artifact,
+    control predictions, memory bound. Only the process with ``rec`` (rank 0) writes to the journal;
+    returns ``{"status", "summary", "evals", "control"}``."""
+    from pilotrun.engine.distributed import default_device, gather_to_rank0, world_rank, wrap_model
+    from pilotrun.engine.state import save_state
+    from pilotrun.probe.memory import release_free_memory
+    from pilotrun.probe.watch import PeakWatch
+    from pilotrun.stages.pilot_phases import export_artifact
+
     c = prep.c
     arith = prep.arithmetic()
-    t_prepared = time.perf_counter()
+    world, rank = world_rank()
     release_free_memory()  # a sweep's runs share a process: start this one without the last one's leftovers
     t_load = time.perf_counter()
     model = prep.task.build_model()
     device = default_device()
     model.to(device)
-    state = make_state(model, c.train, n_train=len(prep.train), seed=c.seed, total_updates=arith["updates"],
+    wrapped = wrap_model(model, c.train.strategy, device)
+    state = make_state(wrapped, c.train, n_train=len(prep.train), seed=c.seed, total_updates=arith["updates"],
                        device=device)
     timing = {"prepare_s": t_prepared - t_start, "load_s": time.perf_counter() - t_load}
-    watch = PeakWatch(device, rank=world_rank()[1])
-    journal = Journal(home)
-    with RunRecorder(journal, loaded, kind=kind, supersedes=supersedes, sweep_id=sweep_id, arm=arm,
-                     command=command) as rec:
-        user = hooks or Hooks()
+    watch = PeakWatch(device, rank=rank)
+    run_dir = Journal(job.home).run_dir(job.run_id)
+    user = hooks or Hooks()
 
-        def on_update(st, out):
+    def on_update(st, out):
+        if rec is not None:
             rec.log("train", out["update"], {"loss": out["loss"], "lr": out["lr"], "grad_norm": out["grad_norm"],
                                              "targets": out["targets"]},
                     examples_seen=out["examples_seen"], wall_s=out["wall_s"])
             rec.progress(st.update, st.examples_seen)
-            if user.on_update:
-                user.on_update(st, out)
+        if user.on_update:
+            user.on_update(st, out)
 
-        def on_eval(st, ev):
+    def on_eval(st, ev):
+        if rec is not None:
             rec.log("validation", ev["update"], {"val_loss": ev["val_loss"]}, examples_seen=ev["examples_seen"],
                     wall_s=ev["wall_s"], flush=True)
-            if user.on_eval:
-                user.on_eval(st, ev)
+        if user.on_eval:
+            user.on_eval(st, ev)
 
-        def on_checkpoint(st, path):
+    def on_checkpoint(st, path):
+        if rec is not None:
             rec.flush()  # a checkpoint's metrics are in the journal before anything resumes from it
-            if user.on_checkpoint:
-                user.on_checkpoint(st, path)
+        if user.on_checkpoint:
+            user.on_checkpoint(st, path)
 
-        loop_hooks = Hooks(on_update=on_update, on_eval=on_eval, on_checkpoint=on_checkpoint,
-                           stop_at=user.stop_at, watch=watch)
-        bar = _progress_bar(arith["updates"]) if progress else None
-        try:
-            result = train(state, prep.task, prep.train, prep.validation, c.train, plan_metric=c.plan.metric,
-                           goal=c.plan.goal, checkpoint_dir=rec.dir / "checkpoints", hooks=loop_hooks,
-                           progress=bar.advance if bar else None)
-        finally:
-            if bar:
-                bar.close()
-        from pilotrun.engine.state import save_state
-
-        timing["loop_s"] = result.wall_s
+    loop_hooks = Hooks(on_update=on_update, on_eval=on_eval, on_checkpoint=on_checkpoint,
+                       stop_at=user.stop_at, watch=watch)
+    bar = _progress_bar(arith["updates"]) if progress else None
+    try:
+        result = train(state, prep.task, prep.train, prep.validation, c.train, plan_metric=c.plan.metric,
+                       goal=c.plan.goal, checkpoint_dir=run_dir / "checkpoints", hooks=loop_hooks,
+                       progress=bar.advance if bar else None)
+    finally:
+        if bar:
+            bar.close()
+    timing["loop_s"] = result.wall_s
+    t0 = time.perf_counter()
+    with watch("save", {"update": state.update, "path": "checkpoints/final"}):
+        save_state(state, run_dir / "checkpoints" / "final")
+    timing["final_save_s"] = time.perf_counter() - t0
+    artifact = []
+    ran_out = result.status == "failed"  # out of memory: no artifact or predictions a later stage could trust
+    if job.save_artifact and not ran_out:
         t0 = time.perf_counter()
-        with watch("save", {"update": state.update, "path": "checkpoints/final"}):
-            save_state(state, rec.dir / "checkpoints" / "final")
-        timing["final_save_s"] = time.perf_counter() - t0
-        artifact = []
-        ran_out = result.status == "failed"  # out of memory: no artifact or predictions a later stage could trust
-        if save_artifact and not ran_out:
-            t0 = time.perf_counter()
-            with watch("export", {"update": state.update, "path": "artifact"}):
-                artifact = prep.task.save_artifact(model, rec.dir / "artifact")
-            timing["export_s"] = time.perf_counter() - t0
-        control = [] if ran_out else store_control_predictions(rec, prep, model)
-        bound = record_memory_bound(journal, rec.run_id, c.name, loaded.config_sha256(), watch,
-                                    loaded.resolved_dict())
-        if validation_predictions and not ran_out:
+        with watch("export", {"update": state.update, "path": "artifact"}):
+            artifact = export_artifact(prep.task, wrapped, run_dir / "artifact", rank, c.train.strategy)
+        timing["export_s"] = time.perf_counter() - t0
+    # under FSDP every rank takes part in the forward passes; otherwise rank 0 alone, on the plain module
+    predicting = not ran_out and (rank == 0 or c.train.strategy == "fsdp")
+    pred_model = wrapped if c.train.strategy == "fsdp" else model
+    computed = control_predictions(prep, pred_model) if predicting else None
+    observed = gather_to_rank0(watch.rows())
+    if rec is None:
+        if predicting and job.validation_predictions:
             from pilotrun.stages.val_predictions import store_validation_predictions
 
-            store_validation_predictions(rec, prep, model)
-        summary = {"reason": result.reason, "updates": state.update, "examples_seen": state.examples_seen,
-                   "wall_s": result.wall_s, "final_val_loss": result.evals[-1]["val_loss"] if result.evals else None,
-                   "first_val_loss": result.evals[0]["val_loss"] if result.evals else None,
-                   "best_metric": state.best_metric, "artifact": artifact, "arithmetic": arith,
-                   "seconds_per_update": _median([h["seconds"] for h in result.history[1:]] or
-                                                 [h["seconds"] for h in result.history]),
-                   "memory_bound": bound, "timing": timing,
-                   "counts": {"updates": state.update, "evals": len(result.evals),
-                              "checkpoints": (state.update // c.train.save_every if c.train.save_every else 0) + 1,
-                              "exports": int(bool(save_artifact))}}
-        timing["total_s"] = time.perf_counter() - t_start
-        write_run_readme(rec.dir, journal.get_run(rec.run_id))
-        write_manifest(rec.dir, {"kind": "pilotrun-run", "run_id": rec.run_id})
-        rec.finish(result.status, summary)
-    verdict = "fail" if result.status != "completed" else "warn" if bound["warnings"] else "ok"
+            store_validation_predictions(None, prep, pred_model)
+        return {}
+    control = store_control_predictions(rec, prep, model, computed) if computed else []
+    loaded = job.loaded
+    bound = record_memory_bound(rec.journal, rec.run_id, c.name, loaded.config_sha256(),
+                                [row for rows in observed for row in rows], loaded.resolved_dict())
+    if job.validation_predictions and not ran_out:
+        from pilotrun.stages.val_predictions import store_validation_predictions
+
+        store_validation_predictions(rec, prep, pred_model)
+    summary = {"reason": result.reason, "updates": state.update, "examples_seen": state.examples_seen,
+               "wall_s": result.wall_s, "final_val_loss": result.evals[-1]["val_loss"] if result.evals else None,
+               "first_val_loss": result.evals[0]["val_loss"] if result.evals else None,
+               "best_metric": state.best_metric, "artifact": artifact, "arithmetic": arith, "ranks": world,
+               "seconds_per_update": _median([h["seconds"] for h in result.history[1:]] or
+                                             [h["seconds"] for h in result.history]),
+               "memory_bound": bound, "timing": timing,
+               "counts": {"updates": state.update, "evals": len(result.evals),
+                          "checkpoints": (state.update // c.train.save_every if c.train.save_every else 0) + 1,
+                          "exports": int(bool(job.save_artifact))}}
+    timing["total_s"] = time.perf_counter() - t_start
+    write_run_readme(rec.dir, rec.journal.get_run(rec.run_id))
+    write_manifest(rec.dir, {"kind": "pilotrun-run", "run_id": rec.run_id})
     evals = [{"update": e["update"], "val_loss": e["val_loss"], "examples_seen": e["examples_seen"]}
              for e in result.evals]
-    msgs = [f"run {rec.run_id}: {result.status} — {result.reason}",
-            f"{state.update} updates, {state.examples_seen} examples seen in {result.wall_s:.1f}s"]
+    return {"status": result.status, "summary": summary, "evals": evals, "control": len(control)}
+
+
+def _result(kind: str, run_id: str, run_dir: str, out: dict, world: int) -> StageResult:
+    summary, evals = out["summary"], out["evals"]
+    bound = summary["memory_bound"]
+    status = out["status"]
+    verdict = "fail" if status != "completed" else "warn" if bound["warnings"] else "ok"
+    msgs = [f"run {run_id}: {status} — {summary['reason']}",
+            f"{summary['updates']} updates, {summary['examples_seen']} examples seen in {summary['wall_s']:.1f}s"
+            + (f" on {world} ranks" if world > 1 else "")]
     if evals:
         msgs.append(f"val_loss {evals[0]['val_loss']:.4f} (update {evals[0]['update']}) → "
                     f"{evals[-1]['val_loss']:.4f} (update {evals[-1]['update']})")
     msgs += bound_lines(bound)
-    return StageResult(kind, verdict, f"{kind} run {rec.run_id} {result.status}", msgs,
-                       {"run_id": rec.run_id, "status": result.status, "reason": result.reason,
-                        "updates": state.update, "examples_seen": state.examples_seen, "validation": evals,
-                        "control_predictions": len(control), "run_dir": str(rec.dir)},
+    return StageResult(kind, verdict, f"{kind} run {run_id} {status}", msgs,
+                       {"run_id": run_id, "status": status, "reason": summary["reason"],
+                        "updates": summary["updates"], "examples_seen": summary["examples_seen"], "validation": evals,
+                        "control_predictions": out["control"], "run_dir": run_dir},
                        columns=["update", "val_loss", "examples_seen"], rows=evals)
 
 
@@ -171,14 +292,16 @@ def memory_keys_changed(a: dict, b: dict) -> list[str]:
                   and not any(k == f or k.startswith(f + ".") for f in free))
 
 
-def record_memory_bound(journal, run_id: str, name: str, sha: str, watch, run_config: dict | None = None) -> dict:
-    """The run's observed peaks as ledger rows, each against the pilot's peak for the same phase kind."""
+def record_memory_bound(journal, run_id: str, name: str, sha: str, observed: list[dict],
+                        run_config: dict | None = None) -> dict:
+    """The run's observed peaks (``PeakWatch.rows()``, every rank's) as ledger rows, each against the pilot's
+    peak for the same phase kind and rank."""
     from pilotrun.probe.watch import bound_rows
     from pilotrun.stages.sheet import find_pilot
 
     pilot, stale = find_pilot(journal, name, sha)
     pilot_rows = journal.phase_rows(pilot["run_id"]) if pilot else []
-    rows, bound = bound_rows(watch.rows(), pilot_rows, pilot["run_id"] if pilot else None)
+    rows, bound = bound_rows(observed, pilot_rows, pilot["run_id"] if pilot else None)
     if stale and run_config is not None:
         changed = memory_keys_changed(pilot["config"], run_config)
         if changed:

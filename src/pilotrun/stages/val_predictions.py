@@ -15,7 +15,8 @@ def _targets(task, example) -> list[int]:
 
 
 def store_validation_predictions(recorder, prep, model) -> int:
-    """Greedy predictions at the targets of every validation example; returns how many were stored."""
+    """Greedy predictions at the targets of every validation example; returns how many were stored.
+    ``recorder=None``: a rank that only takes part in the forward passes (FSDP) stores nothing."""
     import torch
 
     examples = prep.validation
@@ -32,5 +33,6 @@ def store_validation_predictions(recorder, prep, model) -> int:
             for e, pred in zip(chunk, prep.task.predict(model, batch)):
                 target = _targets(prep.task, e)
                 items.append((e.rid, {"pred": pred, "target": target, "exact": pred == target}))
-    recorder.journal.add_predictions(recorder.run_id, "validation", items)
+    if recorder is not None:
+        recorder.journal.add_predictions(recorder.run_id, "validation", items)
     return len(items)
