@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import simple_records, tiny_causal_campaign
+from conftest import TINY_LLAMA, simple_records, tiny_causal_campaign
 
 from pilotrun.campaign import load_campaign
 from pilotrun.errors import BadInput
@@ -207,3 +207,11 @@ def test_train_under_torchrun_makes_one_run_of_two_ranks(tmp_path):
     (run,) = Journal(home).list_runs(kind="train")  # rank 1 joined rank 0's run
     assert run["status"] == "completed" and run["summary"]["examples_seen"] == 2 * 2 * 2 * 2
     assert {r["rank"] for r in Journal(home).phase_rows(run["run_id"])} == {0, 1}
+
+
+def test_a_model_that_cannot_be_built_stops_a_two_rank_train_before_any_run(tmp_path, cli):
+    path = tiny_causal_campaign(tmp_path, simple_records(16), train__strategy="ddp", train__nproc=2,
+                                model__config=dict(TINY_LLAMA, vocab_size=100))
+    r = cli("train", str(path), "--home", str(tmp_path / "home"))
+    assert r.code == 2 and "the model's embedding has 100 rows" in r.err
+    assert not (tmp_path / "home" / "runs").exists()

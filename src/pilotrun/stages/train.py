@@ -97,9 +97,17 @@ def train_run(loaded, home, *, kind: str = "train", supersedes: str | None = Non
                                                     f"train.nproc={world_rank()[0]}")
     if spawn and hooks is not None:
         raise ValueError("hooks cannot follow a run into spawned ranks; run under torchrun to use them")
+    from pilotrun.probe.memory import release_free_memory
+
+    release_free_memory()  # a sweep's runs share a process: start this one without the last one's leftovers
+    t_load = time.perf_counter()
+    # a model that cannot be built (no weights, a vocabulary too small) is bad input: before the run exists
+    built = (prep.task.build_model(), time.perf_counter() - t_load)
+    if spawn:
+        built = None  # each spawned rank builds its own; this process only proved that it can be built
     if world > 1 and not spawn and world_rank()[1] != 0:
         job = broadcast_from_rank0(None)
-        _ranked_run(job, prep, None, None, progress=False, t_start=t_start, t_prepared=t_prepared)
+        _ranked_run(job, prep, None, None, progress=False, t_start=t_start, t_prepared=t_prepared, built=built)
         rank = world_rank()[1]
         return StageResult(kind, "ok", f"rank {rank}: joined {kind} run {job.run_id}",
                            data={"run_id": job.run_id, "rank": rank})
@@ -118,7 +126,8 @@ def train_run(loaded, home, *, kind: str = "train", supersedes: str | None = Non
         else:
             if world > 1:
                 broadcast_from_rank0(job)
-            out = _ranked_run(job, prep, rec, hooks, progress=progress, t_start=t_start, t_prepared=t_prepared)
+            out = _ranked_run(job, prep, rec, hooks, progress=progress, t_start=t_start, t_prepared=t_prepared,
+                              built=built)
         rec.finish(out["status"], out["summary"])
     return _result(kind, rec.run_id, str(rec.dir), out, world)
 
@@ -145,10 +154,11 @@ def _spawned_rank(job: TrainJob) -> None:
 
 
 def _ranked_run(job: TrainJob, prep: Prepared, rec: RunRecorder | None, hooks: Hooks | None, *, progress: bool,
-                t_start: float, t_prepared: float) -> dict:
+                t_start: float, t_prepared: float, built: tuple | None = None) -> dict:
     """The run on this process (one of its ranks, or the whole of it): loop, final checkpoint, artifact,
     control predictions, memory bound. Only the process with ``rec`` (rank 0) writes to the journal;
-    returns ``{"status", "summary", "evals", "control"}``."""
+    ``built``: the model already built here and the seconds it took. Returns ``{"status", "summary", "evals",
+    "control"}``."""
     from pilotrun.engine.distributed import default_device, gather_to_rank0, world_rank, wrap_model
     from pilotrun.engine.state import save_state
     from pilotrun.probe.memory import release_free_memory
@@ -158,15 +168,18 @@ def _ranked_run(job: TrainJob, prep: Prepared, rec: RunRecorder | None, hooks: H
     c = prep.c
     arith = prep.arithmetic()
     world, rank = world_rank()
-    release_free_memory()  # a sweep's runs share a process: start this one without the last one's leftovers
+    if built is None:
+        release_free_memory()
+        t_load = time.perf_counter()
+        built = (prep.task.build_model(), time.perf_counter() - t_load)
+    model, load_s = built
     t_load = time.perf_counter()
-    model = prep.task.build_model()
     device = default_device()
     model.to(device)
     wrapped = wrap_model(model, c.train.strategy, device)
     state = make_state(wrapped, c.train, n_train=len(prep.train), seed=c.seed, total_updates=arith["updates"],
                        device=device)
-    timing = {"prepare_s": t_prepared - t_start, "load_s": time.perf_counter() - t_load}
+    timing = {"prepare_s": t_prepared - t_start, "load_s": load_s + time.perf_counter() - t_load}
     watch = PeakWatch(device, rank=rank)
     run_dir = Journal(job.home).run_dir(job.run_id)
     user = hooks or Hooks()
