@@ -127,3 +127,21 @@ def test_minhash_estimates_jaccard():
     assert (minhash.signatures(["", "a"])[:, 0] == minhash.EMPTY).all()
     ia, ib, sim = minhash.near_pairs(sig[:, :1], sig[:, 1:], 0.5)
     assert list(ib) == [0, 1] and np.all(sim >= 0.5)
+
+
+def test_unit_signature_does_not_depend_on_where_the_units_records_lie(tmp_path):
+    """A unit's records together or scattered through the file (the sorted fast path and the reordering
+    path) give the same unit hashes and signatures, and the unit is reported at its first record."""
+    from pilotrun.data.leakage import reduce_split
+    from pilotrun.data.stream import iter_chunks
+
+    turns = [{"conv": f"c{k}", "instruction": f"{LONG} {k} {t}", "output": f"a{t}"} for k in range(5) for t in range(3)]
+    scattered = sorted(turns, key=lambda r: (r["output"], r["conv"]))  # c0 c1 ... c4, then again
+    units = {}
+    for name, records in (("together", turns), ("scattered", scattered)):
+        c = load_campaign(tiny_causal_campaign(tmp_path / name, records, data__group_by="conv")).campaign
+        units[name] = reduce_split(c, "train", iter_chunks(c.data.train, size=4))
+    a, b = units["together"], units["scattered"]
+    assert a.names == b.names == [f"c{k}" for k in range(5)]
+    assert np.array_equal(a.digest, b.digest) and np.array_equal(a.sig, b.sig)
+    assert a.where[1].endswith("train.jsonl:4") and b.where[1].endswith("train.jsonl:2")

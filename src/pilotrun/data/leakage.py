@@ -111,18 +111,24 @@ def reduce_split(c, split: str, chunks) -> SplitUnits:
         sigs += [minhash.signatures(texts[i:i + CHUNK]) for i in range(0, len(texts), CHUNK)]
         where += [r.where for r in records]
     digest = np.concatenate(digests) if digests else np.empty(0, np.uint64)
-    sig = np.concatenate(sigs, axis=1) if sigs else np.empty((minhash.PERMS, 0), np.uint32)
     if not d.group_by:
+        sig = np.concatenate(sigs, axis=1) if sigs else np.empty((minhash.PERMS, 0), np.uint32)
         return SplitUnits(split, len(where), where, None, digest, sig, periods)
     code = np.concatenate(code) if code else np.empty(0, np.int64)
-    order = np.argsort(code, kind="stable")
+    # units usually come in runs (a conversation's records together): then the order is the file's own
+    order = np.arange(code.size) if np.all(code[1:] >= code[:-1]) else np.argsort(code, kind="stable")
     starts = np.flatnonzero(np.concatenate(([True], code[order][1:] != code[order][:-1])))
     pos = np.arange(order.size) - np.repeat(starts, np.diff(np.append(starts, order.size)))
     with np.errstate(over="ignore"):
         weights = minhash._powers(minhash._P, int(pos.max()) + 1)[pos] if pos.size else pos.astype(np.uint64)
         unit_digest = np.add.reduceat(digest[order] * weights, starts, dtype=np.uint64)
-    return SplitUnits(split, len(where), [where[order[s]] for s in starts], list(codes), unit_digest,
-                      np.stack([np.minimum.reduceat(row[order], starts) for row in sig]), periods)
+    # one slot row at a time, never the whole (PERMS, records) signature matrix: the unit signatures are
+    # the slot-wise minima over each unit's records
+    unit_sig = np.empty((minhash.PERMS, starts.size), np.uint32)
+    for k in range(minhash.PERMS):
+        unit_sig[k] = np.minimum.reduceat(np.concatenate([c[k] for c in sigs])[order], starts)
+    return SplitUnits(split, len(where), [where[order[s]] for s in starts], list(codes), unit_digest, unit_sig,
+                      periods)
 
 
 def _share(n: int, of: int) -> str:
