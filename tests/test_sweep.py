@@ -215,3 +215,22 @@ def test_demo_campaign_own_plan(tmp_path):
     assert len(data["runs"]) == 6 and {c["arm"] for c in data["comparison"]} == {"control", "variant-1",
                                                                                    "variant-2"}
     assert "vs_control" in p.stderr
+
+
+def test_each_sweep_run_records_the_train_command_that_repeats_it(demo_dir, cli):
+    import shlex
+
+    from pilotrun.journal.store import Journal
+
+    campaign = _plan(demo_dir, {"train.lr": 3e-3}, [{"train.lr": 1e-3}], [3], updates=2, eval_every=2)
+    home = demo_dir / "home"
+    r = cli("sweep", campaign, "--home", home, "--set", "train.warmup=1", "--json")
+    assert r.code == 0, r.err[-2000:]
+    j = Journal(home)
+    run = next(x for x in _runs(home, r.json["data"]["sweep_id"]) if x["arm"] == "variant-1")
+    assert run["command"].startswith("pilotrun train ") and "--seed 3" in run["command"]
+    assert run["command"] in (j.run_dir(run["run_id"]) / "README.md").read_text()
+    again = cli(*shlex.split(run["command"])[1:], "--home", home, "--json")  # the line as printed
+    assert again.code == 0, again.err[-2000:]
+    repeat = j.get_run(again.json["data"]["run_id"])
+    assert repeat["config_sha256"] == run["config_sha256"]  # warmup 1, lr 1e-3, seed 3: the same run

@@ -26,7 +26,8 @@ def sweep(campaign, continue_id, sets, home, as_json):
         click.echo(f"run {r['index']}/{r['of']}: {r['arm']} [{r['label']}] seed {r['seed']} → {r['run_id']} "
                    f"{r['status']}{again}", err=True)
 
-    return emit(run_sweep(loaded, home_for(home, campaign), continue_id=continue_id, on_run=on_run), as_json)
+    return emit(run_sweep(loaded, home_for(home, campaign), continue_id=continue_id, on_run=on_run,
+                          sets=tuple(sets)), as_json)
 
 
 @cli.command()

@@ -138,8 +138,9 @@ def _differences(old: dict, new: dict) -> list[str]:
 
 
 def sweep(loaded, home, *, continue_id: str | None = None, progress: bool = True,
-          on_run: Callable[[dict], None] | None = None) -> StageResult:
-    """Run (or continue) the sweep of ``loaded``'s plan; returns the comparison as the stage's table."""
+          on_run: Callable[[dict], None] | None = None, sets: tuple[str, ...] = ()) -> StageResult:
+    """Run (or continue) the sweep of ``loaded``'s plan; returns the comparison as the stage's table.
+    ``sets``: the command line's ``--set`` items ``loaded`` was loaded with (for each run's own command)."""
     from pilotrun.stages.validate import validate
 
     arms = plan_arms(loaded)
@@ -170,12 +171,27 @@ def sweep(loaded, home, *, continue_id: str | None = None, progress: bool = True
         run_loaded = arm.loaded.with_overrides({"seed": seed})
         r = train_run(run_loaded, home, kind="sweep", sweep_id=sweep_id, arm=arm.name, supersedes=supersedes,
                       progress=progress, save_artifact=False, validation_predictions=True,
-                      **_encoded_for(run_loaded, encoded))
+                      command=arm_command(plan["campaign_path"], arm, seed, sets), **_encoded_for(run_loaded, encoded))
         if on_run is not None:
             on_run({"index": i + 1, "of": len(todo), "total": total, "arm": arm.name, "label": arm.label,
                     "seed": seed, "run_id": r.data["run_id"], "status": r.data["status"],
                     "reason": r.data["reason"], "supersedes": supersedes})
     return sweep_result(journal, sweep_id, ran=len(todo))
+
+
+def arm_command(campaign_path, arm: Arm, seed: int, sets: tuple[str, ...] = ()) -> str | None:
+    """The `pilotrun train` line that repeats this one run of the sweep (the run README's "Reproduce"):
+    the sweep's own ``--set`` items, then the arm's overrides, then the seed."""
+    import json
+    import shlex
+
+    from pilotrun.stages.runs import command_line
+
+    if campaign_path is None:
+        return command_line()
+    items = [*sets, *(f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in arm.overrides.items())]
+    return " ".join(["pilotrun train", shlex.quote(str(campaign_path)), *(f"--set {shlex.quote(i)}" for i in items),
+                     f"--seed {seed}"])
 
 
 def _encoded_for(loaded, cache: dict):
