@@ -6,6 +6,7 @@ import pytest
 import yaml
 
 from conftest import write_campaign
+from pilotrun.sheet import shape
 
 
 @pytest.fixture
@@ -32,7 +33,7 @@ def test_each_run_is_predicted_from_the_pilots_units_for_the_work_it_did(piloted
     u = check["units"]
     j = Journal(home)
     pilot = j.get_run(check["pilot_run"])["summary"]
-    assert pilot["prepare_s"] > 0 and len(pilot["time_model"]["typical"]) == 3
+    assert pilot["prepare_s"] > 0 and len(pilot["time_model"]["typical"]) == shape.TYPICAL_UPDATES
     for i, r in enumerate(check["runs"]):
         s = j.get_run(r["run_id"])["summary"]
         n = s["counts"]
