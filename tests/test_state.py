@@ -71,3 +71,35 @@ def test_partial_checkpoint_is_never_taken(tmp_path):
     data[-1] ^= 0xFF
     (good / "model.safetensors").write_bytes(bytes(data))
     assert latest_checkpoint(tmp_path / "ckpts") is None
+
+
+def test_a_save_removes_what_killed_saves_on_this_host_left(tmp_path):
+    """A killed save leaves a hidden temp folder; the next save beside it removes it when its writer is
+    gone, and keeps a live writer's, another host's and any name it does not know."""
+    import subprocess
+    import sys
+
+    from pilotrun.journal.files import temp_path
+
+    path = tiny_causal_campaign(tmp_path, simple_records(8))
+    _, s = _state(path)
+    root = tmp_path / "ckpts"
+    root.mkdir()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(dead.stdout)
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        mine = temp_path(root / "update-000002")
+        stale = mine.with_name(mine.name.rsplit("-", 1)[0] + f"-{dead_pid}")
+        running = mine.with_name(mine.name.rsplit("-", 1)[0] + f"-{live.pid}")
+        elsewhere = root / f".update-000002.tmp-otherhost-{dead_pid}"
+        old_style = root / ".update-000003.tmp-1"
+        for p in (stale, running, elsewhere, old_style):
+            p.mkdir()
+            (p / "model.safetensors").write_bytes(b"half")
+        save_state(s, root / "update-000004")
+        assert not stale.exists()
+        assert running.exists() and elsewhere.exists() and old_style.exists()
+    finally:
+        live.kill()
+        live.wait()

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from pilotrun.journal.files import MANIFEST, commit_dir, kill_point, listed_files, verify_manifest, write_manifest
+from pilotrun.journal.files import (MANIFEST, commit_dir, kill_point, listed_files, remove_stale_temps, temp_path,
+                                    verify_manifest, write_manifest)
 
 COMPONENTS = ("model", "optimizer", "scheduler", "scaler", "rng", "sampler", "counters")
 
@@ -51,7 +52,8 @@ def save_state(state, path: str | Path, *, skip: tuple[str, ...] = ()) -> Path:
     if world_rank()[1] != 0:
         barrier()
         return path
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    remove_stale_temps(path.parent)  # what a killed save left behind
+    tmp = temp_path(path)
     if tmp.exists():
         import shutil
 

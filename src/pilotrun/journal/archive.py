@@ -17,6 +17,7 @@ import time
 from pathlib import Path, PurePosixPath
 
 from pilotrun.errors import BadInput
+from pilotrun.journal.files import temp_path
 
 
 def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
@@ -50,7 +51,7 @@ def pack(journal, run_id: str, out: str | Path) -> dict:
         with tempfile.TemporaryDirectory() as tmp:
             write_run_readme(Path(tmp), run)
             extra["README.md"] = (Path(tmp) / "README.md").read_bytes()
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    tmp = temp_path(out)
     try:
         with tarfile.open(tmp, "w:gz") as tar:
             for p in files:

@@ -23,6 +23,52 @@ def kill_point(step: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+def _host() -> str:
+    import socket
+
+    return "".join(ch if ch.isalnum() or ch in "._" else "_" for ch in socket.gethostname()) or "host"
+
+
+def temp_path(path: str | Path) -> Path:
+    """Where ``path`` is written before it is renamed into place: hidden, beside it, named after this
+    host and process so that ``remove_stale_temps`` can tell a dead writer's leftovers from live work."""
+    path = Path(path)
+    return path.with_name(f".{path.name}.tmp-{_host()}-{os.getpid()}")
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
+def remove_stale_temps(folder: str | Path) -> list[Path]:
+    """Remove what killed writers on this host left in ``folder`` (``temp_path`` names whose process is
+    gone); returns what was removed. Another host's temps (a shared file system) and unknown names stay."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    removed = []
+    for p in folder.iterdir():
+        if not p.name.startswith(".") or ".tmp-" not in p.name:
+            continue
+        host, _, pid = p.name.rsplit(".tmp-", 1)[1].rpartition("-")
+        if host != _host() or not pid.isdigit() or _alive(int(pid)):
+            continue
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
+        removed.append(p)
+    return removed
+
+
 def fsync_dir(path: Path) -> None:
     fd = os.open(str(path), os.O_RDONLY)
     try:
@@ -34,7 +80,7 @@ def fsync_dir(path: Path) -> None:
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp = temp_path(path)
     with open(tmp, "wb") as f:
         f.write(data)
         f.flush()
