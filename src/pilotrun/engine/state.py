@@ -197,12 +197,19 @@ def load_state(state, path: str | Path) -> list[str]:
 
 
 def latest_checkpoint(folder: str | Path) -> Path | None:
-    """The newest complete checkpoint under folder; partial (temporary) folders are never taken."""
+    """The complete checkpoint under folder with the most updates (``final`` wins a tie with the
+    ``update-*`` of the same update); partial (temporary) folders are never taken."""
     folder = Path(folder)
     if not folder.is_dir():
         return None
-    done = sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".") and is_complete(p))
-    return done[-1] if done else None
+
+    def newest(p: Path):
+        counters = p / "counters.json"
+        update = json.loads(counters.read_text()).get("update", -1) if counters.is_file() else -1
+        return (update, p.name == "final", p.name)
+
+    done = [p for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".") and is_complete(p)]
+    return max(done, key=newest) if done else None
 
 
 def _unwrap(model):
