@@ -12,7 +12,7 @@ Pure functions; the pilot (stages/pilot_phases.py) measures, the sheet uses.
 
 from __future__ import annotations
 
-TYPICAL_UPDATES = 8  # enough samples that one slow update of a fresh process does not set the plan
+TYPICAL_UPDATES = 3
 
 
 def padded_tokens(micro_batches: list[list]) -> int:
