@@ -62,6 +62,18 @@ def poison_hf_after(step: int):
     return Poison()
 
 
+def raise_hf_at(step: int):
+    """A TrainerCallback that raises at the end of optimizer step ``step`` (a crash inside the user's loop)."""
+    from transformers import TrainerCallback
+
+    class Crash(TrainerCallback):
+        def on_step_end(self, args, state, control, **kw):
+            if state.global_step == step:
+                raise RuntimeError(f"planted crash at step {step}")
+
+    return Crash()
+
+
 # --- Lightning ----------------------------------------------------------------------------------------
 
 def _module_class():
@@ -221,7 +233,22 @@ def launch_ranks(framework: str, home: Path, out: Path, nproc: int = 2, timeout:
     return [json.loads((out / f"rank-{r}.json").read_text()) for r in range(nproc)]
 
 
-if __name__ == "__main__":
+def _crash_main(home: str, out: str) -> None:
+    """A script whose trainer.train() raises and ends the process (the HF crash test)."""
+    from pilotrun.integrations.hf_trainer import PilotrunCallback
+
+    cb = PilotrunCallback(home=home, name="hf-crash")
+    trainer = tiny_hf_trainer(Path(out), cb, steps=4, eval_steps=10, save_steps=10,
+                              extra_callbacks=[raise_hf_at(2)])
+    try:
+        trainer.train()  # raises; nothing here catches it
+    finally:
+        Path(out, "run_id").write_text(cb.run_id or "")
+
+
+if __name__ == "__main__" and sys.argv[1] == "hf-crash":
+    _crash_main(*sys.argv[2:4])
+elif __name__ == "__main__":
     _rank_main(*sys.argv[1:4])
     from pilotrun.engine.distributed import exit_rank
 

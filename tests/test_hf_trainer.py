@@ -123,3 +123,36 @@ def test_trainer_on_two_ranks_writes_one_run_and_rows_per_rank(tmp_path):
     assert [m["step"] for m in journal.metrics(run["run_id"], split="validation", name="val_loss")] == [2, 4]
     # 4 updates of 4 examples × 2 accumulation × 2 ranks
     assert run["updates_done"] == 4 and run["examples_seen"] == 64
+
+
+def test_an_exception_that_ends_the_process_ends_the_run_failed(tmp_path):
+    """The Trainer has no exception hook: a crash in train() that ends the script must still end the run
+    "failed" with the exception, not leave it "running" for ever."""
+    import subprocess
+    import sys
+
+    from pilotrun.journal.store import Journal
+
+    home, out = tmp_path / "home", tmp_path / "out"
+    out.mkdir()
+    proc = subprocess.run([sys.executable, workers.__file__, "hf-crash", str(home), str(out)], capture_output=True,
+                          text=True, timeout=240)
+    assert proc.returncode == 1 and "planted crash at step 2" in proc.stderr  # the user's traceback is kept
+    run = Journal(home).require_run((out / "run_id").read_text())
+    assert run["status"] == "failed"
+    assert run["summary"]["reason"] == "RuntimeError: planted crash at step 2"
+
+
+def test_failed_records_a_crash_where_the_process_goes_on(tmp_path):
+    from pilotrun.integrations.hf_trainer import PilotrunCallback
+    from pilotrun.journal.store import Journal
+
+    home = tmp_path / "home"
+    cb = PilotrunCallback(home=home)
+    trainer = _tiny_trainer(tmp_path, cb, steps=4, eval_steps=10, save_steps=10,
+                            extra_callbacks=[workers.raise_hf_at(2)])
+    with pytest.raises(RuntimeError) as caught:
+        trainer.train()
+    cb.failed(caught.value)  # a notebook: the process lives on
+    run = Journal(home).require_run(cb.run_id)
+    assert run["status"] == "failed" and "planted crash at step 2" in run["summary"]["reason"]

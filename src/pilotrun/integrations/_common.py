@@ -41,6 +41,8 @@ class Recorder:
         self.open: Phase | None = None
         self.steps_seen = 0  # optimizer steps measured (first_step, steady_step)
         self.diverged: str | None = None  # the reason, at the first non-finite training loss
+        self.ended = False  # finish or fail ran: the run has its final status (on rank 0)
+        self.uncaught: BaseException | None = None  # what escaped the process, seen by end_run_at_exit
 
     # --- the run ------------------------------------------------------------------------------------
     def create_run(self, config: dict, *, seed: int | None, is_rank0: bool, broadcast) -> str | None:
@@ -71,6 +73,7 @@ class Recorder:
         if self.diverged:
             summary["reason"] = self.diverged
         self.journal.finish_run(self.run_id, "diverged" if self.diverged else "completed", summary)
+        self.ended = True
 
     def fail(self, exc: BaseException, *, is_rank0: bool) -> None:
         """The framework's loop raised: the open phase gets verdict error (or oom), rank 0 ends the run."""
@@ -79,11 +82,42 @@ class Recorder:
             self._attach(phase)
             phase.barrier = False  # the other ranks may not come to this boundary
             phase.__exit__(type(exc), exc, exc.__traceback__)
-        if self.run_id and is_rank0:
+        if self.run_id and is_rank0 and not self.ended:
             if isinstance(exc, KeyboardInterrupt):
                 self.journal.finish_run(self.run_id, "interrupted", {"reason": "interrupted by the user (Ctrl-C)"})
             else:
                 self.journal.finish_run(self.run_id, "failed", {"reason": f"{type(exc).__name__}: {exc}"})
+            self.ended = True
+
+    def end_run_at_exit(self, *, is_rank0: bool) -> None:
+        """For loops that give callbacks no exception hook (the HF Trainer): when the process exits with
+        the run still open, an exception escaped the loop, and rank 0 ends the run "failed" naming it
+        (the uncaught exception, through a chained ``sys.excepthook``), instead of leaving it "running"."""
+        import atexit
+        import sys
+
+        if not is_rank0:
+            return
+        previous = sys.excepthook
+
+        def seen(kind, exc, tb):
+            self.uncaught = exc
+            previous(kind, exc, tb)
+
+        sys.excepthook = seen
+
+        def at_exit():
+            if self.ended or not self.run_id:
+                return
+            import sqlite3
+
+            try:
+                self.fail(self.uncaught or RuntimeError("the process ended before the training loop finished"),
+                          is_rank0=True)
+            except (OSError, sqlite3.Error):  # the journal's folder is gone: nothing left to record into
+                pass
+
+        atexit.register(at_exit)
 
     # --- phases -------------------------------------------------------------------------------------
     def is_open(self, *names: str) -> bool:

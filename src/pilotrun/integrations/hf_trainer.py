@@ -12,7 +12,9 @@ It opens a journal run of kind "hf-trainer" and writes, per rank, the ledger row
 to the other ranks), logs the Trainer's logs as the run's metrics (train loss/lr/grad_norm,
 validation val_loss) and finishes the run at ``on_train_end``, after every rank wrote its rows:
 "completed", or "diverged" naming the first step whose logged training loss, gradient norm or
-validation loss is not finite.
+validation loss is not finite. The Trainer has no exception hook: an exception that escapes
+``train()`` and ends the process ends the run "failed" with it (at exit); where the process goes on (a
+notebook), ``callback.failed(exc)`` records it at once.
 The shared machinery is in ``integrations._common``.
 """
 
@@ -47,6 +49,7 @@ class PilotrunCallback(TrainerCallback):
         if self.rec.run_id is None:
             self.rec.create_run(args.to_dict(), seed=args.seed, is_rank0=state.is_world_process_zero,
                                 broadcast=broadcast_from_rank0)
+            self.rec.end_run_at_exit(is_rank0=state.is_world_process_zero)
         if not self.rec.is_open("load"):
             self._start("load", {"model": type(kw.get("model")).__name__})
         self.rec.end("load")
@@ -94,6 +97,13 @@ class PilotrunCallback(TrainerCallback):
 
     def on_train_end(self, args, state, control, **kw):
         self.rec.finish(updates=state.global_step, is_rank0=state.is_world_process_zero, barrier=_barrier)
+
+    def failed(self, exc: BaseException) -> None:
+        """``trainer.train()`` raised ``exc`` and this process goes on: the open phase gets its error row and
+        the run ends "failed" (or "interrupted" for Ctrl-C) now, not at exit."""
+        from pilotrun.engine.distributed import world_rank
+
+        self.rec.fail(exc, is_rank0=world_rank()[1] == 0)
 
 
 def _rank() -> int:
