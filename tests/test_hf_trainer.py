@@ -77,11 +77,18 @@ def test_nan_in_trainer_makes_the_run_diverged(tmp_path, cli):
 
     home = tmp_path / "home"
     cb = PilotrunCallback(home=home)
-    _tiny_trainer(tmp_path, cb, steps=3, eval_steps=10, save_steps=10,
+    _tiny_trainer(tmp_path, cb, steps=6, eval_steps=10, save_steps=10,
                   extra_callbacks=[workers.poison_hf_after(1)]).train()
     run = Journal(home).require_run(cb.run_id)
     assert run["status"] == "diverged"
     assert run["summary"]["reason"] == "gradient norm is nan at step 2"
+    assert run["summary"]["updates"] == 2  # stopped there, not at max_steps 6
+
+    keep_going = PilotrunCallback(home=home, stop_on_nan=False)
+    _tiny_trainer(tmp_path / "on", keep_going, steps=4, eval_steps=10, save_steps=10,
+                  extra_callbacks=[workers.poison_hf_after(1)]).train()
+    run = Journal(home).require_run(keep_going.run_id)
+    assert run["status"] == "diverged" and run["summary"]["updates"] == 4
     cli("env", "--json")
     r = cli("show", cb.run_id, "--home", home)
     assert r.code == 0, r.err

@@ -98,11 +98,12 @@ def test_nan_loss_in_lightning_marks_the_step_and_the_run(tmp_path, cli):
 
     home = tmp_path / "home"
     cb = PilotrunCallback(home=home)
-    workers.fit_tiny(tmp_path, cb, steps=3, poison_after=1)
+    trainer = workers.fit_tiny(tmp_path, cb, steps=6, poison_after=1)
     journal = Journal(home)
     run = journal.require_run(cb.run_id)
     assert run["status"] == "diverged"
     assert run["summary"]["reason"] == "training loss is nan at step 2"
+    assert trainer.global_step == 2 and run["summary"]["updates"] == 2  # stopped there, not at max_steps 6
     by_phase = _rows_by_phase(journal.phase_rows(cb.run_id))
     assert by_phase["first_step"][0]["verdict"] == "ok"
     steady = by_phase["steady_step"][0]

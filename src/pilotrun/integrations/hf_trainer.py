@@ -30,8 +30,11 @@ _TRAIN_KEYS = {"loss": "loss", "learning_rate": "lr", "grad_norm": "grad_norm"}
 
 
 class PilotrunCallback(TrainerCallback):
-    def __init__(self, home, name: str = "hf-trainer", memory_limit: int | None = None):
+    def __init__(self, home, name: str = "hf-trainer", memory_limit: int | None = None, stop_on_nan: bool = True):
+        """``stop_on_nan``: a non-finite training loss or gradient norm stops training (as pilotrun's loop
+        does: the updates after it are paid for and learn nothing); False only records it."""
         self.rec = Recorder(home, kind=KIND, name=name, memory_limit=memory_limit)
+        self.stop_on_nan = stop_on_nan
         self.journal, self.name, self.memory_limit = self.rec.journal, name, memory_limit
 
     @property
@@ -89,8 +92,9 @@ class PilotrunCallback(TrainerCallback):
         # the same numbers on every rank; the Trainer's logging_nan_inf_filter (on by default) keeps a
         # NaN step out of "loss", but not out of "grad_norm" (clipping on) or "eval_loss"
         for key, what in (("loss", "training loss"), ("grad_norm", "gradient norm"), ("eval_loss", "validation loss")):
-            if is_number(logs.get(key)):
-                self.rec.check_finite(float(logs[key]), step, what)
+            if is_number(logs.get(key)) and not self.rec.check_finite(float(logs[key]), step, what) \
+                    and self.stop_on_nan and key != "eval_loss":
+                control.should_training_stop = True  # every rank logs the same reduced numbers
         rank0 = state.is_world_process_zero
         self.rec.log("train", step, {_TRAIN_KEYS[k]: v for k, v in logs.items() if k in _TRAIN_KEYS}, is_rank0=rank0)
         self.rec.log("validation", step, {"val_loss": logs.get("eval_loss")}, is_rank0=rank0)

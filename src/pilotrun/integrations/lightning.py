@@ -51,8 +51,11 @@ _INSIDE_STEP = "includes a validation run that started inside this update"
 
 
 class PilotrunCallback(Callback):
-    def __init__(self, home, name: str = "lightning", memory_limit: int | None = None):
+    def __init__(self, home, name: str = "lightning", memory_limit: int | None = None, stop_on_nan: bool = True):
+        """``stop_on_nan``: a non-finite training loss (the mean over ranks) stops ``fit`` (as pilotrun's
+        loop does); False only records it."""
         self.rec = Recorder(home, kind=KIND, name=name, memory_limit=memory_limit)
+        self.stop_on_nan = stop_on_nan
         self.journal, self.name, self.memory_limit = self.rec.journal, name, memory_limit
         self._device = None
         self._update_from = 0  # trainer.global_step when the current update's first micro-batch began
@@ -115,8 +118,8 @@ class PilotrunCallback(Callback):
         if self.rec.is_open(*STEP_PHASES) and self._micro_batches != trainer.accumulate_grad_batches:
             self.rec.open.inputs["micro_batches"] = self._micro_batches  # a short update at an epoch's end
         self._losses, self._micro_batches = [], 0
-        if mean is not None:
-            self.rec.check_finite(mean, step, "training loss")
+        if mean is not None and not self.rec.check_finite(mean, step, "training loss") and self.stop_on_nan:
+            trainer.should_stop = True  # the mean is over ranks: every rank stops at the same update
         self.rec.end("first_step")
         self.rec.end("steady_step")
         rank0 = trainer.is_global_zero
