@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -23,6 +24,7 @@ def kill_point(step: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+@functools.cache
 def _host() -> str:
     import socket
 

@@ -63,6 +63,7 @@ def pilot(loaded, home, *, memory_limit=None, inject=None) -> StageResult:
     prep = prepare(loaded, splits=("train", "validation"))
     prepare_s = time.perf_counter() - t0
     c = prep.c
+    from pilotrun.campaign.arithmetic import data_parallel_ranks
     from pilotrun.engine.distributed import broadcast_from_rank0, check_strategy, launch, under_launcher
 
     check_strategy(c.train)
@@ -79,7 +80,7 @@ def pilot(loaded, home, *, memory_limit=None, inject=None) -> StageResult:
     journal = Journal(home)
     with RunRecorder(journal, loaded, kind="pilot") as rec:
         job = PilotJob(loaded, str(journal.home), rec.run_id, str(rec.dir), limit, inject)
-        world = c.train.nproc if c.train.strategy in ("ddp", "fsdp") else 1
+        world = data_parallel_ranks(c.train)
         if under_launcher():
             broadcast_from_rank0(job)
             _rank_main(job, prep)

@@ -39,11 +39,7 @@ class RunRecorder:
         atomic_write_text(self.dir / "config.yaml", dump_yaml(prov["config"]))
         atomic_write_json(self.dir / "revisions.json", {k: prov[k] for k in ("git_rev", "packages", "data",
                                                                              "config_sha256", "trust_remote_code")})
-        self._metrics = open(self.dir / "metrics.jsonl", "a", encoding="utf-8")
-        self._rows: list[tuple] = []
-        self._progress: tuple[int, int] | None = None
-        self._flushed = time.monotonic()
-        self.finished = False
+        self._open_metrics()
 
     @classmethod
     def attach(cls, journal: Journal, run_id: str) -> "RunRecorder":
@@ -51,9 +47,15 @@ class RunRecorder:
         metrics into the run; ``flush`` writes them; finishing stays with the run's owner."""
         rec = cls.__new__(cls)
         rec.journal, rec.run_id, rec.dir = journal, run_id, journal.run_dir(run_id)
-        rec._metrics = open(rec.dir / "metrics.jsonl", "a", encoding="utf-8")
-        rec._rows, rec._progress, rec._flushed, rec.finished = [], None, time.monotonic(), False
+        rec._open_metrics()
         return rec
+
+    def _open_metrics(self) -> None:
+        self._metrics = open(self.dir / "metrics.jsonl", "a", encoding="utf-8")
+        self._rows: list[tuple] = []
+        self._progress: tuple[int, int] | None = None
+        self._flushed = time.monotonic()
+        self.finished = False
 
     def log(self, split: str, step: int, values: dict, *, examples_seen: int | None = None,
             wall_s: float | None = None, flush: bool = False) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pilotrun.campaign.arithmetic import data_parallel_ranks
 from pilotrun.sheet import plan as P
 from pilotrun.sheet.catalogue import CATALOGUE, get_gpu, match_gpu
 from pilotrun.sheet.stack import check_stack, needs_bf16, read_target_env, required_stack
@@ -102,7 +103,7 @@ def build_sheet(cfg: dict, journal, pilot: dict, *, target_env: dict | None = No
             f"and hardware.memory_per_gpu is {c.hardware.memory_per_gpu}; rent a larger GPU (see the fit table) or "
             f"lower train.micro_batch / train.eval_batch and rerun `pilotrun pilot`")
 
-    ranks = t.nproc if t.strategy in ("ddp", "fsdp") else 1
+    ranks = data_parallel_ranks(t)
     sheet["settings"] = {"precision": precision, "dtype": c.model.dtype, "micro_batch": t.micro_batch,
                          "accumulation": t.accumulation, "ranks": ranks,
                          "effective_batch": t.micro_batch * t.accumulation * ranks, "strategy": t.strategy,

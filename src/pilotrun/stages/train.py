@@ -233,20 +233,16 @@ def _ranked_run(job: TrainJob, prep: Prepared, rec: RunRecorder | None, hooks: H
     pred_model = wrapped if c.train.strategy == "fsdp" else model
     computed = control_predictions(prep, pred_model) if predicting else None
     observed = gather_to_rank0(watch.rows())
-    if rec is None:
-        if predicting and job.validation_predictions:
-            from pilotrun.stages.val_predictions import store_validation_predictions
+    if predicting and job.validation_predictions:  # stored by rank 0 (rec); the others only take part
+        from pilotrun.stages.val_predictions import store_validation_predictions
 
-            store_validation_predictions(None, prep, pred_model)
+        store_validation_predictions(rec, prep, pred_model)
+    if rec is None:
         return {}
     control = store_control_predictions(rec, prep, model, computed) if computed else []
     loaded = job.loaded
     bound = record_memory_bound(rec.journal, rec.run_id, c.name, loaded.config_sha256(),
                                 [row for rows in observed for row in rows], loaded.resolved_dict())
-    if job.validation_predictions and not ran_out:
-        from pilotrun.stages.val_predictions import store_validation_predictions
-
-        store_validation_predictions(rec, prep, pred_model)
     summary = {"reason": result.reason, "updates": state.update, "examples_seen": state.examples_seen,
                "wall_s": result.wall_s, "final_val_loss": result.evals[-1]["val_loss"] if result.evals else None,
                "first_val_loss": result.evals[0]["val_loss"] if result.evals else None,
