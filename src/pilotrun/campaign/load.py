@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import copy
 import difflib
-import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +18,8 @@ from pydantic import BaseModel, ValidationError
 
 from pilotrun.campaign.schema import Campaign
 from pilotrun.errors import BadInput, BadInputs
+from pilotrun.journal.files import dump_yaml  # noqa: F401  (part of campaign's API)
+from pilotrun.provenance import config_sha256
 
 PATH_KEYS = ("model.path", "model.tokenizer", "data.train", "data.validation", "data.test")
 
@@ -39,17 +40,13 @@ class LoadedCampaign:
         return self.campaign.model_dump(mode="json")
 
     def config_sha256(self) -> str:
-        return sha256_of_config(self.resolved_dict())
+        return config_sha256(self.resolved_dict())
 
     def with_overrides(self, overrides: dict[str, Any]) -> "LoadedCampaign":
         raw = apply_overrides(self.resolved_dict(), overrides, where=str(self.source or "campaign"))
         c = _validate(raw, self.source, {})
         _resolve_paths(c, self.base_dir)  # an overridden relative path is relative to the campaign file too
         return LoadedCampaign(c, self.source, self.base_dir)
-
-
-def sha256_of_config(d: dict[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(d, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def _line_index(text: str) -> dict[tuple, int]:
@@ -244,5 +241,3 @@ def campaign_from_dict(raw: dict[str, Any], base_dir: Path, overrides: dict[str,
     return LoadedCampaign(c, None, base_dir)
 
 
-def dump_yaml(d: dict[str, Any]) -> str:
-    return yaml.safe_dump(d, sort_keys=False, allow_unicode=True)

@@ -59,7 +59,7 @@ def emit(results, as_json: bool, *, extra: dict | None = None, rendered: bool = 
     Several results (``all``) end with one summary table.
     """
     from pilotrun.report.terminal import render_result, render_summary
-    from pilotrun.stages.result import exit_code
+    from pilotrun.verdicts import exit_code
 
     results = results if isinstance(results, list) else [results]
     con = console(as_json)

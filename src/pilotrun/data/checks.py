@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from pilotrun.stages.result import worst
+from pilotrun.verdicts import worst
 from pilotrun.tasks.base import IGNORE
 from pilotrun.tasks.common import SPLITS, template_fields
 

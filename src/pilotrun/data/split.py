@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 from pilotrun.errors import BadInput
-from pilotrun.stages.result import StageResult
+from pilotrun.verdicts import StageResult
 
 SPLITS = ("train", "validation", "test")
 

@@ -30,10 +30,14 @@ _TRAIN_KEYS = {"loss": "loss", "learning_rate": "lr", "grad_norm": "grad_norm"}
 
 
 class PilotrunCallback(TrainerCallback):
-    def __init__(self, home, name: str = "hf-trainer", memory_limit: int | None = None, stop_on_nan: bool = True):
+    def __init__(self, home, name: str = "hf-trainer", memory_limit: int | None = None, stop_on_nan: bool = True,
+                 config: dict | None = None):
         """``stop_on_nan``: a non-finite training loss or gradient norm stops training (as pilotrun's loop
-        does: the updates after it are paid for and learn nothing); False only records it."""
+        does: the updates after it are paid for and learn nothing); False only records it. ``config``: what
+        the run records as its config (e.g. a campaign's ``resolved_dict()``, so the run carries the
+        campaign's config hash); default the ``TrainingArguments``."""
         self.rec = Recorder(home, kind=KIND, name=name, memory_limit=memory_limit)
+        self.config = config
         self.stop_on_nan = stop_on_nan
         self.journal, self.name, self.memory_limit = self.rec.journal, name, memory_limit
 
@@ -50,7 +54,8 @@ class PilotrunCallback(TrainerCallback):
 
     def on_train_begin(self, args, state, control, **kw):
         if self.rec.run_id is None:
-            self.rec.create_run(args.to_dict(), seed=args.seed, is_rank0=state.is_world_process_zero,
+            config = self.config if self.config is not None else args.to_dict()
+            self.rec.create_run(config, seed=args.seed, is_rank0=state.is_world_process_zero,
                                 broadcast=broadcast_from_rank0)
             self.rec.end_run_at_exit(is_rank0=state.is_world_process_zero)
         if not self.rec.is_open("load"):

@@ -51,10 +51,13 @@ _INSIDE_STEP = "includes a validation run that started inside this update"
 
 
 class PilotrunCallback(Callback):
-    def __init__(self, home, name: str = "lightning", memory_limit: int | None = None, stop_on_nan: bool = True):
+    def __init__(self, home, name: str = "lightning", memory_limit: int | None = None, stop_on_nan: bool = True,
+                 config: dict | None = None):
         """``stop_on_nan``: a non-finite training loss (the mean over ranks) stops ``fit`` (as pilotrun's
-        loop does); False only records it."""
+        loop does); False only records it. ``config``: what the run records as its config (e.g. a
+        campaign's ``resolved_dict()``); default the trainer's and module's settings."""
         self.rec = Recorder(home, kind=KIND, name=name, memory_limit=memory_limit)
+        self.config = config
         self.stop_on_nan = stop_on_nan
         self.journal, self.name, self.memory_limit = self.rec.journal, name, memory_limit
         self._device = None
@@ -78,7 +81,8 @@ class PilotrunCallback(Callback):
             return
         self._device = trainer.strategy.root_device
         if self.rec.run_id is None:
-            self.rec.create_run(_config(trainer, pl_module), seed=_seed(), is_rank0=trainer.is_global_zero,
+            config = self.config if self.config is not None else _config(trainer, pl_module)
+            self.rec.create_run(config, seed=_seed(), is_rank0=trainer.is_global_zero,
                                 broadcast=lambda obj: trainer.strategy.broadcast(obj, src=0))
         _wrap_save_checkpoint(trainer, self)
         self._start(trainer, "load", {"model": type(pl_module).__name__})

@@ -165,30 +165,17 @@ class OwnRun:
 @contextmanager
 def own_run(home, name: str = "own-loop", config: dict | None = None):
     """A journal run of kind "phases" for rows recorded from a user's own loop; finished on exit."""
-    import hashlib
-    import json
-
+    from pilotrun.journal.runs import create_run, end_run, phase_summary
     from pilotrun.journal.store import Journal
-    from pilotrun.stages.prepare import package_versions
-    from pilotrun.stages.runs import command_line
 
     journal = Journal(Path(home))
-    config = dict(config or {})
-    sha = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()
-    run_id = journal.create_run(kind="phases", name=name, config=config, config_sha256=sha, campaign_path=None,
-                                seed=None, git_rev=None, packages=package_versions(), data={},
-                                trust_remote_code=False, command=command_line())
+    run_id = create_run(journal, kind="phases", name=name, config=dict(config or {}))
     try:
         yield OwnRun(journal, run_id)
-    except KeyboardInterrupt:
-        journal.finish_run(run_id, "interrupted", {"reason": "interrupted by the user (Ctrl-C)"})
-        raise
     except BaseException as e:
-        journal.finish_run(run_id, "failed", {"reason": f"{type(e).__name__}: {e}"})
+        end_run(journal, run_id, e)
         raise
-    verdicts = [r["verdict"] for r in journal.phase_rows(run_id)]
-    journal.finish_run(run_id, "completed", {"phases": len(verdicts),
-                                             "failing": sum(v != "ok" for v in verdicts)})
+    journal.finish_run(run_id, "completed", phase_summary(journal, run_id))
 
 
 def _first_line(exc: BaseException) -> str:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 
 from pilotrun.probe.estimate import CATEGORIES
-from pilotrun.stages.result import StageResult
+from pilotrun.verdicts import StageResult
 
 PHASES = ("load", "first_step", "steady_step", "eval_longest", "save", "export", "reload")
 LEDGER_KEYS = ("phase", "rank", "device", "counter", "inputs", "baseline", "peak_allocated", "peak_reserved",

@@ -18,7 +18,7 @@ import math
 
 from pilotrun.campaign.arithmetic import batch_arithmetic, data_parallel_ranks
 from pilotrun.errors import BadInput
-from pilotrun.stages.result import StageResult
+from pilotrun.verdicts import StageResult
 
 FP32_RTOL = 1e-5   # same math in another order: fp32 rounding only (observed ~1e-8 on the tiny models)
 MIXED_RTOL = 2e-2  # bf16 keeps 8 mantissa bits (~0.4 % per rounding); the first losses stay within ~1e-3

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 
-from pilotrun.stages.result import StageResult
+from pilotrun.verdicts import StageResult
 
 TOLERANCE = {"fp32": 1e-5}  # relative gradient difference; rounding alone stays far below 1e-5 in fp32
 LOW_PRECISION_TOLERANCE = 2e-2  # bf16/fp16 round each micro-batch's gradients to ~3 significant digits
@@ -207,7 +207,7 @@ def overfit(loaded, home, *, examples: int = 8, max_updates: int = 150, prep=Non
     from pilotrun.engine.loop import Hooks, make_state, train
     from pilotrun.journal.store import Journal
     from pilotrun.stages.prepare import prepare
-    from pilotrun.stages.runs import RunRecorder
+    from pilotrun.journal.runs import RunRecorder
 
     prep = prep or prepare(loaded, splits=("train",))
     c, task = prep.c, prep.task

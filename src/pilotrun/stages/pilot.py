@@ -13,8 +13,8 @@ from pilotrun.journal.store import Journal
 from pilotrun.probe.sizes import fmt_bytes, parse_size
 from pilotrun.stages.pilot_phases import INJECT_ENV, PHASES, PilotJob, parse_inject, run_phases
 from pilotrun.stages.prepare import prepare
-from pilotrun.stages.result import StageResult
-from pilotrun.stages.runs import RunRecorder
+from pilotrun.verdicts import StageResult
+from pilotrun.journal.runs import RunRecorder
 
 COLUMNS = ["phase", "rank", "counter", "baseline", "peak_allocated", "peak_reserved", "end_allocated",
            "end_reserved", "duration_s", "verdict", "inputs"]

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 from pilotrun.errors import BadInput
-from pilotrun.stages.result import StageResult
+from pilotrun.verdicts import StageResult
 
 SKIP_ENV = "PILOTRUN_TEST_SKIP_STATE"
 DEFAULT_AT = 4
@@ -141,7 +141,7 @@ def resume(loaded, home, *, at: int | None = None, prep=None) -> StageResult:
     from pilotrun.journal.files import atomic_write_json, write_manifest
     from pilotrun.journal.store import Journal
     from pilotrun.stages.prepare import prepare
-    from pilotrun.stages.runs import RunRecorder, write_run_readme
+    from pilotrun.journal.runs import RunRecorder, write_run_readme
     from pilotrun.stages.train import store_control_predictions
 
     at = DEFAULT_AT if at is None else at

@@ -13,7 +13,7 @@ from pilotrun.campaign.arithmetic import data_parallel_ranks
 from pilotrun.sheet import plan as P
 from pilotrun.sheet.catalogue import CATALOGUE, get_gpu, match_gpu
 from pilotrun.sheet.stack import check_stack, needs_bf16, read_target_env, required_stack
-from pilotrun.stages.result import StageResult, worst
+from pilotrun.verdicts import StageResult, worst
 
 PHASES = ("load", "first_step", "steady_step", "eval_longest", "save", "export", "reload")
 # Keys a variant may change without changing what one update costs (the pilot measured the control).

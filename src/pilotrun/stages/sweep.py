@@ -17,11 +17,11 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from pilotrun.campaign.arithmetic import data_parallel_ranks
-from pilotrun.campaign.load import sha256_of_config
+from pilotrun.provenance import config_sha256
 from pilotrun.errors import BadInput
 from pilotrun.journal.store import Journal
 from pilotrun.stages import compare as cmp
-from pilotrun.stages.result import StageResult
+from pilotrun.verdicts import StageResult
 
 DONE = ("completed", "diverged", "stopped")
 BATCH_KEYS = ("train.micro_batch", "train.accumulation", "train.nproc", "train.strategy")
@@ -146,7 +146,7 @@ def sweep(loaded, home, *, continue_id: str | None = None, progress: bool = True
     arms = plan_arms(loaded)
     validate(arms[0].loaded)  # files, fields and batch arithmetic fail here, before anything is frozen
     plan = frozen_plan(loaded, arms)
-    sha = sha256_of_config(plan)
+    sha = config_sha256(plan)
     journal = Journal(home)
     if continue_id is None:
         sweep_id = journal.create_sweep(plan, sha, plan["campaign_path"])
@@ -185,7 +185,7 @@ def arm_command(campaign_path, arm: Arm, seed: int, sets: tuple[str, ...] = ()) 
     import json
     import shlex
 
-    from pilotrun.stages.runs import command_line
+    from pilotrun.journal.runs import command_line
 
     if campaign_path is None:
         return command_line()
@@ -203,7 +203,7 @@ def _encoded_for(loaded, cache: dict):
     import time
 
     d = loaded.resolved_dict()
-    key = sha256_of_config({k: d.get(k) for k in ("task", "model", "data")})
+    key = config_sha256({k: d.get(k) for k in ("task", "model", "data")})
     if key not in cache:
         t0 = time.perf_counter()
         cache[key] = prepare(loaded, splits=("train", "validation"))

@@ -10,8 +10,8 @@ from pilotrun.engine.loop import Hooks, make_state, train
 from pilotrun.journal.files import write_manifest
 from pilotrun.journal.store import Journal
 from pilotrun.stages.prepare import Prepared, prepare
-from pilotrun.stages.result import StageResult
-from pilotrun.stages.runs import RunRecorder, write_run_readme
+from pilotrun.verdicts import StageResult
+from pilotrun.journal.runs import RunRecorder, write_run_readme
 
 CONTROL_EXAMPLES = 4  # validation examples whose predictions are stored with every run
 

@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 from pilotrun.errors import BadInput
-from pilotrun.stages.result import StageResult
+from pilotrun.verdicts import StageResult
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 LOGIT_ATOL = {"torch.float32": 1e-4}  # fp32 on CPU reproduces to ~1e-6; 1e-4 leaves room for a GPU-trained run

@@ -1,4 +1,4 @@
-"""A stage's result: a verdict, messages a user can act on, data for --json, an optional table."""
+"""Ground floor: a stage's result — a verdict, messages a user can act on, data for --json, an optional table."""
 
 from __future__ import annotations
 
