@@ -25,6 +25,21 @@ class StageResult:
         return asdict(self)
 
 
+@dataclass
+class Check:
+    """One data check's verdict: what ``validate``, ``inspect`` and ``leakage`` report line by line."""
+
+    name: str
+    verdict: str  # ok | warn | fail
+    message: str
+    split: str | None = None
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def line(self) -> str:
+        where = f" [{self.split}]" if self.split else ""
+        return f"{self.verdict.upper()} {self.name}{where}: {self.message}"
+
+
 def worst(verdicts) -> Verdict:
     return max(verdicts, key=_ORDER.__getitem__, default="ok")
 

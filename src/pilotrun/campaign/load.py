@@ -49,7 +49,7 @@ class LoadedCampaign:
         return LoadedCampaign(c, self.source, self.base_dir)
 
 
-def _line_index(text: str) -> dict[tuple, int]:
+def line_index(text: str) -> dict[tuple, int]:
     """Map each key path in a YAML document to its 1-based line."""
     out: dict[tuple, int] = {}
     try:
@@ -204,7 +204,7 @@ def _read_yaml(path: Path) -> tuple[dict[str, Any], dict[tuple, int]]:
     if not isinstance(raw, dict):
         raise BadInput("the campaign file must be a mapping of keys (name:, model:, data:, train: ...)",
                        where=str(path), fix="see `pilotrun init` for the shape")
-    return raw, _line_index(text)
+    return raw, line_index(text)
 
 
 def _resolve_paths(c: Campaign, base: Path) -> None:

@@ -57,7 +57,7 @@ def head_name(c, class_id: int) -> str | None:
 
 
 def label_checks(task, loaded, scans) -> list:
-    from pilotrun.data.checks import Check
+    from pilotrun.verdicts import Check
 
     if getattr(task, "kind", None) != "seq-cls":
         return []

@@ -19,25 +19,17 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from pilotrun.engine.oom import is_oom
 from pilotrun.probe.memory import make_probe
 from pilotrun.probe.sizes import fmt_bytes
 
 VERDICTS = ("ok", "over-budget", "oom", "nan", "error")
-_OOM_TEXT = ("out of memory", "can't allocate memory")  # CUDA/MPS, and the CPU allocator
 ROW_KEYS = ("phase", "rank", "device", "counter", "inputs", "baseline", "peak_allocated", "peak_reserved",
             "end_allocated", "end_reserved", "duration_s", "verdict", "note")
 
 
 class NonFinite(Exception):
     """Raise inside a phase to end it with verdict "nan"."""
-
-
-def is_oom(exc: BaseException) -> bool:
-    import torch
-
-    oom_type = getattr(torch, "OutOfMemoryError", None) or getattr(torch.cuda, "OutOfMemoryError", ())
-    return isinstance(exc, (MemoryError, oom_type)) or (isinstance(exc, RuntimeError)
-                                                        and any(s in str(exc).lower() for s in _OOM_TEXT))
 
 
 def peak_of(row: dict) -> int | None:

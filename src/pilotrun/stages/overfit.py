@@ -100,7 +100,7 @@ def accumulation_check(prep) -> dict:
             run_update(state, prep.task, micro, max_grad_norm=None, step=False, zero_grad=False)
         except Exception as e:
             from pilotrun.engine.loop import out_of_memory_reason
-            from pilotrun.probe.recorder import is_oom
+            from pilotrun.engine.oom import is_oom
 
             if not is_oom(e):
                 raise
@@ -156,11 +156,11 @@ def prediction_check(task, model, examples, device) -> dict:
     """Teacher-forced argmax at every target; greedy generation for a few causal-lm examples."""
     import torch
 
-    from pilotrun.engine.loop import _to
+    from pilotrun.engine.loop import to_device
 
     model.eval()
     with torch.no_grad():
-        batch = _to(task.collate(examples), device)
+        batch = to_device(task.collate(examples), device)
         preds = task.predict(model, batch)
         wanted = _targets(task, batch, examples)
     wrong = [(e.rid, sum(a != b for a, b in zip(p, w)) + abs(len(p) - len(w)), len(w))

@@ -129,7 +129,7 @@ def run_phases(job: PilotJob, prep=None) -> list[dict]:
     import torch
 
     from pilotrun.engine.distributed import default_device, is_initialized, world_rank, wrap_model
-    from pilotrun.engine.loop import evaluate, make_state, run_update
+    from pilotrun.engine.loop import evaluate, make_state, run_update, to_device
     from pilotrun.engine.precision import autocast
     from pilotrun.engine.state import save_state
     from pilotrun.stages.prepare import prepare
@@ -221,8 +221,7 @@ def run_phases(job: PilotJob, prep=None) -> list[dict]:
                     loaded_model = task.load_artifact(art / part).to(device)
                     loaded_model.eval()
                     with torch.no_grad(), autocast(c.train.precision, device.type):
-                        batch = {k: (v.to(device) if hasattr(v, "to") else v)
-                                 for k, v in task.collate(sample).items()}
+                        batch = to_device(task.collate(sample), device)
                         s, n = reload_task.loss(loaded_model, batch)
                     loss = float(s) / max(1, int(n))
                     if loss != loss or loss in (float("inf"), float("-inf")):

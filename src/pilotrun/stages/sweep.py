@@ -43,11 +43,11 @@ class Arm:
 
 
 def _line_of(loaded, path: tuple) -> int | None:
-    from pilotrun.campaign.load import _line_index
+    from pilotrun.campaign.load import line_index
 
     if loaded.source is None or not loaded.source.is_file():
         return None
-    return _line_index(loaded.source.read_text(encoding="utf-8")).get(path)
+    return line_index(loaded.source.read_text(encoding="utf-8")).get(path)
 
 
 def _effective_batch(t) -> tuple[int, int, int]:

@@ -26,11 +26,13 @@ def control_predictions(prep: Prepared, model) -> tuple[list, list, object]:
     control = pool[:CONTROL_EXAMPLES]
     if not control:
         return [], [], None
+    from pilotrun.engine.loop import to_device
+    from pilotrun.engine.precision import autocast
+
     model.eval()
-    with torch.no_grad():
-        batch = prep.task.collate(control)
-        device = next(model.parameters()).device
-        batch = {k: (v.to(device) if hasattr(v, "to") else v) for k, v in batch.items()}
+    device = next(model.parameters()).device
+    with torch.no_grad(), autocast(prep.c.train.precision, device.type):
+        batch = to_device(prep.task.collate(control), device)
         preds = prep.task.predict(model, batch)
         logits = target_logits(prep.task, model, batch)
     return control, preds, logits
