@@ -92,7 +92,7 @@ def make_state(model, t, *, n_train: int, seed: int, total_updates: int, device=
     optimizer = make_optimizer(model, t)
     return TrainState(model=model, optimizer=optimizer, scheduler=make_scheduler(optimizer, t, total_updates),
                       scaler=make_scaler(t.precision, device.type),
-                      sampler=UpdateSampler(n_train, t.micro_batch, t.accumulation, seed, t.drop_last, rank, world),
+                      sampler=UpdateSampler.for_train(t, n_train, seed, rank, world),
                       precision=t.precision, device=device, total_updates=total_updates)
 
 

@@ -13,9 +13,10 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from pilotrun.phases import names
 from pilotrun.probe.recorder import Phase
 
-STEP_PHASES = ("first_step", "steady_step")
+STEP_PHASES = FIRST_STEP, STEADY_STEP = names("train")  # the first and second optimizer steps, as the pilot names them
 
 
 def is_number(v) -> bool:

@@ -102,7 +102,7 @@ class PilotrunCallback(Callback):
         if self.rec.steps_seen < 2:
             inputs = {"micro_batch": _batch_size(batch), "accumulation": trainer.accumulate_grad_batches,
                       "step": trainer.global_step + 1}
-            self._start(trainer, "first_step" if self.rec.steps_seen == 0 else "steady_step", inputs)
+            self._start(trainer, STEP_PHASES[min(self.rec.steps_seen, 1)], inputs)
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
         groups = getattr(optimizer, "param_groups", None)
@@ -124,8 +124,8 @@ class PilotrunCallback(Callback):
         self._losses, self._micro_batches = [], 0
         if mean is not None and not self.rec.check_finite(mean, step, "training loss") and self.stop_on_nan:
             trainer.should_stop = True  # the mean is over ranks: every rank stops at the same update
-        self.rec.end("first_step")
-        self.rec.end("steady_step")
+        for name in STEP_PHASES:
+            self.rec.end(name)
         rank0 = trainer.is_global_zero
         values = {"loss": mean} if mean is not None else {}
         if self._lr is not None:

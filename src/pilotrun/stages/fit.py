@@ -8,16 +8,14 @@
 
 Each variant is measured with the probes through ``run_update`` / ``evaluate`` (``fit_probe``), and
 its first updates' losses through ``train`` are compared with the control's: checkpointing and
-micro-batch must match in fp32 to FP32_RTOL, mixed precision to MIXED_RTOL. Accumulation is never
+micro-batch must match in fp32 to FP32_RTOL, mixed precision to MIXED_RTOL (fit_rules). Accumulation is never
 offered for memory the weights and optimizer state take: it only divides activations.
 """
 
 from __future__ import annotations
 
-from pilotrun.campaign.arithmetic import batch_arithmetic, data_parallel_ranks
-from pilotrun.errors import BadInput
-from pilotrun.stages.fit_rules import (EVAL_BOUND, FP32_RTOL, LOSS_UPDATES, MIXED_RTOL,  # noqa: F401
-                                      TRAIN_BOUND, accumulation_for, micro_batch_candidates, probe_bound)
+from pilotrun.campaign.arithmetic import batch_arithmetic, examples_per_update
+from pilotrun.stages.fit_rules import LOSS_UPDATES, accumulation_for
 from pilotrun.verdicts import StageResult
 
 COLUMNS = ["variant", "change", "batch", "probes", "peak", "fits", "step_s", "vs_control", "same_experiment"]
@@ -131,7 +129,7 @@ def fit(loaded, home, memory_limit: int, *, write: str | None = None, effective_
     device = device or default_device()
     prep = prepare(loaded, splits=("train", "validation"))
     t = prep.c.train
-    control_effective = t.micro_batch * t.accumulation * data_parallel_ranks(t)
+    control_effective = examples_per_update(t)
     effective = effective_batch or control_effective
     accumulation_for(t, 1, effective)  # the effective batch must be reachable on these ranks at all
     measured_here = pilot_rows is None

@@ -7,11 +7,12 @@ import math
 
 from pilotrun.campaign.arithmetic import data_parallel_ranks
 from pilotrun.errors import BadInput
+from pilotrun.phases import names
 
 FP32_RTOL = 1e-5   # same math in another order: fp32 rounding only (observed ~1e-8 on the tiny models)
 MIXED_RTOL = 2e-2  # bf16 keeps 8 mantissa bits (~0.4 % per rounding); the first losses stay within ~1e-3
 LOSS_UPDATES = 3   # updates compared with the control
-TRAIN_BOUND, EVAL_BOUND = ("first_step", "steady_step"), ("eval_longest",)
+TRAIN_BOUND, EVAL_BOUND = names("train"), names("eval")
 
 
 def accumulation_for(t, micro_batch: int, effective: int) -> int:

@@ -20,6 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from pilotrun.campaign.arithmetic import per_rank_update
 from pilotrun.errors import BadInput
 from pilotrun.verdicts import StageResult
 
@@ -151,7 +152,7 @@ def resume(loaded, home, *, at: int | None = None, prep=None) -> StageResult:
     skip = skipped_components()
     prep = prep or prepare(loaded, splits=("train", "validation"))
     c, t = prep.c, prep.c.train
-    per_update = t.micro_batch * t.accumulation
+    per_update = per_rank_update(t)
     n, per_epoch = small_train_set(len(prep.train), per_update, at)
     if n < per_update:
         raise BadInput(f"{len(prep.train)} training examples are fewer than one update of {per_update}",
