@@ -2,67 +2,43 @@
 
 from __future__ import annotations
 
-import json
-
 from pilotrun.probe.sizes import fmt_bytes
+from pilotrun.report.table import cell, render_table
 
 STYLE = {"ok": "bold green", "warn": "bold yellow", "fail": "bold red"}
 
 
 def _fmt(v) -> str:
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    if isinstance(v, (dict, list)):
-        return json.dumps(v, default=str)
-    return "" if v is None else str(v)
+    return cell(v)
 
 
 def render_result(r, con) -> None:
-    from rich.table import Table
-
-    con.print(f"[{STYLE[r.verdict]}]{r.verdict.upper():4}[/] [bold]{r.stage}[/]: {r.summary}")
+    con.print(f"[{STYLE[r.verdict]}]{r.verdict.upper():4}[/] [bold]{r.stage}[/]: ", end="")
+    con.print(r.summary, markup=False, highlight=False)
     for m in r.messages:
         con.print(f"     {m}", markup=False)
     if r.rows and r.columns:
-        table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
-        for c in r.columns:
-            table.add_column(c)
-        for row in r.rows:
-            cells = []
-            for c in r.columns:
-                v = row.get(c)
-                cells.append(f"[{STYLE[v]}]{v}[/]" if c == "verdict" and v in STYLE else _fmt(v))
-            table.add_row(*cells)
-        con.print(table)
+        render_table(con, r.columns, r.rows)
 
 
 def render_summary(results, con) -> None:
-    from rich.table import Table
-
-    table = Table(title="rehearsal summary", show_header=True, header_style="bold")
-    table.add_column("stage")
-    table.add_column("verdict")
-    table.add_column("summary")
-    for r in results:
-        table.add_row(r.stage, f"[{STYLE[r.verdict]}]{r.verdict}[/]", r.summary)
-    con.print(table)
+    rows = [{"stage": r.stage, "verdict": r.verdict, "summary": r.summary} for r in results]
+    render_table(con, ["stage", "verdict", "summary"], rows, title="rehearsal summary")
 
 
-RUN_COLUMNS = ("run_id", "kind", "name", "status", "updates_done", "examples_seen", "created_at", "supersedes")
+RUN_COLUMNS = ("run_id", "kind", "name", "status", "updates", "examples", "created_at", "supersedes")
 
 
 def render_runs(con, runs) -> None:
-    from rich.table import Table
-
+    """Every run id whole (a prefix of it is what the other verbs take)."""
     if not runs:
         con.print("no runs yet")
         return
-    table = Table(show_header=True, header_style="bold", box=None)
-    for c in RUN_COLUMNS:
-        table.add_column(c.replace("_done", "").replace("_", " "))
-    for r in runs:
-        table.add_row(*(_fmt(r.get(c)) for c in RUN_COLUMNS))
-    con.print(table)
+    rows = [{"run_id": r["run_id"], "kind": r.get("kind"), "name": r.get("name"), "status": r.get("status"),
+             "updates": r.get("updates_done"), "examples": r.get("examples_seen"),
+             "created_at": (r.get("created_at") or "").replace("T", " ")[:19], "supersedes": r.get("supersedes")}
+            for r in runs]
+    render_table(con, RUN_COLUMNS, rows)
 
 
 def render_run(con, data) -> None:
