@@ -33,7 +33,7 @@ def runs(kind, home, as_json):
 @common_options
 def show(run_id, home, as_json, tensorboard_dir=None):
     """One run: config, status, metrics, phase rows, notes and files."""
-    from pilotrun.report.terminal import render_run
+    from pilotrun.report.terminal import render_run, train_loss_summary
 
     j = _journal(home)
     run = j.require_run(run_id)
@@ -44,9 +44,10 @@ def show(run_id, home, as_json, tensorboard_dir=None):
         exported = export_tensorboard(j, run_id, tensorboard_dir)
         click.echo(f"TensorBoard: {exported['scalars']} scalars in {exported['dir']}", err=True)
     run_dir = j.run_dir(run_id)
+    train_loss = j.metrics(run_id, "train", "loss")
     data = {"run": run, "phases": j.phase_rows(run_id), "notes": j.notes(run_id),
             "validation": j.metrics(run_id, "validation"),
-            "train_updates": len(j.metrics(run_id, "train", "loss")),
+            "train_updates": len(train_loss), "train_loss": train_loss_summary(train_loss),
             "files": sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob("*") if p.is_file())
             if run_dir.is_dir() else []}
     return emit_data(data, as_json, render_run, summary=f"run {run_id} ({run['kind']}): {run['status']}")

@@ -6,7 +6,9 @@ A table is laid out at the console's width, trying in turn:
 2. the same with each multi-word header stacked on two lines (``peak_allocated`` → ``peak`` /
    ``allocated``), so a narrow number column is not as wide as its name;
 3. the free-text columns (inputs, note, summary, ...) moved to an indented line under their row;
-4. one block per row, a ``column: value`` line each (the vertical layout of narrow terminals).
+4. also the columns with one value in every row left out, that value said once under the table;
+5. the columns split into two or three tables, each led by the first column;
+6. one block per row, a ``column: value`` line each (the vertical layout of narrow terminals).
 
 Cells are never cut and headers never ellipsised: a value too long for the width wraps inside its
 own block, with the label column kept clear. A console that is not a terminal is given a width no
@@ -72,25 +74,62 @@ def _line_width(columns, widths) -> int:
 
 def render_table(con, columns, rows, *, title: str | None = None, stackable=TEXT_COLUMNS) -> str:
     """Print ``rows`` (dicts) under ``columns`` at ``con.width``; returns the layout used
-    ("wide", "stacked-headers", "text-below" or "vertical")."""
+    ("wide", "stacked-headers", "text-below", "same-folded", "split" or "vertical")."""
     columns = list(columns)
     if not rows:
         return "wide"
     width = max(int(con.width), 20)
     texts = [{c: cell(r.get(c)) for c in columns} for r in rows]
     under = [c for c in columns if c in stackable and c != columns[0]]
-    tries = [(columns, False, []), (columns, True, []),
-             ([c for c in columns if c not in under], True, under)] if under else [(columns, False, []), (columns, True, [])]
-    for shown, stacked, below in tries:
+    same = [c for c in columns[1:] if len(rows) > 1 and c not in under and len({t[c] for t in texts}) == 1
+            and texts[0][c]]
+    kept = [c for c in columns if c not in under]
+    tries = [("wide", columns, False, [], []), ("stacked-headers", columns, True, [], [])]
+    if under:
+        tries += [("text-below", kept, False, under, []), ("text-below", kept, True, under, [])]
+    if same:
+        tries.append(("same-folded", [c for c in kept if c not in same], True, under, same))
+    for layout, shown, stacked, below, folded in tries:
         heads, depth, widths, right = _horizontal(shown, rows, texts, stacked)
         if _line_width(shown, widths) <= width:
-            layout = "wide" if not stacked else "stacked-headers" if not below else "text-below"
-            if below and not any(t[c] for t in texts for c in below):
-                layout = "stacked-headers"
             _print_horizontal(con, title, shown, rows, texts, heads, depth, widths, right, below, width)
+            if folded:
+                items = [f"{c.replace('_', ' ')} {texts[0][c]}" for c in folded]
+                for line in _wrap_items(items, width, "    in every row: "):
+                    con.print(line, markup=False, highlight=False)
             return layout
+    shown = [c for c in kept if c not in same]
+    heads, depth, widths, right = _horizontal(shown, rows, texts, True)
+    groups = _groups(shown, widths, width)
+    if groups is not None:
+        for i, group in enumerate(groups):
+            _print_horizontal(con, title if i == 0 else None, group, rows, texts, heads, depth, widths, right,
+                              under if i == len(groups) - 1 else [], width)
+        if same:
+            for line in _wrap_items([f"{c.replace('_', ' ')} {texts[0][c]}" for c in same], width,
+                                    "    in every row: "):
+                con.print(line, markup=False, highlight=False)
+        return "split"
     _print_vertical(con, title, columns, rows, texts, width)
     return "vertical"
+
+
+def _groups(shown: list[str], widths: dict, width: int, most: int = 3) -> list[list[str]] | None:
+    """The columns after the first packed into at most ``most`` tables of ``width``, each led by the
+    first column (so every row is named in each); None when they do not pack."""
+    key, groups, group = shown[0], [], [shown[0]]
+    for c in shown[1:]:
+        if _line_width(group + [c], widths) > width:
+            if len(group) == 1:
+                return None
+            groups.append(group)
+            group = [key, c]
+            if _line_width(group, widths) > width:
+                return None
+        else:
+            group.append(c)
+    groups.append(group)
+    return groups if len(groups) <= most else None
 
 
 def _print_horizontal(con, title, shown, rows, texts, heads, depth, widths, right, below, width) -> None:
@@ -137,9 +176,36 @@ def _print_vertical(con, title, columns, rows, texts, width) -> None:
                 con.print(line, markup=False, highlight=False)
 
 
-def _wrap(text: str, width: int, label: str) -> list[str]:
-    """``label`` + ``text`` wrapped at ``width`` under a hanging indent; a word longer than the room
-    (an id, a path) is kept whole on its own line rather than cut."""
-    room = max(width - len(label), 12)
-    lines = textwrap.wrap(text, room, break_long_words=False, break_on_hyphens=False) or [""]
-    return [label + lines[0]] + [" " * len(label) + x for x in lines[1:]]
+def _wrap(text: str, width: int, label: str, hang: int | None = None) -> list[str]:
+    """``label`` + ``text`` wrapped at ``width`` under a hanging indent (the label's width, or
+    ``hang`` more than the label's own indent); a word longer than the room (an id, a path) is kept
+    whole on its own line rather than cut."""
+    indent = len(label) if hang is None else len(label) - len(label.lstrip(" ")) + hang
+    first = textwrap.wrap(text, max(width - len(label), 12), break_long_words=False, break_on_hyphens=False)
+    if not first:
+        return [label]
+    rest = textwrap.wrap(text[len(first[0]):].strip(), max(width - indent, 12), break_long_words=False,
+                         break_on_hyphens=False)
+    return [label + first[0]] + [" " * indent + x for x in rest]
+
+
+def print_wrapped(con, text: str, indent: str = "") -> None:
+    """A message at the console's width under a hanging indent (its own line breaks kept)."""
+    width = max(int(con.width), 20)
+    for para in str(text).splitlines() or [""]:
+        lead = len(para) - len(para.lstrip(" "))
+        lines = _wrap(para.strip(" "), width, indent + " " * lead, hang=2)
+        for line in lines:
+            con.print(line.rstrip(), markup=False, highlight=False)
+
+
+def _wrap_items(items: list[str], width: int, label: str) -> list[str]:
+    """``label`` + the items joined by ", ", a line break only between items."""
+    lines, line = [], label
+    for i, item in enumerate(items):
+        piece = item + ("," if i < len(items) - 1 else "")
+        if line.strip() and line != label and len(line) + 1 + len(piece) > width:
+            lines.append(line.rstrip())
+            line = " " * len(label)
+        line += ("" if line.endswith(" ") or line == label else " ") + piece
+    return lines + [line.rstrip()]

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from pilotrun.probe.sizes import fmt_bytes
-from pilotrun.report.table import cell, render_table
+from pilotrun.sheet.plan import fmt_duration
+from pilotrun.report.table import cell, print_wrapped, render_table
 
 STYLE = {"ok": "bold green", "warn": "bold yellow", "fail": "bold red"}
 
@@ -16,7 +17,7 @@ def render_result(r, con) -> None:
     con.print(f"[{STYLE[r.verdict]}]{r.verdict.upper():4}[/] [bold]{r.stage}[/]: ", end="")
     con.print(r.summary, markup=False, highlight=False)
     for m in r.messages:
-        con.print(f"     {m}", markup=False)
+        print_wrapped(con, m, "     ")
     if r.rows and r.columns:
         render_table(con, r.columns, r.rows)
 
@@ -47,35 +48,57 @@ def render_run(con, data) -> None:
     for k in ("created_at", "ended_at", "updates_done", "examples_seen", "seed", "config_sha256", "git_rev",
               "supersedes", "sweep_id", "command"):
         if run.get(k) is not None:
-            con.print(f"  {k}: {run[k]}", markup=False)
+            print_wrapped(con, f"{k}: {run[k]}", "  ")
     if run.get("trust_remote_code"):
         con.print("  trust_remote_code: ON (model code from the model folder ran)")
     summary = run.get("summary") or {}
     for k, v in summary.items():
         if k not in ("arithmetic", "memory_bound", "timing", "counts"):
-            con.print(f"  {k}: {_fmt(v)}", markup=False)
+            print_wrapped(con, f"{k}: {_fmt(v)}", "  ")
     if summary.get("timing"):
-        con.print("  timing: " + ", ".join(f"{k} {v:.3g}" for k, v in summary["timing"].items()), markup=False)
+        print_wrapped(con, "timing: " + ", ".join(f"{k.removesuffix('_s')} {fmt_duration(v)}"
+                                                  for k, v in summary["timing"].items() if isinstance(v, (int, float))),
+                      "  ")
     if summary.get("memory_bound"):
         from pilotrun.stages.train import bound_lines
 
         for line in bound_lines(summary["memory_bound"]):
             con.print(f"  {line}", style="yellow" if line.startswith("WARNING") else None, markup=False)
+    loss = data.get("train_loss")
+    if loss:
+        print_wrapped(con, f"training loss ({loss['updates']} updates logged): first {_loss(loss['first'])}, "
+                           f"last {_loss(loss['last'])}, lowest {_loss(loss['min'])} at update {loss['min_step']}"
+                           + (f"; {loss['non_finite']} not finite" if loss.get("non_finite") else ""), "  ")
+    elif data.get("train_updates"):
+        print_wrapped(con, f"training loss: {data['train_updates']} updates logged", "  ")
     if data["validation"]:
         # SQLite keeps a NaN as NULL: a None value is a loss that was not a number
-        pts = ", ".join(f"{m['step']}: {'nan' if m['value'] is None else format(m['value'], '.4f')}"
-                        for m in data["validation"] if m["name"] == "val_loss")
-        con.print(f"  validation ({data['train_updates']} updates logged): {pts}", markup=False)
+        pts = ", ".join(f"{m['step']}: {_loss(m['value'])}" for m in data["validation"] if m["name"] == "val_loss")
+        print_wrapped(con, f"validation: {pts}", "  ")
     if data["phases"]:
         con.print(f"  phase rows: {len(data['phases'])}")
         for p in data["phases"]:
             peak = max((v for v in (p.get("peak_allocated"), p.get("peak_reserved")) if v is not None), default=None)
-            con.print(f"    {p['phase']:17} rank {p['rank']} {p['verdict']:11} {_fmt(p['duration_s'])}s"
-                      + (f"  peak {fmt_bytes(peak)} ({p.get('counter')})" if peak is not None else "")
-                      + (f"  — {p['note']}" if p.get("note") and p["phase"].startswith("observed_") else ""),
-                      markup=False)
+            print_wrapped(con, f"{p['phase']:19} rank {p['rank']} {p['verdict']:11} {fmt_duration(p['duration_s']):>8}"
+                          + (f"  peak {fmt_bytes(peak)} ({p.get('counter')})" if peak is not None else "")
+                          + (f"  — {p['note']}" if p.get("note") and p["verdict"] != "ok" else ""), "    ")
     for n in data["notes"]:
-        con.print(f"  {'decision' if n['decision'] else 'note'} {n['id']}: {n['text']}", markup=False)
+        print_wrapped(con, f"{'decision' if n['decision'] else 'note'} {n['id']}: {n['text']}", "  ")
     if data["files"]:
-        con.print(f"  files ({len(data['files'])}): " + ", ".join(data["files"][:12]) +
-                  (" …" if len(data["files"]) > 12 else ""), markup=False)
+        print_wrapped(con, f"files ({len(data['files'])}): " + ", ".join(data["files"][:12]) +
+                      (" …" if len(data["files"]) > 12 else ""), "  ")
+
+
+def _loss(v) -> str:
+    return "nan" if v is None else format(v, ".4f")
+
+
+def train_loss_summary(points: list[dict]) -> dict | None:
+    """First, last and lowest training loss of a run's logged points (a NULL value: not finite)."""
+    if not points:
+        return None
+    finite = [m for m in points if m["value"] is not None]
+    low = min(finite, key=lambda m: m["value"]) if finite else None
+    return {"updates": len(points), "first": points[0]["value"], "last": points[-1]["value"],
+            "min": low["value"] if low else None, "min_step": low["step"] if low else None,
+            "non_finite": len(points) - len(finite)}
