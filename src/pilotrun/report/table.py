@@ -154,7 +154,7 @@ def _print_horizontal(con, title, shown, rows, texts, heads, depth, widths, righ
         for c in below:
             if t[c]:
                 label = f"    {c.replace('_', ' ')}: "
-                for line in _wrap(t[c], width, label):
+                for line in wrap(t[c], width, label):
                     con.print(line, markup=False, highlight=False)
 
 
@@ -168,7 +168,7 @@ def _print_vertical(con, title, columns, rows, texts, width) -> None:
                   highlight=False)
         for c in rest:
             label = f"  {c.replace('_', ' '):<{label_w}}  "
-            lines = _wrap(t[c], width, label)
+            lines = wrap(t[c], width, label)
             con.print(lines[0][:len(label)], end="", markup=False, highlight=False)
             _styled(con, lines[0][len(label):], c, r.get(c))
             con.print(markup=False, highlight=False)
@@ -176,7 +176,7 @@ def _print_vertical(con, title, columns, rows, texts, width) -> None:
                 con.print(line, markup=False, highlight=False)
 
 
-def _wrap(text: str, width: int, label: str, hang: int | None = None) -> list[str]:
+def wrap(text: str, width: int, label: str, hang: int | None = None) -> list[str]:
     """``label`` + ``text`` wrapped at ``width`` under a hanging indent (the label's width, or
     ``hang`` more than the label's own indent); a word longer than the room (an id, a path) is kept
     whole on its own line rather than cut."""
@@ -194,7 +194,7 @@ def print_wrapped(con, text: str, indent: str = "") -> None:
     width = max(int(con.width), 20)
     for para in str(text).splitlines() or [""]:
         lead = len(para) - len(para.lstrip(" "))
-        lines = _wrap(para.strip(" "), width, indent + " " * lead, hang=2)
+        lines = wrap(para.strip(" "), width, indent + " " * lead, hang=2)
         for line in lines:
             con.print(line.rstrip(), markup=False, highlight=False)
 

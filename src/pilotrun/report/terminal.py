@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pilotrun.probe.sizes import fmt_bytes
 from pilotrun.sheet.plan import fmt_duration
-from pilotrun.report.table import cell, print_wrapped, render_table
+from pilotrun.report.table import cell, print_wrapped, render_table, wrap
 
 STYLE = {"ok": "bold green", "warn": "bold yellow", "fail": "bold red"}
 
@@ -14,8 +14,16 @@ def _fmt(v) -> str:
 
 
 def render_result(r, con) -> None:
-    con.print(f"[{STYLE[r.verdict]}]{r.verdict.upper():4}[/] [bold]{r.stage}[/]: ", end="")
-    con.print(r.summary, markup=False, highlight=False)
+    from rich.text import Text
+
+    head = f"{r.verdict.upper():4} {r.stage}: "
+    lines = wrap(head + r.summary, max(int(con.width), 20), "", hang=5)
+    first = Text(lines[0])
+    first.stylize(STYLE[r.verdict], 0, 4)
+    first.stylize("bold", 5, len(head) - 2)
+    con.print(first, highlight=False)
+    for line in lines[1:]:
+        con.print(line, markup=False, highlight=False)
     for m in r.messages:
         print_wrapped(con, m, "     ")
     if r.rows and r.columns:
