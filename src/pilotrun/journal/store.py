@@ -107,6 +107,13 @@ CREATE TRIGGER IF NOT EXISTS sweeps_immutable BEFORE UPDATE ON sweeps
 BEGIN SELECT RAISE(ABORT, 'a sweep plan is frozen'); END;
 """
 
+SCHEMA_VERSION = 1
+"""Stamped in the file as ``PRAGMA user_version``; bump it (and add a step to MIGRATIONS) with any change
+to SCHEMA. A journal stamped higher is refused before anything is written to it."""
+MIGRATIONS: dict[int, str] = {
+    0: "",  # journals written before the stamp: the schema is the same, only the stamp is new
+}
+
 FINAL = ("completed", "diverged", "stopped", "failed", "interrupted")
 
 
@@ -162,17 +169,23 @@ class Journal:
     """One journal per home folder. Connections are short-lived and every write is a transaction."""
 
     def __init__(self, home: str | Path, *, create: bool = True):
+        """``create=False``: a reading verb. The journal must exist; on a home that cannot be written (a
+        read-only file system) it is opened read-only. A writing verb there is exit 2."""
+        from pilotrun.journal.versions import check_home, open_checked
+
         self.home = Path(home)
         self.path = self.home / "journal.sqlite"
+        self.read_only = False
         if not create and not self.path.exists():
             from pilotrun.errors import BadInput
 
             raise BadInput(f"no journal at {self.path}", where="--home",
                            fix="pass the --home of an earlier run, or run a stage first")
-        self.home.mkdir(parents=True, exist_ok=True)
-        with self.connect() as db:
-            db.executescript(SCHEMA)
-        self.reap_interrupted()
+        writable = check_home(self.home, reading=not create)
+        self.read_only = not writable
+        open_checked(self, SCHEMA, SCHEMA_VERSION, MIGRATIONS)
+        if not self.read_only:
+            self.reap_interrupted()
 
     @property
     def runs_dir(self) -> Path:
@@ -183,14 +196,25 @@ class Journal:
 
     @contextmanager
     def connect(self) -> Iterator[sqlite3.Connection]:
-        db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
+        from pilotrun.journal.versions import as_bad_input, connect_read_only
+
+        if self.read_only:
+            db = connect_read_only(self.path)
+        else:
+            db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
         db.row_factory = sqlite3.Row
         try:
-            db.execute("PRAGMA busy_timeout=30000")
-            _wal(db)
-            db.execute("PRAGMA synchronous=NORMAL")
-            db.execute("PRAGMA foreign_keys=ON")
+            if not self.read_only:
+                db.execute("PRAGMA busy_timeout=30000")
+                _wal(db)
+                db.execute("PRAGMA synchronous=NORMAL")
+                db.execute("PRAGMA foreign_keys=ON")
             yield db
+        except sqlite3.DatabaseError as e:
+            bad = as_bad_input(e, self.path)
+            if bad is None:
+                raise
+            raise bad from None
         finally:
             db.close()
 
