@@ -13,7 +13,9 @@ import json
 import time
 from pathlib import Path
 
+from pilotrun.errors import DiskFull
 from pilotrun.journal.files import atomic_write_json, atomic_write_text, dump_yaml
+from pilotrun.journal.files import is_disk_full as disk_full
 from pilotrun.journal.store import Journal
 from pilotrun.provenance import (command_line, config_sha256, file_sha256, git_revision, package_versions,
                                  plain_config)
@@ -129,10 +131,15 @@ class RunRecorder:
 
     def __exit__(self, exc_type, exc, tb):
         if not self.finished:
-            if exc_type is not None:
-                self.finish(*ending(exc))
-            else:
+            if exc_type is None:
                 self.finish("completed")
+            elif not isinstance(exc, KeyboardInterrupt) and (isinstance(exc, DiskFull) or disk_full(exc, self.dir)):
+                full = exc if isinstance(exc, DiskFull) else DiskFull(getattr(exc, "filename", None) or self.dir)
+                self.finish("interrupted", {"reason": str(full).splitlines()[0]})
+                if full is not exc:
+                    raise full from None
+            else:
+                self.finish(*ending(exc))
         return False
 
 

@@ -13,7 +13,7 @@ import os
 import sqlite3
 from pathlib import Path
 
-from pilotrun.errors import BadInput
+from pilotrun.errors import BadInput, DiskFull
 
 _MAGIC = b"SQLite format 3\x00"
 RECOVER = ("restore a backup (journal.sqlite.bak-*) if there is one, or salvage it with "
@@ -81,8 +81,7 @@ def as_bad_input(e: sqlite3.DatabaseError, path: Path) -> BadInput | None:
         return BadInput(f"the journal cannot be written ({e})", where=str(path),
                         fix="pass --home (or $PILOTRUN_HOME) on a writable disk")
     if "disk is full" in text or "disk full" in text:
-        return BadInput(f"no space left on device while writing {path}", where=str(path),
-                        fix="free space on that disk (or pass --home on another), then run the verb again")
+        return DiskFull(path)
     return None
 
 
