@@ -16,7 +16,7 @@ from pathlib import Path
 from pilotrun.phases import names
 from pilotrun.probe.recorder import Phase
 
-STEP_PHASES = FIRST_STEP, STEADY_STEP = names("train")  # the first and second optimizer steps, as the pilot names them
+STEP_NAMES = FIRST_STEP, STEADY_STEP = names("train")  # the first and second optimizer steps, as the pilot names them
 
 
 def is_number(v) -> bool:
@@ -121,7 +121,7 @@ class Recorder:
             phase, self.open = self.open, None
             self._attach(phase)
             phase.__exit__(None, None, None)
-            if phase.name in STEP_PHASES:
+            if phase.name in STEP_NAMES:
                 self.steps_seen += 1
 
     def _attach(self, phase: Phase) -> None:
@@ -137,7 +137,7 @@ class Recorder:
         message = f"{what} is {value} at step {step}"
         if self.diverged is None:
             self.diverged = message
-        if self.is_open(*STEP_PHASES):
+        if self.is_open(*STEP_NAMES):
             self.open.nan(message)
         return False
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 from transformers import TrainerCallback
 
 from pilotrun.engine.distributed import broadcast_from_rank0
-from pilotrun.integrations._common import STEP_PHASES, Recorder, is_number
+from pilotrun.integrations._common import STEP_NAMES, Recorder, is_number
 
 KIND = "hf-trainer"
 _TRAIN_KEYS = {"loss": "loss", "learning_rate": "lr", "grad_norm": "grad_norm"}
@@ -66,10 +66,10 @@ class PilotrunCallback(TrainerCallback):
         if self.rec.steps_seen < 2:
             inputs = {"micro_batch": args.per_device_train_batch_size,
                       "accumulation": args.gradient_accumulation_steps, "step": state.global_step + 1}
-            self._start(STEP_PHASES[min(self.rec.steps_seen, 1)], inputs)
+            self._start(STEP_NAMES[min(self.rec.steps_seen, 1)], inputs)
 
     def on_step_end(self, args, state, control, **kw):
-        if self.rec.is_open(*STEP_PHASES):
+        if self.rec.is_open(*STEP_NAMES):
             self.rec.end()
         self.rec.progress(state.global_step, state.global_step * args.per_device_train_batch_size
                           * args.gradient_accumulation_steps * args.world_size, is_rank0=state.is_world_process_zero)

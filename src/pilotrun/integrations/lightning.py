@@ -35,7 +35,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from pilotrun.integrations._common import STEP_PHASES, Recorder, is_number
+from pilotrun.integrations._common import STEP_NAMES, Recorder, is_number
 
 try:
     from lightning.pytorch import Callback
@@ -102,7 +102,7 @@ class PilotrunCallback(Callback):
         if self.rec.steps_seen < 2:
             inputs = {"micro_batch": _batch_size(batch), "accumulation": trainer.accumulate_grad_batches,
                       "step": trainer.global_step + 1}
-            self._start(trainer, STEP_PHASES[min(self.rec.steps_seen, 1)], inputs)
+            self._start(trainer, STEP_NAMES[min(self.rec.steps_seen, 1)], inputs)
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
         groups = getattr(optimizer, "param_groups", None)
@@ -119,12 +119,12 @@ class PilotrunCallback(Callback):
             return  # gradients accumulate: the update is not done
         step, self._update_from, self._in_update = trainer.global_step, trainer.global_step, False
         mean = _mean_over_ranks(trainer, self._losses)
-        if self.rec.is_open(*STEP_PHASES) and self._micro_batches != trainer.accumulate_grad_batches:
+        if self.rec.is_open(*STEP_NAMES) and self._micro_batches != trainer.accumulate_grad_batches:
             self.rec.open.inputs["micro_batches"] = self._micro_batches  # a short update at an epoch's end
         self._losses, self._micro_batches = [], 0
         if mean is not None and not self.rec.check_finite(mean, step, "training loss") and self.stop_on_nan:
             trainer.should_stop = True  # the mean is over ranks: every rank stops at the same update
-        for name in STEP_PHASES:
+        for name in STEP_NAMES:
             self.rec.end(name)
         rank0 = trainer.is_global_zero
         values = {"loss": mean} if mean is not None else {}
@@ -135,7 +135,7 @@ class PilotrunCallback(Callback):
 
     # --- validation ---------------------------------------------------------------------------------
     def on_validation_start(self, trainer, pl_module) -> None:
-        if self.rec.is_open(*STEP_PHASES):
+        if self.rec.is_open(*STEP_NAMES):
             self.rec.open.note = _INSIDE_STEP
             return
         self.rec.end("load")
@@ -182,7 +182,7 @@ def _wrap_save_checkpoint(trainer, callback: PilotrunCallback) -> None:
 
     def save_checkpoint(filepath, *args, **kwargs):
         rec = callback.rec
-        if rec.is_open(*STEP_PHASES):  # a save inside an update: part of that step's row
+        if rec.is_open(*STEP_NAMES):  # a save inside an update: part of that step's row
             return original(filepath, *args, **kwargs)
         callback._start(trainer, "save", {"step": trainer.global_step})
         result = original(filepath, *args, **kwargs)

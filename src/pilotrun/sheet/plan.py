@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 
-from pilotrun.phases import names
 
 GiB = 2**30
 DAY_S = 86400.0
@@ -29,7 +28,6 @@ ASSUMED_MFU = 0.30  # Hugging Face fine-tuning of >=1B-parameter models reaches 
 # by kernel launches, not FLOPs: a few milliseconds whatever the card.
 GPU_FLOOR_S_PER_PASS = 0.005
 
-COMPUTE_PHASES = names("train", "eval")
 NOT_MEASURED = ("oom", "error")
 
 
