@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 
-
 GiB = 2**30
 DAY_S = 86400.0
 
