@@ -71,6 +71,10 @@ class CausalLMTask:
             if role is None or content is None:
                 raise BadInput(f"message {k} lacks role/content (or from/value)", where=record.where,
                                fix="give every message a role and a content")
+            if isinstance(content, (list, dict)) or isinstance(role, (list, dict)):
+                raise BadInput(f"message {k} of field '{self.c.data.messages}' has a role or content that is a "
+                               f"{type(content if isinstance(content, (list, dict)) else role).__name__}, not text",
+                               where=record.where, fix="give every message a string role and a string content")
             role = ROLE_ALIASES.get(str(role), str(role))
             head = self._tok(f"{role}: ")
             ids += head
