@@ -135,9 +135,12 @@ class CausalLMTask:
 
         from transformers import AutoModelForCausalLM
 
-        path = Path(path)
-        if (path / "adapter_config.json").is_file():
-            from peft import AutoPeftModelForCausalLM
+        from pilotrun.journal.files import reading_weights
 
-            return AutoPeftModelForCausalLM.from_pretrained(str(path), local_files_only=True)
-        return AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, use_safetensors=True)
+        path = Path(path)
+        with reading_weights(path, "artifact"):
+            if (path / "adapter_config.json").is_file():
+                from peft import AutoPeftModelForCausalLM
+
+                return AutoPeftModelForCausalLM.from_pretrained(str(path), local_files_only=True)
+            return AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, use_safetensors=True)
