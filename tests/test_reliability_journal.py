@@ -108,7 +108,7 @@ def test_an_older_journal_is_backed_up_and_migrated(cli, trained, tmp_path):
     dst.commit()
     dst.close()
     r = cli("runs", "--home", home, "--json")
-    assert r.code == 0 and r.json[0]["run_id"] == run_id
+    assert r.code == 0 and r.json["data"]["runs"][0]["run_id"] == run_id
     assert _user_version(home / "journal.sqlite") == SCHEMA_VERSION
     backup = home / "journal.sqlite.bak-v0"
     assert _user_version(backup) == 0
@@ -172,7 +172,7 @@ def test_a_home_on_a_read_only_file_system(cli, trained, tmp_path):
         pytest.skip("cannot bind-mount a read-only folder here (needs root and mount)")
     try:
         r = cli("runs", "--home", ro, "--json")
-        assert r.code == 0 and r.json[0]["run_id"] == run_id, r.err
+        assert r.code == 0 and r.json["data"]["runs"][0]["run_id"] == run_id, r.err
         r = cli("show", run_id, "--home", ro)
         assert r.code == 0, r.err
         r = cli("report", "--home", ro, "--out", tmp_path / "report.html")
