@@ -245,13 +245,14 @@ def run_checks(task, loaded, splits=SPLITS) -> Report:
     from pilotrun.data.labels import label_checks, scan_labels
     from pilotrun.data.mixup import MixupScan
     from pilotrun.data.prefetch import batched
+    from pilotrun.data.unknown import UnknownScan
 
     c = loaded.campaign
     records = {s: task.records(s) for s in splits}
     records = {s: r for s, r in records.items() if r}
     scan_labels(task, records)  # unknown class names: bad input, all listed at once
     checks, stats, scans = config_checks(c), {}, {}
-    mixup = MixupScan(c)
+    mixup, unknown = MixupScan(c), UnknownScan(task)
     full_task = None
     with batched(task) as warm:
         for split, recs in records.items():
@@ -263,13 +264,14 @@ def run_checks(task, loaded, splits=SPLITS) -> Report:
                     e = task.encode(r)
                     s.add(r, e)
                     mixup.add(split, r, e)
+                    unknown.add(split, e)
             if s.reencode:
                 full_task = full_task or _untruncated(task, loaded)
                 s.finish(full_task)
     for split, s in scans.items():
         found, stats[split] = split_checks(split, s, c)
         checks += found
-    checks += mixup.checks()
+    checks += mixup.checks() + unknown.checks()
     checks += label_checks(task, loaded, scans)
     return Report(checks, stats)
 
