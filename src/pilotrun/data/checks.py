@@ -242,7 +242,7 @@ def split_checks(split: str, s: SplitScan, c) -> tuple[list[Check], dict[str, An
 
 def run_checks(task, loaded, splits=SPLITS) -> Report:
     """Encode every record of every split through ``task.encode`` and check what the loss sees."""
-    from pilotrun.data.labels import label_checks, scan_labels
+    from pilotrun.data.labels import label_checks, label_forms, scan_labels
     from pilotrun.data.mixup import MixupScan
     from pilotrun.data.prefetch import batched
     from pilotrun.data.unknown import UnknownScan
@@ -251,7 +251,7 @@ def run_checks(task, loaded, splits=SPLITS) -> Report:
     records = {s: task.records(s) for s in splits}
     records = {s: r for s, r in records.items() if r}
     scan_labels(task, records)  # unknown class names: bad input, all listed at once
-    checks, stats, scans = config_checks(c), {}, {}
+    checks, stats, scans = config_checks(c) + label_forms(task, records), {}, {}
     mixup, unknown = MixupScan(c), UnknownScan(task)
     full_task = None
     with batched(task) as warm:
