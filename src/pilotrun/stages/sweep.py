@@ -57,10 +57,8 @@ def sweep(loaded, home, *, continue_id: str | None = None, progress: bool = True
     if continue_id is None:
         sweep_id = journal.create_sweep(plan, sha, plan["campaign_path"])
     else:
+        continue_id = journal.resolve_sweep_id(continue_id, where="--continue")
         frozen = journal.get_sweep(continue_id)
-        if frozen is None:
-            raise BadInput(f"sweep {continue_id} is not in {journal.path}", where="--continue",
-                           fix="pass a sweep id printed by `pilotrun sweep` (and the same --home)")
         if frozen["plan_sha256"] != sha:
             changed = ", ".join(_differences(frozen["plan"], plan))
             raise BadInput(f"the campaign changed since sweep {continue_id} was frozen (differs in: {changed})",

@@ -104,10 +104,13 @@ class SeqClsTask:
 
         from transformers import AutoModelForSequenceClassification
 
-        path = Path(path)
-        if (path / "adapter_config.json").is_file():
-            from peft import AutoPeftModelForSequenceClassification
+        from pilotrun.journal.files import reading_weights
 
-            return AutoPeftModelForSequenceClassification.from_pretrained(str(path), local_files_only=True)
-        return AutoModelForSequenceClassification.from_pretrained(str(path), local_files_only=True,
-                                                                  use_safetensors=True)
+        path = Path(path)
+        with reading_weights(path, "artifact"):
+            if (path / "adapter_config.json").is_file():
+                from peft import AutoPeftModelForSequenceClassification
+
+                return AutoPeftModelForSequenceClassification.from_pretrained(str(path), local_files_only=True)
+            return AutoModelForSequenceClassification.from_pretrained(str(path), local_files_only=True,
+                                                                      use_safetensors=True)
