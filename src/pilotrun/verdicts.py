@@ -8,6 +8,7 @@ from typing import Any, Literal
 from pilotrun.errors import EXIT_CHECK_FAILED, EXIT_OK
 
 Verdict = Literal["ok", "warn", "fail"]
+FEW = 3  # record ids a check's message quotes
 _ORDER = {"ok": 0, "warn": 1, "fail": 2}
 
 

@@ -99,6 +99,24 @@ def write_dir_atomically(final: str | Path, write: Callable[[Path], T]) -> T:
     return result
 
 
+@contextmanager
+def reading_weights(path: str | Path, what: str = "weights") -> Iterator[None]:
+    """Around loading safetensors from ``path`` (a file, or a folder of them): any safetensors error (a
+    truncated file, a pickle renamed .safetensors) is exit 2 naming the file, not an internal error."""
+    try:
+        yield
+    except Exception as e:
+        if type(e).__name__ != "SafetensorError":
+            raise
+        p = Path(path)
+        if p.is_dir():  # name the file itself where the folder holds one
+            files = sorted(p.glob("*.safetensors"))
+            p = files[0] if len(files) == 1 else p
+        raise BadInput(f"cannot read the {what}: not a valid safetensors file ({e}); nothing was loaded",
+                       where=str(p), fix="the file is damaged or is not safetensors (a renamed pickle?): use a "
+                                         "checkpoint or artifact written by pilotrun, or write it again") from None
+
+
 @functools.cache
 def _host() -> str:
     import socket

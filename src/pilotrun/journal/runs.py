@@ -31,9 +31,13 @@ def run_provenance(loaded) -> dict:
     return {"config": loaded.resolved_dict(), "config_sha256": loaded.config_sha256(),
             "campaign_path": str(loaded.source) if loaded.source else None, "seed": c.seed,
             "git_rev": git_revision(loaded.base_dir), "packages": package_versions(),
-            "data": {s: {"path": getattr(c.data, s), "sha256": file_sha256(getattr(c.data, s))}
-                     for s in SPLITS if getattr(c.data, s)},
-            "trust_remote_code": c.model.trust_remote_code}
+            "data": data_fingerprints(c), "trust_remote_code": c.model.trust_remote_code}
+
+
+def data_fingerprints(c) -> dict[str, dict]:
+    """Each data file of the campaign ``c``: its path and the sha256 of its bytes."""
+    return {s: {"path": getattr(c.data, s), "sha256": file_sha256(getattr(c.data, s))}
+            for s in SPLITS if getattr(c.data, s)}
 
 
 def create_run(journal: Journal, *, kind: str, name: str, config: dict, seed: int | None = None,

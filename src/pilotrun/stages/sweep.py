@@ -17,10 +17,11 @@ import math
 from typing import Callable
 
 from pilotrun.campaign.arms import Arm, effective_batch, plan_arms  # noqa: F401  (plan_arms: validate shares it)
-from pilotrun.provenance import config_sha256
 from pilotrun.errors import BadInput
 from pilotrun.journal.store import Journal
+from pilotrun.provenance import config_sha256
 from pilotrun.stages import compare as cmp
+from pilotrun.stages.sweep_runs import arm_command, encoded_for
 from pilotrun.verdicts import StageResult
 
 DONE = ("completed", "diverged", "stopped")
@@ -44,10 +45,17 @@ def _differences(old: dict, new: dict) -> list[str]:
 
 
 def sweep(loaded, home, *, continue_id: str | None = None, progress: bool = True,
-          on_run: Callable[[dict], None] | None = None, sets: tuple[str, ...] = ()) -> StageResult:
+          on_run: Callable[[dict], None] | None = None, sets: tuple[str, ...] = (),
+          ray_address: str | None = None) -> StageResult:
     """Run (or continue) the sweep of ``loaded``'s plan; returns the comparison as the stage's table.
-    ``sets``: the command line's ``--set`` items ``loaded`` was loaded with (for each run's own command)."""
+    ``sets``: the command line's ``--set`` items ``loaded`` was loaded with (for each run's own command).
+    ``ray_address``: run on that Ray cluster ("auto": the one this machine is attached to), one journal here."""
     from pilotrun.stages.validate import validate
+
+    if ray_address is not None:
+        from pilotrun.stages.sweep_ray import require_ray
+
+        require_ray()  # before anything is frozen: without Ray the plan would sit in the journal, never run
 
     arms = plan_arms(loaded)
     validate(arms[0].loaded)  # files, fields and batch arithmetic fail here, before anything is frozen
@@ -68,6 +76,12 @@ def sweep(loaded, home, *, continue_id: str | None = None, progress: bool = True
         sweep_id = continue_id
     todo = _todo(journal, sweep_id, arms, plan["seeds"])
     total = len(plan["seeds"]) * len(arms)
+    if ray_address is not None:
+        from pilotrun.stages.sweep_ray import run_remote
+
+        run_remote(todo, journal=journal, sweep_id=sweep_id, plan=plan, sets=sets, address=ray_address,
+                   progress=progress, on_run=on_run, total=total)
+        return sweep_result(journal, sweep_id, ran=len(todo))
     encoded: dict[str, object] = {}  # the data is read and encoded once per distinct task/model/data setting
     for i, (arm, seed, supersedes) in enumerate(todo):
         from pilotrun.stages.train import train_run
@@ -75,44 +89,12 @@ def sweep(loaded, home, *, continue_id: str | None = None, progress: bool = True
         run_loaded = arm.loaded.with_overrides({"seed": seed})
         r = train_run(run_loaded, home, kind="sweep", sweep_id=sweep_id, arm=arm.name, supersedes=supersedes,
                       progress=progress, save_artifact=False, validation_predictions=True,
-                      command=arm_command(plan["campaign_path"], arm, seed, sets), **_encoded_for(run_loaded, encoded))
+                      command=arm_command(plan["campaign_path"], arm, seed, sets), **encoded_for(run_loaded, encoded))
         if on_run is not None:
             on_run({"index": i + 1, "of": len(todo), "total": total, "arm": arm.name, "label": arm.label,
                     "seed": seed, "run_id": r.data["run_id"], "status": r.data["status"],
                     "reason": r.data["reason"], "supersedes": supersedes})
     return sweep_result(journal, sweep_id, ran=len(todo))
-
-
-def arm_command(campaign_path, arm: Arm, seed: int, sets: tuple[str, ...] = ()) -> str | None:
-    """The `pilotrun train` line that repeats this one run of the sweep (the run README's "Reproduce"):
-    the sweep's own ``--set`` items, then the arm's overrides, then the seed."""
-    import json
-    import shlex
-
-    from pilotrun.journal.runs import command_line
-
-    if campaign_path is None:
-        return command_line()
-    items = [*sets, *(f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in arm.overrides.items())]
-    return " ".join(["pilotrun train", shlex.quote(str(campaign_path)), *(f"--set {shlex.quote(i)}" for i in items),
-                     f"--seed {seed}"])
-
-
-def _encoded_for(loaded, cache: dict):
-    """train_run's ``prep`` and ``prepare_s``: the encoded examples of an earlier run with the same task, model and data
-    sections (train.*, seed and plan keys do not change encoding), under this run's own task object."""
-    from pilotrun.stages.prepare import Prepared, prepare
-    from pilotrun.tasks import make_task
-
-    import time
-
-    d = loaded.resolved_dict()
-    key = config_sha256({k: d.get(k) for k in ("task", "model", "data")})
-    if key not in cache:
-        t0 = time.perf_counter()
-        cache[key] = prepare(loaded, splits=("train", "validation"))
-        return {"prep": cache[key], "prepare_s": time.perf_counter() - t0}
-    return {"prep": Prepared(loaded, make_task(loaded), cache[key].examples), "prepare_s": 0.0}
 
 
 def _todo(journal: Journal, sweep_id: str, arms: list[Arm], seeds: list[int]) -> list[tuple[Arm, int, str | None]]:
