@@ -86,8 +86,9 @@ def test_eval_over_24gib_fails_a_24gib_rental_and_fits_80gib(tmp_path):
     assert fit["a100-80gb"]["fits"] and fit["h100-sxm"]["fits"]
     assert r.verdict == "fail"
     msg = next(p for p in r.data["problems"] if "hardware.memory_per_gpu" in p)
-    assert "needs 34.00 GiB per GPU (phase eval_longest" in msg and f"run {run} phase eval_longest" in msg
-    assert r.data["memory"]["source"].startswith(f"run {run} phase eval_longest rank 0")
+    assert "needs 33.50 GiB per GPU (phase eval_longest" in msg and f"run {run} phase eval_longest" in msg
+    assert r.data["memory"]["source"].startswith(f"measured: run {run} phase eval_longest rank 0")
+    assert r.data["memory"]["kind"] == "measured"
     # the terminal table is the fit table
     assert any(row["gpu"] == "L4 24GB" and row["verdict"] == "does not fit: eval_longest" for row in r.rows)
     # the same pilot with an 80 GiB rental: ok
@@ -159,9 +160,11 @@ def test_cpu_pilot_is_labelled_as_rss_and_an_extrapolation(tmp_path, cli):
     data = res.json["data"]
     assert data["time"]["scaling"]["kind"] == "extrapolated from CPU"
     md = out.read_text()
-    assert "peak RSS (CPU)" in md and "EXTRAPOLATION from a CPU measurement" in md and "ratio to the CPU time" in md
+    assert data["memory"]["kind"] == "predicted" and "PREDICTED for CUDA by `pilotrun estimate`" in md
+    assert "RSS peak (CPU)" in md and "never the GPU figure" in md
+    assert "EXTRAPOLATION from a CPU measurement" in md and "ratio to the CPU time" in md
     for section in ("## Memory per GPU", "## Settings", "## Software stack", "## Fit table", "## Time plan",
-                    "## Expected result", "## Constants"):
+                    "## Costs", "## Launch", "## Expected result", "## Constants"):
         assert section in md
     assert not [p for p in os.listdir(tmp_path) if p.startswith(".sheet.md") or p.endswith(".tmp")]
 
@@ -225,8 +228,8 @@ def test_demo_pilot_then_sheet_is_complete(demo_campaign, tmp_path, cli):
     assert r.code == 0, r.out[-3000:] + r.err[-2000:]
     data = r.json["data"]
     run = data["pilot_run"]
-    assert data["problems"] == [] and data["memory"]["source"].startswith(f"run {run} phase ")
-    assert len(data["fit"]) == 10 and any(f["fits"] for f in data["fit"])
+    assert data["problems"] == [] and data["memory"]["source"].startswith("predicted: `pilotrun estimate`")
+    assert len(data["fit"]) == 15 and any(f["fits"] for f in data["fit"])
     tm = data["time"]
     assert set(tm["measured"]) == set(PHASES)
     assert all(m["source"].startswith(f"run {run} phase ") for m in tm["measured"].values())

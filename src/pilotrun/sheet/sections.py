@@ -35,7 +35,7 @@ def header(s: dict) -> list[tuple]:
 
 def memory(s: dict) -> list[tuple]:
     m = s["memory"]
-    out = [("h", "GPU memory per GPU")]
+    out = [("h", "Memory per GPU")]
     if m["need"] is None:
         out.append(("p", "No GPU memory figure (see the problems above)."))
     else:
