@@ -33,3 +33,13 @@ class BadInputs(BadInput):
         self.where = None
         self.fix = None
         self.detail = str(self)
+
+
+class DiskFull(BadInput):
+    """No space left while writing: exit 2 like bad input (the fix is the user's), and a run it cuts short
+    ends "interrupted", not "failed"."""
+
+    def __init__(self, path, *, fix: str | None = None):
+        self.path = str(path)
+        super().__init__(f"no space left on device while writing {path}", where=str(path),
+                         fix=fix or "free space on that disk (or pass --home on another), then run the verb again")

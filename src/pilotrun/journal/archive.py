@@ -31,6 +31,7 @@ def pack(journal, run_id: str, out: str | Path) -> dict:
     from pilotrun.stages.runs import write_run_readme
 
     run = journal.require_run(run_id)
+    run_id = run["run_id"]
     run_dir = journal.run_dir(run_id)
     if not run_dir.is_dir():
         raise BadInput(f"run {run_id} has no folder at {run_dir}", where="RUN_ID", fix="see `pilotrun show RUN_ID`")

@@ -199,7 +199,10 @@ def resume(loaded, home, *, at: int | None = None, prep=None) -> StageResult:
                 problem = f"the resumed process's run {worker['status']}: {worker['reason']}"
             for h in worker["history"]:
                 rec.log("resumed", h["update"], {"loss": h["loss"], "lr": h["lr"]}, examples_seen=h["examples_seen"])
-        artifact = prep.task.save_artifact(ref_state.model, rec.dir / "artifact")
+        from pilotrun.journal.files import write_dir_atomically
+
+        artifact = write_dir_atomically(rec.dir / "artifact",
+                                        lambda tmp: prep.task.save_artifact(ref_state.model, tmp))
         store_control_predictions(rec, prep, ref_state.model)
         write_run_readme(rec.dir, journal.get_run(rec.run_id),
                          ["", f"A resume check: the artifact is the reference run's model after {total} updates."])
