@@ -64,9 +64,10 @@ def memory(s: dict) -> list[tuple]:
     lg = s.get("largest")
     if lg and s.get("target"):
         sources = sorted({v["source"] + (f" ({v['fallback']})" if v.get("fallback") else "") for v in lg.values()})
+        probes = sum(v.get("probes") or 0 for v in lg.values())
         out.append(("p", f"Largest sizes on the {s['target']['name']}, each capped by what can exist (the model's "
                          f"maximum positions, the longest record, the examples a rank gets). Source: "
-                         + "; ".join(sources) + "."))
+                         + "; ".join(sources) + (f", {probes} probes on fake tensors" if probes else "") + "."))
         out.append(("table", ["size", "largest", "bound", "at"],
                     [[k, "—" if v["value"] is None else f"{v['value']:,}", v.get("bound", "—"), v.get("at", "")]
                      for k, v in lg.items()]))

@@ -214,5 +214,5 @@ def largest_sizes(loaded, prep, limit: int, *, micro_batch: int, eval_batch: int
         value = largest(measure, limit, start, cap)
         out[name] = {"value": value, "cap": cap, "capped": value == cap,
                      "bound": cap_text if value == cap else "GPU memory", "at": at,
-                     "source": f"predicted: bisection over the estimator ({p.probes - before} probes)"}
+                     "source": "predicted: bisection over the estimator", "probes": p.probes - before}
     return out
