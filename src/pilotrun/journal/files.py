@@ -64,7 +64,10 @@ def _remove(p: Path) -> None:
     if p.is_dir() and not p.is_symlink():
         shutil.rmtree(p, ignore_errors=True)
     else:
-        p.unlink(missing_ok=True)
+        try:
+            p.unlink(missing_ok=True)
+        except OSError:  # a read-only folder: there is no temporary to remove either
+            pass
 
 
 @contextmanager
@@ -78,6 +81,10 @@ def writing(final: str | Path, tmp: str | Path | None = None) -> Iterator[None]:
             _remove(Path(tmp))
         if isinstance(e, Exception) and not isinstance(e, BadInput) and is_disk_full(e, tmp or final):
             raise DiskFull(final) from None
+        if isinstance(e, OSError) and e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+            raise BadInput(f"cannot write {final}: {e.strerror}", where=str(final),
+                           fix="write it on a writable disk (--out, or --home), or fix the folder's permissions"
+                           ) from None
         raise
 
 
