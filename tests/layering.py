@@ -24,8 +24,9 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("engine", ("pilotrun.engine",)),
     ("phases", ("pilotrun.phases",)),
     ("probe", ("pilotrun.probe",)),
-    ("sheet", ("pilotrun.sheet",)),
-    ("stages", ("pilotrun.stages", "pilotrun.rehearsal")),
+    # the sheet (plan, catalogue, sizes, launch) is the rental's part of the rehearsal: it runs the estimate
+    # and reads the sweep's arms, and only stages and above use it
+    ("stages", ("pilotrun.stages", "pilotrun.rehearsal", "pilotrun.sheet")),
     ("integrations", ("pilotrun.integrations",)),
     ("report", ("pilotrun.report",)),
     ("demo", ("pilotrun.demo",)),

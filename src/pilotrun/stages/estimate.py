@@ -73,7 +73,7 @@ def trace(loaded, *, device: str = "cuda", prep=None) -> dict:
     for name in PHASES:
         s = acc.summary(name, {k: 1 / ranks for k in SHARDED} if sharded else None)
         if sharded and name in names("train", "eval"):
-            s = _with_gathered_blocks(s, 2 * block)
+            s = with_gathered_blocks(s, 2 * block)
         rows.append({"phase": name, "rank": "each" if ranks > 1 else 0, "device": f"{device} (estimate)",
                      "counter": "estimate", "inputs": dict(inputs[name], gradient_checkpointing=
                                                             c.model.gradient_checkpointing)
@@ -83,7 +83,7 @@ def trace(loaded, *, device: str = "cuda", prep=None) -> dict:
             "ranks": ranks, "wall_s": time.perf_counter() - started}
 
 
-def _with_gathered_blocks(s: dict, nbytes: int) -> dict:
+def with_gathered_blocks(s: dict, nbytes: int) -> dict:
     """FSDP holds the block computing and the one prefetched unsharded while it runs: add them to the peak."""
     out = dict(s, temporaries=s["temporaries"] + nbytes, peak_allocated=s["peak_allocated"] + nbytes)
     if out["peak_reserved"] is not None:
