@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from pathlib import Path
 
 from pilotrun.probe.recorder import Phase
 
@@ -33,9 +32,9 @@ class Recorder:
     """The journal run and the open phase of one process (one rank)."""
 
     def __init__(self, home, *, kind: str, name: str, memory_limit: int | None = None):
-        from pilotrun.journal.store import Journal
+        from pilotrun.journal.store import Journal, resolve_home
 
-        self.journal = Journal(Path(home))
+        self.journal = Journal(resolve_home(home))  # None: $PILOTRUN_HOME, else ./.pilotrun
         self.kind, self.name, self.memory_limit = kind, name, memory_limit
         self.run_id: str | None = None
         self.open: Phase | None = None
@@ -48,7 +47,7 @@ class Recorder:
     def create_run(self, config: dict, *, seed: int | None, is_rank0: bool, broadcast) -> str | None:
         """Rank 0 creates the run; ``broadcast(obj)`` hands its id to every rank (identity on one process)."""
         from pilotrun.stages.prepare import package_versions
-        from pilotrun.stages.runs import command_line
+        from pilotrun.stages.runs import user_command
 
         run_id = None
         if is_rank0:
@@ -57,7 +56,7 @@ class Recorder:
             run_id = self.journal.create_run(kind=self.kind, name=self.name, config=config, config_sha256=sha,
                                              campaign_path=None, seed=seed, git_rev=None,
                                              packages=package_versions(), data={}, trust_remote_code=False,
-                                             command=command_line())
+                                             command=user_command())
         self.run_id = broadcast(run_id)
         return self.run_id
 

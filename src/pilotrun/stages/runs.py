@@ -25,6 +25,15 @@ def command_line() -> str:
     return "pilotrun " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv else "pilotrun"
 
 
+def user_command() -> str:
+    """The command that started this process as the user typed it (``python train_hf.py --lr 3e-4``), for
+    runs recorded from the user's own script (callbacks, own loops) rather than from the pilotrun CLI."""
+    argv = list(getattr(sys, "orig_argv", None) or [sys.executable, *sys.argv])
+    if argv and argv[0] == sys.executable:
+        argv[0] = Path(argv[0]).name
+    return shlex.join(argv)
+
+
 class RunRecorder:
     """Creates the run row and folder, records metrics to the journal and metrics.jsonl, finishes the run."""
 
