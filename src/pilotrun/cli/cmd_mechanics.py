@@ -29,7 +29,7 @@ def overfit(campaign, examples, max_updates, sets, home, as_json):
 @cli.command()
 @campaign_argument
 @click.option("--at", type=click.IntRange(min=2), default=None,
-              help="stop at this update and resume in a new process (default 4; the reference runs 2 × K)")
+              show_default="4", help="stop at this update and resume in a new process (the reference runs 2 × K)")
 @_set
 @common_options
 def resume(campaign, at, sets, home, as_json):

@@ -11,7 +11,7 @@ from pilotrun.cli.main import cli
 @cli.command()
 @campaign_argument
 @click.option("--memory-limit", default=None, metavar="SIZE",
-              help="peak allowed per phase, e.g. 24GiB (default: hardware.memory_per_gpu)")
+              show_default="hardware.memory_per_gpu", help="peak allowed per phase, e.g. 24GiB")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="override a campaign key (repeatable)")
 @common_options
 def pilot(campaign, memory_limit, sets, home, as_json):

@@ -9,12 +9,15 @@ from pilotrun.cli.main import cli
 
 
 @cli.command()
-@common_options
+@common_options(home=False)
 def env(home, as_json):
     """Software stack: Python, torch, CUDA/cuDNN/NCCL, devices, bf16, attention kernels, key packages."""
-    from pilotrun.stages.env import env_stage
+    from pilotrun.cli.common import console
+    from pilotrun.stages.env import env_markdown, env_stage
 
-    return emit(env_stage(), as_json)
+    result = env_stage()
+    console(as_json).print(env_markdown(result.data), markup=False, highlight=False, end="")
+    return emit(result, as_json, rendered=True)
 
 
 @cli.command()
@@ -23,9 +26,10 @@ def env(home, as_json):
 @click.option("--target-env", type=click.Path(dir_okay=False), default=None,
               help="a target machine's `pilotrun env --json` output: check the software stack against it")
 @click.option("--gpu", default=None, metavar="KEY",
+              show_default="the target env's GPU, else the fastest of hardware.memory_per_gpu that fits, else the "
+                           "smallest that fits",
               help="plan for this catalogue GPU (t4, rtx4090, l4, a10, l40s, a100-40gb, a100-80gb, h100-pcie, "
-                   "h100-sxm, h200); default: the target env's GPU, else the fastest of hardware.memory_per_gpu "
-                   "that fits, else the smallest that fits")
+                   "h100-sxm, h200)")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="override a campaign key (repeatable)")
 @common_options
 def sheet(campaign, out, target_env, gpu, sets, home, as_json):

@@ -32,7 +32,7 @@ def sweep(campaign, continue_id, sets, home, as_json):
 
 @cli.command()
 @click.option("--out", type=click.Path(dir_okay=False), default=None,
-              help="the HTML file to write (default: HOME/report.html)")
+              show_default="HOME/report.html", help="the HTML file to write")
 @common_options
 def report(out, home, as_json):
     """One self-contained HTML file: loss curves, comparison, the pilot's phase ledger, notes and decisions,

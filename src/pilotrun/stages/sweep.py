@@ -202,10 +202,14 @@ def sweep_result(journal: Journal, sweep_id: str, ran: int) -> StageResult:
                     "in every table and plot")
     else:
         verdict = "ok"
-    from pilotrun.stages.timecheck import sweep_time_check, time_lines
+    from pilotrun.stages.timecheck import sweep_time_check, time_lines, time_plan_warning
 
     data["time_check"] = sweep_time_check(journal, sweep_id)
     msgs += time_lines(data["time_check"])
+    late = time_plan_warning(data["time_check"])
+    if late:
+        msgs.append(late)
+        verdict = "warn" if verdict == "ok" else verdict
     bounds = [(r["run_id"], (journal.get_run(r["run_id"]).get("summary") or {}).get("memory_bound") or {})
               for r in runs]
     flagged = [(rid, b) for rid, b in bounds if b.get("warnings")]
