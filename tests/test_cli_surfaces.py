@@ -249,3 +249,37 @@ def test_a_bad_pilotrun_home_names_the_variable(tmp_path):
     assert f"$PILOTRUN_HOME={blocker / 'home'}" in p.stderr and "environment variable PILOTRUN_HOME" in p.stderr
     p = run_cli_process("runs", "--home", blocker / "home", env={"PILOTRUN_HOME": ""})
     assert p.returncode == 2 and "$PILOTRUN_HOME" not in p.stderr.split("fix:")[0]
+
+
+# --- 3. progress ----------------------------------------------------------------------------------
+def test_a_long_stage_writes_a_plain_progress_line_to_a_log(tmp_path):
+    """stderr is a file here: a line at the start and then every PILOTRUN_HEARTBEAT_S (30 s by default)."""
+    campaign = tiny_causal_campaign(tmp_path, simple_records(8), train__updates=3)
+    p = run_cli_process("train", campaign, "--home", tmp_path / "home", env={"PILOTRUN_HEARTBEAT_S": "0.3"})
+    assert p.returncode == 0, p.stderr
+    lines = [ln for ln in p.stderr.splitlines() if ln.startswith("pilotrun train")]
+    assert len(lines) >= 2, p.stderr  # the start line, then heartbeats
+    assert lines[0].startswith("pilotrun train (") and "\x1b" not in p.stderr
+    assert any("update " in ln and "/3" in ln for ln in lines) or len(lines) >= 3, p.stderr
+
+
+def test_heartbeat_names_what_the_stage_is_doing():
+    import time
+
+    from pilotrun.report.progress import note, stage_progress
+
+    class Log(io.StringIO):
+        def isatty(self):
+            return False
+
+    log = Log()
+    os.environ["PILOTRUN_HEARTBEAT_S"] = "0.05"
+    try:
+        with stage_progress("pilot", stream=log):
+            note("phase steady_step")
+            time.sleep(0.3)
+    finally:
+        del os.environ["PILOTRUN_HEARTBEAT_S"]
+    lines = log.getvalue().splitlines()
+    assert lines[0].startswith("pilotrun pilot (") and len(lines) >= 3
+    assert lines[-1].startswith("pilotrun pilot: phase steady_step (")

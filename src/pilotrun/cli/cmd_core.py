@@ -68,8 +68,12 @@ def train(campaign, sets, seed, supersedes, home, as_json):
     from pilotrun.stages.train import train_run
 
     sets = tuple(sets) + ((f"seed={seed}",) if seed is not None else ())
+    from pilotrun.report.progress import stage_progress
+
     loaded = load(campaign, sets)
-    return emit(train_run(loaded, home_for(home, campaign), supersedes=supersedes), as_json)
+    with stage_progress("train", spinner=False):
+        result = train_run(loaded, home_for(home, campaign), supersedes=supersedes)
+    return emit(result, as_json)
 
 
 @cli.command(name="all")

@@ -6,6 +6,7 @@ import click
 
 from pilotrun.cli.common import campaign_argument, common_options, emit, home_for, load
 from pilotrun.cli.main import cli
+from pilotrun.report.progress import stage_progress
 
 
 @cli.command()
@@ -41,5 +42,8 @@ def fit(campaign, memory_limit, write_path, effective_batch, all_variants, sets,
     from pilotrun.stages.fit import fit as run_fit
 
     limit = parse_size(memory_limit, where="--memory-limit")
-    return emit(run_fit(load(campaign, sets), home_for(home, campaign), limit, write=write_path,
-                        effective_batch=effective_batch, all_variants=all_variants), as_json)
+    loaded = load(campaign, sets)
+    with stage_progress("fit"):
+        result = run_fit(loaded, home_for(home, campaign), limit, write=write_path, effective_batch=effective_batch,
+                         all_variants=all_variants)
+    return emit(result, as_json)

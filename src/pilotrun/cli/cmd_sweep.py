@@ -21,13 +21,25 @@ def sweep(campaign, continue_id, sets, home, as_json):
 
     loaded = load(campaign, sets)
 
+    from pilotrun.report.progress import note, stage_progress
+    from pilotrun.sheet.plan import fmt_duration
+
+    def on_start(r):
+        what = "control" if r["arm"] == "control" else f"variant {r['label']}"
+        eta = f" — about {fmt_duration(r['eta_s'])} left for the sweep" if r["eta_s"] else ""
+        line = f"run {r['index']}/{r['of']}: {what} seed {r['seed']}{eta}"
+        note(line)
+        click.echo(line, err=True)
+
     def on_run(r):
         again = f" (supersedes {r['supersedes']})" if r["supersedes"] else ""
         click.echo(f"run {r['index']}/{r['of']}: {r['arm']} [{r['label']}] seed {r['seed']} → {r['run_id']} "
                    f"{r['status']}{again}", err=True)
 
-    return emit(run_sweep(loaded, home_for(home, campaign), continue_id=continue_id, on_run=on_run,
-                          sets=tuple(sets)), as_json)
+    with stage_progress("sweep", spinner=False):
+        result = run_sweep(loaded, home_for(home, campaign), continue_id=continue_id, on_run=on_run,
+                           sets=tuple(sets), on_start=on_start)
+    return emit(result, as_json)
 
 
 @cli.command()

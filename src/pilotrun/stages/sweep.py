@@ -44,9 +44,12 @@ def _differences(old: dict, new: dict) -> list[str]:
 
 
 def sweep(loaded, home, *, continue_id: str | None = None, progress: bool = True,
-          on_run: Callable[[dict], None] | None = None, sets: tuple[str, ...] = ()) -> StageResult:
+          on_run: Callable[[dict], None] | None = None, sets: tuple[str, ...] = (),
+          on_start: Callable[[dict], None] | None = None) -> StageResult:
     """Run (or continue) the sweep of ``loaded``'s plan; returns the comparison as the stage's table.
-    ``sets``: the command line's ``--set`` items ``loaded`` was loaded with (for each run's own command)."""
+    ``sets``: the command line's ``--set`` items ``loaded`` was loaded with (for each run's own command).
+    ``on_start`` sees each run before it starts: index, of, arm, label, seed and ``eta_s`` (the time left
+    for this run and the ones after it: the pilot's time plan per run, then the runs' own mean)."""
     from pilotrun.stages.validate import validate
 
     arms = plan_arms(loaded)
@@ -69,18 +72,41 @@ def sweep(loaded, home, *, continue_id: str | None = None, progress: bool = True
     todo = _todo(journal, sweep_id, arms, plan["seeds"])
     total = len(plan["seeds"]) * len(arms)
     encoded: dict[str, object] = {}  # the data is read and encoded once per distinct task/model/data setting
+    planned = _planned_run_s(journal, loaded) if on_start is not None else None
+    took: list[float] = []
     for i, (arm, seed, supersedes) in enumerate(todo):
+        import time
+
         from pilotrun.stages.train import train_run
 
+        each = sum(took) / len(took) if took else planned
+        if on_start is not None:
+            on_start({"index": i + 1, "of": len(todo), "total": total, "arm": arm.name, "label": arm.label,
+                      "seed": seed, "eta_s": each * (len(todo) - i) if each else None})
+        t0 = time.monotonic()
         run_loaded = arm.loaded.with_overrides({"seed": seed})
         r = train_run(run_loaded, home, kind="sweep", sweep_id=sweep_id, arm=arm.name, supersedes=supersedes,
                       progress=progress, save_artifact=False, validation_predictions=True,
                       command=arm_command(plan["campaign_path"], arm, seed, sets), **_encoded_for(run_loaded, encoded))
+        took.append(time.monotonic() - t0)
         if on_run is not None:
             on_run({"index": i + 1, "of": len(todo), "total": total, "arm": arm.name, "label": arm.label,
                     "seed": seed, "run_id": r.data["run_id"], "status": r.data["status"],
                     "reason": r.data["reason"], "supersedes": supersedes})
     return sweep_result(journal, sweep_id, ran=len(todo))
+
+
+def _planned_run_s(journal: Journal, loaded) -> float | None:
+    """Seconds per run by the time plan of the campaign's latest pilot on this machine, if there is one."""
+    try:
+        from pilotrun.stages.sheet import build_sheet, find_pilot
+
+        pilot, _ = find_pilot(journal, loaded.campaign.name, None)
+        if pilot is None:
+            return None
+        return (build_sheet(pilot["config"], journal, pilot).get("time") or {}).get("here", {}).get("per_run_s")
+    except Exception:  # noqa: BLE001 - an estimate for a progress line must never stop the sweep
+        return None
 
 
 def arm_command(campaign_path, arm: Arm, seed: int, sets: tuple[str, ...] = ()) -> str | None:
