@@ -160,6 +160,8 @@ def phase(name: str, inputs: dict | None = None, journal=None, run_id: str | Non
 
 def non_finite(value) -> str | None:
     """None when ``value`` (a number, or a tensor/array of any shape) is finite everywhere; else what is not."""
+    if hasattr(value, "detach"):
+        value = value.detach()
     try:
         v = float(value)
     except (TypeError, ValueError, RuntimeError):  # a tensor or array of more than one element
