@@ -177,6 +177,8 @@ def test_a_home_on_a_read_only_file_system(cli, trained, tmp_path):
         assert r.code == 0, r.err
         r = cli("report", "--home", ro, "--out", tmp_path / "report.html")
         assert r.code == 0 and (tmp_path / "report.html").is_file(), r.err
+        r = cli("report", "--home", ro)  # the default --out is inside the read-only home
+        assert r.code == 2 and f"cannot write {ro / 'report.html'}: Read-only file system" in r.err, r.err
         for verb in (("note", "x"), ("train", path)):
             r = cli(*verb, "--home", ro)
             assert r.code == 2, (verb, r.code, r.err)

@@ -118,3 +118,23 @@ def test_small_aliases_are_still_accepted(cli, tmp_path):
                     "  variants:\n    - {<<: *c, train.lr: 0.002}\n")
     r = cli("validate", path, "--home", tmp_path / "home")
     assert r.code == 0, r.err
+
+
+# --- control characters in what an error message repeats ---------------------------------------------------
+ESCAPES = [
+    ("escape-in-an-unknown-key", lambda t: t + '"nmae\\e]0;PWNED\\a\\e[2J": x\n', "unknown key 'nmae\\x1b]0;PWNED\\x07"),
+    ("escape-in-a-bad-value", lambda t: t.replace("  lr: 0.001\n", '  lr: "fast\\e[2J"\n'),
+     "key 'train.lr' = \"fast\\u001b[2J\""),
+    ("escape-in-a-set-key", None, "unknown key 'train.l\\x1b[2Jr'"),
+]
+
+
+@pytest.mark.parametrize("case, edit, expected", ESCAPES, ids=[c[0] for c in ESCAPES])
+def test_control_characters_are_escaped_in_errors(cli, tmp_path, case, edit, expected):
+    path = _base(tmp_path)
+    args = ["--set", "train.l\x1b[2Jr=1"] if edit is None else []
+    if edit is not None:
+        path.write_text(edit(path.read_text()))
+    r = cli("validate", path, *args, "--home", tmp_path / "home")
+    _check(r, tmp_path / "home", expected)
+    assert "\x1b" not in r.err and "\x07" not in r.err

@@ -277,7 +277,10 @@ def _resolve_paths(c: Campaign, base: Path) -> None:
         if v is None or (allow_byte and v == "byte"):
             return v
         p = Path(v).expanduser()
-        return str(p if p.is_absolute() else (base / p).resolve())
+        try:
+            return str(p if p.is_absolute() else (base / p).resolve())
+        except (OSError, RuntimeError):  # a symlink loop (RuntimeError before Python 3.13): reported when read
+            return str(base / p)
 
     c.model.path = res(c.model.path)
     c.model.tokenizer = res(c.model.tokenizer, allow_byte=True)

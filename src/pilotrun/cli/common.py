@@ -102,8 +102,10 @@ def live_renderer(as_json: bool):
     """A callback that renders each stage result as soon as it is ready."""
     from pilotrun.report.terminal import render_result
 
+    from pilotrun.report.safe import safe
+
     con = console(as_json)
-    return lambda r: render_result(r, con)
+    return lambda r: render_result(safe(r), con)
 
 
 def _verb() -> str | None:
@@ -115,16 +117,18 @@ def emit(results, as_json: bool, *, rendered: bool = False) -> int:
     """Render stage results (human on stdout, or the JSON envelope on stdout and human on stderr);
     return the exit code. Several results (``all``) end with one summary table."""
     from pilotrun.cli.envelope import for_results, write
+    from pilotrun.report.safe import safe
     from pilotrun.report.terminal import render_result, render_summary
     from pilotrun.stages.result import exit_code
 
     results = results if isinstance(results, list) else [results]
     con = console(as_json)
+    shown = safe(results)  # control characters in record excerpts, names, labels are printed escaped
     if not rendered:
-        for r in results:
+        for r in shown:
             render_result(r, con)
     if len(results) > 1:
-        render_summary(results, con)
+        render_summary(shown, con)
     code = exit_code(results)
     if as_json:
         write(for_results(results, _verb(), code))
@@ -135,7 +139,9 @@ def emit_data(data, as_json: bool, render, summary: str = "") -> int:
     """For journal verbs: the envelope with ``data`` (and a human rendering on stderr), or the rendering."""
     from pilotrun.cli.envelope import envelope, write
 
-    render(console(as_json), data)
+    from pilotrun.report.safe import safe
+
+    render(console(as_json), safe(data))  # notes, run names ... printed with control characters escaped
     if as_json:
         write(envelope(exit_code=EXIT_OK, verb=_verb(), verdict="ok", summary=summary, data=data))
     return EXIT_OK

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from pilotrun.journal.files import (MANIFEST, commit_dir, kill_point, listed_files, remove_stale_temps, temp_path,
-                                    verify_manifest, write_manifest, writing)
+                                    reading_weights, verify_manifest, write_manifest, writing)
 
 COMPONENTS = ("model", "optimizer", "scheduler", "scaler", "rng", "sampler", "counters")
 
@@ -167,7 +167,8 @@ def load_state(state, path: str | Path) -> list[str]:
                                "with weights_only=False") from None
     restored = []
     if (path / "model.safetensors").is_file():
-        load_model(_unwrap(state.model), str(path / "model.safetensors"))
+        with reading_weights(path / "model.safetensors", "checkpoint's model weights"):
+            load_model(_unwrap(state.model), str(path / "model.safetensors"))
         restored.append("model")
     if opt_state is not None:
         state.optimizer.load_state_dict(opt_state)
@@ -179,7 +180,8 @@ def load_state(state, path: str | Path) -> list[str]:
         state.scaler.load_state_dict(json.loads((path / "scaler.json").read_text()))
         restored.append("scaler")
     if (path / "rng.safetensors").is_file():
-        t = load_file(str(path / "rng.safetensors"))
+        with reading_weights(path / "rng.safetensors", "checkpoint's random states"):
+            t = load_file(str(path / "rng.safetensors"))
         torch.set_rng_state(t["torch"])
         cuda = [t[k] for k in sorted(k for k in t if k.startswith("cuda"))]
         if cuda and torch.cuda.is_available():

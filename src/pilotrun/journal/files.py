@@ -63,7 +63,10 @@ def _remove(p: Path) -> None:
     if p.is_dir() and not p.is_symlink():
         shutil.rmtree(p, ignore_errors=True)
     else:
-        p.unlink(missing_ok=True)
+        try:
+            p.unlink(missing_ok=True)
+        except OSError:  # a read-only folder: there is no temporary to remove either
+            pass
 
 
 @contextmanager
@@ -77,6 +80,10 @@ def writing(final: str | Path, tmp: str | Path | None = None) -> Iterator[None]:
             _remove(Path(tmp))
         if isinstance(e, Exception) and not isinstance(e, BadInput) and is_disk_full(e, tmp or final):
             raise DiskFull(final) from None
+        if isinstance(e, OSError) and e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+            raise BadInput(f"cannot write {final}: {e.strerror}", where=str(final),
+                           fix="write it on a writable disk (--out, or --home), or fix the folder's permissions"
+                           ) from None
         raise
 
 
@@ -96,6 +103,24 @@ def write_dir_atomically(final: str | Path, write: Callable[[Path], T]) -> T:
         kill_point(final.name)
         commit_dir(tmp, final)
     return result
+
+
+@contextmanager
+def reading_weights(path: str | Path, what: str = "weights") -> Iterator[None]:
+    """Around loading safetensors from ``path`` (a file, or a folder of them): any safetensors error (a
+    truncated file, a pickle renamed .safetensors) is exit 2 naming the file, not an internal error."""
+    try:
+        yield
+    except Exception as e:
+        if type(e).__name__ != "SafetensorError":
+            raise
+        p = Path(path)
+        if p.is_dir():  # name the file itself where the folder holds one
+            files = sorted(p.glob("*.safetensors"))
+            p = files[0] if len(files) == 1 else p
+        raise BadInput(f"cannot read the {what}: not a valid safetensors file ({e}); nothing was loaded",
+                       where=str(p), fix="the file is damaged or is not safetensors (a renamed pickle?): use a "
+                                         "checkpoint or artifact written by pilotrun, or write it again") from None
 
 
 @functools.cache

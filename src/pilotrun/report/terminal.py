@@ -52,7 +52,10 @@ def render_runs(con, runs) -> None:
 
 def render_run(con, data) -> None:
     run = data["run"]
-    con.print(f"[bold]run {run['run_id']}[/] ({run['kind']}, {run['name']}): [bold]{run['status']}[/]")
+    from rich.markup import escape
+
+    con.print(f"[bold]run {escape(run['run_id'])}[/] ({escape(run['kind'])}, {escape(run['name'])}): "
+              f"[bold]{escape(run['status'])}[/]")
     for k in ("created_at", "ended_at", "updates_done", "examples_seen", "seed", "config_sha256", "git_rev",
               "supersedes", "sweep_id", "command"):
         if run.get(k) is not None:

@@ -45,12 +45,18 @@ def _differences(old: dict, new: dict) -> list[str]:
 
 def sweep(loaded, home, *, continue_id: str | None = None, progress: bool = True,
           on_run: Callable[[dict], None] | None = None, sets: tuple[str, ...] = (),
-          on_start: Callable[[dict], None] | None = None) -> StageResult:
+          on_start: Callable[[dict], None] | None = None, ray_address: str | None = None) -> StageResult:
     """Run (or continue) the sweep of ``loaded``'s plan; returns the comparison as the stage's table.
     ``sets``: the command line's ``--set`` items ``loaded`` was loaded with (for each run's own command).
     ``on_start`` sees each run before it starts: index, of, arm, label, seed and ``eta_s`` (the time left
-    for this run and the ones after it: the pilot's time plan per run, then the runs' own mean)."""
+    for this run and the ones after it: the pilot's time plan per run, then the runs' own mean).
+    ``ray_address``: run on that Ray cluster ("auto": the one this machine is attached to), one journal here."""
     from pilotrun.stages.validate import validate
+
+    if ray_address is not None:
+        from pilotrun.stages.sweep_ray import require_ray
+
+        require_ray()  # before anything is frozen: without Ray the plan would sit in the journal, never run
 
     arms = plan_arms(loaded)
     validate(arms[0].loaded)  # files, fields and batch arithmetic fail here, before anything is frozen
@@ -71,6 +77,12 @@ def sweep(loaded, home, *, continue_id: str | None = None, progress: bool = True
         sweep_id = continue_id
     todo = _todo(journal, sweep_id, arms, plan["seeds"])
     total = len(plan["seeds"]) * len(arms)
+    if ray_address is not None:
+        from pilotrun.stages.sweep_ray import run_remote
+
+        run_remote(todo, journal=journal, sweep_id=sweep_id, plan=plan, sets=sets, address=ray_address,
+                   progress=progress, on_run=on_run, total=total)
+        return sweep_result(journal, sweep_id, ran=len(todo))
     encoded: dict[str, object] = {}  # the data is read and encoded once per distinct task/model/data setting
     planned = _planned_run_s(journal, loaded) if on_start is not None else None
     took: list[float] = []
