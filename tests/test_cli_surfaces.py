@@ -162,7 +162,7 @@ def test_table_snapshot(name, width):
                 for word in str(v if not isinstance(v, float) else f"{v:.4g}").split():
                     assert word in text, (word, text)
         for col in r.columns:
-            for word in col.replace("_", " ").split():
+            for word in col.replace("_", " ").split():  # whole, or stacked at its first _
                 assert word in text, (col, text)
     assert text == path.read_text(), f"{path.name} changed; rerun with PILOTRUN_UPDATE_SNAPSHOTS=1 and review"
 
@@ -259,7 +259,7 @@ def test_a_long_stage_writes_a_plain_progress_line_to_a_log(tmp_path):
     assert p.returncode == 0, p.stderr
     lines = [ln for ln in p.stderr.splitlines() if ln.startswith("pilotrun train")]
     assert len(lines) >= 2, p.stderr  # the start line, then heartbeats
-    assert lines[0].startswith("pilotrun train (") and "\x1b" not in p.stderr
+    assert lines[0] == "pilotrun train: started" and "\x1b" not in p.stderr
     assert any("update " in ln and "/3" in ln for ln in lines) or len(lines) >= 3, p.stderr
 
 
@@ -281,5 +281,5 @@ def test_heartbeat_names_what_the_stage_is_doing():
     finally:
         del os.environ["PILOTRUN_HEARTBEAT_S"]
     lines = log.getvalue().splitlines()
-    assert lines[0].startswith("pilotrun pilot (") and len(lines) >= 3
+    assert lines[0] == "pilotrun pilot: started" and len(lines) >= 3
     assert lines[-1].startswith("pilotrun pilot: phase steady_step (")

@@ -74,7 +74,7 @@ def stage_progress(label: str, *, stream=None, spinner: bool = True):
             cur["status"] = Console(file=stream).status(_text(cur))
             cur["status"].start()
         else:
-            _line(stream, _text(cur))
+            _line(stream, f"pilotrun {label}: started")
 
             def beat():
                 while not stop.wait(heartbeat_s()):
