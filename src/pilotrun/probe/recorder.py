@@ -19,25 +19,17 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from pilotrun.engine.oom import is_oom
 from pilotrun.probe.memory import make_probe
 from pilotrun.probe.sizes import fmt_bytes
 
 VERDICTS = ("ok", "over-budget", "oom", "nan", "error")
-_OOM_TEXT = ("out of memory", "can't allocate memory")  # CUDA/MPS, and the CPU allocator
 ROW_KEYS = ("phase", "rank", "device", "counter", "inputs", "baseline", "peak_allocated", "peak_reserved",
             "end_allocated", "end_reserved", "duration_s", "verdict", "note")
 
 
 class NonFinite(Exception):
     """Raise inside a phase to end it with verdict "nan"."""
-
-
-def is_oom(exc: BaseException) -> bool:
-    import torch
-
-    oom_type = getattr(torch, "OutOfMemoryError", None) or getattr(torch.cuda, "OutOfMemoryError", ())
-    return isinstance(exc, (MemoryError, oom_type)) or (isinstance(exc, RuntimeError)
-                                                        and any(s in str(exc).lower() for s in _OOM_TEXT))
 
 
 def peak_of(row: dict) -> int | None:
@@ -210,27 +202,16 @@ def own_run(home=None, name: str = "own-loop", config: dict | None = None):
     """A journal run of kind "phases" for rows recorded from a user's own loop; finished on exit:
     "completed", or "diverged" when a phase ended "nan" or a logged training loss was not finite.
     ``home``: default $PILOTRUN_HOME, else ./.pilotrun."""
-    import hashlib
-    import json
-
+    from pilotrun.journal.runs import create_run, end_run, user_command
     from pilotrun.journal.store import Journal, resolve_home
-    from pilotrun.stages.prepare import package_versions
-    from pilotrun.stages.runs import user_command
 
     journal = Journal(resolve_home(home))
-    config = dict(config or {})
-    sha = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()
-    run_id = journal.create_run(kind="phases", name=name, config=config, config_sha256=sha, campaign_path=None,
-                                seed=None, git_rev=None, packages=package_versions(), data={},
-                                trust_remote_code=False, command=user_command())
+    run_id = create_run(journal, kind="phases", name=name, config=dict(config or {}), command=user_command())
     run = OwnRun(journal, run_id)
     try:
         yield run
-    except KeyboardInterrupt:
-        journal.finish_run(run_id, "interrupted", {"reason": "interrupted by the user (Ctrl-C)"})
-        raise
     except BaseException as e:
-        journal.finish_run(run_id, "failed", {"reason": f"{type(e).__name__}: {e}"})
+        end_run(journal, run_id, e)
         raise
     rows = journal.phase_rows(run_id)
     summary = {"phases": len(rows), "failing": sum(r["verdict"] != "ok" for r in rows), "updates": run.updates}
