@@ -10,6 +10,8 @@ curve and its status.
 from __future__ import annotations
 
 import json
+import shlex
+import sys
 import time
 from pathlib import Path
 
