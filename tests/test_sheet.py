@@ -11,7 +11,7 @@ from conftest import simple_records, tiny_causal_campaign
 from pilotrun.campaign.load import load_campaign
 from pilotrun.journal.store import Journal
 from pilotrun.stages.env import collect_env
-from pilotrun.stages.prepare import run_provenance
+from pilotrun.journal.runs import run_provenance
 from pilotrun.stages.sheet import find_pilot, sheet_section_html, sheet_stage
 
 GiB = 2**30
