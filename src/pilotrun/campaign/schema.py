@@ -24,6 +24,9 @@ class AdapterConfig(BaseModel):
     """Dropout on the LoRA branch."""
     target_modules: list[str] | None = None
     """Module names to adapt, e.g. [q_proj, v_proj]; null lets peft pick for known architectures."""
+    merged_copy: bool = False
+    """Also export the base model with the adapter merged in (artifact/merged, full size); the adapter
+    alone (artifact/adapter) is always exported, and checkpoints hold only the trainable parameters."""
 
 
 class ModelConfig(BaseModel):

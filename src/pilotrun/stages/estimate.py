@@ -82,7 +82,7 @@ def trace(loaded, *, device: str = "cuda", prep=None) -> dict:
         with acc.mark("save"):
             pass
         with acc.mark("export"):
-            if c.model.adapter is not None:
+            if c.model.adapter is not None and c.model.adapter.merged_copy:
                 # save_hf_artifact merges a deep copy of the adapted model, on the model's device
                 copy = acc.allocate(_bytes(params) + _bytes(model.buffers()), "temporaries")
                 acc.release(copy)
