@@ -61,6 +61,9 @@ class DataConfig(BaseModel):
     """causal-lm: the response field: the only tokens in the loss."""
     messages: str | None = None
     """causal-lm chat: field holding [{role, content}]; loss on assistant turns only."""
+    chat_template: str = "auto"
+    """causal-lm chat format: auto (the tokenizer's own chat template, else plain) | model (the tokenizer's
+    template, required) | plain ("role: content" lines) | a Jinja template, inline or a .jinja file."""
     text: str | None = None
     """seq-cls: the text field."""
     label: str | None = None

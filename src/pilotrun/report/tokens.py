@@ -51,6 +51,8 @@ def render_examples(examples: list[dict], con, split: str) -> None:
         con.print(text)
         con.print(f"attention mask: {_mask_runs(e['attention_mask'])}  "
                   f"({''.join(map(str, e['attention_mask']))})", markup=False, highlight=False)
+        if "vs_inference" in e:
+            con.print(f"vs tokenizer(prompt): {e['vs_inference']}", markup=False, highlight=False)
         if "trained" in e:
             table = Table(show_header=True, header_style="bold", expand=True)
             table.add_column("prompt (decoded, masked)", ratio=1)

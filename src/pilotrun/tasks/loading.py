@@ -77,6 +77,18 @@ def eos_id(tokenizer) -> int:
     return int(eos)
 
 
+def leading_specials(tokenizer) -> list[int]:
+    """The special tokens ``tokenizer(text)`` puts before the text (a BOS for Llama-style tokenizers, none
+    for SmolLM2 or ByT5), so a training example starts as an inference prompt does."""
+    sample = "Hello"
+    plain = list(tokenizer(sample, add_special_tokens=False)["input_ids"])
+    full = list(tokenizer(sample)["input_ids"])
+    for i in range(len(full) - len(plain) + 1):
+        if full[i: i + len(plain)] == plain:
+            return full[:i]
+    return []
+
+
 def pad_id(tokenizer) -> int:
     """The pad id; a tokenizer without one pads with EOS (positions are masked by the attention mask)."""
     return int(tokenizer.pad_token_id) if tokenizer.pad_token_id is not None else eos_id(tokenizer)
