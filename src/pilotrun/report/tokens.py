@@ -5,6 +5,7 @@ from __future__ import annotations
 # two shades per kind, alternating, so neighbouring tokens stay apart
 STYLES = {"trained": ("black on green3", "black on spring_green2"),
           "masked": ("grey85 on grey27", "grey85 on grey39"),
+          "input": ("black on sky_blue2", "black on light_sky_blue1"),
           "padding": ("grey62 on dark_red", "grey62 on red3")}
 
 
@@ -12,11 +13,13 @@ def _piece(text: str) -> str:
     return text.replace("\n", "↵").replace("\t", "⇥").replace(" ", "·") or "∅"
 
 
-def legend():
+def legend(kinds: set[str] | None = None):
     from rich.text import Text
 
     t = Text("legend: ")
     for kind, (style, _) in STYLES.items():
+        if kinds is not None and kind not in kinds:
+            continue
         t.append(f" {kind} ", style=style)
         t.append(" ")
     t.append("  (· space, ↵ newline)")
@@ -42,11 +45,14 @@ def render_examples(examples: list[dict], con, split: str) -> None:
     from rich.text import Text
 
     con.print(f"[bold]{len(examples)} {split} examples as the loss sees them[/]")
-    con.print(legend())
+    con.print(legend({k for e in examples for _, _, k in e["tokens"]}))
     for e in examples:
         con.print(f"\n[bold]{e['rid']}[/]", highlight=False)
         text = Text()
+        plain = con.no_color or con.color_system is None  # a log file: no shades, so a mark between tokens
         for k, (_, piece, kind) in enumerate(e["tokens"]):
+            if plain and k:
+                text.append("│")
             text.append(_piece(piece), style=STYLES[kind][k % 2])
         con.print(text)
         con.print(f"attention mask: {_mask_runs(e['attention_mask'])}  "

@@ -79,11 +79,13 @@ def view_examples(task, loaded, split: str, n: int) -> list[dict]:
         for p, t in enumerate(ids[i]):
             if not mask[i][p]:
                 kinds.append("padding")
-            elif token_level and labels[i][p] != IGNORE:
+            elif not token_level:
+                kinds.append("input")  # seq-cls: every token is input, the label is the example's class
+            elif labels[i][p] != IGNORE:
                 kinds.append("trained")
             else:
                 kinds.append("masked")
-        item = {"rid": e.rid, "tokens": [[t, tok.decode([t]), k] for t, k in zip(ids[i], kinds)],
+        item = {"rid": e.rid, "tokens": [[t, piece, k] for t, piece, k in zip(ids[i], pieces(tok, ids[i]), kinds)],
                 "attention_mask": mask[i]}
         if token_level:
             if hasattr(task, "inference_prompt"):
@@ -108,3 +110,14 @@ def vs_inference(ids: list[int], prompt: list[int], tok) -> str:
     if len(prompt) > len(ids):
         return f"the example ends inside the inference prompt ({len(ids)} of its {len(prompt)} tokens)"
     return f"starts exactly like the inference prompt ({len(prompt)} tokens, special tokens as the tokenizer adds them)"
+
+
+def pieces(tok, ids: list[int]) -> list[str]:
+    """The text each token adds to the decoded sequence, its leading space included: word boundaries show
+    for every tokenizer kind (WordPiece drops the space from a single token's decode, BPE keeps it)."""
+    out, before = [], ""
+    for k in range(len(ids)):
+        now = tok.decode(ids[: k + 1], clean_up_tokenization_spaces=False)
+        out.append(now[len(before):] if now.startswith(before) else tok.decode([ids[k]]))
+        before = now
+    return out

@@ -151,6 +151,7 @@ def build_model(c, tokenizer, kind: str, labels: list[str] | None = None):
         except Exception as e:
             raise BadInput(f"cannot load the model from {path}: {e}", where="model.path",
                            fix="check that the weights match config.json (save_pretrained writes both)") from None
+        touch_weights(model)
     elif c.model.config:
         cfg = dict(c.model.config)
         model_type = cfg.pop("model_type", None)
@@ -188,6 +189,17 @@ def build_model(c, tokenizer, kind: str, labels: list[str] | None = None):
         model = _apply_adapter(model, c.model.adapter, kind)
         setattr(model, ATTR, describe_base(c))  # checkpoints hold the adapter and name this base
     return model
+
+
+def touch_weights(model) -> None:
+    """Read every weight once. safetensors are memory-mapped: without this the pages arrive during the first
+    step, and the memory a load really takes shows there (+53 MiB of RSS for a 540 MB model at load)."""
+    import torch
+
+    with torch.no_grad():
+        for t in list(model.parameters()) + list(model.buffers()):
+            if t.device.type == "cpu" and t.numel():
+                t.sum()  # a read of every page; the result is not needed
 
 
 def _check_vocab(model, tokenizer) -> None:
