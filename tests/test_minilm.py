@@ -6,8 +6,7 @@ import os
 import subprocess
 import sys
 
-import psutil
-import torch
+import pytest
 from conftest import minilm_campaign, minilm_path
 
 from pilotrun.campaign import load_campaign
@@ -60,13 +59,23 @@ def test_load_report_only_with_verbose(tmp_path):
     assert "Loading weights" not in silent.stderr  # nor its progress bar
 
 
+def _resident_in_mapping(name: str) -> int:
+    """Bytes of this process's mappings of files called ``name`` that are resident (/proc/self/smaps)."""
+    total, current = 0, None
+    for line in open("/proc/self/smaps"):
+        parts = line.split()
+        if len(parts) >= 6 and "-" in parts[0]:
+            current = parts[-1]
+        elif line.startswith("Rss:") and current and current.endswith(name):
+            total += int(parts[1]) * 1024
+    return total
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="reads Linux's /proc/self/smaps")
 def test_load_reads_the_memory_mapped_weights(tmp_path):
-    """The load phase takes the weights' memory at load, not in the first step (safetensors are mmapped)."""
+    """The load takes the weights' memory at load, not in the first step: safetensors are memory-mapped and,
+    unread, their pages stay on disk (about 6 MiB of the 91 MiB file resident)."""
     weights = (minilm_path() / "model.safetensors").stat().st_size
-    proc = psutil.Process()
-    before = proc.memory_info().rss
     model = make_task(load_campaign(minilm_campaign(tmp_path))).build_model()
-    grown = proc.memory_info().rss - before
-    assert grown >= 0.8 * weights, (grown, weights)
+    assert _resident_in_mapping("model.safetensors") >= 0.9 * weights
     assert sum(p.numel() for p in model.parameters()) > 22_000_000
-    torch.testing.assert_close(model.classifier.weight.shape, torch.Size([2, 384]))
