@@ -56,7 +56,8 @@ class CausalLMTask:
                        target_len_full=full_targets)
 
     def _encode_chat(self, record) -> tuple[list[int], list[int], int]:
-        msgs = chat.messages_of(record, common.field(record, self.c.data.messages, "data.messages"))
+        d = self.c.data
+        msgs = chat.messages_of(record, common.field(record, d.messages, "data.messages"), d.messages)
         if self.chat_template is not None:
             return chat.encode_templated(self.tokenizer, self.chat_template, msgs, record.where)
         ids, labels, targets = list(self.lead), [IGNORE] * len(self.lead), 0
@@ -82,7 +83,7 @@ class CausalLMTask:
         d = self.c.data
         if not d.messages:
             return list(self.tokenizer(common.render_prompt(record, d.prompt))["input_ids"])
-        msgs = chat.messages_of(record, common.field(record, d.messages, "data.messages"))
+        msgs = chat.messages_of(record, common.field(record, d.messages, "data.messages"), d.messages)
         first = next(k for k, m in enumerate(msgs) if m["role"] == "assistant")
         if self.chat_template is not None:
             text = self.tokenizer.apply_chat_template(msgs[:first], chat_template=self.chat_template, tokenize=False,

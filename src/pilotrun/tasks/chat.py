@@ -50,9 +50,10 @@ def resolve(c, tokenizer, base_dir=None) -> tuple[str, str | None]:
     return "explicit", key
 
 
-def messages_of(record, msgs) -> list[dict]:
+def messages_of(record, msgs, name: str = "messages") -> list[dict]:
+    """The record's conversation as [{role, content}] (ShareGPT from/value and role aliases mapped)."""
     if not isinstance(msgs, list) or not msgs:
-        raise BadInput("the messages field must be a non-empty list of {role, content}", where=record.where,
+        raise BadInput(f"field '{name}' must be a non-empty list of {{role, content}}", where=record.where,
                        fix="give each record a list of messages")
     out = []
     for k, m in enumerate(msgs):
@@ -62,6 +63,10 @@ def messages_of(record, msgs) -> list[dict]:
         if role is None or content is None:
             raise BadInput(f"message {k} lacks role/content (or from/value)", where=record.where,
                            fix="give every message a role and a content")
+        if isinstance(content, (list, dict)) or isinstance(role, (list, dict)):
+            raise BadInput(f"message {k} of field '{name}' has a role or content that is a "
+                           f"{type(content if isinstance(content, (list, dict)) else role).__name__}, not text",
+                           where=record.where, fix="give every message a string role and a string content")
         out.append({"role": ROLE_ALIASES.get(str(role), str(role)), "content": str(content)})
     if not any(m["role"] == "assistant" for m in out):
         raise BadInput("conversation has no assistant turn: nothing to train on", where=record.where,

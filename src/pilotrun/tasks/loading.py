@@ -234,8 +234,10 @@ def load_hf_artifact(c, tokenizer, kind: str, path, labels: list[str] | None = N
 
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
+    from pilotrun.journal.files import reading_weights
+
     path = Path(path)
-    with quiet_transformers():
+    with quiet_transformers(), reading_weights(path, "artifact"):
         if (path / "adapter_config.json").is_file():
             from peft import AutoPeftModelForCausalLM, AutoPeftModelForSequenceClassification, PeftModel
 
