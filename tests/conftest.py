@@ -140,7 +140,7 @@ def minilm_campaign(folder: Path, **overrides) -> Path:
         "model": {"path": str(minilm_path())},
         "data": {"train": "data/train.jsonl", "validation": "data/validation.jsonl", "text": "text",
                  "label": "label", "labels": ["no_input", "with_input"], "max_length": 48},
-        "train": {"micro_batch": 4, "accumulation": 2, "lr": 5e-4, "updates": 6, "eval_every": 3,
+        "train": {"micro_batch": 4, "accumulation": 2, "lr": 5e-5, "updates": 6, "eval_every": 3,
                   "save_every": None, "eval_batch": 8},
         "plan": {"seeds": [0]},
         "hardware": {"memory_per_gpu": "24GiB"},
