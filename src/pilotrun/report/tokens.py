@@ -20,8 +20,8 @@ def legend(kinds: set[str] | None = None):
 
     t = Text("legend: ")
     for kind, (style, _) in STYLES.items():
-        if kinds is not None and kind not in kinds:
-            continue
+        if kinds is not None and (kind == "input") != ("input" in kinds) and kind != "padding":
+            continue  # seq-cls views: input and padding; token-level views: trained, masked and padding
         t.append(f" {kind} ", style=style)
         t.append(" ")
     t.append("  (· space, ↵ newline)")

@@ -230,7 +230,7 @@ def resume(loaded, home, *, at: int | None = None, prep=None) -> StageResult:
             worker = json.loads(Path(spec["out"]).read_text()) if proc.returncode == 0 else None
         ref_h = _history(ref)
         note = custom_task_note(c, prep.task)
-        problem = first_difference(ref_h[:at], _history(stopped), 0, exact, note)
+        problem = first_difference(ref_h[:at], _history(stopped), 0, exact)
         headline = None
         if ref.status != "completed":  # diverged or out of memory: it cannot show that a resume is exact
             headline = f"the reference run {ref.status}"
