@@ -1,8 +1,8 @@
 """The full training state, saved atomically and loaded without unpickling arbitrary objects.
 
 A checkpoint is a folder: model weights (safetensors; with an adapter only the trainable parameters
-and ``base.json``, the base model's identity, see ``engine/base_identity.py``), optimizer state (torch.save of tensors and
-numbers only, read back with ``weights_only=True``), RNG tensors (safetensors), and JSON for the
+and ``base.json``, the base model's identity, see ``journal/base_identity.py``), optimizer state
+(torch.save of tensors and numbers only, read back with ``weights_only=True``), RNG tensors (safetensors), and JSON for the
 scheduler, the grad scaler, the sampler position, the counters and Python/NumPy RNG states. It is
 written under a temporary name and renamed into place after everything, the manifest last, is on
 disk, so a folder with a final name is always complete. Loading checks every file against the
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pilotrun.engine.base_identity import BASE_FILE, base_of, check_base, load_trainable, trainable_state, write_base
+from pilotrun.journal.base_identity import BASE_FILE, base_of, check_base, load_trainable, trainable_state, write_base
 from pilotrun.journal.files import (MANIFEST, commit_dir, kill_point, listed_files, remove_stale_temps, temp_path,
                                     reading_weights, verify_manifest, write_manifest, writing)
 

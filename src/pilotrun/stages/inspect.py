@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict
 
 from pilotrun.errors import BadInput
-from pilotrun.stages.result import StageResult
+from pilotrun.verdicts import StageResult
 from pilotrun.tasks.base import IGNORE
 
 INFO_CHECKS = ("classes", "chat format")  # ok checks whose message is worth printing
@@ -16,7 +16,7 @@ def inspect(loaded, n: int = 0, split: str | None = None) -> StageResult:
     from pilotrun.data.checks import run_checks
     from pilotrun.stages.prepare import prepare
 
-    from pilotrun.data.checks import Check
+    from pilotrun.verdicts import Check
 
     task = prepare(loaded, splits=()).task
     report = run_checks(task, loaded)

@@ -36,7 +36,8 @@ def resolve(c, tokenizer, base_dir=None) -> tuple[str, str | None]:
         return ("model", own) if own else ("plain", None)
     if key == "model":
         if not own:
-            raise BadInput("data.chat_template: model, but the tokenizer has no chat template", where="data.chat_template",
+            raise BadInput("data.chat_template: model, but the tokenizer has no chat template",
+                           where="data.chat_template",
                            fix="use plain (role: content lines) or give a Jinja template (inline or a .jinja file)")
         return "model", own
     if key == "plain":
