@@ -175,7 +175,8 @@ def build_sheet(cfg: dict, journal, pilot: dict, *, target_env: dict | None = No
     sheet["stack"] = {"required": req, "target": None, "checks": []}
     target = get_gpu(gpu) if gpu else None
     if target_env is not None:
-        checks = check_stack(req, target_env, need["need"])
+        d0 = (target_env.get("devices") or [{}])[0]
+        checks = check_stack(req, target_env, need["need"], target or match_gpu(d0.get("name"), d0.get("memory_bytes")))
         sheet["stack"].update(target=[d.get("name") for d in target_env.get("devices", [])] or "no CUDA device",
                               checks=checks)
         for ch in checks:
