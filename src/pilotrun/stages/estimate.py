@@ -33,22 +33,70 @@ def _bytes(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def trace(loaded, *, device: str = "cuda", prep=None) -> dict:
-    """Run every phase on fake tensors; returns {"rows": [...], "params": n, "trainable": n, "wall_s": s}."""
+def trace(loaded, *, device: str = "cuda", prep=None, counted: bool | None = None) -> dict:
+    """Run every phase on fake tensors; returns {"rows": [...], "params": n, "trainable": n, "wall_s": s}.
+
+    ``counted``: count identical decoder layers and micro-batches from two shallow traces
+    (probe/counted.py) instead of tracing them all; None: when the model has enough layers of one shape
+    or the update more than two micro-batches."""
+    from pilotrun.campaign.arithmetic import data_parallel_ranks
+
+    started = time.perf_counter()
+    tr = traced(loaded, device=device, prep=prep, counted=counted)
+    t = loaded.campaign.train
+    ranks = data_parallel_ranks(t)
+    rows = rows_for(tr, ranks=ranks, strategy=t.strategy)
+    return {"rows": rows, "params": tr["params"], "trainable": tr["trainable"], "ranks": ranks,
+            "counted": tr["counted"], "wall_s": time.perf_counter() - started}
+
+
+def traced(loaded, *, device: str = "cuda", prep=None, counted: bool | None = None) -> dict:
+    """The phases' summaries (per stage, unscaled) and the facts ``rows_for`` needs, traced or counted."""
+    from pilotrun.probe import counted as K
+    from pilotrun.stages.pilot_phases import worst_case
+    from pilotrun.stages.prepare import prepare
+
+    prep = prep or prepare(loaded, splits=("train", "validation"))
+    wc = worst_case(prep, 1)
+    from pilotrun.probe.estimate import _config_campaign
+
+    plain = _config_campaign(loaded)
+    depth = K.depth_of(plain.campaign.model.config)
+    mbs = wc["micro_batches"]
+    if counted is None:
+        counted = depth is not None or len(mbs) > K.TRACED_MICRO_BATCHES
+    if not counted:
+        return dict(_trace_once(loaded, device, prep, wc), counted=None)
+    extra = K.input_bytes(prep.task, mbs[K.TRACED_MICRO_BATCHES:], device == "cuda")
+    wc = dict(wc, micro_batches=mbs[:K.TRACED_MICRO_BATCHES])
+    if depth is None:
+        out = _trace_once(loaded, device, prep, wc)
+        layers = None
+    else:
+        key, layers = depth
+        cfg = plain.campaign.model.config
+        low, high = (_trace_once(plain.with_overrides({"model.config": K.with_depth(cfg, key, d)}), device, prep, wc)
+                     for d in K.DEPTHS)
+        per_layer = {k: high[k] - low[k] for k in ("params", "trainable", "trainable_bytes")}
+        out = dict(high, **{k: high[k] + (layers - K.DEPTHS[1]) * v for k, v in per_layer.items()},
+                   summarize=lambda name, scale, f1=low["summarize"], f2=high["summarize"], n=layers:
+                   K.count(f1(name, scale), f2(name, scale), n))
+    summarize = out["summarize"]
+    out["summarize"] = lambda name, scale: K.with_inputs(summarize(name, scale), extra if name in (
+        "first_step", "steady_step") else 0)
+    return dict(out, counted={"layers": layers, "micro_batches_traced": min(len(mbs), K.TRACED_MICRO_BATCHES),
+                              "micro_batches": len(mbs)})
+
+
+def _trace_once(loaded, device: str, prep, wc: dict) -> dict:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from pilotrun.campaign.arithmetic import data_parallel_ranks
     from pilotrun.engine.loop import evaluate, make_state, run_update
     from pilotrun.probe.estimate import Accountant, fake_build, unsharded_block_bytes
-    from pilotrun.stages.pilot_phases import by_length, worst_case
-    from pilotrun.stages.prepare import prepare
+    from pilotrun.stages.pilot_phases import by_length
 
-    started = time.perf_counter()
-    prep = prep or prepare(loaded, splits=("train", "validation"))
-    c, task, t = prep.c, prep.task, prep.c.train
-    ranks = data_parallel_ranks(t)
-    wc = worst_case(prep, ranks)
+    c, task, t = loaded.campaign, prep.task, loaded.campaign.train
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     model = fake_build(loaded, fake_mode)
     plain = loaded.with_overrides({"model.adapter": None, "model.gradient_checkpointing": False})
@@ -66,8 +114,6 @@ def trace(loaded, *, device: str = "cuda", prep=None) -> dict:
                 acc.book(p, "parameters")
             for b in model.buffers():
                 acc.book(b, "parameters")
-            if t.strategy == "ddp" and ranks > 1:
-                acc.allocate(_bytes(trainable), "gradients")  # DDP's buckets, allocated with the wrapper
             state = make_state(model, t, n_train=len(prep.train), seed=c.seed,
                                total_updates=prep.arithmetic()["updates"], device=torch.device("cpu"))
             if device == "cuda":
@@ -94,25 +140,52 @@ def trace(loaded, *, device: str = "cuda", prep=None) -> dict:
             with torch.no_grad():
                 task.loss(reloaded, task.collate(sample))
             del reloaded
-    sharded = t.strategy == "fsdp" and ranks > 1
-    block = unsharded_block_bytes(model) if sharded else 0
     inputs = {"load": {"dtype": c.model.dtype, "precision": t.precision, "strategy": t.strategy,
                        "adapter": c.model.adapter is not None},
-              "first_step": wc["train_inputs"], "steady_step": wc["train_inputs"], "eval_longest": wc["eval_inputs"],
+              "first_step": dict(wc["train_inputs"], micro_batch=t.micro_batch, accumulation=t.accumulation),
+              "eval_longest": wc["eval_inputs"],
               "save": {"path": "checkpoints/pilot"}, "export": {"path": "artifact"},
               "reload": {"path": "artifact", "seq_len": sample[0].length if sample else 0}}
+    inputs["steady_step"] = inputs["first_step"]
+    return {"summarize": lambda name, scale: acc.summary(name, scale, by_stage=True), "inputs": inputs,
+            "notes": notes, "params": sum(p.numel() for p in params), "trainable": sum(p.numel() for p in trainable),
+            "trainable_bytes": _bytes(trainable), "block": unsharded_block_bytes(model), "device": device,
+            "gradient_checkpointing": c.model.gradient_checkpointing}
+
+
+def rows_for(tr: dict, *, ranks: int = 1, strategy: str = "single", offload: bool = False) -> list[dict]:
+    """Ledger-shaped rows per phase for one rank of ``ranks``: under ddp every rank holds everything plus
+    DDP's gradient buckets; under fsdp parameters, gradients, optimizer state and the optimizer's
+    temporaries are divided by the ranks and two unsharded blocks are added; ``offload`` keeps the
+    optimizer state and its step on the host (what stays on the GPU is counted)."""
+    sharded = strategy == "fsdp" and ranks > 1
+    scale = {k: 1 / ranks for k in SHARDED + ("optimizer_temporaries",)} if sharded else {}
+    if offload:
+        scale.update(optimizer_state=0.0, optimizer_temporaries=0.0)
+    bucket = tr["trainable_bytes"] if strategy == "ddp" and ranks > 1 else 0
     rows = []
     for name in PHASES:
-        s = acc.summary(name, {k: 1 / ranks for k in SHARDED} if sharded else None)
+        s = tr["summarize"](name, scale or None)
+        s.pop("stages", None)
+        if bucket:  # DDP's buckets, allocated with the wrapper and alive from then on
+            s = _with_resident(s, bucket, name != "load")
         if sharded and name in ("first_step", "steady_step", "eval_longest"):
-            s = _with_gathered_blocks(s, 2 * block)
-        rows.append({"phase": name, "rank": "each" if ranks > 1 else 0, "device": f"{device} (estimate)",
-                     "counter": "estimate", "inputs": dict(inputs[name], gradient_checkpointing=
-                                                            c.model.gradient_checkpointing)
-                     if name in ("first_step", "steady_step") else dict(inputs[name]),
-                     "duration_s": None, "verdict": "ok", "note": notes.get(name), **s})
-    return {"rows": rows, "params": sum(p.numel() for p in params), "trainable": sum(p.numel() for p in trainable),
-            "ranks": ranks, "wall_s": time.perf_counter() - started}
+            s = _with_gathered_blocks(s, 2 * tr["block"])
+        inputs = dict(tr["inputs"][name])
+        if name in ("first_step", "steady_step"):
+            inputs.update(ranks=ranks, gradient_checkpointing=tr["gradient_checkpointing"])
+        rows.append({"phase": name, "rank": "each" if ranks > 1 else 0, "device": f"{tr['device']} (estimate)",
+                     "counter": "estimate", "inputs": inputs, "duration_s": None, "verdict": "ok",
+                     "note": tr["notes"].get(name), **s})
+    return rows
+
+
+def _with_resident(s: dict, nbytes: int, before: bool = True) -> dict:
+    out = dict(s, gradients=s["gradients"] + nbytes)
+    for k in ("baseline",) * before + ("peak_allocated", "end_allocated", "peak_reserved", "end_reserved"):
+        if out[k] is not None:
+            out[k] += nbytes
+    return out
 
 
 def _with_gathered_blocks(s: dict, nbytes: int) -> dict:
