@@ -29,7 +29,7 @@ UNEVEN_KEYS = ("first_k_dense_replace", "moe_layer_freq", "mlp_only_layers", "de
                "no_rope_layers", "sliding_window_pattern", "attention_layers", "block_types")
 COUNT_FROM = 4  # fewer layers than this: tracing them all is as fast
 TRACED_MICRO_BATCHES = 2
-NUMERIC = ("baseline", "peak_allocated", "peak_reserved", "end_allocated", "end_reserved")
+NUMERIC = ("baseline", "peak_allocated", "peak_reserved", "end_allocated", "end_reserved", "reserve_overhead")
 
 
 def depth_of(cfg: dict | None) -> tuple[str, int] | None:

@@ -174,12 +174,15 @@ class Accountant:
                 parts["temporaries"] += int(live["optimizer_temporaries"] * weight["optimizer_temporaries"])
                 best[stage] = (total, parts)
         top, top_parts = max(best.values(), key=lambda v: v[0])
-        reserved = None
+        reserved = overhead = None
         if self.cuda:
             # what the weighting saved at the peak is not reserved either
             reserved = max(top, self.reserved[end] - (max(self.timeline[start: end + 1]) - top))
+            # the segments' rounding above the highest allocation so far: the cache never shrinks, so a
+            # caller that weighs every phase adds this to the highest weighted peak up to this one
+            overhead = self.reserved[end] - max(self.timeline[: end + 1])
         out = {"baseline": totals[0], "peak_allocated": top, "end_allocated": totals[-1],
-               "peak_reserved": reserved, "end_reserved": reserved, **top_parts}
+               "peak_reserved": reserved, "end_reserved": reserved, "reserve_overhead": overhead, **top_parts}
         if by_stage:
             out["stages"] = {k: {"peak_allocated": v[0], **v[1]} for k, v in best.items()}
         return out

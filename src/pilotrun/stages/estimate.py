@@ -50,8 +50,12 @@ def trace(loaded, *, device: str = "cuda", prep=None, counted: bool | None = Non
             "counted": tr["counted"], "wall_s": time.perf_counter() - started}
 
 
-def traced(loaded, *, device: str = "cuda", prep=None, counted: bool | None = None) -> dict:
-    """The phases' summaries (per stage, unscaled) and the facts ``rows_for`` needs, traced or counted."""
+def traced(loaded, *, device: str = "cuda", prep=None, counted: bool | None = None, after_steps=None) -> dict:
+    """The phases' summaries (per stage, unscaled) and the facts ``rows_for`` needs, traced or counted.
+
+    ``after_steps``: another trace of the same model and optimizer whose phases after the two steps
+    (validation, save, export, reload) this one shares (only activation checkpointing differs), so
+    only load and the steps are traced."""
     from pilotrun.probe import counted as K
     from pilotrun.stages.pilot_phases import worst_case
     from pilotrun.stages.prepare import prepare
@@ -65,30 +69,40 @@ def traced(loaded, *, device: str = "cuda", prep=None, counted: bool | None = No
     mbs = wc["micro_batches"]
     if counted is None:
         counted = depth is not None or len(mbs) > K.TRACED_MICRO_BATCHES
+    steps_only = after_steps is not None
     if not counted:
-        return dict(_trace_once(loaded, device, prep, wc), counted=None)
+        return _sharing(dict(_trace_once(loaded, device, prep, wc, steps_only), counted=None), after_steps)
     extra = K.input_bytes(prep.task, mbs[K.TRACED_MICRO_BATCHES:], device == "cuda")
     wc = dict(wc, micro_batches=mbs[:K.TRACED_MICRO_BATCHES])
     if depth is None:
-        out = _trace_once(loaded, device, prep, wc)
+        out = _trace_once(loaded, device, prep, wc, steps_only)
         layers = None
     else:
         key, layers = depth
         cfg = plain.campaign.model.config
-        low, high = (_trace_once(plain.with_overrides({"model.config": K.with_depth(cfg, key, d)}), device, prep, wc)
-                     for d in K.DEPTHS)
-        per_layer = {k: high[k] - low[k] for k in ("params", "trainable", "trainable_bytes")}
+        low, high = (_trace_once(plain.with_overrides({"model.config": K.with_depth(cfg, key, d)}), device, prep, wc,
+                                 steps_only) for d in K.DEPTHS)
+        per_layer = {k: high[k] - low[k] for k in ("params", "trainable", "trainable_bytes", "param_bytes",
+                                                   "linear_bytes", "linear_numel")}
         out = dict(high, **{k: high[k] + (layers - K.DEPTHS[1]) * v for k, v in per_layer.items()},
                    summarize=lambda name, scale, f1=low["summarize"], f2=high["summarize"], n=layers:
                    K.count(f1(name, scale), f2(name, scale), n))
     summarize = out["summarize"]
     out["summarize"] = lambda name, scale: K.with_inputs(summarize(name, scale), extra if name in (
         "first_step", "steady_step") else 0)
-    return dict(out, counted={"layers": layers, "micro_batches_traced": min(len(mbs), K.TRACED_MICRO_BATCHES),
-                              "micro_batches": len(mbs)})
+    return _sharing(dict(out, counted={"layers": layers, "micro_batches": len(mbs),
+                                       "micro_batches_traced": min(len(mbs), K.TRACED_MICRO_BATCHES)}), after_steps)
 
 
-def _trace_once(loaded, device: str, prep, wc: dict) -> dict:
+def _sharing(tr: dict, other: dict | None) -> dict:
+    if other is None:
+        return tr
+    own = tr["summarize"]
+    return dict(tr, summarize=lambda name, scale: (own if name in ("load", "first_step", "steady_step")
+                                                   else other["summarize"])(name, scale))
+
+
+def _trace_once(loaded, device: str, prep, wc: dict, steps_only: bool = False) -> dict:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -100,7 +114,7 @@ def _trace_once(loaded, device: str, prep, wc: dict) -> dict:
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     model = fake_build(loaded, fake_mode)
     plain = loaded.with_overrides({"model.adapter": None, "model.gradient_checkpointing": False})
-    reloaded = fake_build(plain, fake_mode)  # what `reload` loads: the full (merged) model
+    reloaded = None if steps_only else fake_build(plain, fake_mode)  # what `reload` loads: the merged model
     params = list(model.parameters())
     trainable = [p for p in params if p.requires_grad]
     acc = Accountant(device)
@@ -124,7 +138,8 @@ def _trace_once(loaded, device: str, prep, wc: dict) -> dict:
             with acc.mark(name):
                 run_update(state, task, wc["micro_batches"], max_grad_norm=t.max_grad_norm)
         with acc.mark("eval_longest"):
-            evaluate(state, task, wc["eval"], t.eval_batch)
+            if not steps_only:
+                evaluate(state, task, wc["eval"], t.eval_batch)
         with acc.mark("save"):
             pass
         with acc.mark("export"):
@@ -134,11 +149,13 @@ def _trace_once(loaded, device: str, prep, wc: dict) -> dict:
                 acc.release(copy)
                 notes["export"] = "the merged copy of the adapted model is counted; files are written from host copies"
         with acc.mark("reload"):
-            for p in list(reloaded.parameters()) + list(reloaded.buffers()):
+            for p in [] if steps_only else list(reloaded.parameters()) + list(reloaded.buffers()):
                 acc.book(p, "parameters")
-            reloaded.eval()
+            if reloaded is not None:
+                reloaded.eval()
             with torch.no_grad():
-                task.loss(reloaded, task.collate(sample))
+                if not steps_only:
+                    task.loss(reloaded, task.collate(sample))
             del reloaded
     inputs = {"load": {"dtype": c.model.dtype, "precision": t.precision, "strategy": t.strategy,
                        "adapter": c.model.adapter is not None},
@@ -149,8 +166,24 @@ def _trace_once(loaded, device: str, prep, wc: dict) -> dict:
     inputs["steady_step"] = inputs["first_step"]
     return {"summarize": lambda name, scale: acc.summary(name, scale, by_stage=True), "inputs": inputs,
             "notes": notes, "params": sum(p.numel() for p in params), "trainable": sum(p.numel() for p in trainable),
-            "trainable_bytes": _bytes(trainable), "block": unsharded_block_bytes(model), "device": device,
+            "trainable_bytes": _bytes(trainable), "param_bytes": _bytes(params), **_frozen_linear(model),
+            "block": unsharded_block_bytes(model), "device": device,
             "gradient_checkpointing": c.model.gradient_checkpointing}
+
+
+def _frozen_linear(model) -> dict:
+    """Bytes and count of the frozen linear weights inside the decoder layers (what QLoRA holds in 4 bits)."""
+    import torch
+
+    names = set(getattr(model, "_no_split_modules", None) or [])
+    nbytes = numel = 0
+    for block in model.modules():
+        if type(block).__name__ in names:
+            for m in block.modules():
+                if isinstance(m, torch.nn.Linear) and not m.weight.requires_grad:
+                    nbytes += m.weight.numel() * m.weight.element_size()
+                    numel += m.weight.numel()
+    return {"linear_bytes": nbytes, "linear_numel": numel}
 
 
 def rows_for(tr: dict, *, ranks: int = 1, strategy: str = "single", offload: bool = False) -> list[dict]:
@@ -164,13 +197,18 @@ def rows_for(tr: dict, *, ranks: int = 1, strategy: str = "single", offload: boo
         scale.update(optimizer_state=0.0, optimizer_temporaries=0.0)
     bucket = tr["trainable_bytes"] if strategy == "ddp" and ranks > 1 else 0
     rows = []
+    highest = 0
     for name in PHASES:
         s = tr["summarize"](name, scale or None)
         s.pop("stages", None)
+        overhead = s.pop("reserve_overhead", None)
         if bucket:  # DDP's buckets, allocated with the wrapper and alive from then on
             s = _with_resident(s, bucket, name != "load")
         if sharded and name in ("first_step", "steady_step", "eval_longest"):
             s = _with_gathered_blocks(s, 2 * tr["block"])
+        highest = max(highest, s["peak_allocated"])
+        if overhead is not None:  # reserved never shrinks: the highest (weighted) peak so far
+            s["peak_reserved"] = s["end_reserved"] = max(s["peak_allocated"], highest + overhead)
         inputs = dict(tr["inputs"][name])
         if name in ("first_step", "steady_step"):
             inputs.update(ranks=ranks, gradient_checkpointing=tr["gradient_checkpointing"])
