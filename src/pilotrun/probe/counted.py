@@ -100,3 +100,25 @@ def input_bytes(task, micro_batches: list[list], cuda: bool) -> int:
                 n = v.untyped_storage().nbytes()
                 total += -(-n // 512) * 512 if cuda and n else n
     return total
+
+
+def parameter_bytes(loaded) -> int:
+    """Bytes of the model's parameters and buffers, from fake builds (of 2 and 3 layers when counted):
+    known before anything is loaded."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from pilotrun.probe.estimate import _config_campaign, fake_build
+
+    plain = _config_campaign(loaded)
+    cfg = plain.campaign.model.config
+    depth = depth_of(cfg)
+
+    def size(campaign) -> int:
+        model = fake_build(campaign, FakeTensorMode(allow_non_fake_inputs=True))
+        return sum(t.numel() * t.element_size() for t in list(model.parameters()) + list(model.buffers()))
+
+    if depth is None:
+        return size(plain)
+    key, layers = depth
+    low, high = (size(plain.with_overrides({"model.config": with_depth(cfg, key, d)})) for d in DEPTHS)
+    return high + (layers - DEPTHS[1]) * (high - low)

@@ -94,6 +94,8 @@ def options_table(loaded, *, prep=None, rates: dict | None = None, lora_r: int |
     cache: dict = {}
     rows = []
     for g in (gpus or CATALOGUE):
+        if g.rate_tflops(c.train.precision) <= 0:
+            continue  # no tensor cores for this precision (a T4 under bf16): nothing to plan
         fitted = False
         for n in COUNTS + tuple(8 * k for k in NODES):
             if n > 8 and fitted:
@@ -166,10 +168,10 @@ def _evaluate(opt, g, n, traces, cache, work, effective, r, c, has_adapter, rate
     acc_n = effective / (c.train.micro_batch * n)
     batch_kept = acc_n >= 1 and acc_n == int(acc_n)
     changes = []
-    if trace_key == "lora" and not has_adapter:
-        changes.append(MEANINGS["lora"])
     if qlora:
         changes.append(MEANINGS["qlora"])
+    elif trace_key == "lora" and not has_adapter:
+        changes.append(MEANINGS["lora"])
     if not batch_kept:
         changes.append(f"effective batch {c.train.micro_batch * max(1, round(acc_n)) * n} instead of {effective} "
                        f"(micro_batch {c.train.micro_batch} × {n} GPUs): a different experiment")
@@ -319,6 +321,8 @@ def blocks(table: dict) -> list[tuple]:
 def to_lines(table: dict) -> list[str]:
     lines = []
     for b in blocks(table):
+        if b[0] == "table":
+            continue  # the stage result renders it as its table
         if b[0] == "h":
             lines.append(f"== {b[1]}")
         elif b[0] == "p":
@@ -328,3 +332,86 @@ def to_lines(table: dict) -> list[str]:
         else:
             lines += ["  " + " | ".join(str(v) for v in r) for r in [b[1], *b[2]]]
     return lines
+
+
+def options_result(loaded, *, rates: dict | None = None, lora_r: int | None = None):
+    """``estimate --options``: the table as a stage result (verdict fail when no option keeps the question)."""
+    from pilotrun.stages.result import StageResult
+
+    table = options_table(loaded, rates=rates, lora_r=lora_r)
+    rec = table["recommended"]
+    verdict = "ok" if rec else "fail"
+    summary = (f"recommended: {_pick(rec, table)}" if rec else
+               "no option that keeps the experiment fits any catalogue GPU at up to 64 GPUs")
+    messages = to_lines(table)
+    messages.append(f"options table in {table['wall_s']:.1f} s" + (
+        f" (decoder layers counted: {table['counted']['layers']} from traces of 2 and 3)"
+        if (table["counted"] or {}).get("layers") else ""))
+    data = {k: v for k, v in table.items()}
+    return StageResult("estimate", verdict, summary, messages, data, COLUMNS,
+                       [dict(zip(COLUMNS, r)) for r in table_rows(table)])
+
+
+def too_large_here(loaded) -> dict | None:
+    """What training needs at least on this machine (weights, gradients and two Adam moments, or the
+    weights alone under an adapter) when that exceeds its available memory, else None."""
+    import psutil
+
+    from pilotrun.probe.counted import parameter_bytes
+
+    weights = parameter_bytes(loaded)
+    need = weights if loaded.campaign.model.adapter is not None else 4 * weights
+    have = psutil.virtual_memory().available
+    return {"weights": weights, "need": need, "available": have} if need > have else None
+
+
+def no_pilot_sheet(loaded, size: dict, *, rates: dict | None = None):
+    """The sheet from the estimator alone, for a model this machine cannot pilot: says so at the top and
+    what to pilot instead."""
+    from pilotrun.stages.result import StageResult
+
+    c = loaded.campaign
+    src = loaded.source or "CAMPAIGN"
+    depth = None
+    from pilotrun.probe.counted import depth_of
+
+    if isinstance(c.model.config, dict):
+        depth = depth_of(c.model.config)
+    if depth is not None:
+        instead = (f"pilot a scaled-down config of the same architecture here: `pilotrun pilot {src} --set "
+                   f"model.config.{depth[0]}=2` (same layer shapes, 2 of {depth[1]} layers), or one GPU of the "
+                   f"target with the recommended option (e.g. `pilotrun pilot {src} --set train.strategy=fsdp "
+                   f"--set train.nproc=8` on the rented node)")
+    else:
+        instead = (f"pilot a smaller model of the same family here, or run `pilotrun pilot {src}` on one node of "
+                   f"the target with the recommended option")
+    head = (f"NO PILOT: the model is too large to pilot on this machine (weights {size['weights'] / 2**30:.1f} GiB; "
+            f"training needs at least {size['need'] / 2**30:.1f} GiB, {size['available'] / 2**30:.1f} GiB "
+            f"available): this sheet is from the estimator alone (fake tensors, nothing allocated)")
+    table = options_table(loaded, rates=rates)
+    lines = [head, f"what to pilot instead: {instead}"] + to_lines(table)
+    rec = table["recommended"]
+    summary = "estimator only (too large to pilot here); " + (
+        f"recommended: {rec['label']} on {rec['count']} × {rec['name']}" if rec else
+        "no option that keeps the experiment fits")
+    sheet = {"campaign": c.name, "pilot_run": None, "estimator_only": True, "too_large": size,
+             "pilot_instead": instead, "options": table,
+             "markdown": "\n".join([f"# Selection sheet — {c.name}", "", head, "", f"What to pilot instead: {instead}",
+                                    ""] + _markdown(table))}
+    return StageResult("sheet", "warn" if rec else "fail", summary, lines, sheet, COLUMNS,
+                       [dict(zip(COLUMNS, r)) for r in table_rows(table)])
+
+
+def _markdown(table: dict) -> list[str]:
+    out: list[str] = []
+    for b in blocks(table):
+        if b[0] == "h":
+            out += [f"## {b[1]}", ""]
+        elif b[0] == "p":
+            out += [b[1], ""]
+        elif b[0] == "list":
+            out += [f"- {x}" for x in b[1]] + [""]
+        else:
+            out += ["| " + " | ".join(b[1]) + " |", "|" + " --- |" * len(b[1])]
+            out += ["| " + " | ".join(str(v).replace("|", "\\|") for v in r) + " |" for r in b[2]] + [""]
+    return out

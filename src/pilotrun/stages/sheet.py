@@ -241,6 +241,14 @@ def sheet_stage(loaded, home, *, target_env_path: str | None = None, gpu: str | 
     c = loaded.campaign
     pilot, stale = find_pilot(journal, c.name, loaded.config_sha256())
     if pilot is None:
+        from pilotrun.sheet.options import no_pilot_sheet, too_large_here
+
+        size = too_large_here(loaded)  # the estimator knows the model's size before anything is loaded
+        if size is not None:
+            result = no_pilot_sheet(loaded, size)
+            if out:
+                atomic_write_text(out, result.data["markdown"])
+            return result
         return StageResult("sheet", "fail", f"no pilot run for campaign {c.name!r} in {journal.path}",
                            [f"the sheet is built from the pilot's measurements; run `pilotrun pilot "
                             f"{loaded.source or 'CAMPAIGN'}` first (with the same --home)"], {"pilot_run": None})
