@@ -169,12 +169,12 @@ def _evaluate(opt, g, n, traces, cache, work, effective, r, c, has_adapter, rate
     batch_kept = acc_n >= 1 and acc_n == int(acc_n)
     changes = []
     if qlora:
-        changes.append(MEANINGS["qlora"])
+        changes.append("trains an adapter on a 4-bit copy of the base: a different experiment")
     elif trace_key == "lora" and not has_adapter:
         changes.append(MEANINGS["lora"])
     if not batch_kept:
-        changes.append(f"effective batch {c.train.micro_batch * max(1, round(acc_n)) * n} instead of {effective} "
-                       f"(micro_batch {c.train.micro_batch} × {n} GPUs): a different experiment")
+        changes.append(f"effective batch {c.train.micro_batch * max(1, round(acc_n)) * n}, not {effective}: a "
+                       f"different experiment")
     seconds, how = _seconds(g, n, tr, strategy if n > 1 else "single", offload, qlora, work)
     hour = _hourly(rates, g.key)
     fits = need <= g.memory_bytes and (g.bf16 or work["precision"] not in ("bf16-mixed", "bf16-true"))
@@ -294,7 +294,7 @@ COLUMNS = ["GPU", "GPUs", "option", "per-GPU peak (phase)", "campaign time", "co
 def _pick(x: dict | None, table: dict) -> str:
     if x is None:
         return "nothing"
-    by = _money(x, table) if table["by"] == "cost" else f"{x['gpu_hours']:,.0f} GPU-hours"
+    by = _money(x, table) if table["by"] == "cost" else f"{x['gpu_hours']:.3g} GPU-hours"
     return (f"{x['label']} on {x['count']} × {x['name']} — {x['peak'] / 2**30:.1f} GiB per GPU at "
             f"{x['phase']}, {P.fmt_duration(x['seconds'])}, {by}")
 
