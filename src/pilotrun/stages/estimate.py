@@ -2,8 +2,8 @@
 
 The same functions as the pilot run — ``task.build_model``, ``make_state`` (the optimizer of
 engine/optim.py), ``run_update`` (``task.loss`` + backward + clip + step), ``evaluate`` — on the
-same worst-case inputs (``pilot_phases.worst_case``), under ``probe.estimate.Accountant``. Nothing
-is allocated; one row per phase, shaped like the pilot's ledger rows and labelled as estimates.
+same worst-case inputs (``phases.worst``): each phase's traced version from the registry, driven by
+``phases.driver`` under ``probe.estimate.Accountant``. Nothing is allocated; one row per phase, shaped like the pilot's ledger rows and labelled as estimates.
 
 Ranks: under ddp every rank holds everything, plus DDP's gradient buckets (one more copy of the
 trainable parameters' gradients). Under fsdp the parameters, gradients and optimizer state are
@@ -13,12 +13,13 @@ prefetched) are added as temporaries.
 
 from __future__ import annotations
 
+import contextlib
 import time
 
+from pilotrun.phases import PHASES, names
 from pilotrun.probe.estimate import CATEGORIES
-from pilotrun.stages.result import StageResult
+from pilotrun.verdicts import StageResult
 
-PHASES = ("load", "first_step", "steady_step", "eval_longest", "save", "export", "reload")
 LEDGER_KEYS = ("phase", "rank", "device", "counter", "inputs", "baseline", "peak_allocated", "peak_reserved",
                "end_allocated", "end_reserved", "duration_s", "verdict", "note", *CATEGORIES)
 BYTE_KEYS = ("baseline", "peak_allocated", "peak_reserved", "end_allocated", "end_reserved", *CATEGORIES)
@@ -56,8 +57,8 @@ def traced(loaded, *, device: str = "cuda", prep=None, counted: bool | None = No
     ``after_steps``: another trace of the same model and optimizer whose phases after the two steps
     (validation, save, export, reload) this one shares (only activation checkpointing differs), so
     only load and the steps are traced."""
+    from pilotrun.phases.worst import worst_case
     from pilotrun.probe import counted as K
-    from pilotrun.stages.pilot_phases import worst_case
     from pilotrun.stages.prepare import prepare
 
     prep = prep or prepare(loaded, splits=("train", "validation"))
@@ -88,8 +89,8 @@ def traced(loaded, *, device: str = "cuda", prep=None, counted: bool | None = No
                    summarize=lambda name, scale, f1=low["summarize"], f2=high["summarize"], n=layers:
                    K.count(f1(name, scale), f2(name, scale), n))
     summarize = out["summarize"]
-    out["summarize"] = lambda name, scale: K.with_inputs(summarize(name, scale), extra if name in (
-        "first_step", "steady_step") else 0)
+    out["summarize"] = lambda name, scale: K.with_inputs(summarize(name, scale), extra if name in names(
+        "train") else 0)
     return _sharing(dict(out, counted={"layers": layers, "micro_batches": len(mbs),
                                        "micro_batches_traced": min(len(mbs), K.TRACED_MICRO_BATCHES)}), after_steps)
 
@@ -97,20 +98,20 @@ def traced(loaded, *, device: str = "cuda", prep=None, counted: bool | None = No
 def _sharing(tr: dict, other: dict | None) -> dict:
     if other is None:
         return tr
-    own = tr["summarize"]
-    return dict(tr, summarize=lambda name, scale: (own if name in ("load", "first_step", "steady_step")
-                                                   else other["summarize"])(name, scale))
+    own, mine = tr["summarize"], ("load",) + names("train")
+    return dict(tr, summarize=lambda name, scale: (own if name in mine else other["summarize"])(name, scale),
+                inputs={**other["inputs"], **tr["inputs"]}, notes={**other["notes"], **tr["notes"]})
 
 
 def _trace_once(loaded, device: str, prep, wc: dict, steps_only: bool = False) -> dict:
-    import torch
+    """One trace of the registry's phases (``phases.driver``, traced) on one rank's worth of tensors;
+    ``steps_only``: load and the two steps only (the rest is shared from another trace)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from pilotrun.engine.loop import evaluate, make_state, run_update
+    from pilotrun.phases.driver import PhaseContext, drive
     from pilotrun.probe.estimate import Accountant, fake_build, unsharded_block_bytes
-    from pilotrun.stages.pilot_phases import by_length
 
-    c, task, t = loaded.campaign, prep.task, loaded.campaign.train
+    c = loaded.campaign
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     model = fake_build(loaded, fake_mode)
     plain = loaded.with_overrides({"model.adapter": None, "model.gradient_checkpointing": False})
@@ -118,52 +119,23 @@ def _trace_once(loaded, device: str, prep, wc: dict, steps_only: bool = False) -
     params = list(model.parameters())
     trainable = [p for p in params if p.requires_grad]
     acc = Accountant(device)
-    sample = by_length(prep.validation or prep.train)[:1]
-    notes = {"save": "not traced: the checkpoint is written from host copies, device memory stays at the live "
-                     "tensors",
-             "export": "not traced: the artifact is written from host copies"}
+    notes: dict = {}
+    # ranks 1: DDP's buckets and FSDP's shards are added per rank count by ``rows_for``
+    ctx = PhaseContext(prep, wc, fake={"acc": acc, "model": model, "reloaded": reloaded, "ranks": 1,
+                                       "device": device, "notes": notes})
+    del reloaded
+    inputs: dict = {}
+
+    @contextlib.contextmanager
+    def mark(name: str, phase_inputs: dict):
+        inputs[name] = phase_inputs
+        with acc.mark(name):
+            yield None
+
     with fake_mode, acc.tracking(model):
-        with acc.mark("load"):
-            for p in params:
-                acc.book(p, "parameters")
-            for b in model.buffers():
-                acc.book(b, "parameters")
-            state = make_state(model, t, n_train=len(prep.train), seed=c.seed,
-                               total_updates=prep.arithmetic()["updates"], device=torch.device("cpu"))
-            if device == "cuda":
-                # on CUDA tensors torch's optimizers default to the foreach kernels, whose temporaries differ
-                for group in state.optimizer.param_groups:
-                    group["foreach"] = True
-        for name in ("first_step", "steady_step"):
-            with acc.mark(name):
-                run_update(state, task, wc["micro_batches"], max_grad_norm=t.max_grad_norm)
-        with acc.mark("eval_longest"):
-            if not steps_only:
-                evaluate(state, task, wc["eval"], t.eval_batch)
-        with acc.mark("save"):
-            pass
-        with acc.mark("export"):
-            if c.model.adapter is not None:
-                # save_hf_artifact merges a deep copy of the adapted model, on the model's device
-                copy = acc.allocate(_bytes(params) + _bytes(model.buffers()), "temporaries")
-                acc.release(copy)
-                notes["export"] = "the merged copy of the adapted model is counted; files are written from host copies"
-        with acc.mark("reload"):
-            for p in [] if steps_only else list(reloaded.parameters()) + list(reloaded.buffers()):
-                acc.book(p, "parameters")
-            if reloaded is not None:
-                reloaded.eval()
-            with torch.no_grad():
-                if not steps_only:
-                    task.loss(reloaded, task.collate(sample))
-            del reloaded
-    inputs = {"load": {"dtype": c.model.dtype, "precision": t.precision, "strategy": t.strategy,
-                       "adapter": c.model.adapter is not None},
-              "first_step": dict(wc["train_inputs"], micro_batch=t.micro_batch, accumulation=t.accumulation),
-              "eval_longest": wc["eval_inputs"],
-              "save": {"path": "checkpoints/pilot"}, "export": {"path": "artifact"},
-              "reload": {"path": "artifact", "seq_len": sample[0].length if sample else 0}}
-    inputs["steady_step"] = inputs["first_step"]
+        drive(ctx, mark, names("load", "train") if steps_only else PHASES, traced=True)
+    for name in names("train"):
+        inputs[name] = dict(inputs[name], micro_batch=c.train.micro_batch, accumulation=c.train.accumulation)
     return {"summarize": lambda name, scale: acc.summary(name, scale, by_stage=True), "inputs": inputs,
             "notes": notes, "params": sum(p.numel() for p in params), "trainable": sum(p.numel() for p in trainable),
             "trainable_bytes": _bytes(trainable), "param_bytes": _bytes(params), **_frozen_linear(model),
@@ -204,13 +176,13 @@ def rows_for(tr: dict, *, ranks: int = 1, strategy: str = "single", offload: boo
         overhead = s.pop("reserve_overhead", None)
         if bucket:  # DDP's buckets, allocated with the wrapper and alive from then on
             s = _with_resident(s, bucket, name != "load")
-        if sharded and name in ("first_step", "steady_step", "eval_longest"):
-            s = _with_gathered_blocks(s, 2 * tr["block"])
+        if sharded and name in names("train", "eval"):
+            s = with_gathered_blocks(s, 2 * tr["block"])
         highest = max(highest, s["peak_allocated"])
         if overhead is not None:  # reserved never shrinks: the highest (weighted) peak so far
             s["peak_reserved"] = s["end_reserved"] = max(s["peak_allocated"], highest + overhead)
         inputs = dict(tr["inputs"][name])
-        if name in ("first_step", "steady_step"):
+        if name in names("train"):
             inputs.update(ranks=ranks, gradient_checkpointing=tr["gradient_checkpointing"])
         rows.append({"phase": name, "rank": "each" if ranks > 1 else 0, "device": f"{tr['device']} (estimate)",
                      "counter": "estimate", "inputs": inputs, "duration_s": None, "verdict": "ok",
@@ -226,7 +198,7 @@ def _with_resident(s: dict, nbytes: int, before: bool = True) -> dict:
     return out
 
 
-def _with_gathered_blocks(s: dict, nbytes: int) -> dict:
+def with_gathered_blocks(s: dict, nbytes: int) -> dict:
     """FSDP holds the block computing and the one prefetched unsharded while it runs: add them to the peak."""
     out = dict(s, temporaries=s["temporaries"] + nbytes, peak_allocated=s["peak_allocated"] + nbytes)
     if out["peak_reserved"] is not None:

@@ -10,8 +10,8 @@ from pilotrun.engine.loop import Hooks, make_state, train
 from pilotrun.journal.files import write_manifest
 from pilotrun.journal.store import Journal
 from pilotrun.stages.prepare import Prepared, prepare
-from pilotrun.stages.result import StageResult
-from pilotrun.stages.runs import RunRecorder, write_run_readme
+from pilotrun.verdicts import StageResult
+from pilotrun.journal.runs import RunRecorder, write_run_readme
 
 CONTROL_EXAMPLES = 4  # validation examples whose predictions are stored with every run
 
@@ -26,11 +26,13 @@ def control_predictions(prep: Prepared, model) -> tuple[list, list, object]:
     control = pool[:CONTROL_EXAMPLES]
     if not control:
         return [], [], None
+    from pilotrun.engine.loop import to_device
+    from pilotrun.engine.precision import autocast
+
     model.eval()
-    with torch.no_grad():
-        batch = prep.task.collate(control)
-        device = next(model.parameters()).device
-        batch = {k: (v.to(device) if hasattr(v, "to") else v) for k, v in batch.items()}
+    device = next(model.parameters()).device
+    with torch.no_grad(), autocast(prep.c.train.precision, device.type):
+        batch = to_device(prep.task.collate(control), device)
         preds = prep.task.predict(model, batch)
         logits = target_logits(prep.task, model, batch)
     return control, preds, logits
@@ -76,8 +78,8 @@ def train_run(loaded, home, *, kind: str = "train", supersedes: str | None = Non
     torchrun, this process is one of them (rank 0 creates the run, the others join it).
     """
     from pilotrun.campaign.arithmetic import data_parallel_ranks
-    from pilotrun.engine.distributed import (broadcast_from_rank0, check_strategy, init_from_launcher,
-                                             is_initialized, launch, under_launcher, world_rank)
+    from pilotrun.engine.distributed import check_strategy, launch
+    from pilotrun.engine.launcher import Ranks
 
     t_start = time.perf_counter() - (prepare_s or 0.0)  # a caller that prepared for us says how long it took
     prep = prep or prepare(loaded, splits=("train", "validation"))
@@ -86,15 +88,8 @@ def train_run(loaded, home, *, kind: str = "train", supersedes: str | None = Non
     prep.arithmetic()  # too few examples for one update is bad input, before any run exists
     world = data_parallel_ranks(c.train)
     check_strategy(c.train)
-    spawn = world > 1 and not is_initialized() and not under_launcher()
-    if world > 1 and not spawn:
-        init_from_launcher()
-        if world_rank()[0] != world:
-            from pilotrun.errors import BadInput
-
-            raise BadInput(f"train.nproc={world} but this process is one of {world_rank()[0]} ranks",
-                           where="train.nproc", fix=f"launch with torchrun --nproc_per_node {world}, or set "
-                                                    f"train.nproc={world_rank()[0]}")
+    ranks = Ranks(world)
+    spawn = ranks.spawn
     if spawn and hooks is not None:
         raise ValueError("hooks cannot follow a run into spawned ranks; run under torchrun to use them")
     from pilotrun.probe.memory import release_free_memory
@@ -105,10 +100,10 @@ def train_run(loaded, home, *, kind: str = "train", supersedes: str | None = Non
     built = (prep.task.build_model(), time.perf_counter() - t_load)
     if spawn:
         built = None  # each spawned rank builds its own; this process only proved that it can be built
-    if world > 1 and not spawn and world_rank()[1] != 0:
-        job = broadcast_from_rank0(None)
+    if ranks.follower:
+        job = ranks.share()
         _ranked_run(job, prep, None, None, progress=False, t_start=t_start, t_prepared=t_prepared, built=built)
-        rank = world_rank()[1]
+        rank = ranks.rank
         return StageResult(kind, "ok", f"rank {rank}: joined {kind} run {job.run_id}",
                            data={"run_id": job.run_id, "rank": rank})
     journal = Journal(home)
@@ -124,8 +119,7 @@ def train_run(loaded, home, *, kind: str = "train", supersedes: str | None = Non
                 launch(_spawned_rank, world, (job,))
                 out = json.loads(Path(job.result_path).read_text())  # we wrote it a moment ago
         else:
-            if world > 1:
-                broadcast_from_rank0(job)
+            ranks.share(job)
             out = _ranked_run(job, prep, rec, hooks, progress=progress, t_start=t_start, t_prepared=t_prepared,
                               built=built)
         rec.finish(out["status"], out["summary"])
@@ -163,7 +157,7 @@ def _ranked_run(job: TrainJob, prep: Prepared, rec: RunRecorder | None, hooks: H
     from pilotrun.engine.state import save_state
     from pilotrun.probe.memory import release_free_memory
     from pilotrun.probe.watch import PeakWatch
-    from pilotrun.stages.pilot_phases import export_artifact
+    from pilotrun.engine.artifact import export_artifact
 
     c = prep.c
     arith = prep.arithmetic()
@@ -190,6 +184,10 @@ def _ranked_run(job: TrainJob, prep: Prepared, rec: RunRecorder | None, hooks: H
                                              "targets": out["targets"]},
                     examples_seen=out["examples_seen"], wall_s=out["wall_s"])
             rec.progress(st.update, st.examples_seen)
+            if out.get("skipped"):  # keyed by attempt: a skipped update shares its number with the next one
+                rec.log("skipped", out["attempt"], {"loss": out["loss"], "update": out["update"],
+                                                    "grad_norm": out["grad_norm"]},
+                        examples_seen=out["examples_seen"], wall_s=out["wall_s"], flush=True)
         if user.on_update:
             user.on_update(st, out)
 
@@ -249,7 +247,7 @@ def _ranked_run(job: TrainJob, prep: Prepared, rec: RunRecorder | None, hooks: H
                "best_metric": state.best_metric, "artifact": artifact, "arithmetic": arith, "ranks": world,
                "seconds_per_update": _median([h["seconds"] for h in result.history[1:]] or
                                              [h["seconds"] for h in result.history]),
-               "memory_bound": bound, "timing": timing,
+               "memory_bound": bound, "timing": timing, "skipped_updates": result.skipped,
                "counts": {"updates": state.update, "evals": len(result.evals),
                           "checkpoints": (state.update // c.train.save_every if c.train.save_every else 0) + 1,
                           "exports": int(bool(job.save_artifact))}}
@@ -265,19 +263,51 @@ def _result(kind: str, run_id: str, run_dir: str, out: dict, world: int) -> Stag
     summary, evals = out["summary"], out["evals"]
     bound = summary["memory_bound"]
     status = out["status"]
-    verdict = "fail" if status != "completed" else "warn" if bound["warnings"] else "ok"
+    skip_warn, skip_msgs = skipped_lines(summary.get("skipped_updates") or [], summary["updates"])
+    verdict = "fail" if status != "completed" else "warn" if bound["warnings"] or skip_warn else "ok"
     msgs = [f"run {run_id}: {status} — {summary['reason']}",
             f"{summary['updates']} updates, {summary['examples_seen']} examples seen in {summary['wall_s']:.1f}s"
             + (f" on {world} ranks" if world > 1 else "")]
     if evals:
         msgs.append(f"val_loss {evals[0]['val_loss']:.4f} (update {evals[0]['update']}) → "
                     f"{evals[-1]['val_loss']:.4f} (update {evals[-1]['update']})")
+    msgs += skip_msgs
     msgs += bound_lines(bound)
     return StageResult(kind, verdict, f"{kind} run {run_id} {status}", msgs,
                        {"run_id": run_id, "status": status, "reason": summary["reason"],
                         "updates": summary["updates"], "examples_seen": summary["examples_seen"], "validation": evals,
                         "control_predictions": out["control"], "run_dir": run_dir},
                        columns=["update", "val_loss", "examples_seen"], rows=evals)
+
+
+OVERFLOW_SHARE = 0.25  # fp16 overflow skips above this share of the updates: the scale never settled
+
+
+def skipped_lines(skipped: list[dict], updates: int, show: int = 5) -> tuple[bool, list[str]]:
+    """(worth a warning, what ``train`` prints) about updates whose optimizer step was skipped; the journal has
+    them too (split "skipped", keyed by attempt). A non-finite loss always warns. fp16 overflow skips are
+    GradScaler settling its scale (65536 halves until the gradients fit: a handful of updates at the start);
+    they warn only when they are over OVERFLOW_SHARE of the updates."""
+    bad = [s for s in skipped if s.get("kind") != "overflow"]
+    overflow = [s for s in skipped if s.get("kind") == "overflow"]
+    lines = []
+    if bad:
+        lines.append(f"{len(bad)} update(s) skipped for a non-finite loss (train.stop.on_nan=false), no optimizer "
+                     "step (journal split 'skipped', by attempt):")
+        for s in bad[:show]:
+            ids = ", ".join(str(i) for i in s["ids"][:4]) + (" …" if len(s["ids"]) > 4 else "")
+            lines.append(f"  attempt {s['attempt']} (update {s['update']}): loss {s['loss']:.4g} — {s['reason']}; "
+                         f"records {ids}")
+        if len(bad) > show:
+            lines.append(f"  … and {len(bad) - show} more")
+    too_many = bool(overflow) and len(overflow) > OVERFLOW_SHARE * max(updates, 1)
+    if overflow:
+        last = overflow[-1]["reason"].rsplit("→", 1)[-1].strip()
+        lines.append(f"{len(overflow)} of {updates} updates skipped by the fp16 grad scaler (gradient overflow), "
+                     f"the last at update {overflow[-1]['update']}; loss scale now {last}"
+                     + (f" — over {OVERFLOW_SHARE:.0%} of the budget: train in bf16-mixed, or lower train.lr"
+                        if too_many else " (the scale settling: expected in the first updates)"))
+    return bool(bad) or too_many, lines
 
 
 def _flat(d: dict, prefix: str = "") -> dict:
