@@ -336,7 +336,7 @@ def to_lines(table: dict) -> list[str]:
 
 def options_result(loaded, *, rates: dict | None = None, lora_r: int | None = None):
     """``estimate --options``: the table as a stage result (verdict fail when no option keeps the question)."""
-    from pilotrun.stages.result import StageResult
+    from pilotrun.verdicts import StageResult
 
     table = options_table(loaded, rates=rates, lora_r=lora_r)
     rec = table["recommended"]
@@ -368,7 +368,7 @@ def too_large_here(loaded) -> dict | None:
 def no_pilot_sheet(loaded, size: dict, *, rates: dict | None = None):
     """The sheet from the estimator alone, for a model this machine cannot pilot: says so at the top and
     what to pilot instead."""
-    from pilotrun.stages.result import StageResult
+    from pilotrun.verdicts import StageResult
 
     c = loaded.campaign
     src = loaded.source or "CAMPAIGN"
