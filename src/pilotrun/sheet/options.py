@@ -143,6 +143,7 @@ def _ranks_of(t) -> int:
 
 
 def _evaluate(opt, g, n, traces, cache, work, effective, r, c, has_adapter, rates) -> dict | None:
+    from pilotrun.sheet.gpu_memory import need_bytes, overheads
     from pilotrun.stages.estimate import rows_for
 
     key, label, trace_key, strategy, offload, qlora = opt
@@ -163,7 +164,7 @@ def _evaluate(opt, g, n, traces, cache, work, effective, r, c, has_adapter, rate
     train = [x for x in rows if x["phase"] in TRAINING]
     top = max(train, key=lambda x: P.row_peak(x) or 0)
     peak = P.row_peak(top)
-    need = P.with_margin(peak)
+    need = need_bytes(peak, sum(o["bytes"] for o in overheads(g, n, False)))
     after = max((x for x in rows if x["phase"] not in TRAINING), key=lambda x: P.row_peak(x) or 0)
     acc_n = effective / (c.train.micro_batch * n)
     batch_kept = acc_n >= 1 and acc_n == int(acc_n)
@@ -243,6 +244,8 @@ def _hourly(rates: dict | None, key: str) -> float | None:
 
 
 def _assumptions() -> list[str]:
+    from pilotrun.sheet.gpu_memory import MARGIN_FRACTION
+
     return [f"time: FLOPs per update (parameters × tokens, the budget's mean padded tokens) at "
             f"{P.ASSUMED_MFU:.0%} of each GPU's dense rate, divided over the GPUs (data parallel)",
             f"communication not overlapped with compute: DDP all-reduces the gradients, FSDP moves 3 × the "
@@ -251,8 +254,9 @@ def _assumptions() -> list[str]:
             f"optimizer offload: gradients and parameters over PCIe at {HOST_GBS:g} GB/s and a host step at "
             f"{HOST_PARAMS_S:.0e} parameters/s",
             f"QLoRA: {NF4_BYTES * 8:.2f} bits per decoder-layer linear weight, compute {QLORA_SLOWER:g}× slower",
-            f"memory: the training phases' peak + margin ({P.MARGIN_FRACTION:.0%} + {P.MARGIN_BYTES / 2**30:g} GiB) "
-            f"≤ the GPU's memory; export and the reload check (the merged model) are shown, not required",
+            f"memory: the training phases' peak reserved × (1 + {MARGIN_FRACTION:.0%}) + the CUDA context, cuBLAS "
+            f"workspace and NCCL buffers (sheet/gpu_memory.py) ≤ the GPU's memory; export and the reload check "
+            f"(the merged model) are shown, not required",
             "every run of the plan on all the GPUs of the row, one after another"]
 
 
