@@ -181,6 +181,7 @@ def _ranked_run(job: TrainJob, prep: Prepared, rec: RunRecorder | None, hooks: H
                        device=device)
     timing = {"prepare_s": t_prepared - t_start, "load_s": load_s + time.perf_counter() - t_load}
     watch = PeakWatch(device, rank=rank)
+    watch.track(wrapped, state.optimizer)
     run_dir = Journal(job.home).run_dir(job.run_id)
     user = hooks or Hooks()
 
