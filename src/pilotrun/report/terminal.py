@@ -94,8 +94,10 @@ def render_run(con, data) -> None:
         con.print(f"  phase rows: {len(data['phases'])}")
         for p in data["phases"]:
             peak = max((v for v in (p.get("peak_allocated"), p.get("peak_reserved")) if v is not None), default=None)
-            con.print(f"    {p['phase']:17} rank {p['rank']} {p['verdict']:11} {_fmt(p['duration_s'])}s"
-                      + (f"  peak {fmt_bytes(peak)} ({p.get('counter')})" if peak is not None else "")
+            both = p.get("counter") == "tensors+rss" and p.get("peak_allocated") is not None
+            shown = (f"  peak tensors {fmt_bytes(p['peak_allocated'])}, RSS {fmt_bytes(p.get('peak_reserved'))}" if both
+                     else f"  peak {fmt_bytes(peak)} ({p.get('counter')})" if peak is not None else "")
+            con.print(f"    {p['phase']:17} rank {p['rank']} {p['verdict']:11} {_fmt(p['duration_s'])}s" + shown
                       + (f"  — {p['note']}" if p.get("note") and p["phase"].startswith("observed_") else ""),
                       markup=False)
     for n in data["notes"]:

@@ -25,18 +25,20 @@ def blocks(s: dict) -> list[tuple]:
     out: list[tuple] = [("h", f"Selection sheet — {s['campaign']}"),
                         ("p", f"From pilot run {s['pilot_run']} (config sha256 {s['config_sha256'][:12]}), "
                               f"measured on {s['pilot_device']} (counter {s['counter']}"
-                              + (": process RSS, no reserved counter" if s['counter'] == "rss" else "") + ").")]
+                              + (": process RSS, no reserved counter" if s['counter'] == "rss" else
+                                 ": live tensor bytes as allocated, process RSS as reserved"
+                                 if s['counter'] == "tensors+rss" else "") + ").")]
     if s["problems"] or s["warnings"]:
         out.append(("list", [f"FAIL: {p}" for p in s["problems"]] + [f"WARN: {w}" for w in s["warnings"]]))
     m = s["memory"]
     out.append(("h", "Memory per GPU"))
     if m["peak"] is not None:
-        label = "peak RSS (CPU)" if s["counter"] == "rss" else "peak reserved"
+        label = "peak RSS (CPU)" if s["counter"] in ("rss", "tensors+rss") else "peak reserved"
         out.append(("p", f"Needed: {_gib(m['need'])} = {label} {_gib(m['peak'])} × (1 + {P.MARGIN_FRACTION:g}) + "
                          f"{P.MARGIN_BYTES / GiB:g} GiB (margin: fragmentation and batch variation; CUDA context and "
                          f"workspaces outside torch's counters). Set by phase {m['phase']} rank {m['rank']} "
                          f"({_inputs(m['inputs'])}) — {m['source']}."))
-        if s["counter"] == "rss":
+        if s["counter"] in ("rss", "tensors+rss"):
             out.append(("p", "Measured on CPU as RSS (it includes the interpreter and libraries): an upper bound "
                              "for small models, not a GPU measurement; pilot on one GPU to confirm."))
     if len(s["per_rank"]) > 1:

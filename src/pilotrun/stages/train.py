@@ -328,7 +328,10 @@ def bound_lines(bound: dict) -> list[str]:
     if not bound.get("pilot_run"):
         return ["memory bound: no pilot of this campaign in the journal to compare the run's peaks with"]
     ratio = bound.get("max_ratio")
-    head = (f"memory bound: observed peak / pilot {bound['pilot_run']} peak ≤ {ratio:.3f}"
+    counter = next((k.get("counter") for k in (bound.get("kinds") or {}).values()), None)
+    what = {"tensors+rss": " (live tensor bytes, exact)", "rss": " (RSS, 10% allowance)"}.get(counter, "")
+    verdict = " — exceeded: the pilot did not see the worst case" if bound.get("warnings") else " — held"
+    head = (f"memory bound{what}: observed peak / pilot {bound['pilot_run']} peak ≤ {ratio:.3f}{verdict}"
             if ratio is not None else f"memory bound: nothing comparable with pilot {bound['pilot_run']}")
     return [head] + [f"WARNING {w}" for w in bound.get("warnings", [])] + ([bound["stale"]] if bound.get("stale")
                                                                            else [])
