@@ -70,6 +70,7 @@ class PeakWatch:
         self.worst: dict[str, dict] = {}
         self.count: dict[str, int] = {}
         self.probed: dict[str, int] = {}
+        self.seconds: dict[str, float] = {}  # wall time of every block per kind, probed or not (the time plan's terms)
         self._top = (0, 0)  # the longest widest micro-batch and the most padded tokens of one so far
 
     def track(self, *objs) -> None:
@@ -95,8 +96,13 @@ class PeakWatch:
     def __call__(self, kind: str, inputs: dict):
         if not self.exact_block(kind, inputs):
             self.count[kind] = self.count.get(kind, 0) + 1
-            yield
+            t0 = time.perf_counter()
+            try:
+                yield
+            finally:
+                self.seconds[kind] = self.seconds.get(kind, 0.0) + time.perf_counter() - t0
             return
+        t_all = time.perf_counter()
         self.probe.start()
         t0 = time.perf_counter()
         try:
@@ -104,6 +110,7 @@ class PeakWatch:
         finally:
             row = self.probe.stop()
             row.update(phase=kind, rank=self.rank, inputs=dict(inputs), duration_s=time.perf_counter() - t0)
+            self.seconds[kind] = self.seconds.get(kind, 0.0) + time.perf_counter() - t_all
             self.count[kind] = self.count.get(kind, 0) + 1
             self.probed[kind] = self.probed.get(kind, 0) + 1
             best = self.worst.get(kind)

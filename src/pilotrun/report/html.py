@@ -217,6 +217,13 @@ def section_promises(journal) -> str:
         out.append(f'<p class="muted">from pilot {esc(check["pilot_run"])}: {u["update"]:.3g} s per update, '
                    f'{u["eval_batch"]:.3g} s per validation batch, {u["save"]:.3g} s per checkpoint, {u["load"]:.3g} '
                    "s load, for the updates, validations and checkpoints each run did.</p>")
+        parts = [{"term": b["term"], "predicted": f"{b['predicted_s']:.1f} s",
+                  "actual": "—" if b["actual_s"] is None else f"{b['actual_s']:.1f} s",
+                  "predicted ÷ actual": f"{b['predicted_s'] / b['actual_s']:.2f}" if b["actual_s"] and b["predicted_s"]
+                  else "—"} for b in check.get("breakdown") or []]
+        if parts:
+            out.append("<h4>the plan's terms against the runs' own timed blocks, all runs</h4>")
+            out.append(table(["term", "predicted", "actual", "predicted ÷ actual"], parts))
     return "".join(out)
 
 

@@ -79,7 +79,9 @@ def render_run(con, data) -> None:
         if k not in ("arithmetic", "memory_bound", "timing", "counts"):
             con.print(f"  {k}: {_fmt(v)}", markup=False)
     if summary.get("timing"):
-        con.print("  timing: " + ", ".join(f"{k} {v:.3g}" for k, v in summary["timing"].items()), markup=False)
+        flat = {k: v for k, v in summary["timing"].items() if isinstance(v, (int, float))}
+        flat.update({f"{k} blocks_s": v for k, v in (summary["timing"].get("blocks_s") or {}).items()})
+        con.print("  timing: " + ", ".join(f"{k} {v:.3g}" for k, v in flat.items()), markup=False)
     if summary.get("memory_bound"):
         from pilotrun.stages.train import bound_lines
 

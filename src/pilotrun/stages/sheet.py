@@ -188,8 +188,9 @@ def build_sheet(cfg: dict, journal, pilot: dict, *, target_env: dict | None = No
     from pilotrun.sheet.shape import scaled_units
 
     model = (pilot.get("summary") or {}).get("time_model")
-    shape = scaled_units(model, measured["steady_step"]["seconds"], measured["eval_longest"]["seconds"]) \
-        if model else None
+    # the pilot's bare timings of its worst case, when it has them: its phases ran under the memory counter
+    shape = scaled_units(model, model.get("worst_update_s") or measured["steady_step"]["seconds"],
+                         model.get("worst_eval_s") or measured["eval_longest"]["seconds"]) if model else None
     if shape:
         work["tokens_update"] = shape["mean_update_tokens"]
 

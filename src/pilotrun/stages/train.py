@@ -232,12 +232,15 @@ def _ranked_run(job: TrainJob, prep: Prepared, rec: RunRecorder | None, hooks: H
     # under FSDP every rank takes part in the forward passes; otherwise rank 0 alone, on the plain module
     predicting = not ran_out and (rank == 0 or c.train.strategy == "fsdp")
     pred_model = wrapped if c.train.strategy == "fsdp" else model
+    t0 = time.perf_counter()
     computed = control_predictions(prep, pred_model) if predicting else None
     observed = gather_to_rank0(watch.rows())
     if predicting and job.validation_predictions:  # stored by rank 0 (rec); the others only take part
         from pilotrun.stages.val_predictions import store_validation_predictions
 
         store_validation_predictions(rec, prep, pred_model)
+    timing["predictions_s"] = time.perf_counter() - t0
+    timing["blocks_s"] = dict(watch.seconds)  # every update, validation, save and export, timed by the watch
     if rec is None:
         return {}
     control = store_control_predictions(rec, prep, model, computed) if computed else []
