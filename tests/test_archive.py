@@ -21,7 +21,7 @@ def test_archive_of_a_run_round_trips(cli, demo_campaign, tmp_path):
     out = tmp_path / "backup" / "run.tar.gz"
     r = cli("archive", run_id, "--home", home, "--out", out, "--json")
     assert r.code == 0, r.err
-    assert out.is_file() and r.json["bytes"] == out.stat().st_size
+    assert out.is_file() and r.json["data"]["bytes"] == out.stat().st_size
     files = extract(out, tmp_path / "restored")
     restored = tmp_path / "restored" / run_id
     names = {p.relative_to(restored).as_posix() for p in files}

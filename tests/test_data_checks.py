@@ -93,7 +93,7 @@ def test_clean_demo_passes(demo_campaign, cli):
     res = cli("inspect", demo_campaign, "-n", "2", "--json")
     assert res.code == 0, res.err
     assert "trained" in res.err and "masked" in res.err and "padding" in res.err  # the legend, on stderr
-    assert res.json["stage"] == "inspect"
+    assert res.json["stages"][0]["stage"] == "inspect"
 
 
 def test_response_mapped_to_prompt_field(tmp_path):

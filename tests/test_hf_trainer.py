@@ -52,7 +52,7 @@ def test_trainer_run_records_phases_and_loss_curve(tmp_path, cli):
     assert cb.run_id in r.out and '"hf-trainer"' in r.out
     r = cli("show", cb.run_id, "--home", home, "--json")
     assert r.code == 0, r.err
-    assert {p["phase"] for p in r.json["phases"]} == set(by_phase) and r.json["train_updates"] == 4
+    assert {p["phase"] for p in r.json["data"]["phases"]} == set(by_phase) and r.json["data"]["train_updates"] == 4
 
 
 def test_over_budget_phase_in_trainer(tmp_path):

@@ -53,12 +53,12 @@ def test_runs_show_note(cli, tmp_path):
     home = tmp_path / "home"
     run_id = cli("train", path, "--home", home, "--json").json["data"]["run_id"]
     r = cli("runs", "--home", home, "--json")
-    assert r.code == 0 and [x["run_id"] for x in r.json] == [run_id]
+    assert r.code == 0 and [x["run_id"] for x in r.json["data"]["runs"]] == [run_id]
     assert cli("note", "lr looks high", "--run", run_id, "--home", home).code == 0
     assert cli("note", "go with lr 1e-3", "--decision", "--home", home).code == 0
     r = cli("show", run_id, "--home", home, "--json")
     assert r.code == 0
-    d = r.json
+    d = r.json["data"]
     assert d["run"]["status"] == "completed" and d["train_updates"] == 2
     assert [n["text"] for n in d["notes"]] == ["lr looks high"]
     assert "manifest.json" in d["files"] and "artifact/model/model.safetensors" in d["files"]

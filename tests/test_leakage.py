@@ -60,8 +60,8 @@ def test_same_text_with_different_whitespace(tmp_path):
     assert result.verdict == "fail"
     hit = _one(result, "exact-duplicates")
     assert hit["split"] == "validation"
-    assert "1 of 2 (50.0%) validation units repeat a train unit exactly after normalising case and whitespace" \
-        in hit["message"]
+    assert ("1 of 2 (50.0%) validation units repeat a train unit exactly after normalising Unicode (NFKC), case, "
+            "punctuation and whitespace") in hit["message"]
     assert "validation.jsonl:1 = " in hit["message"] and "train.jsonl:1" in hit["message"]
     assert not [c for c in result.data["checks"] if c["name"] == "near-duplicates"]
 

@@ -61,10 +61,10 @@ def test_lightning_run_records_phases_and_loss_curve(tmp_path, cli):
     cli("env", "--json")  # drains Lightning's own prints from the captured stdout
     r = cli("runs", "--home", home, "--kind", "lightning", "--json")
     assert r.code == 0, r.err
-    assert [x["run_id"] for x in r.json] == [cb.run_id] and r.json[0]["status"] == "completed"
+    assert [x["run_id"] for x in r.json["data"]["runs"]] == [cb.run_id] and r.json["data"]["runs"][0]["status"] == "completed"
     r = cli("show", cb.run_id, "--home", home, "--json")
     assert r.code == 0, r.err
-    assert {p["phase"] for p in r.json["phases"]} == set(by_phase) and r.json["train_updates"] == 4
+    assert {p["phase"] for p in r.json["data"]["phases"]} == set(by_phase) and r.json["data"]["train_updates"] == 4
     r = cli("show", cb.run_id, "--home", home)
     assert r.code == 0, r.err
     assert "lightning" in r.out and "first_step" in r.out and "steady_step" in r.out
@@ -111,7 +111,7 @@ def test_nan_loss_in_lightning_marks_the_step_and_the_run(tmp_path, cli):
     cli("env", "--json")
     r = cli("show", cb.run_id, "--home", home, "--json")
     assert r.code == 0, r.err
-    assert r.json["run"]["status"] == "diverged" and "nan at step 2" in r.json["run"]["summary"]["reason"]
+    assert r.json["data"]["run"]["status"] == "diverged" and "nan at step 2" in r.json["data"]["run"]["summary"]["reason"]
     r = cli("show", cb.run_id, "--home", home)  # the NaN val_loss (NULL in SQLite) renders as nan
     assert r.code == 0, r.err
     assert "diverged" in r.out and "training loss is nan at step 2" in r.out and "2: nan" in r.out

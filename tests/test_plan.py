@@ -1,7 +1,10 @@
 """The rental plan's pure functions: memory need, fit table, time arithmetic, scaling, packing."""
 
+import math
+
 import pytest
 
+from pilotrun.sheet import gpu_memory as GM
 from pilotrun.sheet import plan as P
 from pilotrun.sheet.catalogue import BY_KEY, CATALOGUE, match_gpu
 
@@ -22,18 +25,35 @@ def cuda_rows(peaks_gib: dict, **extra) -> list[dict]:
 
 def test_eval_over_24gib_does_not_fit_24gib_gpus_and_fits_80gib():
     rows = cuda_rows({"load": 6, "first_step": 14, "steady_step": 14, "eval_longest": 30})
-    need = P.memory_need(rows)
-    assert need["phase"] == "eval_longest" and need["peak"] == 30 * GiB
-    assert need["need"] == int(30 * GiB * 1.1) + GiB
+    need = GM.memory_summary(rows, rows, "measured", ranks=1)
+    assert need["phase"] == "eval_longest" and need["peak"] == 30 * GiB and need["kind"] == "measured"
+    # measured reserved already holds cuBLAS's workspace: only the CUDA context is added
+    assert [o["what"] for o in need["overheads"]] == ["CUDA context"]
+    assert need["need"] == math.ceil(30 * GiB * 1.1) + GM.CUDA_CONTEXT_BYTES
     assert need["inputs"] == {"eval_batch": 64, "seq_len": 4096} and "run R1 phase eval_longest" in need["source"]
-    table = {f["gpu"]: f for f in P.fit_table(rows, CATALOGUE, needs_bf16=False)}
+    assert need["source"].startswith("measured: ") and "CUDA reserved counter" in need["source"]
+    table = {f["gpu"]: f for f in GM.fit_table(rows, "measured", CATALOGUE, needs_bf16=False, ranks=1)}
     for key in ("rtx4090", "l4", "a10"):
         assert table[key]["verdict"] == "does not fit: eval_longest", table[key]
         assert table[key]["phases"]["steady_step"] == "fits" and not table[key]["fits"]
-    for key in ("a100-80gb", "h100-sxm", "h100-pcie", "h200"):
+    for key in ("a100-80gb", "h100-sxm", "h100-pcie", "h200", "b200", "mi300x"):
         assert table[key]["verdict"] == "fits" and table[key]["fits"]
-    # the margin matters: 30 GiB fits 40 GiB only because 30 × 1.1 + 1 = 34 GiB <= 40
+    # the margin matters: 30 GiB fits 40 GiB only because 30 × 1.1 + 0.5 = 33.5 GiB <= 40
     assert table["a100-40gb"]["fits"]
+    assert not GM.fit_table(cuda_rows({"eval_longest": 36}), "measured", [BY_KEY["a100-40gb"]],
+                            needs_bf16=False, ranks=1)[0]["fits"]
+
+
+def test_predicted_figures_add_the_cublas_workspace_of_each_gpu_and_nccl_for_ranks():
+    rows = cuda_rows({"steady_step": 2})
+    h100 = GM.phase_needs(rows, "predicted", BY_KEY["h100-sxm"], ranks=1)
+    a100 = GM.phase_needs(rows, "predicted", BY_KEY["a100-80gb"], ranks=1)
+    steady = {p["phase"]: p for p in h100}["steady_step"]
+    assert steady["need"] == math.ceil(2 * GiB * 1.1) + GM.CUDA_CONTEXT_BYTES + 32 * 2**20
+    assert steady["source"].startswith("predicted: `pilotrun estimate`") and steady["tag"] == "predicted"
+    assert {p["phase"]: p for p in a100}["steady_step"]["need"] == steady["need"] - 32 * 2**20 + 8_519_680
+    two = {p["phase"]: p for p in GM.phase_needs(rows, "predicted", BY_KEY["h100-sxm"], ranks=2)}
+    assert two["steady_step"]["need"] == steady["need"] + GM.NCCL_BYTES
 
 
 def test_reserved_counter_wins_over_allocated_and_rss_uses_allocated():
@@ -44,18 +64,38 @@ def test_reserved_counter_wins_over_allocated_and_rss_uses_allocated():
 
 def test_bf16_campaign_does_not_fit_a_gpu_without_bf16():
     rows = cuda_rows({})
-    t4 = next(f for f in P.fit_table(rows, CATALOGUE, needs_bf16=True) if f["gpu"] == "t4")
+    t4 = next(f for f in GM.fit_table(rows, "measured", CATALOGUE, needs_bf16=True, ranks=1) if f["gpu"] == "t4")
     assert t4["verdict"] == "does not fit: no bf16 (compute capability 7.5 < 8.0)"
-    t4_fp32 = next(f for f in P.fit_table(rows, CATALOGUE, needs_bf16=False) if f["gpu"] == "t4")
+    t4_fp32 = next(f for f in GM.fit_table(rows, "measured", CATALOGUE, needs_bf16=False, ranks=1)
+                   if f["gpu"] == "t4")
     assert t4_fp32["fits"]
+    mi300x = next(f for f in GM.fit_table(rows, "measured", CATALOGUE, needs_bf16=True, ranks=1)
+                  if f["gpu"] == "mi300x")
+    assert mi300x["fits"]  # ROCm's bf16, not a CUDA compute capability
 
 
 def test_an_oom_phase_is_not_measured_and_never_certified():
     rows = cuda_rows({})
     rows[3]["verdict"] = "oom"
-    h200 = next(f for f in P.fit_table(rows, CATALOGUE, needs_bf16=False) if f["gpu"] == "h200")
+    h200 = next(f for f in GM.fit_table(rows, "measured", CATALOGUE, needs_bf16=False, ranks=1) if f["gpu"] == "h200")
     assert h200["verdict"] == "unknown: eval_longest not measured" and not h200["fits"]
-    assert P.memory_need(rows)["unmeasured"] == ["eval_longest"]
+    assert GM.memory_summary(rows, rows, "measured", 1)["unmeasured"] == ["eval_longest"]
+    # a CPU pilot whose memory could not be predicted has no GPU figure at all
+    none = GM.fit_table([], "predicted", CATALOGUE, needs_bf16=False, ranks=1)
+    assert all(f["verdict"] == "unknown: no GPU memory figure" and not f["fits"] for f in none)
+
+
+def test_largest_by_growth_refuses_rss_and_noise():
+    row = cuda_rows({"steady_step": 3})[2]
+    row["inputs"] = {"micro_batch": 4}
+    got = P.largest_by_growth(row, 20 * GiB)
+    assert got["value"] == int((20 * GiB - GiB // 2) // ((3 * GiB - GiB // 2) / 4))
+    assert got["source"].startswith("extrapolated from the measured growth (run R1 phase steady_step")
+    flat = dict(row, peak_reserved=GiB // 2 + 2**20)
+    assert P.largest_by_growth(flat, 20 * GiB)["value"] is None
+    assert "inside the counter's noise" in P.largest_by_growth(flat, 20 * GiB)["source"]
+    rss = dict(row, counter="rss", peak_reserved=None)
+    assert "RSS, not GPU memory" in P.largest_by_growth(rss, 20 * GiB)["source"]
 
 
 def test_run_list_control_first_then_variants_then_extra_seeds():
@@ -146,3 +186,53 @@ def test_catalogue_matches_torch_device_names():
     for g in CATALOGUE:
         assert g.source and g.memory_bytes > 0 and g.bandwidth_gbs > 0
         assert (g.bf16_tflops is None) == (not g.bf16)
+
+
+def test_new_catalogue_gpus_match_their_device_names_and_name_their_source():
+    assert match_gpu("NVIDIA L40").key == "l40" and match_gpu("NVIDIA L40S").key == "l40s"
+    assert match_gpu("NVIDIA A40").key == "a40" and match_gpu("NVIDIA RTX A6000").key == "rtxa6000"
+    assert match_gpu("NVIDIA B200", 179 * GiB).key == "b200"
+    assert match_gpu("AMD Instinct MI300X", 191 * GiB).key == "mi300x"
+    assert BY_KEY["mi300x"].vendor == "amd" and BY_KEY["mi300x"].bf16
+    for g in CATALOGUE:
+        assert g.sky and g.source.split()[0] in ("NVIDIA", "AMD") and "datasheet" in g.source + " datasheet"
+    assert BY_KEY["h100-sxm"].rate_label("bf16-mixed") == "bf16 tensor-core dense rate"
+    assert BY_KEY["h100-sxm"].rate_label("fp32").startswith("fp32 non-tensor rate")
+
+
+def test_gpu_pilot_calibrates_on_its_measured_seconds_and_keeps_the_launch_floor():
+    a100, h100 = BY_KEY["a100-80gb"], BY_KEY["h100-sxm"]
+    work = {"params": 1_000_000_000, "trainable": 1_000_000_000, "tokens_update": 32 * 2048, "tokens_eval": 8 * 2048,
+            "passes_update": 4, "checkpointing": False}
+    u = P.unit_seconds(measured(), source_gpu=a100, target_gpu=h100, precision="bf16-mixed", work=work)
+    s = u["scaling"]
+    fixed = 4 * P.GPU_FLOOR_S_PER_PASS
+    assert s["fixed_s"] == fixed and u["units"]["update"] == pytest.approx(fixed + (2.0 - fixed) * s["ratio"])
+    flops = 6 * 1e9 * 32 * 2048
+    assert s["measured_efficiency"] == pytest.approx(flops / ((2.0 - fixed) * 312e12))
+    assert "calibrated on the A100 80GB SXM's measured 2 s per update" in s["text"]
+    assert "bf16 tensor-core dense rate" in s["text"] and not s["latency_bound"]
+    # a pilot update at the launch floor is latency-bound: a faster card does not shorten it
+    fast = P.unit_seconds(measured(dict(MEASURED, steady_step=fixed)), source_gpu=a100, target_gpu=h100,
+                          precision="bf16-mixed", work=work)
+    assert fast["scaling"]["latency_bound"] and fast["units"]["update"] == pytest.approx(fixed)
+
+
+def test_time_reasons_name_the_floor_only_when_it_dominates():
+    h100 = BY_KEY["h100-sxm"]
+    counts = P.run_counts(updates=100, eval_every=10, save_every=50, n_val=40, eval_batch=8)
+    tiny = {"params": 1000, "trainable": 1000, "tokens_update": 4 * 64, "tokens_eval": 64, "passes_update": 4,
+            "checkpointing": False}
+    u = P.unit_seconds(measured(dict(MEASURED, steady_step=4000.0)), source_gpu="cpu", target_gpu=h100,
+                       precision="bf16-mixed", work=tiny)
+    why = P.time_reasons(u["scaling"], P.run_terms(counts, u["units"]), [100.0, 100.0])
+    assert why[0].startswith("This campaign is latency-bound: an update takes the launch floor (20 ms")
+    assert why[0].endswith("every catalogue GPU gives the same time.")
+    assert P.time_reasons(u["scaling"], P.run_terms(counts, u["units"]), [100.0, 150.0])[0].endswith(
+        "a faster GPU shortens it little.")
+    big = dict(tiny, params=7_000_000_000, trainable=7_000_000_000, tokens_update=64 * 4096)
+    u = P.unit_seconds(measured(dict(MEASURED, steady_step=4000.0)), source_gpu="cpu", target_gpu=h100,
+                       precision="bf16-mixed", work=big)
+    assert not u["scaling"]["latency_bound"]
+    assert not [w for w in P.time_reasons(u["scaling"], P.run_terms(counts, u["units"]), [1.0, 2.0])
+                if "latency-bound" in w]

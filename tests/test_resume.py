@@ -14,7 +14,7 @@ def test_clean_demo_resumes_exactly_across_epochs(cli, demo_campaign, tmp_path):
     res = r.json
     assert res["verdict"] == "ok" and res["data"]["exact"] is True
     assert set(res["data"]["restored"]) >= {"model", "optimizer", "scheduler", "rng", "sampler", "counters"}
-    resumed = res["rows"]
+    resumed = res["stages"][0]["rows"]
     assert [row["update"] for row in resumed] == [5, 6, 7, 8]
     assert all(row["loss"] == row["ref_loss"] and row["lr"] == row["ref_lr"] and row["same_examples"]
                for row in resumed)

@@ -29,14 +29,14 @@ def campaign(tmp_path, **over) -> Path:
 
 
 def record_pilot(path: Path, home: Path, peaks_gib: dict, *, device="cuda:0", device_name="NVIDIA H100 80GB HBM3",
-                 steady_s=2.0, overrides=None, verdicts=None) -> str:
+                 steady_s=2.0, overrides=None, verdicts=None, params=200_000) -> str:
     """A pilot run as the pilot stage writes it: a run row of kind pilot and one ledger row per phase."""
     loaded = load_campaign(path, overrides)
     j = Journal(home)
     run = j.create_run(kind="pilot", name=loaded.c.name, **run_provenance(loaded))
     cuda = device.startswith("cuda")
     train_in = {"micro_batch": 2, "accumulation": 2, "ranks": 1, "seq_len": 60, "precision": loaded.c.train.precision}
-    inputs = {"load": {"params": 200_000, "trainable": 200_000}, "first_step": train_in, "steady_step": train_in,
+    inputs = {"load": {"params": params, "trainable": params}, "first_step": train_in, "steady_step": train_in,
               "eval_longest": {"eval_batch": 8, "seq_len": 64}}
     secs = {"load": 3.0, "first_step": steady_s + 1.0, "steady_step": steady_s, "eval_longest": 0.5, "save": 1.0,
             "export": 2.0, "reload": 1.5}
@@ -86,8 +86,9 @@ def test_eval_over_24gib_fails_a_24gib_rental_and_fits_80gib(tmp_path):
     assert fit["a100-80gb"]["fits"] and fit["h100-sxm"]["fits"]
     assert r.verdict == "fail"
     msg = next(p for p in r.data["problems"] if "hardware.memory_per_gpu" in p)
-    assert "needs 34.00 GiB per GPU (phase eval_longest" in msg and f"run {run} phase eval_longest" in msg
-    assert r.data["memory"]["source"].startswith(f"run {run} phase eval_longest rank 0")
+    assert "needs 33.50 GiB per GPU (phase eval_longest" in msg and f"run {run} phase eval_longest" in msg
+    assert r.data["memory"]["source"].startswith(f"measured: run {run} phase eval_longest rank 0")
+    assert r.data["memory"]["kind"] == "measured"
     # the terminal table is the fit table
     assert any(row["gpu"] == "L4 24GB" and row["verdict"] == "does not fit: eval_longest" for row in r.rows)
     # the same pilot with an 80 GiB rental: ok
@@ -159,9 +160,11 @@ def test_cpu_pilot_is_labelled_as_rss_and_an_extrapolation(tmp_path, cli):
     data = res.json["data"]
     assert data["time"]["scaling"]["kind"] == "extrapolated from CPU"
     md = out.read_text()
-    assert "peak RSS (CPU)" in md and "EXTRAPOLATION from a CPU measurement" in md and "ratio to the CPU time" in md
+    assert data["memory"]["kind"] == "predicted" and "PREDICTED for CUDA by `pilotrun estimate`" in md
+    assert "RSS peak (CPU)" in md and "never the GPU figure" in md
+    assert "EXTRAPOLATION from a CPU measurement" in md and "ratio to the CPU time" in md
     for section in ("## Memory per GPU", "## Settings", "## Software stack", "## Fit table", "## Time plan",
-                    "## Expected result", "## Constants"):
+                    "## Costs", "## Launch", "## Expected result", "## Constants"):
         assert section in md
     assert not [p for p in os.listdir(tmp_path) if p.startswith(".sheet.md") or p.endswith(".tmp")]
 
@@ -225,8 +228,8 @@ def test_demo_pilot_then_sheet_is_complete(demo_campaign, tmp_path, cli):
     assert r.code == 0, r.out[-3000:] + r.err[-2000:]
     data = r.json["data"]
     run = data["pilot_run"]
-    assert data["problems"] == [] and data["memory"]["source"].startswith(f"run {run} phase ")
-    assert len(data["fit"]) == 10 and any(f["fits"] for f in data["fit"])
+    assert data["problems"] == [] and data["memory"]["source"].startswith("predicted: `pilotrun estimate`")
+    assert len(data["fit"]) == 15 and any(f["fits"] for f in data["fit"])
     tm = data["time"]
     assert set(tm["measured"]) == set(PHASES)
     assert all(m["source"].startswith(f"run {run} phase ") for m in tm["measured"].values())
@@ -255,3 +258,72 @@ def test_sheet_from_real_pilot_phase_rows(demo_campaign, tmp_path):
     assert r.data["counter"] == "tensors+rss" and r.data["time"]["work"]["params"] > 0
     assert r.data["target"]["key"] == "rtx4090"  # the demo's hardware.memory_per_gpu is 24GiB; fp32 → fastest
     assert r.data["time"]["counts"]["updates"] == 12
+
+
+RATES = "currency: USD\nh100-sxm: 2.0\na100-80gb:\n  hour: 1.5\n  7: 150.0\nl40s: {30: 700}\n"
+
+
+def long_campaign(tmp_path):
+    """30000 updates of 2 s measured on an H100: ~16.7 h per run, 4 runs (see the time plan test)."""
+    return campaign(tmp_path, train__updates=None, train__epochs=3000, train__eval_every=1000,
+                    train__save_every=10000)
+
+
+def test_costs_from_a_rates_file_and_the_cheapest_plan_that_places_every_run(tmp_path, cli):
+    path = long_campaign(tmp_path)
+    home = tmp_path / "home"
+    record_pilot(path, home, {}, params=7_000_000_000)
+    rates = tmp_path / "rates.yaml"
+    rates.write_text(RATES)
+    r = sheet_stage(load_campaign(path), home, gpu="h100-sxm", rates_path=str(rates))
+    co = r.data["costs"]
+    rows = {(x["gpu"], x["days"]): x for x in co["rows"]}
+    assert rows[("h100-sxm", 3)]["cost"] == 2.0 * 24 * 3 and not rows[("h100-sxm", 3)]["fits_all"]
+    assert rows[("h100-sxm", 7)]["cost"] == 2.0 * 24 * 7 and rows[("h100-sxm", 7)]["fits_all"]
+    assert rows[("a100-80gb", 7)]["cost"] == 150.0 and rows[("a100-80gb", 7)]["how"].startswith("7-day price 150")
+    assert rows[("a100-80gb", 30)]["cost"] == 1.5 * 24 * 30
+    assert rows[("l40s", 3)]["cost"] is None and rows[("l40s", 30)]["cost"] == 700.0
+    plans = {p["days"]: p for p in r.data["time"]["plans"]}
+    assert rows[("h100-sxm", 3)]["placed"] == len(plans[3]["placed"])
+    placing = [x for x in co["rows"] if x["fits_all"] and x["cost"] is not None]
+    assert co["cheapest"] == min(placing, key=lambda x: (x["cost"], x["days"]))
+    assert r.data["launch"]["gpu"] == co["cheapest"]["gpu"] and r.data["launch"]["days"] == co["cheapest"]["days"]
+    md = r.data["markdown"]
+    assert "## Costs" in md and f"Cheapest plan that places every run: {co['cheapest']['gpu']}" in md
+    assert "USD" in md and "No costs" not in md
+    assert f"cheapest {co['cheapest']['days']}-day plan" in r.summary
+    # a 7B model's update is compute, not the launch floor: no latency-bound sentence
+    assert not [w for w in r.data["time"]["why"] if "latency-bound" in w]
+    assert "latency-bound" not in md
+
+
+@pytest.mark.parametrize("text, where, what", [
+    ("h100-sxm: 2.0\nv100: 1.0\n", "rates.yaml:2: v100", "no GPU 'v100' in the built-in catalogue"),
+    ("h100-sxm: -1\n", "rates.yaml:1: h100-sxm", "price -1 is not a number >= 0"),
+    ("a100-80gb: {hour: 1, week: 5}\n", "rates.yaml:1: a100-80gb", "unknown key(s) 'week'"),
+    ("h100-sxm: [\n", "rates.yaml:2", "not YAML"),
+])
+def test_a_bad_rates_file_is_bad_input_naming_line_and_key(tmp_path, cli, text, where, what):
+    path = campaign(tmp_path)
+    home = tmp_path / "home"
+    record_pilot(path, home, {})
+    rates = tmp_path / "rates.yaml"
+    rates.write_text(text)
+    out = tmp_path / "sheet.md"
+    res = cli("sheet", path, "--home", home, "--rates", rates, "--out", out)
+    assert res.code == 2 and where in res.err and what in res.err, res.err
+    assert not out.exists()  # nothing half-written
+
+
+def test_one_written_to_line_naming_the_sheet_and_its_launch_files(tmp_path, cli):
+    path = campaign(tmp_path)
+    home = tmp_path / "home"
+    record_pilot(path, home, {})
+    out = tmp_path / "out" / "sheet.md"
+    res = cli("sheet", path, "--home", home, "--out", out, "--gpu", "a100-80gb")
+    assert res.code == 0, res.out + res.err
+    text = " ".join((res.out + res.err).split())  # the terminal wraps long lines
+    assert text.count("written to") == 1, text
+    assert f"written to {out.parent}: sheet.md, sheet.commands.sh, sheet.sky.yaml, sheet.sbatch" in text
+    sky = yaml.safe_load((out.parent / "sheet.sky.yaml").read_text())
+    assert sky["resources"]["accelerators"] == "A100-80GB:1"

@@ -46,7 +46,7 @@ def test_clean_run_reloads_and_reproduces(cli, trained):
     assert "every file matches manifest.json (sha256)" in text
     assert "artifact/model: loaded as a user would (LlamaForCausalLM" in text
     assert "4 control predictions reproduced, logits within" in text
-    row = r.json["rows"][0]
+    row = r.json["stages"][0]["rows"][0]
     assert row["ids_equal"] and row["max_logit_diff"] <= row["tolerance"] == 1e-4
 
 

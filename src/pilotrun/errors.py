@@ -15,6 +15,9 @@ class BadInput(Exception):
     """The user's input is wrong: the message names the file, line or key and the fix (exit 2)."""
 
     def __init__(self, message: str, *, where: str | None = None, fix: str | None = None):
+        from pilotrun.report.safe import escape_controls  # values from files and arguments: printed escaped
+
+        where, message, fix = (escape_controls(t) if isinstance(t, str) else t for t in (where, message, fix))
         self.where = where
         self.fix = fix
         self.detail = message
@@ -33,3 +36,13 @@ class BadInputs(BadInput):
         self.where = None
         self.fix = None
         self.detail = str(self)
+
+
+class DiskFull(BadInput):
+    """No space left while writing: exit 2 like bad input (the fix is the user's), and a run it cuts short
+    ends "interrupted", not "failed"."""
+
+    def __init__(self, path, *, fix: str | None = None):
+        self.path = str(path)
+        super().__init__(f"no space left on device while writing {path}", where=str(path),
+                         fix=fix or "free space on that disk (or pass --home on another), then run the verb again")

@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from pilotrun.campaign import yamlsafe
 from pilotrun.campaign.schema import Campaign
 from pilotrun.errors import BadInput, BadInputs
 
@@ -54,11 +55,17 @@ def sha256_of_config(d: dict[str, Any]) -> str:
 
 def _line_index(text: str) -> dict[tuple, int]:
     """Map each key path in a YAML document to its 1-based line."""
-    out: dict[tuple, int] = {}
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.YAMLError:
-        return out
+        node = yamlsafe.compose(text, "campaign")
+        yamlsafe.check_bounds(node, "campaign")
+    except BadInput:
+        return {}
+    return _node_lines(node)
+
+
+def _node_lines(node) -> dict[tuple, int]:
+    """Key path -> line over a composed document that passed ``yamlsafe.check_bounds``."""
+    out: dict[tuple, int] = {}
 
     def walk(n, path):
         if isinstance(n, yaml.MappingNode):
@@ -118,16 +125,54 @@ def _format_errors(err: ValidationError, where: str, lines: dict[tuple, int]) ->
             problems.append(BadInput(f"unknown key '{key}'", where=at, fix=fix))
         else:
             value = e.get("input")
-            shown = json.dumps(value, default=str)[:80] if value is not None else "null"
+            shown = _short(value)
             msg = e["msg"].removeprefix("Value error, ")
             if e["type"] in ("value_error", "assertion_error"):
                 msg, _, fix = msg.partition("; ")
                 problems.append(BadInput(f"{key}: {msg}" if loc else msg, where=at,
                                          fix=fix or f"change {key} as the message says"))
+            elif e["type"] == "finite_number":
+                problems.append(BadInput(f"key '{key}' = {shown}: {msg}", where=at,
+                                         fix=f"set {key} to a finite number (.inf and .nan are not accepted)"))
             else:
                 problems.append(BadInput(f"key '{key}' = {shown}: {msg}", where=at,
                                          fix=f"set {key} to a valid value (see `pilotrun init` for a commented example)"))
     return BadInputs(problems) if len(problems) > 1 else problems[0]
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    """A JSON-like excerpt of ``value`` of at most ``limit`` characters, built without serialising all of it
+    (a value may be large, or repeat one list thousands of times through YAML aliases)."""
+    out: list[str] = []
+    budget = [limit + 1]
+
+    def put(s: str) -> bool:
+        out.append(s[: budget[0]])
+        budget[0] -= len(s)
+        return budget[0] > 0
+
+    def walk(v: Any) -> bool:
+        if isinstance(v, dict):
+            if not put("{"):
+                return False
+            for i, (k, x) in enumerate(v.items()):
+                if (i and not put(", ")) or not put(json.dumps(str(k)) + ": ") or not walk(x):
+                    return False
+            return put("}")
+        if isinstance(v, (list, tuple)):
+            if not put("["):
+                return False
+            for i, x in enumerate(v):
+                if (i and not put(", ")) or not walk(x):
+                    return False
+            return put("]")
+        if isinstance(v, str):
+            return put(json.dumps(v[: limit + 1]))
+        return put(json.dumps(v, default=lambda o: str(o)[: limit + 1]))
+
+    walk(value)
+    text = "".join(out)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _validate(raw: dict[str, Any], source: Path | None, lines: dict[tuple, int]) -> Campaign:
@@ -187,27 +232,38 @@ def apply_overrides(raw: dict[str, Any], overrides: dict[str, Any], *, where: st
     return raw
 
 
-def _read_yaml(path: Path) -> tuple[dict[str, Any], dict[tuple, int]]:
-    if not path.is_file():
-        raise BadInput("campaign file not found", where=str(path),
-                       fix="pass the path of a campaign.yaml (pilotrun init writes one)")
+def _read_text(path: Path) -> str:
     try:
-        text = path.read_text(encoding="utf-8")
+        if not path.is_file():
+            raise BadInput("campaign file not found", where=str(path),
+                           fix="pass the path of a campaign.yaml (pilotrun init writes one)")
+        size = path.stat().st_size
+        if size > yamlsafe.MAX_BYTES:
+            raise BadInput(f"the campaign file holds {size:,} bytes; a campaign file may hold at most "
+                           f"{yamlsafe.MAX_BYTES // 1024} KiB", where=str(path),
+                           fix="keep records in data files (data.train ...) and the campaign to its settings")
+        with open(path, "rb") as f:
+            data = f.read(yamlsafe.MAX_BYTES + 1)
+    except OSError as e:  # a symlink loop, no permission, a name too long ...
+        raise BadInput(f"cannot read the campaign file: {e.strerror or e}", where=str(path),
+                       fix="check the path and its permissions (`ls -l`)") from None
+    if len(data) > yamlsafe.MAX_BYTES:  # grown since stat, or a special file
+        raise BadInput(f"the campaign file holds more than {yamlsafe.MAX_BYTES // 1024} KiB", where=str(path),
+                       fix="keep records in data files (data.train ...) and the campaign to its settings")
+    try:
+        return data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise BadInput(f"not UTF-8 text (byte {e.start})", where=str(path), fix="save the file as UTF-8") from None
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        at = f"{path}:{mark.line + 1}" if mark else str(path)
-        problem = getattr(e, "problem", None) or str(e)
-        raise BadInput(f"invalid YAML: {problem}", where=at, fix="fix the YAML syntax at that line") from None
+
+
+def _read_yaml(path: Path) -> tuple[dict[str, Any], dict[tuple, int]]:
+    raw, node = yamlsafe.load_bounded(_read_text(path), str(path))
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
         raise BadInput("the campaign file must be a mapping of keys (name:, model:, data:, train: ...)",
                        where=str(path), fix="see `pilotrun init` for the shape")
-    return raw, _line_index(text)
+    return raw, _node_lines(node)
 
 
 def _resolve_paths(c: Campaign, base: Path) -> None:
@@ -215,7 +271,10 @@ def _resolve_paths(c: Campaign, base: Path) -> None:
         if v is None or (allow_byte and v == "byte"):
             return v
         p = Path(v).expanduser()
-        return str(p if p.is_absolute() else (base / p).resolve())
+        try:
+            return str(p if p.is_absolute() else (base / p).resolve())
+        except (OSError, RuntimeError):  # a symlink loop (RuntimeError before Python 3.13): reported when read
+            return str(base / p)
 
     c.model.path = res(c.model.path)
     c.model.tokenizer = res(c.model.tokenizer, allow_byte=True)
@@ -224,9 +283,17 @@ def _resolve_paths(c: Campaign, base: Path) -> None:
     c.data.test = res(c.data.test)
 
 
+def _resolve(path: Path) -> Path:
+    try:
+        return path.resolve()
+    except (OSError, RuntimeError) as e:  # RuntimeError: a symlink loop before Python 3.13
+        raise BadInput(f"cannot resolve the campaign path: {e}", where=str(path),
+                       fix="the path is a symlink loop or unreachable; point at the file itself") from None
+
+
 def load_campaign(path: str | Path, overrides: dict[str, Any] | None = None) -> LoadedCampaign:
     """Read, override and validate a campaign file. Raises BadInput naming file, line and key."""
-    path = Path(path).resolve()
+    path = _resolve(Path(path))
     raw, lines = _read_yaml(path)
     if overrides:
         raw = apply_overrides(raw, overrides, where="--set")

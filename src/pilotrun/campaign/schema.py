@@ -5,11 +5,25 @@ Only pydantic is imported here, so ``validate`` stays fast.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PositiveInt, model_validator
 
-_STRICT = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=False)
+# allow_inf_nan=False: .inf / .nan are refused for every number, in the file and through --set
+_STRICT = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=False, allow_inf_nan=False)
+
+SEED_MAX = 2**32 - 1
+"""numpy takes seeds in [0, 2**32); torch and Python's random take that range too."""
+
+
+def _seed_in_range(v: int) -> int:
+    if not 0 <= v <= SEED_MAX:
+        raise ValueError(f"seed {v} is outside 0..{SEED_MAX} (what torch, numpy and random all accept); "
+                         f"pick a seed between 0 and {SEED_MAX}")
+    return v
+
+
+Seed = Annotated[int, AfterValidator(_seed_in_range)]
 
 
 class AdapterConfig(BaseModel):
@@ -146,7 +160,7 @@ class PlanConfig(BaseModel):
     """Overrides of the control run, as dotted keys."""
     variants: list[dict[str, Any]] = Field(default_factory=list)
     """Each variant's overrides, as dotted keys; only what the experiment compares."""
-    seeds: list[int] = Field(default_factory=lambda: [0])
+    seeds: list[Seed] = Field(default_factory=lambda: [0])
     """Seeds every arm runs with."""
 
 
@@ -166,7 +180,7 @@ class Campaign(BaseModel):
     model_config = _STRICT
     name: str = "campaign"
     """A short name for the campaign."""
-    seed: int = 0
+    seed: Seed = 0
     """Seed of the run (data order, initialisation, dropout)."""
     task: str = "causal-lm"
     """causal-lm | seq-cls | "package.module:TaskClass" (Python Task API)."""

@@ -22,7 +22,8 @@ def runs(kind, home, as_json):
     from pilotrun.report.terminal import render_runs
 
     data = _journal(home).list_runs(kind=kind)
-    return emit_data(data, as_json, render_runs)
+    return emit_data({"runs": data}, as_json, lambda con, d: render_runs(con, d["runs"]),
+                     summary=f"{len(data)} runs" + (f" of kind {kind}" if kind else ""))
 
 
 @cli.command()
@@ -32,22 +33,24 @@ def runs(kind, home, as_json):
 @common_options
 def show(run_id, home, as_json, tensorboard_dir=None):
     """One run: config, status, metrics, phase rows, notes and files."""
-    from pilotrun.report.terminal import render_run
+    from pilotrun.report.terminal import render_run, train_loss_summary
 
     j = _journal(home)
     run = j.require_run(run_id)
+    run_id = run["run_id"]
     if tensorboard_dir is not None:
         from pilotrun.report.tensorboard import export_tensorboard
 
         exported = export_tensorboard(j, run_id, tensorboard_dir)
         click.echo(f"TensorBoard: {exported['scalars']} scalars in {exported['dir']}", err=True)
     run_dir = j.run_dir(run_id)
+    train_loss = j.metrics(run_id, "train", "loss")
     data = {"run": run, "phases": j.phase_rows(run_id), "notes": j.notes(run_id),
             "validation": j.metrics(run_id, "validation"),
-            "train_updates": len(j.metrics(run_id, "train", "loss")),
+            "train_updates": len(train_loss), "train_loss": train_loss_summary(train_loss),
             "files": sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob("*") if p.is_file())
             if run_dir.is_dir() else []}
-    return emit_data(data, as_json, render_run)
+    return emit_data(data, as_json, render_run, summary=f"run {run_id} ({run['kind']}): {run['status']}")
 
 
 @cli.command()
@@ -60,7 +63,9 @@ def note(text, run_id, decision, home, as_json):
     from pilotrun.journal.store import Journal
 
     j = Journal(home_for(home))
+    if run_id is not None:
+        run_id = j.resolve_run_id(run_id, where="--run")
     note_id = j.add_note(text, run_id=run_id, decision=decision)
     data = {"note_id": note_id, "run_id": run_id, "decision": decision, "text": text}
-    return emit_data(data, as_json, lambda con, d: con.print(
-        f"{'decision' if decision else 'note'} {note_id} recorded" + (f" for run {run_id}" if run_id else "")))
+    said = f"{'decision' if decision else 'note'} {note_id} recorded" + (f" for run {run_id}" if run_id else "")
+    return emit_data(data, as_json, lambda con, d: con.print(said, markup=False), summary=said)

@@ -59,8 +59,8 @@ def archive(run_id, out, home, as_json):
     from pilotrun.journal.store import Journal
 
     data = pack(Journal(home_for(home), create=False), run_id, out)
-    return emit_data(data, as_json, lambda con, d: con.print(
-        f"run {d['run_id']}: {len(d['files'])} files packed into {d['path']} ({d['bytes']} bytes)"))
+    said = f"run {data['run_id']}: {len(data['files'])} files packed into {data['path']} ({data['bytes']} bytes)"
+    return emit_data(data, as_json, lambda con, d: con.print(said, markup=False), summary=said)
 
 
 @cli.command(name="_resume-worker", hidden=True)

@@ -6,6 +6,7 @@ import click
 
 from pilotrun.cli.common import campaign_argument, common_options, emit, home_for, load
 from pilotrun.cli.main import cli
+from pilotrun.sheet.catalogue import BY_KEY
 
 
 @cli.command()
@@ -19,21 +20,23 @@ def env(home, as_json):
 
 @cli.command()
 @campaign_argument
-@click.option("--out", type=click.Path(dir_okay=False), default=None, help="also write the sheet as Markdown here")
+@click.option("--out", type=click.Path(dir_okay=False), default=None,
+              help="write the sheet as Markdown here, and the launch files next to it "
+                   "(STEM.commands.sh, STEM.sky.yaml, STEM.sbatch)")
 @click.option("--target-env", type=click.Path(dir_okay=False), default=None,
               help="a target machine's `pilotrun env --json` output: check the software stack against it")
+@click.option("--rates", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+              help="YAML of GPU → price per GPU-hour (optionally per plan): adds each plan's cost and the "
+                   "cheapest plan that places every run")
 @click.option("--gpu", default=None, metavar="KEY",
-              help="plan for this catalogue GPU (t4, rtx4090, l4, a10, l40s, a100-40gb, a100-80gb, h100-pcie, "
-                   "h100-sxm, h200); default: the target env's GPU, else the fastest of hardware.memory_per_gpu "
-                   "that fits, else the smallest that fits")
+              help="plan for this catalogue GPU (" + ", ".join(BY_KEY) + "); default: the target env's GPU, "
+                   "else the fastest of hardware.memory_per_gpu that fits, else the smallest that fits")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="override a campaign key (repeatable)")
 @common_options
-def sheet(campaign, out, target_env, gpu, sets, home, as_json):
-    """Selection sheet and rental time plan from the pilot's measurements."""
+def sheet(campaign, out, target_env, rates, gpu, sets, home, as_json):
+    """Selection sheet, rental time plan, costs and launch files from the pilot's measurements."""
     from pilotrun.stages.sheet import sheet_stage
 
     result = sheet_stage(load(campaign, sets), home_for(home, campaign), target_env_path=target_env, gpu=gpu,
-                         out=out)
-    if out and "written" in result.data:
-        click.echo(f"sheet written to {out}", err=True)
+                         out=out, rates_path=rates, sets=tuple(sets))
     return emit(result, as_json)

@@ -14,8 +14,11 @@ from pilotrun.cli.main import cli
               help="pick an interrupted sweep up: skip finished runs, rerun the others as new runs")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
               help="override a campaign key (repeatable); part of the frozen plan")
+@click.option("--ray", "ray_address", default=None, metavar="ADDRESS",
+              help="run each run as a task on this Ray cluster ('auto': the one this machine is attached to); "
+                   "the journal stays here")
 @common_options
-def sweep(campaign, continue_id, sets, home, as_json):
+def sweep(campaign, continue_id, sets, ray_address, home, as_json):
     """The control and each variant of `plan`, for every seed, each its own run; then the comparison."""
     from pilotrun.stages.sweep import sweep as run_sweep
 
@@ -23,11 +26,13 @@ def sweep(campaign, continue_id, sets, home, as_json):
 
     def on_run(r):
         again = f" (supersedes {r['supersedes']})" if r["supersedes"] else ""
+        node = r.get("node")
+        where = f" on node {node['node_id'][:8]} ({node['host']})" if node else ""
         click.echo(f"run {r['index']}/{r['of']}: {r['arm']} [{r['label']}] seed {r['seed']} → {r['run_id']} "
-                   f"{r['status']}{again}", err=True)
+                   f"{r['status']}{again}{where}", err=True)
 
     return emit(run_sweep(loaded, home_for(home, campaign), continue_id=continue_id, on_run=on_run,
-                          sets=tuple(sets)), as_json)
+                          sets=tuple(sets), ray_address=ray_address), as_json)
 
 
 @cli.command()

@@ -40,47 +40,85 @@ def home_for(home: str | None, campaign: str | None = None):
 
 
 def console(as_json: bool):
+    """Human output: stdout, or stderr under --json. A terminal's width is its own; a pipe or a file is
+    given a width no line reaches, so a log is never wrapped at 80 (PILOTRUN_WIDTH sets one)."""
+    import os
+
+    file = sys.stderr if as_json else sys.stdout
+    width = None
+    if os.environ.get("PILOTRUN_WIDTH", "").isdigit():
+        width = int(os.environ["PILOTRUN_WIDTH"])
+    elif not _isatty(file):
+        width = UNWRAPPED
+    return _console_class()(file=file, highlight=False, soft_wrap=False, width=width)
+
+
+@functools.cache
+def _console_class():
     from rich.console import Console
 
-    return Console(file=sys.stderr if as_json else sys.stdout, highlight=False, soft_wrap=False)
+    class QuietOnBrokenPipe(Console):
+        def on_broken_pipe(self) -> None:  # rich exits 1; cli.main.run turns this into a quiet exit 0
+            self.quiet = True
+            raise BrokenPipeError
+
+    return QuietOnBrokenPipe
+
+
+UNWRAPPED = 10_000
+
+
+def _isatty(file) -> bool:
+    try:
+        return bool(file.isatty())
+    except (AttributeError, ValueError):
+        return False
 
 
 def live_renderer(as_json: bool):
     """A callback that renders each stage result as soon as it is ready."""
     from pilotrun.report.terminal import render_result
 
+    from pilotrun.report.safe import safe
+
     con = console(as_json)
-    return lambda r: render_result(r, con)
+    return lambda r: render_result(safe(r), con)
 
 
-def emit(results, as_json: bool, *, extra: dict | None = None, rendered: bool = False) -> int:
-    """Render stage results (human on stdout, or JSON on stdout and human on stderr); return the exit code.
+def _verb() -> str | None:
+    ctx = click.get_current_context(silent=True)
+    return ctx.info_name if ctx is not None else None
 
-    Several results (``all``) end with one summary table.
-    """
+
+def emit(results, as_json: bool, *, rendered: bool = False) -> int:
+    """Render stage results (human on stdout, or the JSON envelope on stdout and human on stderr);
+    return the exit code. Several results (``all``) end with one summary table."""
+    from pilotrun.cli.envelope import for_results, write
+    from pilotrun.report.safe import safe
     from pilotrun.report.terminal import render_result, render_summary
     from pilotrun.stages.result import exit_code
 
     results = results if isinstance(results, list) else [results]
     con = console(as_json)
+    shown = safe(results)  # control characters in record excerpts, names, labels are printed escaped
     if not rendered:
-        for r in results:
+        for r in shown:
             render_result(r, con)
     if len(results) > 1:
-        render_summary(results, con)
+        render_summary(shown, con)
+    code = exit_code(results)
     if as_json:
-        payload = results[0].to_json() if len(results) == 1 else {"stages": [r.to_json() for r in results]}
-        if extra:
-            payload.update(extra)
-        click.echo(json.dumps(payload, indent=2, default=str))
-    return exit_code(results)
+        write(for_results(results, _verb(), code))
+    return code
 
 
-def emit_data(data, as_json: bool, render) -> int:
-    """For journal verbs: JSON of the data, or a human rendering of it."""
+def emit_data(data, as_json: bool, render, summary: str = "") -> int:
+    """For journal verbs: the envelope with ``data`` (and a human rendering on stderr), or the rendering."""
+    from pilotrun.cli.envelope import envelope, write
+
+    from pilotrun.report.safe import safe
+
+    render(console(as_json), safe(data))  # notes, run names ... printed with control characters escaped
     if as_json:
-        click.echo(json.dumps(data, indent=2, default=str))
-        render(console(True), data)
-    else:
-        render(console(False), data)
+        write(envelope(exit_code=EXIT_OK, verb=_verb(), verdict="ok", summary=summary, data=data))
     return EXIT_OK

@@ -37,7 +37,7 @@ for _name in COMMAND_MODULES:
     importlib.import_module(_name)
 
 
-def _internal_error(exc: BaseException) -> int:
+def _internal_error(exc: BaseException) -> tuple[int, str]:
     fd, path = tempfile.mkstemp(prefix="pilotrun-error-", suffix=".txt")
     with os.fdopen(fd, "w") as f:
         traceback.print_exception(type(exc), exc, exc.__traceback__, file=f)
@@ -45,33 +45,75 @@ def _internal_error(exc: BaseException) -> int:
                f"  the traceback is in {path}; please attach it (and `pilotrun env`) to a bug report", err=True)
     if os.environ.get("PILOTRUN_DEBUG"):
         traceback.print_exception(type(exc), exc, exc.__traceback__)
-    return EXIT_INTERNAL
+    return EXIT_INTERNAL, path
+
+
+def _wants_json(argv: list[str]) -> bool:
+    args = argv[:argv.index("--")] if "--" in argv else argv
+    return "--json" in args
+
+
+def _verb_of(argv: list[str]) -> str | None:
+    return next((a for a in argv if a in cli.commands), None)
 
 
 def run(argv: list[str] | None = None) -> int:
-    """Run the CLI and return its exit code (tests call this; ``main`` exits with it)."""
+    """Run the CLI and return its exit code (tests call this; ``main`` exits with it). Under --json an
+    error is also written to stdout as the envelope (cli/envelope.py) with ``ok`` false."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    error = None
     try:
         rv = cli.main(args=argv, prog_name="pilotrun", standalone_mode=False)
+        return int(rv or 0)
     except click.exceptions.Exit as e:
         return int(e.exit_code)
+    except BrokenPipeError:
+        return _broken_pipe()
     except click.Abort:
         click.echo("pilotrun: aborted", err=True)
-        return 130
-    except click.UsageError as e:
+        code, error = 130, {"kind": "interrupted", "message": "aborted"}
+    except click.ClickException as e:  # usage errors included
         e.show()
-        return EXIT_BAD_INPUT
-    except click.ClickException as e:
-        e.show()
-        return EXIT_BAD_INPUT
+        code, error = EXIT_BAD_INPUT, {"kind": "usage", "message": e.format_message(), "where": None, "file": None,
+                                       "line": None, "key": _usage_key(e), "fix": "see `pilotrun --help`"}
     except BadInput as e:
         click.echo(f"pilotrun: error: {e}", err=True)
-        return EXIT_BAD_INPUT
+        from pilotrun.cli.envelope import error_info
+
+        code, error = EXIT_BAD_INPUT, error_info(e, "bad_input")
     except KeyboardInterrupt:
         click.echo("pilotrun: interrupted", err=True)
-        return 130
+        code, error = 130, {"kind": "interrupted", "message": "interrupted by the user (Ctrl-C)"}
     except Exception as e:  # anything else is our bug, not the user's input
-        return _internal_error(e)
-    return int(rv or 0)
+        code, path = _internal_error(e)
+        error = {"kind": "internal", "message": f"{type(e).__name__}: {e}", "traceback": path}
+    if _wants_json(argv):
+        from pilotrun.cli.envelope import envelope, write
+
+        try:
+            write(envelope(exit_code=code, verb=_verb_of(argv), summary=error["message"].splitlines()[0]
+                           if error.get("message") else "", error=error))
+        except BrokenPipeError:
+            return _broken_pipe()
+    return code
+
+
+def _usage_key(e: click.ClickException) -> str | None:
+    param = getattr(e, "param", None)
+    if param is not None:
+        return (param.opts[0] if getattr(param, "opts", None) else param.name)
+    return getattr(e, "option_name", None)
+
+
+def _broken_pipe() -> int:
+    """The reader of our output went away (``pilotrun runs | head``): not a failed check. Point stdout at
+    /dev/null so the interpreter's final flush does not complain either."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    return 0
 
 
 def main() -> None:

@@ -242,14 +242,17 @@ def split_checks(split: str, s: SplitScan, c) -> tuple[list[Check], dict[str, An
 
 def run_checks(task, loaded, splits=SPLITS) -> Report:
     """Encode every record of every split through ``task.encode`` and check what the loss sees."""
-    from pilotrun.data.labels import label_checks, scan_labels
+    from pilotrun.data.labels import label_checks, label_forms, scan_labels
+    from pilotrun.data.mixup import MixupScan
     from pilotrun.data.prefetch import batched
+    from pilotrun.data.unknown import UnknownScan
 
     c = loaded.campaign
     records = {s: task.records(s) for s in splits}
     records = {s: r for s, r in records.items() if r}
     scan_labels(task, records)  # unknown class names: bad input, all listed at once
-    checks, stats, scans = config_checks(c), {}, {}
+    checks, stats, scans = config_checks(c) + label_forms(task, records), {}, {}
+    mixup, unknown = MixupScan(c), UnknownScan(task)
     full_task = None
     with batched(task) as warm:
         for split, recs in records.items():
@@ -258,13 +261,17 @@ def run_checks(task, loaded, splits=SPLITS) -> Report:
                 chunk = recs[start:start + CHUNK]
                 warm(chunk)
                 for r in chunk:
-                    s.add(r, task.encode(r))
+                    e = task.encode(r)
+                    s.add(r, e)
+                    mixup.add(split, r, e)
+                    unknown.add(split, e)
             if s.reencode:
                 full_task = full_task or _untruncated(task, loaded)
                 s.finish(full_task)
     for split, s in scans.items():
         found, stats[split] = split_checks(split, s, c)
         checks += found
+    checks += mixup.checks() + unknown.checks()
     checks += label_checks(task, loaded, scans)
     return Report(checks, stats)
 

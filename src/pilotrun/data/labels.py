@@ -31,6 +31,50 @@ def scan_labels(task, records: dict[str, list]) -> None:
                        fix="add these classes to data.labels (in id order), or correct the records")
 
 
+def label_forms(task, records: dict[str, list]) -> list:
+    """Class labels written two ways: names (of data.labels) in one split, ids in another (or both in one).
+    A warning — unless a value reads as two different classes, a name whose digits are another class's id
+    (data.labels ["1", "2", "3"]: the name "1" is id 0, the id 1 is "2"), with both forms in the data:
+    then the splits disagree about what a class is, and it fails."""
+    from pilotrun.data.checks import Check
+    from pilotrun.tasks.seq_cls import as_id
+
+    if getattr(task, "kind", None) != "seq-cls" or not hasattr(task, "label2id"):
+        return []
+    name, label2id = task.c.data.label, task.label2id
+    forms: dict[str, dict[str, list]] = {}  # split -> form -> [(value, where)]
+    for split, recs in records.items():
+        for r in recs:
+            value = r.fields.get(name)
+            form = "name" if isinstance(value, str) and value in label2id else "id" if as_id(value) is not None \
+                else None
+            if form:
+                forms.setdefault(split, {}).setdefault(form, []).append((value, r.where))
+    named = {s: f["name"] for s, f in forms.items() if f.get("name")}
+    ided = {s: f["id"] for s, f in forms.items() if f.get("id")}
+    if not named or not ided:
+        return []
+    first_name = next(iter(named.values()))[0]
+    first_id = next(iter(ided.values()))[0]
+    how = (f"as class names in {', '.join(named)} (e.g. {first_name[0]!r} at {first_name[1]}) and as ids in "
+           f"{', '.join(ided)} (e.g. {first_id[0]!r} at {first_id[1]})")
+    clash = [(v, w) for recs in named.values() for v, w in recs if as_id(v) is not None and as_id(v) != label2id[v]]
+    if clash:
+        v, w = clash[0]
+        i = label2id[v]
+        other = task.labels[as_id(v)] if 0 <= as_id(v) < len(task.labels) else None
+        return [Check("label-forms", "fail",
+                      f"labels are written {how}, and the two readings disagree: {v!r} is the name of class {i} in "
+                      f"data.labels {task.labels}, while the id {as_id(v)} is class "
+                      + (f"{as_id(v)} ({other!r})" if other is not None else f"{as_id(v)}, which does not exist")
+                      + f" ({len(clash)} records read as names, first {w}) — write every split's labels one way "
+                      "(all names or all ids)", data={"named": list(named), "ids": list(ided), "clash": len(clash)})]
+    return [Check("label-forms", "warn",
+                  f"labels are written {how}; both read through data.labels {task.labels}, but a data set written "
+                  "two ways usually comes from two sources — check that id i means data.labels[i] in both",
+                  data={"named": list(named), "ids": list(ided)})]
+
+
 def model_id2label(c) -> dict[int, str] | None:
     """The id2label of a pretrained model folder, unless it holds only the generic LABEL_i names."""
     if not c.model.path:

@@ -8,9 +8,11 @@ unit) and dropped before the next, so memory holds no per-token objects and time
 
 from __future__ import annotations
 
+import functools
 import gc
 import hashlib
 import re
+import unicodedata
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import date, datetime
@@ -26,9 +28,32 @@ FEW = 3
 CHUNK = 4096
 
 
+@functools.cache
+def _punctuation() -> tuple[dict, dict]:
+    """Translation tables sending every Unicode punctuation character (categories P*) to a space: one for
+    ASCII text (the common case, translated fastest), one for the rest. Built once, on first use, from the
+    first two planes: the planes above hold ideographs and tags, no punctuation (and scanning all 1.1M code
+    points costs seconds)."""
+    every = {i: " " for i in range(0x20000) if unicodedata.category(chr(i)).startswith("P")}
+    return {i: " " for i in every if i < 128}, every
+
+
 def normalise(text: str) -> str:
-    """Case and whitespace do not make two texts different (split() drops any run of whitespace)."""
-    return " ".join(text.split()).casefold()
+    """The text leakage compares: Unicode NFKC (full-width and compatibility forms to their plain letters),
+    case folded, every punctuation character (Unicode category P*: quotes, dashes, commas, ellipses …) turned
+    into a space, and any run of whitespace into one space. A copy whose punctuation was retyped, removed or
+    made typographic (" → “ ”, ' → ’, -- → —) is then the same text; symbols (+, =, $) and digits stay, since
+    they change meaning. Shingles are word 3-grams of this text."""
+    ascii_table, table = _punctuation()
+    if text.isascii():
+        return " ".join(text.translate(ascii_table).casefold().split())
+    return " ".join(unicodedata.normalize("NFKC", text).casefold().translate(table).split())
+
+
+def exact_key(normalised: str) -> str:
+    """What the exact hash covers: the normalised text without its spaces, so punctuation removed next to a
+    space (``"a,b"`` for ``"a, b"``) or inside a word (``"its"`` for ``"it's"``) is still the same record."""
+    return normalised.replace(" ", "")
 
 
 def text_of(c):
@@ -107,7 +132,8 @@ def reduce_split(c, split: str, chunks) -> SplitUnits:
             _require(records, d.period_by, "data.period_by", path)
             periods += [r.fields[d.period_by] for r in records]
         texts = [normalise(text(r)) for r in records]
-        digests.append(np.fromiter((_digest(t) if t else 0 for t in texts), dtype=np.uint64, count=len(texts)))
+        digests.append(np.fromiter((_digest(exact_key(t)) if t else 0 for t in texts), dtype=np.uint64,
+                                   count=len(texts)))
         sigs += [minhash.signatures(texts[i:i + CHUNK]) for i in range(0, len(texts), CHUNK)]
         where += [r.where for r in records]
     digest = np.concatenate(digests) if digests else np.empty(0, np.uint64)
@@ -158,7 +184,8 @@ def exact_duplicates(a: SplitUnits, b: SplitUnits) -> Check | None:
         first_a.setdefault(int(a.digest[i]), int(i))
     pairs = [f"{_unit(b, j)} = {_unit(a, first_a[int(b.digest[j])])}" for j in hit[:FEW]]
     return Check("exact-duplicates", "fail", f"{_share(hit.size, b.digest.size)} {b.split} units repeat a {a.split} "
-                 f"unit exactly after normalising case and whitespace, e.g. {'; '.join(pairs)}", b.split,
+                 f"unit exactly after normalising Unicode (NFKC), case, punctuation and whitespace, e.g. "
+                 f"{'; '.join(pairs)}", b.split,
                  {"count": int(hit.size), "pairs": pairs})
 
 

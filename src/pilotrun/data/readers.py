@@ -17,6 +17,7 @@ from typing import Any
 from pilotrun.errors import BadInput
 
 FORMATS = (".jsonl", ".json", ".csv", ".parquet")
+_CSV_FIELD_LIMIT = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,9 @@ def _decode(raw: bytes, path: Path) -> str:
 def read_records(path: str | Path) -> list[Record]:
     path = Path(path)
     if not path.exists():
+        if path.is_symlink():
+            raise BadInput("a symlink that leads nowhere (a loop, or its target is missing)", where=str(path),
+                           fix="point the key at the data file itself")
         raise BadInput("data file not found", where=str(path), fix="check the path (relative to the campaign file)")
     if path.is_dir():
         raise BadInput("is a folder, not a data file", where=str(path), fix=f"point at one of {', '.join(FORMATS)}")
@@ -51,7 +55,13 @@ def read_records(path: str | Path) -> list[Record]:
     if suffix == ".parquet":
         records = _read_parquet(path)
     else:
-        text = _decode(path.read_bytes(), path)
+        try:
+            raw = path.read_bytes()
+        except OSError as e:  # no permission, a special file, an I/O error
+            raise BadInput(f"cannot read the data file: {e.strerror or e}", where=str(path),
+                           fix="check its permissions (`ls -l`): the user running pilotrun must be able to read it"
+                           ) from None
+        text = _decode(raw, path)
         if suffix == ".jsonl":
             records = _read_jsonl(text, path)
         elif suffix == ".json":
@@ -65,7 +75,9 @@ def read_records(path: str | Path) -> list[Record]:
 
 def _read_jsonl(text: str, path: Path) -> list[Record]:
     out = []
-    for n, line in enumerate(text.splitlines(), start=1):
+    # records end at "\n" only: str.splitlines would also split inside a string holding U+2028 or U+0085
+    for n, line in enumerate(text.split("\n"), start=1):
+        line = line.removesuffix("\r")
         if not line.strip():
             continue
         try:
@@ -101,13 +113,24 @@ def _read_json(text: str, path: Path) -> list[Record]:
 
 
 def _read_csv(text: str, path: Path) -> list[Record]:
+    csv.field_size_limit(_CSV_FIELD_LIMIT)  # the default (128 KiB) refuses long documents
     reader = csv.reader(io.StringIO(text, newline=""))
     try:
         header = next(reader)
     except StopIteration:
         return []
+    except csv.Error as e:
+        raise BadInput(f"invalid CSV: {e}", where=f"{path}:1", fix="write the header as comma-separated names") from None
     out = []
-    for row in reader:
+    rows = iter(reader)
+    while True:
+        try:
+            row = next(rows)
+        except StopIteration:
+            break
+        except csv.Error as e:
+            raise BadInput(f"invalid CSV: {e}", where=f"{path}:{reader.line_num}",
+                           fix="quote fields that hold commas, quotes or line breaks") from None
         line = reader.line_num
         if not any(cell.strip() for cell in row):
             continue

@@ -16,6 +16,7 @@ import contextlib
 import math
 import os
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -68,15 +69,17 @@ class TrainState:
     initial_loss: float | None = None
     best_metric: float | None = None
     evals_without_improvement: int = 0
+    attempts: int = 0  # updates tried, skipped ones included: the key of the journal's "skipped" rows
 
     def counters(self) -> dict:
         return {"update": self.update, "examples_seen": self.examples_seen, "initial_loss": self.initial_loss,
                 "best_metric": self.best_metric, "evals_without_improvement": self.evals_without_improvement,
-                "total_updates": self.total_updates}
+                "total_updates": self.total_updates, "attempts": self.attempts}
 
     def load_counters(self, d: dict) -> None:
         for k in ("update", "examples_seen", "initial_loss", "best_metric", "evals_without_improvement"):
             setattr(self, k, d[k])
+        self.attempts = int(d.get("attempts", self.update))  # states saved before attempts were counted
 
     @property
     def lr(self) -> float:
@@ -143,13 +146,18 @@ def run_update(state: TrainState, task, micro_batches: list[list], *, max_grad_n
     else:  # measure without clipping, so the gradients stay as accumulated
         grads = [p.grad.detach().norm() for p in params if p.grad is not None]
         grad_norm = float(torch.stack(grads).norm()) if grads else 0.0
-    if step and finite:
-        if state.scaler is not None:
-            state.scaler.step(opt)
-            state.scaler.update()
-        else:
-            opt.step()
-        state.scheduler.step()
+    why = "non-finite loss"
+    if finite and state.scaler is None and not math.isfinite(grad_norm):
+        # a finite loss with inf/NaN gradients would write NaN into every weight; with a scaler it is an overflow
+        finite, why = False, f"non-finite gradient norm ({grad_norm}) with a finite loss"
+    skipped = None
+    if step:
+        state.attempts += 1
+        skipped = _step(state, finite, why)
+        if finite:  # an fp16 overflow counts as an update, as in torch's AMP recipe: the schedule moves on
+            with warnings.catch_warnings():  # torch's "lr_scheduler.step() before optimizer.step()": the skip is ours
+                warnings.simplefilter("ignore", UserWarning)
+                state.scheduler.step()
     if zero_grad:
         opt.zero_grad(set_to_none=True)
     n_examples = int(all_reduce_sum(sum(len(mb) for mb in micro_batches), state.device))
@@ -157,7 +165,31 @@ def run_update(state: TrainState, task, micro_batches: list[list], *, max_grad_n
         state.update += 1
         state.examples_seen += n_examples
     return {"loss": loss, "targets": int(total_targets), "grad_norm": grad_norm, "lr": lr, "finite": finite,
-            "examples": n_examples}
+            "examples": n_examples, "skipped": skipped, "attempt": state.attempts,
+            **({} if finite else {"why": why})}
+
+
+def _step(state: TrainState, finite: bool, why: str) -> str | None:
+    """The optimizer step of one update, or its skip; returns why it was skipped (None when it stepped).
+
+    With a grad scaler, ``update()`` runs after every unscaled update, skipped or not: it is what lowers the
+    scale after an overflow and resets the scaler for the next ``unscale_`` (an update left out makes the next
+    one raise "unscale_() has already been called"). ``scaler.step`` itself skips when the gradients hold
+    inf/NaN; a non-finite loss never steps, even where its gradients happen to be finite."""
+    scaler, opt = state.scaler, state.optimizer
+    if scaler is None:
+        if finite:
+            opt.step()
+        return None if finite else why
+    before = float(scaler.get_scale())
+    if finite:
+        scaler.step(opt)
+    scaler.update()
+    after = float(scaler.get_scale())
+    scale = f"fp16 loss scale {before:g} → {after:g}"
+    if not finite:
+        return f"{why}; {scale}"
+    return f"inf/NaN gradients (fp16 overflow); {scale}" if after < before else None
 
 
 def evaluate(state: TrainState, task, examples: list, batch_size: int) -> dict:
@@ -191,6 +223,7 @@ class LoopResult:
     history: list[dict] = field(default_factory=list)
     evals: list[dict] = field(default_factory=list)
     wall_s: float = 0.0
+    skipped: list[dict] = field(default_factory=list)  # updates whose optimizer step was skipped, and why
 
 
 @dataclass
@@ -265,6 +298,7 @@ def train(state: TrainState, task, train_examples: list, val_examples: list, t, 
         return bool(patience and state.evals_without_improvement >= patience)
 
     def loop() -> None:
+        in_a_row = 0  # consecutive updates with a non-finite loss
         if state.update == 0:
             with _out_of_memory_ends_run("the validation before update 1"):
                 do_eval()
@@ -282,6 +316,10 @@ def train(state: TrainState, task, train_examples: list, val_examples: list, t, 
                        ids=[[e.rid for e in mb] for mb in micro_batches],
                        epoch=state.sampler.epoch)
             result.history.append(out)
+            if out["skipped"]:
+                result.skipped.append({"attempt": out["attempt"], "update": out["update"], "loss": out["loss"],
+                                       "kind": "non-finite" if not out["finite"] else "overflow",
+                                       "reason": out["skipped"], "ids": [i for mb in out["ids"] for i in mb]})
             if state.initial_loss is None and out["finite"]:
                 state.initial_loss = out["loss"]
             if hooks.on_update:
@@ -290,9 +328,18 @@ def train(state: TrainState, task, train_examples: list, val_examples: list, t, 
                 progress(state, out)
             if not out["finite"]:
                 if t.stop.on_nan:
-                    result.status, result.reason = "diverged", f"loss is {out['loss']} at update {out['update']}"
+                    result.status, result.reason = "diverged", (
+                        f"loss is {out['loss']} at update {out['update']}" if not math.isfinite(out["loss"])
+                        else f"gradient norm is {out['grad_norm']} at update {out['update']} (loss {out['loss']:.4g})")
+                    break
+                in_a_row += 1
+                if in_a_row >= max(state.sampler.updates_per_epoch, 2):  # never a hang on data that is all inf
+                    result.status = "diverged"
+                    result.reason = (f"{in_a_row} updates in a row (an epoch) had a non-finite loss, the last at "
+                                     f"update {out['update']}; train.stop.on_nan=false skips such updates one at a time")
                     break
                 continue
+            in_a_row = 0
             factor = t.stop.diverge_factor
             if factor and state.initial_loss and out["loss"] > factor * state.initial_loss:
                 result.status = "diverged"

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from pilotrun.journal.files import (MANIFEST, commit_dir, kill_point, listed_files, remove_stale_temps, temp_path,
-                                    verify_manifest, write_manifest)
+                                    reading_weights, verify_manifest, write_manifest, writing)
 
 COMPONENTS = ("model", "optimizer", "scheduler", "scaler", "rng", "sampler", "counters")
 
@@ -58,41 +58,42 @@ def save_state(state, path: str | Path, *, skip: tuple[str, ...] = ()) -> Path:
         import shutil
 
         shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    if "model" not in skip:
-        if sharded is not None:
-            save_file(_unshare(sharded[0]), str(tmp / "model.safetensors"))
-        else:
-            save_model(_unwrap(state.model), str(tmp / "model.safetensors"))
-        kill_point("model")
-    if "optimizer" not in skip:
-        torch.save(sharded[1] if sharded is not None else state.optimizer.state_dict(), tmp / "optimizer.pt")
-        kill_point("optimizer")
-    if "scheduler" not in skip:
-        (tmp / "scheduler.json").write_text(json.dumps(state.scheduler.state_dict()))
-        kill_point("scheduler")
-    if "scaler" not in skip and state.scaler is not None:
-        (tmp / "scaler.json").write_text(json.dumps(state.scaler.state_dict()))
-        kill_point("scaler")
-    if "rng" not in skip:
-        tensors = {"torch": torch.get_rng_state()}
-        if torch.cuda.is_available():
-            for i, s in enumerate(torch.cuda.get_rng_state_all()):
-                tensors[f"cuda{i}"] = s
-        save_file(tensors, str(tmp / "rng.safetensors"))
-        py = random.getstate()
-        (tmp / "rng.json").write_text(json.dumps({"python": [py[0], list(py[1]), py[2]],
-                                                  "numpy": _np_state_to_json(np.random.get_state())}))
-        kill_point("rng")
-    if "sampler" not in skip:
-        (tmp / "sampler.json").write_text(json.dumps(state.sampler.state_dict()))
-        kill_point("sampler")
-    if "counters" not in skip:
-        (tmp / "counters.json").write_text(json.dumps(state.counters()))
-        kill_point("counters")
-    write_manifest(tmp, {"kind": "pilotrun-checkpoint", "components": [c for c in COMPONENTS if c not in skip]})
-    kill_point("manifest")
-    commit_dir(tmp, path)
+    with writing(path, tmp):  # a failed save leaves no temp; a full disk is exit 2 naming the checkpoint
+        tmp.mkdir(parents=True)
+        if "model" not in skip:
+            if sharded is not None:
+                save_file(_unshare(sharded[0]), str(tmp / "model.safetensors"))
+            else:
+                save_model(_unwrap(state.model), str(tmp / "model.safetensors"))
+            kill_point("model")
+        if "optimizer" not in skip:
+            torch.save(sharded[1] if sharded is not None else state.optimizer.state_dict(), tmp / "optimizer.pt")
+            kill_point("optimizer")
+        if "scheduler" not in skip:
+            (tmp / "scheduler.json").write_text(json.dumps(state.scheduler.state_dict()))
+            kill_point("scheduler")
+        if "scaler" not in skip and state.scaler is not None:
+            (tmp / "scaler.json").write_text(json.dumps(state.scaler.state_dict()))
+            kill_point("scaler")
+        if "rng" not in skip:
+            tensors = {"torch": torch.get_rng_state()}
+            if torch.cuda.is_available():
+                for i, s in enumerate(torch.cuda.get_rng_state_all()):
+                    tensors[f"cuda{i}"] = s
+            save_file(tensors, str(tmp / "rng.safetensors"))
+            py = random.getstate()
+            (tmp / "rng.json").write_text(json.dumps({"python": [py[0], list(py[1]), py[2]],
+                                                      "numpy": _np_state_to_json(np.random.get_state())}))
+            kill_point("rng")
+        if "sampler" not in skip:
+            (tmp / "sampler.json").write_text(json.dumps(state.sampler.state_dict()))
+            kill_point("sampler")
+        if "counters" not in skip:
+            (tmp / "counters.json").write_text(json.dumps(state.counters()))
+            kill_point("counters")
+        write_manifest(tmp, {"kind": "pilotrun-checkpoint", "components": [c for c in COMPONENTS if c not in skip]})
+        kill_point("manifest")
+        commit_dir(tmp, path)
     barrier()
     return path
 
@@ -166,7 +167,8 @@ def load_state(state, path: str | Path) -> list[str]:
                                "with weights_only=False") from None
     restored = []
     if (path / "model.safetensors").is_file():
-        load_model(_unwrap(state.model), str(path / "model.safetensors"))
+        with reading_weights(path / "model.safetensors", "checkpoint's model weights"):
+            load_model(_unwrap(state.model), str(path / "model.safetensors"))
         restored.append("model")
     if opt_state is not None:
         state.optimizer.load_state_dict(opt_state)
@@ -178,7 +180,8 @@ def load_state(state, path: str | Path) -> list[str]:
         state.scaler.load_state_dict(json.loads((path / "scaler.json").read_text()))
         restored.append("scaler")
     if (path / "rng.safetensors").is_file():
-        t = load_file(str(path / "rng.safetensors"))
+        with reading_weights(path / "rng.safetensors", "checkpoint's random states"):
+            t = load_file(str(path / "rng.safetensors"))
         torch.set_rng_state(t["torch"])
         cuda = [t[k] for k in sorted(k for k in t if k.startswith("cuda"))]
         if cuda and torch.cuda.is_available():

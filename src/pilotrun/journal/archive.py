@@ -14,10 +14,11 @@ import os
 import shutil
 import tarfile
 import time
+import zlib
 from pathlib import Path, PurePosixPath
 
 from pilotrun.errors import BadInput
-from pilotrun.journal.files import temp_path
+from pilotrun.journal.files import temp_path, writing
 
 
 def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
@@ -31,6 +32,7 @@ def pack(journal, run_id: str, out: str | Path) -> dict:
     from pilotrun.stages.runs import write_run_readme
 
     run = journal.require_run(run_id)
+    run_id = run["run_id"]
     run_dir = journal.run_dir(run_id)
     if not run_dir.is_dir():
         raise BadInput(f"run {run_id} has no folder at {run_dir}", where="RUN_ID", fix="see `pilotrun show RUN_ID`")
@@ -88,20 +90,58 @@ def _check_member(m: tarfile.TarInfo) -> None:
                        fix="refused: an archive written by pilotrun never has such a member")
 
 
+def _check_layout(members: list[tarfile.TarInfo], target: Path) -> None:
+    """Refuse, before anything is written: a name that is both a file and a folder (or a file twice), and
+    members that would not fit in the free space where they are unpacked (an archive bomb)."""
+    files: set[PurePosixPath] = set()
+    dirs: set[PurePosixPath] = set()
+    for m in members:
+        p = PurePosixPath(m.name)
+        dirs.update(p.parents)
+        if m.isdir():
+            dirs.add(p)
+        elif p in files:
+            raise BadInput(f"archive member '{m.name}' appears twice", where=m.name,
+                           fix="refused: an archive written by pilotrun holds each file once")
+        else:
+            files.add(p)
+    both = sorted(files & dirs)
+    if both:
+        raise BadInput(f"archive member '{both[0]}' is both a file and a folder", where=str(both[0]),
+                       fix="refused: an archive written by pilotrun never has such members")
+    total = sum(m.size for m in members if m.isfile())
+    free = shutil.disk_usage(target).free
+    if total > free:
+        big = max((m for m in members if m.isfile()), key=lambda m: m.size)
+        raise BadInput(f"the archive unpacks to {total:,} bytes (largest member '{big.name}', {big.size:,} bytes) but "
+                       f"only {free:,} bytes are free in {target}", where=str(target),
+                       fix="free space there or extract elsewhere; an archive that unpacks to far more than "
+                           "its own size may be an archive bomb")
+
+
+def _members(tar: tarfile.TarFile, archive: Path) -> list[tarfile.TarInfo]:
+    try:
+        return tar.getmembers()
+    except (tarfile.TarError, EOFError, zlib.error, OSError) as e:
+        raise BadInput(f"the archive is damaged or truncated ({e})", where=str(archive),
+                       fix="copy it again from its source (a complete .tar.gz from pilotrun archive)") from None
+
+
 def extract(archive: str | Path, target: str | Path) -> list[Path]:
     """Unpack into ``target`` after checking every member; nothing is written when one is refused."""
     archive, target = Path(archive), Path(target)
     try:
         tar = tarfile.open(archive, "r:*")
-    except (tarfile.TarError, OSError) as e:
+    except (tarfile.TarError, EOFError, zlib.error, OSError) as e:
         raise BadInput(f"cannot read the archive: {e}", where=str(archive), fix="pass a .tar.gz from pilotrun archive")
     with tar:
-        members = tar.getmembers()
+        members = _members(tar, archive)
         for m in members:
             _check_member(m)
         # "./" (what `tar -C dir .` writes first) is the target folder itself: nothing to create
         members = [m for m in members if PurePosixPath(m.name).parts]
         target.mkdir(parents=True, exist_ok=True)
+        _check_layout(members, target)
         staging = target / f".extract-{os.getpid()}"
         staging.mkdir()
         written = []
@@ -112,9 +152,12 @@ def extract(archive: str | Path, target: str | Path) -> list[Path]:
                     dest.mkdir(parents=True, exist_ok=True)
                     continue
                 dest.parent.mkdir(parents=True, exist_ok=True)
-                src = tar.extractfile(m)
-                with open(dest, "wb") as f:
-                    shutil.copyfileobj(src, f)
+                with writing(dest), open(dest, "wb") as f:
+                    try:
+                        shutil.copyfileobj(tar.extractfile(m), f)
+                    except (tarfile.TarError, EOFError, zlib.error) as e:
+                        raise BadInput(f"the archive is damaged or truncated at member '{m.name}' ({e})",
+                                       where=str(archive), fix="copy it again from its source") from None
                 os.chmod(dest, 0o644)
                 written.append(PurePosixPath(m.name))
             for top in sorted({PurePosixPath(m.name).parts[0] for m in members}):

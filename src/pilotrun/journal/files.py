@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import functools
 import hashlib
 import json
@@ -9,11 +10,16 @@ import os
 import shutil
 import signal
 import sys
+from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, Callable, Iterator, TypeVar
+
+from pilotrun.errors import BadInput, DiskFull
 
 MANIFEST = "manifest.json"
 KILL_ENV = "PILOTRUN_TEST_KILL_SAVE_AT"  # test switch only: see kill_point
+FULL_ENV = "PILOTRUN_TEST_ENOSPC_AT"  # test switch only: see full_point
+T = TypeVar("T")
 
 
 def kill_point(step: str) -> None:
@@ -22,6 +28,99 @@ def kill_point(step: str) -> None:
     save cut short anywhere leaves the last complete checkpoint loadable. Never set it outside tests."""
     if os.environ.get(KILL_ENV) == step:
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def full_point(step: str, path: str | Path) -> None:
+    """Test switch: ``$PILOTRUN_TEST_ENOSPC_AT=STEP`` raises the OSError a full disk raises (ENOSPC) at that
+    step (``artifact``: the exported artifact, written but not yet renamed), for tests on machines where
+    no small file system can be mounted. Never set it outside tests."""
+    if os.environ.get(FULL_ENV) == step:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+
+
+def is_disk_full(exc: BaseException, where: str | Path | None = None) -> bool:
+    """Whether a failed write ran out of space. safetensors and torch.save wrap the OSError in their own
+    errors (torch's says only "unexpected pos"), so when ``where`` is given, a file system with almost
+    nothing left counts too."""
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    text = str(exc)
+    if "No space left on device" in text or "os error 28" in text or "Disk quota exceeded" in text:
+        return True
+    if where is not None and isinstance(exc, (OSError, RuntimeError)):
+        p = Path(where)
+        while not p.exists() and p != p.parent:
+            p = p.parent
+        try:
+            st = os.statvfs(p)
+        except OSError:
+            return False
+        return st.f_bavail * st.f_frsize < (1 << 20)
+    return False
+
+
+def _remove(p: Path) -> None:
+    if p.is_dir() and not p.is_symlink():
+        shutil.rmtree(p, ignore_errors=True)
+    else:
+        try:
+            p.unlink(missing_ok=True)
+        except OSError:  # a read-only folder: there is no temporary to remove either
+            pass
+
+
+@contextmanager
+def writing(final: str | Path, tmp: str | Path | None = None) -> Iterator[None]:
+    """Around a write of ``final`` (through ``tmp``): on any failure ``tmp`` is removed, and a full disk
+    becomes :class:`pilotrun.errors.DiskFull` naming ``final`` (exit 2)."""
+    try:
+        yield
+    except BaseException as e:
+        if tmp is not None:
+            _remove(Path(tmp))
+        if isinstance(e, Exception) and not isinstance(e, BadInput) and is_disk_full(e, tmp or final):
+            raise DiskFull(final) from None
+        if isinstance(e, OSError) and e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+            raise BadInput(f"cannot write {final}: {e.strerror}", where=str(final),
+                           fix="write it on a writable disk (--out, or --home), or fix the folder's permissions"
+                           ) from None
+        raise
+
+
+def write_dir_atomically(final: str | Path, write: Callable[[Path], T]) -> T:
+    """``write(tmp)`` fills a hidden temporary folder beside ``final``, which is then fsynced and renamed
+    into place (like a checkpoint): a kill or a full disk never leaves ``final`` half-written."""
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(final.parent)
+    tmp = temp_path(final)
+    if tmp.exists():
+        _remove(tmp)
+    with writing(final, tmp):
+        tmp.mkdir()
+        result = write(tmp)
+        full_point(final.name, final)
+        kill_point(final.name)
+        commit_dir(tmp, final)
+    return result
+
+
+@contextmanager
+def reading_weights(path: str | Path, what: str = "weights") -> Iterator[None]:
+    """Around loading safetensors from ``path`` (a file, or a folder of them): any safetensors error (a
+    truncated file, a pickle renamed .safetensors) is exit 2 naming the file, not an internal error."""
+    try:
+        yield
+    except Exception as e:
+        if type(e).__name__ != "SafetensorError":
+            raise
+        p = Path(path)
+        if p.is_dir():  # name the file itself where the folder holds one
+            files = sorted(p.glob("*.safetensors"))
+            p = files[0] if len(files) == 1 else p
+        raise BadInput(f"cannot read the {what}: not a valid safetensors file ({e}); nothing was loaded",
+                       where=str(p), fix="the file is damaged or is not safetensors (a renamed pickle?): use a "
+                                         "checkpoint or artifact written by pilotrun, or write it again") from None
 
 
 @functools.cache
@@ -83,11 +182,12 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_path(path)
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    with writing(path, tmp):
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
     fsync_dir(path.parent)
 
 

@@ -107,6 +107,13 @@ CREATE TRIGGER IF NOT EXISTS sweeps_immutable BEFORE UPDATE ON sweeps
 BEGIN SELECT RAISE(ABORT, 'a sweep plan is frozen'); END;
 """
 
+SCHEMA_VERSION = 1
+"""Stamped in the file as ``PRAGMA user_version``; bump it (and add a step to MIGRATIONS) with any change
+to SCHEMA. A journal stamped higher is refused before anything is written to it."""
+MIGRATIONS: dict[int, str] = {
+    0: "",  # journals written before the stamp: the schema is the same, only the stamp is new
+}
+
 FINAL = ("completed", "diverged", "stopped", "failed", "interrupted")
 
 
@@ -162,17 +169,23 @@ class Journal:
     """One journal per home folder. Connections are short-lived and every write is a transaction."""
 
     def __init__(self, home: str | Path, *, create: bool = True):
+        """``create=False``: a reading verb. The journal must exist; on a home that cannot be written (a
+        read-only file system) it is opened read-only. A writing verb there is exit 2."""
+        from pilotrun.journal.versions import check_home, open_checked
+
         self.home = Path(home)
         self.path = self.home / "journal.sqlite"
+        self.read_only = False
         if not create and not self.path.exists():
             from pilotrun.errors import BadInput
 
             raise BadInput(f"no journal at {self.path}", where="--home",
                            fix="pass the --home of an earlier run, or run a stage first")
-        self.home.mkdir(parents=True, exist_ok=True)
-        with self.connect() as db:
-            db.executescript(SCHEMA)
-        self.reap_interrupted()
+        writable = check_home(self.home, reading=not create)
+        self.read_only = not writable
+        open_checked(self, SCHEMA, SCHEMA_VERSION, MIGRATIONS)
+        if not self.read_only:
+            self.reap_interrupted()
 
     @property
     def runs_dir(self) -> Path:
@@ -183,14 +196,25 @@ class Journal:
 
     @contextmanager
     def connect(self) -> Iterator[sqlite3.Connection]:
-        db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
+        from pilotrun.journal.versions import as_bad_input, connect_read_only
+
+        if self.read_only:
+            db = connect_read_only(self.path)
+        else:
+            db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
         db.row_factory = sqlite3.Row
         try:
-            db.execute("PRAGMA busy_timeout=30000")
-            _wal(db)
-            db.execute("PRAGMA synchronous=NORMAL")
-            db.execute("PRAGMA foreign_keys=ON")
+            if not self.read_only:
+                db.execute("PRAGMA busy_timeout=30000")
+                _wal(db)
+                db.execute("PRAGMA synchronous=NORMAL")
+                db.execute("PRAGMA foreign_keys=ON")
             yield db
+        except sqlite3.DatabaseError as e:
+            bad = as_bad_input(e, self.path)
+            if bad is None:
+                raise
+            raise bad from None
         finally:
             db.close()
 
@@ -217,10 +241,8 @@ class Journal:
                    seed: int | None, git_rev: str | None, packages: dict, data: dict, trust_remote_code: bool,
                    supersedes: str | None = None, sweep_id: str | None = None, arm: str | None = None,
                    command: str | None = None, status: str = "running") -> str:
-        if supersedes is not None and self.get_run(supersedes) is None:
-            from pilotrun.errors import BadInput
-
-            raise BadInput(f"run {supersedes} does not exist", where="--supersedes", fix="see `pilotrun runs`")
+        if supersedes is not None:
+            supersedes = self.resolve_run_id(supersedes, where="--supersedes")
         for _ in range(10):
             run_id = new_run_id()
             try:
@@ -262,14 +284,18 @@ class Journal:
             row = db.execute("SELECT * FROM runs WHERE run_id=?", (run_id,)).fetchone()
         return _run_dict(row) if row else None
 
-    def require_run(self, run_id: str) -> dict:
-        run = self.get_run(run_id)
-        if run is None:
-            from pilotrun.errors import BadInput
+    def require_run(self, run_id: str, *, where: str = "RUN_ID") -> dict:
+        """The run whose id is ``run_id`` or starts with it (a unique prefix, as git takes hashes)."""
+        return self.get_run(self.resolve_run_id(run_id, where=where))  # type: ignore[return-value]
 
-            raise BadInput(f"run {run_id} does not exist in {self.path}", where="RUN_ID",
-                           fix="list runs with `pilotrun runs` (and pass the same --home)")
-        return run
+    def resolve_run_id(self, prefix: str, *, where: str = "RUN_ID") -> str:
+        """The full id of the one run whose id starts with ``prefix``; bad input (exit 2) naming the
+        candidates when none or several do."""
+        return _resolve_prefix(self, "runs", "run_id", prefix, where=where, what="run",
+                               extra="kind, name, status, created_at")
+
+    def resolve_sweep_id(self, prefix: str, *, where: str = "SWEEP_ID") -> str:
+        return _resolve_prefix(self, "sweeps", "sweep_id", prefix, where=where, what="sweep", extra="created_at")
 
     def list_runs(self, *, kind: str | None = None, sweep_id: str | None = None, name: str | None = None) -> list[dict]:
         q, args = "SELECT * FROM runs WHERE 1=1", []
@@ -330,7 +356,7 @@ class Journal:
 
     def add_note(self, text: str, run_id: str | None = None, decision: bool = False) -> int:
         if run_id is not None:
-            self.require_run(run_id)
+            run_id = self.resolve_run_id(run_id, where="--run")
         with self.transaction() as db:
             cur = db.execute("INSERT INTO notes (run_id, text, decision, created_at) VALUES (?,?,?,?)",
                              (run_id, text, int(decision), now()))
@@ -374,3 +400,30 @@ def _run_dict(row: sqlite3.Row) -> dict:
         v = d.pop(k)
         d[k.removesuffix("_json")] = json.loads(v) if v else None
     return d
+
+
+def _resolve_prefix(journal: Journal, table: str, col: str, prefix: str, *, where: str, what: str,
+                    extra: str) -> str:
+    from pilotrun.errors import BadInput
+
+    prefix = (prefix or "").strip()
+    if not prefix:
+        raise BadInput(f"an empty {what} id", where=where, fix=f"pass a {what} id (or a unique prefix of one); "
+                                                             "see `pilotrun runs`")
+    with journal.connect() as db:
+        exact = db.execute(f"SELECT {col} FROM {table} WHERE {col}=?", (prefix,)).fetchone()
+        if exact is not None:
+            return exact[0]
+        rows = db.execute(f"SELECT {col}, {extra} FROM {table} WHERE substr({col}, 1, ?)=? ORDER BY {col} LIMIT 21",
+                          (len(prefix), prefix)).fetchall()
+    if not rows:
+        raise BadInput(f"{what} {prefix} does not exist in {journal.path} (no {what} id starts with it)", where=where,
+                       fix="list them with `pilotrun runs` (and pass the same --home)")
+    if len(rows) > 1:
+        shown = [" ".join(str(r[k]) for k in r.keys() if r[k] is not None) for r in rows[:20]]
+        more = "more than 20" if len(rows) > 20 else str(len(rows))
+        err = BadInput(f"{what} id prefix {prefix!r} is ambiguous: {more} {what}s match\n    " + "\n    ".join(shown),
+                       where=where, fix="type more characters of the id")
+        err.candidates = [r[0] for r in rows[:20]]
+        raise err
+    return rows[0][0]

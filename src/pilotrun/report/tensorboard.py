@@ -18,7 +18,7 @@ def export_tensorboard(journal, run_id: str, out_dir) -> dict:
     except ImportError as e:
         raise BadInput(f"TensorBoard export needs the tensorboard package ({e})", where="--tensorboard",
                        fix="pip install tensorboard") from None
-    journal.require_run(run_id)
+    run_id = journal.require_run(run_id)["run_id"]
     target = Path(out_dir) / run_id
     metrics = journal.metrics(run_id)
     phases = journal.phase_rows(run_id)

@@ -2,96 +2,91 @@
 
 from __future__ import annotations
 
-import json
-
 from pilotrun.probe.sizes import fmt_bytes
+from pilotrun.sheet.plan import fmt_duration
+from pilotrun.report.table import cell, print_wrapped, render_table, wrap
 
 STYLE = {"ok": "bold green", "warn": "bold yellow", "fail": "bold red"}
 
 
 def _fmt(v) -> str:
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    if isinstance(v, (dict, list)):
-        return json.dumps(v, default=str)
-    return "" if v is None else str(v)
+    return cell(v)
 
 
 def render_result(r, con) -> None:
-    from rich.table import Table
+    from rich.text import Text
 
-    con.print(f"[{STYLE[r.verdict]}]{r.verdict.upper():4}[/] [bold]{r.stage}[/]: {r.summary}")
+    head = f"{r.verdict.upper():4} {r.stage}: "
+    lines = wrap(head + r.summary, max(int(con.width), 20), "", hang=5)
+    first = Text(lines[0])
+    first.stylize(STYLE[r.verdict], 0, 4)
+    first.stylize("bold", 5, len(head) - 2)
+    con.print(first, highlight=False)
+    for line in lines[1:]:
+        con.print(line, markup=False, highlight=False)
     for m in r.messages:
-        con.print(f"     {m}", markup=False)
+        print_wrapped(con, m, "     ")
     if r.rows and r.columns:
-        table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
-        for c in r.columns:
-            table.add_column(c)
-        for row in r.rows:
-            cells = []
-            for c in r.columns:
-                v = row.get(c)
-                cells.append(f"[{STYLE[v]}]{v}[/]" if c == "verdict" and v in STYLE else _fmt(v))
-            table.add_row(*cells)
-        con.print(table)
+        render_table(con, r.columns, r.rows)
 
 
 def render_summary(results, con) -> None:
-    from rich.table import Table
-
-    table = Table(title="rehearsal summary", show_header=True, header_style="bold")
-    table.add_column("stage")
-    table.add_column("verdict")
-    table.add_column("summary")
-    for r in results:
-        table.add_row(r.stage, f"[{STYLE[r.verdict]}]{r.verdict}[/]", r.summary)
-    con.print(table)
+    rows = [{"stage": r.stage, "verdict": r.verdict, "summary": r.summary} for r in results]
+    render_table(con, ["stage", "verdict", "summary"], rows, title="rehearsal summary")
 
 
-RUN_COLUMNS = ("run_id", "kind", "name", "status", "updates_done", "examples_seen", "created_at", "supersedes")
+RUN_COLUMNS = ("run_id", "kind", "name", "status", "updates", "examples", "created_at", "supersedes")
 
 
 def render_runs(con, runs) -> None:
-    from rich.table import Table
-
+    """Every run id whole (a prefix of it is what the other verbs take)."""
     if not runs:
         con.print("no runs yet")
         return
-    table = Table(show_header=True, header_style="bold", box=None)
-    for c in RUN_COLUMNS:
-        table.add_column(c.replace("_done", "").replace("_", " "))
-    for r in runs:
-        table.add_row(*(_fmt(r.get(c)) for c in RUN_COLUMNS))
-    con.print(table)
+    rows = [{"run_id": r["run_id"], "kind": r.get("kind"), "name": r.get("name"), "status": r.get("status"),
+             "updates": r.get("updates_done"), "examples": r.get("examples_seen"),
+             "created_at": (r.get("created_at") or "").replace("T", " ")[:19], "supersedes": r.get("supersedes")}
+            for r in runs]
+    render_table(con, RUN_COLUMNS, rows)
 
 
 def render_run(con, data) -> None:
     run = data["run"]
-    con.print(f"[bold]run {run['run_id']}[/] ({run['kind']}, {run['name']}): [bold]{run['status']}[/]")
+    from rich.markup import escape
+
+    con.print(f"[bold]run {escape(run['run_id'])}[/] ({escape(run['kind'])}, {escape(run['name'])}): "
+              f"[bold]{escape(run['status'])}[/]")
     for k in ("created_at", "ended_at", "updates_done", "examples_seen", "seed", "config_sha256", "git_rev",
               "supersedes", "sweep_id", "command"):
         if run.get(k) is not None:
-            con.print(f"  {k}: {run[k]}", markup=False)
+            print_wrapped(con, f"{k}: {run[k]}", "  ")
     if run.get("trust_remote_code"):
         con.print("  trust_remote_code: ON (model code from the model folder ran)")
     summary = run.get("summary") or {}
     for k, v in summary.items():
         if k not in ("arithmetic", "memory_bound", "timing", "counts"):
-            con.print(f"  {k}: {_fmt(v)}", markup=False)
+            print_wrapped(con, f"{k}: {_fmt(v)}", "  ")
     if summary.get("timing"):
         flat = {k: v for k, v in summary["timing"].items() if isinstance(v, (int, float))}
-        flat.update({f"{k} blocks_s": v for k, v in (summary["timing"].get("blocks_s") or {}).items()})
-        con.print("  timing: " + ", ".join(f"{k} {v:.3g}" for k, v in flat.items()), markup=False)
+        flat.update({f"{k} blocks": v for k, v in (summary["timing"].get("blocks_s") or {}).items()})
+        print_wrapped(con, "timing: " + ", ".join(f"{k.removesuffix('_s')} {fmt_duration(v)}" for k, v in flat.items()),
+                      "  ")
     if summary.get("memory_bound"):
         from pilotrun.stages.train import bound_lines
 
         for line in bound_lines(summary["memory_bound"]):
             con.print(f"  {line}", style="yellow" if line.startswith("WARNING") else None, markup=False)
+    loss = data.get("train_loss")
+    if loss:
+        print_wrapped(con, f"training loss ({loss['updates']} updates logged): first {_loss(loss['first'])}, "
+                           f"last {_loss(loss['last'])}, lowest {_loss(loss['min'])} at update {loss['min_step']}"
+                           + (f"; {loss['non_finite']} not finite" if loss.get("non_finite") else ""), "  ")
+    elif data.get("train_updates"):
+        print_wrapped(con, f"training loss: {data['train_updates']} updates logged", "  ")
     if data["validation"]:
         # SQLite keeps a NaN as NULL: a None value is a loss that was not a number
-        pts = ", ".join(f"{m['step']}: {'nan' if m['value'] is None else format(m['value'], '.4f')}"
-                        for m in data["validation"] if m["name"] == "val_loss")
-        con.print(f"  validation ({data['train_updates']} updates logged): {pts}", markup=False)
+        pts = ", ".join(f"{m['step']}: {_loss(m['value'])}" for m in data["validation"] if m["name"] == "val_loss")
+        print_wrapped(con, f"validation: {pts}", "  ")
     if data["phases"]:
         con.print(f"  phase rows: {len(data['phases'])}")
         for p in data["phases"]:
@@ -99,11 +94,25 @@ def render_run(con, data) -> None:
             both = p.get("counter") == "tensors+rss" and p.get("peak_allocated") is not None
             shown = (f"  peak tensors {fmt_bytes(p['peak_allocated'])}, RSS {fmt_bytes(p.get('peak_reserved'))}" if both
                      else f"  peak {fmt_bytes(peak)} ({p.get('counter')})" if peak is not None else "")
-            con.print(f"    {p['phase']:17} rank {p['rank']} {p['verdict']:11} {_fmt(p['duration_s'])}s" + shown
-                      + (f"  — {p['note']}" if p.get("note") and p["phase"].startswith("observed_") else ""),
-                      markup=False)
+            print_wrapped(con, f"{p['phase']:19} rank {p['rank']} {p['verdict']:11} {fmt_duration(p['duration_s']):>8}"
+                          + shown + (f"  — {p['note']}" if p.get("note") and p["verdict"] != "ok" else ""), "    ")
     for n in data["notes"]:
-        con.print(f"  {'decision' if n['decision'] else 'note'} {n['id']}: {n['text']}", markup=False)
+        print_wrapped(con, f"{'decision' if n['decision'] else 'note'} {n['id']}: {n['text']}", "  ")
     if data["files"]:
-        con.print(f"  files ({len(data['files'])}): " + ", ".join(data["files"][:12]) +
-                  (" …" if len(data["files"]) > 12 else ""), markup=False)
+        print_wrapped(con, f"files ({len(data['files'])}): " + ", ".join(data["files"][:12]) +
+                      (" …" if len(data["files"]) > 12 else ""), "  ")
+
+
+def _loss(v) -> str:
+    return "nan" if v is None else format(v, ".4f")
+
+
+def train_loss_summary(points: list[dict]) -> dict | None:
+    """First, last and lowest training loss of a run's logged points (a NULL value: not finite)."""
+    if not points:
+        return None
+    finite = [m for m in points if m["value"] is not None]
+    low = min(finite, key=lambda m: m["value"]) if finite else None
+    return {"updates": len(points), "first": points[0]["value"], "last": points[-1]["value"],
+            "min": low["value"] if low else None, "min_step": low["step"] if low else None,
+            "non_finite": len(points) - len(finite)}

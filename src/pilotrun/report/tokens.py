@@ -9,7 +9,9 @@ STYLES = {"trained": ("black on green3", "black on spring_green2"),
 
 
 def _piece(text: str) -> str:
-    return text.replace("\n", "↵").replace("\t", "⇥").replace(" ", "·") or "∅"
+    from pilotrun.report.safe import escape_controls  # a record's ESC or BEL is shown, never sent
+
+    return escape_controls(text.replace("\n", "↵").replace("\t", "⇥").replace(" ", "·")) or "∅"
 
 
 def legend():
@@ -38,13 +40,17 @@ def _mask_runs(mask: list[int]) -> str:
 
 
 def render_examples(examples: list[dict], con, split: str) -> None:
+    from rich.markup import escape
     from rich.table import Table
     from rich.text import Text
 
+    from pilotrun.report.safe import safe
+
+    examples = safe(examples)  # records' text, labels and names: control characters printed escaped
     con.print(f"[bold]{len(examples)} {split} examples as the loss sees them[/]")
     con.print(legend())
     for e in examples:
-        con.print(f"\n[bold]{e['rid']}[/]", highlight=False)
+        con.print(f"\n[bold]{escape(e['rid'])}[/]", highlight=False)
         text = Text()
         for k, (_, piece, kind) in enumerate(e["tokens"]):
             text.append(_piece(piece), style=STYLES[kind][k % 2])
@@ -59,7 +65,7 @@ def render_examples(examples: list[dict], con, split: str) -> None:
             con.print(table)
         else:
             head = e.get("head_label")
-            same = "" if head == e.get("label") else f"  [bold red]≠ model id2label name '{head}'[/]"
+            same = "" if head == e.get("label") else f"  [bold red]≠ model id2label name '{escape(str(head))}'[/]"
             con.print(f"text: {e['text']}", markup=False, highlight=False)
-            con.print(f"label: [bold]{e.get('label')}[/] (id {e['label_id']}); the model's config.id2label names "
-                      f"id {e['label_id']} '{head}'{same}", highlight=False)
+            con.print(f"label: [bold]{escape(str(e.get('label')))}[/] (id {e['label_id']}); the model's config.id2label "
+                      f"names id {e['label_id']} '{escape(str(head))}'{same}", highlight=False)

@@ -11,12 +11,6 @@ import math
 GiB = 2**30
 DAY_S = 86400.0
 
-# Memory margin over the highest measured peak. 10%: allocator fragmentation over a long run and
-# batch-to-batch variation the single worst-case pass may not have hit. 1 GiB: the CUDA context and
-# library workspaces (cuBLAS, NCCL buffers: 0.3-0.6 GiB per process) that torch's counters never see.
-MARGIN_FRACTION = 0.10
-MARGIN_BYTES = 1 * GiB
-
 # CPU → GPU time extrapolation. A CPU's peak rate cannot be known from here (cores, AVX-512/AMX, a
 # machine shared with others), so no fixed "CPU reference rate" is defensible; instead the measured
 # step's work is counted exactly (parameters × tokens) and divided by the target's datasheet rate at
@@ -42,10 +36,6 @@ def source(row: dict) -> str:
     return f"run {row.get('run_id')} phase {row['phase']} rank {row.get('rank', 0)} (row {row.get('id')})"
 
 
-def with_margin(peak: int) -> int:
-    return int(math.ceil(peak * (1 + MARGIN_FRACTION))) + MARGIN_BYTES
-
-
 def phase_peaks(rows: list[dict]) -> dict[str, dict]:
     """Per phase, the row with the highest peak over all ranks (rows without a peak only if nothing else)."""
     out: dict[str, dict] = {}
@@ -56,57 +46,26 @@ def phase_peaks(rows: list[dict]) -> dict[str, dict]:
     return out
 
 
-def memory_need(rows: list[dict]) -> dict:
-    """The highest peak over all phases and ranks, plus the margin; which phase and inputs set it."""
-    measured = [r for r in rows if row_peak(r) is not None]
-    if not measured:
-        return {"peak": None, "need": None, "phase": None}
-    top = max(measured, key=row_peak)
-    peak = row_peak(top)
-    return {"peak": peak, "need": with_margin(peak), "phase": top["phase"], "rank": top.get("rank", 0),
-            "inputs": top.get("inputs", {}), "device": top.get("device"), "counter": top.get("counter"),
-            "source": source(top), "unmeasured": sorted({r["phase"] for r in rows if r["verdict"] in NOT_MEASURED}),
-            "margin": f"peak × (1 + {MARGIN_FRACTION:g}) + {MARGIN_BYTES / GiB:g} GiB"}
+# The growth of a phase over its baseline smaller than this is inside the counter's noise: RSS moves by
+# pages the allocator keeps or returns (tens of MiB); CUDA's counters by the allocator's 2 MiB segments.
+NOISE_BYTES = {"rss": 64 * 2**20, "cuda": 2 * 2**20}
 
 
-def fit_table(rows: list[dict], gpus, *, needs_bf16: bool) -> list[dict]:
-    """Per catalogue GPU and phase: does the phase's peak plus the margin fit the GPU's memory."""
-    peaks = phase_peaks(rows)
-    table = []
-    for g in gpus:
-        cells, over, unknown = {}, [], []
-        for name, r in peaks.items():
-            if r["verdict"] in NOT_MEASURED or row_peak(r) is None:
-                cells[name] = f"not measured ({r['verdict']})"
-                unknown.append(name)
-            elif with_margin(row_peak(r)) <= g.memory_bytes:
-                cells[name] = "fits"
-            else:
-                cells[name] = "does not fit"
-                over.append(name)
-        no_bf16 = needs_bf16 and not g.bf16
-        if over:
-            verdict = "does not fit: " + ", ".join(over)
-        elif no_bf16:
-            verdict = f"does not fit: no bf16 (compute capability {g.compute_capability} < 8.0)"
-        elif unknown:
-            verdict = "unknown: " + ", ".join(unknown) + " not measured"
-        else:
-            verdict = "fits"
-        table.append({"gpu": g.key, "name": g.name, "memory_bytes": g.memory_bytes, "phases": cells,
-                      "fits": verdict == "fits", "verdict": verdict})
-    return table
-
-
-def largest_micro_batch(row: dict, memory_bytes: int, batch_key: str = "micro_batch") -> int | None:
-    """Linear extrapolation of the batch that fits: the phase's growth over its baseline is taken as
-    proportional to the batch (activations), the baseline (weights, optimizer state) as fixed."""
+def largest_by_growth(row: dict, limit: int, batch_key: str = "micro_batch") -> dict:
+    """The fallback when the estimator cannot run: the measured growth over the phase's baseline taken
+    as proportional to the batch. Only CUDA counters qualify (RSS is not GPU memory), and only when
+    the growth is above the counter's noise; otherwise the answer says why there is no number."""
+    counter = row.get("counter") or "rss"
     peak, base, batch = row_peak(row), row.get("baseline"), (row.get("inputs") or {}).get(batch_key)
-    if peak is None or base is None or not batch or peak <= base:
-        return None
-    usable = (memory_bytes - MARGIN_BYTES) / (1 + MARGIN_FRACTION)
-    per_example = (peak - base) / batch
-    return max(0, int((usable - base) // per_example))
+    src = f"extrapolated from the measured growth ({source(row)})"
+    if counter != "cuda":
+        return {"value": None, "source": "cannot be extrapolated: the pilot measured CPU RSS, not GPU memory, "
+                                         "and the estimator could not run"}
+    if peak is None or base is None or not batch or peak - base < NOISE_BYTES["cuda"]:
+        return {"value": None, "source": f"cannot be extrapolated: the growth over the baseline is inside the "
+                                         f"counter's noise ({NOISE_BYTES['cuda'] // 2**20} MiB)"}
+    return {"value": max(0, int((limit - base) // ((peak - base) / batch))), "source": src,
+            "bound": "GPU memory", "at": ""}
 
 
 # --- the runs and their time --------------------------------------------------------------------
@@ -156,39 +115,60 @@ def unit_seconds(measured: dict[str, dict], *, source_gpu, target_gpu, precision
     if shape:
         units.update(update=shape["update"], eval_batch=shape["eval_batch"])
         steady = shape["update"]
-    scaling = {"kind": "measured", "ratio": 1.0, "text": "measured on the target GPU: not scaled"}
+    passes = (work or {}).get("passes_update") or 1
+    floor_up = GPU_FLOOR_S_PER_PASS * passes
+    scaling = {"kind": "measured", "ratio": 1.0, "text": "measured on the target GPU: not scaled",
+               "latency_bound": bool(work) and steady <= 1.5 * floor_up}
     if target_gpu is None or source_gpu is None:
         what = "no target GPU" if target_gpu is None else "a CUDA device that is not in the catalogue"
-        scaling = {"kind": "not scaled", "ratio": 1.0, "text": f"measured on {what}: times shown as measured"}
+        scaling = {"kind": "not scaled", "ratio": 1.0, "text": f"measured on {what}: times shown as measured",
+                   "latency_bound": False}
     elif source_gpu == "cpu":
         rate = target_gpu.rate_tflops(precision) * 1e12 * ASSUMED_MFU
         if rate <= 0 or not work or not work.get("params"):
-            scaling = {"kind": "not scaled", "ratio": 1.0,
+            scaling = {"kind": "not scaled", "ratio": 1.0, "latency_bound": False,
                        "text": "measured on CPU; no parameter count or target rate: CPU times shown as measured"}
         else:
             f_up = flops_per_update(work["params"], work["trainable"], work["tokens_update"], work["checkpointing"])
             f_ev = 2 * work["params"] * work["tokens_eval"]
-            t_up = max(f_up / rate, GPU_FLOOR_S_PER_PASS * work["passes_update"])
+            t_up = max(f_up / rate, floor_up)
             t_ev = max(f_ev / rate, GPU_FLOOR_S_PER_PASS)
             ratio = t_up / steady if steady else 0.0
             units.update(update=t_up, first_extra=units["first_extra"] * ratio, eval_batch=t_ev)
             scaling = {"kind": "extrapolated from CPU", "ratio": ratio, "flops_update": f_up, "flops_eval": f_ev,
                        "cpu_tflops": f_up / steady / 1e12 if steady else None,
                        "target_tflops": target_gpu.rate_tflops(precision), "mfu": ASSUMED_MFU,
+                       "rate": target_gpu.rate_label(precision), "latency_bound": f_up / rate <= floor_up,
+                       "floor_s": floor_up, "compute_s": f_up / rate,
                        "text": (f"EXTRAPOLATION from a CPU measurement: {f_up:.3g} FLOPs per update (parameters × "
-                                f"tokens) at {ASSUMED_MFU:.0%} of the {target_gpu.name}'s "
-                                f"{target_gpu.rate_tflops(precision):g} TFLOPS ({precision}), at least "
-                                f"{GPU_FLOOR_S_PER_PASS * 1e3:g} ms per pass; ratio to the CPU time "
+                                f"tokens) at an assumed {ASSUMED_MFU:.0%} efficiency of the {target_gpu.name}'s "
+                                f"{target_gpu.rate_tflops(precision):g} TFLOPS ({target_gpu.rate_label(precision)}), "
+                                f"at least {GPU_FLOOR_S_PER_PASS * 1e3:g} ms per pass; ratio to the CPU time "
                                 f"{ratio:.3g} (the CPU ran at {f_up / steady / 1e12:.3g} TFLOPS)")}
     elif source_gpu.key != target_gpu.key:
         compute = source_gpu.rate_tflops(precision) / max(target_gpu.rate_tflops(precision), 1e-9)
         memory = source_gpu.bandwidth_gbs / target_gpu.bandwidth_gbs
         ratio = max(compute, memory)  # the smaller speed-up: a step is bound by one of the two
-        for k in ("update", "first_extra", "eval_batch"):
-            units[k] *= ratio
+        # calibrated on the measured seconds: the per-pass launch floor does not shrink on a faster card
+        fixed = min(steady, floor_up) if work else 0.0
+        scaled = {k: units[k] for k in ("update", "first_extra", "eval_batch")}
+        units["update"] = fixed + (steady - fixed) * ratio
+        units["first_extra"] = scaled["first_extra"] * ratio
+        ev_fixed = min(scaled["eval_batch"], GPU_FLOOR_S_PER_PASS) if work else 0.0
+        units["eval_batch"] = ev_fixed + (scaled["eval_batch"] - ev_fixed) * ratio
+        eff = None
+        if work and work.get("params") and steady > fixed:
+            f_up = flops_per_update(work["params"], work["trainable"], work["tokens_update"], work["checkpointing"])
+            eff = f_up / ((steady - fixed) * source_gpu.rate_tflops(precision) * 1e12)
         scaling = {"kind": "estimate", "ratio": ratio, "compute_ratio": compute, "bandwidth_ratio": memory,
-                   "text": (f"ESTIMATE: measured on {source_gpu.name}, scaled to {target_gpu.name} by {ratio:.3g} "
-                            f"(the larger of the rate ratio {compute:.3g} and the bandwidth ratio {memory:.3g})")}
+                   "calibrated_on": source_gpu.key, "measured_efficiency": eff, "fixed_s": fixed,
+                   "latency_bound": bool(work) and steady <= 1.5 * floor_up,
+                   "text": (f"ESTIMATE calibrated on the {source_gpu.name}'s measured {steady:.3g} s per update"
+                            + (f" (its measured efficiency: {eff:.1%} of the {source_gpu.rate_tflops(precision):g} "
+                               f"TFLOPS {source_gpu.rate_label(precision)})" if eff is not None else "")
+                            + f": scaled to the {target_gpu.name} by {ratio:.3g} (the larger of the rate ratio "
+                            f"{compute:.3g} and the bandwidth ratio {memory:.3g})"
+                            + (f", the {fixed * 1e3:.3g} ms launch floor per update kept as is" if fixed else ""))}
     return {"units": units, "scaling": scaling}
 
 
@@ -245,3 +225,28 @@ def fmt_duration(s: float | None) -> str:
     if s < 2 * DAY_S:
         return f"{s / 3600:.1f} h"
     return f"{s / DAY_S:.2f} days"
+
+
+HOST_TERMS = ("load", "checkpoints", "export", "reload check")
+
+
+def time_reasons(scaling: dict, terms: list[dict], campaign_s: list[float]) -> list[str]:
+    """Why the time is what it is, when a floor sets it: latency per pass, or host work a GPU does not speed up.
+    ``campaign_s``: the campaign's time on every catalogue GPU that fits."""
+    out = []
+    per_run = sum(t["seconds"] for t in terms) or 1.0
+    if scaling.get("latency_bound"):
+        same = bool(campaign_s) and max(campaign_s) <= 1.01 * min(campaign_s)
+        floor = scaling.get("floor_s")
+        out.append("This campaign is latency-bound: "
+                   + (f"an update takes the launch floor ({fmt_duration(floor)}: "
+                      f"{GPU_FLOOR_S_PER_PASS * 1e3:g} ms per pass), more than its arithmetic "
+                      f"({fmt_duration(scaling.get('compute_s'))} at the stated efficiency), so "
+                      if floor else "its measured update is at the per-pass launch floor, so ")
+                   + ("every catalogue GPU gives the same time." if same
+                      else "a faster GPU shortens it little."))
+    host = sum(t["seconds"] for t in terms if t["term"] in HOST_TERMS)
+    if host > 0.5 * per_run:
+        out.append(f"{host / per_run:.0%} of a run is loading, checkpoints, export and the reload check: host and "
+                   f"disk work, kept as measured, which a faster GPU does not shorten.")
+    return out

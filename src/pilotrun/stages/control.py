@@ -50,7 +50,9 @@ def load_control(path) -> dict:
     """{"rids": [...], "meta": {...}, "values": [tensor], "indices": [tensor]} from a control file."""
     from safetensors import safe_open
 
-    with safe_open(str(path), framework="pt") as f:
+    from pilotrun.journal.files import reading_weights
+
+    with reading_weights(path, "stored control predictions"), safe_open(str(path), framework="pt") as f:
         md = f.metadata() or {}
         rids = json.loads(md.get("rids", "[]"))
         values = [f.get_tensor(f"{i}.values") for i in range(len(rids))]

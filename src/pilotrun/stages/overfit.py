@@ -206,6 +206,7 @@ def overfit(loaded, home, *, examples: int = 8, max_updates: int = 150, prep=Non
     from pilotrun.engine.distributed import default_device
     from pilotrun.engine.loop import Hooks, make_state, train
     from pilotrun.journal.store import Journal
+    from pilotrun.stages.plateau import plateau_causes
     from pilotrun.stages.prepare import prepare
     from pilotrun.stages.runs import RunRecorder
 
@@ -257,7 +258,8 @@ def overfit(loaded, home, *, examples: int = 8, max_updates: int = 150, prep=Non
                 checks = prediction_check(task, model, chosen, device)
                 if not checks["teacher_forced_wrong"] and not checks["generation_wrong"]:
                     break
-        failed = [res.reason] if status == "failed" else _diagnose(history, checks, state, mt)
+        failed = [res.reason] if status == "failed" else _diagnose(history, checks, state, mt,
+                                                                   causes=lambda: plateau_causes(task, chosen, model))
         summary = {"verdict": "fail" if failed or acc["verdict"] == "fail" else acc["verdict"],
                    "accumulation": acc, "setting": setting, "updates": state.update,
                    "first_loss": history[0]["loss"] if history else None,
@@ -277,7 +279,7 @@ def overfit(loaded, home, *, examples: int = 8, max_updates: int = 150, prep=Non
     return _result(acc, msgs + failed, data, failed, rows)
 
 
-def _diagnose(history: list[dict], checks: dict, state, mt) -> list[str]:
+def _diagnose(history: list[dict], checks: dict, state, mt, causes=None) -> list[str]:
     """Why the loop did not memorise, from what it recorded; empty when it did."""
     if not history:
         return ["no update ran"]
@@ -294,9 +296,10 @@ def _diagnose(history: list[dict], checks: dict, state, mt) -> list[str]:
                f"the parameters barely move at lr {mt.lr:.2e}: check that the optimizer holds the model's parameters")
         return [f"loss flat at its start value: {first:.4f} → {last:.4f} over {state.update} updates; {why}"]
     if last >= LOSS_THRESHOLD:
+        listed = causes() if causes else ["capacity: raise --max-updates, check the model's size and data.max_length"]
         return [f"loss fell from {first:.4f} to {last:.4f} in {state.update} updates but not under {LOSS_THRESHOLD}: "
-                "the model cannot memorise these examples at this setting — raise --max-updates, check "
-                "the model's capacity and data.max_length"]
+                f"the model cannot memorise these examples at this setting; likely causes, most evidence first: "
+                + "; ".join(listed)]
     if checks.get("teacher_forced_wrong"):
         rid, n, of = checks["teacher_forced_wrong"][0]
         return [f"loss {last:.4f} is under {LOSS_THRESHOLD} but argmax misses {n} of {of} targets of {rid} "

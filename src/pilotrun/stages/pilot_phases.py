@@ -309,10 +309,10 @@ def _sync(device) -> None:
 
 
 def export_artifact(task, model, out_dir: Path, rank: int, strategy: str) -> list[str]:
-    """Rank 0 writes the artifact; under FSDP every rank first helps gather the full weights."""
-    import shutil
-
+    """Rank 0 writes the artifact (into a temporary folder renamed when complete); under FSDP every rank
+    first helps gather the full weights."""
     from pilotrun.engine.distributed import barrier, broadcast_from_rank0
+    from pilotrun.journal.files import write_dir_atomically
 
     if strategy == "fsdp":
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
@@ -322,14 +322,12 @@ def export_artifact(task, model, out_dir: Path, rank: int, strategy: str) -> lis
         if rank == 0:
             plain = task.build_model()
             plain.load_state_dict(full)
-            written = task.save_artifact(plain, out_dir)
+            written = write_dir_atomically(out_dir, lambda tmp: task.save_artifact(plain, tmp))
         barrier()
         return broadcast_from_rank0(written)
     written = []
     if rank == 0:
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        written = task.save_artifact(_unwrap(model), out_dir)
+        written = write_dir_atomically(out_dir, lambda tmp: task.save_artifact(_unwrap(model), tmp))
     barrier()
     return broadcast_from_rank0(written)
 

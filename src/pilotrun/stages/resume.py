@@ -106,8 +106,45 @@ def _loss_equal(a: float, b: float, exact: bool) -> bool:
     return a == b if exact else abs(a - b) <= LOSS_RTOL * max(abs(a), abs(b), 1e-12)
 
 
-def first_difference(ref: list[dict], resumed: list[dict], at: int, exact: bool) -> str | None:
-    """The first update after ``at`` where the resumed run leaves the reference, and what it implicates."""
+def task_random_state(task) -> list[str]:
+    """The random generators a task object keeps as its own attributes (``self.rng = np.random.default_rng()``,
+    a ``random.Random``, a ``torch.Generator``): a saved state holds the global RNGs, not these."""
+    import random
+
+    import numpy as np
+
+    kinds = [(random.Random, "random.Random"), (np.random.Generator, "numpy Generator"),
+             (np.random.RandomState, "numpy RandomState")]
+    try:
+        import torch
+
+        kinds.append((torch.Generator, "torch.Generator"))
+    except ImportError:  # pragma: no cover - torch is a dependency; a task may still be plain Python
+        pass
+    found = []
+    for name, value in sorted(vars(task).items()):
+        kind = next((k for t, k in kinds if isinstance(value, t)), None)
+        if kind:
+            found.append(f"self.{name} ({kind})")
+    return found
+
+
+def custom_task_note(c, task) -> str | None:
+    """For a custom Python task, the candidate a loss difference also implicates: its own random state."""
+    if c.task in ("causal-lm", "seq-cls"):
+        return None
+    found = task_random_state(task)
+    what = (", ".join(found) if found else
+            "any generator it keeps and draws from in encode, collate or loss (augmentation, sampling, masking)")
+    return (f"the custom task {c.task}'s own random state ({what}): the saved state holds torch's, Python's and "
+            "numpy's global RNGs, not a task's own generators — draw from the global RNGs, or derive the "
+            "generator from the example and the update")
+
+
+def first_difference(ref: list[dict], resumed: list[dict], at: int, exact: bool,
+                     task_note: str | None = None) -> str | None:
+    """The first update after ``at`` where the resumed run leaves the reference, and what it implicates;
+    ``task_note`` names a custom task's own random state as one more candidate for a loss difference."""
     expected = ref[at:]
     for i, r in enumerate(expected):
         u = r["update"]
@@ -130,6 +167,8 @@ def first_difference(ref: list[dict], resumed: list[dict], at: int, exact: bool)
             got, want = _fmt_pair(s["loss"], r["loss"])
             what = ("model weights or RNG state (dropout) not restored" if i == 0 else
                     "optimizer state (moments, step count) or the grad scaler not restored")
+            if task_note:
+                what += f"; or {task_note}"
             return f"loss at update {u} is {got}, reference {want}: {what}"
     return None
 
@@ -181,7 +220,8 @@ def resume(loaded, home, *, at: int | None = None, prep=None) -> StageResult:
                                   capture_output=True, text=True, env=dict(os.environ), timeout=3600)
             worker = json.loads(Path(spec["out"]).read_text()) if proc.returncode == 0 else None
         ref_h = _history(ref)
-        problem = first_difference(ref_h[:at], _history(stopped), 0, exact)
+        note = custom_task_note(c, prep.task)
+        problem = first_difference(ref_h[:at], _history(stopped), 0, exact, note)
         headline = None
         if ref.status != "completed":  # diverged or out of memory: it cannot show that a resume is exact
             headline = f"the reference run {ref.status}"
@@ -193,13 +233,16 @@ def resume(loaded, home, *, at: int | None = None, prep=None) -> StageResult:
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
             problem = f"the resumed process failed (exit {proc.returncode}): " + " | ".join(tail)
         else:
-            problem = first_difference(ref_h, worker["history"], at, exact)
+            problem = first_difference(ref_h, worker["history"], at, exact, note)
             if worker["status"] != "completed":
                 headline = f"the resumed run {worker['status']}"
                 problem = f"the resumed process's run {worker['status']}: {worker['reason']}"
             for h in worker["history"]:
                 rec.log("resumed", h["update"], {"loss": h["loss"], "lr": h["lr"]}, examples_seen=h["examples_seen"])
-        artifact = prep.task.save_artifact(ref_state.model, rec.dir / "artifact")
+        from pilotrun.journal.files import write_dir_atomically
+
+        artifact = write_dir_atomically(rec.dir / "artifact",
+                                        lambda tmp: prep.task.save_artifact(ref_state.model, tmp))
         store_control_predictions(rec, prep, ref_state.model)
         write_run_readme(rec.dir, journal.get_run(rec.run_id),
                          ["", f"A resume check: the artifact is the reference run's model after {total} updates."])

@@ -11,7 +11,9 @@ import sys
 import time
 from pathlib import Path
 
+from pilotrun.errors import DiskFull
 from pilotrun.journal.files import atomic_write_json, atomic_write_text
+from pilotrun.journal.files import is_disk_full as disk_full
 from pilotrun.journal.store import Journal
 from pilotrun.stages.prepare import run_provenance
 
@@ -94,6 +96,11 @@ class RunRecorder:
         if not self.finished:
             if exc_type is KeyboardInterrupt:
                 self.finish("interrupted", {"reason": "interrupted by the user (Ctrl-C)"})
+            elif isinstance(exc, DiskFull) or (exc is not None and disk_full(exc, self.dir)):
+                full = exc if isinstance(exc, DiskFull) else DiskFull(getattr(exc, "filename", None) or self.dir)
+                self.finish("interrupted", {"reason": str(full).splitlines()[0]})
+                if full is not exc:
+                    raise full from None
             elif exc_type is not None:
                 self.finish("failed", {"reason": f"{exc_type.__name__}: {exc}"})
             else:

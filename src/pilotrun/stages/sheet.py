@@ -69,13 +69,66 @@ def _rate_key(g, precision):
     return (g.memory_bytes, -g.rate_tflops(precision))
 
 
-def build_sheet(cfg: dict, journal, pilot: dict, *, target_env: dict | None = None, gpu: str | None = None) -> dict:
-    """Everything the sheet shows, as data; every number names its ledger row or constant."""
+def _prediction(loaded, rows: list[dict], sheet: dict):
+    """The encoded data (for the size caps and probes) and, for a pilot without CUDA counters, the
+    estimate's per-phase rows for CUDA; (None, None) with a problem named when they cannot be had."""
+    from pilotrun.sheet.gpu_memory import predict_rows
+    from pilotrun.stages.prepare import prepare
+
+    try:
+        prep = prepare(loaded, splits=("train", "validation"))
+        predicted = None if rows[0].get("counter") == "cuda" else predict_rows(loaded, prep)
+        return prep, predicted
+    except Exception as e:  # noqa: BLE001 - a campaign fake tensors cannot build is named, not fatal
+        if rows[0].get("counter") != "cuda":
+            sheet["problems"].append(
+                f"no GPU memory figure: the pilot ran on CPU (its RSS is not GPU memory) and `pilotrun estimate` "
+                f"could not predict it ({type(e).__name__}: {e}); pilot on one GPU, or fix what stops the estimate")
+        return None, None
+
+
+def _largest(loaded, prep, rows, target, kind, ranks, t, c) -> dict:
+    """The largest sizes on ``target``: bisection over the estimator, else the measured growth, else why not."""
+    from pilotrun.sheet.gpu_memory import reserved_limit
+    from pilotrun.sheet.sizes import largest_sizes
+
+    peaks = P.phase_peaks(rows)
+    su = (peaks.get("steady_step") or {}).get("inputs", {})
+    ev = (peaks.get("eval_longest") or {}).get("inputs", {})
+    if prep is not None:
+        try:
+            return largest_sizes(loaded, prep, reserved_limit(target, "predicted", ranks),
+                                 micro_batch=t.micro_batch, eval_batch=t.eval_batch,
+                                 seq_len=su.get("seq_len") or c.data.max_length,
+                                 eval_seq_len=ev.get("seq_len") or c.data.max_length)
+        except Exception as e:  # noqa: BLE001 - fall back to the measured growth, saying why
+            why = f"{type(e).__name__}: {e}"
+    else:
+        why = "the data could not be prepared"
+    limit = reserved_limit(target, "measured", ranks)
+    out = {}
+    for name, phase, key in (("micro_batch", "steady_step", "micro_batch"), ("eval_batch", "eval_longest",
+                                                                            "eval_batch"),
+                             ("seq_len", "steady_step", "seq_len")):
+        r = peaks.get(phase)
+        out[name] = P.largest_by_growth(r, limit, key) if r else {"value": None, "source": f"no {phase} row"}
+        out[name]["fallback"] = f"the estimator could not run ({why})"
+    return out
+
+
+def build_sheet(cfg: dict, journal, pilot: dict, *, target_env: dict | None = None, gpu: str | None = None,
+                rates: dict | None = None, predict: bool = True) -> dict:
+    """Everything the sheet shows, as data; every number names its ledger row, prediction or constant.
+
+    ``predict``: run the estimator (GPU memory of a CPU pilot, the largest sizes); the time check,
+    which only needs the time plan, passes False."""
     from pilotrun.campaign.arithmetic import batch_arithmetic
     from pilotrun.campaign.load import campaign_from_dict
     from pilotrun.probe.sizes import parse_size
+    from pilotrun.sheet import gpu_memory as GM
 
-    c = campaign_from_dict(cfg, Path(pilot.get("campaign_path") or ".").parent).campaign
+    loaded = campaign_from_dict(cfg, Path(pilot.get("campaign_path") or ".").parent)
+    c = loaded.campaign
     t, precision = c.train, c.train.precision
     rows = [dict(r, run_id=pilot["run_id"]) for r in journal.phase_rows(pilot["run_id"])]
     sheet: dict = {"campaign": c.name, "pilot_run": pilot["run_id"], "config_sha256": pilot["config_sha256"],
@@ -89,11 +142,15 @@ def build_sheet(cfg: dict, journal, pilot: dict, *, target_env: dict | None = No
     if missing:
         sheet["problems"].append(f"the pilot {pilot['run_id']} has no row for {', '.join(missing)}")
 
-    need = P.memory_need(rows)
+    # --- GPU memory: the CUDA counters, else the estimate for CUDA (never the CPU's RSS) -----------------
+    ranks = data_parallel_ranks(t)
+    prep, predicted = _prediction(loaded, rows, sheet) if predict else (None, None)
+    gpu_rows, kind = GM.gpu_rows(rows, predicted)
+    need = GM.memory_summary(rows, gpu_rows, kind, ranks)
     sheet["memory"] = need
     sheet["per_rank"] = [{"rank": k, "peak": max((P.row_peak(r) or 0) for r in rows if r["rank"] == k),
                           "phase": max((r for r in rows if r["rank"] == k), key=lambda r: P.row_peak(r) or 0)["phase"]}
-                         for k in sorted({r["rank"] for r in rows})]
+                         for k in sorted({r["rank"] for r in rows})] if kind == "measured" else []
     limit = parse_size(c.hardware.memory_per_gpu, where="hardware.memory_per_gpu")
     sheet["hardware"] = {"memory_per_gpu": c.hardware.memory_per_gpu, "memory_bytes": limit, "gpus": c.hardware.gpus,
                          "rental_days": list(c.hardware.rental_days), "reserve": c.hardware.reserve}
@@ -103,7 +160,6 @@ def build_sheet(cfg: dict, journal, pilot: dict, *, target_env: dict | None = No
             f"and hardware.memory_per_gpu is {c.hardware.memory_per_gpu}; rent a larger GPU (see the fit table) or "
             f"lower train.micro_batch / train.eval_batch and rerun `pilotrun pilot`")
 
-    ranks = data_parallel_ranks(t)
     sheet["settings"] = {"precision": precision, "dtype": c.model.dtype, "micro_batch": t.micro_batch,
                          "accumulation": t.accumulation, "ranks": ranks,
                          "effective_batch": t.micro_batch * t.accumulation * ranks, "strategy": t.strategy,
@@ -111,8 +167,7 @@ def build_sheet(cfg: dict, journal, pilot: dict, *, target_env: dict | None = No
                          "adapter": c.model.adapter.model_dump() if c.model.adapter else None,
                          "eval_batch": t.eval_batch, "max_length": c.data.max_length}
 
-    bf16 = needs_bf16(cfg)
-    fits = P.fit_table(rows, CATALOGUE, needs_bf16=bf16)
+    fits = GM.fit_table(gpu_rows, kind, CATALOGUE, needs_bf16=needs_bf16(cfg), ranks=ranks)
     sheet["fit"] = fits
     peaks = P.phase_peaks(rows)
 
@@ -136,7 +191,7 @@ def build_sheet(cfg: dict, journal, pilot: dict, *, target_env: dict | None = No
         stated = [g for g in ok if abs(g.memory_bytes - limit) <= 2**30]
         target = (stated or ok or [None])[0]
         sheet["target_from"] = (
-            f"the fastest catalogue GPU of hardware.memory_per_gpu={c.hardware.memory_per_gpu} (it fits every phase)"
+            f"the fastest catalogue GPU of hardware.memory_per_gpu={c.hardware.memory_per_gpu} that fits every phase"
             if stated else "the smallest catalogue GPU that fits every phase (ties: the fastest)" if target
             else "no catalogue GPU fits every phase")
     else:
@@ -144,16 +199,16 @@ def build_sheet(cfg: dict, journal, pilot: dict, *, target_env: dict | None = No
     if not any(f["fits"] for f in fits):
         sheet["problems"].append("no GPU of the catalogue fits every phase (see the fit table)")
     sheet["target"] = target.to_json() if target else None
-    if target is not None:
-        sheet["largest"] = {
-            "micro_batch": P.largest_micro_batch(peaks["steady_step"], target.memory_bytes)
-            if "steady_step" in peaks else None,
-            "eval_batch": P.largest_micro_batch(peaks["eval_longest"], target.memory_bytes, "eval_batch")
-            if "eval_longest" in peaks else None,
-            "seq_len": P.largest_micro_batch(peaks["steady_step"], target.memory_bytes, "seq_len")
-            if "steady_step" in peaks else None}
+    if target is not None and predict:
+        sheet["largest"] = _largest(loaded, prep, rows, target, kind, ranks, t, c)
+    _time_plan(sheet, c, t, rows, peaks, pilot, fits, target, ranks, rates, batch_arithmetic)
+    return sheet
 
-    # --- the time plan ----------------------------------------------------------------------------
+
+def _time_plan(sheet, c, t, rows, peaks, pilot, fits, target, ranks, rates, batch_arithmetic) -> None:
+    from pilotrun.sheet.shape import scaled_units
+
+    precision = t.precision
     measured = _slowest(rows)
     arith = (pilot.get("summary") or {}).get("arithmetic")
     n_train = (arith or {}).get("train_examples") or _count_records(c.data.train)
@@ -164,13 +219,13 @@ def build_sheet(cfg: dict, journal, pilot: dict, *, target_env: dict | None = No
                          "statement": (f"the campaign compares {len(c.plan.variants)} variant(s) with the control "
                                        f"{c.plan.control or '(the campaign as written)'} on {c.plan.metric} "
                                        f"({c.plan.goal}), over seeds {c.plan.seeds}")}
-    if missing or not all(p in measured for p in PHASES) or not n_train:
-        sheet["time"] = None
+    sheet["time"] = None
+    if not all(p in measured for p in PHASES) or not n_train:
         sheet["problems"].append("no time plan: the pilot lacks a measured duration of "
                                  + ", ".join(p for p in PHASES if p not in measured)
                                  if not all(p in measured for p in PHASES) else
                                  "no time plan: the training data could not be counted")
-        return sheet
+        return
     updates = batch_arithmetic(t, n_train)["updates"]
     counts = P.run_counts(updates, t.eval_every, t.save_every, n_val or 0, t.eval_batch, ranks, bool(n_val))
     counts["from"] = (f"train.updates/epochs → {updates} updates ({n_train} training examples), train.eval_every="
@@ -185,8 +240,6 @@ def build_sheet(cfg: dict, journal, pilot: dict, *, target_env: dict | None = No
             "tokens_eval": ev.get("eval_batch", t.eval_batch) * ev.get("seq_len", c.data.max_length),
             "passes_update": su.get("accumulation", t.accumulation), "checkpointing": c.model.gradient_checkpointing}
     source_gpu = _measured_gpu(pilot, rows)
-    from pilotrun.sheet.shape import scaled_units
-
     model = (pilot.get("summary") or {}).get("time_model")
     # the pilot's bare timings of its worst case, when it has them: its phases ran under the memory counter
     shape = scaled_units(model, model.get("worst_update_s") or measured["steady_step"]["seconds"],
@@ -198,8 +251,7 @@ def build_sheet(cfg: dict, journal, pilot: dict, *, target_env: dict | None = No
         u = P.unit_seconds(measured, source_gpu=source_gpu, target_gpu=g, precision=precision, work=work,
                            shape=shape)
         terms = P.run_terms(counts, u["units"])
-        per_run = sum(x["seconds"] for x in terms)
-        return u, terms, per_run
+        return u, terms, sum(x["seconds"] for x in terms)
 
     u, terms, per_run = plan_for(target)
     lanes = max(1, c.hardware.gpus // ranks)
@@ -210,34 +262,69 @@ def build_sheet(cfg: dict, journal, pilot: dict, *, target_env: dict | None = No
             r["note"] = (f"{', '.join(unmeasured)} not piloted: time assumed equal to the control's; pilot it with "
                          f"`pilotrun pilot CAMPAIGN --set ...`")
     plans = P.pack(runs, c.hardware.rental_days, c.hardware.reserve, lanes)
-    total = per_run * len(runs)
+    plans_by_gpu = {}
+    for f, g in zip(fits, CATALOGUE):
+        if f["fits"]:
+            g_per_run = plan_for(g)[2]
+            f["campaign_s"] = g_per_run * len(runs) / lanes
+            plans_by_gpu[g.key] = P.pack([dict(r, seconds=g_per_run) for r in runs], c.hardware.rental_days,
+                                         c.hardware.reserve, lanes)
+        else:
+            f["campaign_s"] = None
     sheet["time"] = {"measured": measured, "units": u["units"], "scaling": u["scaling"], "shape": shape,
                      "prepare_s": (pilot.get("summary") or {}).get("prepare_s"), "counts": counts,
-                     "work": work, "terms": terms, "per_run_s": per_run, "runs": runs, "total_s": total,
-                     "lanes": lanes, "plans": plans, "target": target.key if target else None,
+                     "work": work, "terms": terms, "per_run_s": per_run, "runs": runs,
+                     "total_s": per_run * len(runs), "lanes": lanes, "plans": plans,
+                     "target": target.key if target else None,
+                     "why": P.time_reasons(u["scaling"], terms, [f["campaign_s"] for f in fits if f["fits"]]),
                      "source_gpu": source_gpu if isinstance(source_gpu, str) or source_gpu is None else source_gpu.key}
     u_here, terms_here, per_run_here = plan_for(None)  # the pilot's own machine: nothing scaled
     sheet["time"]["here"] = {"units": u_here["units"], "terms": terms_here, "per_run_s": per_run_here}
-    for f, g in zip(fits, CATALOGUE):
-        f["campaign_s"] = plan_for(g)[2] * len(runs) / lanes if f["fits"] else None
+    if rates is not None:
+        from pilotrun.sheet.rates import costs
+
+        sheet["costs"] = costs(rates, plans_by_gpu, c.hardware.gpus)
     if c.hardware.gpus < ranks:
         sheet["problems"].append(f"hardware.gpus={c.hardware.gpus} is fewer than the {ranks} ranks of a run "
                                  f"(train.nproc); set hardware.gpus: {ranks}")
     if plans and not plans[-1]["fits_all"]:
         sheet["warnings"].append(f"{len(plans[-1]['not_fitting'])} run(s) do not fit even the {plans[-1]['days']}-day "
                                  f"plan: {', '.join(plans[-1]['not_fitting'])}")
-    return sheet
+    sheet["launch"] = _choose_launch(sheet, target, plans, plans_by_gpu)
+
+
+def _choose_launch(sheet, target, plans, plans_by_gpu) -> dict | None:
+    """The GPU and plan the launch files are for: the cheapest plan placing every run when rates are
+    given, else the target GPU's shortest plan that places every run (its longest when none does)."""
+    cheapest = (sheet.get("costs") or {}).get("cheapest")
+    if cheapest:
+        plan = next(p for p in plans_by_gpu[cheapest["gpu"]] if p["days"] == cheapest["days"])
+        return {"gpu": cheapest["gpu"], "days": plan["days"], "plan": plan,
+                "why": f"the cheapest plan that places every run ({sheet['costs']['path']})"}
+    if target is None or not plans:
+        return None
+    plan = next((p for p in plans if p["fits_all"]), plans[-1])
+    return {"gpu": target.key, "days": plan["days"], "plan": plan,
+            "why": ("the target GPU's shortest plan that places every run" if plan["fits_all"]
+                    else "the target GPU's longest plan (no plan places every run)")
+            + ("" if sheet.get("costs") else "; pass --rates FILE to choose by cost")}
 
 
 def sheet_stage(loaded, home, *, target_env_path: str | None = None, gpu: str | None = None,
-                out: str | None = None) -> StageResult:
+                out: str | None = None, rates_path: str | None = None, sets: tuple[str, ...] = ()) -> StageResult:
     from pilotrun.journal.files import atomic_write_text
     from pilotrun.journal.store import Journal
     from pilotrun.sheet.render import to_lines, to_markdown
+    from pilotrun.sheet.sections import size
 
     target_env = read_target_env(target_env_path) if target_env_path else None
     if gpu:
         get_gpu(gpu)  # a bad --gpu is a bad input before anything else
+    rates = None
+    if rates_path:
+        from pilotrun.sheet.rates import read_rates
+
+        rates = read_rates(rates_path)
     journal = Journal(home)
     c = loaded.campaign
     pilot, stale = find_pilot(journal, c.name, loaded.config_sha256())
@@ -246,26 +333,52 @@ def sheet_stage(loaded, home, *, target_env_path: str | None = None, gpu: str | 
                            [f"the sheet is built from the pilot's measurements; run `pilotrun pilot "
                             f"{loaded.source or 'CAMPAIGN'}` first (with the same --home)"], {"pilot_run": None})
     sheet = build_sheet(loaded.resolved_dict() if not stale else pilot["config"], journal, pilot,
-                        target_env=target_env, gpu=gpu)
+                        target_env=target_env, gpu=gpu, rates=rates)
     if stale:
         sheet["warnings"].insert(0, stale)
-    markdown = to_markdown(sheet)
+    written = []
     if out:
-        atomic_write_text(out, markdown)
-        sheet["written"] = str(out)
+        written = _write(sheet, loaded, Path(out), sets, atomic_write_text, to_markdown)
     verdict = worst(["fail" if sheet["problems"] else "warn" if sheet["warnings"] else "ok"])
     need = sheet["memory"]
     tgt = sheet.get("target")
-    summary = (f"needs {need['need'] / 2**30:.2f} GiB per GPU (peak at {need['phase']})" if need["need"] else
-               "no memory measured") + (f"; target {tgt['name']}" if tgt else "; no GPU fits")
+    summary = (f"needs {size(need['need'])} per GPU (peak at {need['phase']}, {need['kind']})"
+               if need["need"] else "no GPU memory figure") + (f"; target {tgt['name']}" if tgt else "; no GPU fits")
     if sheet.get("time"):
         summary += f"; campaign {P.fmt_duration(sheet['time']['total_s'] / sheet['time']['lanes'])}"
-    fit_cols = ["gpu", "memory", *PHASES, "verdict", "campaign time"]
-    fit_rows = [{"gpu": f["name"], "memory": f"{f['memory_bytes'] / 2**30:g} GiB", **f["phases"],
+    if (sheet.get("costs") or {}).get("cheapest"):
+        ch = sheet["costs"]["cheapest"]
+        summary += f"; cheapest {ch['days']}-day plan {ch['gpu']} {ch['cost']:,.2f} {sheet['costs']['currency']}".rstrip()
+    fit_cols = ["gpu", "memory", "need", "verdict", "campaign time"]
+    fit_rows = [{"gpu": f["name"], "memory": f"{f['memory_bytes'] / 2**30:g} GiB",
+                 "need": size(f["need"]),
                  "verdict": f["verdict"], "campaign time": P.fmt_duration(f.get("campaign_s"))} for f in sheet["fit"]]
-    sheet["markdown"] = markdown
-    lines = to_lines(sheet) + ([f"sheet written to {out}"] if out else [])
+    sheet["markdown"] = to_markdown(sheet)
+    lines = to_lines(sheet) + ([f"written to {Path(out).parent}: " + ", ".join(p.name for p in written)]
+                               if written else [])
     return StageResult("sheet", verdict, summary, lines, sheet, fit_cols, fit_rows)
+
+
+def _write(sheet, loaded, out: Path, sets, atomic_write_text, to_markdown) -> list[Path]:
+    """sheet.md and, for the chosen GPU and plan, the launch files next to it."""
+    from pilotrun.sheet.catalogue import BY_KEY
+    from pilotrun.sheet.launch import launch_plan, write_launch
+
+    files = []
+    ch = sheet.get("launch")
+    if ch and loaded.source is not None:
+        try:
+            sheet["launch"]["files"] = launch_plan(sheet, loaded, BY_KEY[ch["gpu"]], ch["plan"], sets)
+        except Exception as e:  # noqa: BLE001 - the sheet stands without its launch files; say why
+            sheet["warnings"].append(f"no launch files: {type(e).__name__}: {e}")
+    elif not ch:
+        sheet["warnings"].append("no launch files: no GPU and plan to launch (see the problems above)")
+    atomic_write_text(out, to_markdown(sheet))
+    files.append(out)
+    if (sheet.get("launch") or {}).get("files"):
+        files += write_launch(sheet, loaded, out, sheet["launch"]["files"])
+    sheet["written"] = [str(p) for p in files]
+    return files
 
 
 def sheet_section_html(journal) -> str:

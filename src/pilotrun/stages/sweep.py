@@ -4,7 +4,8 @@ Before the first run the resolved plan (budget, effective batch, eval_every, sto
 arms, seeds, config sha256) is frozen in the journal with its sha256: a changed campaign file is a
 new sweep, never a silent edit of the old one. A variant is applied on top of the control and may
 only change what it compares: one that moves the effective batch, the budget, the validation
-frequency or set, the stop rules or the seed is refused before anything runs.
+frequency, the validation examples or their encoding, the stop rules or the seed is refused before
+anything runs (``campaign/arms.py``; ``validate`` runs the same checks).
 
 ``--continue SWEEP_ID`` skips finished runs (completed, diverged, stopped) and reruns the others
 (failed, interrupted) as new runs naming the run they supersede; the superseded run stays.
@@ -13,10 +14,9 @@ frequency or set, the stop rules or the seed is refused before anything runs.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable
 
-from pilotrun.campaign.arithmetic import data_parallel_ranks
+from pilotrun.campaign.arms import Arm, _effective_batch, plan_arms  # noqa: F401  (plan_arms: validate shares it)
 from pilotrun.campaign.load import sha256_of_config
 from pilotrun.errors import BadInput
 from pilotrun.journal.store import Journal
@@ -24,100 +24,6 @@ from pilotrun.stages import compare as cmp
 from pilotrun.stages.result import StageResult
 
 DONE = ("completed", "diverged", "stopped")
-BATCH_KEYS = ("train.micro_batch", "train.accumulation", "train.nproc", "train.strategy")
-BUDGET_KEYS = ("train.updates", "train.epochs")
-
-
-@dataclass
-class Arm:
-    name: str
-    overrides: dict[str, Any]  # control's overrides, then the variant's on top
-    own: dict[str, Any]  # what this arm itself says it changes
-    arm_id: str  # plan.control | plan.variants[i]
-    where: str
-    loaded: Any
-
-    @property
-    def label(self) -> str:
-        return ", ".join(f"{k}={v}" for k, v in self.own.items()) or "(the campaign as written)"
-
-
-def _line_of(loaded, path: tuple) -> int | None:
-    from pilotrun.campaign.load import _line_index
-
-    if loaded.source is None or not loaded.source.is_file():
-        return None
-    return _line_index(loaded.source.read_text(encoding="utf-8")).get(path)
-
-
-def _effective_batch(t) -> tuple[int, int, int]:
-    return t.micro_batch, t.accumulation, data_parallel_ranks(t)
-
-
-def _touching(own: dict, keys: tuple[str, ...]) -> list[str]:
-    """The arm's own keys that set one of ``keys`` (or a whole section above them)."""
-    return [k for k in own if any(key == k or key.startswith(k + ".") or k.startswith(key + ".") for key in keys)]
-
-
-def _refuse(arm_id: str, where: str, own: dict, keys: tuple[str, ...], what: str, fix: str) -> BadInput:
-    named = _touching(own, keys) or list(own)
-    return BadInput(f"{arm_id} changes {what} through {', '.join(named)}; a variant may only change what the "
-                    f"plan compares", where=f"{where} (key {named[0]})", fix=fix)
-
-
-def plan_arms(loaded) -> list[Arm]:
-    """Every arm, validated; raises BadInput naming the variant and the key."""
-    plan, src = loaded.c.plan, str(loaded.source or "campaign")
-    specs = [("control", "plan.control", ("plan", "control"), dict(plan.control))]
-    specs += [(f"variant-{i + 1}", f"plan.variants[{i}]", ("plan", "variants", i), dict(v))
-              for i, v in enumerate(plan.variants)]
-    if not plan.seeds or len(set(plan.seeds)) != len(plan.seeds):
-        line = _line_of(loaded, ("plan", "seeds"))
-        raise BadInput(f"plan.seeds = {plan.seeds}: a sweep needs at least one seed, each listed once",
-                       where=f"{src}:{line}" if line else src, fix="list distinct seeds, e.g. plan.seeds: [0, 1, 2]")
-    arms: list[Arm] = []
-    for name, arm_id, path, own in specs:
-        line = _line_of(loaded, path)
-        where = f"{src}:{line}" if line else src
-        for k in own:
-            if k == "plan" or k.startswith("plan."):
-                raise BadInput(f"{arm_id} sets {k}: an arm cannot change the plan itself", where=f"{where} (key {k})",
-                               fix=f"remove {k} from {arm_id}")
-            if k == "seed":
-                raise BadInput(f"{arm_id} sets seed: every arm runs with each seed of plan.seeds",
-                               where=f"{where} (key seed)", fix="remove seed from the arm; list seeds in plan.seeds")
-        overrides = {**(arms[0].overrides if arms else {}), **own}
-        try:
-            arm_loaded = loaded.with_overrides(overrides)
-        except BadInput as e:
-            raise BadInput(f"{arm_id}: {e.detail}", where=where, fix=e.fix) from None
-        arms.append(Arm(name, overrides, own, arm_id, where, arm_loaded))
-    ref = arms[0].loaded.c.train
-    mb, acc, ranks = _effective_batch(ref)
-    for arm in arms[1:]:
-        t, arm_id = arm.loaded.c.train, arm.arm_id
-        if math.prod(_effective_batch(t)) != mb * acc * ranks:
-            a, b, r = _effective_batch(t)
-            raise _refuse(arm_id, arm.where, arm.own, BATCH_KEYS,
-                          f"the effective batch (micro_batch × accumulation × ranks = {a} × {b} × {r} = {a * b * r}; "
-                          f"the control has {mb} × {acc} × {ranks} = {mb * acc * ranks})",
-                          f"keep micro_batch × accumulation × ranks = {mb * acc * ranks} (compensate with "
-                          "train.accumulation), or compare batch sizes in a campaign of their own")
-        if (t.updates, t.epochs) != (ref.updates, ref.epochs):
-            raise _refuse(arm_id, arm.where, arm.own, BUDGET_KEYS,
-                          f"the budget (updates={t.updates}, epochs={t.epochs}; the control has "
-                          f"updates={ref.updates}, epochs={ref.epochs})",
-                          "every arm trains for the same budget; remove the budget key from the variant")
-        if t.eval_every != ref.eval_every:
-            raise _refuse(arm_id, arm.where, arm.own, ("train.eval_every",), "the validation frequency",
-                          "validations are fixed before launch for every arm; remove train.eval_every from it")
-        if t.stop != ref.stop:
-            raise _refuse(arm_id, arm.where, arm.own, ("train.stop",), "the stop rules",
-                          "stop rules are declared once for the whole sweep; remove train.stop from it")
-        if arm.loaded.c.data.validation != arms[0].loaded.c.data.validation:
-            raise _refuse(arm_id, arm.where, arm.own, ("data.validation",), "the validation set",
-                          "every arm is measured on the same validation records; remove data.validation from it")
-    return arms
 
 
 def frozen_plan(loaded, arms: list[Arm]) -> dict:
@@ -138,10 +44,17 @@ def _differences(old: dict, new: dict) -> list[str]:
 
 
 def sweep(loaded, home, *, continue_id: str | None = None, progress: bool = True,
-          on_run: Callable[[dict], None] | None = None, sets: tuple[str, ...] = ()) -> StageResult:
+          on_run: Callable[[dict], None] | None = None, sets: tuple[str, ...] = (),
+          ray_address: str | None = None) -> StageResult:
     """Run (or continue) the sweep of ``loaded``'s plan; returns the comparison as the stage's table.
-    ``sets``: the command line's ``--set`` items ``loaded`` was loaded with (for each run's own command)."""
+    ``sets``: the command line's ``--set`` items ``loaded`` was loaded with (for each run's own command).
+    ``ray_address``: run on that Ray cluster ("auto": the one this machine is attached to), one journal here."""
     from pilotrun.stages.validate import validate
+
+    if ray_address is not None:
+        from pilotrun.stages.sweep_ray import require_ray
+
+        require_ray()  # before anything is frozen: without Ray the plan would sit in the journal, never run
 
     arms = plan_arms(loaded)
     validate(arms[0].loaded)  # files, fields and batch arithmetic fail here, before anything is frozen
@@ -151,10 +64,8 @@ def sweep(loaded, home, *, continue_id: str | None = None, progress: bool = True
     if continue_id is None:
         sweep_id = journal.create_sweep(plan, sha, plan["campaign_path"])
     else:
+        continue_id = journal.resolve_sweep_id(continue_id, where="--continue")
         frozen = journal.get_sweep(continue_id)
-        if frozen is None:
-            raise BadInput(f"sweep {continue_id} is not in {journal.path}", where="--continue",
-                           fix="pass a sweep id printed by `pilotrun sweep` (and the same --home)")
         if frozen["plan_sha256"] != sha:
             changed = ", ".join(_differences(frozen["plan"], plan))
             raise BadInput(f"the campaign changed since sweep {continue_id} was frozen (differs in: {changed})",
@@ -164,6 +75,12 @@ def sweep(loaded, home, *, continue_id: str | None = None, progress: bool = True
         sweep_id = continue_id
     todo = _todo(journal, sweep_id, arms, plan["seeds"])
     total = len(plan["seeds"]) * len(arms)
+    if ray_address is not None:
+        from pilotrun.stages.sweep_ray import run_remote
+
+        run_remote(todo, journal=journal, sweep_id=sweep_id, plan=plan, sets=sets, address=ray_address,
+                   progress=progress, on_run=on_run, total=total)
+        return sweep_result(journal, sweep_id, ran=len(todo))
     encoded: dict[str, object] = {}  # the data is read and encoded once per distinct task/model/data setting
     for i, (arm, seed, supersedes) in enumerate(todo):
         from pilotrun.stages.train import train_run

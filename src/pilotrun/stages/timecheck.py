@@ -49,7 +49,7 @@ def sweep_time_check(journal, sweep_id: str) -> dict | None:
     pilot, stale = find_pilot(journal, runs[0]["name"], runs[0]["config_sha256"])
     if pilot is None:
         return {"pilot_run": None, "runs": [], "why": f"no pilot of campaign {runs[0]['name']!r} in the journal"}
-    sheet = build_sheet(runs[0]["config"], journal, pilot)
+    sheet = build_sheet(runs[0]["config"], journal, pilot, predict=False)
     if not sheet.get("time"):
         return {"pilot_run": pilot["run_id"], "runs": [], "why": "; ".join(sheet["problems"]) or "no time plan"}
     here, counts = sheet["time"]["here"], sheet["time"]["counts"]

@@ -191,6 +191,10 @@ def _ranked_run(job: TrainJob, prep: Prepared, rec: RunRecorder | None, hooks: H
                                              "targets": out["targets"]},
                     examples_seen=out["examples_seen"], wall_s=out["wall_s"])
             rec.progress(st.update, st.examples_seen)
+            if out.get("skipped"):  # keyed by attempt: a skipped update shares its number with the next one
+                rec.log("skipped", out["attempt"], {"loss": out["loss"], "update": out["update"],
+                                                    "grad_norm": out["grad_norm"]},
+                        examples_seen=out["examples_seen"], wall_s=out["wall_s"], flush=True)
         if user.on_update:
             user.on_update(st, out)
 
@@ -253,7 +257,7 @@ def _ranked_run(job: TrainJob, prep: Prepared, rec: RunRecorder | None, hooks: H
                "best_metric": state.best_metric, "artifact": artifact, "arithmetic": arith, "ranks": world,
                "seconds_per_update": _median([h["seconds"] for h in result.history[1:]] or
                                              [h["seconds"] for h in result.history]),
-               "memory_bound": bound, "timing": timing,
+               "memory_bound": bound, "timing": timing, "skipped_updates": result.skipped,
                "counts": {"updates": state.update, "evals": len(result.evals),
                           "checkpoints": (state.update // c.train.save_every if c.train.save_every else 0) + 1,
                           "exports": int(bool(job.save_artifact))}}
@@ -269,19 +273,51 @@ def _result(kind: str, run_id: str, run_dir: str, out: dict, world: int) -> Stag
     summary, evals = out["summary"], out["evals"]
     bound = summary["memory_bound"]
     status = out["status"]
-    verdict = "fail" if status != "completed" else "warn" if bound["warnings"] else "ok"
+    skip_warn, skip_msgs = skipped_lines(summary.get("skipped_updates") or [], summary["updates"])
+    verdict = "fail" if status != "completed" else "warn" if bound["warnings"] or skip_warn else "ok"
     msgs = [f"run {run_id}: {status} — {summary['reason']}",
             f"{summary['updates']} updates, {summary['examples_seen']} examples seen in {summary['wall_s']:.1f}s"
             + (f" on {world} ranks" if world > 1 else "")]
     if evals:
         msgs.append(f"val_loss {evals[0]['val_loss']:.4f} (update {evals[0]['update']}) → "
                     f"{evals[-1]['val_loss']:.4f} (update {evals[-1]['update']})")
+    msgs += skip_msgs
     msgs += bound_lines(bound)
     return StageResult(kind, verdict, f"{kind} run {run_id} {status}", msgs,
                        {"run_id": run_id, "status": status, "reason": summary["reason"],
                         "updates": summary["updates"], "examples_seen": summary["examples_seen"], "validation": evals,
                         "control_predictions": out["control"], "run_dir": run_dir},
                        columns=["update", "val_loss", "examples_seen"], rows=evals)
+
+
+OVERFLOW_SHARE = 0.25  # fp16 overflow skips above this share of the updates: the scale never settled
+
+
+def skipped_lines(skipped: list[dict], updates: int, show: int = 5) -> tuple[bool, list[str]]:
+    """(worth a warning, what ``train`` prints) about updates whose optimizer step was skipped; the journal has
+    them too (split "skipped", keyed by attempt). A non-finite loss always warns. fp16 overflow skips are
+    GradScaler settling its scale (65536 halves until the gradients fit: a handful of updates at the start);
+    they warn only when they are over OVERFLOW_SHARE of the updates."""
+    bad = [s for s in skipped if s.get("kind") != "overflow"]
+    overflow = [s for s in skipped if s.get("kind") == "overflow"]
+    lines = []
+    if bad:
+        lines.append(f"{len(bad)} update(s) skipped for a non-finite loss (train.stop.on_nan=false), no optimizer "
+                     "step (journal split 'skipped', by attempt):")
+        for s in bad[:show]:
+            ids = ", ".join(str(i) for i in s["ids"][:4]) + (" …" if len(s["ids"]) > 4 else "")
+            lines.append(f"  attempt {s['attempt']} (update {s['update']}): loss {s['loss']:.4g} — {s['reason']}; "
+                         f"records {ids}")
+        if len(bad) > show:
+            lines.append(f"  … and {len(bad) - show} more")
+    too_many = bool(overflow) and len(overflow) > OVERFLOW_SHARE * max(updates, 1)
+    if overflow:
+        last = overflow[-1]["reason"].rsplit("→", 1)[-1].strip()
+        lines.append(f"{len(overflow)} of {updates} updates skipped by the fp16 grad scaler (gradient overflow), "
+                     f"the last at update {overflow[-1]['update']}; loss scale now {last}"
+                     + (f" — over {OVERFLOW_SHARE:.0%} of the budget: train in bf16-mixed, or lower train.lr"
+                        if too_many else " (the scale settling: expected in the first updates)"))
+    return bool(bad) or too_many, lines
 
 
 def _flat(d: dict, prefix: str = "") -> dict:

@@ -51,6 +51,7 @@ def verify(home, run_id: str) -> StageResult:
 
     journal = Journal(home, create=False)
     run = journal.require_run(run_id)
+    run_id = run["run_id"]
     run_dir = journal.run_dir(run_id)
     if not (run_dir / "artifact").is_dir():
         raise BadInput(f"run {run_id} (kind {run['kind']}) has no artifact folder in {run_dir}", where="RUN_ID",

@@ -71,6 +71,10 @@ class CausalLMTask:
             if role is None or content is None:
                 raise BadInput(f"message {k} lacks role/content (or from/value)", where=record.where,
                                fix="give every message a role and a content")
+            if isinstance(content, (list, dict)) or isinstance(role, (list, dict)):
+                raise BadInput(f"message {k} of field '{self.c.data.messages}' has a role or content that is a "
+                               f"{type(content if isinstance(content, (list, dict)) else role).__name__}, not text",
+                               where=record.where, fix="give every message a string role and a string content")
             role = ROLE_ALIASES.get(str(role), str(role))
             head = self._tok(f"{role}: ")
             ids += head
@@ -131,9 +135,12 @@ class CausalLMTask:
 
         from transformers import AutoModelForCausalLM
 
-        path = Path(path)
-        if (path / "adapter_config.json").is_file():
-            from peft import AutoPeftModelForCausalLM
+        from pilotrun.journal.files import reading_weights
 
-            return AutoPeftModelForCausalLM.from_pretrained(str(path), local_files_only=True)
-        return AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, use_safetensors=True)
+        path = Path(path)
+        with reading_weights(path, "artifact"):
+            if (path / "adapter_config.json").is_file():
+                from peft import AutoPeftModelForCausalLM
+
+                return AutoPeftModelForCausalLM.from_pretrained(str(path), local_files_only=True)
+            return AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, use_safetensors=True)

@@ -23,6 +23,10 @@ def text_field(record, name: str, key: str, *, allow_empty: bool = False) -> str
     value = field(record, name, key)
     if value is None:
         value = ""
+    if isinstance(value, (list, dict)):  # str() would train on its Python repr
+        kind = "a list" if isinstance(value, list) else "an object"
+        raise BadInput(f"field '{name}' (named by {key}) is {kind}, not text", where=record.where,
+                       fix=f"give '{name}' a string in every record (numbers are read as text)")
     if not isinstance(value, str):
         value = str(value)
     if not allow_empty and not value.strip():

@@ -2,12 +2,28 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from pilotrun.errors import BadInput
 from pilotrun.tasks import common
 from pilotrun.tasks.base import Example
 from pilotrun.tasks.loading import build_model, load_tokenizer, pad_id, save_hf_artifact
+
+
+_ID = re.compile(r"-?[0-9]+")
+
+
+def as_id(value) -> int | None:
+    """The class id a label value reads as, if it is one: an int (not a bool) or ASCII digits, optionally
+    signed and padded with spaces. ``str.isdigit`` also accepts "²" and "①", which int() refuses."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and _ID.fullmatch(value.strip()):
+        return int(value.strip())
+    return None
 
 
 class SeqClsTask:
@@ -28,17 +44,16 @@ class SeqClsTask:
         return common.group_of(record, self.c)
 
     def label_id(self, record) -> int:
+        """A class name of data.labels, else an id: an int or a string of ASCII digits ("2", " 2", "-1");
+        anything else ("²", "--1", "1.0", true) is bad input, never an internal error."""
         value = common.field(record, self.c.data.label, "data.label")
         if isinstance(value, str) and value in self.label2id:
             return self.label2id[value]
-        if isinstance(value, bool):
-            value = str(value)
-        if isinstance(value, int) or (isinstance(value, str) and value.strip().lstrip("-").isdigit()):
-            i = int(value)
-            if 0 <= i < len(self.labels):
-                return i
+        i = as_id(value)
+        if i is not None and 0 <= i < len(self.labels):
+            return i
         raise BadInput(f"label {value!r} is not in data.labels {self.labels}", where=record.where,
-                       fix="add the class to data.labels, or give a name or an id 0..n-1")
+                       fix="add the class to data.labels, or give a name or an id 0..n-1 (ASCII digits)")
 
     def encode(self, record) -> Example:
         text = common.text_field(record, self.c.data.text, "data.text")
@@ -89,10 +104,13 @@ class SeqClsTask:
 
         from transformers import AutoModelForSequenceClassification
 
-        path = Path(path)
-        if (path / "adapter_config.json").is_file():
-            from peft import AutoPeftModelForSequenceClassification
+        from pilotrun.journal.files import reading_weights
 
-            return AutoPeftModelForSequenceClassification.from_pretrained(str(path), local_files_only=True)
-        return AutoModelForSequenceClassification.from_pretrained(str(path), local_files_only=True,
-                                                                  use_safetensors=True)
+        path = Path(path)
+        with reading_weights(path, "artifact"):
+            if (path / "adapter_config.json").is_file():
+                from peft import AutoPeftModelForSequenceClassification
+
+                return AutoPeftModelForSequenceClassification.from_pretrained(str(path), local_files_only=True)
+            return AutoModelForSequenceClassification.from_pretrained(str(path), local_files_only=True,
+                                                                      use_safetensors=True)

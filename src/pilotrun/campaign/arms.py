@@ -1,0 +1,146 @@
+"""The arms of a sweep's plan, each checked before anything runs (``sweep`` and ``validate`` both call
+``plan_arms``; no torch here).
+
+A variant is applied on top of the control and may only change what it compares. Refused with exit 2,
+naming the arm and the key: the effective batch, the budget, the validation frequency, the stop rules,
+the seed, and anything that changes how validation records are encoded (``ENCODING_KEYS``) — arms
+measured on different validation examples would be compared as if nothing changed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from pilotrun.campaign.arithmetic import data_parallel_ranks
+from pilotrun.errors import BadInput
+
+BATCH_KEYS = ("train.micro_batch", "train.accumulation", "train.nproc", "train.strategy")
+BUDGET_KEYS = ("train.updates", "train.epochs")
+
+
+@dataclass
+class Arm:
+    name: str
+    overrides: dict[str, Any]  # control's overrides, then the variant's on top
+    own: dict[str, Any]  # what this arm itself says it changes
+    arm_id: str  # plan.control | plan.variants[i]
+    where: str
+    loaded: Any
+
+    @property
+    def label(self) -> str:
+        return ", ".join(f"{k}={v}" for k, v in self.own.items()) or "(the campaign as written)"
+
+
+def _line_of(loaded, path: tuple) -> int | None:
+    from pilotrun.campaign.load import _line_index
+
+    if loaded.source is None or not loaded.source.is_file():
+        return None
+    return _line_index(loaded.source.read_text(encoding="utf-8")).get(path)
+
+
+def _effective_batch(t) -> tuple[int, int, int]:
+    return t.micro_batch, t.accumulation, data_parallel_ranks(t)
+
+
+def _touching(own: dict, keys: tuple[str, ...]) -> list[str]:
+    """The arm's own keys that set one of ``keys`` (or a whole section above them)."""
+    return [k for k in own if any(key == k or key.startswith(k + ".") or k.startswith(key + ".") for key in keys)]
+
+
+def _refuse(arm_id: str, where: str, own: dict, keys: tuple[str, ...], what: str, fix: str) -> BadInput:
+    named = _touching(own, keys) or list(own)
+    return BadInput(f"{arm_id} changes {what} through {', '.join(named)}; a variant may only change what the "
+                    f"plan compares", where=f"{where} (key {named[0]})", fix=fix)
+
+
+def plan_arms(loaded) -> list[Arm]:
+    """Every arm, validated; raises BadInput naming the variant and the key."""
+    plan, src = loaded.c.plan, str(loaded.source or "campaign")
+    specs = [("control", "plan.control", ("plan", "control"), dict(plan.control))]
+    specs += [(f"variant-{i + 1}", f"plan.variants[{i}]", ("plan", "variants", i), dict(v))
+              for i, v in enumerate(plan.variants)]
+    if not plan.seeds or len(set(plan.seeds)) != len(plan.seeds):
+        line = _line_of(loaded, ("plan", "seeds"))
+        raise BadInput(f"plan.seeds = {plan.seeds}: a sweep needs at least one seed, each listed once",
+                       where=f"{src}:{line}" if line else src, fix="list distinct seeds, e.g. plan.seeds: [0, 1, 2]")
+    arms: list[Arm] = []
+    for name, arm_id, path, own in specs:
+        line = _line_of(loaded, path)
+        where = f"{src}:{line}" if line else src
+        for k in own:
+            if k == "plan" or k.startswith("plan."):
+                raise BadInput(f"{arm_id} sets {k}: an arm cannot change the plan itself", where=f"{where} (key {k})",
+                               fix=f"remove {k} from {arm_id}")
+            if k == "seed":
+                raise BadInput(f"{arm_id} sets seed: every arm runs with each seed of plan.seeds",
+                               where=f"{where} (key seed)", fix="remove seed from the arm; list seeds in plan.seeds")
+        overrides = {**(arms[0].overrides if arms else {}), **own}
+        try:
+            arm_loaded = loaded.with_overrides(overrides)
+        except BadInput as e:
+            raise BadInput(f"{arm_id}: {e.detail}", where=where, fix=e.fix) from None
+        arms.append(Arm(name, overrides, own, arm_id, where, arm_loaded))
+    ref = arms[0].loaded.c.train
+    mb, acc, ranks = _effective_batch(ref)
+    for arm in arms[1:]:
+        t, arm_id = arm.loaded.c.train, arm.arm_id
+        if math.prod(_effective_batch(t)) != mb * acc * ranks:
+            a, b, r = _effective_batch(t)
+            raise _refuse(arm_id, arm.where, arm.own, BATCH_KEYS,
+                          f"the effective batch (micro_batch × accumulation × ranks = {a} × {b} × {r} = {a * b * r}; "
+                          f"the control has {mb} × {acc} × {ranks} = {mb * acc * ranks})",
+                          f"keep micro_batch × accumulation × ranks = {mb * acc * ranks} (compensate with "
+                          "train.accumulation), or compare batch sizes in a campaign of their own")
+        if (t.updates, t.epochs) != (ref.updates, ref.epochs):
+            raise _refuse(arm_id, arm.where, arm.own, BUDGET_KEYS,
+                          f"the budget (updates={t.updates}, epochs={t.epochs}; the control has "
+                          f"updates={ref.updates}, epochs={ref.epochs})",
+                          "every arm trains for the same budget; remove the budget key from the variant")
+        if t.eval_every != ref.eval_every:
+            raise _refuse(arm_id, arm.where, arm.own, ("train.eval_every",), "the validation frequency",
+                          "validations are fixed before launch for every arm; remove train.eval_every from it")
+        if t.stop != ref.stop:
+            raise _refuse(arm_id, arm.where, arm.own, ("train.stop",), "the stop rules",
+                          "stop rules are declared once for the whole sweep; remove train.stop from it")
+        _same_validation_encoding(arms[0], arm)
+    return arms
+
+
+# What decides how a validation record becomes the tokens the loss sees. data.train/test, group_by and
+# period_by do not touch validation's encoding; model.path does only through the tokenizer it supplies.
+ENCODING_KEYS = ("task", "model.tokenizer", "data.validation", "data.prompt", "data.response", "data.messages",
+                 "data.text", "data.label", "data.labels", "data.max_length")
+
+
+def validation_encoding(loaded) -> dict[str, Any]:
+    """The settings that fix validation's encoding, resolved (the tokenizer defaults to model.path)."""
+    c = loaded.c
+    out = {k: getattr(getattr(c, k.split(".")[0]), k.split(".")[1]) if "." in k else getattr(c, k)
+           for k in ENCODING_KEYS}
+    out["model.tokenizer"] = c.model.tokenizer or c.model.path
+    return out
+
+
+def _same_validation_encoding(control: Arm, arm: Arm) -> None:
+    ref, mine = validation_encoding(control.loaded), validation_encoding(arm.loaded)
+    changed = [k for k in ENCODING_KEYS if ref[k] != mine[k]]
+    if not changed:
+        return
+    k = changed[0]
+    via = ([k] if k in arm.own else _touching(arm.own, (k,)) or
+           (["model.path"] if k == "model.tokenizer" and "model.path" in arm.own else list(arm.own)))
+    why = (f"{k} is {mine[k]!r} here and {ref[k]!r} in the control" +
+           (" (model.tokenizer is not set, so it follows model.path)" if via == ["model.path"] else ""))
+    raise BadInput(f"{arm.arm_id} changes the validation set or how its records are encoded: {why}; "
+                   f"its val_loss would be measured on other validation examples (other tokens, other "
+                   f"truncation or other targets) than the control's, so the comparison would not be like for like",
+                   where=f"{arm.where} (key {via[0]})",
+                   fix=(f"remove {via[0]} from {arm.arm_id}, or compare it in a campaign of its own"
+                        + ("; to compare models with one tokenizer, set model.tokenizer in the campaign"
+                           if via == ["model.path"] else "")))
+
+

@@ -1,0 +1,156 @@
+"""The journal's schema version, its damaged and read-only states, and where its home may not be.
+
+The version is ``PRAGMA user_version``, read from the file header before any connection is opened, so a
+journal written by a newer pilotrun is refused without one byte of it changing (opening a connection
+could already switch its journal mode). An older journal is copied aside, then migrated in one
+transaction.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import sqlite3
+from pathlib import Path
+
+from pilotrun.errors import BadInput, DiskFull
+
+_MAGIC = b"SQLite format 3\x00"
+RECOVER = ("restore a backup (journal.sqlite.bak-*) if there is one, or salvage it with "
+           "`sqlite3 {path} .recover | sqlite3 recovered.sqlite` and pass that folder's copy as journal.sqlite")
+
+
+def check_home(home: Path, *, reading: bool) -> bool:
+    """Whether the journal can be written. A home that is a file, or below one, is exit 2; so is a home
+    that cannot be written, for a writing verb."""
+    for p in (home, *home.parents):
+        if p.exists() or p.is_symlink():
+            if not p.is_dir():
+                raise BadInput(f"{p} is a file, so the journal home {home} cannot be a folder there",
+                               where="--home" if p == home else str(p),
+                               fix="point --home (or $PILOTRUN_HOME) at a folder, or at a path that does not exist yet")
+            break
+    if not reading:
+        try:
+            home.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise _not_writable(home, e) from None
+    writable = os.access(home, os.W_OK) and (not (home / "journal.sqlite").exists()
+                                              or os.access(home / "journal.sqlite", os.W_OK))
+    if not writable and not reading:
+        raise _not_writable(home, None)
+    return writable
+
+
+def _not_writable(home: Path, e: OSError | None) -> BadInput:
+    why = "is on a read-only file system" if e is None or e.errno == errno.EROFS else f"cannot be written ({e.strerror})"
+    if e is not None and e.errno == errno.ENOSPC:
+        why = "cannot be created: no space left on device"
+    return BadInput(f"the journal home {home} {why}; this verb writes to the journal", where="--home",
+                    fix="pass --home (or $PILOTRUN_HOME) on a writable disk; `runs`, `show` and `report --out` "
+                        "read a read-only home")
+
+
+def header_version(path: Path) -> int | None:
+    """The user_version stamped in the file header; None for an empty (new) file. A file that is not an
+    SQLite database is exit 2 naming it and how to recover."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(100)
+    except OSError as e:
+        raise BadInput(f"cannot read the journal: {e.strerror}", where=str(path),
+                       fix="check its permissions (`ls -l`)") from None
+    if not head:
+        return None
+    if len(head) < 100 or not head.startswith(_MAGIC):
+        raise BadInput("the journal is damaged: not an SQLite database (truncated or overwritten)", where=str(path),
+                       fix=RECOVER.format(path=path))
+    return int.from_bytes(head[60:64], "big")
+
+
+def connect_read_only(path: Path) -> sqlite3.Connection:
+    immutable = "" if os.access(path.parent, os.W_OK) else "&immutable=1"  # a read-only file system: no locks
+    return sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro{immutable}", uri=True, timeout=30.0, isolation_level=None)
+
+
+def as_bad_input(e: sqlite3.DatabaseError, path: Path) -> BadInput | None:
+    text = str(e).lower()
+    if "not a database" in text or "malformed" in text:
+        return BadInput(f"the journal is damaged ({e})", where=str(path), fix=RECOVER.format(path=path))
+    if "readonly" in text or "read-only" in text:
+        return BadInput(f"the journal cannot be written ({e})", where=str(path),
+                        fix="pass --home (or $PILOTRUN_HOME) on a writable disk")
+    if "disk is full" in text or "disk full" in text:
+        return DiskFull(path)
+    return None
+
+
+def _refuse_newer(path: Path, found: int, known: int) -> BadInput:
+    return BadInput(f"the journal has schema version {found}, newer than this pilotrun knows ({known}); it was left "
+                    "unchanged", where=str(path),
+                    fix="use the pilotrun that wrote it, or a newer one (pip install -U pilotrun)")
+
+
+def open_checked(journal, schema: str, version: int, migrations: dict[int, str]) -> None:
+    """Refuse a damaged or newer journal before writing; create a new one, or migrate an older one (after a
+    backup beside it) in one transaction."""
+    path: Path = journal.path
+    current, has_runs = None, False
+    if path.exists():
+        found = header_version(path)
+        if found is not None and found > version:
+            raise _refuse_newer(path, found, version)
+        if found is not None:
+            # the header can lag behind the write-ahead log: ask SQLite, on a connection that cannot write
+            db = connect_read_only(path)
+            try:
+                has_runs = db.execute("SELECT 1 FROM sqlite_master WHERE name='runs'").fetchone() is not None
+                current = db.execute("PRAGMA user_version").fetchone()[0]
+            except sqlite3.DatabaseError as e:
+                bad = as_bad_input(e, path)
+                if bad is None:
+                    raise
+                raise bad from None
+            finally:
+                db.close()
+            if current > version:
+                raise _refuse_newer(path, current, version)
+    if journal.read_only or current == version:
+        return
+    current = current or 0
+    steps = ""
+    if has_runs:
+        _backup(journal, current)
+        steps = "".join(migrations[v] for v in range(current, version))
+    with journal.connect() as db:
+        try:
+            db.executescript(f"BEGIN IMMEDIATE;\n{steps}\n{schema}\nPRAGMA user_version={int(version)};\nCOMMIT;")
+        except BaseException:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise
+
+
+def _backup(journal, old: int) -> Path:
+    """A consistent copy of the journal before it is migrated: journal.sqlite.bak-vOLD."""
+    from pilotrun.journal.files import temp_path
+
+    dest = journal.path.with_name(f"{journal.path.name}.bak-v{old}")
+    if dest.exists():
+        return dest
+    tmp = temp_path(dest)
+    try:
+        with journal.connect() as src:
+            dst = sqlite3.connect(tmp)
+            try:
+                src.backup(dst)
+            finally:
+                dst.close()
+        os.replace(tmp, dest)
+    except OSError as e:
+        raise BadInput(f"cannot write the backup before migrating the journal: {e.strerror}", where=str(dest),
+                       fix="free space or permissions in the home folder, then run again") from None
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return dest

@@ -1,0 +1,109 @@
+"""What a plan costs, from a small rates file the user keeps (``sheet --rates FILE``).
+
+```yaml
+currency: USD        # optional; printed beside every cost
+h100-sxm: 2.49       # catalogue key (or the GPU's name): price per GPU-hour
+a100-80gb:
+  hour: 1.29         # per GPU-hour, for plans without their own price
+  7: 190.0           # price per GPU for the whole 7-day plan (a reserved-term offer)
+```
+A plan's cost is its price for ``hardware.gpus`` GPUs: the plan's own price when the file gives one,
+else the hourly price × 24 × days. The cheapest plan is the lowest cost over every rated GPU that
+fits the campaign and over every rental plan that places every run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pilotrun.errors import BadInput
+
+FORMAT = ("a YAML mapping of GPU → price per GPU-hour, or GPU → {hour: PRICE, DAYS: PRICE of the whole "
+          "plan per GPU}; e.g. `h100-sxm: 2.49`")
+
+
+def _lines(text: str) -> dict[str, int]:
+    import yaml
+
+    try:
+        node = yaml.compose(text)
+    except yaml.YAMLError:
+        return {}
+    if not isinstance(node, yaml.MappingNode):
+        return {}
+    return {str(k.value): k.start_mark.line + 1 for k, _ in node.value}
+
+
+def _price(v, where: str) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+        raise BadInput(f"price {v!r} is not a number >= 0", where=where, fix=FORMAT)
+    return float(v)
+
+
+def read_rates(path: str | Path) -> dict:
+    """{"path", "currency", "gpus": {catalogue key: {"hour": float | None, "plans": {days: float}}}}."""
+    import yaml
+
+    from pilotrun.sheet.catalogue import BY_KEY, match_gpu
+
+    p = Path(path)
+    if not p.is_file():
+        raise BadInput("rates file not found", where=str(p), fix=f"write {FORMAT}")
+    text = p.read_text(encoding="utf-8")
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{p}:{mark.line + 1}" if mark else str(p)
+        raise BadInput(f"not YAML: {getattr(e, 'problem', e)}", where=where, fix=FORMAT) from None
+    if not isinstance(doc, dict) or not doc:
+        raise BadInput("not a mapping of GPU → price", where=str(p), fix=FORMAT)
+    lines = _lines(text)
+    out = {"path": str(p), "currency": str(doc.pop("currency", "") or ""), "gpus": {}}
+    for name, value in doc.items():
+        where = f"{p}:{lines.get(str(name), '?')}: {name}"
+        gpu = BY_KEY.get(str(name).lower()) or match_gpu(str(name))
+        if gpu is None:
+            raise BadInput(f"no GPU {name!r} in the built-in catalogue", where=where,
+                           fix=f"use a catalogue key: {', '.join(BY_KEY)}")
+        if isinstance(value, dict):
+            unknown = [k for k in value if k != "hour" and not (isinstance(k, int) and k > 0)]
+            if unknown:
+                raise BadInput(f"unknown key(s) {', '.join(map(repr, unknown))}", where=where,
+                               fix="give `hour:` and/or whole-day plan lengths as keys (3: PRICE, 7: PRICE)")
+            hour = _price(value["hour"], f"{where}.hour") if "hour" in value else None
+            plans = {int(k): _price(v, f"{where}.{k}") for k, v in value.items() if k != "hour"}
+            if hour is None and not plans:
+                raise BadInput("no price", where=where, fix=FORMAT)
+        else:
+            hour, plans = _price(value, where), {}
+        out["gpus"][gpu.key] = {"hour": hour, "plans": plans}
+    return out
+
+
+def plan_price(rate: dict, days: int, gpus: int) -> tuple[float | None, str]:
+    """The price of a ``days`` plan on ``gpus`` GPUs and how it was computed; None without a price."""
+    if days in rate["plans"]:
+        return rate["plans"][days] * gpus, f"{days}-day price {rate['plans'][days]:g} × {gpus} GPU(s)"
+    if rate["hour"] is not None:
+        return rate["hour"] * 24 * days * gpus, f"{rate['hour']:g}/h × 24 × {days} days × {gpus} GPU(s)"
+    return None, f"no {days}-day or hourly price"
+
+
+def costs(rates: dict, plans_by_gpu: dict[str, list[dict]], gpus: int) -> dict:
+    """Every rated GPU's plans with their cost, and the cheapest plan that places every run.
+
+    ``plans_by_gpu``: catalogue key → its packed plans (sheet/plan.py ``pack``), for the GPUs that fit."""
+    rows = []
+    for key, rate in rates["gpus"].items():
+        if key not in plans_by_gpu:
+            rows.append({"gpu": key, "days": None, "cost": None, "how": "does not fit the campaign",
+                         "fits_all": False, "placed": 0})
+            continue
+        for p in plans_by_gpu[key]:
+            cost, how = plan_price(rate, p["days"], gpus)
+            rows.append({"gpu": key, "days": p["days"], "cost": cost, "how": how, "fits_all": p["fits_all"],
+                         "placed": len(p["placed"])})
+    ok = [r for r in rows if r["fits_all"] and r["cost"] is not None]
+    cheapest = min(ok, key=lambda r: (r["cost"], r["days"])) if ok else None
+    return {"currency": rates["currency"], "path": rates["path"], "rows": rows, "cheapest": cheapest}

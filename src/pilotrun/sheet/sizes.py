@@ -1,0 +1,218 @@
+"""The largest micro_batch, eval_batch and seq_len a target GPU holds, by bisection over the estimator.
+
+Each probe runs the loop's own ``run_update`` (or ``evaluate``) once on fake tensors at the probed
+shape, under ``probe.estimate.Accountant`` with the model's parameters, gradients and optimizer state
+already live (the steady state); its predicted reserved bytes plus the sheet's margin and constants
+(sheet/gpu_memory.py) must fit the GPU. Memory grows with each size, so bisection finds the largest.
+
+A size is also capped by what can exist, whatever the memory: the model's maximum positions, the
+longest record the data holds (a longer seq_len only pads), the examples a rank gets from the split.
+The answer names which bound it met.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length")
+
+
+def model_max_positions(model) -> int | None:
+    cfg = getattr(model, "config", None)
+    for k in POSITION_KEYS:
+        v = getattr(cfg, k, None)
+        if isinstance(v, int) and v > 0:
+            return v
+    return None
+
+
+def longest_record(prep) -> tuple[int, bool]:
+    """Tokens of the longest record before truncation, and whether that count is exact (a record cut
+    at data.max_length whose full length the encoding does not keep is known only to be at least that)."""
+    limit = prep.c.data.max_length
+    best, exact = 0, True
+    for e in prep.train + prep.validation:
+        full = e.length
+        if prep.c.task == "causal-lm" and len(e.labels) == len(e.input_ids):
+            full = max(full, e.prompt_len + e.target_len_full)
+            exact = exact and e.prompt_len < limit
+        elif e.length >= limit:
+            exact = False
+        best = max(best, full)
+    return best, exact
+
+
+def _synth(example, length: int, n: int) -> list:
+    """``n`` copies of ``example`` stretched or cut to ``length`` tokens: memory depends on shapes only."""
+    ids = (example.input_ids * (length // max(1, len(example.input_ids)) + 1))[:length]
+    labels = example.labels
+    if len(labels) == len(example.input_ids):  # one label per position (causal-lm)
+        labels = (labels * (length // max(1, len(labels)) + 1))[:length]
+        labels = [ids[i] if v < 0 else v for i, v in enumerate(labels)]  # every position a target
+    return [dataclasses.replace(example, input_ids=ids, labels=labels)] * n
+
+
+class _Collated:
+    """The task with ``collate`` answered by one batch built beforehand: ``pad_batch`` writes each row
+    with its own ops, which under fake tensors costs time in proportion to the batch; n equal rows are
+    one row expanded, built outside the fake mode."""
+
+    def __init__(self, task, batch: dict):
+        self._task, self._batch = task, batch
+
+    def collate(self, examples):
+        return self._batch
+
+    def __getattr__(self, name):
+        return getattr(self._task, name)
+
+
+class Prober:
+    """The campaign's model and optimizer on fake tensors, probed at any shape."""
+
+    def __init__(self, loaded, prep):
+        import torch
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        from pilotrun.campaign.arithmetic import data_parallel_ranks
+        from pilotrun.engine.loop import make_state
+        from pilotrun.probe.estimate import fake_build, unsharded_block_bytes
+        from pilotrun.stages.pilot_phases import by_length
+
+        self.t, self.task = prep.c.train, prep.task
+        self.ranks = data_parallel_ranks(self.t)
+        self.fake = FakeTensorMode(allow_non_fake_inputs=True)
+        self.model = fake_build(loaded, self.fake)
+        self.max_positions = model_max_positions(self.model)
+        self.state = make_state(self.model, self.t, n_train=len(prep.train), seed=prep.c.seed,
+                                total_updates=prep.arithmetic()["updates"], device=torch.device("cpu"))
+        for group in self.state.optimizer.param_groups:
+            group["foreach"] = True  # the CUDA default, as in estimate
+        self.sharded = self.t.strategy == "fsdp" and self.ranks > 1
+        self.block = unsharded_block_bytes(self.model) if self.sharded else 0
+        self.train_example = by_length(prep.train)[0]
+        self.eval_example = by_length(prep.validation or prep.train)[0]
+        self.probes = 0
+        self.update(1, min(8, self.train_example.length))  # the optimizer state exists from here on
+
+    def _batch(self, example, length: int, n: int) -> dict:
+        import torch
+
+        one = self.task.collate(_synth(example, length, 1))
+        return {k: v.expand(n, *v.shape[1:]) if isinstance(v, torch.Tensor) and v.dim() and v.shape[0] == 1
+                else (v * n if isinstance(v, list) else v) for k, v in one.items()}
+
+    def _measure(self, work, batch: dict, grads_live: bool = False) -> int:
+        import torch
+
+        from pilotrun.probe.estimate import Accountant
+        from pilotrun.stages.estimate import SHARDED, _with_gathered_blocks
+
+        self.probes += 1
+        acc = Accountant("cuda")
+        params = list(self.model.parameters())
+        with self.fake, acc.tracking(self.model):
+            with acc.mark("probe"):
+                for p in params + list(self.model.buffers()):
+                    acc.book(p, "parameters")
+                for p in params:
+                    if grads_live and p.requires_grad:
+                        p.grad = torch.zeros_like(p)
+                    if p.grad is not None:
+                        acc.book(p.grad, "gradients", retag=True)
+                for st in self.state.optimizer.state.values():
+                    for v in st.values():
+                        if isinstance(v, torch.Tensor):
+                            acc.book(v, "optimizer_state")
+                if self.t.strategy == "ddp" and self.ranks > 1:
+                    acc.allocate(sum(p.numel() * p.element_size() for p in params if p.requires_grad), "gradients")
+                for v in batch.values():  # the inputs on the device (expanded views hold one row)
+                    if isinstance(v, torch.Tensor):
+                        acc.allocate(v.numel() * v.element_size(), "activations")
+                work(_Collated(self.task, batch))
+        s = acc.summary("probe", {k: 1 / self.ranks for k in SHARDED} if self.sharded else None)
+        if self.sharded:
+            s = _with_gathered_blocks(s, 2 * self.block)
+        return int(s["peak_reserved"])
+
+    def update(self, micro_batch: int, seq_len: int) -> int:
+        """Predicted reserved bytes of one steady update at this shape."""
+        from pilotrun.engine.loop import run_update
+
+        batch = self._batch(self.train_example, seq_len, micro_batch)
+        # accumulating, a pass after the first runs with every gradient already held: one such pass
+        # has the update's peak, at half the probe's cost of running two
+        return self._measure(lambda task: run_update(self.state, task, [[None]], max_grad_norm=self.t.max_grad_norm),
+                             batch, grads_live=self.t.accumulation > 1)
+
+    def evaluation(self, eval_batch: int, seq_len: int) -> int:
+        from pilotrun.engine.loop import evaluate
+
+        batch = self._batch(self.eval_example, seq_len, eval_batch)
+        return self._measure(lambda task: evaluate(self.state, task, [None] * eval_batch, eval_batch), batch)
+
+
+def largest(measure, limit: int, start: int, cap: int) -> int:
+    """The largest n in [1, cap] with ``measure(n) <= limit`` (measure grows with n), 0 when not even 1
+    fits. Probes the piloted size ``start`` first; then secant guesses (memory is close to linear in a
+    batch size) each checked from the other side, alternating with doubling or bisection, so a
+    curved growth (attention in seq_len) still converges in about twice bisection's probes at worst."""
+    if cap < 1:
+        return 0
+    lo, hi = 0, cap + 1  # measure(lo) fits, measure(hi) does not (sentinels, never probed)
+    seen: dict[int, int] = {}
+    n, last_guess = max(1, min(start, cap)), False
+    while True:
+        seen[n] = measure(n)
+        fits = seen[n] <= limit
+        lo, hi = (n, hi) if fits else (lo, n)
+        if hi - lo <= 1:
+            return lo
+        if last_guess:  # check the guess from its other side: linear growth ends here
+            n, last_guess = (lo + 1 if fits else hi - 1), False
+            continue
+        pts = sorted(seen.items())[-2:] if hi > cap else [(lo, seen.get(lo)), (hi, seen.get(hi))]
+        guess = None
+        if len(pts) == 2 and None not in (pts[0][1], pts[1][1]) and pts[1][1] > pts[0][1]:
+            (n1, r1), (n2, r2) = pts
+            guess = int(n2 + (limit - r2) * (n2 - n1) / (r2 - r1))
+        if guess is not None and len(seen) % 2 == 0:
+            n, last_guess = min(hi - 1, max(lo + 1, guess)), True
+        else:
+            n = min(cap, lo * 2) if hi > cap else (lo + hi) // 2
+            n = min(hi - 1, max(lo + 1, n))
+
+
+def largest_sizes(loaded, prep, limit: int, *, micro_batch: int, eval_batch: int, seq_len: int,
+                  eval_seq_len: int, prober: Prober | None = None) -> dict:
+    """Per size: its largest value on the target, the bound it met and how it was found.
+
+    ``limit``: the largest predicted reserved peak the target holds (its memory less margin and constants)."""
+    p = prober or Prober(loaded, prep)
+    longest, exact = longest_record(prep)
+    n_train = math.ceil(len(prep.train) / p.ranks)
+    n_val = math.ceil(len(prep.validation or prep.train) / p.ranks)
+    seq_caps = [(longest, f"longest record: {'' if exact else '≥ '}{longest:,} tokens")]
+    if p.max_positions:
+        seq_caps.append((p.max_positions, f"model max positions: {p.max_positions:,}"))
+    seq_cap, seq_bound = min(seq_caps)
+    if not exact and p.max_positions:
+        seq_cap, seq_bound = p.max_positions, f"model max positions: {p.max_positions:,}"
+    split = "validation" if prep.validation else "train"
+    specs = {
+        "micro_batch": (lambda n: p.update(n, seq_len), micro_batch, n_train,
+                        f"train split: {n_train:,} examples per rank", f"at seq_len {seq_len}"),
+        "eval_batch": (lambda n: p.evaluation(n, eval_seq_len), eval_batch, n_val,
+                       f"{split} split: {n_val:,} examples per rank", f"at seq_len {eval_seq_len}"),
+        "seq_len": (lambda n: p.update(micro_batch, n), seq_len, seq_cap, seq_bound,
+                    f"at micro_batch {micro_batch}"),
+    }
+    out = {}
+    for name, (measure, start, cap, cap_text, at) in specs.items():
+        before = p.probes
+        value = largest(measure, limit, start, cap)
+        out[name] = {"value": value, "cap": cap, "capped": value == cap,
+                     "bound": cap_text if value == cap else "GPU memory", "at": at,
+                     "source": "predicted: bisection over the estimator", "probes": p.probes - before}
+    return out

@@ -1,0 +1,210 @@
+"""What a person looks at: run-id prefixes, the one JSON envelope, tables at 80/100/160 columns and in
+pipes, a quiet broken pipe."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import run_cli_process, simple_records, tiny_causal_campaign
+
+from pilotrun.journal import Journal
+
+SNAPSHOTS = Path(__file__).parent / "snapshots"
+WIDTHS = (80, 100, 160)
+
+
+def _runs(home: Path, n: int, **kw) -> list[str]:
+    j = Journal(home)
+    ids = [j.create_run(kind=kw.get("kind", "train"), name="tiny", config={"i": i}, config_sha256="0",
+                        campaign_path=None, seed=i, git_rev=None, packages={}, data={}, trust_remote_code=False)
+           for i in range(n)]
+    for run_id in ids:
+        j.finish_run(run_id, "completed", {"updates": 0})
+    return ids
+
+
+# --- 1. run ids -----------------------------------------------------------------------------------
+def test_unique_prefix_is_accepted_by_show_note_and_supersedes(cli, tmp_path):
+    home = tmp_path / "home"
+    a, b = _runs(home, 2)
+    shared = os.path.commonprefix([a, b])
+    r = cli("show", a[:len(shared) + 1], "--home", home, "--json")
+    assert r.code == 0, r.err
+    assert r.json["data"]["run"]["run_id"] == a
+    r = cli("note", "looks fine", "--run", b[:len(shared) + 1], "--home", home, "--json")
+    assert r.code == 0 and r.json["data"]["run_id"] == b
+    assert [n["run_id"] for n in Journal(home).notes()] == [b]
+    j = Journal(home)
+    c = j.create_run(kind="train", name="tiny", config={}, config_sha256="0", campaign_path=None, seed=0,
+                     git_rev=None, packages={}, data={}, trust_remote_code=False, supersedes=a[:len(shared) + 1])
+    assert j.get_run(c)["supersedes"] == a
+
+
+def test_ambiguous_prefix_exits_2_listing_candidates(cli, tmp_path):
+    home = tmp_path / "home"
+    a, b = _runs(home, 2)
+    shared = os.path.commonprefix([a, b])
+    r = cli("show", shared, "--home", home)
+    assert r.code == 2
+    assert f"run id prefix '{shared}' is ambiguous: 2 runs match" in r.err
+    assert a in r.err and b in r.err and "type more characters" in r.err
+    r = cli("show", shared, "--home", home, "--json")
+    assert r.code == 2
+    err = r.json["error"]
+    assert r.json["ok"] is False and err["kind"] == "bad_input" and err["key"] == "RUN_ID"
+    assert err["candidates"] == sorted([a, b])
+    r = cli("note", "x", "--run", "zzz", "--home", home)
+    assert r.code == 2 and "run zzz does not exist" in r.err and "--run" in r.err
+
+
+def test_runs_never_cuts_an_id_at_any_width(tmp_path):
+    from pilotrun.report.terminal import render_runs
+
+    home = tmp_path / "home"
+    ids = _runs(home, 3)
+    runs = Journal(home).list_runs()
+    for width in (40, 60, 80, 100):
+        text = _render(lambda con: render_runs(con, runs), width)
+        assert all(run_id in text for run_id in ids), text
+        assert "…" not in text and max(map(len, text.splitlines())) <= width, text
+
+
+# --- 5. one JSON envelope -------------------------------------------------------------------------
+ENVELOPE_KEYS = ["ok", "exit_code", "verb", "verdict", "summary", "messages", "data", "stages", "error"]
+
+
+def test_every_kind_of_verb_writes_the_same_envelope(cli, tmp_path):
+    home = tmp_path / "home"
+    [run_id] = _runs(home, 1)
+    init = cli("init", tmp_path / "c", "--json")
+    campaign = tiny_causal_campaign(tmp_path / "t", simple_records(8))
+    shapes = {"init": init, "runs": cli("runs", "--home", home, "--json"),
+              "show": cli("show", run_id, "--home", home, "--json"),
+              "note": cli("note", "hello", "--home", home, "--json"),
+              "validate": cli("validate", campaign, "--json"),
+              "show-missing": cli("show", "nope", "--home", home, "--json"),
+              "bad-set": cli("validate", campaign, "--set", "train.lr", "--json"),
+              "usage": cli("runs", "--bogus", "--json")}
+    for name, r in shapes.items():
+        assert list(r.json) == ENVELOPE_KEYS, name
+        assert r.json["exit_code"] == r.code and r.json["ok"] is (r.code == 0), name
+    assert shapes["runs"].json["data"]["runs"][0]["run_id"] == run_id
+    assert shapes["show"].json["data"]["run"]["run_id"] == run_id
+    assert shapes["validate"].json["stages"][0]["stage"] == "validate"
+    assert shapes["init"].json["verb"] == "init" and shapes["init"].json["error"] is None
+    bad = shapes["bad-set"].json
+    assert bad["exit_code"] == 2 and bad["error"]["key"] == "--set" and "KEY=VALUE" in bad["error"]["message"]
+    assert shapes["usage"].json["error"]["kind"] == "usage" and shapes["usage"].code == 2
+
+
+def test_error_envelope_names_file_and_line(cli, tmp_path):
+    campaign = tmp_path / "campaign.yaml"
+    campaign.write_text("name: x\ntask: causal-lm\nmodel: [unclosed\n")
+    r = cli("validate", campaign, "--json")
+    assert r.code == 2
+    err = r.json["error"]
+    assert err["file"] == str(campaign) and isinstance(err["line"], int) and err["line"] >= 3, err
+    assert err["fix"]
+
+
+# --- 2. tables at three widths --------------------------------------------------------------------
+def _render(draw, width: int) -> str:
+    from rich.console import Console
+
+    buf = io.StringIO()
+    draw(Console(file=buf, width=width, color_system=None, force_terminal=False, highlight=False, soft_wrap=False))
+    return buf.getvalue()
+
+
+def _stage_tables():
+    from pilotrun.stages.result import StageResult
+
+    fixtures = json.loads((SNAPSHOTS / "tables.json").read_text())
+    results = {k: StageResult(v["stage"], v["verdict"], v["summary"], [], {}, v["columns"], v["rows"])
+               for k, v in fixtures.items()}
+    results["all"] = [StageResult("validate", "ok", "campaign valid; examples per update = 4 (micro_batch 2 × "
+                                  "accumulation 2 × ranks 1)"),
+                      StageResult("pilot", "fail", "2 of 7 phase rows failing: first_step/0: over-budget, "
+                                  "steady_step/0: over-budget"),
+                      StageResult("sheet", "warn", "needs 17.43 GiB per GPU (peak at steady_step); target "
+                                  "L4 24GB; campaign 3.2 h")]
+    return results
+
+
+def _draw(name, value):
+    from pilotrun.report.terminal import render_result, render_summary
+
+    if name == "all":
+        return lambda con: render_summary(value, con)
+    return lambda con: render_result(value, con)
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+@pytest.mark.parametrize("name", ["pilot", "estimate", "sheet", "all"])
+def test_table_snapshot(name, width):
+    value = _stage_tables()[name]
+    text = _render(_draw(name, value), width)
+    path = SNAPSHOTS / f"{name}-{width}.txt"
+    if os.environ.get("PILOTRUN_UPDATE_SNAPSHOTS"):
+        path.write_text(text)
+    assert max(map(len, text.splitlines())) <= width, text
+    assert "…" not in text
+    results = value if isinstance(value, list) else [value]
+    for r in results:
+        for row in r.rows:  # every cell, whole, somewhere
+            for v in (row.get(c) for c in r.columns) if r.columns else row.values():
+                for word in str(v if not isinstance(v, float) else f"{v:.4g}").split():
+                    assert word in text, (word, text)
+        for col in r.columns:
+            for word in col.replace("_", " ").split():
+                assert word in text, (col, text)
+    assert text == path.read_text(), f"{path.name} changed; rerun with PILOTRUN_UPDATE_SNAPSHOTS=1 and review"
+
+
+def test_ledger_tolerates_an_extra_memory_column():
+    from pilotrun.stages.result import StageResult
+
+    pilot = _stage_tables()["pilot"]
+    rows = [dict(r, peak_exact="301.2 MiB") for r in pilot.rows]
+    cols = pilot.columns[:5] + ["peak_exact"] + pilot.columns[5:]
+    for width in WIDTHS:
+        text = _render(_draw("pilot", StageResult("pilot", "ok", "x", [], {}, cols, rows)), width)
+        assert "301.2 MiB" in text and "exact" in text and max(map(len, text.splitlines())) <= width
+
+
+def test_layouts_by_width():
+    from pilotrun.report.table import render_table
+
+    sheet = _stage_tables()["sheet"]
+    layouts = {w: None for w in (40, 80, 100, 160)}
+    for w in layouts:
+        _render(lambda con: layouts.__setitem__(w, render_table(con, sheet.columns, sheet.rows)), w)
+    assert layouts == {40: "vertical", 80: "split", 100: "split", 160: "stacked-headers"}
+
+
+def test_piped_output_is_not_wrapped_at_80(tmp_path):
+    home = tmp_path / "home"
+    ids = _runs(home, 2)
+    p = run_cli_process("runs", "--home", home, env={"COLUMNS": "80"})
+    assert p.returncode == 0, p.stderr
+    lines = [ln for ln in p.stdout.splitlines() if ids[0] in ln]
+    assert len(lines) == 1 and "completed" in lines[0] and len(lines[0]) > 80 and "created" in p.stdout
+
+
+# --- 7. a broken pipe is not a failure ------------------------------------------------------------
+def test_pipe_closed_early_exits_0_quietly(tmp_path):
+    home = tmp_path / "home"
+    _runs(home, 700)
+    proc = subprocess.Popen([sys.executable, "-m", "pilotrun", "runs", "--home", str(home)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=dict(os.environ))
+    first = proc.stdout.readline()
+    proc.stdout.close()  # what `| head -1` does
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 0, err
+    assert b"run" in first and "Traceback" not in err and "Broken pipe" not in err and "BrokenPipe" not in err, err

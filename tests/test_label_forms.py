@@ -1,0 +1,73 @@
+"""seq-cls labels written two ways: names in one split and ids in another warn; when a value reads as two
+different classes (numeric names) it fails; a label that looks numeric but is no int ("²", "--1") is exit 2
+through the real CLI, never an internal error. Labels written one way pass."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import TINY_LLAMA, write_campaign, write_jsonl
+
+from pilotrun.campaign import load_campaign
+from pilotrun.data.checks import run_checks
+from pilotrun.stages.prepare import prepare
+
+
+def _seqcls(tmp_path, train, validation, labels):
+    write_jsonl(tmp_path / "data" / "train.jsonl", [{"text": f"text number {i}", "label": v} for i, v in
+                                                     enumerate(train)])
+    write_jsonl(tmp_path / "data" / "validation.jsonl", [{"text": f"other text {i}", "label": v} for i, v in
+                                                          enumerate(validation)])
+    c = {"name": "cls", "task": "seq-cls", "model": {"config": dict(TINY_LLAMA), "tokenizer": "byte"},
+         "data": {"train": "data/train.jsonl", "validation": "data/validation.jsonl", "text": "text",
+                  "label": "label", "labels": list(labels), "max_length": 64},
+         "train": {"micro_batch": 2, "accumulation": 1, "updates": 2}}
+    return write_campaign(tmp_path, c)
+
+
+def _checks(path):
+    loaded = load_campaign(path)
+    return run_checks(prepare(loaded, splits=()).task, loaded)
+
+
+def _forms(report):
+    return [c for c in report.checks if c.name == "label-forms"]
+
+
+def test_names_in_train_ids_in_validation_warn(tmp_path):
+    report = _checks(_seqcls(tmp_path, ["neg", "pos", "neutral", "pos"], [1, 0, 2], ["neg", "pos", "neutral"]))
+    [hit] = _forms(report)
+    assert hit.verdict == "warn"
+    assert "labels are written as class names in train (e.g. 'neg' at " in hit.message
+    assert "and as ids in validation (e.g. 1 at " in hit.message and "validation.jsonl:1" in hit.message
+    assert "check that id i means data.labels[i] in both" in hit.message
+
+
+def test_numeric_names_and_ids_disagree_fail(tmp_path):
+    # star ratings: data.labels are the names "1".."3"; validation gives ids 0..2 (JSON numbers)
+    report = _checks(_seqcls(tmp_path, ["1", "2", "3", "2"], [0, 1, 2], ["1", "2", "3"]))
+    [hit] = _forms(report)
+    assert hit.verdict == "fail" and report.verdict == "fail"
+    assert "the two readings disagree: '1' is the name of class 0 in data.labels ['1', '2', '3'], while the id 1 " \
+           "is class 1 ('2')" in hit.message, hit.message
+    assert "(4 records read as names, first " in hit.message and "train.jsonl:1" in hit.message
+    assert "write every split's labels one way" in hit.message
+
+
+def test_labels_written_one_way_pass(tmp_path):
+    assert not _forms(_checks(_seqcls(tmp_path / "a", ["neg", "pos", "neutral"], ["pos", "neg", "neutral"],
+                                      ["neg", "pos", "neutral"])))
+    assert not _forms(_checks(_seqcls(tmp_path / "b", [0, 1, 2, 1], ["1", "0", "2"], ["neg", "pos", "neutral"])))
+    # numeric names written as names everywhere: one reading, nothing to disagree about
+    assert not _forms(_checks(_seqcls(tmp_path / "c", ["1", "2", "3"], ["3", "1", "2"], ["1", "2", "3"])))
+
+
+@pytest.mark.parametrize("bad", ["²", "--1", "1.0", "①"])
+def test_label_that_looks_numeric_but_is_no_int_is_exit_2(tmp_path, cli, bad):
+    path = _seqcls(tmp_path, ["neg", bad, "pos"], ["pos", "neg"], ["neg", "pos"])
+    for verb in ("inspect", "train"):
+        r = cli(verb, path, "--home", tmp_path / "home")
+        assert r.code == 2, (verb, r.out + r.err)
+        err = " ".join(r.err.split())
+        assert "Traceback" not in r.err
+        assert f"{bad!r}" in err and "not in data.labels ['neg', 'pos']" in err, err
+        assert "train.jsonl:2" in err

@@ -1,0 +1,188 @@
+"""The journal across versions and faults (issue 20): a newer journal is refused and left byte-for-byte
+unchanged by every verb; an older one is backed up and migrated; a damaged one is exit 2 naming the file
+and the recovery; a home below a file, or on a read-only file system, is exit 2 for writing verbs while
+reading verbs still answer."""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import simple_records, tiny_causal_campaign
+
+from pilotrun.journal.store import SCHEMA_VERSION, Journal
+
+
+def _user_version(path: Path) -> int:
+    db = sqlite3.connect(path)
+    try:
+        return db.execute("PRAGMA user_version").fetchone()[0]
+    finally:
+        db.close()
+
+
+def _stamp(path: Path, version: int) -> None:
+    db = sqlite3.connect(path)
+    try:
+        db.execute(f"PRAGMA user_version={version}")
+        db.commit()
+    finally:
+        db.close()
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A real journal with one finished train run (built once), copied by each test."""
+    from pilotrun.cli.main import run
+
+    tmp = tmp_path_factory.mktemp("trained")
+    path = tiny_causal_campaign(tmp, simple_records(8), simple_records(4, 100))
+    assert run(["train", str(path), "--home", str(tmp / "home")]) == 0
+    run_id = Journal(tmp / "home").list_runs()[0]["run_id"]
+    return tmp, path, run_id
+
+
+def test_a_new_journal_is_stamped(tmp_path):
+    Journal(tmp_path / "home")
+    assert _user_version(tmp_path / "home" / "journal.sqlite") == SCHEMA_VERSION == 1
+
+
+def _verbs(path: Path, run_id: str, tmp: Path):
+    return [
+        ("runs",), ("show", run_id), ("note", "a note"), ("note", "n", "--run", run_id),
+        ("report", "--out", tmp / "r.html"), ("verify", run_id), ("archive", run_id, "--out", tmp / "a.tar.gz"),
+        ("train", path), ("overfit", path), ("pilot", path), ("sweep", path), ("resume", path),
+        ("sheet", path), ("fit", path, "--memory-limit", "1GiB"), ("all", path),
+    ]
+
+
+def test_a_newer_journal_is_unchanged_after_every_verb(cli, trained, tmp_path):
+    src, path, run_id = trained
+    home = src / "home"
+    journal = home / "journal.sqlite"
+    _stamp(journal, SCHEMA_VERSION + 98)
+    try:
+        before = journal.read_bytes()
+        listing = sorted(p.name for p in home.iterdir())
+        for verb in _verbs(path, run_id, tmp_path):
+            r = cli(*verb, "--home", home)
+            assert r.code == 2, (verb, r.code, r.err)
+            assert f"the journal has schema version {SCHEMA_VERSION + 98}, newer than this pilotrun knows" in r.err
+            assert str(journal) in r.err and "Traceback" not in r.err
+            assert journal.read_bytes() == before, f"{verb[0]} changed the journal"
+            assert sorted(p.name for p in home.iterdir()) == listing, f"{verb[0]} left a file beside it"
+        assert not (tmp_path / "r.html").exists() and not (tmp_path / "a.tar.gz").exists()
+    finally:
+        _stamp(journal, SCHEMA_VERSION)
+
+
+def test_the_header_lagging_behind_the_log_is_not_trusted(tmp_path):
+    """A stamp still in the write-ahead log (another process holds the journal open) is seen too."""
+    Journal(tmp_path / "home").add_note("x")
+    path = tmp_path / "home" / "journal.sqlite"
+    holder = sqlite3.connect(path)  # keeps the log from being folded back into the file
+    holder.execute("SELECT 1 FROM runs").fetchall()
+    writer = sqlite3.connect(path)
+    writer.execute("PRAGMA user_version=5")
+    writer.commit()
+    writer.close()
+    try:
+        assert path.read_bytes()[60:64] == SCHEMA_VERSION.to_bytes(4, "big")  # the header alone would pass
+        with pytest.raises(Exception, match="schema version 5, newer than"):
+            Journal(tmp_path / "home")
+    finally:
+        holder.close()
+
+
+def test_an_older_journal_is_backed_up_and_migrated(cli, trained, tmp_path):
+    src, path, run_id = trained
+    home = tmp_path / "home"
+    home.mkdir()
+    db = sqlite3.connect(src / "home" / "journal.sqlite")
+    dst = sqlite3.connect(home / "journal.sqlite")
+    db.backup(dst)
+    db.close()
+    dst.execute("PRAGMA user_version=0")  # as journals were written before the stamp
+    dst.commit()
+    dst.close()
+    r = cli("runs", "--home", home, "--json")
+    assert r.code == 0 and r.json["data"]["runs"][0]["run_id"] == run_id
+    assert _user_version(home / "journal.sqlite") == SCHEMA_VERSION
+    backup = home / "journal.sqlite.bak-v0"
+    assert _user_version(backup) == 0
+    b = sqlite3.connect(backup)
+    assert b.execute("SELECT run_id FROM runs").fetchall() == [(run_id,)]
+    b.close()
+
+
+@pytest.mark.parametrize("damage, words", [
+    (lambda b: b[:50], "not an SQLite database"),
+    (lambda b: b"not a journal at all\n" * 10, "not an SQLite database"),
+    (lambda b: b[:8192], "the journal is damaged"),
+    (lambda b: b[:100] + b"\xff" * (len(b) - 100), "the journal is damaged"),
+])
+@pytest.mark.parametrize("verb", [("runs",), ("note", "x")])
+def test_a_damaged_journal_names_the_file_and_the_recovery(cli, trained, tmp_path, damage, words, verb):
+    src = trained[0] / "home" / "journal.sqlite"
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "journal.sqlite").write_bytes(damage(src.read_bytes()))
+    before = (home / "journal.sqlite").read_bytes()
+    r = cli(*verb, "--home", home)
+    assert r.code == 2, (r.code, r.err)
+    assert words in r.err and str(home / "journal.sqlite") in r.err and ".recover" in r.err, r.err
+    assert "Traceback" not in r.err
+    assert (home / "journal.sqlite").read_bytes() == before
+
+
+@pytest.mark.parametrize("verb", [("runs",), ("note", "x")])
+def test_a_home_below_a_file(cli, tmp_path, monkeypatch, verb):
+    (tmp_path / "afile").write_text("x")
+    monkeypatch.setenv("PILOTRUN_HOME", str(tmp_path / "afile" / "home"))
+    r = cli(*verb)
+    assert r.code == 2, (r.code, r.err)
+    assert str(tmp_path / "afile") in r.err and "Traceback" not in r.err
+    assert (tmp_path / "afile").read_text() == "x"
+
+
+def test_a_home_that_is_a_file(cli, tmp_path, monkeypatch):
+    (tmp_path / "home").write_text("x")
+    monkeypatch.setenv("PILOTRUN_HOME", str(tmp_path / "home"))
+    r = cli("note", "x")
+    assert r.code == 2 and str(tmp_path / "home") in r.err and "is a file" in r.err, r.err
+    assert "Traceback" not in r.err
+
+
+def _mount_read_only(src: Path, dest: Path) -> bool:
+    dest.mkdir()
+    if subprocess.run(["mount", "--bind", str(src), str(dest)], capture_output=True).returncode != 0:
+        return False
+    if subprocess.run(["mount", "-o", "remount,bind,ro", str(dest)], capture_output=True).returncode != 0:
+        subprocess.run(["umount", str(dest)], capture_output=True)
+        return False
+    return True
+
+
+def test_a_home_on_a_read_only_file_system(cli, trained, tmp_path):
+    src, path, run_id = trained
+    ro = tmp_path / "ro"
+    if not _mount_read_only(src / "home", ro):
+        pytest.skip("cannot bind-mount a read-only folder here (needs root and mount)")
+    try:
+        r = cli("runs", "--home", ro, "--json")
+        assert r.code == 0 and r.json["data"]["runs"][0]["run_id"] == run_id, r.err
+        r = cli("show", run_id, "--home", ro)
+        assert r.code == 0, r.err
+        r = cli("report", "--home", ro, "--out", tmp_path / "report.html")
+        assert r.code == 0 and (tmp_path / "report.html").is_file(), r.err
+        r = cli("report", "--home", ro)  # the default --out is inside the read-only home
+        assert r.code == 2 and f"cannot write {ro / 'report.html'}: Read-only file system" in r.err, r.err
+        for verb in (("note", "x"), ("train", path)):
+            r = cli(*verb, "--home", ro)
+            assert r.code == 2, (verb, r.code, r.err)
+            assert "is on a read-only file system; this verb writes to the journal" in r.err and str(ro) in r.err
+            assert "Traceback" not in r.err
+    finally:
+        subprocess.run(["umount", str(ro)], capture_output=True)
