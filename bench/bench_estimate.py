@@ -33,7 +33,7 @@ import json, sys
 from pilotrun.campaign.load import load_campaign
 from pilotrun.engine.loop import evaluate, make_state, run_update
 from pilotrun.probe.memory import make_probe
-from pilotrun.stages.pilot_phases import worst_case
+from pilotrun.phases.worst import worst_case
 from pilotrun.stages.prepare import prepare
 
 def phases(path):
@@ -131,7 +131,7 @@ def _halving(m: int, fits) -> tuple[int | None, int]:
 
 
 def bench_probes() -> list[dict]:
-    from pilotrun.stages.fit import probe_bound
+    from pilotrun.stages.fit_rules import probe_bound
     from pilotrun.stages.fit_probe import largest_fitting
 
     ratios, halving_probes, bisect_probes, smaller = [], [], [], 0

@@ -38,7 +38,7 @@ def measured(loaded) -> dict:
 
     from pilotrun.engine.loop import evaluate, make_state, run_update
     from pilotrun.probe.memory import make_probe
-    from pilotrun.stages.pilot_phases import worst_case
+    from pilotrun.phases.worst import worst_case
     from pilotrun.stages.prepare import prepare
 
     device = torch.device("cuda", 0)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -200,33 +199,11 @@ def one_run_of_two_ranks(ranks: list[dict], home: Path, kind: str) -> tuple[dict
 
 def launch_ranks(framework: str, home: Path, out: Path, nproc: int = 2, timeout: float = 240) -> list[dict]:
     """Start ``nproc`` processes of this script with torchrun's environment; return their rank-R.json."""
-    from pilotrun.engine.distributed import free_port
+    from pilotrun.engine.launcher import start_scripts
 
     out.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    procs = []
-    for rank in range(nproc):
-        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), GROUP_RANK="0", WORLD_SIZE=str(nproc),
-                   LOCAL_WORLD_SIZE=str(nproc), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1",
-                   CUDA_VISIBLE_DEVICES="")
-        log = open(out / f"rank-{rank}.log", "w")
-        procs.append((subprocess.Popen([sys.executable, __file__, framework, str(home), str(out)], env=env,
-                                       stdout=log, stderr=subprocess.STDOUT), log))
-    failed = []
-    try:
-        for rank, (p, log) in enumerate(procs):
-            try:
-                rc = p.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                rc = "timeout"
-            if rc != 0:
-                failed.append(rank)
-    finally:
-        for p, log in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-            log.close()
+    codes = start_scripts([__file__, framework, str(home), str(out)], nproc, out, timeout=timeout)
+    failed = [rank for rank, rc in enumerate(codes) if rc != 0]
     if failed:
         logs = "\n".join(f"--- rank {r} ---\n" + (out / f"rank-{r}.log").read_text()[-4000:] for r in failed)
         raise AssertionError(f"rank(s) {failed} failed:\n{logs}")

@@ -123,7 +123,7 @@ def _render(draw, width: int) -> str:
 
 
 def _stage_tables():
-    from pilotrun.stages.result import StageResult
+    from pilotrun.verdicts import StageResult
 
     fixtures = json.loads((SNAPSHOTS / "tables.json").read_text())
     results = {k: StageResult(v["stage"], v["verdict"], v["summary"], [], {}, v["columns"], v["rows"])
@@ -168,7 +168,7 @@ def test_table_snapshot(name, width):
 
 
 def test_ledger_tolerates_an_extra_memory_column():
-    from pilotrun.stages.result import StageResult
+    from pilotrun.verdicts import StageResult
 
     pilot = _stage_tables()["pilot"]
     rows = [dict(r, peak_exact="301.2 MiB") for r in pilot.rows]

@@ -139,7 +139,7 @@ def test_pilot_under_torchrun_makes_one_run_with_both_ranks(tmp_path):
 
     from pilotrun.engine.distributed import free_port
     from pilotrun.journal import Journal
-    from pilotrun.stages.pilot_phases import PHASES
+    from pilotrun.phases import PHASES
 
     path = tiny_causal_campaign(tmp_path, simple_records(16), simple_records(8, 50), train__strategy="ddp",
                                 train__nproc=2)

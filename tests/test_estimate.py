@@ -43,7 +43,7 @@ def test_parameters_gradients_and_optimizer_state_are_exact(tmp_path):
     from pilotrun.campaign.load import load_campaign
     from pilotrun.engine.loop import make_state, run_update
     from pilotrun.stages.estimate import estimate
-    from pilotrun.stages.pilot_phases import worst_case
+    from pilotrun.phases.worst import worst_case
     from pilotrun.stages.prepare import prepare
 
     loaded = load_campaign(_campaign(tmp_path))
@@ -70,7 +70,7 @@ MEASURE = textwrap.dedent("""
     from pilotrun.campaign.load import load_campaign
     from pilotrun.engine.loop import evaluate, make_state, run_update
     from pilotrun.probe.memory import make_probe
-    from pilotrun.stages.pilot_phases import worst_case
+    from pilotrun.phases.worst import worst_case
     from pilotrun.stages.prepare import prepare
 
     def phases(path):

@@ -81,7 +81,8 @@ def test_halved_micro_batch_with_doubled_accumulation_fits_and_matches(tmp_path)
 
 
 def _halved_micro_batch(tmp_path):
-    from pilotrun.stages.fit import FP32_RTOL, fit
+    from pilotrun.stages.fit import fit
+    from pilotrun.stages.fit_rules import FP32_RTOL
 
     loaded = _loaded(tmp_path)
     control = _measure(loaded, "train")
@@ -169,7 +170,7 @@ def test_targets_cut_is_zero_for_a_length_that_cuts_nothing(tmp_path):
 
 @pytest.mark.parametrize("n", [1, 2, 3, 5, 8, 13, 64, 100])
 def test_bisection_finds_the_largest_fit_within_the_probe_bound(n):
-    from pilotrun.stages.fit import probe_bound
+    from pilotrun.stages.fit_rules import probe_bound
     from pilotrun.stages.fit_probe import largest_fitting
 
     cands = list(range(1, n + 1))
@@ -181,7 +182,7 @@ def test_bisection_finds_the_largest_fit_within_the_probe_bound(n):
 
 def test_unreachable_effective_batch_names_the_keys(tmp_path, cli):
     from pilotrun.errors import BadInput
-    from pilotrun.stages.fit import accumulation_for, micro_batch_candidates
+    from pilotrun.stages.fit_rules import accumulation_for, micro_batch_candidates
 
     loaded = _loaded(tmp_path, train__strategy="ddp", train__nproc=3, train__micro_batch=2, train__accumulation=2)
     with pytest.raises(BadInput) as e:

@@ -6,7 +6,7 @@ from conftest import simple_records, tiny_causal_campaign, write_campaign
 
 from pilotrun.campaign import load_campaign
 from pilotrun.stages.pilot import pilot
-from pilotrun.stages.pilot_phases import PHASES
+from pilotrun.phases import PHASES
 
 COUNTERS = ("baseline", "peak_allocated", "end_allocated")
 

@@ -70,9 +70,9 @@ def test_three_learning_rates_two_seeds_with_an_absurd_one(demo_dir, cli):
     assert plan["budget"] == {"updates": 8, "epochs": None} and plan["eval_every"] == 4
     assert plan["effective_batch"]["examples_per_update"] == 8 and plan["seeds"] == [0, 1]
     assert [a["overrides"] for a in plan["arms"]] == [{"train.lr": 3e-3}, {"train.lr": 1e-3}, {"train.lr": 1e3}]
-    from pilotrun.campaign.load import sha256_of_config
+    from pilotrun.provenance import config_sha256
 
-    assert frozen["plan_sha256"] == sha256_of_config(plan)
+    assert frozen["plan_sha256"] == config_sha256(plan)
     with pytest.raises(sqlite3.IntegrityError, match="frozen"):
         with j.transaction() as db:
             db.execute("UPDATE sweeps SET plan_json='{}' WHERE sweep_id=?", (sweep_id,))

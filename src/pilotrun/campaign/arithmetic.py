@@ -12,9 +12,19 @@ def data_parallel_ranks(t) -> int:
     return t.nproc if t.strategy in ("ddp", "fsdp") else 1
 
 
+def per_rank_update(t) -> int:
+    """Examples one rank takes into one update: micro_batch × accumulation."""
+    return t.micro_batch * t.accumulation
+
+
+def examples_per_update(t) -> int:
+    """Examples one update takes over every data-parallel rank: micro_batch × accumulation × ranks."""
+    return per_rank_update(t) * data_parallel_ranks(t)
+
+
 def batch_arithmetic(t, n_train: int) -> dict:
     ranks = data_parallel_ranks(t)
-    per_update = t.micro_batch * t.accumulation * ranks
+    per_update = examples_per_update(t)
     full, rest = divmod(n_train, per_update)
     if full == 0 and (t.drop_last or rest == 0):
         raise BadInput(f"{n_train} training examples are fewer than one update of {per_update} "

@@ -35,14 +35,14 @@ class Arm:
 
 
 def _line_of(loaded, path: tuple) -> int | None:
-    from pilotrun.campaign.load import _line_index
+    from pilotrun.campaign.load import line_index
 
     if loaded.source is None or not loaded.source.is_file():
         return None
-    return _line_index(loaded.source.read_text(encoding="utf-8")).get(path)
+    return line_index(loaded.source.read_text(encoding="utf-8")).get(path)
 
 
-def _effective_batch(t) -> tuple[int, int, int]:
+def effective_batch(t) -> tuple[int, int, int]:
     return t.micro_batch, t.accumulation, data_parallel_ranks(t)
 
 
@@ -85,11 +85,11 @@ def plan_arms(loaded) -> list[Arm]:
             raise BadInput(f"{arm_id}: {e.detail}", where=where, fix=e.fix) from None
         arms.append(Arm(name, overrides, own, arm_id, where, arm_loaded))
     ref = arms[0].loaded.c.train
-    mb, acc, ranks = _effective_batch(ref)
+    mb, acc, ranks = effective_batch(ref)
     for arm in arms[1:]:
         t, arm_id = arm.loaded.c.train, arm.arm_id
-        if math.prod(_effective_batch(t)) != mb * acc * ranks:
-            a, b, r = _effective_batch(t)
+        if math.prod(effective_batch(t)) != mb * acc * ranks:
+            a, b, r = effective_batch(t)
             raise _refuse(arm_id, arm.where, arm.own, BATCH_KEYS,
                           f"the effective batch (micro_batch × accumulation × ranks = {a} × {b} × {r} = {a * b * r}; "
                           f"the control has {mb} × {acc} × {ranks} = {mb * acc * ranks})",

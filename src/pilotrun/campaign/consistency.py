@@ -110,7 +110,7 @@ def _task_and_model_files(c, base_dir=None) -> list[BadInput]:
     import importlib.util
     from pathlib import Path
 
-    from pilotrun.tasks.loading import _check_model_dir
+    from pilotrun.tasks.loading import check_model_dir
 
     problems = []
     if c.task not in ("causal-lm", "seq-cls"):
@@ -133,7 +133,7 @@ def _task_and_model_files(c, base_dir=None) -> list[BadInput]:
         return problems
     if c.model.path is not None:
         try:
-            _check_model_dir(Path(c.model.path))
+            check_model_dir(Path(c.model.path))
         except BadInput as e:
             problems.append(e)
     tok = c.model.tokenizer

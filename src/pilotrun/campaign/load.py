@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import copy
 import difflib
-import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +19,8 @@ from pydantic import BaseModel, ValidationError
 from pilotrun.campaign import yamlsafe
 from pilotrun.campaign.schema import Campaign
 from pilotrun.errors import BadInput, BadInputs
+from pilotrun.journal.files import dump_yaml  # noqa: F401  (part of campaign's API)
+from pilotrun.provenance import config_sha256
 
 PATH_KEYS = ("model.path", "model.tokenizer", "data.train", "data.validation", "data.test")
 
@@ -40,7 +41,7 @@ class LoadedCampaign:
         return self.campaign.model_dump(mode="json")
 
     def config_sha256(self) -> str:
-        return sha256_of_config(self.resolved_dict())
+        return config_sha256(self.resolved_dict())
 
     def with_overrides(self, overrides: dict[str, Any]) -> "LoadedCampaign":
         raw = apply_overrides(self.resolved_dict(), overrides, where=str(self.source or "campaign"))
@@ -49,11 +50,7 @@ class LoadedCampaign:
         return LoadedCampaign(c, self.source, self.base_dir)
 
 
-def sha256_of_config(d: dict[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(d, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-
-
-def _line_index(text: str) -> dict[tuple, int]:
+def line_index(text: str) -> dict[tuple, int]:
     """Map each key path in a YAML document to its 1-based line."""
     try:
         node = yamlsafe.compose(text, "campaign")
@@ -311,5 +308,3 @@ def campaign_from_dict(raw: dict[str, Any], base_dir: Path, overrides: dict[str,
     return LoadedCampaign(c, None, base_dir)
 
 
-def dump_yaml(d: dict[str, Any]) -> str:
-    return yaml.safe_dump(d, sort_keys=False, allow_unicode=True)

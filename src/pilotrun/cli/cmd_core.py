@@ -36,7 +36,7 @@ def init(folder, task, force, home, as_json):
     """Write a commented starter campaign.yaml for a task into FOLDER."""
     from pilotrun.campaign.templates import starter
     from pilotrun.journal.files import atomic_write_text
-    from pilotrun.stages.result import StageResult
+    from pilotrun.verdicts import StageResult
 
     path = Path(folder) / "campaign.yaml"
     if path.exists() and not force:

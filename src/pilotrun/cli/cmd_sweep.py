@@ -46,7 +46,7 @@ def report(out, home, as_json):
 
     from pilotrun.journal.store import Journal
     from pilotrun.report.html import write_report
-    from pilotrun.stages.result import StageResult
+    from pilotrun.verdicts import StageResult
 
     journal = Journal(home_for(home), create=False)
     path = write_report(journal, Path(out) if out else journal.home / "report.html")

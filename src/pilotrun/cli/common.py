@@ -96,7 +96,7 @@ def emit(results, as_json: bool, *, rendered: bool = False) -> int:
     from pilotrun.cli.envelope import for_results, write
     from pilotrun.report.safe import safe
     from pilotrun.report.terminal import render_result, render_summary
-    from pilotrun.stages.result import exit_code
+    from pilotrun.verdicts import exit_code
 
     results = results if isinstance(results, list) else [results]
     con = console(as_json)

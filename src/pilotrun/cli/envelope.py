@@ -34,7 +34,7 @@ def write(payload: dict) -> None:
 
 
 def for_results(results, verb: str | None, exit_code: int) -> dict:
-    from pilotrun.stages.result import worst
+    from pilotrun.verdicts import worst
 
     stages = [r.to_json() for r in results]
     if len(results) == 1:

@@ -10,31 +10,17 @@ from __future__ import annotations
 import hashlib
 import math
 from array import array
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from pilotrun.stages.result import worst
+from pilotrun.verdicts import FEW, Check, worst
 from pilotrun.tasks.base import IGNORE
 from pilotrun.tasks.common import SPLITS, template_fields
 
-FEW = 3  # record ids quoted in a message
 CHUNK = 1024  # records tokenized per batch
 BARS = "▁▂▃▄▅▆▇█"
-
-
-@dataclass
-class Check:
-    name: str
-    verdict: str  # ok | warn | fail
-    message: str
-    split: str | None = None
-    data: dict[str, Any] = field(default_factory=dict)
-
-    def line(self) -> str:
-        where = f" [{self.split}]" if self.split else ""
-        return f"{self.verdict.upper()} {self.name}{where}: {self.message}"
 
 
 @dataclass

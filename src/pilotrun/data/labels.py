@@ -36,7 +36,7 @@ def label_forms(task, records: dict[str, list]) -> list:
     A warning — unless a value reads as two different classes, a name whose digits are another class's id
     (data.labels ["1", "2", "3"]: the name "1" is id 0, the id 1 is "2"), with both forms in the data:
     then the splits disagree about what a class is, and it fails."""
-    from pilotrun.data.checks import Check
+    from pilotrun.verdicts import Check
     from pilotrun.tasks.seq_cls import as_id
 
     if getattr(task, "kind", None) != "seq-cls" or not hasattr(task, "label2id"):
@@ -101,7 +101,7 @@ def head_name(c, class_id: int) -> str | None:
 
 
 def label_checks(task, loaded, scans) -> list:
-    from pilotrun.data.checks import Check
+    from pilotrun.verdicts import Check
 
     if getattr(task, "kind", None) != "seq-cls":
         return []

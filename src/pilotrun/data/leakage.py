@@ -20,7 +20,7 @@ from datetime import date, datetime
 import numpy as np
 
 from pilotrun.data import minhash
-from pilotrun.data.checks import Check
+from pilotrun.verdicts import Check
 from pilotrun.errors import BadInput
 from pilotrun.tasks import common
 
@@ -204,7 +204,7 @@ def near_duplicates(a: SplitUnits, b: SplitUnits, threshold: float) -> Check | N
                  {"count": int(n_units), "pairs": [[_unit(b, ib[k]), _unit(a, ia[k]), float(sim[k])] for k in top]})
 
 
-def _period_key(values: list):
+def period_key(values: list):
     """Periods as comparable values: numbers, ISO dates/times, else their text."""
     for conv in (float, _iso):
         try:
@@ -228,7 +228,7 @@ def period_order(units: dict[str, SplitUnits], key: str) -> list[Check]:
     if train is None or train.periods is None:
         return []
     names = list(units)
-    keyed = dict(zip(names, (_period_key(units[s].periods) for s in names)))
+    keyed = dict(zip(names, (period_key(units[s].periods) for s in names)))
     kinds = {type(v[0]) for v in keyed.values() if v}
     if len(kinds) > 1:
         keyed = {s: [str(x) for x in units[s].periods] for s in names}

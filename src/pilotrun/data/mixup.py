@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pilotrun.data.checks import FEW, Check
+from pilotrun.verdicts import FEW, Check
 from pilotrun.tasks import common
 from pilotrun.tasks.base import IGNORE
 

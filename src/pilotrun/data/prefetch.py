@@ -4,7 +4,9 @@
 batch. ``BatchedTokenizer`` stands in for the task's tokenizer: ``prefetch`` tokenizes the texts a
 chunk of records will ask for in one call, and each later call with the same text and arguments is
 answered from that batch. Anything not prefetched goes to the tokenizer itself, so ``encode`` gives
-exactly what it gives without it (tests compare both).
+exactly what it gives without it (tests compare both). Which texts and arguments: the task's own
+``tokenized_texts(record)`` and ``tokenize_kwargs()``, the ones its ``encode`` uses (a task without
+them is not prefetched).
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 from pilotrun.errors import BadInput
-from pilotrun.tasks import common
 
 
 class BatchedTokenizer:
@@ -47,41 +48,29 @@ class BatchedTokenizer:
         self._memo.clear()
 
 
-def _texts(task, records) -> tuple[list[str], dict]:
-    """The texts the built-in tasks' encode will tokenize for these records, and the call's arguments."""
-    c = task.c
-    d, out = c.data, []
-    kind = getattr(task, "kind", None)
+def _texts(task, records) -> list[str]:
+    """The texts the task's encode will tokenize for these records (the task says: ``tokenized_texts``)."""
+    out = []
     for r in records:
         try:
-            if kind == "causal-lm" and d.messages:
-                msgs = r.fields.get(d.messages)
-                if isinstance(msgs, list):
-                    out += [str(m.get("content", m.get("value"))) for m in msgs if isinstance(m, dict)]
-            elif kind == "causal-lm":
-                out += [common.render_prompt(r, d.prompt), common.text_field(r, d.response, "data.response")]
-            elif kind == "seq-cls":
-                out.append(common.text_field(r, d.text, "data.text"))
+            out += task.tokenized_texts(r)
         except BadInput:
             continue  # encode raises it with the record's location
-    if kind == "seq-cls":
-        return out, {"add_special_tokens": True, "truncation": True, "max_length": d.max_length}
-    return out, {"add_special_tokens": False}
+    return out
 
 
 @contextmanager
 def batched(task):
     """The task with its tokenizer served in batches; yields ``warm(records)`` to call before each chunk."""
     tok = getattr(task, "tokenizer", None)
-    if tok is None or getattr(task, "kind", None) not in ("causal-lm", "seq-cls") or not hasattr(task, "c"):
+    if tok is None or not hasattr(task, "tokenized_texts") or not hasattr(task, "tokenize_kwargs"):
         yield lambda records: None
         return
     proxy = BatchedTokenizer(tok)
 
     def warm(records) -> None:
         proxy.clear()
-        texts, kwargs = _texts(task, records)
-        proxy.prefetch(texts, **kwargs)
+        proxy.prefetch(_texts(task, records), **task.tokenize_kwargs())
 
     task.tokenizer = proxy
     try:

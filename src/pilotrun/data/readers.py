@@ -7,7 +7,6 @@ from, so later checks can point at it.
 from __future__ import annotations
 
 import csv
-import hashlib
 import io
 import json
 from dataclasses import dataclass
@@ -151,10 +150,3 @@ def _read_parquet(path: Path) -> list[Record]:
     return [Record(row, f"{path}[{i}]", i) for i, row in enumerate(table.to_pylist())]
 
 
-def fingerprint(path: str | Path) -> str:
-    """sha256 of the file's bytes."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()

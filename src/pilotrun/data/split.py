@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 from pilotrun.errors import BadInput
-from pilotrun.stages.result import StageResult
+from pilotrun.verdicts import StageResult
 
 SPLITS = ("train", "validation", "test")
 
@@ -60,7 +60,7 @@ def _assign(sizes: list[int], ratios) -> list[int]:
 
 def split_records(records, by: str, ratios, seed: int = 0, period: str | None = None):
     """{split: [records]} and the number of units whose records span more than one period block."""
-    from pilotrun.data.leakage import _period_key
+    from pilotrun.data.leakage import period_key
 
     units: dict[str, list] = {}
     for r in records:
@@ -70,7 +70,7 @@ def split_records(records, by: str, ratios, seed: int = 0, period: str | None = 
         order = sorted(units, key=lambda u: _rank(seed, u))
         where = dict(zip(order, _assign([len(units[u]) for u in order], ratios)))
     else:
-        keys = _period_key([r.fields[period] for r in records])
+        keys = period_key([r.fields[period] for r in records])
         key_of = {id(r): k for r, k in zip(records, keys)}
         first = {u: min(key_of[id(r)] for r in rs) for u, rs in units.items()}
         periods = sorted(set(first.values()))

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pilotrun.data.checks import Check
+from pilotrun.verdicts import Check
 from pilotrun.tasks.base import IGNORE
 
 WARN_SHARE = 0.005

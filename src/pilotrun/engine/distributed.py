@@ -79,6 +79,12 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def rank_env(rank: int, world: int, port: int) -> dict[str, str]:
+    """torchrun's environment for one rank on this host (spawned ranks and ranks started as scripts)."""
+    return {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank), "WORLD_SIZE": str(world),
+            "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(world), "GROUP_RANK": "0"}
+
+
 def init_process_group(rank: int, world: int, port: int | None = None) -> None:
     """torchrun-style environment, then the process group: gloo on CPU, nccl on CUDA (one device per rank)."""
     import os
@@ -87,8 +93,7 @@ def init_process_group(rank: int, world: int, port: int | None = None) -> None:
     import torch.distributed as dist
 
     if port is not None:
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                          LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
+        os.environ.update(rank_env(rank, world, port))
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
     else:

@@ -95,11 +95,12 @@ def make_state(model, t, *, n_train: int, seed: int, total_updates: int, device=
     optimizer = make_optimizer(model, t)
     return TrainState(model=model, optimizer=optimizer, scheduler=make_scheduler(optimizer, t, total_updates),
                       scaler=make_scaler(t.precision, device.type),
-                      sampler=UpdateSampler(n_train, t.micro_batch, t.accumulation, seed, t.drop_last, rank, world),
+                      sampler=UpdateSampler.for_train(t, n_train, seed, rank, world),
                       precision=t.precision, device=device, total_updates=total_updates)
 
 
-def _to(batch: dict, device) -> dict:
+def to_device(batch: dict, device) -> dict:
+    """A collated batch on the device (what is not a tensor stays as it is)."""
     return {k: (v.to(device) if hasattr(v, "to") else v) for k, v in batch.items()}
 
 
@@ -116,7 +117,7 @@ def run_update(state: TrainState, task, micro_batches: list[list], *, max_grad_n
 
     model, opt = state.model, state.optimizer
     world, _ = world_rank()
-    batches = [_to(task.collate(mb), state.device) for mb in micro_batches if mb]
+    batches = [to_device(task.collate(mb), state.device) for mb in micro_batches if mb]
     local_targets = sum(task.count_targets(b) for b in batches)
     total_targets = all_reduce_sum(local_targets, state.device)
     if total_targets == 0:
@@ -204,7 +205,7 @@ def evaluate(state: TrainState, task, examples: list, batch_size: int) -> dict:
     total, count = 0.0, 0
     with torch.no_grad():
         for i in range(0, len(mine), batch_size):
-            batch = _to(task.collate(mine[i: i + batch_size]), state.device)
+            batch = to_device(task.collate(mine[i: i + batch_size]), state.device)
             with autocast(state.precision, state.device.type):
                 s, n = task.loss(model, batch)
             total += float(s)
@@ -252,7 +253,7 @@ class _RanOut(Exception):
 @contextlib.contextmanager
 def _out_of_memory_ends_run(where: str):
     """An out-of-memory error inside the block ends the run (``train`` catches ``_RanOut`` once); others propagate."""
-    from pilotrun.probe.recorder import is_oom
+    from pilotrun.engine.oom import is_oom
 
     try:
         yield

@@ -26,6 +26,11 @@ class UpdateSampler:
     epoch: int = 0
     cursor: int = 0
 
+    @classmethod
+    def for_train(cls, t, n: int, seed: int, rank: int = 0, world: int = 1) -> "UpdateSampler":
+        """The sampler a campaign's train section (``t``) draws with: the one way it is built from a campaign."""
+        return cls(n, t.micro_batch, t.accumulation, seed, t.drop_last, rank, world)
+
     @property
     def per_update(self) -> int:
         return self.micro_batch * self.accumulation * self.world

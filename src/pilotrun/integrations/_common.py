@@ -10,23 +10,17 @@ the pilotrun loop does.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 from pathlib import Path
 
+from pilotrun.phases import names
 from pilotrun.probe.recorder import Phase
 
-STEP_PHASES = ("first_step", "steady_step")
+STEP_NAMES = FIRST_STEP, STEADY_STEP = names("train")  # the first and second optimizer steps, as the pilot names them
 
 
 def is_number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def plain_config(config: dict) -> dict:
-    """A JSON-safe copy (anything else becomes its str)."""
-    return json.loads(json.dumps(config, default=str))
 
 
 class Recorder:
@@ -47,17 +41,11 @@ class Recorder:
     # --- the run ------------------------------------------------------------------------------------
     def create_run(self, config: dict, *, seed: int | None, is_rank0: bool, broadcast) -> str | None:
         """Rank 0 creates the run; ``broadcast(obj)`` hands its id to every rank (identity on one process)."""
-        from pilotrun.stages.prepare import package_versions
-        from pilotrun.stages.runs import command_line
+        from pilotrun.journal.runs import create_run
 
         run_id = None
         if is_rank0:
-            config = plain_config(config)
-            sha = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()
-            run_id = self.journal.create_run(kind=self.kind, name=self.name, config=config, config_sha256=sha,
-                                             campaign_path=None, seed=seed, git_rev=None,
-                                             packages=package_versions(), data={}, trust_remote_code=False,
-                                             command=command_line())
+            run_id = create_run(self.journal, kind=self.kind, name=self.name, config=config, seed=seed)
         self.run_id = broadcast(run_id)
         return self.run_id
 
@@ -68,8 +56,9 @@ class Recorder:
             barrier()
         if not (self.run_id and is_rank0):
             return
-        verdicts = [r["verdict"] for r in self.journal.phase_rows(self.run_id)]
-        summary = {"updates": updates, "phases": len(verdicts), "failing": sum(v != "ok" for v in verdicts)}
+        from pilotrun.journal.runs import phase_summary
+
+        summary = {"updates": updates, **phase_summary(self.journal, self.run_id)}
         if self.diverged:
             summary["reason"] = self.diverged
         self.journal.finish_run(self.run_id, "diverged" if self.diverged else "completed", summary)
@@ -83,10 +72,9 @@ class Recorder:
             phase.barrier = False  # the other ranks may not come to this boundary
             phase.__exit__(type(exc), exc, exc.__traceback__)
         if self.run_id and is_rank0 and not self.ended:
-            if isinstance(exc, KeyboardInterrupt):
-                self.journal.finish_run(self.run_id, "interrupted", {"reason": "interrupted by the user (Ctrl-C)"})
-            else:
-                self.journal.finish_run(self.run_id, "failed", {"reason": f"{type(exc).__name__}: {exc}"})
+            from pilotrun.journal.runs import end_run
+
+            end_run(self.journal, self.run_id, exc)
             self.ended = True
 
     def end_run_at_exit(self, *, is_rank0: bool) -> None:
@@ -133,7 +121,7 @@ class Recorder:
             phase, self.open = self.open, None
             self._attach(phase)
             phase.__exit__(None, None, None)
-            if phase.name in STEP_PHASES:
+            if phase.name in STEP_NAMES:
                 self.steps_seen += 1
 
     def _attach(self, phase: Phase) -> None:
@@ -149,7 +137,7 @@ class Recorder:
         message = f"{what} is {value} at step {step}"
         if self.diverged is None:
             self.diverged = message
-        if self.is_open(*STEP_PHASES):
+        if self.is_open(*STEP_NAMES):
             self.open.nan(message)
         return False
 

@@ -23,17 +23,21 @@ from __future__ import annotations
 from transformers import TrainerCallback
 
 from pilotrun.engine.distributed import broadcast_from_rank0
-from pilotrun.integrations._common import Recorder, is_number
+from pilotrun.integrations._common import STEP_NAMES, Recorder, is_number
 
 KIND = "hf-trainer"
 _TRAIN_KEYS = {"loss": "loss", "learning_rate": "lr", "grad_norm": "grad_norm"}
 
 
 class PilotrunCallback(TrainerCallback):
-    def __init__(self, home, name: str = "hf-trainer", memory_limit: int | None = None, stop_on_nan: bool = True):
+    def __init__(self, home, name: str = "hf-trainer", memory_limit: int | None = None, stop_on_nan: bool = True,
+                 config: dict | None = None):
         """``stop_on_nan``: a non-finite training loss or gradient norm stops training (as pilotrun's loop
-        does: the updates after it are paid for and learn nothing); False only records it."""
+        does: the updates after it are paid for and learn nothing); False only records it. ``config``: what
+        the run records as its config (e.g. a campaign's ``resolved_dict()``, so the run carries the
+        campaign's config hash); default the ``TrainingArguments``."""
         self.rec = Recorder(home, kind=KIND, name=name, memory_limit=memory_limit)
+        self.config = config
         self.stop_on_nan = stop_on_nan
         self.journal, self.name, self.memory_limit = self.rec.journal, name, memory_limit
 
@@ -50,7 +54,8 @@ class PilotrunCallback(TrainerCallback):
 
     def on_train_begin(self, args, state, control, **kw):
         if self.rec.run_id is None:
-            self.rec.create_run(args.to_dict(), seed=args.seed, is_rank0=state.is_world_process_zero,
+            config = self.config if self.config is not None else args.to_dict()
+            self.rec.create_run(config, seed=args.seed, is_rank0=state.is_world_process_zero,
                                 broadcast=broadcast_from_rank0)
             self.rec.end_run_at_exit(is_rank0=state.is_world_process_zero)
         if not self.rec.is_open("load"):
@@ -61,10 +66,10 @@ class PilotrunCallback(TrainerCallback):
         if self.rec.steps_seen < 2:
             inputs = {"micro_batch": args.per_device_train_batch_size,
                       "accumulation": args.gradient_accumulation_steps, "step": state.global_step + 1}
-            self._start("first_step" if self.rec.steps_seen == 0 else "steady_step", inputs)
+            self._start(STEP_NAMES[min(self.rec.steps_seen, 1)], inputs)
 
     def on_step_end(self, args, state, control, **kw):
-        if self.rec.is_open("first_step", "steady_step"):
+        if self.rec.is_open(*STEP_NAMES):
             self.rec.end()
         self.rec.progress(state.global_step, state.global_step * args.per_device_train_batch_size
                           * args.gradient_accumulation_steps * args.world_size, is_rank0=state.is_world_process_zero)

@@ -35,7 +35,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from pilotrun.integrations._common import STEP_PHASES, Recorder, is_number
+from pilotrun.integrations._common import STEP_NAMES, Recorder, is_number
 
 try:
     from lightning.pytorch import Callback
@@ -51,10 +51,13 @@ _INSIDE_STEP = "includes a validation run that started inside this update"
 
 
 class PilotrunCallback(Callback):
-    def __init__(self, home, name: str = "lightning", memory_limit: int | None = None, stop_on_nan: bool = True):
+    def __init__(self, home, name: str = "lightning", memory_limit: int | None = None, stop_on_nan: bool = True,
+                 config: dict | None = None):
         """``stop_on_nan``: a non-finite training loss (the mean over ranks) stops ``fit`` (as pilotrun's
-        loop does); False only records it."""
+        loop does); False only records it. ``config``: what the run records as its config (e.g. a
+        campaign's ``resolved_dict()``); default the trainer's and module's settings."""
         self.rec = Recorder(home, kind=KIND, name=name, memory_limit=memory_limit)
+        self.config = config
         self.stop_on_nan = stop_on_nan
         self.journal, self.name, self.memory_limit = self.rec.journal, name, memory_limit
         self._device = None
@@ -78,7 +81,8 @@ class PilotrunCallback(Callback):
             return
         self._device = trainer.strategy.root_device
         if self.rec.run_id is None:
-            self.rec.create_run(_config(trainer, pl_module), seed=_seed(), is_rank0=trainer.is_global_zero,
+            config = self.config if self.config is not None else _config(trainer, pl_module)
+            self.rec.create_run(config, seed=_seed(), is_rank0=trainer.is_global_zero,
                                 broadcast=lambda obj: trainer.strategy.broadcast(obj, src=0))
         _wrap_save_checkpoint(trainer, self)
         self._start(trainer, "load", {"model": type(pl_module).__name__})
@@ -98,7 +102,7 @@ class PilotrunCallback(Callback):
         if self.rec.steps_seen < 2:
             inputs = {"micro_batch": _batch_size(batch), "accumulation": trainer.accumulate_grad_batches,
                       "step": trainer.global_step + 1}
-            self._start(trainer, "first_step" if self.rec.steps_seen == 0 else "steady_step", inputs)
+            self._start(trainer, STEP_NAMES[min(self.rec.steps_seen, 1)], inputs)
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
         groups = getattr(optimizer, "param_groups", None)
@@ -115,13 +119,13 @@ class PilotrunCallback(Callback):
             return  # gradients accumulate: the update is not done
         step, self._update_from, self._in_update = trainer.global_step, trainer.global_step, False
         mean = _mean_over_ranks(trainer, self._losses)
-        if self.rec.is_open(*STEP_PHASES) and self._micro_batches != trainer.accumulate_grad_batches:
+        if self.rec.is_open(*STEP_NAMES) and self._micro_batches != trainer.accumulate_grad_batches:
             self.rec.open.inputs["micro_batches"] = self._micro_batches  # a short update at an epoch's end
         self._losses, self._micro_batches = [], 0
         if mean is not None and not self.rec.check_finite(mean, step, "training loss") and self.stop_on_nan:
             trainer.should_stop = True  # the mean is over ranks: every rank stops at the same update
-        self.rec.end("first_step")
-        self.rec.end("steady_step")
+        for name in STEP_NAMES:
+            self.rec.end(name)
         rank0 = trainer.is_global_zero
         values = {"loss": mean} if mean is not None else {}
         if self._lr is not None:
@@ -131,7 +135,7 @@ class PilotrunCallback(Callback):
 
     # --- validation ---------------------------------------------------------------------------------
     def on_validation_start(self, trainer, pl_module) -> None:
-        if self.rec.is_open(*STEP_PHASES):
+        if self.rec.is_open(*STEP_NAMES):
             self.rec.open.note = _INSIDE_STEP
             return
         self.rec.end("load")
@@ -178,7 +182,7 @@ def _wrap_save_checkpoint(trainer, callback: PilotrunCallback) -> None:
 
     def save_checkpoint(filepath, *args, **kwargs):
         rec = callback.rec
-        if rec.is_open(*STEP_PHASES):  # a save inside an update: part of that step's row
+        if rec.is_open(*STEP_NAMES):  # a save inside an update: part of that step's row
             return original(filepath, *args, **kwargs)
         callback._start(trainer, "save", {"step": trainer.global_step})
         result = original(filepath, *args, **kwargs)

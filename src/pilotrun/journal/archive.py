@@ -29,7 +29,7 @@ def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
 
 def pack(journal, run_id: str, out: str | Path) -> dict:
     """Write ``out`` (atomically: a temporary name, renamed when complete); returns what went in."""
-    from pilotrun.stages.runs import write_run_readme
+    from pilotrun.journal.runs import write_run_readme
 
     run = journal.require_run(run_id)
     run_id = run["run_id"]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import errno
 import functools
-import hashlib
 import json
 import os
 import shutil
@@ -15,6 +14,8 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Callable, Iterator, TypeVar
 
 from pilotrun.errors import BadInput, DiskFull
+
+from pilotrun.provenance import file_sha256
 
 MANIFEST = "manifest.json"
 KILL_ENV = "PILOTRUN_TEST_KILL_SAVE_AT"  # test switch only: see kill_point
@@ -199,12 +200,10 @@ def atomic_write_json(path: str | Path, obj: Any) -> None:
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
 
 
-def sha256_file(path: str | Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+def dump_yaml(d: dict[str, Any]) -> str:
+    import yaml
+
+    return yaml.safe_dump(d, sort_keys=False, allow_unicode=True)
 
 
 def fsync_tree(root: Path) -> None:
@@ -219,7 +218,7 @@ def fsync_tree(root: Path) -> None:
 def write_manifest(root: str | Path, extra: dict | None = None) -> dict:
     """sha256 of every file under root (except the manifest itself), written atomically."""
     root = Path(root)
-    files = {str(p.relative_to(root)): {"sha256": sha256_file(p), "bytes": p.stat().st_size}
+    files = {str(p.relative_to(root)): {"sha256": file_sha256(p), "bytes": p.stat().st_size}
              for p in sorted(root.rglob("*")) if p.is_file() and p.name != MANIFEST and ".tmp-" not in p.name}
     manifest = {"files": files, **(extra or {})}
     atomic_write_json(root / MANIFEST, manifest)
@@ -250,7 +249,7 @@ def verify_manifest(root: str | Path, only: str | None = None) -> list[str]:
             problems.append(f"{rel}: no sha256 in manifest.json")
         elif not p.is_file():
             problems.append(f"{rel}: missing")
-        elif sha256_file(p) != info["sha256"]:
+        elif file_sha256(p) != info["sha256"]:
             problems.append(f"{rel}: sha256 differs from manifest.json")
     return problems
 

@@ -9,8 +9,9 @@ import io
 import tarfile
 from pathlib import Path
 
-from pilotrun.journal.files import MANIFEST, atomic_write_bytes, sha256_file
+from pilotrun.journal.files import MANIFEST, atomic_write_bytes
 from pilotrun.journal.store import Journal
+from pilotrun.provenance import file_sha256
 
 TABLES = ("phases", "metrics", "predictions")
 
@@ -84,4 +85,4 @@ def check_arrived(root: Path, written: list[str]) -> list[str]:
         return [f"{MANIFEST}: missing"]
     files = json.loads((Path(root) / MANIFEST).read_text()).get("files", {})
     return [rel for rel in written if Path(rel).name != MANIFEST  # a checkpoint's own manifest lists its files
-            and (rel not in files or sha256_file(Path(root) / rel) != files[rel].get("sha256"))]
+            and (rel not in files or file_sha256(Path(root) / rel) != files[rel].get("sha256"))]

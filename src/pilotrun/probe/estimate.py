@@ -283,10 +283,10 @@ def _config_campaign(loaded):
     c = loaded.campaign
     if not c.model.path or c.task not in ("causal-lm", "seq-cls"):
         return loaded
-    from pilotrun.tasks.loading import _check_model_dir
+    from pilotrun.tasks.loading import check_model_dir
 
     path = Path(c.model.path)
-    _check_model_dir(path)
+    check_model_dir(path)
     cfg = json.loads((path / "config.json").read_text(encoding="utf-8"))
     for k in ("architectures", "transformers_version", "torch_dtype", "dtype", "_name_or_path"):
         cfg.pop(k, None)

@@ -19,25 +19,17 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from pilotrun.engine.oom import is_oom
 from pilotrun.probe.memory import make_probe
 from pilotrun.probe.sizes import fmt_bytes
 
 VERDICTS = ("ok", "over-budget", "oom", "nan", "error")
-_OOM_TEXT = ("out of memory", "can't allocate memory")  # CUDA/MPS, and the CPU allocator
 ROW_KEYS = ("phase", "rank", "device", "counter", "inputs", "baseline", "peak_allocated", "peak_reserved",
             "end_allocated", "end_reserved", "duration_s", "verdict", "note")
 
 
 class NonFinite(Exception):
     """Raise inside a phase to end it with verdict "nan"."""
-
-
-def is_oom(exc: BaseException) -> bool:
-    import torch
-
-    oom_type = getattr(torch, "OutOfMemoryError", None) or getattr(torch.cuda, "OutOfMemoryError", ())
-    return isinstance(exc, (MemoryError, oom_type)) or (isinstance(exc, RuntimeError)
-                                                        and any(s in str(exc).lower() for s in _OOM_TEXT))
 
 
 def peak_of(row: dict) -> int | None:
@@ -165,30 +157,17 @@ class OwnRun:
 @contextmanager
 def own_run(home, name: str = "own-loop", config: dict | None = None):
     """A journal run of kind "phases" for rows recorded from a user's own loop; finished on exit."""
-    import hashlib
-    import json
-
+    from pilotrun.journal.runs import create_run, end_run, phase_summary
     from pilotrun.journal.store import Journal
-    from pilotrun.stages.prepare import package_versions
-    from pilotrun.stages.runs import command_line
 
     journal = Journal(Path(home))
-    config = dict(config or {})
-    sha = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()
-    run_id = journal.create_run(kind="phases", name=name, config=config, config_sha256=sha, campaign_path=None,
-                                seed=None, git_rev=None, packages=package_versions(), data={},
-                                trust_remote_code=False, command=command_line())
+    run_id = create_run(journal, kind="phases", name=name, config=dict(config or {}))
     try:
         yield OwnRun(journal, run_id)
-    except KeyboardInterrupt:
-        journal.finish_run(run_id, "interrupted", {"reason": "interrupted by the user (Ctrl-C)"})
-        raise
     except BaseException as e:
-        journal.finish_run(run_id, "failed", {"reason": f"{type(e).__name__}: {e}"})
+        end_run(journal, run_id, e)
         raise
-    verdicts = [r["verdict"] for r in journal.phase_rows(run_id)]
-    journal.finish_run(run_id, "completed", {"phases": len(verdicts),
-                                             "failing": sum(v != "ok" for v in verdicts)})
+    journal.finish_run(run_id, "completed", phase_summary(journal, run_id))
 
 
 def _first_line(exc: BaseException) -> str:

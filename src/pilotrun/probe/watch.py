@@ -30,12 +30,13 @@ from __future__ import annotations
 import time
 from contextlib import contextmanager
 
+from pilotrun.phases import names
 from pilotrun.probe.memory import TensorProbe, make_probe
 from pilotrun.probe.recorder import peak_of
 from pilotrun.probe.sizes import fmt_bytes
 
-PILOT_PHASES = {"train": ("first_step", "steady_step"), "evaluation": ("eval_longest",), "save": ("save",),
-                "export": ("export",)}
+PILOT_NAMES = {"train": names("train"), "evaluation": names("eval"), "save": names("save"),
+                "export": names("export")}
 # RSS counts the whole process (allocator caches, Python objects, the journal's buffers): over the
 # demo's 200 updates of identical shapes the RSS at the start of an update wandered between 395 and
 # 407 MiB, and the worst of 200 update peaks exceeded the pilot's single steady_step by 2-3%. With
@@ -141,7 +142,7 @@ def bound_rows(observed: list[dict], pilot_rows: list[dict], pilot_run: str | No
     out, kinds, warnings = [], {}, []
     for row in observed:
         kind = row["phase"]
-        same_kind = [r for r in pilot_rows if r["phase"] in PILOT_PHASES.get(kind, ())
+        same_kind = [r for r in pilot_rows if r["phase"] in PILOT_NAMES.get(kind, ())
                      and r.get("rank", 0) == row["rank"]]
         mine = [r for r in same_kind if r.get("counter") == row.get("counter") and bound_peak(r) is not None]
         peak = bound_peak(row)

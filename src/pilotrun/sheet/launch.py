@@ -17,7 +17,8 @@ from pathlib import Path
 
 def sweep_commands(loaded, sets: tuple[str, ...] = ()) -> list[dict]:
     """The sweep's runs in the sheet's order (seeds outer, control then variants), each with its command."""
-    from pilotrun.stages.sweep import arm_command, plan_arms
+    from pilotrun.campaign.arms import plan_arms
+    from pilotrun.stages.sweep_runs import arm_command
 
     arms = plan_arms(loaded)
     out = []

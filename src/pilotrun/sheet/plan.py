@@ -21,7 +21,6 @@ ASSUMED_MFU = 0.30  # Hugging Face fine-tuning of >=1B-parameter models reaches 
 # by kernel launches, not FLOPs: a few milliseconds whatever the card.
 GPU_FLOOR_S_PER_PASS = 0.005
 
-COMPUTE_PHASES = ("first_step", "steady_step", "eval_longest")
 NOT_MEASURED = ("oom", "error")
 
 

@@ -24,7 +24,7 @@ def budget_tokens(examples: list, t, seed: int, updates: int, rank: int = 0, wor
     """Padded tokens of every update of the budget, from the campaign's sampler (this rank's share)."""
     from pilotrun.engine.sampler import UpdateSampler
 
-    s = UpdateSampler(len(examples), t.micro_batch, t.accumulation, seed, t.drop_last, rank, world)
+    s = UpdateSampler.for_train(t, len(examples), seed, rank, world)
     return [padded_tokens([[examples[i] for i in mb] for mb in s.next_update()]) for _ in range(updates)]
 
 

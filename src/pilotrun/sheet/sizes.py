@@ -78,7 +78,7 @@ class Prober:
         from pilotrun.campaign.arithmetic import data_parallel_ranks
         from pilotrun.engine.loop import make_state
         from pilotrun.probe.estimate import fake_build, unsharded_block_bytes
-        from pilotrun.stages.pilot_phases import by_length
+        from pilotrun.phases.worst import by_length
 
         self.t, self.task = prep.c.train, prep.task
         self.ranks = data_parallel_ranks(self.t)
@@ -107,7 +107,7 @@ class Prober:
         import torch
 
         from pilotrun.probe.estimate import Accountant
-        from pilotrun.stages.estimate import SHARDED, _with_gathered_blocks
+        from pilotrun.stages.estimate import SHARDED, with_gathered_blocks
 
         self.probes += 1
         acc = Accountant("cuda")
@@ -133,7 +133,7 @@ class Prober:
                 work(_Collated(self.task, batch))
         s = acc.summary("probe", {k: 1 / self.ranks for k in SHARDED} if self.sharded else None)
         if self.sharded:
-            s = _with_gathered_blocks(s, 2 * self.block)
+            s = with_gathered_blocks(s, 2 * self.block)
         return int(s["peak_reserved"])
 
     def update(self, micro_batch: int, seq_len: int) -> int:

@@ -10,7 +10,7 @@ import platform
 import sys
 from importlib import metadata
 
-from pilotrun.stages.result import StageResult
+from pilotrun.verdicts import StageResult
 
 PACKAGES = ("pilotrun", "transformers", "peft", "safetensors", "accelerate", "tokenizers", "numpy", "pydantic",
             "flash_attn", "bitsandbytes", "deepspeed")

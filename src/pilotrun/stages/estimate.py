@@ -2,8 +2,8 @@
 
 The same functions as the pilot run — ``task.build_model``, ``make_state`` (the optimizer of
 engine/optim.py), ``run_update`` (``task.loss`` + backward + clip + step), ``evaluate`` — on the
-same worst-case inputs (``pilot_phases.worst_case``), under ``probe.estimate.Accountant``. Nothing
-is allocated; one row per phase, shaped like the pilot's ledger rows and labelled as estimates.
+same worst-case inputs (``phases.worst``): each phase's traced version from the registry, driven by
+``phases.driver`` under ``probe.estimate.Accountant``. Nothing is allocated; one row per phase, shaped like the pilot's ledger rows and labelled as estimates.
 
 Ranks: under ddp every rank holds everything, plus DDP's gradient buckets (one more copy of the
 trainable parameters' gradients). Under fsdp the parameters, gradients and optimizer state are
@@ -13,12 +13,13 @@ prefetched) are added as temporaries.
 
 from __future__ import annotations
 
+import contextlib
 import time
 
+from pilotrun.phases import PHASES, names
 from pilotrun.probe.estimate import CATEGORIES
-from pilotrun.stages.result import StageResult
+from pilotrun.verdicts import StageResult
 
-PHASES = ("load", "first_step", "steady_step", "eval_longest", "save", "export", "reload")
 LEDGER_KEYS = ("phase", "rank", "device", "counter", "inputs", "baseline", "peak_allocated", "peak_reserved",
                "end_allocated", "end_reserved", "duration_s", "verdict", "note", *CATEGORIES)
 BYTE_KEYS = ("baseline", "peak_allocated", "peak_reserved", "end_allocated", "end_reserved", *CATEGORIES)
@@ -29,26 +30,21 @@ CONTEXT_NOTE = ("the CUDA context (about 0.3–0.6 GiB per process) and library 
 SHARDED = ("parameters", "gradients", "optimizer_state")
 
 
-def _bytes(tensors) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors)
-
-
 def trace(loaded, *, device: str = "cuda", prep=None) -> dict:
-    """Run every phase on fake tensors; returns {"rows": [...], "params": n, "trainable": n, "wall_s": s}."""
-    import torch
+    """Run every phase of the registry on fake tensors (``phases.driver``, traced); returns
+    {"rows": [...], "params": n, "trainable": n, "wall_s": s}."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from pilotrun.campaign.arithmetic import data_parallel_ranks
-    from pilotrun.engine.loop import evaluate, make_state, run_update
+    from pilotrun.phases.driver import PhaseContext, drive
+    from pilotrun.phases.worst import worst_case
     from pilotrun.probe.estimate import Accountant, fake_build, unsharded_block_bytes
-    from pilotrun.stages.pilot_phases import by_length, worst_case
     from pilotrun.stages.prepare import prepare
 
     started = time.perf_counter()
     prep = prep or prepare(loaded, splits=("train", "validation"))
-    c, task, t = prep.c, prep.task, prep.c.train
+    c, t = prep.c, prep.c.train
     ranks = data_parallel_ranks(t)
-    wc = worst_case(prep, ranks)
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     model = fake_build(loaded, fake_mode)
     plain = loaded.with_overrides({"model.adapter": None, "model.gradient_checkpointing": False})
@@ -56,66 +52,38 @@ def trace(loaded, *, device: str = "cuda", prep=None) -> dict:
     params = list(model.parameters())
     trainable = [p for p in params if p.requires_grad]
     acc = Accountant(device)
-    sample = by_length(prep.validation or prep.train)[:1]
-    notes = {"save": "not traced: the checkpoint is written from host copies, device memory stays at the live "
-                     "tensors",
-             "export": "not traced: the artifact is written from host copies"}
+    notes: dict = {}
+    ctx = PhaseContext(prep, worst_case(prep, ranks), fake={"acc": acc, "model": model, "reloaded": reloaded,
+                                                            "ranks": ranks, "device": device, "notes": notes})
+    del reloaded
+    inputs: dict = {}
+
+    @contextlib.contextmanager
+    def mark(name: str, phase_inputs: dict):
+        inputs[name] = phase_inputs
+        with acc.mark(name):
+            yield None
+
     with fake_mode, acc.tracking(model):
-        with acc.mark("load"):
-            for p in params:
-                acc.book(p, "parameters")
-            for b in model.buffers():
-                acc.book(b, "parameters")
-            if t.strategy == "ddp" and ranks > 1:
-                acc.allocate(_bytes(trainable), "gradients")  # DDP's buckets, allocated with the wrapper
-            state = make_state(model, t, n_train=len(prep.train), seed=c.seed,
-                               total_updates=prep.arithmetic()["updates"], device=torch.device("cpu"))
-            if device == "cuda":
-                # on CUDA tensors torch's optimizers default to the foreach kernels, whose temporaries differ
-                for group in state.optimizer.param_groups:
-                    group["foreach"] = True
-        for name in ("first_step", "steady_step"):
-            with acc.mark(name):
-                run_update(state, task, wc["micro_batches"], max_grad_norm=t.max_grad_norm)
-        with acc.mark("eval_longest"):
-            evaluate(state, task, wc["eval"], t.eval_batch)
-        with acc.mark("save"):
-            pass
-        with acc.mark("export"):
-            if c.model.adapter is not None:
-                # save_hf_artifact merges a deep copy of the adapted model, on the model's device
-                copy = acc.allocate(_bytes(params) + _bytes(model.buffers()), "temporaries")
-                acc.release(copy)
-                notes["export"] = "the merged copy of the adapted model is counted; files are written from host copies"
-        with acc.mark("reload"):
-            for p in list(reloaded.parameters()) + list(reloaded.buffers()):
-                acc.book(p, "parameters")
-            reloaded.eval()
-            with torch.no_grad():
-                task.loss(reloaded, task.collate(sample))
-            del reloaded
+        drive(ctx, mark, traced=True)
     sharded = t.strategy == "fsdp" and ranks > 1
     block = unsharded_block_bytes(model) if sharded else 0
-    inputs = {"load": {"dtype": c.model.dtype, "precision": t.precision, "strategy": t.strategy,
-                       "adapter": c.model.adapter is not None},
-              "first_step": wc["train_inputs"], "steady_step": wc["train_inputs"], "eval_longest": wc["eval_inputs"],
-              "save": {"path": "checkpoints/pilot"}, "export": {"path": "artifact"},
-              "reload": {"path": "artifact", "seq_len": sample[0].length if sample else 0}}
+    train_like = names("train")
     rows = []
     for name in PHASES:
         s = acc.summary(name, {k: 1 / ranks for k in SHARDED} if sharded else None)
-        if sharded and name in ("first_step", "steady_step", "eval_longest"):
-            s = _with_gathered_blocks(s, 2 * block)
+        if sharded and name in names("train", "eval"):
+            s = with_gathered_blocks(s, 2 * block)
         rows.append({"phase": name, "rank": "each" if ranks > 1 else 0, "device": f"{device} (estimate)",
                      "counter": "estimate", "inputs": dict(inputs[name], gradient_checkpointing=
                                                             c.model.gradient_checkpointing)
-                     if name in ("first_step", "steady_step") else dict(inputs[name]),
+                     if name in train_like else dict(inputs[name]),
                      "duration_s": None, "verdict": "ok", "note": notes.get(name), **s})
     return {"rows": rows, "params": sum(p.numel() for p in params), "trainable": sum(p.numel() for p in trainable),
             "ranks": ranks, "wall_s": time.perf_counter() - started}
 
 
-def _with_gathered_blocks(s: dict, nbytes: int) -> dict:
+def with_gathered_blocks(s: dict, nbytes: int) -> dict:
     """FSDP holds the block computing and the one prefetched unsharded while it runs: add them to the peak."""
     out = dict(s, temporaries=s["temporaries"] + nbytes, peak_allocated=s["peak_allocated"] + nbytes)
     if out["peak_reserved"] is not None:

@@ -8,45 +8,17 @@
 
 Each variant is measured with the probes through ``run_update`` / ``evaluate`` (``fit_probe``), and
 its first updates' losses through ``train`` are compared with the control's: checkpointing and
-micro-batch must match in fp32 to FP32_RTOL, mixed precision to MIXED_RTOL. Accumulation is never
+micro-batch must match in fp32 to FP32_RTOL, mixed precision to MIXED_RTOL (fit_rules). Accumulation is never
 offered for memory the weights and optimizer state take: it only divides activations.
 """
 
 from __future__ import annotations
 
-import math
+from pilotrun.campaign.arithmetic import batch_arithmetic, examples_per_update
+from pilotrun.stages.fit_rules import LOSS_UPDATES, accumulation_for
+from pilotrun.verdicts import StageResult
 
-from pilotrun.campaign.arithmetic import batch_arithmetic, data_parallel_ranks
-from pilotrun.errors import BadInput
-from pilotrun.stages.result import StageResult
-
-FP32_RTOL = 1e-5   # same math in another order: fp32 rounding only (observed ~1e-8 on the tiny models)
-MIXED_RTOL = 2e-2  # bf16 keeps 8 mantissa bits (~0.4 % per rounding); the first losses stay within ~1e-3
-LOSS_UPDATES = 3   # updates compared with the control
-TRAIN_BOUND, EVAL_BOUND = ("first_step", "steady_step"), ("eval_longest",)
 COLUMNS = ["variant", "change", "batch", "probes", "peak", "fits", "step_s", "vs_control", "same_experiment"]
-
-
-def accumulation_for(t, micro_batch: int, effective: int) -> int:
-    """The accumulation that keeps ``effective`` examples per update; an error naming the keys when none does."""
-    ranks = data_parallel_ranks(t)
-    if effective % (micro_batch * ranks):
-        raise BadInput(f"an effective batch of {effective} examples per update cannot be reached with "
-                       f"train.micro_batch={micro_batch} on {ranks} ranks: {effective} is not a multiple of "
-                       f"{micro_batch} × {ranks}", where="train.micro_batch, train.accumulation, train.nproc",
-                       fix=f"choose train.micro_batch × train.accumulation × train.nproc = {effective} "
-                           f"(e.g. train.nproc dividing {effective}), or pass --effective-batch")
-    return effective // (micro_batch * ranks)
-
-
-def micro_batch_candidates(t, effective: int) -> list[int]:
-    """Micro-batches below the control's that keep ``effective`` examples per update, ascending."""
-    per_rank = effective // data_parallel_ranks(t)
-    return [d for d in range(1, t.micro_batch) if per_rank % d == 0]
-
-
-def probe_bound(n: int) -> int:
-    return math.ceil(math.log2(n)) + 1 if n > 1 else 1
 
 
 def batch_line(a: dict) -> str:
@@ -157,7 +129,7 @@ def fit(loaded, home, memory_limit: int, *, write: str | None = None, effective_
     device = device or default_device()
     prep = prepare(loaded, splits=("train", "validation"))
     t = prep.c.train
-    control_effective = t.micro_batch * t.accumulation * data_parallel_ranks(t)
+    control_effective = examples_per_update(t)
     effective = effective_batch or control_effective
     accumulation_for(t, 1, effective)  # the effective batch must be reachable on these ranks at all
     measured_here = pilot_rows is None

@@ -3,7 +3,7 @@
 A training probe is the pilot's first_step (optimizer state is allocated in it) followed by its
 steady_step (gradients, activations and optimizer state all live at once), the larger of the two
 counting; an evaluation probe reaches eval_longest the way the pilot does, after an update, so the
-optimizer state is there. Both run ``run_update`` / ``evaluate`` on ``pilot_phases.worst_case``.
+optimizer state is there. Both go through the one driver (``phases.driver``) on ``phases.worst``.
 
 The first updates' losses (``first_losses``) go through ``train`` itself, stopped after k updates.
 """
@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import statistics
 
+from pilotrun.phases import names
 from pilotrun.stages.prepare import Prepared
 
-TRAIN_PHASES = ("first_step", "steady_step")
 # On CPU the counter is the process's RSS, which a limit is checked against as a whole. glibc keeps
 # freed memory for reuse, so RSS after one probe would carry into the next; with a fixed mmap
 # threshold each tensor above 64 KiB is its own mapping, returned to the system when freed, and a
@@ -66,31 +66,27 @@ def probe(prep: Prepared, kind: str, *, limit: int | None = None, device=None) -
     Returns the row of the largest phase (ledger row shape), with ``fits`` against ``limit`` minus margin.
     """
     from pilotrun.engine.distributed import default_device
-    from pilotrun.engine.loop import evaluate, run_update
+    from pilotrun.phases.driver import PhaseContext, drive, quiet
+    from pilotrun.phases.worst import worst_case
     from pilotrun.probe.recorder import peak_of, phase
-    from pilotrun.stages.pilot_phases import worst_case
 
     device = device or default_device()
-    t = prep.c.train
-    wc = worst_case(prep, 1)
-    rows: list[dict] = []
+    measured = names("train") if kind == "train" else names("eval")
+    ctx = PhaseContext(prep, worst_case(prep, 1), device=device, done={"load"})
+    rows = ctx.rows
+
+    def measure(name: str, inputs: dict):
+        if name not in measured:  # the update an evaluation probe runs first, so the optimizer state is there
+            return quiet(name, inputs)
+        return phase(name, inputs, rows=rows, device=device, memory_limit=limit, catch_errors=True, barrier=False)
+
     quiet_allocator()
-    state = _fresh_state(prep, device)
+    ctx.state = _fresh_state(prep, device)
     try:
-        if kind == "train":
-            for name in TRAIN_PHASES:
-                with phase(name, dict(wc["train_inputs"]), rows=rows, device=device, memory_limit=limit,
-                           catch_errors=True, barrier=False):
-                    run_update(state, prep.task, wc["micro_batches"], max_grad_norm=t.max_grad_norm)
-                if rows[-1]["verdict"] in ("oom", "error"):
-                    break
-        else:
-            run_update(state, prep.task, wc["micro_batches"], max_grad_norm=t.max_grad_norm)
-            with phase("eval_longest", dict(wc["eval_inputs"]), rows=rows, device=device, memory_limit=limit,
-                       catch_errors=True, barrier=False):
-                evaluate(state, prep.task, wc["eval"], t.eval_batch)
+        drive(ctx, measure, measured if kind == "train" else names("eval") + names("train")[:1],
+              stop=lambda ctx: bool(rows) and rows[-1]["verdict"] in ("oom", "error"))
     finally:
-        del state
+        ctx.state = None
         quiet_allocator()
     failed = next((r for r in rows if r["verdict"] in ("oom", "error")), None)
     row = dict(failed or max(rows, key=lambda r: peak_of(r) or 0))

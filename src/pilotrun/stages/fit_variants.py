@@ -6,9 +6,9 @@ import datetime as _dt
 from pathlib import Path
 
 from pilotrun.errors import BadInput
-from pilotrun.stages.fit import (EVAL_BOUND, FP32_RTOL, MIXED_RTOL, TRAIN_BOUND, accumulation_for,
-                                 micro_batch_candidates, probe_bound)
 from pilotrun.stages.fit_probe import largest_fitting, probe
+from pilotrun.stages.fit_rules import (EVAL_BOUND, FP32_RTOL, MIXED_RTOL, TRAIN_BOUND, accumulation_for,
+                                      micro_batch_candidates, probe_bound)
 
 LENGTH_STEP = 8  # max_length candidates are multiples of this
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict
 
 from pilotrun.errors import BadInput
-from pilotrun.stages.result import StageResult
+from pilotrun.verdicts import StageResult
 from pilotrun.tasks.base import IGNORE
 
 INFO_CHECKS = ("classes",)  # ok checks whose message is worth printing

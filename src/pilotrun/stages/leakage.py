@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict
 
 from pilotrun.errors import BadInput
-from pilotrun.stages.result import StageResult, worst
+from pilotrun.verdicts import StageResult, worst
 
 DEFAULT_THRESHOLD = 0.8
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 
-from pilotrun.stages.result import StageResult
+from pilotrun.verdicts import StageResult
 
 TOLERANCE = {"fp32": 1e-5}  # relative gradient difference; rounding alone stays far below 1e-5 in fp32
 LOW_PRECISION_TOLERANCE = 2e-2  # bf16/fp16 round each micro-batch's gradients to ~3 significant digits
@@ -100,7 +100,7 @@ def accumulation_check(prep) -> dict:
             run_update(state, prep.task, micro, max_grad_norm=None, step=False, zero_grad=False)
         except Exception as e:
             from pilotrun.engine.loop import out_of_memory_reason
-            from pilotrun.probe.recorder import is_oom
+            from pilotrun.engine.oom import is_oom
 
             if not is_oom(e):
                 raise
@@ -156,11 +156,11 @@ def prediction_check(task, model, examples, device) -> dict:
     """Teacher-forced argmax at every target; greedy generation for a few causal-lm examples."""
     import torch
 
-    from pilotrun.engine.loop import _to
+    from pilotrun.engine.loop import to_device
 
     model.eval()
     with torch.no_grad():
-        batch = _to(task.collate(examples), device)
+        batch = to_device(task.collate(examples), device)
         preds = task.predict(model, batch)
         wanted = _targets(task, batch, examples)
     wrong = [(e.rid, sum(a != b for a, b in zip(p, w)) + abs(len(p) - len(w)), len(w))
@@ -208,7 +208,7 @@ def overfit(loaded, home, *, examples: int = 8, max_updates: int = 150, prep=Non
     from pilotrun.journal.store import Journal
     from pilotrun.stages.plateau import plateau_causes
     from pilotrun.stages.prepare import prepare
-    from pilotrun.stages.runs import RunRecorder
+    from pilotrun.journal.runs import RunRecorder
 
     prep = prep or prepare(loaded, splits=("train",))
     c, task = prep.c, prep.task

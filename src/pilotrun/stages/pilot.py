@@ -11,10 +11,12 @@ import time
 
 from pilotrun.journal.store import Journal
 from pilotrun.probe.sizes import fmt_bytes, parse_size
-from pilotrun.stages.pilot_phases import INJECT_ENV, PHASES, PilotJob, parse_inject, run_phases
+from pilotrun.phases import PHASES
+from pilotrun.phases.registry import BY_NAME
+from pilotrun.stages.pilot_phases import INJECT_ENV, PilotJob, parse_inject, run_phases
 from pilotrun.stages.prepare import prepare
-from pilotrun.stages.result import StageResult
-from pilotrun.stages.runs import RunRecorder
+from pilotrun.verdicts import StageResult
+from pilotrun.journal.runs import RunRecorder
 
 COLUMNS = ["phase", "rank", "counter", "baseline", "peak_allocated", "peak_reserved", "end_allocated",
            "end_reserved", "duration_s", "verdict", "inputs"]
@@ -41,13 +43,13 @@ def _read_json(path) -> dict | None:
 
 
 def _fix_for(row: dict, c) -> str:
-    t, name = c.train, row["phase"]
-    if name == "eval_longest":
+    t, kind = c.train, BY_NAME[row["phase"]].kind
+    if kind == "eval":
         return (f"try train.eval_batch={max(1, t.eval_batch // 2)}, or `pilotrun fit` to find the largest that fits")
-    if name in ("first_step", "steady_step"):
+    if kind == "train":
         return (f"try train.micro_batch={max(1, t.micro_batch // 2)} with train.accumulation={t.accumulation * 2} "
                 "(same effective batch), or model.gradient_checkpointing=true; `pilotrun fit` measures them")
-    if name == "load":
+    if kind == "load":
         return "the weights alone do not fit: a lower-precision model.dtype, an adapter, or fsdp over more GPUs"
     return "see the note; `pilotrun fit` tries the variants that keep the experiment"
 
@@ -64,30 +66,21 @@ def pilot(loaded, home, *, memory_limit=None, inject=None) -> StageResult:
     prepare_s = time.perf_counter() - t0
     c = prep.c
     from pilotrun.campaign.arithmetic import data_parallel_ranks
-    from pilotrun.engine.distributed import broadcast_from_rank0, check_strategy, launch, under_launcher
+    from pilotrun.engine.distributed import check_strategy
+    from pilotrun.engine.launcher import Ranks
 
     check_strategy(c.train)
     limit = (parse_size(memory_limit) if isinstance(memory_limit, str) else memory_limit) \
         or parse_size(c.hardware.memory_per_gpu, where="hardware.memory_per_gpu")
     inject = parse_inject(inject)
     arith = prep.arithmetic()
-    if under_launcher():  # torchrun started this process as one rank: rank 0 owns the run
-        from pilotrun.engine.distributed import init_from_launcher, world_rank
-
-        init_from_launcher()
-        if world_rank()[1] != 0:
-            return _follower(prep)
+    ranks = Ranks(data_parallel_ranks(c.train))
+    if ranks.follower:  # torchrun started this process as one rank: rank 0 owns the run
+        return _follower(prep, ranks)
     journal = Journal(home)
     with RunRecorder(journal, loaded, kind="pilot") as rec:
         job = PilotJob(loaded, str(journal.home), rec.run_id, str(rec.dir), limit, inject)
-        world = data_parallel_ranks(c.train)
-        if under_launcher():
-            broadcast_from_rank0(job)
-            _rank_main(job, prep)
-        elif world > 1:
-            launch(_rank_main, world, (job,))
-        else:
-            journal.add_phase_rows(rec.run_id, run_phases(job, prep))
+        ranks.run(_rank_main, job, lambda job: _rank_main(job, prep))
         rows = journal.phase_rows(rec.run_id)
         bad = [r for r in rows if r["verdict"] in FAILING]
         rec.finish("failed" if any(r["verdict"] in ("oom", "nan", "error") for r in bad) else "completed",
@@ -120,8 +113,7 @@ def pilot(loaded, home, *, memory_limit=None, inject=None) -> StageResult:
                f"every phase ran within {fmt_bytes(limit)}; the peak is {peak['phase']} "
                f"({fmt_bytes(max(peak.get('peak_reserved') or 0, peak.get('peak_allocated') or 0))})" if peak
                else "no rows")
-    if under_launcher():
-        broadcast_from_rank0("fail" if bad else "ok")
+    ranks.share("fail" if bad else "ok")
     return StageResult("pilot", "fail" if bad else "ok", summary, messages,
                        {"run_id": rec.run_id, "memory_limit": limit, "rows": rows}, columns=_columns(rows), rows=table)
 
@@ -133,15 +125,11 @@ def _columns(rows: list[dict]) -> list[str]:
     return COLUMNS
 
 
-def _follower(prep) -> StageResult:
+def _follower(prep, ranks) -> StageResult:
     """A rank other than 0 under torchrun: run the phases with rank 0's job; rank 0 reports."""
-    import torch.distributed as dist
-
-    from pilotrun.engine.distributed import broadcast_from_rank0
-
-    job = broadcast_from_rank0(None)
+    job = ranks.share()
     _rank_main(job, prep)
-    verdict = broadcast_from_rank0(None)
-    rank = dist.get_rank()
+    verdict = ranks.share()
+    rank = ranks.rank
     return StageResult("pilot", verdict, f"rank {rank}: rows gathered into run {job.run_id} by rank 0",
                        data={"run_id": job.run_id, "rank": rank})

@@ -1,10 +1,13 @@
-"""The pilot's phases on one rank: load → first_step → steady_step → eval_longest → save → export → reload.
+"""The pilot's phases on one rank: the registry's (``phases.registry``: load → first_step → steady_step →
+eval_longest → save → export → reload) through the one driver, each inside ``probe.recorder.phase``
+so each gives one ledger row; plus the typical updates timed for the sheet and the test switch that
+plants faults.
 
 Every phase runs through the same functions as ``train`` (``make_state``, ``run_update``,
 ``evaluate``, ``save_state``, ``task.save_artifact``, ``task.load_artifact``) on the worst-case
-inputs chosen from the encoded data, inside ``probe.recorder.phase`` so each gives one ledger row.
-A phase that fails (oom, nan, error) does not stop the phases that can still run; one that needs
-what a failed phase did not produce gets an error row saying so.
+inputs chosen from the encoded data (``phases.worst``). A phase that fails (oom, nan, error) does not
+stop the phases that can still run; one that needs what a failed phase did not produce gets an error
+row saying so.
 """
 
 from __future__ import annotations
@@ -13,9 +16,10 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pilotrun.probe.recorder import NonFinite, phase
+from pilotrun.phases import PHASES, names
+from pilotrun.phases.registry import BY_NAME
+from pilotrun.probe.recorder import phase
 
-PHASES = ("load", "first_step", "steady_step", "eval_longest", "save", "export", "reload")
 INJECT_KINDS = ("oom", "nan", "error", "short")
 # Test switch: "oom:eval_longest,nan:first_step". "short:steady_step" (or first_step) feeds the train
 # phases the shortest examples instead of the longest, "short:eval_longest" the evaluation: a pilot
@@ -35,52 +39,6 @@ class PilotJob:
     inject: dict = field(default_factory=dict)  # kind -> phase
 
 
-def by_length(examples: list) -> list:
-    """Longest first (ties: more targets first), so the first micro-batch is the widest padded one."""
-    return sorted(examples, key=lambda e: (e.length, e.n_targets), reverse=True)
-
-
-def padded(chosen: list, pool: list) -> list:
-    """``chosen`` (longest first), with its last example swapped for the longest shorter one of ``pool`` when
-    every chosen example has the same length and ``pool`` has a shorter one: a batch with padding makes
-    the model build an attention mask (batch × length² elements) that a batch without any does not, so a
-    campaign with uneven lengths will meet the padded batch at the longest length."""
-    if len(chosen) < 2 or chosen[-1].length < chosen[0].length:
-        return chosen
-    ids = {id(e) for e in chosen}
-    shorter = [e for e in pool if e.length < chosen[0].length and id(e) not in ids]
-    return chosen[:-1] + by_length(shorter)[:1] if shorter else chosen
-
-
-def worst_case(prep, world: int, short: str | None = None) -> dict:
-    """The inputs each rank gets: one full update of ``accumulation`` micro-batches of ``micro_batch`` from
-    the longest training examples, and the longest validation examples as ``eval_batch`` per rank.
-
-    The widest micro-batch comes last, when the gradients of the earlier ones are already held (the
-    heaviest moment of any update), and holds padding when the data can pad it (``padded``).
-    ``short`` ("train" or "eval", the test switch only) takes the shortest instead."""
-    t = prep.c.train
-    per_rank = t.micro_batch * t.accumulation
-    order = by_length(prep.train)
-    longest = (order[::-1] if short == "train" else order)[:per_rank]
-    if short == "train":
-        longest = by_length(longest)
-    else:
-        longest = padded(longest[: t.micro_batch], prep.train) + longest[t.micro_batch:]
-    micro_batches = [longest[i: i + t.micro_batch] for i in range(0, len(longest), t.micro_batch)][::-1]
-    pool = prep.validation or prep.train
-    order = by_length(pool)
-    evals = by_length((order[::-1] if short == "eval" else order)[: t.eval_batch * world])
-    if short != "eval" and world == 1:
-        evals = padded(evals, pool)
-    train_inputs = {"micro_batch": t.micro_batch, "accumulation": t.accumulation, "ranks": world,
-                    "seq_len": max(e.length for e in longest), "precision": t.precision}
-    eval_inputs = {"eval_batch": t.eval_batch, "seq_len": evals[0].length if evals else 0, "precision": t.precision}
-    if not prep.validation:
-        eval_inputs["split"] = "train (no validation split)"
-    return {"micro_batches": micro_batches, "train_inputs": train_inputs, "eval": evals, "eval_inputs": eval_inputs}
-
-
 def parse_inject(inject: dict | str | None) -> dict:
     """{"oom": "eval_longest"} or "oom:eval_longest,nan:first_step" (also from $PILOTRUN_PILOT_INJECT)."""
     from pilotrun.errors import BadInput
@@ -97,10 +55,6 @@ def parse_inject(inject: dict | str | None) -> dict:
             raise BadInput(f"cannot plant {kind!r} in {name!r}", where=INJECT_ENV,
                            fix=f"kinds: {', '.join(INJECT_KINDS)}; phases: {', '.join(PHASES)}")
     return dict(inject)
-
-
-class NotRun(Exception):
-    """A phase that needs what an earlier, failed phase did not produce."""
 
 
 class _NanLoss:
@@ -130,128 +84,33 @@ def _plant(job: PilotJob, name: str, task):
     return _NanLoss(task) if "nan" in kinds else task
 
 
-def _unwrap(model):
-    return getattr(model, "module", model)
-
-
-def _dir_bytes(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-
-
-def _count(model) -> tuple[int, int]:
-    ps = list(model.parameters())
-    return sum(p.numel() for p in ps), sum(p.numel() for p in ps if p.requires_grad)
-
-
 def run_phases(job: PilotJob, prep=None) -> list[dict]:
-    """Every phase on this rank; returns this rank's rows (rank 0 writes everyone's to the journal)."""
-    import torch
-
-    from pilotrun.engine.distributed import default_device, is_initialized, world_rank, wrap_model
-    from pilotrun.engine.loop import evaluate, make_state, run_update
-    from pilotrun.engine.precision import autocast
-    from pilotrun.engine.state import save_state
-    from pilotrun.probe.tensors import track
+    """Every phase of the registry on this rank (``phases.driver``); returns this rank's rows (rank 0
+    writes everyone's to the journal)."""
+    from pilotrun.engine.distributed import barrier, default_device, world_rank
+    from pilotrun.phases.driver import PhaseContext, drive
+    from pilotrun.phases.worst import worst_case
     from pilotrun.stages.prepare import prepare
 
     prep = prep or prepare(job.loaded, splits=("train", "validation"))
-    c, task = prep.c, prep.task
     world, rank = world_rank()
     device = default_device()
     short = job.inject.get("short")
-    wc = worst_case(prep, world, short={"first_step": "train", "steady_step": "train",
-                                        "eval_longest": "eval"}.get(short))
-    run_dir = Path(job.run_dir)
-    rows: list[dict] = []
-    done: set[str] = set()
+    short = BY_NAME[short].kind if short in names("train", "eval") else None
+    ctx = PhaseContext(prep, worst_case(prep, world, short=short), device=device, rank=rank, world=world,
+                       run_dir=job.run_dir, plant=lambda name, task: _plant(job, name, task))
 
     def measured(name: str, inputs: dict):
-        return phase(name, inputs, rank=rank, rows=rows, device=device, memory_limit=job.memory_limit,
+        return phase(name, inputs, rank=rank, rows=ctx.rows, device=device, memory_limit=job.memory_limit,
                      catch_errors=True)
 
-    def skipped(name: str, inputs: dict, needs: str) -> None:
-        failed = next((r for r in rows if r["phase"] == needs), None)
-        why = f"ended with {failed['verdict']}" if failed else "did not run"
-        with measured(name, inputs):
-            raise NotRun(f"phase {needs} {why}")
+    def time_model(ctx) -> None:
+        if ctx.state is not None and all(r["verdict"] == "ok" for r in ctx.rows):
+            _time_model(job, prep, ctx.state, ctx.worst, rank, world)
 
-    state = None
-    with measured("load", {"dtype": c.model.dtype, "precision": c.train.precision, "strategy": c.train.strategy,
-                           "adapter": c.model.adapter is not None}) as p:
-        _plant(job, "load", task)
-        model = task.build_model()
-        p.inputs["params"], p.inputs["trainable"] = _count(model)
-        model.to(device)
-        model = wrap_model(model, c.train.strategy, device)
-        state = make_state(model, c.train, n_train=len(prep.train), seed=c.seed,
-                           total_updates=prep.arithmetic()["updates"], device=device)
-        track(model)  # tensors a loader made without an operator (safetensors) still count, as in a run
-        done.add("load")
-
-    for name in ("first_step", "steady_step"):
-        if state is None:
-            skipped(name, wc["train_inputs"], "load")
-            continue
-        with measured(name, dict(wc["train_inputs"])) as p:
-            out = run_update(state, _plant(job, name, task), wc["micro_batches"], max_grad_norm=c.train.max_grad_norm)
-            p.inputs["targets"] = out["targets"]
-            if not out["finite"]:
-                p.nan(f"the update's loss is {out['loss']} (seq_len {wc['train_inputs']['seq_len']}, "
-                      f"micro_batch {c.train.micro_batch}); the optimizer step was skipped")
-
-    if state is not None and all(r["verdict"] == "ok" for r in rows):
-        _time_model(job, prep, state, wc, rank, world)
-
-    if state is None:
-        skipped("eval_longest", wc["eval_inputs"], "load")
-    else:
-        with measured("eval_longest", dict(wc["eval_inputs"])) as p:
-            ev = evaluate(state, _plant(job, "eval_longest", task), wc["eval"], c.train.eval_batch)
-            p.check_finite(ev["val_loss"], "the validation loss")
-
-    ckpt = run_dir / "checkpoints" / "pilot"
-    if state is None:
-        skipped("save", {"path": "checkpoints/pilot"}, "load")
-    else:
-        with measured("save", {"path": "checkpoints/pilot"}) as p:
-            _plant(job, "save", task)
-            save_state(state, ckpt)  # every rank calls it; rank 0 writes
-            if rank == 0:
-                p.inputs["bytes"] = _dir_bytes(ckpt)
-
-    art = run_dir / "artifact"
-    written: list[str] = []
-    if state is None:
-        skipped("export", {"path": "artifact"}, "load")
-    else:
-        with measured("export", {"path": "artifact"}) as p:
-            _plant(job, "export", task)
-            written = export_artifact(task, state.model, art, rank, c.train.strategy)
-            if rank == 0:
-                p.inputs.update(parts=written, bytes=_dir_bytes(art))
-            done.add("export")
-
-    sample = by_length(prep.validation or prep.train)[:1]
-    if "export" not in done:
-        skipped("reload", {"path": "artifact"}, "export")
-    else:
-        with measured("reload", {"path": "artifact", "parts": written, "seq_len": sample[0].length}):
-            reload_task = _plant(job, "reload", task)
-            if rank == 0:
-                for part in written:
-                    loaded_model = task.load_artifact(art / part).to(device)
-                    loaded_model.eval()
-                    with torch.no_grad(), autocast(c.train.precision, device.type):
-                        batch = {k: (v.to(device) if hasattr(v, "to") else v)
-                                 for k, v in task.collate(sample).items()}
-                        s, n = reload_task.loss(loaded_model, batch)
-                    loss = float(s) / max(1, int(n))
-                    if loss != loss or loss in (float("inf"), float("-inf")):
-                        raise NonFinite(f"the reloaded artifact/{part} gives the loss {loss}")
-                    del loaded_model
-    if is_initialized():
-        torch.distributed.barrier()
-    return rows
+    drive(ctx, measured, after={names("train")[-1]: time_model})
+    barrier()
+    return ctx.rows
 
 
 def _time_model(job: PilotJob, prep, state, wc: dict, rank: int, world: int) -> None:
@@ -280,7 +139,7 @@ def _time_model(job: PilotJob, prep, state, wc: dict, rank: int, world: int) -> 
         evaluate(state, prep.task, wc["eval"], t.eval_batch)
         _sync(default_device())
         eval_s = time.perf_counter() - t0
-    sampler = UpdateSampler(len(prep.train), t.micro_batch, t.accumulation, c.seed, t.drop_last, rank, world)
+    sampler = UpdateSampler.for_train(t, len(prep.train), c.seed, rank, world)
     typical = []
     for _ in range(shape.TYPICAL_UPDATES):
         mbs = [[prep.train[i] for i in mb] for mb in sampler.next_update()]
@@ -306,29 +165,3 @@ def _sync(device) -> None:
         import torch
 
         torch.cuda.synchronize(device)
-
-
-def export_artifact(task, model, out_dir: Path, rank: int, strategy: str) -> list[str]:
-    """Rank 0 writes the artifact (into a temporary folder renamed when complete); under FSDP every rank
-    first helps gather the full weights."""
-    from pilotrun.engine.distributed import barrier, broadcast_from_rank0
-    from pilotrun.journal.files import write_dir_atomically
-
-    if strategy == "fsdp":
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-        full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        written = []
-        if rank == 0:
-            plain = task.build_model()
-            plain.load_state_dict(full)
-            written = write_dir_atomically(out_dir, lambda tmp: task.save_artifact(plain, tmp))
-        barrier()
-        return broadcast_from_rank0(written)
-    written = []
-    if rank == 0:
-        written = write_dir_atomically(out_dir, lambda tmp: task.save_artifact(_unwrap(model), tmp))
-    barrier()
-    return broadcast_from_rank0(written)
-
-

@@ -20,8 +20,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from pilotrun.campaign.arithmetic import per_rank_update
 from pilotrun.errors import BadInput
-from pilotrun.stages.result import StageResult
+from pilotrun.verdicts import StageResult
 
 SKIP_ENV = "PILOTRUN_TEST_SKIP_STATE"
 DEFAULT_AT = 4
@@ -180,7 +181,7 @@ def resume(loaded, home, *, at: int | None = None, prep=None) -> StageResult:
     from pilotrun.journal.files import atomic_write_json, write_manifest
     from pilotrun.journal.store import Journal
     from pilotrun.stages.prepare import prepare
-    from pilotrun.stages.runs import RunRecorder, write_run_readme
+    from pilotrun.journal.runs import RunRecorder, write_run_readme
     from pilotrun.stages.train import store_control_predictions
 
     at = DEFAULT_AT if at is None else at
@@ -190,7 +191,7 @@ def resume(loaded, home, *, at: int | None = None, prep=None) -> StageResult:
     skip = skipped_components()
     prep = prep or prepare(loaded, splits=("train", "validation"))
     c, t = prep.c, prep.c.train
-    per_update = t.micro_batch * t.accumulation
+    per_update = per_rank_update(t)
     n, per_epoch = small_train_set(len(prep.train), per_update, at)
     if n < per_update:
         raise BadInput(f"{len(prep.train)} training examples are fewer than one update of {per_update}",

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pilotrun.campaign.arithmetic import data_parallel_ranks
+from pilotrun.campaign.arithmetic import data_parallel_ranks, examples_per_update
+from pilotrun.phases import PHASES
 from pilotrun.sheet import plan as P
 from pilotrun.sheet.catalogue import CATALOGUE, get_gpu, match_gpu
 from pilotrun.sheet.stack import check_stack, needs_bf16, read_target_env, required_stack
-from pilotrun.stages.result import StageResult, worst
+from pilotrun.verdicts import StageResult, worst
 
-PHASES = ("load", "first_step", "steady_step", "eval_longest", "save", "export", "reload")
 # Keys a variant may change without changing what one update costs (the pilot measured the control).
 COST_FREE = ("train.lr", "train.weight_decay", "train.schedule", "train.warmup", "train.max_grad_norm",
              "train.optimizer", "train.stop", "seed")
@@ -162,7 +162,7 @@ def build_sheet(cfg: dict, journal, pilot: dict, *, target_env: dict | None = No
 
     sheet["settings"] = {"precision": precision, "dtype": c.model.dtype, "micro_batch": t.micro_batch,
                          "accumulation": t.accumulation, "ranks": ranks,
-                         "effective_batch": t.micro_batch * t.accumulation * ranks, "strategy": t.strategy,
+                         "effective_batch": examples_per_update(t), "strategy": t.strategy,
                          "nproc": t.nproc, "gradient_checkpointing": c.model.gradient_checkpointing,
                          "adapter": c.model.adapter.model_dump() if c.model.adapter else None,
                          "eval_batch": t.eval_batch, "max_length": c.data.max_length}
@@ -175,7 +175,8 @@ def build_sheet(cfg: dict, journal, pilot: dict, *, target_env: dict | None = No
     sheet["stack"] = {"required": req, "target": None, "checks": []}
     target = get_gpu(gpu) if gpu else None
     if target_env is not None:
-        checks = check_stack(req, target_env, need["need"])
+        d0 = (target_env.get("devices") or [{}])[0]
+        checks = check_stack(req, target_env, need["need"], target or match_gpu(d0.get("name"), d0.get("memory_bytes")))
         sheet["stack"].update(target=[d.get("name") for d in target_env.get("devices", [])] or "no CUDA device",
                               checks=checks)
         for ch in checks:

@@ -16,19 +16,20 @@ from __future__ import annotations
 import math
 from typing import Callable
 
-from pilotrun.campaign.arms import Arm, _effective_batch, plan_arms  # noqa: F401  (plan_arms: validate shares it)
-from pilotrun.campaign.load import sha256_of_config
+from pilotrun.campaign.arms import Arm, effective_batch, plan_arms  # noqa: F401  (plan_arms: validate shares it)
 from pilotrun.errors import BadInput
 from pilotrun.journal.store import Journal
+from pilotrun.provenance import config_sha256
 from pilotrun.stages import compare as cmp
-from pilotrun.stages.result import StageResult
+from pilotrun.stages.sweep_runs import arm_command, encoded_for
+from pilotrun.verdicts import StageResult
 
 DONE = ("completed", "diverged", "stopped")
 
 
 def frozen_plan(loaded, arms: list[Arm]) -> dict:
     c, t = loaded.c, arms[0].loaded.c.train
-    mb, acc, ranks = _effective_batch(t)
+    mb, acc, ranks = effective_batch(t)
     return {"campaign": c.name, "campaign_path": str(loaded.source) if loaded.source else None,
             "config_sha256": loaded.config_sha256(), "metric": c.plan.metric, "goal": c.plan.goal,
             "budget": {"updates": t.updates, "epochs": t.epochs},
@@ -59,7 +60,7 @@ def sweep(loaded, home, *, continue_id: str | None = None, progress: bool = True
     arms = plan_arms(loaded)
     validate(arms[0].loaded)  # files, fields and batch arithmetic fail here, before anything is frozen
     plan = frozen_plan(loaded, arms)
-    sha = sha256_of_config(plan)
+    sha = config_sha256(plan)
     journal = Journal(home)
     if continue_id is None:
         sweep_id = journal.create_sweep(plan, sha, plan["campaign_path"])
@@ -88,44 +89,12 @@ def sweep(loaded, home, *, continue_id: str | None = None, progress: bool = True
         run_loaded = arm.loaded.with_overrides({"seed": seed})
         r = train_run(run_loaded, home, kind="sweep", sweep_id=sweep_id, arm=arm.name, supersedes=supersedes,
                       progress=progress, save_artifact=False, validation_predictions=True,
-                      command=arm_command(plan["campaign_path"], arm, seed, sets), **_encoded_for(run_loaded, encoded))
+                      command=arm_command(plan["campaign_path"], arm, seed, sets), **encoded_for(run_loaded, encoded))
         if on_run is not None:
             on_run({"index": i + 1, "of": len(todo), "total": total, "arm": arm.name, "label": arm.label,
                     "seed": seed, "run_id": r.data["run_id"], "status": r.data["status"],
                     "reason": r.data["reason"], "supersedes": supersedes})
     return sweep_result(journal, sweep_id, ran=len(todo))
-
-
-def arm_command(campaign_path, arm: Arm, seed: int, sets: tuple[str, ...] = ()) -> str | None:
-    """The `pilotrun train` line that repeats this one run of the sweep (the run README's "Reproduce"):
-    the sweep's own ``--set`` items, then the arm's overrides, then the seed."""
-    import json
-    import shlex
-
-    from pilotrun.stages.runs import command_line
-
-    if campaign_path is None:
-        return command_line()
-    items = [*sets, *(f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in arm.overrides.items())]
-    return " ".join(["pilotrun train", shlex.quote(str(campaign_path)), *(f"--set {shlex.quote(i)}" for i in items),
-                     f"--seed {seed}"])
-
-
-def _encoded_for(loaded, cache: dict):
-    """train_run's ``prep`` and ``prepare_s``: the encoded examples of an earlier run with the same task, model and data
-    sections (train.*, seed and plan keys do not change encoding), under this run's own task object."""
-    from pilotrun.stages.prepare import Prepared, prepare
-    from pilotrun.tasks import make_task
-
-    import time
-
-    d = loaded.resolved_dict()
-    key = sha256_of_config({k: d.get(k) for k in ("task", "model", "data")})
-    if key not in cache:
-        t0 = time.perf_counter()
-        cache[key] = prepare(loaded, splits=("train", "validation"))
-        return {"prep": cache[key], "prepare_s": time.perf_counter() - t0}
-    return {"prep": Prepared(loaded, make_task(loaded), cache[key].examples), "prepare_s": 0.0}
 
 
 def _todo(journal: Journal, sweep_id: str, arms: list[Arm], seeds: list[int]) -> list[tuple[Arm, int, str | None]]:

@@ -93,9 +93,9 @@ def run_remote(todo: list, *, journal, sweep_id: str, plan: dict, sets: tuple, a
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     from pilotrun.campaign.arithmetic import data_parallel_ranks
-    from pilotrun.stages.runs import RunRecorder
+    from pilotrun.journal.runs import RunRecorder
     from pilotrun.stages.sheet import find_pilot
-    from pilotrun.stages.sweep import arm_command
+    from pilotrun.stages.sweep_runs import arm_command
 
     ray = connect(address)
     cluster = ray.cluster_resources()
@@ -214,7 +214,7 @@ def land_outcome(journal, rec, out: dict) -> None:
     """A worker's rows and files into the driver's journal and run folder, then the run's final status."""
     from pilotrun.journal.files import write_manifest
     from pilotrun.journal.transfer import check_arrived, import_run, unpack_folder
-    from pilotrun.stages.runs import write_run_readme
+    from pilotrun.journal.runs import write_run_readme
 
     import_run(journal, out["rows"], as_run_id=rec.run_id)
     journal.update_progress(rec.run_id, updates_done=out["progress"][0], examples_seen=out["progress"][1])
@@ -246,7 +246,7 @@ def check_node(expect: dict, loaded) -> None:
     import torch
 
     import pilotrun
-    from pilotrun.stages.prepare import data_fingerprints
+    from pilotrun.journal.runs import data_fingerprints
 
     node = socket.gethostname()
     for name, mine in (("torch", torch.__version__), ("pilotrun", pilotrun.__version__)):
@@ -274,7 +274,7 @@ def train_remote(spec: dict) -> dict:
     from pilotrun.engine.loop import Hooks
     from pilotrun.journal.store import Journal
     from pilotrun.journal.transfer import export_run, import_run, pack_folder
-    from pilotrun.stages.sweep import _encoded_for
+    from pilotrun.stages.sweep_runs import encoded_for
     from pilotrun.stages.train import train_run
     from pilotrun.campaign.arithmetic import data_parallel_ranks
 
@@ -296,7 +296,7 @@ def train_remote(spec: dict) -> dict:
             import_run(journal, spec["pilot"])
         r = train_run(loaded, scratch, kind="sweep", sweep_id=spec["sweep_id"], arm=spec["arm"],
                       hooks=Hooks(on_update=on_update) if single else None, progress=False, save_artifact=False,
-                      validation_predictions=True, command=spec["command"], **_encoded_for(loaded, _ENCODED))
+                      validation_predictions=True, command=spec["command"], **encoded_for(loaded, _ENCODED))
         local_id = r.data["run_id"]
         run = journal.get_run(local_id)
         rows = export_run(journal, local_id)

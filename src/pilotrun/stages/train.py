@@ -10,8 +10,8 @@ from pilotrun.engine.loop import Hooks, make_state, train
 from pilotrun.journal.files import write_manifest
 from pilotrun.journal.store import Journal
 from pilotrun.stages.prepare import Prepared, prepare
-from pilotrun.stages.result import StageResult
-from pilotrun.stages.runs import RunRecorder, write_run_readme
+from pilotrun.verdicts import StageResult
+from pilotrun.journal.runs import RunRecorder, write_run_readme
 
 CONTROL_EXAMPLES = 4  # validation examples whose predictions are stored with every run
 
@@ -26,11 +26,13 @@ def control_predictions(prep: Prepared, model) -> tuple[list, list, object]:
     control = pool[:CONTROL_EXAMPLES]
     if not control:
         return [], [], None
+    from pilotrun.engine.loop import to_device
+    from pilotrun.engine.precision import autocast
+
     model.eval()
-    with torch.no_grad():
-        batch = prep.task.collate(control)
-        device = next(model.parameters()).device
-        batch = {k: (v.to(device) if hasattr(v, "to") else v) for k, v in batch.items()}
+    device = next(model.parameters()).device
+    with torch.no_grad(), autocast(prep.c.train.precision, device.type):
+        batch = to_device(prep.task.collate(control), device)
         preds = prep.task.predict(model, batch)
         logits = target_logits(prep.task, model, batch)
     return control, preds, logits
@@ -76,8 +78,8 @@ def train_run(loaded, home, *, kind: str = "train", supersedes: str | None = Non
     torchrun, this process is one of them (rank 0 creates the run, the others join it).
     """
     from pilotrun.campaign.arithmetic import data_parallel_ranks
-    from pilotrun.engine.distributed import (broadcast_from_rank0, check_strategy, init_from_launcher,
-                                             is_initialized, launch, under_launcher, world_rank)
+    from pilotrun.engine.distributed import check_strategy, launch
+    from pilotrun.engine.launcher import Ranks
 
     t_start = time.perf_counter() - (prepare_s or 0.0)  # a caller that prepared for us says how long it took
     prep = prep or prepare(loaded, splits=("train", "validation"))
@@ -86,15 +88,8 @@ def train_run(loaded, home, *, kind: str = "train", supersedes: str | None = Non
     prep.arithmetic()  # too few examples for one update is bad input, before any run exists
     world = data_parallel_ranks(c.train)
     check_strategy(c.train)
-    spawn = world > 1 and not is_initialized() and not under_launcher()
-    if world > 1 and not spawn:
-        init_from_launcher()
-        if world_rank()[0] != world:
-            from pilotrun.errors import BadInput
-
-            raise BadInput(f"train.nproc={world} but this process is one of {world_rank()[0]} ranks",
-                           where="train.nproc", fix=f"launch with torchrun --nproc_per_node {world}, or set "
-                                                    f"train.nproc={world_rank()[0]}")
+    ranks = Ranks(world)
+    spawn = ranks.spawn
     if spawn and hooks is not None:
         raise ValueError("hooks cannot follow a run into spawned ranks; run under torchrun to use them")
     from pilotrun.probe.memory import release_free_memory
@@ -105,10 +100,10 @@ def train_run(loaded, home, *, kind: str = "train", supersedes: str | None = Non
     built = (prep.task.build_model(), time.perf_counter() - t_load)
     if spawn:
         built = None  # each spawned rank builds its own; this process only proved that it can be built
-    if world > 1 and not spawn and world_rank()[1] != 0:
-        job = broadcast_from_rank0(None)
+    if ranks.follower:
+        job = ranks.share()
         _ranked_run(job, prep, None, None, progress=False, t_start=t_start, t_prepared=t_prepared, built=built)
-        rank = world_rank()[1]
+        rank = ranks.rank
         return StageResult(kind, "ok", f"rank {rank}: joined {kind} run {job.run_id}",
                            data={"run_id": job.run_id, "rank": rank})
     journal = Journal(home)
@@ -124,8 +119,7 @@ def train_run(loaded, home, *, kind: str = "train", supersedes: str | None = Non
                 launch(_spawned_rank, world, (job,))
                 out = json.loads(Path(job.result_path).read_text())  # we wrote it a moment ago
         else:
-            if world > 1:
-                broadcast_from_rank0(job)
+            ranks.share(job)
             out = _ranked_run(job, prep, rec, hooks, progress=progress, t_start=t_start, t_prepared=t_prepared,
                               built=built)
         rec.finish(out["status"], out["summary"])
@@ -163,7 +157,7 @@ def _ranked_run(job: TrainJob, prep: Prepared, rec: RunRecorder | None, hooks: H
     from pilotrun.engine.state import save_state
     from pilotrun.probe.memory import release_free_memory
     from pilotrun.probe.watch import PeakWatch
-    from pilotrun.stages.pilot_phases import export_artifact
+    from pilotrun.engine.artifact import export_artifact
 
     c = prep.c
     arith = prep.arithmetic()

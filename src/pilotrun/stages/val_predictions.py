@@ -19,6 +19,9 @@ def store_validation_predictions(recorder, prep, model) -> int:
     ``recorder=None``: a rank that only takes part in the forward passes (FSDP) stores nothing."""
     import torch
 
+    from pilotrun.engine.loop import to_device
+    from pilotrun.engine.precision import autocast
+
     examples = prep.validation
     if not examples:
         return 0
@@ -26,10 +29,10 @@ def store_validation_predictions(recorder, prep, model) -> int:
     device = next(model.parameters()).device
     model.eval()
     items = []
-    with torch.no_grad():
+    with torch.no_grad(), autocast(prep.c.train.precision, device.type):
         for i in range(0, len(examples), batch_size):
             chunk = examples[i: i + batch_size]
-            batch = {k: (v.to(device) if hasattr(v, "to") else v) for k, v in prep.task.collate(chunk).items()}
+            batch = to_device(prep.task.collate(chunk), device)
             for e, pred in zip(chunk, prep.task.predict(model, batch)):
                 target = _targets(prep.task, e)
                 items.append((e.rid, {"pred": pred, "target": target, "exact": pred == target}))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pilotrun.campaign.arithmetic import batch_arithmetic, describe
 from pilotrun.campaign.consistency import check_consistency, check_records
-from pilotrun.stages.result import StageResult
+from pilotrun.verdicts import StageResult
 
 
 def validate(loaded) -> StageResult:

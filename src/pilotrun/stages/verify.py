@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 from pilotrun.errors import BadInput
-from pilotrun.stages.result import StageResult
+from pilotrun.verdicts import StageResult
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 LOGIT_ATOL = {"torch.float32": 1e-4}  # fp32 on CPU reproduces to ~1e-6; 1e-4 leaves room for a GPU-trained run
@@ -135,7 +135,10 @@ def verify_worker(run_dir: str, control_path: str, out_path: str) -> int:
                        fix="train the run again to verify it")
     examples = [Example(control[r]["input_ids"], control[r]["labels"], r, meta=control[r].get("meta") or {})
                 for r in rids]
-    task = make_task(load_campaign(run_dir / "config.yaml"))
+    from pilotrun.engine.precision import autocast
+
+    loaded = load_campaign(run_dir / "config.yaml")
+    task, precision = make_task(loaded), loaded.campaign.train.precision
     stored = load_control(run_dir / CONTROL_FILE) if (run_dir / CONTROL_FILE).is_file() else None
     results = {}
     for sub in sorted(p for p in (run_dir / "artifact").iterdir() if p.is_dir()):
@@ -146,7 +149,7 @@ def verify_worker(run_dir: str, control_path: str, out_path: str) -> int:
         model = task.load_artifact(sub)
         model.eval()
         dtype = str(next(model.parameters()).dtype)
-        with torch.no_grad():
+        with torch.no_grad(), autocast(precision, "cpu"):  # as the run computed its control predictions
             batch = task.collate(examples)
             preds = task.predict(model, batch)
             logits = target_logits(task, model, batch) if stored else None
@@ -156,7 +159,8 @@ def verify_worker(run_dir: str, control_path: str, out_path: str) -> int:
             diff = max(float((lg.gather(-1, by_rid[r][1]) - by_rid[r][0]).abs().max()) if lg.numel() else 0.0
                        for r, lg in zip(rids, logits))
         results[sub.name] = {"pred": dict(zip(rids, preds)), "max_logit_diff": diff, "dtype": dtype,
-                             "atol": LOGIT_ATOL.get(dtype, LOW_PRECISION_ATOL),
+                             "atol": LOW_PRECISION_ATOL if precision.endswith("-mixed")
+                             else LOGIT_ATOL.get(dtype, LOW_PRECISION_ATOL),
                              "tokenizer": _tokenizer_same(task, sub, examples),
                              "loaded": f"{type(model).__name__}, {dtype}"}
     atomic_write_json(out_path, {"pid": os.getpid(), "artifacts": results})

@@ -36,16 +36,30 @@ class CausalLMTask:
     def group_key(self, record) -> str | None:
         return common.group_of(record, self.c)
 
+    def tokenize_kwargs(self) -> dict:
+        return {"add_special_tokens": False}
+
     def _tok(self, text: str) -> list[int]:
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        return list(self.tokenizer(text, **self.tokenize_kwargs())["input_ids"])
+
+    def _prompt_response(self, record) -> tuple[str, str]:
+        d = self.c.data
+        return common.render_prompt(record, d.prompt), common.text_field(record, d.response, "data.response")
+
+    def tokenized_texts(self, record) -> list[str]:
+        """The texts ``encode`` gives the tokenizer for this record (``data.prefetch`` batches them)."""
+        if not self.c.data.messages:
+            return list(self._prompt_response(record))
+        msgs = common.field(record, self.c.data.messages, "data.messages")
+        return [str(m.get("content", m.get("value"))) for m in msgs if isinstance(m, dict)] \
+            if isinstance(msgs, list) else []
 
     def encode(self, record) -> Example:
         d = self.c.data
         if d.messages:
             ids, labels, full_targets = self._encode_chat(record)
         else:
-            prompt = common.render_prompt(record, d.prompt)
-            response = common.text_field(record, d.response, "data.response")
+            prompt, response = self._prompt_response(record)
             p = ([self.bos] if self.bos is not None else []) + self._tok(prompt)
             r = self._tok(response) + [self.eos]
             ids, labels, full_targets = p + r, [IGNORE] * len(p) + r, len(r)

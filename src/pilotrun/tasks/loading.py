@@ -57,7 +57,7 @@ def pad_id(tokenizer) -> int:
     return int(tokenizer.pad_token_id) if tokenizer.pad_token_id is not None else eos_id(tokenizer)
 
 
-def _check_model_dir(path: Path) -> None:
+def check_model_dir(path: Path) -> None:
     if not path.is_dir():
         raise BadInput(f"model folder not found: {path}", where="model.path",
                        fix="point at a folder written by model.save_pretrained (nothing is downloaded)")
@@ -94,7 +94,7 @@ def build_model(c, tokenizer, kind: str, labels: list[str] | None = None):
                        "label2id": {n: i for i, n in enumerate(labels)}}
     if c.model.path:
         path = Path(c.model.path)
-        _check_model_dir(path)
+        check_model_dir(path)
         try:
             config = AutoConfig.from_pretrained(str(path), local_files_only=True,
                                                 trust_remote_code=c.model.trust_remote_code)

@@ -55,10 +55,16 @@ class SeqClsTask:
         raise BadInput(f"label {value!r} is not in data.labels {self.labels}", where=record.where,
                        fix="add the class to data.labels, or give a name or an id 0..n-1 (ASCII digits)")
 
+    def tokenize_kwargs(self) -> dict:
+        return {"add_special_tokens": True, "truncation": True, "max_length": self.c.data.max_length}
+
+    def tokenized_texts(self, record) -> list[str]:
+        """The texts ``encode`` gives the tokenizer for this record (``data.prefetch`` batches them)."""
+        return [common.text_field(record, self.c.data.text, "data.text")]
+
     def encode(self, record) -> Example:
-        text = common.text_field(record, self.c.data.text, "data.text")
-        ids = list(self.tokenizer(text, add_special_tokens=True, truncation=True,
-                                  max_length=self.c.data.max_length)["input_ids"])
+        (text,) = self.tokenized_texts(record)
+        ids = list(self.tokenizer(text, **self.tokenize_kwargs())["input_ids"])
         return Example(ids, [self.label_id(record)], record.where, group=common.group_of(record, self.c),
                        period=common.period_of(record, self.c), prompt_len=len(ids), target_len_full=1)
 

@@ -1,4 +1,4 @@
-"""A stage's result: a verdict, messages a user can act on, data for --json, an optional table."""
+"""Ground floor: a stage's result — a verdict, messages a user can act on, data for --json, an optional table."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Any, Literal
 from pilotrun.errors import EXIT_CHECK_FAILED, EXIT_OK
 
 Verdict = Literal["ok", "warn", "fail"]
+FEW = 3  # record ids a check's message quotes
 _ORDER = {"ok": 0, "warn": 1, "fail": 2}
 
 
@@ -23,6 +24,21 @@ class StageResult:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass
+class Check:
+    """One data check's verdict: what ``validate``, ``inspect`` and ``leakage`` report line by line."""
+
+    name: str
+    verdict: str  # ok | warn | fail
+    message: str
+    split: str | None = None
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def line(self) -> str:
+        where = f" [{self.split}]" if self.split else ""
+        return f"{self.verdict.upper()} {self.name}{where}: {self.message}"
 
 
 def worst(verdicts) -> Verdict:

@@ -1,28 +1,70 @@
-"""A run's life in the journal: created only once the run can start, logged as it goes, always finished.
+"""A run's life in the journal — the one place runs are created, finished, failed and interrupted.
 
-A run that fails, diverges or is interrupted keeps its row, its curve and its status.
+Created only once the run can start (``create_run``: provenance and the one config hash), logged as
+it goes, always ended (``finish_run`` / ``end_run``: completed, diverged, failed, interrupted). Used by
+the stages (``RunRecorder``), the framework callbacks (``integrations._common``) and the own-loop
+recorder (``probe.recorder.own_run``). A run that fails, diverges or is interrupted keeps its row, its
+curve and its status.
 """
 
 from __future__ import annotations
 
 import json
-import shlex
-import sys
 import time
 from pathlib import Path
 
 from pilotrun.errors import DiskFull
-from pilotrun.journal.files import atomic_write_json, atomic_write_text
+from pilotrun.journal.files import atomic_write_json, atomic_write_text, dump_yaml
 from pilotrun.journal.files import is_disk_full as disk_full
 from pilotrun.journal.store import Journal
-from pilotrun.stages.prepare import run_provenance
-
+from pilotrun.provenance import (command_line, config_sha256, file_sha256, git_revision, package_versions,
+                                 plain_config)
 
 FLUSH_S = 1.0  # the longest per-update metrics wait in memory before they reach the journal
+SPLITS = ("train", "validation", "test")
+INTERRUPTED = "interrupted by the user (Ctrl-C)"
 
 
-def command_line() -> str:
-    return "pilotrun " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv else "pilotrun"
+def run_provenance(loaded) -> dict:
+    """What a campaign's run records about where it came from (a :class:`LoadedCampaign`)."""
+    c = loaded.campaign
+    return {"config": loaded.resolved_dict(), "config_sha256": loaded.config_sha256(),
+            "campaign_path": str(loaded.source) if loaded.source else None, "seed": c.seed,
+            "git_rev": git_revision(loaded.base_dir), "packages": package_versions(),
+            "data": data_fingerprints(c), "trust_remote_code": c.model.trust_remote_code}
+
+
+def data_fingerprints(c) -> dict[str, dict]:
+    """Each data file of the campaign ``c``: its path and the sha256 of its bytes."""
+    return {s: {"path": getattr(c.data, s), "sha256": file_sha256(getattr(c.data, s))}
+            for s in SPLITS if getattr(c.data, s)}
+
+
+def create_run(journal: Journal, *, kind: str, name: str, config: dict, seed: int | None = None,
+               campaign_path: str | None = None, git_rev: str | None = None, data: dict | None = None,
+               trust_remote_code: bool = False, command: str | None = None, **links) -> str:
+    """The run row, its config hashed by the one :func:`config_sha256` (``links``: supersedes, sweep_id, arm)."""
+    config = plain_config(config)
+    return journal.create_run(kind=kind, name=name, config=config, config_sha256=config_sha256(config),
+                              campaign_path=campaign_path, seed=seed, git_rev=git_rev, packages=package_versions(),
+                              data=data or {}, trust_remote_code=trust_remote_code,
+                              command=command or command_line(), **links)
+
+
+def ending(exc: BaseException) -> tuple[str, dict]:
+    """The status and summary of a run ended by ``exc``: Ctrl-C interrupts it, anything else fails it."""
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted", {"reason": INTERRUPTED}
+    return "failed", {"reason": f"{type(exc).__name__}: {exc}"}
+
+
+def end_run(journal: Journal, run_id: str, exc: BaseException) -> None:
+    journal.finish_run(run_id, *ending(exc))
+
+
+def phase_summary(journal: Journal, run_id: str) -> dict:
+    verdicts = [r["verdict"] for r in journal.phase_rows(run_id)]
+    return {"phases": len(verdicts), "failing": sum(v != "ok" for v in verdicts)}
 
 
 class RunRecorder:
@@ -32,12 +74,11 @@ class RunRecorder:
                  sweep_id: str | None = None, arm: str | None = None, command: str | None = None):
         self.journal = journal
         prov = run_provenance(loaded)
-        self.run_id = journal.create_run(kind=kind, name=loaded.campaign.name, supersedes=supersedes,
-                                         sweep_id=sweep_id, arm=arm, command=command or command_line(), **prov)
+        self.run_id = create_run(journal, kind=kind, name=loaded.campaign.name, supersedes=supersedes,
+                                 sweep_id=sweep_id, arm=arm, command=command,
+                                 **{k: v for k, v in prov.items() if k not in ("config_sha256", "packages")})
         self.dir = journal.run_dir(self.run_id)
         self.dir.mkdir(parents=True, exist_ok=True)
-        from pilotrun.campaign.load import dump_yaml
-
         atomic_write_text(self.dir / "config.yaml", dump_yaml(prov["config"]))
         atomic_write_json(self.dir / "revisions.json", {k: prov[k] for k in ("git_rev", "packages", "data",
                                                                              "config_sha256", "trust_remote_code")})
@@ -94,17 +135,15 @@ class RunRecorder:
 
     def __exit__(self, exc_type, exc, tb):
         if not self.finished:
-            if exc_type is KeyboardInterrupt:
-                self.finish("interrupted", {"reason": "interrupted by the user (Ctrl-C)"})
-            elif isinstance(exc, DiskFull) or (exc is not None and disk_full(exc, self.dir)):
+            if exc_type is None:
+                self.finish("completed")
+            elif not isinstance(exc, KeyboardInterrupt) and (isinstance(exc, DiskFull) or disk_full(exc, self.dir)):
                 full = exc if isinstance(exc, DiskFull) else DiskFull(getattr(exc, "filename", None) or self.dir)
                 self.finish("interrupted", {"reason": str(full).splitlines()[0]})
                 if full is not exc:
                     raise full from None
-            elif exc_type is not None:
-                self.finish("failed", {"reason": f"{exc_type.__name__}: {exc}"})
             else:
-                self.finish("completed")
+                self.finish(*ending(exc))
         return False
 
 

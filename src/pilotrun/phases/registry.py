@@ -1,0 +1,237 @@
+"""Every phase of the rehearsal, declared once: its name, its kind, the inputs its ledger row names,
+what it needs from an earlier phase, how it runs on real tensors and how it runs on fake ones.
+
+The pilot runs them all in this order (``driver.drive``), ``fit`` the train and eval ones, ``estimate``
+traces them all under the fake-tensor accountant; the sheet, the memory bound, the integrations and
+the report read the names and kinds from here. Adding a phase is one entry here plus its test.
+
+``run(ctx, p)``: ``p`` is the measuring handle (``p.inputs`` to add facts, ``p.nan(why)``).
+``trace(ctx)``: on fake tensors, under ``ctx.fake["acc"]`` (``probe.estimate.Accountant``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+KINDS = ("load", "train", "eval", "save", "export", "reload")
+
+
+@dataclass(frozen=True)
+class Phase:
+    name: str
+    kind: str  # one of KINDS
+    inputs: Callable  # (ctx) -> the inputs its ledger row names
+    run: Callable  # (ctx, p) -> None, on real tensors
+    trace: Callable  # (ctx) -> None, on fake tensors
+    needs: str | None = None  # the earlier phase whose product it uses; without it the phase is not run
+
+
+def _count(model) -> tuple[int, int]:
+    ps = list(model.parameters())
+    return sum(p.numel() for p in ps), sum(p.numel() for p in ps if p.requires_grad)
+
+
+def _bytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _dir_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+# --- load ---------------------------------------------------------------------------------------------
+def _load_inputs(ctx) -> dict:
+    c = ctx.prep.c
+    return {"dtype": c.model.dtype, "precision": c.train.precision, "strategy": c.train.strategy,
+            "adapter": c.model.adapter is not None}
+
+
+def _load(ctx, p) -> None:
+    from pilotrun.engine.distributed import wrap_model
+    from pilotrun.engine.loop import make_state
+
+    c, task = ctx.prep.c, ctx.task_for("load")
+    model = task.build_model()
+    p.inputs["params"], p.inputs["trainable"] = _count(model)
+    model.to(ctx.device)
+    model = wrap_model(model, c.train.strategy, ctx.device)
+    ctx.state = make_state(model, c.train, n_train=len(ctx.prep.train), seed=c.seed,
+                           total_updates=ctx.prep.arithmetic()["updates"], device=ctx.device)
+    if getattr(ctx.device, "type", str(ctx.device)) == "cpu":
+        from pilotrun.probe.tensors import track
+
+        track(model)  # tensors a loader made without an operator (safetensors) still count, as in a run
+
+
+def _load_traced(ctx) -> None:
+    import torch
+
+    from pilotrun.engine.loop import make_state
+
+    c, t, fake, acc = ctx.prep.c, ctx.prep.c.train, ctx.fake, ctx.fake["acc"]
+    model = fake["model"]
+    for p in model.parameters():
+        acc.book(p, "parameters")
+    for b in model.buffers():
+        acc.book(b, "parameters")
+    if t.strategy == "ddp" and fake["ranks"] > 1:
+        acc.allocate(_bytes(p for p in model.parameters() if p.requires_grad), "gradients")  # DDP's buckets
+    ctx.state = make_state(model, t, n_train=len(ctx.prep.train), seed=c.seed,
+                           total_updates=ctx.prep.arithmetic()["updates"], device=torch.device("cpu"))
+    if fake["device"] == "cuda":
+        # on CUDA tensors torch's optimizers default to the foreach kernels, whose temporaries differ
+        for group in ctx.state.optimizer.param_groups:
+            group["foreach"] = True
+
+
+# --- train: first_step (the optimizer state is allocated in it), steady_step (everything lives at once) --
+def _train_inputs(ctx) -> dict:
+    return dict(ctx.worst["train_inputs"])
+
+
+def _step(name: str):
+    def run(ctx, p) -> None:
+        from pilotrun.engine.loop import run_update
+
+        c = ctx.prep.c
+        out = run_update(ctx.state, ctx.task_for(name), ctx.worst["micro_batches"],
+                         max_grad_norm=c.train.max_grad_norm)
+        p.inputs["targets"] = out["targets"]
+        if not out["finite"]:
+            p.nan(f"the update's loss is {out['loss']} (seq_len {ctx.worst['train_inputs']['seq_len']}, "
+                  f"micro_batch {c.train.micro_batch}); the optimizer step was skipped")
+    return run
+
+
+def _step_traced(ctx) -> None:
+    from pilotrun.engine.loop import run_update
+
+    run_update(ctx.state, ctx.task, ctx.worst["micro_batches"], max_grad_norm=ctx.prep.c.train.max_grad_norm)
+
+
+# --- eval_longest ---------------------------------------------------------------------------------------
+def _eval_inputs(ctx) -> dict:
+    return dict(ctx.worst["eval_inputs"])
+
+
+def _eval(ctx, p) -> None:
+    from pilotrun.engine.loop import evaluate
+
+    ev = evaluate(ctx.state, ctx.task_for("eval_longest"), ctx.worst["eval"], ctx.prep.c.train.eval_batch)
+    p.check_finite(ev["val_loss"], "the validation loss")
+
+
+def _eval_traced(ctx) -> None:
+    from pilotrun.engine.loop import evaluate
+
+    evaluate(ctx.state, ctx.task, ctx.worst["eval"], ctx.prep.c.train.eval_batch)
+
+
+# --- save ----------------------------------------------------------------------------------------------
+def _save(ctx, p) -> None:
+    from pilotrun.engine.state import save_state
+
+    ctx.task_for("save")
+    ckpt = Path(ctx.run_dir) / "checkpoints" / "pilot"
+    save_state(ctx.state, ckpt)  # every rank calls it; rank 0 writes
+    if ctx.rank == 0:
+        p.inputs["bytes"] = _dir_bytes(ckpt)
+
+
+def _save_traced(ctx) -> None:
+    ctx.fake["notes"]["save"] = ("not traced: the checkpoint is written from host copies, device memory stays "
+                                 "at the live tensors")
+
+
+# --- export --------------------------------------------------------------------------------------------
+def _export(ctx, p) -> None:
+    from pilotrun.engine.artifact import export_artifact
+
+    task = ctx.task_for("export")
+    art = Path(ctx.run_dir) / "artifact"
+    ctx.written = export_artifact(task, ctx.state.model, art, ctx.rank, ctx.prep.c.train.strategy)
+    if ctx.rank == 0:
+        p.inputs.update(parts=ctx.written, bytes=_dir_bytes(art))
+
+
+def _export_traced(ctx) -> None:
+    fake, model = ctx.fake, ctx.fake["model"]
+    fake["notes"]["export"] = "not traced: the artifact is written from host copies"
+    if ctx.prep.c.model.adapter is not None:
+        # save_hf_artifact merges a deep copy of the adapted model, on the model's device
+        copy = fake["acc"].allocate(_bytes(model.parameters()) + _bytes(model.buffers()), "temporaries")
+        fake["acc"].release(copy)
+        fake["notes"]["export"] = "the merged copy of the adapted model is counted; files are written from host copies"
+
+
+# --- reload: the artifact loaded back, one loss on the longest example ----------------------------------
+def _sample(ctx) -> list:
+    from pilotrun.phases.worst import by_length
+
+    return by_length(ctx.prep.validation or ctx.prep.train)[:1]
+
+
+def _reload_inputs(ctx) -> dict:
+    sample = _sample(ctx)
+    if ctx.fake is not None:
+        return {"path": "artifact", "seq_len": sample[0].length if sample else 0}
+    if "export" not in ctx.done:
+        return {"path": "artifact"}
+    return {"path": "artifact", "parts": ctx.written, "seq_len": sample[0].length}
+
+
+def _reload(ctx, p) -> None:
+    import torch
+
+    from pilotrun.engine.loop import to_device
+    from pilotrun.engine.precision import autocast
+
+    task, reload_task = ctx.task, ctx.task_for("reload")
+    if ctx.rank != 0:
+        return
+    art, sample = Path(ctx.run_dir) / "artifact", _sample(ctx)
+    for part in ctx.written:
+        loaded_model = task.load_artifact(art / part).to(ctx.device)
+        loaded_model.eval()
+        with torch.no_grad(), autocast(ctx.prep.c.train.precision, ctx.device.type):
+            batch = to_device(task.collate(sample), ctx.device)
+            s, n = reload_task.loss(loaded_model, batch)
+        loss = float(s) / max(1, int(n))
+        del loaded_model
+        if loss != loss or loss in (float("inf"), float("-inf")):
+            p.nan(f"the reloaded artifact/{part} gives the loss {loss}")
+            return
+
+
+def _reload_traced(ctx) -> None:
+    import torch
+
+    reloaded, acc = ctx.fake.pop("reloaded"), ctx.fake["acc"]
+    for p in list(reloaded.parameters()) + list(reloaded.buffers()):
+        acc.book(p, "parameters")
+    reloaded.eval()
+    with torch.no_grad():
+        ctx.task.loss(reloaded, ctx.task.collate(_sample(ctx)))
+    del reloaded
+
+
+REGISTRY: tuple[Phase, ...] = (
+    Phase("load", "load", _load_inputs, _load, _load_traced),
+    Phase("first_step", "train", _train_inputs, _step("first_step"), _step_traced, needs="load"),
+    Phase("steady_step", "train", _train_inputs, _step("steady_step"), _step_traced, needs="load"),
+    Phase("eval_longest", "eval", _eval_inputs, _eval, _eval_traced, needs="load"),
+    Phase("save", "save", lambda ctx: {"path": "checkpoints/pilot"}, _save, _save_traced, needs="load"),
+    Phase("export", "export", lambda ctx: {"path": "artifact"}, _export, _export_traced, needs="load"),
+    Phase("reload", "reload", _reload_inputs, _reload, _reload_traced, needs="export"),
+)
+PHASES = tuple(p.name for p in REGISTRY)
+BY_NAME = {p.name: p for p in REGISTRY}
+
+
+def names(*kinds: str) -> tuple[str, ...]:
+    """The phases of these kinds, in order: ``names("train")`` → ("first_step", "steady_step")."""
+    unknown = set(kinds) - set(KINDS)
+    assert not unknown, unknown
+    return tuple(p.name for p in REGISTRY if p.kind in kinds)

@@ -1,0 +1,37 @@
+"""What each run of a sweep needs, wherever it runs (here: ``sweep``, or on a Ray node: ``sweep_ray``): the
+`pilotrun train` line that repeats it and the encoded examples runs with the same encoding share."""
+
+from __future__ import annotations
+
+from pilotrun.campaign.arms import Arm
+
+
+def arm_command(campaign_path, arm: Arm, seed: int, sets: tuple[str, ...] = ()) -> str | None:
+    """The `pilotrun train` line that repeats this one run of the sweep (the run README's "Reproduce"):
+    the sweep's own ``--set`` items, then the arm's overrides, then the seed."""
+    import json
+    import shlex
+
+    from pilotrun.journal.runs import command_line
+
+    if campaign_path is None:
+        return command_line()
+    items = [*sets, *(f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in arm.overrides.items())]
+    return " ".join(["pilotrun train", shlex.quote(str(campaign_path)), *(f"--set {shlex.quote(i)}" for i in items),
+                     f"--seed {seed}"])
+
+def encoded_for(loaded, cache: dict):
+    """train_run's ``prep`` and ``prepare_s``: the encoded examples of an earlier run with the same task, model and data
+    sections (train.*, seed and plan keys do not change encoding), under this run's own task object."""
+    from pilotrun.stages.prepare import Prepared, prepare
+    from pilotrun.tasks import make_task
+
+    import time
+
+    d = loaded.resolved_dict()
+    key = config_sha256({k: d.get(k) for k in ("task", "model", "data")})
+    if key not in cache:
+        t0 = time.perf_counter()
+        cache[key] = prepare(loaded, splits=("train", "validation"))
+        return {"prep": cache[key], "prepare_s": time.perf_counter() - t0}
+    return {"prep": Prepared(loaded, make_task(loaded), cache[key].examples), "prepare_s": 0.0}

@@ -1,0 +1,162 @@
+"""The package's layers, bottom to top, and a checker that walks every import with ``ast``.
+
+A module may import from its own layer or any layer below it, never from one above; and no two
+modules may import each other, directly or round a circle. Lazy imports inside functions count: they
+are the same dependency, only paid later. A helper one module takes from another is public (no
+leading underscore). A module's layer is the longest entry of ``LAYERS`` that
+names it or a package above it; a module no entry names is itself an error (place it when you add it).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    # the package root is imported before any of its modules: the ground. Its ``__getattr__`` hands out the
+    # public names (pilotrun.Task, pilotrun.phase) lazily: the one import allowed to point up.
+    ("ground", ("pilotrun", "pilotrun.errors", "pilotrun.verdicts", "pilotrun.provenance", "pilotrun.report.safe")),
+    ("journal", ("pilotrun.journal",)),
+    ("records", ("pilotrun.data.readers", "pilotrun.data.stream")),
+    ("tasks", ("pilotrun.tasks",)),
+    ("data", ("pilotrun.data",)),
+    ("campaign", ("pilotrun.campaign",)),
+    ("engine", ("pilotrun.engine",)),
+    ("phases", ("pilotrun.phases",)),
+    ("probe", ("pilotrun.probe",)),
+    # the sheet (plan, catalogue, sizes, launch) is the rental's part of the rehearsal: it runs the estimate
+    # and reads the sweep's arms, and only stages and above use it
+    ("stages", ("pilotrun.stages", "pilotrun.rehearsal", "pilotrun.sheet")),
+    ("integrations", ("pilotrun.integrations",)),
+    ("report", ("pilotrun.report",)),
+    ("demo", ("pilotrun.demo",)),
+    ("front", ("pilotrun.cli", "pilotrun.__main__")),
+]
+
+
+def modules(src: Path, top: str = "pilotrun") -> dict[str, Path]:
+    out = {}
+    for f in sorted((src / top).rglob("*.py")):
+        parts = f.relative_to(src).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        out[name] = f
+    return out
+
+
+def imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """The package's modules ``name`` imports (``from a import b`` counts as a.b when that is a module)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    facade = {id(n) for f in tree.body if isinstance(f, ast.FunctionDef) and f.name == "__getattr__"
+              and "." not in name for n in ast.walk(f)}
+    for node in ast.walk(tree):
+        if id(node) in facade:
+            continue
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(up + ([base] if base else []))
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
+        else:
+            continue
+        for t in targets:
+            while t and t not in known:
+                t = t.rpartition(".")[0]
+            if t and t != name:
+                found.add(t)
+    return found
+
+
+def private_imports(name: str, path: Path) -> list[str]:
+    """Names with a leading underscore imported from another module: a helper two modules share is public."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module != name:
+            out += [f"{name} imports the private {node.module}.{a.name}" for a in node.names
+                    if a.name.startswith("_") and not a.name.startswith("__")]
+    return out
+
+
+def layer_of(name: str, layers=LAYERS) -> int | None:
+    best, best_len = None, -1
+    for i, (_, prefixes) in enumerate(layers):
+        for p in prefixes:
+            inside = name.startswith(p + ".") and "." in p  # the root names only itself
+            if (name == p or inside) and len(p) > best_len:
+                best, best_len = i, len(p)
+    return best
+
+
+def problems(src: Path, layers=LAYERS, top: str = "pilotrun") -> list[str]:
+    """Every upward import, unplaced module, private import and import circle, as sentences."""
+    mods = modules(src, top)
+    graph = {m: imports(m, p, set(mods)) for m, p in mods.items()}
+    out = []
+    for m in sorted(mods):
+        if layer_of(m, layers) is None:
+            out.append(f"{m} is in no layer: add it to LAYERS")
+    for m, targets in sorted(graph.items()):
+        lm = layer_of(m, layers)
+        for t in sorted(targets):
+            lt = layer_of(t, layers)
+            if lm is not None and lt is not None and lt > lm:
+                out.append(f"{m} ({layers[lm][0]}) imports {t} ({layers[lt][0]}), a layer above it")
+    for m, p in sorted(mods.items()):
+        out += private_imports(m, p)
+    out += [f"import circle: {' -> '.join(c)}" for c in cycles(graph)]
+    return out
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One circle per strongly connected group of modules (Tarjan), each closed on its first module."""
+    index, low, stack, on, found, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                found.append(_circle(sorted(group), graph))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def _circle(group: list[str], graph) -> list[str]:
+    """A path from the group's first module back to itself through the group."""
+    members, start = set(group), group[0]
+    paths, seen = {start: [start]}, {start}
+    frontier = [start]
+    while frontier:
+        nxt = []
+        for v in frontier:
+            for w in sorted(graph.get(v, ())):
+                if w == start:
+                    return paths[v] + [start]
+                if w in members and w not in seen:
+                    seen.add(w)
+                    paths[w] = paths[v] + [w]
+                    nxt.append(w)
+        frontier = nxt
+    return group
