@@ -28,9 +28,12 @@ COMMAND_MODULES = (
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="pilotrun")
-def cli():
+@click.option("--verbose", is_flag=True, help="show transformers' load reports and progress bars")
+def cli(verbose: bool):
     """pilotrun rehearses a fine-tuning campaign on a small pilot, so the GPU rental is chosen from
     measurements and the real campaign runs once. Start with `pilotrun demo` or `pilotrun init`."""
+    if verbose:
+        os.environ["PILOTRUN_VERBOSE"] = "1"  # tasks/loading.quiet_transformers; fresh processes inherit it
 
 
 for _name in COMMAND_MODULES:

@@ -159,7 +159,7 @@ def _export(ctx, p) -> None:
 def _export_traced(ctx) -> None:
     fake, model = ctx.fake, ctx.fake["model"]
     fake["notes"]["export"] = "not traced: the artifact is written from host copies"
-    if ctx.prep.c.model.adapter is not None:
+    if ctx.prep.c.model.adapter is not None and ctx.prep.c.model.adapter.merged_copy:
         # save_hf_artifact merges a deep copy of the adapted model, on the model's device
         copy = fake["acc"].allocate(_bytes(model.parameters()) + _bytes(model.buffers()), "temporaries")
         fake["acc"].release(copy)
