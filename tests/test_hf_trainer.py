@@ -15,11 +15,11 @@ def _tiny_trainer(tmp_path, callback, **kwargs):
 
 
 def test_trainer_run_records_phases_and_loss_curve(tmp_path, cli):
-    from pilotrun.integrations.hf_trainer import PilotrunCallback
+    from pilotrun.integrations.hf_trainer import PilotrunTrainerCallback
     from pilotrun.journal.store import Journal
 
     home = tmp_path / "home"
-    cb = PilotrunCallback(home=home, name="tiny-llama")
+    cb = PilotrunTrainerCallback(home=home, name="tiny-llama")
     _tiny_trainer(tmp_path, cb).train()
 
     journal = Journal(home)
@@ -53,6 +53,9 @@ def test_trainer_run_records_phases_and_loss_curve(tmp_path, cli):
     r = cli("show", cb.run_id, "--home", home, "--json")
     assert r.code == 0, r.err
     assert {p["phase"] for p in r.json["data"]["phases"]} == set(by_phase) and r.json["data"]["train_updates"] == 4
+    assert not run["command"].startswith("pilotrun") and "pytest" in run["command"]  # this process's own command
+    human = cli("show", cb.run_id[:17], "--home", home)
+    assert "training loss (4 updates logged): first " in human.out and "lowest" in human.out, human.out
 
 
 def test_over_budget_phase_in_trainer(tmp_path):

@@ -131,6 +131,18 @@ def breakdown_lines(rows: list[dict]) -> list[str]:
     return lines
 
 
+def time_plan_warning(check: dict | None) -> str | None:
+    """The warning when the sweep's own time-plan check is out of its range (predicted ÷ actual outside
+    the goal): the sweep is then WARN, not OK."""
+    if not check or not check.get("runs") or check.get("ratio") is None:
+        return None
+    lo, hi = check["goal"]
+    if lo <= check["ratio"] <= hi:
+        return None
+    return (f"WARNING time plan out of range: predicted ÷ actual {check['ratio']:.2f} is outside {lo}–{hi}; "
+            "the sheet's rental hours are off by as much (rerun `pilotrun pilot` on an idle machine)")
+
+
 def time_lines(check: dict | None) -> list[str]:
     if not check:
         return []

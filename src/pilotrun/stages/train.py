@@ -395,9 +395,12 @@ class _progress_bar:
         self.progress.start()
 
     def advance(self, state, out) -> None:
+        from pilotrun.report.progress import note
+
         rate = out["examples"] / out["seconds"] if out["seconds"] else 0.0
-        self.progress.update(self.task, completed=state.update,
-                             stats=f"loss {out['loss']:.4f}  lr {out['lr']:.2e}  {rate:.1f} ex/s")
+        stats = f"loss {out['loss']:.4f}  lr {out['lr']:.2e}  {rate:.1f} ex/s"
+        self.progress.update(self.task, completed=state.update, stats=stats)
+        note(f"update {state.update}/{self.progress.tasks[0].total}, {stats}")  # the log's heartbeat line
 
     def close(self) -> None:
         self.progress.stop()
