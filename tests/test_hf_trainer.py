@@ -34,8 +34,8 @@ def test_trainer_run_records_phases_and_loss_curve(tmp_path, cli):
     assert len(by_phase["evaluation"]) == 2  # steps 2 and 4
     for r in rows:
         assert r["verdict"] == "ok" and r["rank"] == 0
-        assert r["counter"] == "rss" and r["peak_allocated"] > 0 and r["end_allocated"] > 0
-        assert r["peak_reserved"] is None  # RSS has no reserved counter
+        assert r["counter"] == "tensors+rss" and r["peak_allocated"] > 0 and r["end_allocated"] > 0
+        assert r["peak_reserved"] > 0  # the process's RSS beside the exact tensor bytes
         assert r["duration_s"] > 0
     assert by_phase["first_step"][0]["inputs"] == {"micro_batch": 4, "accumulation": 2, "step": 1}
     assert by_phase["steady_step"][0]["inputs"]["step"] == 2

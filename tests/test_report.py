@@ -59,7 +59,8 @@ def test_report_is_one_self_contained_file_with_plots_and_tables(journal_with_ev
         assert run["run_id"] in text  # every run, diverged too
     for ph in ("first_step", "steady_step", "eval_longest"):
         assert ph in text
-    assert "<td>rss</td>" in text and "phase ledger of pilot run" in text
+    assert "<td>tensors+rss</td>" in text and "phase ledger of pilot run" in text
+    assert "bytes held by live tensors, exact" in text
     assert "keep lr 3e-3 for the rental" in text and ">decision<" in text
     # journal text is escaped, never markup
     assert "&lt;b&gt;on purpose&lt;/b&gt;" in text and "<b>on purpose" not in text

@@ -255,7 +255,7 @@ def test_sheet_from_real_pilot_phase_rows(demo_campaign, tmp_path):
     j.finish_run(run, "completed")
     r = sheet_stage(loaded, home)
     assert r.verdict == "ok", r.data["problems"] + r.data["warnings"]
-    assert r.data["counter"] == "rss" and r.data["time"]["work"]["params"] > 0
+    assert r.data["counter"] == "tensors+rss" and r.data["time"]["work"]["params"] > 0
     assert r.data["target"]["key"] == "rtx4090"  # the demo's hardware.memory_per_gpu is 24GiB; fp32 → fastest
     assert r.data["time"]["counts"]["updates"] == 12
 

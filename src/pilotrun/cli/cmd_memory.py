@@ -15,13 +15,22 @@ from pilotrun.report.progress import stage_progress
               help="the device to predict for: cuda (the rental) or cpu (this machine, tensor bytes)")
 @click.option("--gpu-memory", default=None, metavar="SIZE",
               show_default="hardware.memory_per_gpu for cuda", help="memory of one target GPU, e.g. 24GiB")
+@click.option("--options", "options", is_flag=True,
+              help="the options that fit, per catalogue GPU and count (checkpointing, FSDP, offload, LoRA, QLoRA), "
+                   "with what each changes in the experiment")
+@click.option("--lora-r", type=click.IntRange(1), default=None,
+              help="LoRA rank for the adapter options (default: the campaign's adapter, else 16)")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="override a campaign key (repeatable)")
 @common_options(home=False)
-def estimate(campaign, device, gpu_memory, sets, home, as_json):
+def estimate(campaign, device, gpu_memory, options, lora_r, sets, home, as_json):
     """Predicted memory per phase on fake tensors: nothing is allocated, no GPU is needed."""
     from pilotrun.probe.sizes import parse_size
     from pilotrun.stages.estimate import estimate as run_estimate
 
+    if options:
+        from pilotrun.sheet.options import options_result
+
+        return emit(options_result(load(campaign, sets), lora_r=lora_r), as_json)
     limit = parse_size(gpu_memory, where="--gpu-memory") if gpu_memory else None
     return emit(run_estimate(load(campaign, sets), device=device, gpu_memory=limit), as_json)
 

@@ -59,6 +59,10 @@ def _load(ctx, p) -> None:
     model = wrap_model(model, c.train.strategy, ctx.device)
     ctx.state = make_state(model, c.train, n_train=len(ctx.prep.train), seed=c.seed,
                            total_updates=ctx.prep.arithmetic()["updates"], device=ctx.device)
+    if getattr(ctx.device, "type", str(ctx.device)) == "cpu":
+        from pilotrun.probe.tensors import track
+
+        track(model)  # tensors a loader made without an operator (safetensors) still count, as in a run
 
 
 def _load_traced(ctx) -> None:

@@ -154,6 +154,9 @@ def section_ledger(journal) -> str:
     counters = {r.get("counter") for r in rows}
     rss = ('<p class="muted">counter rss: process resident memory on the CPU; RSS has no reserved counter, '
            "so *_reserved stay empty.</p>") if "rss" in counters else ""
+    if "tensors+rss" in counters:
+        rss += ('<p class="muted">counter tensors+rss (CPU): *_allocated are the bytes held by live tensors, exact '
+                "at every operator (probe/tensors.py); *_reserved are the process's resident memory (RSS).</p>")
     svg = phase_ledger(rows, title=f"phase ledger of pilot run {run['run_id']}")
     verdict_cls = {"verdict": lambda r: "" if r["verdict"] == "ok" else "verdict-worse"}
     return head + f'<div class="plot">{svg}</div>' + rss + table(LEDGER_COLUMNS, shown, verdict_cls)
@@ -186,7 +189,7 @@ def section_promises(journal) -> str:
                         "observed": fmt_bytes(k["peak"]) if k["peak"] is not None else "—",
                         "pilot": f"{fmt_bytes(k['pilot_peak'])} ({k['pilot_phase']})" if k["pilot_peak"] else "—",
                         "ratio": f"{k['ratio']:.3f}" if k["ratio"] is not None else "—",
-                        "worst at": ", ".join(f"{a} {b}" for a, b in k["inputs"].items() if a != "blocks"),
+                        "worst at": ", ".join(f"{a} {b}" for a, b in k["inputs"].items() if a not in ("blocks", "probed")),
                         "verdict": "pilot did not see the worst case" if k.get("over") else "bounded"})
     out = [f"<h3>memory: each run's observed peak against pilot {esc(bound.get('pilot_run') if mem else '—')}</h3>"]
     drawn = [(f"{m['arm']} seed {m['seed']} {m['kind']}", k) for run in journal.list_runs(sweep_id=sid)
@@ -203,8 +206,9 @@ def section_promises(journal) -> str:
     out.append(table(["run_id", "arm", "seed", "kind", "observed", "pilot", "ratio", "worst at", "verdict"], mem,
                      {"verdict": lambda r: "verdict-worse" if r["verdict"] != "bounded" else ""}) if mem else
                '<p class="muted">no run of this sweep recorded its peaks.</p>')
-    out.append('<p class="muted">RSS on CPU counts the whole process; a ratio up to 1.10 (at least 16 MiB over) is '
-               "within the probe's noise (probe/watch.py NOISE). CUDA counters are exact.</p>")
+    out.append('<p class="muted">On CPU the bound is judged on the bytes of live tensors (counter tensors+rss, exact: '
+               "no allowance), on CUDA on its allocator's counters. Only rows of the older RSS-only counter (rss) "
+               "keep an allowance of 10% (at least 16 MiB; probe/watch.py NOISE).</p>")
     check = sweep_time_check(journal, sid)
     out.append("<h3>time: the sheet's plan on this machine against the clock</h3>")
     if not check or not check.get("runs"):
@@ -230,6 +234,13 @@ def section_promises(journal) -> str:
         out.append(f'<p class="muted">from pilot {esc(check["pilot_run"])}: {u["update"]:.3g} s per update, '
                    f'{u["eval_batch"]:.3g} s per validation batch, {u["save"]:.3g} s per checkpoint, {u["load"]:.3g} '
                    "s load, for the updates, validations and checkpoints each run did.</p>")
+        parts = [{"term": b["term"], "predicted": f"{b['predicted_s']:.1f} s",
+                  "actual": "—" if b["actual_s"] is None else f"{b['actual_s']:.1f} s",
+                  "predicted ÷ actual": f"{b['predicted_s'] / b['actual_s']:.2f}" if b["actual_s"] and b["predicted_s"]
+                  else "—"} for b in check.get("breakdown") or []]
+        if parts:
+            out.append("<h4>the plan's terms against the runs' own timed blocks, all runs</h4>")
+            out.append(table(["term", "predicted", "actual", "predicted ÷ actual"], parts))
     return "".join(out)
 
 

@@ -222,7 +222,10 @@ def sweep_result(journal: Journal, sweep_id: str, ran: int) -> StageResult:
     flagged = [(rid, b) for rid, b in bounds if b.get("warnings")]
     ratios = [b["max_ratio"] for _, b in bounds if b.get("max_ratio") is not None]
     if ratios:
-        msgs.append(f"memory bound: the largest observed ÷ pilot peak over {len(ratios)} run(s) is {max(ratios):.3f}")
+        exact = all(k.get("counter") in ("tensors+rss", "cuda") for _, b in bounds
+                    for k in (b.get("kinds") or {}).values())
+        msgs.append(f"memory bound: the largest observed ÷ pilot peak over {len(ratios)} run(s) is {max(ratios):.3f}"
+                    + (f" ({'exact counters, ' if exact else ''}{'held' if not flagged else 'EXCEEDED'})"))
     for rid, b in flagged:
         msgs += [f"WARNING run {rid}: {w}" for w in b["warnings"]]
     if flagged and verdict == "ok":
