@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 from pilotrun.campaign.arms import Arm
-from pilotrun.provenance import config_sha256
 
 
 def arm_command(campaign_path, arm: Arm, seed: int, sets: tuple[str, ...] = ()) -> str | None:
