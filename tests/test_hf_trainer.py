@@ -15,11 +15,11 @@ def _tiny_trainer(tmp_path, callback, **kwargs):
 
 
 def test_trainer_run_records_phases_and_loss_curve(tmp_path, cli):
-    from pilotrun.integrations.hf_trainer import PilotrunCallback
+    from pilotrun.integrations.hf_trainer import PilotrunTrainerCallback
     from pilotrun.journal.store import Journal
 
     home = tmp_path / "home"
-    cb = PilotrunCallback(home=home, name="tiny-llama")
+    cb = PilotrunTrainerCallback(home=home, name="tiny-llama")
     _tiny_trainer(tmp_path, cb).train()
 
     journal = Journal(home)
@@ -34,8 +34,8 @@ def test_trainer_run_records_phases_and_loss_curve(tmp_path, cli):
     assert len(by_phase["evaluation"]) == 2  # steps 2 and 4
     for r in rows:
         assert r["verdict"] == "ok" and r["rank"] == 0
-        assert r["counter"] == "rss" and r["peak_allocated"] > 0 and r["end_allocated"] > 0
-        assert r["peak_reserved"] is None  # RSS has no reserved counter
+        assert r["counter"] == "tensors+rss" and r["peak_allocated"] > 0 and r["end_allocated"] > 0
+        assert r["peak_reserved"] > 0  # the process's RSS beside the exact tensor bytes
         assert r["duration_s"] > 0
     assert by_phase["first_step"][0]["inputs"] == {"micro_batch": 4, "accumulation": 2, "step": 1}
     assert by_phase["steady_step"][0]["inputs"]["step"] == 2
@@ -53,6 +53,9 @@ def test_trainer_run_records_phases_and_loss_curve(tmp_path, cli):
     r = cli("show", cb.run_id, "--home", home, "--json")
     assert r.code == 0, r.err
     assert {p["phase"] for p in r.json["data"]["phases"]} == set(by_phase) and r.json["data"]["train_updates"] == 4
+    assert not run["command"].startswith("pilotrun") and "pytest" in run["command"]  # this process's own command
+    human = cli("show", cb.run_id[:17], "--home", home)
+    assert "training loss (4 updates logged): first " in human.out and "lowest" in human.out, human.out
 
 
 def test_over_budget_phase_in_trainer(tmp_path):

@@ -41,8 +41,8 @@ def test_lightning_run_records_phases_and_loss_curve(tmp_path, cli):
     assert [r["inputs"] for r in by_phase["save"]] == [{"step": 3}]  # ModelCheckpoint(every_n_train_steps=3)
     for r in rows:
         assert r["verdict"] == "ok" and r["rank"] == 0 and r["note"] is None
-        assert r["counter"] == "rss" and r["peak_allocated"] > 0 and r["end_allocated"] > 0
-        assert r["peak_reserved"] is None  # RSS has no reserved counter
+        assert r["counter"] == "tensors+rss" and r["peak_allocated"] > 0 and r["end_allocated"] > 0
+        assert r["peak_reserved"] > 0  # the process's RSS beside the exact tensor bytes
         assert r["duration_s"] > 0
     # a whole optimizer update: 2 micro-batches of 4
     assert by_phase["first_step"][0]["inputs"] == {"micro_batch": 4, "accumulation": 2, "step": 1}

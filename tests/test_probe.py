@@ -22,7 +22,7 @@ def _touch(mib: int):
 
 
 def test_rss_probe_sees_a_freed_peak_and_no_reserved_counter():
-    probe = make_probe("cpu")
+    probe = make_probe("cpu", exact=False)
     assert isinstance(probe, RssProbe) and probe.counter == "rss"
     probe.start()
     x = _touch(96)
@@ -38,7 +38,7 @@ def test_rss_peak_is_reset_at_start():
     # the planted defect: a large peak *before* the phase must not be charged to it
     x = _touch(256)
     del x
-    probe = make_probe("cpu")
+    probe = make_probe("cpu", exact=False)
     probe.start()
     y = _touch(8)
     del y
@@ -84,8 +84,9 @@ def test_phase_writes_a_ledger_row_to_the_journal(tmp_path):
     j = Journal(tmp_path / "home")
     (row,) = j.phase_rows(run.run_id)
     assert row["phase"] == "eval_longest" and row["rank"] == 0 and row["verdict"] == "ok"
-    assert row["inputs"] == {"seq_len": 512, "eval_batch": 4} and row["counter"] == "rss"
-    assert row["peak_allocated"] > row["baseline"] > 0 and row["duration_s"] > 0
+    assert row["inputs"] == {"seq_len": 512, "eval_batch": 4} and row["counter"] == "tensors+rss"
+    assert row["peak_allocated"] - row["baseline"] >= 32 * MiB and row["duration_s"] > 0
+    assert row["peak_reserved"] > 0  # RSS
     assert p.row is not None and list(p.row) == list(ROW_KEYS)
     run_row = j.get_run(run.run_id)
     assert run_row["kind"] == "phases" and run_row["status"] == "completed"

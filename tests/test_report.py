@@ -47,7 +47,8 @@ def test_report_is_one_self_contained_file_with_plots_and_tables(journal_with_ev
     assert text.startswith("<!DOCTYPE html>")
     assert not re.search(r"https?://", text)  # no network: no URL at all, not even a namespace
     assert "<script" not in text and "<link" not in text and not re.search(r"\ssrc=", text)
-    assert text.count("<svg") == 2  # loss curves and the phase ledger chart
+    # loss curves, the phase ledger chart, and the memory bound / time plan drawn when the sweep has them
+    assert text.count("<svg") >= 2
     assert "training loss per update" in text and "validation (plan metric)" in text  # plot text stays text
     assert "diverged (seed 0)" in text  # the diverged run is marked on the plot
     assert result.data["sweep_id"] in text and result.data["plan_sha256"] in text
@@ -58,7 +59,8 @@ def test_report_is_one_self_contained_file_with_plots_and_tables(journal_with_ev
         assert run["run_id"] in text  # every run, diverged too
     for ph in ("first_step", "steady_step", "eval_longest"):
         assert ph in text
-    assert "<td>rss</td>" in text and "phase ledger of pilot run" in text
+    assert "<td>tensors+rss</td>" in text and "phase ledger of pilot run" in text
+    assert "bytes held by live tensors, exact" in text
     assert "keep lr 3e-3 for the rental" in text and ">decision<" in text
     # journal text is escaped, never markup
     assert "&lt;b&gt;on purpose&lt;/b&gt;" in text and "<b>on purpose" not in text
@@ -88,5 +90,6 @@ def test_sections_are_pluggable(journal_with_everything, tmp_path):
     text = write_report(Journal(home), tmp_path / "r.html", sections).read_text()
     assert "<h2>Selection sheet</h2><p>runs: 3</p>" in text
     assert text.index("Notes and decisions") < text.index("Selection sheet")
-    only = write_report(Journal(home), tmp_path / "only.html", [SECTIONS[3]]).read_text()
+    notes = next(s for s in SECTIONS if s[0] == "Notes and decisions")
+    only = write_report(Journal(home), tmp_path / "only.html", [notes]).read_text()
     assert "<svg" not in only and "keep lr 3e-3" in only

@@ -255,7 +255,7 @@ def test_sheet_from_real_pilot_phase_rows(demo_campaign, tmp_path):
     j.finish_run(run, "completed")
     r = sheet_stage(loaded, home)
     assert r.verdict == "ok", r.data["problems"] + r.data["warnings"]
-    assert r.data["counter"] == "rss" and r.data["time"]["work"]["params"] > 0
+    assert r.data["counter"] == "tensors+rss" and r.data["time"]["work"]["params"] > 0
     assert r.data["target"]["key"] == "rtx4090"  # the demo's hardware.memory_per_gpu is 24GiB; fp32 → fastest
     assert r.data["time"]["counts"]["updates"] == 12
 
@@ -327,3 +327,21 @@ def test_one_written_to_line_naming_the_sheet_and_its_launch_files(tmp_path, cli
     assert f"written to {out.parent}: sheet.md, sheet.commands.sh, sheet.sky.yaml, sheet.sbatch" in text
     sky = yaml.safe_load((out.parent / "sheet.sky.yaml").read_text())
     assert sky["resources"]["accelerators"] == "A100-80GB:1"
+
+
+def test_an_mi300x_target_needs_a_rocm_build_of_torch(tmp_path):
+    path = campaign(tmp_path, train__precision="bf16-mixed")
+    home = tmp_path / "home"
+    record_pilot(path, home, {})
+    mi = target_env(tmp_path, "AMD Instinct MI300X", "9.4", 192, True)
+    r = sheet_stage(load_campaign(path), home, target_env_path=str(mi))
+    rocm = next(c for c in r.data["stack"]["checks"] if c["check"] == "rocm")
+    assert rocm["verdict"] == "fail" and "install torch from the ROCm wheel index" in rocm["message"]
+    assert r.data["target"]["key"] == "mi300x" and r.verdict == "fail"
+    env = json.loads(mi.read_text())
+    env["data"]["cuda"]["hip"] = "6.4.43482"
+    mi.write_text(json.dumps(env))
+    ok = sheet_stage(load_campaign(path), home, target_env_path=str(mi))
+    assert {c["check"]: c["verdict"] for c in ok.data["stack"]["checks"]}["rocm"] == "ok"
+    assert "rocm" not in {c["check"] for c in sheet_stage(load_campaign(path), home, target_env_path=str(
+        target_env(tmp_path, "NVIDIA H100 80GB HBM3", "9.0", 80, True))).data["stack"]["checks"]}

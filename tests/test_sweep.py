@@ -39,6 +39,11 @@ def test_three_learning_rates_two_seeds_with_an_absurd_one(demo_dir, cli):
     for col in ("arm", "overrides", "at_budget", "vs_control", "verdict"):
         assert col in r.err  # the comparison table is printed
     assert "train.lr=1000.0" in r.err
+    import re
+
+    # the campaign-wide progress: each run announced before it starts, with the time left once one ran
+    assert "run 1/6: control seed 0" in r.err and re.search(r"run \d/6: variant train.lr=1000.0 seed 1", r.err)
+    assert re.search(r"run 6/6: .* about .* left for the sweep", r.err), r.err[-3000:]
     sweep_id = data["data"]["sweep_id"]
     runs = _runs(home, sweep_id)
     assert len(runs) == 6 and len({x["run_id"] for x in runs}) == 6

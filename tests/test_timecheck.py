@@ -55,6 +55,10 @@ def test_each_run_is_predicted_from_the_pilots_units_for_the_work_it_did(piloted
     text = "\n".join(result.messages)
     assert f"predicted ÷ actual {check['ratio']:.2f}" in text
     assert "memory bound: the largest observed ÷ pilot peak over 2 run(s)" in text
+    outside = not 0.9 <= check["ratio"] <= 1.1
+    assert ("WARNING time plan out of range" in text) == outside  # and then the sweep is not OK
+    if outside:
+        assert result.verdict != "ok", (result.verdict, check["ratio"])
 
     out = tmp_path / "r.html"
     assert cli("report", "--home", home, "--out", out).code == 0
@@ -77,6 +81,17 @@ def test_a_plan_off_by_half_is_reported_outside_the_goal():
     ok = time_lines({"pilot_run": "p", "runs": [dict(run, ratio=1.02)], "predicted_s": 10.2, "actual_s": 10.0,
                      "ratio": 1.02, "goal": (0.9, 1.1)})
     assert "(within 0.9–1.1)" in ok[0]
+
+
+def test_a_time_plan_out_of_range_makes_the_sweep_warn():
+    from pilotrun.stages.timecheck import time_plan_warning
+
+    run = {"run_id": "r1", "arm": "control", "seed": 0, "predicted_s": 5.0, "actual_s": 10.0, "ratio": 0.5,
+           "updates": 12, "status": "completed"}
+    check = {"pilot_run": "p", "runs": [run], "predicted_s": 5.0, "actual_s": 10.0, "ratio": 0.5, "goal": (0.9, 1.1)}
+    assert time_plan_warning(check).startswith("WARNING time plan out of range: predicted ÷ actual 0.50 is outside")
+    assert time_plan_warning(dict(check, ratio=1.02)) is None
+    assert time_plan_warning({"pilot_run": None, "runs": [], "why": "no pilot"}) is None
 
 
 def test_sweep_without_pilot_is_not_compared(demo_dir):

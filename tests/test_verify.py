@@ -101,7 +101,7 @@ def test_run_without_artifact_is_bad_input(cli, trained, tmp_path):
 
 @pytest.mark.slow
 def test_lora_adapter_reloads_through_peft(cli, tmp_path):
-    """A LoRA run on a base model saved to disk: the adapter through peft, and the merged copy."""
+    """A LoRA run on a base model saved to disk: the adapter through peft, and the merged copy (asked for)."""
     from conftest import simple_records, tiny_causal_campaign
     from transformers import AutoConfig, AutoModelForCausalLM, ByT5Tokenizer
 
@@ -113,7 +113,8 @@ def test_lora_adapter_reloads_through_peft(cli, tmp_path):
     path = tiny_causal_campaign(tmp_path / "c", simple_records(16), simple_records(4, 100))
     c = yaml.safe_load(path.read_text())
     c["model"] = {"path": str(tmp_path / "base"),
-                  "adapter": {"kind": "lora", "r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}}
+                  "adapter": {"kind": "lora", "r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"],
+                              "merged_copy": True}}
     path.write_text(yaml.safe_dump(c))
     r = cli("train", path, "--home", tmp_path / "home", "--json")
     assert r.code == 0, r.err

@@ -6,7 +6,7 @@ Heavy modules (torch, transformers) are imported lazily so that ``pilotrun --hel
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "Task", "phase"]
+__all__ = ["__version__", "Task", "phase", "own_run"]
 
 
 def __getattr__(name):
@@ -18,4 +18,8 @@ def __getattr__(name):
         from pilotrun.probe.recorder import phase
 
         return phase
+    if name == "own_run":
+        from pilotrun.probe.recorder import own_run
+
+        return own_run
     raise AttributeError(f"module 'pilotrun' has no attribute {name!r}")

@@ -113,7 +113,7 @@ def plan_arms(loaded) -> list[Arm]:
 # What decides how a validation record becomes the tokens the loss sees. data.train/test, group_by and
 # period_by do not touch validation's encoding; model.path does only through the tokenizer it supplies.
 ENCODING_KEYS = ("task", "model.tokenizer", "data.validation", "data.prompt", "data.response", "data.messages",
-                 "data.text", "data.label", "data.labels", "data.max_length")
+                 "data.chat_template", "data.text", "data.label", "data.labels", "data.max_length")
 
 
 def validation_encoding(loaded) -> dict[str, Any]:

@@ -102,7 +102,8 @@ def _submodel_at(loc: tuple) -> type[BaseModel] | None:
     return model if isinstance(model, type) and issubclass(model, BaseModel) else None
 
 
-def _format_errors(err: ValidationError, where: str, lines: dict[tuple, int]) -> BadInputs:
+def _format_errors(err: ValidationError, where: str, lines: dict[tuple, int],
+                   overridden: dict[tuple, str] | None = None) -> BadInputs:
     problems = []
     for e in err.errors():
         loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-after")))
@@ -113,6 +114,9 @@ def _format_errors(err: ValidationError, where: str, lines: dict[tuple, int]) ->
                 line = lines[loc[:n]]
                 break
         at = f"{where}:{line}" if line else where
+        blamed = next((s for k, s in (overridden or {}).items() if loc[:len(k)] == k), None)
+        if blamed:  # the value came from the command line, not the file
+            at = blamed
         if e["type"] == "extra_forbidden":
             parent = _submodel_at(loc[:-1]) or Campaign
             choices = _known_keys(parent)
@@ -172,12 +176,14 @@ def _short(value: Any, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _validate(raw: dict[str, Any], source: Path | None, lines: dict[tuple, int]) -> Campaign:
+def _validate(raw: dict[str, Any], source: Path | None, lines: dict[tuple, int],
+              overrides: dict[str, Any] | None = None) -> Campaign:
     where = str(source) if source else "campaign"
     try:
         return Campaign.model_validate(raw)
     except ValidationError as err:
-        raise _format_errors(err, where, lines) from None
+        overridden = {tuple(k.split(".")): f"--set {k}={_short(v)}" for k, v in (overrides or {}).items()}
+        raise _format_errors(err, where, lines, overridden) from None
 
 
 def _coerce_value(text: str) -> Any:
@@ -294,8 +300,7 @@ def load_campaign(path: str | Path, overrides: dict[str, Any] | None = None) -> 
     raw, lines = _read_yaml(path)
     if overrides:
         raw = apply_overrides(raw, overrides, where="--set")
-        lines = {}  # overridden values have no line in the file
-    c = _validate(raw, path, lines)
+    c = _validate(raw, path, lines, overrides)
     _resolve_paths(c, path.parent)
     return LoadedCampaign(c, path, path.parent)
 

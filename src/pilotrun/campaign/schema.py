@@ -38,6 +38,9 @@ class AdapterConfig(BaseModel):
     """Dropout on the LoRA branch."""
     target_modules: list[str] | None = None
     """Module names to adapt, e.g. [q_proj, v_proj]; null lets peft pick for known architectures."""
+    merged_copy: bool = False
+    """Also export the base model with the adapter merged in (artifact/merged, full size); the adapter
+    alone (artifact/adapter) is always exported, and checkpoints hold only the trainable parameters."""
 
 
 class ModelConfig(BaseModel):
@@ -72,6 +75,9 @@ class DataConfig(BaseModel):
     """causal-lm: the response field: the only tokens in the loss."""
     messages: str | None = None
     """causal-lm chat: field holding [{role, content}]; loss on assistant turns only."""
+    chat_template: str = "auto"
+    """causal-lm chat format: auto (the tokenizer's own chat template, else plain) | model (the tokenizer's
+    template, required) | plain ("role: content" lines) | a Jinja template, inline or a .jinja file."""
     text: str | None = None
     """seq-cls: the text field."""
     label: str | None = None

@@ -31,7 +31,7 @@ def demo(out, home, as_json):
 @click.argument("folder", type=click.Path(file_okay=False), default=".")
 @click.option("--task", type=click.Choice(["causal-lm", "seq-cls"]), default="causal-lm", show_default=True)
 @click.option("--force", is_flag=True, help="overwrite an existing campaign.yaml")
-@common_options
+@common_options(home=False)
 def init(folder, task, force, home, as_json):
     """Write a commented starter campaign.yaml for a task into FOLDER."""
     from pilotrun.campaign.templates import starter
@@ -49,7 +49,7 @@ def init(folder, task, force, home, as_json):
 @cli.command()
 @campaign_argument
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="override a campaign key (repeatable)")
-@common_options
+@common_options(home=False)
 def validate(campaign, sets, home, as_json):
     """Schema, files and consistency; prints the batch arithmetic. Runs nothing."""
     from pilotrun.stages.validate import validate as run_validate
@@ -68,8 +68,12 @@ def train(campaign, sets, seed, supersedes, home, as_json):
     from pilotrun.stages.train import train_run
 
     sets = tuple(sets) + ((f"seed={seed}",) if seed is not None else ())
+    from pilotrun.report.progress import stage_progress
+
     loaded = load(campaign, sets)
-    return emit(train_run(loaded, home_for(home, campaign), supersedes=supersedes), as_json)
+    with stage_progress("train", spinner=False):
+        result = train_run(loaded, home_for(home, campaign), supersedes=supersedes)
+    return emit(result, as_json)
 
 
 @cli.command(name="all")

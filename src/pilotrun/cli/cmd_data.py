@@ -16,7 +16,7 @@ _SPLITS = click.Choice(["train", "validation", "test"])
               help="examples to render token by token")
 @click.option("--split", type=_SPLITS, default="train", show_default=True, help="the split the examples come from")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="override a campaign key (repeatable)")
-@common_options
+@common_options(home=False)
 def inspect(campaign, n, split, sets, home, as_json):
     """N examples exactly as the loss sees them (trained / masked / padding), then the data-set-wide checks."""
     from pilotrun.report.tokens import render_examples
@@ -33,7 +33,7 @@ def inspect(campaign, n, split, sets, home, as_json):
 @click.option("--near-threshold", type=float, default=0.8, show_default=True,
               help="estimated Jaccard similarity (word 3-gram shingles) from which two units count as near duplicates")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="override a campaign key (repeatable)")
-@common_options
+@common_options(home=False)
 def leakage(campaign, near_threshold, sets, home, as_json):
     """Units of data.group_by shared by splits, exact and near duplicates across splits, period order."""
     from pilotrun.stages.leakage import leakage as run_leakage
@@ -48,7 +48,7 @@ def leakage(campaign, near_threshold, sets, home, as_json):
 @click.option("--ratios", default="0.8,0.1,0.1", show_default=True, help="train,validation[,test] shares, summing to 1")
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="folder for train/validation/test.jsonl")
 @click.option("--seed", type=int, default=0, show_default=True, help="seed of the unit order")
-@common_options
+@common_options(home=False)
 def split(data, by, period, ratios, out, seed, home, as_json):
     """A deterministic split of DATA by unit (or by period) into OUT/{train,validation,test}.jsonl."""
     from pilotrun.data.split import parse_ratios, split_file

@@ -6,6 +6,7 @@ import click
 
 from pilotrun.cli.common import campaign_argument, common_options, emit, emit_data, home_for, load
 from pilotrun.cli.main import cli
+from pilotrun.report.progress import stage_progress
 
 _set = click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="override a campaign key (repeatable)")
 
@@ -22,21 +23,26 @@ def overfit(campaign, examples, max_updates, sets, home, as_json):
     """Accumulation arithmetic on the task's own loss, then can the loop memorise N examples."""
     from pilotrun.stages.overfit import overfit as run_overfit
 
-    return emit(run_overfit(load(campaign, sets), home_for(home, campaign), examples=examples,
-                            max_updates=max_updates), as_json)
+    loaded = load(campaign, sets)
+    with stage_progress("overfit"):
+        result = run_overfit(loaded, home_for(home, campaign), examples=examples, max_updates=max_updates)
+    return emit(result, as_json)
 
 
 @cli.command()
 @campaign_argument
 @click.option("--at", type=click.IntRange(min=2), default=None,
-              help="stop at this update and resume in a new process (default 4; the reference runs 2 × K)")
+              show_default="4", help="stop at this update and resume in a new process (the reference runs 2 × K)")
 @_set
 @common_options
 def resume(campaign, at, sets, home, as_json):
     """Stop at update K, resume in a fresh process, compare with an uninterrupted run of 2K updates."""
     from pilotrun.stages.resume import resume as run_resume
 
-    return emit(run_resume(load(campaign, sets), home_for(home, campaign), at=at), as_json)
+    loaded = load(campaign, sets)
+    with stage_progress("resume"):
+        result = run_resume(loaded, home_for(home, campaign), at=at)
+    return emit(result, as_json)
 
 
 @cli.command()

@@ -6,6 +6,7 @@ import click
 
 from pilotrun.cli.common import campaign_argument, common_options, emit, home_for, load
 from pilotrun.cli.main import cli
+from pilotrun.report.progress import stage_progress
 
 
 @cli.command()
@@ -13,14 +14,23 @@ from pilotrun.cli.main import cli
 @click.option("--device", type=click.Choice(["cuda", "cpu"]), default="cuda", show_default=True,
               help="the device to predict for: cuda (the rental) or cpu (this machine, tensor bytes)")
 @click.option("--gpu-memory", default=None, metavar="SIZE",
-              help="memory of one target GPU, e.g. 24GiB (default: hardware.memory_per_gpu for cuda)")
+              show_default="hardware.memory_per_gpu for cuda", help="memory of one target GPU, e.g. 24GiB")
+@click.option("--options", "options", is_flag=True,
+              help="the options that fit, per catalogue GPU and count (checkpointing, FSDP, offload, LoRA, QLoRA), "
+                   "with what each changes in the experiment")
+@click.option("--lora-r", type=click.IntRange(1), default=None,
+              help="LoRA rank for the adapter options (default: the campaign's adapter, else 16)")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="override a campaign key (repeatable)")
-@common_options
-def estimate(campaign, device, gpu_memory, sets, home, as_json):
+@common_options(home=False)
+def estimate(campaign, device, gpu_memory, options, lora_r, sets, home, as_json):
     """Predicted memory per phase on fake tensors: nothing is allocated, no GPU is needed."""
     from pilotrun.probe.sizes import parse_size
     from pilotrun.stages.estimate import estimate as run_estimate
 
+    if options:
+        from pilotrun.sheet.options import options_result
+
+        return emit(options_result(load(campaign, sets), lora_r=lora_r), as_json)
     limit = parse_size(gpu_memory, where="--gpu-memory") if gpu_memory else None
     return emit(run_estimate(load(campaign, sets), device=device, gpu_memory=limit), as_json)
 
@@ -31,7 +41,7 @@ def estimate(campaign, device, gpu_memory, sets, home, as_json):
 @click.option("--write", "write_path", type=click.Path(dir_okay=False), default=None,
               help="write the chosen variant as a new campaign file, with a comment saying what changed and why")
 @click.option("--effective-batch", type=int, default=None,
-              help="examples per update every variant must keep (default: the campaign's)")
+              show_default="the campaign's", help="examples per update every variant must keep")
 @click.option("--all-variants", is_flag=True, help="measure every variant, not only up to the first that fits")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="override a campaign key (repeatable)")
 @common_options
@@ -41,5 +51,8 @@ def fit(campaign, memory_limit, write_path, effective_batch, all_variants, sets,
     from pilotrun.stages.fit import fit as run_fit
 
     limit = parse_size(memory_limit, where="--memory-limit")
-    return emit(run_fit(load(campaign, sets), home_for(home, campaign), limit, write=write_path,
-                        effective_batch=effective_batch, all_variants=all_variants), as_json)
+    loaded = load(campaign, sets)
+    with stage_progress("fit"):
+        result = run_fit(loaded, home_for(home, campaign), limit, write=write_path, effective_batch=effective_batch,
+                         all_variants=all_variants)
+    return emit(result, as_json)

@@ -6,12 +6,13 @@ import click
 
 from pilotrun.cli.common import campaign_argument, common_options, emit, home_for, load
 from pilotrun.cli.main import cli
+from pilotrun.report.progress import stage_progress
 
 
 @cli.command()
 @campaign_argument
 @click.option("--memory-limit", default=None, metavar="SIZE",
-              help="peak allowed per phase, e.g. 24GiB (default: hardware.memory_per_gpu)")
+              show_default="hardware.memory_per_gpu", help="peak allowed per phase, e.g. 24GiB")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="override a campaign key (repeatable)")
 @common_options
 def pilot(campaign, memory_limit, sets, home, as_json):
@@ -19,4 +20,7 @@ def pilot(campaign, memory_limit, sets, home, as_json):
     worst-case inputs: one ledger row per phase per rank."""
     from pilotrun.stages.pilot import pilot as run_pilot
 
-    return emit(run_pilot(load(campaign, sets), home_for(home, campaign), memory_limit=memory_limit), as_json)
+    loaded = load(campaign, sets)
+    with stage_progress("pilot"):
+        result = run_pilot(loaded, home_for(home, campaign), memory_limit=memory_limit)
+    return emit(result, as_json)

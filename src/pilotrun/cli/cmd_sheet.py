@@ -10,12 +10,15 @@ from pilotrun.sheet.catalogue import BY_KEY
 
 
 @cli.command()
-@common_options
+@common_options(home=False)
 def env(home, as_json):
     """Software stack: Python, torch, CUDA/cuDNN/NCCL, devices, bf16, attention kernels, key packages."""
-    from pilotrun.stages.env import env_stage
+    from pilotrun.cli.common import console
+    from pilotrun.stages.env import env_markdown, env_stage
 
-    return emit(env_stage(), as_json)
+    result = env_stage()
+    console(as_json).print(env_markdown(result.data), markup=False, highlight=False, end="")
+    return emit(result, as_json, rendered=True)
 
 
 @cli.command()
@@ -29,8 +32,9 @@ def env(home, as_json):
               help="YAML of GPU → price per GPU-hour (optionally per plan): adds each plan's cost and the "
                    "cheapest plan that places every run")
 @click.option("--gpu", default=None, metavar="KEY",
-              help="plan for this catalogue GPU (" + ", ".join(BY_KEY) + "); default: the target env's GPU, "
-                   "else the fastest of hardware.memory_per_gpu that fits, else the smallest that fits")
+              show_default="the target env's GPU, else the fastest of hardware.memory_per_gpu that fits, else the "
+                           "smallest that fits",
+              help="plan for this catalogue GPU (" + ", ".join(BY_KEY) + ")")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="override a campaign key (repeatable)")
 @common_options
 def sheet(campaign, out, target_env, rates, gpu, sets, home, as_json):

@@ -24,6 +24,16 @@ def sweep(campaign, continue_id, sets, ray_address, home, as_json):
 
     loaded = load(campaign, sets)
 
+    from pilotrun.report.progress import note, stage_progress
+    from pilotrun.sheet.plan import fmt_duration
+
+    def on_start(r):
+        what = "control" if r["arm"] == "control" else f"variant {r['label']}"
+        eta = f" — about {fmt_duration(r['eta_s'])} left for the sweep" if r["eta_s"] else ""
+        line = f"run {r['index']}/{r['of']}: {what} seed {r['seed']}{eta}"
+        note(line)
+        click.echo(line, err=True)
+
     def on_run(r):
         again = f" (supersedes {r['supersedes']})" if r["supersedes"] else ""
         node = r.get("node")
@@ -31,13 +41,15 @@ def sweep(campaign, continue_id, sets, ray_address, home, as_json):
         click.echo(f"run {r['index']}/{r['of']}: {r['arm']} [{r['label']}] seed {r['seed']} → {r['run_id']} "
                    f"{r['status']}{again}{where}", err=True)
 
-    return emit(run_sweep(loaded, home_for(home, campaign), continue_id=continue_id, on_run=on_run,
-                          sets=tuple(sets), ray_address=ray_address), as_json)
+    with stage_progress("sweep", spinner=False):
+        result = run_sweep(loaded, home_for(home, campaign), continue_id=continue_id, on_run=on_run,
+                           sets=tuple(sets), on_start=on_start, ray_address=ray_address)
+    return emit(result, as_json)
 
 
 @cli.command()
 @click.option("--out", type=click.Path(dir_okay=False), default=None,
-              help="the HTML file to write (default: HOME/report.html)")
+              show_default="HOME/report.html", help="the HTML file to write")
 @common_options
 def report(out, home, as_json):
     """One self-contained HTML file: loss curves, comparison, the pilot's phase ledger, notes and decisions,

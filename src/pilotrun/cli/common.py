@@ -11,17 +11,39 @@ import click
 from pilotrun.errors import EXIT_OK
 
 
-def common_options(f):
-    """--home DIR and --json, on every verb."""
+def common_options(f=None, *, home: bool = True):
+    """--home DIR and --json, on every verb. ``home=False``: a verb that writes no journal accepts --home
+    (scripts pass it to every verb) but does not offer it in its --help."""
 
-    @click.option("--home", type=click.Path(file_okay=False), default=None, envvar="PILOTRUN_HOME",
-                  help="journal folder (default: .pilotrun/ beside the campaign file; env PILOTRUN_HOME)")
-    @click.option("--json", "as_json", is_flag=True, help="machine-readable result on stdout; human output on stderr")
-    @functools.wraps(f)
-    def wrapper(*args, **kwargs):
-        return f(*args, **kwargs)
+    def decorate(f):
+        @click.option("--home", type=click.Path(file_okay=False), default=None, envvar="PILOTRUN_HOME",
+                      hidden=not home, show_default="$PILOTRUN_HOME, else .pilotrun/ beside the campaign file",
+                      help="journal folder")
+        @click.option("--json", "as_json", is_flag=True,
+                      help="the JSON envelope on stdout (README \"The JSON envelope\"); human output on stderr")
+        @functools.wraps(f)
+        def wrapper(*args, **kwargs):
+            return f(*args, **kwargs)
 
-    return wrapper
+        return wrapper
+
+    return decorate(f) if f is not None else decorate
+
+
+_HOME_SOURCE: dict = {}  # set by home_for, cleared by cli.main.run for each command
+
+
+def home_source() -> str | None:
+    """Where the running verb's --home came from: "option", "env" ($PILOTRUN_HOME) or None (the default)."""
+    return _HOME_SOURCE.get("source")
+
+
+def _record_home_source() -> None:
+    from click.core import ParameterSource
+
+    ctx = click.get_current_context(silent=True)
+    source = ctx.get_parameter_source("home") if ctx is not None else None
+    _HOME_SOURCE["source"] = {ParameterSource.COMMANDLINE: "option", ParameterSource.ENVIRONMENT: "env"}.get(source)
 
 
 campaign_argument = click.argument("campaign", type=click.Path(dir_okay=False))
@@ -36,6 +58,7 @@ def load(campaign: str, sets: tuple[str, ...] = ()):
 def home_for(home: str | None, campaign: str | None = None):
     from pilotrun.journal.store import resolve_home
 
+    _record_home_source()
     return resolve_home(home, campaign)
 
 

@@ -26,11 +26,26 @@ COMMAND_MODULES = (
 )
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+# --help lists the verbs in the order of a rehearsal, then the journal's
+VERB_ORDER = ("demo", "init", "validate", "inspect", "leakage", "split", "overfit", "estimate", "pilot", "fit",
+              "resume", "verify", "train", "sweep", "sheet", "all", "report", "runs", "show", "note", "archive", "env")
+
+
+class RehearsalOrder(click.Group):
+    def list_commands(self, ctx):
+        known = [v for v in VERB_ORDER if v in self.commands]
+        return known + sorted(set(self.commands) - set(known))
+
+
+@click.group(cls=RehearsalOrder,
+             context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="pilotrun")
-def cli():
+@click.option("--verbose", is_flag=True, help="show transformers' load reports and progress bars")
+def cli(verbose: bool):
     """pilotrun rehearses a fine-tuning campaign on a small pilot, so the GPU rental is chosen from
     measurements and the real campaign runs once. Start with `pilotrun demo` or `pilotrun init`."""
+    if verbose:
+        os.environ["PILOTRUN_VERBOSE"] = "1"  # tasks/loading.quiet_transformers; fresh processes inherit it
 
 
 for _name in COMMAND_MODULES:
@@ -60,7 +75,10 @@ def _verb_of(argv: list[str]) -> str | None:
 def run(argv: list[str] | None = None) -> int:
     """Run the CLI and return its exit code (tests call this; ``main`` exits with it). Under --json an
     error is also written to stdout as the envelope (cli/envelope.py) with ``ok`` false."""
+    from pilotrun.cli.common import _HOME_SOURCE
+
     argv = list(sys.argv[1:] if argv is None else argv)
+    _HOME_SOURCE.clear()
     error = None
     try:
         rv = cli.main(args=argv, prog_name="pilotrun", standalone_mode=False)
@@ -77,6 +95,7 @@ def run(argv: list[str] | None = None) -> int:
         code, error = EXIT_BAD_INPUT, {"kind": "usage", "message": e.format_message(), "where": None, "file": None,
                                        "line": None, "key": _usage_key(e), "fix": "see `pilotrun --help`"}
     except BadInput as e:
+        _blame_home_variable(e)
         click.echo(f"pilotrun: error: {e}", err=True)
         from pilotrun.cli.envelope import error_info
 
@@ -96,6 +115,20 @@ def run(argv: list[str] | None = None) -> int:
         except BrokenPipeError:
             return _broken_pipe()
     return code
+
+
+def _blame_home_variable(e: BadInput) -> None:
+    """A home that came from $PILOTRUN_HOME, not --home: the message names the variable."""
+    from pilotrun.cli.common import home_source
+
+    if home_source() != "env" or not isinstance(e.where, str):
+        return
+    home = os.environ.get("PILOTRUN_HOME", "")
+    if e.where == "--home" or (home and (e.where.startswith(home) or home.startswith(e.where))):
+        e.where = f"$PILOTRUN_HOME={home}"
+        e.fix = (e.fix or "") + " (the home came from the environment variable PILOTRUN_HOME: fix or unset it, " \
+                                "or pass --home)"
+        e.args = (f"{e.where}: {e.detail}\n  fix: {e.fix}",)
 
 
 def _usage_key(e: click.ClickException) -> str | None:

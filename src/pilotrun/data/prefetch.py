@@ -28,7 +28,7 @@ class BatchedTokenizer:
         return len(self._tok)
 
     def __call__(self, text, **kwargs):
-        if not isinstance(text, str):
+        if not isinstance(text, str) or kwargs.get("return_offsets_mapping"):  # offsets: a rendered chat template
             return self._tok(text, **kwargs)
         key = (text, tuple(sorted(kwargs.items())))
         ids = self._memo.get(key)

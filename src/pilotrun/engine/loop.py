@@ -210,6 +210,7 @@ def evaluate(state: TrainState, task, examples: list, batch_size: int) -> dict:
                 s, n = task.loss(model, batch)
             total += float(s)
             count += int(n)
+            del batch, s, n  # not held through the next batch's forward: every batch starts from the same tensors
     if was_training:
         model.train()
     total, count = all_reduce_sum(total, state.device), all_reduce_sum(count, state.device)
@@ -306,7 +307,8 @@ def train(state: TrainState, task, train_examples: list, val_examples: list, t, 
             micro_batches = [[train_examples[i] for i in mb] for mb in state.sampler.next_update()]
             t0 = time.perf_counter()
             seen = {"update": state.update + 1, "micro_batch": t.micro_batch,
-                    "seq_len": max(e.length for mb in micro_batches for e in mb)}
+                    "seq_len": max(e.length for mb in micro_batches for e in mb),
+                    "tokens": max(len(mb) * max(e.length for e in mb) for mb in micro_batches if mb)}
             with _out_of_memory_ends_run(f"update {state.update + 1}"), watch("train", seen):
                 out = run_update(state, task, micro_batches, max_grad_norm=t.max_grad_norm)
                 seen["targets"] = out["targets"]

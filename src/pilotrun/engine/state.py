@@ -1,7 +1,8 @@
 """The full training state, saved atomically and loaded without unpickling arbitrary objects.
 
-A checkpoint is a folder: model weights (safetensors), optimizer state (torch.save of tensors and
-numbers only, read back with ``weights_only=True``), RNG tensors (safetensors), and JSON for the
+A checkpoint is a folder: model weights (safetensors; with an adapter only the trainable parameters
+and ``base.json``, the base model's identity, see ``journal/base_identity.py``), optimizer state
+(torch.save of tensors and numbers only, read back with ``weights_only=True``), RNG tensors (safetensors), and JSON for the
 scheduler, the grad scaler, the sampler position, the counters and Python/NumPy RNG states. It is
 written under a temporary name and renamed into place after everything, the manifest last, is on
 disk, so a folder with a final name is always complete. Loading checks every file against the
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pilotrun.journal.base_identity import BASE_FILE, base_of, check_base, load_trainable, trainable_state, write_base
 from pilotrun.journal.files import (MANIFEST, commit_dir, kill_point, listed_files, remove_stale_temps, temp_path,
                                     reading_weights, verify_manifest, write_manifest, writing)
 
@@ -60,9 +62,13 @@ def save_state(state, path: str | Path, *, skip: tuple[str, ...] = ()) -> Path:
         shutil.rmtree(tmp)
     with writing(path, tmp):  # a failed save leaves no temp; a full disk is exit 2 naming the checkpoint
         tmp.mkdir(parents=True)
+        adapted = base_of(_unwrap(state.model)) is not None
         if "model" not in skip:
             if sharded is not None:
                 save_file(_unshare(sharded[0]), str(tmp / "model.safetensors"))
+            elif adapted:  # the frozen base is named by base.json, not copied
+                save_file(_unshare(trainable_state(_unwrap(state.model))), str(tmp / "model.safetensors"))
+                write_base(tmp, _unwrap(state.model))
             else:
                 save_model(_unwrap(state.model), str(tmp / "model.safetensors"))
             kill_point("model")
@@ -91,7 +97,9 @@ def save_state(state, path: str | Path, *, skip: tuple[str, ...] = ()) -> Path:
         if "counters" not in skip:
             (tmp / "counters.json").write_text(json.dumps(state.counters()))
             kill_point("counters")
-        write_manifest(tmp, {"kind": "pilotrun-checkpoint", "components": [c for c in COMPONENTS if c not in skip]})
+        write_manifest(tmp, {"kind": "pilotrun-checkpoint", "components": [c for c in COMPONENTS if c not in skip],
+                             "model": "trainable parameters (adapter-only; base in base.json)"
+                             if adapted and sharded is None else "all weights"})
         kill_point("manifest")
         commit_dir(tmp, path)
     barrier()
@@ -154,6 +162,9 @@ def load_state(state, path: str | Path) -> list[str]:
     if found:
         raise BadInput("checkpoint does not match its manifest: " + "; ".join(found) + "; nothing was loaded",
                        where=str(path), fix="use an earlier complete checkpoint")
+    adapter_only = (path / BASE_FILE).is_file()
+    if adapter_only:
+        check_base(path, _unwrap(state.model))  # before anything is restored
     opt_state = None
     if (path / "optimizer.pt").is_file():  # read before anything is restored: a refused file changes nothing
         import pickle
@@ -168,7 +179,10 @@ def load_state(state, path: str | Path) -> list[str]:
     restored = []
     if (path / "model.safetensors").is_file():
         with reading_weights(path / "model.safetensors", "checkpoint's model weights"):
-            load_model(_unwrap(state.model), str(path / "model.safetensors"))
+            if adapter_only:
+                load_trainable(_unwrap(state.model), load_file(str(path / "model.safetensors")), path)
+            else:
+                load_model(_unwrap(state.model), str(path / "model.safetensors"))
         restored.append("model")
     if opt_state is not None:
         state.optimizer.load_state_dict(opt_state)

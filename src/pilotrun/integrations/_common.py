@@ -11,7 +11,6 @@ the pilotrun loop does.
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 from pilotrun.phases import names
 from pilotrun.probe.recorder import Phase
@@ -27,9 +26,9 @@ class Recorder:
     """The journal run and the open phase of one process (one rank)."""
 
     def __init__(self, home, *, kind: str, name: str, memory_limit: int | None = None):
-        from pilotrun.journal.store import Journal
+        from pilotrun.journal.store import Journal, resolve_home
 
-        self.journal = Journal(Path(home))
+        self.journal = Journal(resolve_home(home))  # None: $PILOTRUN_HOME, else ./.pilotrun
         self.kind, self.name, self.memory_limit = kind, name, memory_limit
         self.run_id: str | None = None
         self.open: Phase | None = None
@@ -41,11 +40,12 @@ class Recorder:
     # --- the run ------------------------------------------------------------------------------------
     def create_run(self, config: dict, *, seed: int | None, is_rank0: bool, broadcast) -> str | None:
         """Rank 0 creates the run; ``broadcast(obj)`` hands its id to every rank (identity on one process)."""
-        from pilotrun.journal.runs import create_run
+        from pilotrun.journal.runs import create_run, user_command
 
         run_id = None
         if is_rank0:
-            run_id = create_run(self.journal, kind=self.kind, name=self.name, config=config, seed=seed)
+            run_id = create_run(self.journal, kind=self.kind, name=self.name, config=config, seed=seed,
+                                command=user_command())
         self.run_id = broadcast(run_id)
         return self.run_id
 

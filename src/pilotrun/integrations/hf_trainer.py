@@ -1,7 +1,7 @@
 """The phase ledger inside a Hugging Face ``Trainer``: one callback, no change to the user's loop.
 
-    from pilotrun.integrations.hf_trainer import PilotrunCallback
-    trainer = Trainer(model, args, train_dataset=..., callbacks=[PilotrunCallback(home=".pilotrun")])
+    from pilotrun.integrations.hf_trainer import PilotrunTrainerCallback
+    trainer = Trainer(model, args, train_dataset=..., callbacks=[PilotrunTrainerCallback()])
     trainer.train()
 
 It opens a journal run of kind "hf-trainer" and writes, per rank, the ledger rows of the phases
@@ -29,8 +29,8 @@ KIND = "hf-trainer"
 _TRAIN_KEYS = {"loss": "loss", "learning_rate": "lr", "grad_norm": "grad_norm"}
 
 
-class PilotrunCallback(TrainerCallback):
-    def __init__(self, home, name: str = "hf-trainer", memory_limit: int | None = None, stop_on_nan: bool = True,
+class PilotrunTrainerCallback(TrainerCallback):
+    def __init__(self, home=None, name: str = "hf-trainer", memory_limit: int | None = None, stop_on_nan: bool = True,
                  config: dict | None = None):
         """``stop_on_nan``: a non-finite training loss or gradient norm stops training (as pilotrun's loop
         does: the updates after it are paid for and learn nothing); False only records it. ``config``: what
@@ -113,6 +113,9 @@ class PilotrunCallback(TrainerCallback):
         from pilotrun.engine.distributed import world_rank
 
         self.rec.fail(exc, is_rank0=world_rank()[1] == 0)
+
+
+PilotrunCallback = PilotrunTrainerCallback  # the earlier name, kept for scripts that import it
 
 
 def _rank() -> int:

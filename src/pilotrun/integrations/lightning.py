@@ -1,7 +1,7 @@
 """The phase ledger inside a Lightning ``Trainer``: one callback, no change to the user's module.
 
-    from pilotrun.integrations.lightning import PilotrunCallback
-    trainer = lightning.pytorch.Trainer(max_steps=..., callbacks=[PilotrunCallback(home=".pilotrun")])
+    from pilotrun.integrations.lightning import PilotrunLightningCallback
+    trainer = lightning.pytorch.Trainer(max_steps=..., callbacks=[PilotrunLightningCallback()])
     trainer.fit(module, train_loader, val_loader)
 
 It opens a journal run of kind "lightning" and writes, per rank (``trainer.global_rank``), the ledger
@@ -50,8 +50,8 @@ KIND = "lightning"
 _INSIDE_STEP = "includes a validation run that started inside this update"
 
 
-class PilotrunCallback(Callback):
-    def __init__(self, home, name: str = "lightning", memory_limit: int | None = None, stop_on_nan: bool = True,
+class PilotrunLightningCallback(Callback):
+    def __init__(self, home=None, name: str = "lightning", memory_limit: int | None = None, stop_on_nan: bool = True,
                  config: dict | None = None):
         """``stop_on_nan``: a non-finite training loss (the mean over ranks) stops ``fit`` (as pilotrun's
         loop does); False only records it. ``config``: what the run records as its config (e.g. a
@@ -173,7 +173,7 @@ class PilotrunCallback(Callback):
         self.rec.fail(exception, is_rank0=trainer.is_global_zero)
 
 
-def _wrap_save_checkpoint(trainer, callback: PilotrunCallback) -> None:
+def _wrap_save_checkpoint(trainer, callback: "PilotrunLightningCallback") -> None:
     """Every ``trainer.save_checkpoint`` (ModelCheckpoint's, or the user's) becomes a save phase.
     Lightning has no hook after the file is written, hence the wrapper on this trainer instance."""
     original = trainer.save_checkpoint
@@ -251,3 +251,6 @@ def _mean_over_ranks(trainer, losses: list[float]) -> float | None:
     else:
         total, count = sum(losses), float(len(losses))
     return total / count if count else None
+
+
+PilotrunCallback = PilotrunLightningCallback  # the earlier name, kept for scripts that import it

@@ -10,6 +10,8 @@ curve and its status.
 from __future__ import annotations
 
 import json
+import shlex
+import sys
 import time
 from pathlib import Path
 
@@ -65,6 +67,15 @@ def end_run(journal: Journal, run_id: str, exc: BaseException) -> None:
 def phase_summary(journal: Journal, run_id: str) -> dict:
     verdicts = [r["verdict"] for r in journal.phase_rows(run_id)]
     return {"phases": len(verdicts), "failing": sum(v != "ok" for v in verdicts)}
+
+
+def user_command() -> str:
+    """The command that started this process as the user typed it (``python train_hf.py --lr 3e-4``), for
+    runs recorded from the user's own script (callbacks, own loops) rather than from the pilotrun CLI."""
+    argv = list(getattr(sys, "orig_argv", None) or [sys.executable, *sys.argv])
+    if argv and argv[0] == sys.executable:
+        argv[0] = Path(argv[0]).name
+    return shlex.join(argv)
 
 
 class RunRecorder:

@@ -59,6 +59,10 @@ def _load(ctx, p) -> None:
     model = wrap_model(model, c.train.strategy, ctx.device)
     ctx.state = make_state(model, c.train, n_train=len(ctx.prep.train), seed=c.seed,
                            total_updates=ctx.prep.arithmetic()["updates"], device=ctx.device)
+    if getattr(ctx.device, "type", str(ctx.device)) == "cpu":
+        from pilotrun.probe.tensors import track
+
+        track(model)  # tensors a loader made without an operator (safetensors) still count, as in a run
 
 
 def _load_traced(ctx) -> None:
@@ -155,7 +159,7 @@ def _export(ctx, p) -> None:
 def _export_traced(ctx) -> None:
     fake, model = ctx.fake, ctx.fake["model"]
     fake["notes"]["export"] = "not traced: the artifact is written from host copies"
-    if ctx.prep.c.model.adapter is not None:
+    if ctx.prep.c.model.adapter is not None and ctx.prep.c.model.adapter.merged_copy:
         # save_hf_artifact merges a deep copy of the adapted model, on the model's device
         copy = fake["acc"].allocate(_bytes(model.parameters()) + _bytes(model.buffers()), "temporaries")
         fake["acc"].release(copy)

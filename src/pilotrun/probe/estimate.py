@@ -34,11 +34,15 @@ def _ceil(n: int, k: int) -> int:
     return -(-n // k) * k
 
 
-class _Block:
-    __slots__ = ("nbytes", "category", "born", "died")
+STAGES = ("forward", "backward", "optimizer")
 
-    def __init__(self, nbytes: int, category: str, born: int):
+
+class _Block:
+    __slots__ = ("nbytes", "category", "born", "died", "in_optimizer")
+
+    def __init__(self, nbytes: int, category: str, born: int, in_optimizer: bool = False):
         self.nbytes, self.category, self.born, self.died = nbytes, category, born, math.inf
+        self.in_optimizer = in_optimizer
 
 
 def _dispatch_base():
@@ -55,6 +59,7 @@ class Accountant:
         self.blocks: list[_Block] = []
         self.timeline: list[int] = [0]       # live bytes after each event
         self.reserved: list[int] = [0]       # estimated reserved bytes after each event (CUDA)
+        self.stages: list[str] = ["forward"]  # what the loop was doing at each event (STAGES)
         self._small = self._mid = self._large = 0
         self._max_reserved = 0
         self._known = None                   # storage -> (block, weakref), weakly keyed
@@ -78,13 +83,21 @@ class Accountant:
     def _event(self, delta: int) -> int:
         self.timeline.append(self.timeline[-1] + delta)
         self.reserved.append(self._max_reserved if self.cuda else 0)
+        self.stages.append(self._stage())
         return len(self.timeline) - 1
+
+    def _stage(self) -> str:
+        if self.in_optimizer:
+            return "optimizer"
+        import torch
+
+        return "backward" if torch._C._current_graph_task_id() != -1 else "forward"
 
     def allocate(self, nbytes: int, category: str) -> _Block:
         """A block that is no tensor of the trace (DDP buckets, a merged copy); free it with ``release``."""
         nbytes = self._round(int(nbytes))
         self._pool(nbytes, +1)
-        block = _Block(nbytes, category, 0)
+        block = _Block(nbytes, category, 0, self.in_optimizer)
         block.born = self._event(nbytes)
         self.blocks.append(block)
         return block
@@ -126,36 +139,53 @@ class Accountant:
 
         return _Mark()
 
-    def summary(self, name: str, scale: dict | None = None) -> dict:
+    def summary(self, name: str, scale: dict | None = None, *, by_stage: bool = False) -> dict:
         """Counters of a marked phase: baseline, peak, end, reserved, and what the peak is made of.
 
-        ``scale`` weighs categories (FSDP: parameters, gradients and optimizer state × 1/ranks); the
-        peak is then the peak of the weighted sum, which can fall at another moment than the unweighted."""
+        ``scale`` weighs categories (FSDP: parameters, gradients and optimizer state × 1/ranks; the key
+        ``optimizer_temporaries`` weighs the temporaries the optimizer step makes, which FSDP shards too);
+        the peak is then the peak of the weighted sum, which can fall at another moment than the
+        unweighted. ``by_stage`` adds ``stages``: the same peak and parts at the highest moment of each
+        stage (forward, backward, optimizer), so a caller can follow each one as the model grows."""
         start, end = self.marks[name]
         n = end - start + 1
-        delta = {c: [0] * (n + 1) for c in CATEGORIES}
+        keys = CATEGORIES + ("optimizer_temporaries",)
+        delta = {c: [0] * (n + 1) for c in keys}
         for b in self.blocks:
             if b.born <= end and b.died > start:
-                delta[b.category][max(b.born, start) - start] += b.nbytes
+                c = "optimizer_temporaries" if (b.category == "temporaries" and b.in_optimizer) else b.category
+                delta[c][max(b.born, start) - start] += b.nbytes
                 if b.died <= end:
-                    delta[b.category][b.died - start] -= b.nbytes
-        weight = {c: (scale or {}).get(c, 1.0) for c in CATEGORIES}
-        live = dict.fromkeys(CATEGORIES, 0)
-        totals, parts_at = [], []
-        best, best_parts = -1, None
+                    delta[c][b.died - start] -= b.nbytes
+        scale = dict(scale or {})
+        scale.setdefault("optimizer_temporaries", scale.get("temporaries", 1.0))
+        weight = {c: scale.get(c, 1.0) for c in keys}
+        live = dict.fromkeys(keys, 0)
+        totals = []
+        best: dict[str, tuple[int, dict]] = {}
         for i in range(n):
-            for c in CATEGORIES:
+            for c in keys:
                 live[c] += delta[c][i]
-            total = int(sum(live[c] * weight[c] for c in CATEGORIES))
+            total = int(sum(live[c] * weight[c] for c in keys))
             totals.append(total)
-            if total > best:
-                best, best_parts = total, {c: int(live[c] * weight[c]) for c in CATEGORIES}
-        reserved = None
+            stage = self.stages[start + i] if by_stage else "all"
+            if stage not in best or total > best[stage][0]:
+                parts = {c: int(live[c] * weight[c]) for c in CATEGORIES}
+                parts["temporaries"] += int(live["optimizer_temporaries"] * weight["optimizer_temporaries"])
+                best[stage] = (total, parts)
+        top, top_parts = max(best.values(), key=lambda v: v[0])
+        reserved = overhead = None
         if self.cuda:
             # what the weighting saved at the peak is not reserved either
-            reserved = max(best, self.reserved[end] - (max(self.timeline[start: end + 1]) - best))
-        return {"baseline": totals[0], "peak_allocated": best, "end_allocated": totals[-1],
-                "peak_reserved": reserved, "end_reserved": reserved, **best_parts}
+            reserved = max(top, self.reserved[end] - (max(self.timeline[start: end + 1]) - top))
+            # the segments' rounding above the highest allocation so far: the cache never shrinks, so a
+            # caller that weighs every phase adds this to the highest weighted peak up to this one
+            overhead = self.reserved[end] - max(self.timeline[: end + 1])
+        out = {"baseline": totals[0], "peak_allocated": top, "end_allocated": totals[-1],
+               "peak_reserved": reserved, "end_reserved": reserved, "reserve_overhead": overhead, **top_parts}
+        if by_stage:
+            out["stages"] = {k: {"peak_allocated": v[0], **v[1]} for k, v in best.items()}
+        return out
 
     # --- the dispatch mode ------------------------------------------------------------------------
     @contextlib.contextmanager

@@ -5,7 +5,11 @@
 
 - CUDA (counter "cuda"): torch's allocated and reserved bytes of that device; peaks are reset at
   start, and every reading follows a ``synchronize`` so queued kernels have allocated what they will.
-- CPU (counter "rss"): the process's resident set. ``peak_allocated`` is the peak RSS inside the
+- CPU (counter "tensors+rss", the default): ``*_allocated`` are the bytes held by live tensors, exact
+  at every operator (probe/tensors.py): deterministic, blind to the heap glibc keeps, with a true
+  peak; ``*_reserved`` are the process's resident set (RSS), read as below: what the process holds
+  from the system, as CUDA's reserved is what its allocator holds from the card.
+- CPU (counter "rss", ``make_probe("cpu", exact=False)``): the process's resident set only. ``peak_allocated`` is the peak RSS inside the
   phase and ``end_allocated`` the RSS at its end. RSS has no reserved counter, so both *_reserved
   are None — never filled with a guess and never added to anything. On Linux the kernel keeps the
   peak (VmHWM) and writing "5" to /proc/self/clear_refs resets it; elsewhere a sampling thread
@@ -149,6 +153,29 @@ class RssProbe(Probe):
         return self._row(max(peak, end), None, end, None)
 
 
+class TensorProbe(Probe):
+    """CPU: live tensor bytes (exact, probe/tensors.py) as allocated, RSS as reserved."""
+
+    counter = "tensors+rss"
+
+    def __init__(self, device: str = "cpu"):
+        from pilotrun.probe.tensors import TensorCounter
+
+        super().__init__(device)
+        self.tensors = TensorCounter()
+        self.rss = RssProbe(device)
+
+    def start(self) -> None:
+        self.tensors.start()  # the first start counts the tensors alive (a pass over gc's objects)
+        self.rss.start()
+        self.baseline = self.tensors.baseline
+
+    def stop(self) -> dict:
+        rss = self.rss.stop()
+        _, peak, end = self.tensors.stop()
+        return self._row(peak, rss["peak_allocated"], end, rss["end_allocated"])
+
+
 class MpsProbe(Probe):
     counter = "mps"
 
@@ -194,8 +221,10 @@ def release_free_memory() -> None:
         torch.cuda.empty_cache()
 
 
-def make_probe(device=None) -> Probe:
-    """The probe for a device ("cpu", "cuda", "cuda:1", "mps" or a torch.device); default: the process's device."""
+def make_probe(device=None, *, exact: bool = True) -> Probe:
+    """The probe for a device ("cpu", "cuda", "cuda:1", "mps" or a torch.device); default: the process's device.
+
+    On CPU ``exact=False`` gives RSS alone (no per-operator cost: for blocks the exact counter skips)."""
     if device is None:
         from pilotrun.engine.distributed import default_device
 
@@ -205,4 +234,5 @@ def make_probe(device=None) -> Probe:
         return CudaProbe(device)
     if kind == "mps":
         return MpsProbe(str(device))
-    return RssProbe(str(device) if kind == "cpu" else "cpu")
+    dev = str(device) if kind == "cpu" else "cpu"
+    return TensorProbe(dev) if exact else RssProbe(dev)

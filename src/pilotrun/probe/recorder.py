@@ -87,14 +87,18 @@ class Phase:
         self._nan = message
 
     def check_finite(self, value, what: str = "loss") -> bool:
-        v = float(value)
-        if not math.isfinite(v):
-            self.nan(f"{what} is {v}")
+        """A number or a tensor of any shape (every element checked); a non-finite one: verdict nan."""
+        problem = non_finite(value)
+        if problem:
+            self.nan(f"{what} {problem}")
             return False
         return True
 
     # --- the context manager ----------------------------------------------------------------------
     def __enter__(self) -> "Phase":
+        from pilotrun.report.progress import note
+
+        note(f"phase {self.name}")
         if self.barrier:
             _barrier()
         self.probe.start()
@@ -146,28 +150,76 @@ def phase(name: str, inputs: dict | None = None, journal=None, run_id: str | Non
     return Phase(name, inputs, journal=journal, run_id=run_id, rank=rank, rows=rows, **kwargs)
 
 
+def non_finite(value) -> str | None:
+    """None when ``value`` (a number, or a tensor/array of any shape) is finite everywhere; else what is not."""
+    if hasattr(value, "detach"):
+        value = value.detach()
+    try:
+        v = float(value)
+    except (TypeError, ValueError, RuntimeError):  # a tensor or array of more than one element
+        import torch
+
+        t = torch.as_tensor(value).detach()
+        if not (t.is_floating_point() or t.is_complex()):
+            return None
+        bad = ~torch.isfinite(t)
+        n = int(bad.sum())
+        if not n:
+            return None
+        first = t[bad].flatten()[0].item()
+        return f"has {n} of {t.numel()} values not finite (shape {tuple(t.shape)}; the first is {first})"
+    return None if math.isfinite(v) else f"is {v}"
+
+
 class OwnRun:
+    """The run ``own_run`` opens: ``run.phase(...)`` measures a phase, ``run.log(step, loss=...)`` records
+    the curve (a non-finite training loss makes the run "diverged")."""
+
     def __init__(self, journal, run_id: str):
         self.journal, self.run_id = journal, run_id
+        self.diverged: str | None = None
+        self.updates = 0
 
     def phase(self, name: str, inputs: dict | None = None, **kwargs) -> Phase:
         return phase(name, inputs, journal=self.journal, run_id=self.run_id, **kwargs)
 
+    def log(self, step: int, split: str = "train", **values) -> None:
+        """Record ``values`` (loss=..., lr=..., val_loss=...; numbers or one-element tensors) at ``step``."""
+        rows = []
+        for name, value in values.items():
+            problem = non_finite(value)
+            if problem and self.diverged is None and split == "train":
+                self.diverged = f"training {name} {problem} at step {step}"
+            rows.append((split, name, int(step), None if problem else float(value), None, None))
+        if split == "train":
+            self.updates = max(self.updates, int(step))
+        if rows:
+            self.journal.add_metrics(self.run_id, rows, progress=(self.updates, 0) if split == "train" else None)
+
 
 @contextmanager
-def own_run(home, name: str = "own-loop", config: dict | None = None):
-    """A journal run of kind "phases" for rows recorded from a user's own loop; finished on exit."""
-    from pilotrun.journal.runs import create_run, end_run, phase_summary
-    from pilotrun.journal.store import Journal
+def own_run(home=None, name: str = "own-loop", config: dict | None = None):
+    """A journal run of kind "phases" for rows recorded from a user's own loop; finished on exit:
+    "completed", or "diverged" when a phase ended "nan" or a logged training loss was not finite.
+    ``home``: default $PILOTRUN_HOME, else ./.pilotrun."""
+    from pilotrun.journal.runs import create_run, end_run, user_command
+    from pilotrun.journal.store import Journal, resolve_home
 
-    journal = Journal(Path(home))
-    run_id = create_run(journal, kind="phases", name=name, config=dict(config or {}))
+    journal = Journal(resolve_home(home))
+    run_id = create_run(journal, kind="phases", name=name, config=dict(config or {}), command=user_command())
+    run = OwnRun(journal, run_id)
     try:
-        yield OwnRun(journal, run_id)
+        yield run
     except BaseException as e:
         end_run(journal, run_id, e)
         raise
-    journal.finish_run(run_id, "completed", phase_summary(journal, run_id))
+    rows = journal.phase_rows(run_id)
+    summary = {"phases": len(rows), "failing": sum(r["verdict"] != "ok" for r in rows), "updates": run.updates}
+    nan = next((r for r in rows if r["verdict"] == "nan"), None)
+    reason = run.diverged or (f"phase {nan['phase']} (rank {nan['rank']}): {nan['note']}" if nan else None)
+    if reason:
+        summary["reason"] = reason
+    journal.finish_run(run_id, "diverged" if reason else "completed", summary)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -154,6 +154,9 @@ def section_ledger(journal) -> str:
     counters = {r.get("counter") for r in rows}
     rss = ('<p class="muted">counter rss: process resident memory on the CPU; RSS has no reserved counter, '
            "so *_reserved stay empty.</p>") if "rss" in counters else ""
+    if "tensors+rss" in counters:
+        rss += ('<p class="muted">counter tensors+rss (CPU): *_allocated are the bytes held by live tensors, exact '
+                "at every operator (probe/tensors.py); *_reserved are the process's resident memory (RSS).</p>")
     svg = phase_ledger(rows, title=f"phase ledger of pilot run {run['run_id']}")
     verdict_cls = {"verdict": lambda r: "" if r["verdict"] == "ok" else "verdict-worse"}
     return head + f'<div class="plot">{svg}</div>' + rss + table(LEDGER_COLUMNS, shown, verdict_cls)
@@ -186,14 +189,26 @@ def section_promises(journal) -> str:
                         "observed": fmt_bytes(k["peak"]) if k["peak"] is not None else "—",
                         "pilot": f"{fmt_bytes(k['pilot_peak'])} ({k['pilot_phase']})" if k["pilot_peak"] else "—",
                         "ratio": f"{k['ratio']:.3f}" if k["ratio"] is not None else "—",
-                        "worst at": ", ".join(f"{a} {b}" for a, b in k["inputs"].items() if a != "blocks"),
+                        "worst at": ", ".join(f"{a} {b}" for a, b in k["inputs"].items() if a not in ("blocks", "probed")),
                         "verdict": "pilot did not see the worst case" if k.get("over") else "bounded"})
     out = [f"<h3>memory: each run's observed peak against pilot {esc(bound.get('pilot_run') if mem else '—')}</h3>"]
+    drawn = [(f"{m['arm']} seed {m['seed']} {m['kind']}", k) for run in journal.list_runs(sweep_id=sid)
+             for m in [{"arm": run["arm"], "seed": run["seed"]}]
+             for m["kind"], k in ((run.get("summary") or {}).get("memory_bound") or {}).get("kinds", {}).items()
+             if k.get("peak") and k.get("pilot_peak")]
+    if drawn:
+        from pilotrun.report.plots import paired_bars
+
+        out.append('<div class="plot">' + paired_bars(
+            [d[0] for d in drawn], [d[1]["pilot_peak"] / 2**20 for d in drawn], [d[1]["peak"] / 2**20 for d in drawn],
+            ("pilot peak", "observed peak"), unit="MiB", band=(0.0, 1.10),
+            title="memory bound: each run's observed peak against the pilot's") + "</div>")
     out.append(table(["run_id", "arm", "seed", "kind", "observed", "pilot", "ratio", "worst at", "verdict"], mem,
                      {"verdict": lambda r: "verdict-worse" if r["verdict"] != "bounded" else ""}) if mem else
                '<p class="muted">no run of this sweep recorded its peaks.</p>')
-    out.append('<p class="muted">RSS on CPU counts the whole process; a ratio up to 1.10 (at least 16 MiB over) is '
-               "within the probe's noise (probe/watch.py NOISE). CUDA counters are exact.</p>")
+    out.append('<p class="muted">On CPU the bound is judged on the bytes of live tensors (counter tensors+rss, exact: '
+               "no allowance), on CUDA on its allocator's counters. Only rows of the older RSS-only counter (rss) "
+               "keep an allowance of 10% (at least 16 MiB; probe/watch.py NOISE).</p>")
     check = sweep_time_check(journal, sid)
     out.append("<h3>time: the sheet's plan on this machine against the clock</h3>")
     if not check or not check.get("runs"):
@@ -209,14 +224,87 @@ def section_promises(journal) -> str:
                      "predicted ÷ actual": f"{check['ratio']:.2f}"})
         out.append(table(["run_id", "arm", "seed", "status", "updates", "predicted", "actual", "predicted ÷ actual"],
                          rows))
+        from pilotrun.report.plots import paired_bars
+
+        out.append('<div class="plot">' + paired_bars(
+            [f"{r['arm']} seed {r['seed']}" for r in check["runs"]], [r["actual_s"] for r in check["runs"]],
+            [r["predicted_s"] for r in check["runs"]], ("actual", "predicted"), unit="seconds",
+            band=tuple(check["goal"]), title="time plan: predicted against actual seconds per run") + "</div>")
         u = check["units"]
         out.append(f'<p class="muted">from pilot {esc(check["pilot_run"])}: {u["update"]:.3g} s per update, '
                    f'{u["eval_batch"]:.3g} s per validation batch, {u["save"]:.3g} s per checkpoint, {u["load"]:.3g} '
                    "s load, for the updates, validations and checkpoints each run did.</p>")
+        parts = [{"term": b["term"], "predicted": f"{b['predicted_s']:.1f} s",
+                  "actual": "—" if b["actual_s"] is None else f"{b['actual_s']:.1f} s",
+                  "predicted ÷ actual": f"{b['predicted_s'] / b['actual_s']:.2f}" if b["actual_s"] and b["predicted_s"]
+                  else "—"} for b in check.get("breakdown") or []]
+        if parts:
+            out.append("<h4>the plan's terms against the runs' own timed blocks, all runs</h4>")
+            out.append(table(["term", "predicted", "actual", "predicted ÷ actual"], parts))
     return "".join(out)
 
 
+RUN_KINDS_SHOWN = 20  # the latest runs outside sweeps and pilots, each with its own plots
+
+
+def section_runs(journal) -> str:
+    """Every run that is not a sweep's or a pilot's (train, overfit, resume, HF Trainer, Lightning, own
+    loops): its loss curve, its ledger and its memory bound."""
+    runs = [r for r in journal.list_runs() if r["kind"] not in ("pilot", "sweep") and not r.get("sweep_id")]
+    if not runs:
+        return '<p class="muted">no run outside sweeps and pilots yet.</p>'
+    shown = runs[-RUN_KINDS_SHOWN:]
+    out = [] if len(shown) == len(runs) else [f'<p class="muted">the latest {len(shown)} of {len(runs)} runs</p>']
+    for run in reversed(shown):
+        out.append(_one_run(journal, run))
+    return "".join(out)
+
+
+def _one_run(journal, run) -> str:
+    from pilotrun.probe.recorder import peak_of
+    from pilotrun.probe.sizes import fmt_bytes
+    from pilotrun.report.plots import loss_curves, phase_ledger
+
+    rid = run["run_id"]
+    reason = (run.get("summary") or {}).get("reason")
+    parts = [f'<h3 id="run-{esc(rid)}"><code>{esc(rid)}</code> {esc(run["kind"])} · {esc(run["name"])} · '
+             f'<span class="status-{esc(run["status"])}">{esc(run["status"])}</span></h3>',
+             f'<p class="muted">{esc(run.get("command") or "")}' + (f" — {esc(reason)}" if reason else "") + "</p>"]
+    train = journal.metrics(rid, "train", "loss")
+    val = journal.metrics(rid, "validation", "val_loss")
+    if train or val:
+        series = [{"arm": run["kind"], "seed": run.get("seed") or 0, "status": run["status"],
+                   "train_steps": [m["step"] for m in train], "train_loss": [m["value"] for m in train],
+                   "val_steps": [m["step"] for m in val], "val_values": [m["value"] for m in val]}]
+        parts.append('<div class="plot">' + loss_curves(series, {run["kind"]: run["name"]}, [run["kind"]],
+                                                        title=f"loss curve of {rid}") + "</div>")
+    else:
+        parts.append('<p class="muted">no loss logged.</p>')
+    rows = journal.phase_rows(rid)
+    if rows:
+        parts.append('<div class="plot">' + phase_ledger(rows, title=f"phase ledger of {rid}") + "</div>")
+        top = max(rows, key=lambda r: peak_of(r) or 0)
+        bound = (run.get("summary") or {}).get("memory_bound") or {}
+        if bound.get("max_ratio") is not None:
+            text = (f"memory bound: observed peak ÷ pilot {bound['pilot_run']} peak ≤ {bound['max_ratio']:.3f}"
+                    + "".join(f"; WARNING {w}" for w in bound.get("warnings", [])))
+        else:
+            text = (f"memory bound: this run's peak is {fmt_bytes(peak_of(top) or 0)} ({top.get('counter')}) at "
+                    f"{top['phase']} (rank {top['rank']}); size the GPU for at least that")
+        parts.append(f"<p>{esc(text)}</p>")
+        shown = [dict(r, inputs=", ".join(f"{k} {v}" for k, v in (r.get("inputs") or {}).items()),
+                      **{k: fmt_bytes(r[k]) if r.get(k) is not None else "—" for k in
+                         ("baseline", "peak_allocated", "peak_reserved", "end_allocated", "end_reserved")})
+                 for r in rows]
+        parts.append(f"<details><summary>ledger rows ({len(rows)})</summary>"
+                     f"{table(LEDGER_COLUMNS, shown)}</details>")
+    else:
+        parts.append('<p class="muted">no phase rows.</p>')
+    return "".join(parts)
+
+
 SECTIONS: list[Section] = [
+    ("Runs: loss curve, ledger and memory bound of each", section_runs),
     ("Sweep: loss curves and validation points", section_curves),
     ("Sweep: comparison", section_comparison),
     ("Pilot: phase ledger", section_ledger),

@@ -94,7 +94,12 @@ def loss_curves(series: list[dict], labels: dict[str, str], arms: list[str], tit
 def phase_ledger(rows: list[dict], title: str = "") -> str:
     """Memory per phase and rank as horizontal bars: grey up to the phase's baseline, coloured (by
     verdict) from the baseline to the peak allocated, light for the peak reserved where the device has
-    one; the end value as a dot. The label gives the peak above the baseline and the duration."""
+    one; the end value as a dot. The label gives the peak above the baseline and the duration.
+
+    On the CPU (counter rss) the process's resident baseline (the interpreter, torch: ~0.5 GiB) would be
+    every bar, so the bars start at each phase's baseline: what the phase itself added, and its duration."""
+    if rows and all((r.get("counter") or "") == "rss" for r in rows):
+        return _increase_ledger(rows, title)
     plt = _pyplot()
     verdict_colour = {"ok": "#4c9a2a", "over-budget": "#d98c00", "oom": "#c0392b", "nan": "#8e44ad",
                       "error": "#7f8c8d"}
@@ -123,6 +128,64 @@ def phase_ledger(rows: list[dict], title: str = "") -> str:
     unit = "RSS" if counters == ["rss"] else "/".join(counters)
     ax.set_xlabel(f"MiB ({unit}): grey = baseline, colour = up to the peak allocated, light = peak reserved, "
                   "• = end")
+    ax.margins(x=0.15)
+    ax.grid(axis="x", alpha=0.3)
+    if title:
+        ax.set_title(title, fontsize=10)
+    return to_svg(fig)
+
+
+_VERDICT_COLOUR = {"ok": "#4c9a2a", "over-budget": "#d98c00", "oom": "#c0392b", "nan": "#8e44ad", "error": "#7f8c8d",
+                   "warn": "#d98c00"}
+
+
+def _increase_ledger(rows: list[dict], title: str) -> str:
+    plt = _pyplot()
+    mib = 2 ** 20
+    fig, ax = plt.subplots(figsize=(9, 0.45 * len(rows) + 1.4))
+    ys = list(range(len(rows)))[::-1]
+    for y, r in zip(ys, rows):
+        base = r.get("baseline") or 0
+        peak = r.get("peak_allocated")
+        up = max((peak - base) / mib, 0.0) if peak is not None else 0.0
+        ax.barh(y, up, height=0.55, color=_VERDICT_COLOUR.get(r["verdict"], "grey"))
+        text = f"{r['verdict']}, +{up:.1f} MiB"
+        if r.get("duration_s") is not None:
+            text += f", {_duration(r['duration_s'])}"
+        ax.annotate(text, (up, y), xytext=(4, -3), textcoords="offset points", fontsize=7)
+    ax.set_yticks(ys, [f"{r['phase']} (rank {r['rank']})" for r in rows], fontsize=8)
+    base = max((r.get("baseline") or 0 for r in rows), default=0)
+    ax.set_xlabel(f"MiB added over the phase's own baseline (process RSS; baselines up to {base / mib:.0f} MiB)")
+    ax.margins(x=0.25)
+    ax.grid(axis="x", alpha=0.3)
+    if title:
+        ax.set_title(title, fontsize=10)
+    return to_svg(fig)
+
+
+def _duration(s: float) -> str:
+    from pilotrun.sheet.plan import fmt_duration
+
+    return fmt_duration(s)
+
+
+def paired_bars(labels: list[str], a: list[float], b: list[float], names: tuple[str, str], *, unit: str,
+                title: str = "", band: tuple[float, float] | None = None) -> str:
+    """Two bars per label (e.g. pilot peak and observed peak; predicted and actual seconds), with the
+    ratio b ÷ a written beside each pair; ``band`` colours ratios outside it."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(9, 0.55 * len(labels) + 1.5))
+    ys = list(range(len(labels)))[::-1]
+    for y, x1, x2 in zip(ys, a, b):
+        ax.barh(y + 0.18, x1, height=0.34, color="#9db4d0")
+        ax.barh(y - 0.18, x2, height=0.34, color="#2e6da4")
+        if x1:
+            ratio = x2 / x1
+            bad = band is not None and not band[0] <= ratio <= band[1]
+            ax.annotate(f"{ratio:.2f}", (max(x1, x2), y), xytext=(4, -3), textcoords="offset points", fontsize=8,
+                        color="#c0392b" if bad else "black")
+    ax.set_yticks(ys, labels, fontsize=8)
+    ax.set_xlabel(f"{unit}: light = {names[0]}, dark = {names[1]}; the number is {names[1]} ÷ {names[0]}")
     ax.margins(x=0.15)
     ax.grid(axis="x", alpha=0.3)
     if title:

@@ -42,11 +42,11 @@ def cell(v) -> str:
 
 
 def _header_lines(name: str, stacked: bool) -> list[str]:
-    label = name.replace("_", " ")
-    if not stacked or " " not in label:
-        return [label]
-    head, _, tail = label.partition(" ")
-    return [head, tail]
+    """The header as the column's own name (what --json calls it); stacked: split at its first _ or space."""
+    cut = min((i for i in (name.find("_"), name.find(" ")) if i > 0), default=-1)
+    if not stacked or cut < 0:
+        return [name]
+    return [name[:cut], name[cut + 1:]]
 
 
 def _numeric(values: list) -> bool:
@@ -94,7 +94,7 @@ def render_table(con, columns, rows, *, title: str | None = None, stackable=TEXT
         if _line_width(shown, widths) <= width:
             _print_horizontal(con, title, shown, rows, texts, heads, depth, widths, right, below, width)
             if folded:
-                items = [f"{c.replace('_', ' ')} {texts[0][c]}" for c in folded]
+                items = [f"{c} {texts[0][c]}" for c in folded]
                 for line in _wrap_items(items, width, "    in every row: "):
                     con.print(line, markup=False, highlight=False)
             return layout
@@ -106,7 +106,7 @@ def render_table(con, columns, rows, *, title: str | None = None, stackable=TEXT
             _print_horizontal(con, title if i == 0 else None, group, rows, texts, heads, depth, widths, right,
                               under if i == len(groups) - 1 else [], width)
         if same:
-            for line in _wrap_items([f"{c.replace('_', ' ')} {texts[0][c]}" for c in same], width,
+            for line in _wrap_items([f"{c} {texts[0][c]}" for c in same], width,
                                     "    in every row: "):
                 con.print(line, markup=False, highlight=False)
         return "split"
@@ -153,7 +153,7 @@ def _print_horizontal(con, title, shown, rows, texts, heads, depth, widths, righ
         con.print(markup=False, highlight=False)
         for c in below:
             if t[c]:
-                label = f"    {c.replace('_', ' ')}: "
+                label = f"    {c}: "
                 for line in wrap(t[c], width, label):
                     con.print(line, markup=False, highlight=False)
 
@@ -162,12 +162,12 @@ def _print_vertical(con, title, columns, rows, texts, width) -> None:
     if title:
         con.print(title, style="bold", markup=False, highlight=False)
     first, rest = columns[0], columns[1:]
-    label_w = max(len(c.replace("_", " ")) for c in rest) if rest else 0
+    label_w = max(len(c) for c in rest) if rest else 0
     for n, (r, t) in enumerate(zip(rows, texts), 1):
-        con.print(f"{first.replace('_', ' ')} {t[first]}  ({n}/{len(rows)})", style="bold", markup=False,
+        con.print(f"{first} {t[first]}  ({n}/{len(rows)})", style="bold", markup=False,
                   highlight=False)
         for c in rest:
-            label = f"  {c.replace('_', ' '):<{label_w}}  "
+            label = f"  {c:<{label_w}}  "
             lines = wrap(t[c], width, label)
             con.print(lines[0][:len(label)], end="", markup=False, highlight=False)
             _styled(con, lines[0][len(label):], c, r.get(c))

@@ -67,8 +67,9 @@ def render_run(con, data) -> None:
         if k not in ("arithmetic", "memory_bound", "timing", "counts"):
             print_wrapped(con, f"{k}: {_fmt(v)}", "  ")
     if summary.get("timing"):
-        print_wrapped(con, "timing: " + ", ".join(f"{k.removesuffix('_s')} {fmt_duration(v)}"
-                                                  for k, v in summary["timing"].items() if isinstance(v, (int, float))),
+        flat = {k: v for k, v in summary["timing"].items() if isinstance(v, (int, float))}
+        flat.update({f"{k} blocks": v for k, v in (summary["timing"].get("blocks_s") or {}).items()})
+        print_wrapped(con, "timing: " + ", ".join(f"{k.removesuffix('_s')} {fmt_duration(v)}" for k, v in flat.items()),
                       "  ")
     if summary.get("memory_bound"):
         from pilotrun.stages.train import bound_lines
@@ -90,9 +91,11 @@ def render_run(con, data) -> None:
         con.print(f"  phase rows: {len(data['phases'])}")
         for p in data["phases"]:
             peak = max((v for v in (p.get("peak_allocated"), p.get("peak_reserved")) if v is not None), default=None)
+            both = p.get("counter") == "tensors+rss" and p.get("peak_allocated") is not None
+            shown = (f"  peak tensors {fmt_bytes(p['peak_allocated'])}, RSS {fmt_bytes(p.get('peak_reserved'))}" if both
+                     else f"  peak {fmt_bytes(peak)} ({p.get('counter')})" if peak is not None else "")
             print_wrapped(con, f"{p['phase']:19} rank {p['rank']} {p['verdict']:11} {fmt_duration(p['duration_s']):>8}"
-                          + (f"  peak {fmt_bytes(peak)} ({p.get('counter')})" if peak is not None else "")
-                          + (f"  — {p['note']}" if p.get("note") and p["verdict"] != "ok" else ""), "    ")
+                          + shown + (f"  — {p['note']}" if p.get("note") and p["verdict"] != "ok" else ""), "    ")
     for n in data["notes"]:
         print_wrapped(con, f"{'decision' if n['decision'] else 'note'} {n['id']}: {n['text']}", "  ")
     if data["files"]:

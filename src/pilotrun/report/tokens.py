@@ -5,6 +5,7 @@ from __future__ import annotations
 # two shades per kind, alternating, so neighbouring tokens stay apart
 STYLES = {"trained": ("black on green3", "black on spring_green2"),
           "masked": ("grey85 on grey27", "grey85 on grey39"),
+          "input": ("black on sky_blue2", "black on light_sky_blue1"),
           "padding": ("grey62 on dark_red", "grey62 on red3")}
 
 
@@ -14,11 +15,13 @@ def _piece(text: str) -> str:
     return escape_controls(text.replace("\n", "↵").replace("\t", "⇥").replace(" ", "·")) or "∅"
 
 
-def legend():
+def legend(kinds: set[str] | None = None):
     from rich.text import Text
 
     t = Text("legend: ")
     for kind, (style, _) in STYLES.items():
+        if kinds is not None and (kind == "input") != ("input" in kinds) and kind != "padding":
+            continue  # seq-cls views: input and padding; token-level views: trained, masked and padding
         t.append(f" {kind} ", style=style)
         t.append(" ")
     t.append("  (· space, ↵ newline)")
@@ -48,15 +51,20 @@ def render_examples(examples: list[dict], con, split: str) -> None:
 
     examples = safe(examples)  # records' text, labels and names: control characters printed escaped
     con.print(f"[bold]{len(examples)} {split} examples as the loss sees them[/]")
-    con.print(legend())
+    con.print(legend({k for e in examples for _, _, k in e["tokens"]}))
     for e in examples:
         con.print(f"\n[bold]{escape(e['rid'])}[/]", highlight=False)
         text = Text()
+        plain = con.no_color or con.color_system is None  # a log file: no shades, so a mark between tokens
         for k, (_, piece, kind) in enumerate(e["tokens"]):
+            if plain and k:
+                text.append("│")
             text.append(_piece(piece), style=STYLES[kind][k % 2])
         con.print(text)
         con.print(f"attention mask: {_mask_runs(e['attention_mask'])}  "
                   f"({''.join(map(str, e['attention_mask']))})", markup=False, highlight=False)
+        if "vs_inference" in e:
+            con.print(f"vs tokenizer(prompt): {e['vs_inference']}", markup=False, highlight=False)
         if "trained" in e:
             table = Table(show_header=True, header_style="bold", expand=True)
             table.add_column("prompt (decoded, masked)", ratio=1)

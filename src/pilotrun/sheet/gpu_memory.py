@@ -110,7 +110,8 @@ def memory_summary(rows: list[dict], gpu_rows: list[dict], kind: str, ranks: int
                    inputs=top["inputs"], source=top["source"])
     if kind == "predicted":
         out["proof"] = [{"phase": r["phase"], "rank": r.get("rank", 0), "verdict": r["verdict"],
-                         "rss_peak": r.get("peak_allocated"), "seconds": r.get("duration_s")} for r in rows]
+                         "rss_peak": r.get("peak_reserved") if r.get("counter") == "tensors+rss" else r.get("peak_allocated"),
+                         "seconds": r.get("duration_s")} for r in rows]
     return out
 
 

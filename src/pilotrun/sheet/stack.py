@@ -60,8 +60,9 @@ def read_target_env(path: str | Path) -> dict:
     return env
 
 
-def check_stack(req: dict, env: dict, need_bytes: int | None) -> list[dict]:
-    """One row per requirement: check, needed, found, verdict (ok | warn | fail), message."""
+def check_stack(req: dict, env: dict, need_bytes: int | None, gpu=None) -> list[dict]:
+    """One row per requirement: check, needed, found, verdict (ok | warn | fail), message.
+    ``gpu``: the catalogue GPU of the target, when known (an AMD one needs a ROCm build of torch)."""
     rows = []
 
     def add(check, needed, found, verdict, message=""):
@@ -79,6 +80,11 @@ def check_stack(req: dict, env: dict, need_bytes: int | None) -> list[dict]:
     cuda = env["cuda"].get("available")
     add("cuda", "a CUDA device", f"{len(devices)} device(s)" if cuda else "no CUDA", "ok" if cuda else "fail",
         "" if cuda else "the target has no usable CUDA device (`pilotrun env` there says why)")
+    if gpu is not None and gpu.vendor == "amd":
+        hip = env["cuda"].get("hip")
+        add("rocm", "a ROCm build of torch (torch.version.hip)", hip or "none", "ok" if hip else "fail",
+            "" if hip else f"the {gpu.name} runs torch through ROCm: install torch from the ROCm wheel index "
+                           "(pip install torch --index-url https://download.pytorch.org/whl/rocm6.4)")
     n = req["gpus_per_run"]
     add("gpus", f">= {n} per run", str(len(devices)), "ok" if len(devices) >= n else "fail",
         "" if len(devices) >= n else f"train.nproc={n} needs {n} GPUs on one machine")

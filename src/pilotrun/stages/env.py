@@ -12,8 +12,8 @@ from importlib import metadata
 
 from pilotrun.verdicts import StageResult
 
-PACKAGES = ("pilotrun", "transformers", "peft", "safetensors", "accelerate", "tokenizers", "numpy", "pydantic",
-            "flash_attn", "bitsandbytes", "deepspeed")
+PACKAGES = ("pilotrun", "transformers", "peft", "safetensors", "accelerate", "tokenizers", "datasets", "numpy",
+            "pydantic", "lightning", "pytorch_lightning", "tensorboard", "flash_attn", "bitsandbytes", "deepspeed")
 ENV_KEYS = ("python", "platform", "torch", "cuda", "devices", "bf16", "attention", "packages", "distributed")
 
 
@@ -70,6 +70,7 @@ def collect_env() -> dict:
     }
     avail = dist.is_available()
     return {
+        "host": _host(),
         "python": {"version": platform.python_version(), "implementation": platform.python_implementation(),
                    "executable": sys.executable},
         "platform": {"system": platform.system(), "release": platform.release(), "machine": platform.machine(),
@@ -85,6 +86,40 @@ def collect_env() -> dict:
         "distributed": {"available": avail, "gloo": avail and dist.is_gloo_available(),
                         "nccl": avail and dist.is_nccl_available(), "mpi": avail and dist.is_mpi_available()},
     }
+
+
+def _host() -> dict:
+    import os
+
+    ram = _safe(lambda: os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    usable = _safe(lambda: len(os.sched_getaffinity(0)))
+    return {"cpu_count": os.cpu_count(), "cpus_usable": usable, "ram_bytes": int(ram) if ram else None}
+
+
+def env_markdown(env: dict) -> str:
+    """The report as Markdown, to paste into an issue or a GPU order as it is."""
+    t, c, h = env["torch"], env["cuda"], env.get("host") or {}
+    rows = [("pilotrun", env["packages"].get("pilotrun") or "?"),
+            ("Python", f"{env['python']['version']} ({env['python']['implementation']})"),
+            ("OS", f"{env['platform']['system']} {env['platform']['release']} {env['platform']['machine']}"),
+            ("CPUs", f"{h.get('cpu_count')}" + (f" ({h['cpus_usable']} usable)" if h.get("cpus_usable")
+                                                 and h["cpus_usable"] != h.get("cpu_count") else "")),
+            ("RAM", _gib(h["ram_bytes"]) if h.get("ram_bytes") else "unknown"),
+            ("torch", t["version"]), ("CUDA", t["cuda"] or "none"), ("cuDNN", str(t["cudnn"] or "none")),
+            ("NCCL", t["nccl"] or "none")]
+    if not c["available"]:
+        rows.append(("GPU", c.get("reason") or "no CUDA"))
+    for d in env["devices"]:
+        rows.append((f"cuda:{d['index']}", f"{d['name']}, {_gib(d['memory_bytes'])}, compute capability "
+                                            f"{d['compute_capability']}, bf16 {'yes' if d['bf16'] else 'no'}"))
+    a, dist = env["attention"], env["distributed"]
+    rows.append(("attention", f"sdpa {'yes' if a['sdpa'] else 'no'}, flash kernel "
+                              f"{'yes' if a['flash_sdp_kernel'] else 'no'}"))
+    rows.append(("distributed", ", ".join(f"{k} {'yes' if dist[k] else 'no'}" for k in ("gloo", "nccl", "mpi"))))
+    lines = ["## pilotrun env", "", "| | |", "|---|---|"] + [f"| {k} | {v} |" for k, v in rows]
+    lines += ["", "| package | version |", "|---|---|"]
+    lines += [f"| {k} | {v or 'not installed'} |" for k, v in env["packages"].items() if k != "pilotrun"]
+    return "\n".join(lines) + "\n"
 
 
 def _gib(n: int) -> str:

@@ -30,31 +30,99 @@ CONTEXT_NOTE = ("the CUDA context (about 0.3–0.6 GiB per process) and library 
 SHARDED = ("parameters", "gradients", "optimizer_state")
 
 
-def trace(loaded, *, device: str = "cuda", prep=None) -> dict:
-    """Run every phase of the registry on fake tensors (``phases.driver``, traced); returns
-    {"rows": [...], "params": n, "trainable": n, "wall_s": s}."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
+def _bytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
 
+
+def trace(loaded, *, device: str = "cuda", prep=None, counted: bool | None = None) -> dict:
+    """Run every phase on fake tensors; returns {"rows": [...], "params": n, "trainable": n, "wall_s": s}.
+
+    ``counted``: count identical decoder layers and micro-batches from two shallow traces
+    (probe/counted.py) instead of tracing them all; None: when the model has enough layers of one shape
+    or the update more than two micro-batches."""
     from pilotrun.campaign.arithmetic import data_parallel_ranks
-    from pilotrun.phases.driver import PhaseContext, drive
-    from pilotrun.phases.worst import worst_case
-    from pilotrun.probe.estimate import Accountant, fake_build, unsharded_block_bytes
-    from pilotrun.stages.prepare import prepare
 
     started = time.perf_counter()
-    prep = prep or prepare(loaded, splits=("train", "validation"))
-    c, t = prep.c, prep.c.train
+    tr = traced(loaded, device=device, prep=prep, counted=counted)
+    t = loaded.campaign.train
     ranks = data_parallel_ranks(t)
+    rows = rows_for(tr, ranks=ranks, strategy=t.strategy)
+    return {"rows": rows, "params": tr["params"], "trainable": tr["trainable"], "ranks": ranks,
+            "counted": tr["counted"], "wall_s": time.perf_counter() - started}
+
+
+def traced(loaded, *, device: str = "cuda", prep=None, counted: bool | None = None, after_steps=None) -> dict:
+    """The phases' summaries (per stage, unscaled) and the facts ``rows_for`` needs, traced or counted.
+
+    ``after_steps``: another trace of the same model and optimizer whose phases after the two steps
+    (validation, save, export, reload) this one shares (only activation checkpointing differs), so
+    only load and the steps are traced."""
+    from pilotrun.phases.worst import worst_case
+    from pilotrun.probe import counted as K
+    from pilotrun.stages.prepare import prepare
+
+    prep = prep or prepare(loaded, splits=("train", "validation"))
+    wc = worst_case(prep, 1)
+    from pilotrun.probe.estimate import _config_campaign
+
+    plain = _config_campaign(loaded)
+    depth = K.depth_of(plain.campaign.model.config)
+    mbs = wc["micro_batches"]
+    if counted is None:
+        counted = depth is not None or len(mbs) > K.TRACED_MICRO_BATCHES
+    steps_only = after_steps is not None
+    if not counted:
+        return _sharing(dict(_trace_once(loaded, device, prep, wc, steps_only), counted=None), after_steps)
+    extra = K.input_bytes(prep.task, mbs[K.TRACED_MICRO_BATCHES:], device == "cuda")
+    wc = dict(wc, micro_batches=mbs[:K.TRACED_MICRO_BATCHES])
+    if depth is None:
+        out = _trace_once(loaded, device, prep, wc, steps_only)
+        layers = None
+    else:
+        key, layers = depth
+        cfg = plain.campaign.model.config
+        low, high = (_trace_once(plain.with_overrides({"model.config": K.with_depth(cfg, key, d)}), device, prep, wc,
+                                 steps_only) for d in K.DEPTHS)
+        per_layer = {k: high[k] - low[k] for k in ("params", "trainable", "trainable_bytes", "param_bytes",
+                                                   "linear_bytes", "linear_numel")}
+        out = dict(high, **{k: high[k] + (layers - K.DEPTHS[1]) * v for k, v in per_layer.items()},
+                   summarize=lambda name, scale, f1=low["summarize"], f2=high["summarize"], n=layers:
+                   K.count(f1(name, scale), f2(name, scale), n))
+    summarize = out["summarize"]
+    out["summarize"] = lambda name, scale: K.with_inputs(summarize(name, scale), extra if name in names(
+        "train") else 0)
+    return _sharing(dict(out, counted={"layers": layers, "micro_batches": len(mbs),
+                                       "micro_batches_traced": min(len(mbs), K.TRACED_MICRO_BATCHES)}), after_steps)
+
+
+def _sharing(tr: dict, other: dict | None) -> dict:
+    if other is None:
+        return tr
+    own, mine = tr["summarize"], ("load",) + names("train")
+    return dict(tr, summarize=lambda name, scale: (own if name in mine else other["summarize"])(name, scale),
+                inputs={**other["inputs"], **tr["inputs"]}, notes={**other["notes"], **tr["notes"]})
+
+
+def _trace_once(loaded, device: str, prep, wc: dict, steps_only: bool = False) -> dict:
+    """One trace of the registry's phases (``phases.driver``, traced) on one rank's worth of tensors;
+    ``steps_only``: load and the two steps only (the rest is shared from another trace)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from pilotrun.phases.driver import PhaseContext, drive
+    from pilotrun.probe.estimate import Accountant, fake_build, unsharded_block_bytes
+
+    c = loaded.campaign
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     model = fake_build(loaded, fake_mode)
     plain = loaded.with_overrides({"model.adapter": None, "model.gradient_checkpointing": False})
-    reloaded = fake_build(plain, fake_mode)  # what `reload` loads: the full (merged) model
+    reloaded = None if steps_only else fake_build(plain, fake_mode)  # what `reload` loads: the merged model
     params = list(model.parameters())
     trainable = [p for p in params if p.requires_grad]
     acc = Accountant(device)
     notes: dict = {}
-    ctx = PhaseContext(prep, worst_case(prep, ranks), fake={"acc": acc, "model": model, "reloaded": reloaded,
-                                                            "ranks": ranks, "device": device, "notes": notes})
+    # ranks 1: DDP's buckets and FSDP's shards are added per rank count by ``rows_for``
+    ctx = PhaseContext(prep, wc, fake={"acc": acc, "model": model, "reloaded": reloaded, "ranks": 1,
+                                       "device": device, "notes": notes})
     del reloaded
     inputs: dict = {}
 
@@ -65,22 +133,69 @@ def trace(loaded, *, device: str = "cuda", prep=None) -> dict:
             yield None
 
     with fake_mode, acc.tracking(model):
-        drive(ctx, mark, traced=True)
-    sharded = t.strategy == "fsdp" and ranks > 1
-    block = unsharded_block_bytes(model) if sharded else 0
-    train_like = names("train")
+        drive(ctx, mark, names("load", "train") if steps_only else PHASES, traced=True)
+    for name in names("train"):
+        inputs[name] = dict(inputs[name], micro_batch=c.train.micro_batch, accumulation=c.train.accumulation)
+    return {"summarize": lambda name, scale: acc.summary(name, scale, by_stage=True), "inputs": inputs,
+            "notes": notes, "params": sum(p.numel() for p in params), "trainable": sum(p.numel() for p in trainable),
+            "trainable_bytes": _bytes(trainable), "param_bytes": _bytes(params), **_frozen_linear(model),
+            "block": unsharded_block_bytes(model), "device": device,
+            "gradient_checkpointing": c.model.gradient_checkpointing}
+
+
+def _frozen_linear(model) -> dict:
+    """Bytes and count of the frozen linear weights inside the decoder layers (what QLoRA holds in 4 bits)."""
+    import torch
+
+    names = set(getattr(model, "_no_split_modules", None) or [])
+    nbytes = numel = 0
+    for block in model.modules():
+        if type(block).__name__ in names:
+            for m in block.modules():
+                if isinstance(m, torch.nn.Linear) and not m.weight.requires_grad:
+                    nbytes += m.weight.numel() * m.weight.element_size()
+                    numel += m.weight.numel()
+    return {"linear_bytes": nbytes, "linear_numel": numel}
+
+
+def rows_for(tr: dict, *, ranks: int = 1, strategy: str = "single", offload: bool = False) -> list[dict]:
+    """Ledger-shaped rows per phase for one rank of ``ranks``: under ddp every rank holds everything plus
+    DDP's gradient buckets; under fsdp parameters, gradients, optimizer state and the optimizer's
+    temporaries are divided by the ranks and two unsharded blocks are added; ``offload`` keeps the
+    optimizer state and its step on the host (what stays on the GPU is counted)."""
+    sharded = strategy == "fsdp" and ranks > 1
+    scale = {k: 1 / ranks for k in SHARDED + ("optimizer_temporaries",)} if sharded else {}
+    if offload:
+        scale.update(optimizer_state=0.0, optimizer_temporaries=0.0)
+    bucket = tr["trainable_bytes"] if strategy == "ddp" and ranks > 1 else 0
     rows = []
+    highest = 0
     for name in PHASES:
-        s = acc.summary(name, {k: 1 / ranks for k in SHARDED} if sharded else None)
+        s = tr["summarize"](name, scale or None)
+        s.pop("stages", None)
+        overhead = s.pop("reserve_overhead", None)
+        if bucket:  # DDP's buckets, allocated with the wrapper and alive from then on
+            s = _with_resident(s, bucket, name != "load")
         if sharded and name in names("train", "eval"):
-            s = with_gathered_blocks(s, 2 * block)
-        rows.append({"phase": name, "rank": "each" if ranks > 1 else 0, "device": f"{device} (estimate)",
-                     "counter": "estimate", "inputs": dict(inputs[name], gradient_checkpointing=
-                                                            c.model.gradient_checkpointing)
-                     if name in train_like else dict(inputs[name]),
-                     "duration_s": None, "verdict": "ok", "note": notes.get(name), **s})
-    return {"rows": rows, "params": sum(p.numel() for p in params), "trainable": sum(p.numel() for p in trainable),
-            "ranks": ranks, "wall_s": time.perf_counter() - started}
+            s = with_gathered_blocks(s, 2 * tr["block"])
+        highest = max(highest, s["peak_allocated"])
+        if overhead is not None:  # reserved never shrinks: the highest (weighted) peak so far
+            s["peak_reserved"] = s["end_reserved"] = max(s["peak_allocated"], highest + overhead)
+        inputs = dict(tr["inputs"][name])
+        if name in names("train"):
+            inputs.update(ranks=ranks, gradient_checkpointing=tr["gradient_checkpointing"])
+        rows.append({"phase": name, "rank": "each" if ranks > 1 else 0, "device": f"{tr['device']} (estimate)",
+                     "counter": "estimate", "inputs": inputs, "duration_s": None, "verdict": "ok",
+                     "note": tr["notes"].get(name), **s})
+    return rows
+
+
+def _with_resident(s: dict, nbytes: int, before: bool = True) -> dict:
+    out = dict(s, gradients=s["gradients"] + nbytes)
+    for k in ("baseline",) * before + ("peak_allocated", "end_allocated", "peak_reserved", "end_reserved"):
+        if out[k] is not None:
+            out[k] += nbytes
+    return out
 
 
 def with_gathered_blocks(s: dict, nbytes: int) -> dict:

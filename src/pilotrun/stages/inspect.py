@@ -8,7 +8,7 @@ from pilotrun.errors import BadInput
 from pilotrun.verdicts import StageResult
 from pilotrun.tasks.base import IGNORE
 
-INFO_CHECKS = ("classes",)  # ok checks whose message is worth printing
+INFO_CHECKS = ("classes", "chat format")  # ok checks whose message is worth printing
 
 
 def inspect(loaded, n: int = 0, split: str | None = None) -> StageResult:
@@ -16,8 +16,13 @@ def inspect(loaded, n: int = 0, split: str | None = None) -> StageResult:
     from pilotrun.data.checks import run_checks
     from pilotrun.stages.prepare import prepare
 
+    from pilotrun.verdicts import Check
+
     task = prepare(loaded, splits=()).task
     report = run_checks(task, loaded)
+    fmt = format_check(task, loaded, Check)
+    if fmt is not None:
+        report.checks.insert(0, fmt)
     shown = [c for c in report.checks if c.verdict != "ok" or c.name in INFO_CHECKS]
     messages = [c.line() for c in shown]
     for s in report.splits.values():
@@ -36,6 +41,21 @@ def inspect(loaded, n: int = 0, split: str | None = None) -> StageResult:
         data["examples"] = view_examples(task, loaded, split or "train", n)
     columns = ["split", "examples", "min", "median", "max", "at_max_length", "keep_99", "keep_100"]
     return StageResult("inspect", report.verdict, summary, messages, data, columns, list(report.splits.values()))
+
+
+def format_check(task, loaded, Check):
+    """Which chat format the conversations are trained in; fails when the model ships another one."""
+    fmt = getattr(task, "chat_format", None)
+    if not loaded.campaign.data.messages or fmt is None:
+        return None
+    problem = task.format_problem() if hasattr(task, "format_problem") else None
+    if problem:
+        from pilotrun.tasks.chat import FIX_FORMAT
+
+        return Check("chat format", "fail", f"{problem}; fix: {FIX_FORMAT}")
+    what = {"model": "the tokenizer's own chat template", "explicit": "the template of data.chat_template",
+            "plain": "plain 'role: content' lines (the tokenizer has no chat template)"}[fmt]
+    return Check("chat format", "ok", f"conversations rendered with {what}; loss on assistant turns only")
 
 
 def view_examples(task, loaded, split: str, n: int) -> list[dict]:
@@ -59,13 +79,17 @@ def view_examples(task, loaded, split: str, n: int) -> list[dict]:
         for p, t in enumerate(ids[i]):
             if not mask[i][p]:
                 kinds.append("padding")
-            elif token_level and labels[i][p] != IGNORE:
+            elif not token_level:
+                kinds.append("input")  # seq-cls: every token is input, the label is the example's class
+            elif labels[i][p] != IGNORE:
                 kinds.append("trained")
             else:
                 kinds.append("masked")
-        item = {"rid": e.rid, "tokens": [[t, tok.decode([t]), k] for t, k in zip(ids[i], kinds)],
+        item = {"rid": e.rid, "tokens": [[t, piece, k] for t, piece, k in zip(ids[i], pieces(tok, ids[i]), kinds)],
                 "attention_mask": mask[i]}
         if token_level:
+            if hasattr(task, "inference_prompt"):
+                item["vs_inference"] = vs_inference(e.input_ids, task.inference_prompt(records[i]), tok)
             item["prompt"] = tok.decode(e.input_ids[: e.prompt_len])
             item["trained"] = tok.decode([t for t in e.labels if t != IGNORE])
         else:
@@ -74,4 +98,26 @@ def view_examples(task, loaded, split: str, n: int) -> list[dict]:
             item.update(text=tok.decode(e.input_ids, skip_special_tokens=True), label_id=cid,
                         label=names[cid] if 0 <= cid < len(names) else None, head_label=head_name(c, cid))
         out.append(item)
+    return out
+
+
+def vs_inference(ids: list[int], prompt: list[int], tok) -> str:
+    """Where the example's start differs from the ids a user feeds at inference (tokenizer(prompt))."""
+    for k, (a, b) in enumerate(zip(ids, prompt)):
+        if a != b:
+            return (f"differs from the inference prompt ({len(prompt)} tokens) at token {k}: the example has "
+                    f"{tok.decode([a])!r} ({a}), the inference prompt {tok.decode([b])!r} ({b})")
+    if len(prompt) > len(ids):
+        return f"the example ends inside the inference prompt ({len(ids)} of its {len(prompt)} tokens)"
+    return f"starts exactly like the inference prompt ({len(prompt)} tokens, special tokens as the tokenizer adds them)"
+
+
+def pieces(tok, ids: list[int]) -> list[str]:
+    """The text each token adds to the decoded sequence, its leading space included: word boundaries show
+    for every tokenizer kind (WordPiece drops the space from a single token's decode, BPE keeps it)."""
+    out, before = [], ""
+    for k in range(len(ids)):
+        now = tok.decode(ids[: k + 1], clean_up_tokenization_spaces=False)
+        out.append(now[len(before):] if now.startswith(before) else tok.decode([ids[k]]))
+        before = now
     return out

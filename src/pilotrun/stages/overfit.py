@@ -1,6 +1,6 @@
 """overfit: can the loop learn at all? Two checks on the campaign's own task, through the one loop.
 
-1. Accumulation arithmetic: the gradients of several micro-batches of different target counts,
+1. Accumulation arithmetic: the gradients of two micro-batches of different target counts (a few short examples),
    accumulated by ``run_update(step=False)``, against one batch of the same examples. Equal when
    the task's loss is a sum over targets (the loop divides by the update's target count); a task
    that averages per micro-batch weights short batches' tokens more and fails here.
@@ -24,7 +24,8 @@ FLAT_RELATIVE = 0.02  # a loss within 2% of its start after the whole budget has
 MAX_LR = 5e-3  # 10 × a fine-tuning lr memorises quickly; above ~1e-2 AdamW spikes on small models
 CHUNK = 10  # updates between prediction checks
 GENERATE_EXAMPLES = 3
-ACCUM_MAX_EXAMPLES = 32
+ACCUM_MICRO_BATCHES = 2
+ACCUM_PER_MICRO_BATCH = 2
 
 
 def _no_dropout(model) -> int:
@@ -55,18 +56,22 @@ def _grads(model):
 
 
 def accumulation_micro_batches(examples: list, micro_batch: int, accumulation: int) -> list[list]:
-    """Micro-batches whose target counts differ: examples sorted by target count, cut in order.
+    """Two micro-batches whose target counts differ, cut from the shortest training examples.
 
-    At least two micro-batches (one cannot show a weighting error); the last is one example short
-    when that is what it takes to make the counts differ (equal-length examples, seq-cls).
+    The question is the loop's arithmetic, not the model's: two micro-batches of a few short examples
+    answer it (a per-micro-batch mean weights them differently) at a small part of the cost of a
+    campaign-sized update on a real model. Among the shortest examples, sorted by target count and cut
+    in order; the last micro-batch is one example short when that is what it takes to make the counts
+    differ (equal-length examples, seq-cls).
     """
-    k = max(2, accumulation)
-    mb = max(1, min(micro_batch, ACCUM_MAX_EXAMPLES // k))
-    pool = sorted((e for e in examples if e.n_targets > 0), key=lambda e: e.n_targets)
+    k = ACCUM_MICRO_BATCHES
+    mb = max(1, min(micro_batch, ACCUM_PER_MICRO_BATCH))
+    pool = sorted((e for e in examples if e.n_targets > 0), key=lambda e: e.length)
     if len(pool) < k:
         return []
-    step = max(1, len(pool) // (k * mb))
-    chosen = pool[::step][: k * mb]
+    shortest = sorted(pool[: 4 * k * mb], key=lambda e: e.n_targets)
+    step = max(1, len(shortest) // (k * mb))
+    chosen = shortest[::step][: k * mb]
     mb = max(1, len(chosen) // k)
     batches = [chosen[i * mb: (i + 1) * mb] for i in range(k)]
     if len({sum(e.n_targets for e in b) for b in batches}) == 1 and len(batches[-1]) > 1:
@@ -75,7 +80,9 @@ def accumulation_micro_batches(examples: list, micro_batch: int, accumulation: i
 
 
 def accumulation_check(prep) -> dict:
-    """Relative difference between accumulated and one-batch gradients on the campaign's task."""
+    """Relative difference between accumulated and one-batch gradients on the campaign's task.
+
+    One model: both passes run without an optimizer step, so the second sees the same weights."""
     import torch
 
     from pilotrun.engine.loop import make_state, run_update
@@ -88,14 +95,15 @@ def accumulation_check(prep) -> dict:
                 "tolerance": tol}
     targets = [sum(e.n_targets for e in b) for b in batches]
     grads = []
+    torch.manual_seed(prep.c.seed)
+    model = prep.task.build_model()
+    if not any(p.requires_grad for p in model.parameters()):
+        return {"verdict": "warn", "message": "accumulation check skipped: no trainable parameters",
+                "tolerance": tol}
+    _no_dropout(model)
+    state = make_state(model, t, n_train=len(prep.train), seed=prep.c.seed, total_updates=1)
     for micro in (batches, [[e for b in batches for e in b]]):
-        torch.manual_seed(prep.c.seed)
-        model = prep.task.build_model()
-        if not any(p.requires_grad for p in model.parameters()):
-            return {"verdict": "warn", "message": "accumulation check skipped: no trainable parameters",
-                    "tolerance": tol}
-        _no_dropout(model)
-        state = make_state(model, t, n_train=len(prep.train), seed=prep.c.seed, total_updates=1)
+        model.zero_grad(set_to_none=True)
         try:
             run_update(state, prep.task, micro, max_grad_norm=None, step=False, zero_grad=False)
         except Exception as e:
@@ -108,6 +116,7 @@ def accumulation_check(prep) -> dict:
                     "headline": "the accumulation check ran out of memory",
                     "message": out_of_memory_reason(state, "the accumulation check", e)}
         grads.append(_grads(model))
+    del state, model
     ref = float(grads[1].norm())
     rel = float((grads[0] - grads[1]).norm()) / ref if ref else float("nan")
     setting = (f"{len(batches)} micro-batches of {[len(b) for b in batches]} examples ({targets} targets) "

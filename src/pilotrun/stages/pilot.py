@@ -96,6 +96,9 @@ def pilot(loaded, home, *, memory_limit=None, inject=None) -> StageResult:
         messages.append(f"TEST SWITCH {INJECT_ENV} active: {inject}")
     if rows and rows[0].get("counter") == "rss":
         messages.append("CPU counters are process RSS (peak within the phase), shown in the allocated columns")
+    if rows and rows[0].get("counter") == "tensors+rss":
+        messages.append("CPU counters: allocated = bytes held by live tensors (exact, true peak), "
+                        "reserved = process RSS (peak within the phase)")
     for r in bad:
         messages.append(f"{r['verdict']} at {r['phase']} (rank {r['rank']}; {_show_inputs(r['inputs'])}): "
                         f"{r.get('note') or ''}".rstrip())

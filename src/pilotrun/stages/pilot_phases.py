@@ -124,7 +124,21 @@ def _time_model(job: PilotJob, prep, state, wc: dict, rank: int, world: int) -> 
     from pilotrun.journal.files import atomic_write_json
     from pilotrun.sheet import shape
 
+    from pilotrun.engine.loop import evaluate
+
     c, t = prep.c, prep.c.train
+    # the worst case once more without the exact memory counter, whose dispatch slows the measured phases
+    _sync(default_device())
+    t0 = time.perf_counter()
+    run_update(state, prep.task, wc["micro_batches"], max_grad_norm=t.max_grad_norm)
+    _sync(default_device())
+    worst_s = time.perf_counter() - t0
+    eval_s = None
+    if wc["eval"]:
+        t0 = time.perf_counter()
+        evaluate(state, prep.task, wc["eval"], t.eval_batch)
+        _sync(default_device())
+        eval_s = time.perf_counter() - t0
     sampler = UpdateSampler.for_train(t, len(prep.train), c.seed, rank, world)
     typical = []
     for _ in range(shape.TYPICAL_UPDATES):
@@ -136,6 +150,7 @@ def _time_model(job: PilotJob, prep, state, wc: dict, rank: int, world: int) -> 
         typical.append({"tokens": shape.padded_tokens(mbs), "seconds": time.perf_counter() - t0})
     pool = prep.validation or prep.train
     model = {"worst_update_tokens": shape.padded_tokens(wc["micro_batches"]), "typical": typical,
+             "worst_update_s": worst_s, "worst_eval_s": eval_s,
              "budget_update_tokens": shape.budget_tokens(prep.train, t, c.seed, prep.arithmetic()["updates"], rank,
                                                          world),
              "worst_eval_tokens": shape.padded_tokens([wc["eval"][rank::world][: t.eval_batch]]) if wc["eval"] else 0,

@@ -174,6 +174,15 @@ def first_difference(ref: list[dict], resumed: list[dict], at: int, exact: bool,
     return None
 
 
+def not_reproducible(difference: str, at: int) -> str:
+    """A second run of the campaign differs from the reference before update K: no saved state is involved yet."""
+    what = difference.rsplit(": ", 1)[0]
+    return (f"the reference run itself is not reproducible: a second run of the same campaign, before the stop at "
+            f"update {at} and before any state was saved, already differs ({what}); something is drawn without the "
+            "campaign seed (new weights, dropout, data order) — seed it (torch.manual_seed(campaign seed) before "
+            "building the model) and run resume again")
+
+
 def resume(loaded, home, *, at: int | None = None, prep=None) -> StageResult:
     """Reference 2K updates vs stop at K + resume in a new process; also saves the reference's artifact."""
     from pilotrun.engine.distributed import default_device
@@ -222,14 +231,15 @@ def resume(loaded, home, *, at: int | None = None, prep=None) -> StageResult:
             worker = json.loads(Path(spec["out"]).read_text()) if proc.returncode == 0 else None
         ref_h = _history(ref)
         note = custom_task_note(c, prep.task)
-        problem = first_difference(ref_h[:at], _history(stopped), 0, exact, note)
+        problem = first_difference(ref_h[:at], _history(stopped), 0, exact)
         headline = None
         if ref.status != "completed":  # diverged or out of memory: it cannot show that a resume is exact
             headline = f"the reference run {ref.status}"
             problem = (f"the reference run {ref.status} before update {total}: {ref.reason}; the resume check "
                        "needs a run that trains for 2 × K updates")
         elif problem:
-            problem = f"the run stopped at {at} already differs from the reference before any resume: {problem}"
+            headline = "the reference run itself is not reproducible"
+            problem = not_reproducible(problem, at)
         elif worker is None:
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
             problem = f"the resumed process failed (exit {proc.returncode}): " + " | ".join(tail)

@@ -175,7 +175,8 @@ def build_sheet(cfg: dict, journal, pilot: dict, *, target_env: dict | None = No
     sheet["stack"] = {"required": req, "target": None, "checks": []}
     target = get_gpu(gpu) if gpu else None
     if target_env is not None:
-        checks = check_stack(req, target_env, need["need"])
+        d0 = (target_env.get("devices") or [{}])[0]
+        checks = check_stack(req, target_env, need["need"], target or match_gpu(d0.get("name"), d0.get("memory_bytes")))
         sheet["stack"].update(target=[d.get("name") for d in target_env.get("devices", [])] or "no CUDA device",
                               checks=checks)
         for ch in checks:
@@ -241,8 +242,9 @@ def _time_plan(sheet, c, t, rows, peaks, pilot, fits, target, ranks, rates, batc
             "passes_update": su.get("accumulation", t.accumulation), "checkpointing": c.model.gradient_checkpointing}
     source_gpu = _measured_gpu(pilot, rows)
     model = (pilot.get("summary") or {}).get("time_model")
-    shape = scaled_units(model, measured["steady_step"]["seconds"], measured["eval_longest"]["seconds"]) \
-        if model else None
+    # the pilot's bare timings of its worst case, when it has them: its phases ran under the memory counter
+    shape = scaled_units(model, model.get("worst_update_s") or measured["steady_step"]["seconds"],
+                         model.get("worst_eval_s") or measured["eval_longest"]["seconds"]) if model else None
     if shape:
         work["tokens_update"] = shape["mean_update_tokens"]
 
@@ -328,6 +330,14 @@ def sheet_stage(loaded, home, *, target_env_path: str | None = None, gpu: str | 
     c = loaded.campaign
     pilot, stale = find_pilot(journal, c.name, loaded.config_sha256())
     if pilot is None:
+        from pilotrun.sheet.options import no_pilot_sheet, too_large_here
+
+        size = too_large_here(loaded)  # the estimator knows the model's size before anything is loaded
+        if size is not None:
+            result = no_pilot_sheet(loaded, size)
+            if out:
+                atomic_write_text(out, result.data["markdown"])
+            return result
         return StageResult("sheet", "fail", f"no pilot run for campaign {c.name!r} in {journal.path}",
                            [f"the sheet is built from the pilot's measurements; run `pilotrun pilot "
                             f"{loaded.source or 'CAMPAIGN'}` first (with the same --home)"], {"pilot_run": None})

@@ -46,9 +46,11 @@ def _differences(old: dict, new: dict) -> list[str]:
 
 def sweep(loaded, home, *, continue_id: str | None = None, progress: bool = True,
           on_run: Callable[[dict], None] | None = None, sets: tuple[str, ...] = (),
-          ray_address: str | None = None) -> StageResult:
+          on_start: Callable[[dict], None] | None = None, ray_address: str | None = None) -> StageResult:
     """Run (or continue) the sweep of ``loaded``'s plan; returns the comparison as the stage's table.
     ``sets``: the command line's ``--set`` items ``loaded`` was loaded with (for each run's own command).
+    ``on_start`` sees each run before it starts: index, of, arm, label, seed and ``eta_s`` (the time left
+    for this run and the ones after it: the pilot's time plan per run, then the runs' own mean).
     ``ray_address``: run on that Ray cluster ("auto": the one this machine is attached to), one journal here."""
     from pilotrun.stages.validate import validate
 
@@ -83,18 +85,41 @@ def sweep(loaded, home, *, continue_id: str | None = None, progress: bool = True
                    progress=progress, on_run=on_run, total=total)
         return sweep_result(journal, sweep_id, ran=len(todo))
     encoded: dict[str, object] = {}  # the data is read and encoded once per distinct task/model/data setting
+    planned = _planned_run_s(journal, loaded) if on_start is not None else None
+    took: list[float] = []
     for i, (arm, seed, supersedes) in enumerate(todo):
+        import time
+
         from pilotrun.stages.train import train_run
 
+        each = sum(took) / len(took) if took else planned
+        if on_start is not None:
+            on_start({"index": i + 1, "of": len(todo), "total": total, "arm": arm.name, "label": arm.label,
+                      "seed": seed, "eta_s": each * (len(todo) - i) if each else None})
+        t0 = time.monotonic()
         run_loaded = arm.loaded.with_overrides({"seed": seed})
         r = train_run(run_loaded, home, kind="sweep", sweep_id=sweep_id, arm=arm.name, supersedes=supersedes,
                       progress=progress, save_artifact=False, validation_predictions=True,
                       command=arm_command(plan["campaign_path"], arm, seed, sets), **encoded_for(run_loaded, encoded))
+        took.append(time.monotonic() - t0)
         if on_run is not None:
             on_run({"index": i + 1, "of": len(todo), "total": total, "arm": arm.name, "label": arm.label,
                     "seed": seed, "run_id": r.data["run_id"], "status": r.data["status"],
                     "reason": r.data["reason"], "supersedes": supersedes})
     return sweep_result(journal, sweep_id, ran=len(todo))
+
+
+def _planned_run_s(journal: Journal, loaded) -> float | None:
+    """Seconds per run by the time plan of the campaign's latest pilot on this machine, if there is one."""
+    try:
+        from pilotrun.stages.sheet import build_sheet, find_pilot
+
+        pilot, _ = find_pilot(journal, loaded.campaign.name, None)
+        if pilot is None:
+            return None
+        return (build_sheet(pilot["config"], journal, pilot).get("time") or {}).get("here", {}).get("per_run_s")
+    except Exception:  # noqa: BLE001 - an estimate for a progress line must never stop the sweep
+        return None
 
 
 def _todo(journal: Journal, sweep_id: str, arms: list[Arm], seeds: list[int]) -> list[tuple[Arm, int, str | None]]:
@@ -184,16 +209,23 @@ def sweep_result(journal: Journal, sweep_id: str, ran: int) -> StageResult:
                     "in every table and plot")
     else:
         verdict = "ok"
-    from pilotrun.stages.timecheck import sweep_time_check, time_lines
+    from pilotrun.stages.timecheck import sweep_time_check, time_lines, time_plan_warning
 
     data["time_check"] = sweep_time_check(journal, sweep_id)
     msgs += time_lines(data["time_check"])
+    late = time_plan_warning(data["time_check"])
+    if late:
+        msgs.append(late)
+        verdict = "warn" if verdict == "ok" else verdict
     bounds = [(r["run_id"], (journal.get_run(r["run_id"]).get("summary") or {}).get("memory_bound") or {})
               for r in runs]
     flagged = [(rid, b) for rid, b in bounds if b.get("warnings")]
     ratios = [b["max_ratio"] for _, b in bounds if b.get("max_ratio") is not None]
     if ratios:
-        msgs.append(f"memory bound: the largest observed ÷ pilot peak over {len(ratios)} run(s) is {max(ratios):.3f}")
+        exact = all(k.get("counter") in ("tensors+rss", "cuda") for _, b in bounds
+                    for k in (b.get("kinds") or {}).values())
+        msgs.append(f"memory bound: the largest observed ÷ pilot peak over {len(ratios)} run(s) is {max(ratios):.3f}"
+                    + (f" ({'exact counters, ' if exact else ''}{'held' if not flagged else 'EXCEEDED'})"))
     for rid, b in flagged:
         msgs += [f"WARNING run {rid}: {w}" for w in b["warnings"]]
     if flagged and verdict == "ok":

@@ -64,11 +64,83 @@ def sweep_time_check(journal, sweep_id: str) -> dict | None:
         out.append({"run_id": r["run_id"], "arm": r["arm"], "seed": r["seed"], "status": r["status"],
                     "updates": s["counts"]["updates"], "predicted_s": predicted, "actual_s": actual,
                     "ratio": predicted / actual if actual else None, "terms": terms,
-                    "measured": {k: s["timing"].get(k) for k in ("load_s", "loop_s", "final_save_s", "export_s")}})
+                    "measured": {k: s["timing"].get(k) for k in ("load_s", "loop_s", "final_save_s", "export_s")},
+                    "breakdown": breakdown(terms, s["timing"])})
     pt, at = sum(r["predicted_s"] for r in out), sum(r["actual_s"] for r in out)
     return {"pilot_run": pilot["run_id"], "stale": stale, "runs": out, "predicted_s": pt, "actual_s": at,
             "ratio": pt / at if at else None, "per_run_plan_s": here["per_run_s"],
-            "units": here["units"], "goal": (0.9, 1.1)}
+            "units": here["units"], "goal": (0.9, 1.1), "breakdown": _summed([r["breakdown"] for r in out])}
+
+
+# The plan's terms against what the run timed itself (stages/train.py ``timing``; "blocks_s" from the watch
+# around every update, validation, save and export): (group, plan units, the run's measured keys).
+GROUPS = (("read and encode the data", ("prepare",), ("prepare_s",)),
+          ("load the model", ("load", "reload"), ("load_s",)),
+          ("updates (the first's optimizer state included)", ("first_extra", "update"), ("blocks_s.train",)),
+          ("validations", ("eval_batch:validations",), ("blocks_s.evaluation",)),
+          ("checkpoints", ("save",), ("blocks_s.save",)),
+          ("export", ("export",), ("blocks_s.export",)),
+          ("validation predictions", ("eval_batch:validation predictions",), ("predictions_s",)))
+OTHER = "not in the plan (journal and metrics, batches drawn, between blocks)"
+
+
+def _measured(timing: dict, key: str) -> float | None:
+    if key.startswith("blocks_s."):
+        blocks = timing.get("blocks_s")
+        return None if blocks is None else float(blocks.get(key.split(".", 1)[1], 0.0))
+    v = timing.get(key)
+    return None if v is None else float(v)
+
+
+def breakdown(terms: list[dict], timing: dict) -> list[dict]:
+    """One row per group of the plan's terms: predicted and measured seconds, and the rest of the run's wall
+    time that no term covers. Measured is None for a run recorded before the watch timed its blocks."""
+    rows, covered = [], 0.0
+    for group, units, keys in GROUPS:
+        pred = sum(t["seconds"] for t in terms if t["unit"] in units or f"{t['unit']}:{t['term']}" in units)
+        vals = [_measured(timing, k) for k in keys]
+        meas = None if any(v is None for v in vals) else sum(vals)
+        covered += meas or 0.0
+        if pred or meas:
+            rows.append({"term": group, "predicted_s": pred, "actual_s": meas})
+    total = timing.get("total_s")
+    if total is not None and timing.get("blocks_s") is not None:
+        rows.append({"term": OTHER, "predicted_s": 0.0, "actual_s": max(0.0, float(total) - covered)})
+    return rows
+
+
+def _summed(per_run: list[list[dict]]) -> list[dict]:
+    out: dict[str, dict] = {}
+    for rows in per_run:
+        for r in rows:
+            o = out.setdefault(r["term"], {"term": r["term"], "predicted_s": 0.0, "actual_s": 0.0})
+            o["predicted_s"] += r["predicted_s"]
+            o["actual_s"] = None if o["actual_s"] is None or r["actual_s"] is None else o["actual_s"] + r["actual_s"]
+    return list(out.values())
+
+
+def breakdown_lines(rows: list[dict]) -> list[str]:
+    if not rows:
+        return []
+    width = max(len(r["term"]) for r in rows)
+    lines = ["  term by term (all runs): predicted / actual seconds"]
+    for r in rows:
+        act = "—" if r["actual_s"] is None else f"{r['actual_s']:.1f}s"
+        ratio = (f"  ({r['predicted_s'] / r['actual_s']:.2f})" if r["actual_s"] and r["predicted_s"] else "")
+        lines.append(f"    {r['term']:<{width}}  {r['predicted_s']:7.1f}s / {act:>7}{ratio}")
+    return lines
+
+
+def time_plan_warning(check: dict | None) -> str | None:
+    """The warning when the sweep's own time-plan check is out of its range (predicted ÷ actual outside
+    the goal): the sweep is then WARN, not OK."""
+    if not check or not check.get("runs") or check.get("ratio") is None:
+        return None
+    lo, hi = check["goal"]
+    if lo <= check["ratio"] <= hi:
+        return None
+    return (f"WARNING time plan out of range: predicted ÷ actual {check['ratio']:.2f} is outside {lo}–{hi}; "
+            "the sheet's rental hours are off by as much (rerun `pilotrun pilot` on an idle machine)")
 
 
 def time_lines(check: dict | None) -> list[str]:
@@ -84,6 +156,7 @@ def time_lines(check: dict | None) -> list[str]:
     for r in check["runs"]:
         lines.append(f"  {r['run_id']}  {r['arm'] or '':<10} seed {r['seed']}: predicted {r['predicted_s']:.1f}s, "
                      f"actual {r['actual_s']:.1f}s ({r['ratio']:.2f}; {r['updates']} updates, {r['status']})")
+    lines += breakdown_lines(check.get("breakdown") or [])
     if check.get("stale"):
         lines.append(check["stale"])
     return lines

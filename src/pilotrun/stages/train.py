@@ -175,6 +175,7 @@ def _ranked_run(job: TrainJob, prep: Prepared, rec: RunRecorder | None, hooks: H
                        device=device)
     timing = {"prepare_s": t_prepared - t_start, "load_s": load_s + time.perf_counter() - t_load}
     watch = PeakWatch(device, rank=rank)
+    watch.track(wrapped, state.optimizer)
     run_dir = Journal(job.home).run_dir(job.run_id)
     user = hooks or Hooks()
 
@@ -229,12 +230,15 @@ def _ranked_run(job: TrainJob, prep: Prepared, rec: RunRecorder | None, hooks: H
     # under FSDP every rank takes part in the forward passes; otherwise rank 0 alone, on the plain module
     predicting = not ran_out and (rank == 0 or c.train.strategy == "fsdp")
     pred_model = wrapped if c.train.strategy == "fsdp" else model
+    t0 = time.perf_counter()
     computed = control_predictions(prep, pred_model) if predicting else None
     observed = gather_to_rank0(watch.rows())
     if predicting and job.validation_predictions:  # stored by rank 0 (rec); the others only take part
         from pilotrun.stages.val_predictions import store_validation_predictions
 
         store_validation_predictions(rec, prep, pred_model)
+    timing["predictions_s"] = time.perf_counter() - t0
+    timing["blocks_s"] = dict(watch.seconds)  # every update, validation, save and export, timed by the watch
     if rec is None:
         return {}
     control = store_control_predictions(rec, prep, model, computed) if computed else []
@@ -357,7 +361,10 @@ def bound_lines(bound: dict) -> list[str]:
     if not bound.get("pilot_run"):
         return ["memory bound: no pilot of this campaign in the journal to compare the run's peaks with"]
     ratio = bound.get("max_ratio")
-    head = (f"memory bound: observed peak / pilot {bound['pilot_run']} peak ≤ {ratio:.3f}"
+    counter = next((k.get("counter") for k in (bound.get("kinds") or {}).values()), None)
+    what = {"tensors+rss": " (live tensor bytes, exact)", "rss": " (RSS, 10% allowance)"}.get(counter, "")
+    verdict = " — exceeded: the pilot did not see the worst case" if bound.get("warnings") else " — held"
+    head = (f"memory bound{what}: observed peak / pilot {bound['pilot_run']} peak ≤ {ratio:.3f}{verdict}"
             if ratio is not None else f"memory bound: nothing comparable with pilot {bound['pilot_run']}")
     return [head] + [f"WARNING {w}" for w in bound.get("warnings", [])] + ([bound["stale"]] if bound.get("stale")
                                                                            else [])
@@ -388,9 +395,12 @@ class _progress_bar:
         self.progress.start()
 
     def advance(self, state, out) -> None:
+        from pilotrun.report.progress import note
+
         rate = out["examples"] / out["seconds"] if out["seconds"] else 0.0
-        self.progress.update(self.task, completed=state.update,
-                             stats=f"loss {out['loss']:.4f}  lr {out['lr']:.2e}  {rate:.1f} ex/s")
+        stats = f"loss {out['loss']:.4f}  lr {out['lr']:.2e}  {rate:.1f} ex/s"
+        self.progress.update(self.task, completed=state.update, stats=stats)
+        note(f"update {state.update}/{self.progress.tasks[0].total}, {stats}")  # the log's heartbeat line
 
     def close(self) -> None:
         self.progress.stop()

@@ -168,14 +168,14 @@ def verify_worker(run_dir: str, control_path: str, out_path: str) -> int:
 
 
 def _cannot_load(sub: Path) -> str | None:
-    """Why an adapter cannot be reloaded alone (its base model is not on disk), else None."""
+    """Why an adapter cannot be reloaded (the base model folder it names is gone), else None. An adapter on a
+    base built from model.config is reloaded onto that config rebuilt under the run's seed."""
     cfg = sub / "adapter_config.json"
     if not cfg.is_file():
         return None
     base = json.loads(cfg.read_text()).get("base_model_name_or_path")
-    if not base or not Path(base).is_dir():
-        return (f"its base model ({base or 'built from model.config'}) is not a folder on disk; the merged copy "
-                "stands for it")
+    if base and not Path(base).is_dir():
+        return f"its base model ({base}) is not a folder on disk"
     return None
 
 

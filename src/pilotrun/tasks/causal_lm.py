@@ -9,11 +9,10 @@ from __future__ import annotations
 from typing import Any
 
 from pilotrun.errors import BadInput
-from pilotrun.tasks import common
+from pilotrun.tasks import chat, common
 from pilotrun.tasks.base import IGNORE, Example
-from pilotrun.tasks.loading import build_model, eos_id, load_tokenizer, pad_id, save_hf_artifact
-
-ROLE_ALIASES = {"human": "user", "gpt": "assistant", "bot": "assistant", "model": "assistant"}
+from pilotrun.tasks.loading import (build_model, eos_id, leading_specials, load_hf_artifact, load_tokenizer, pad_id,
+                                    save_hf_artifact)
 
 
 class CausalLMTask:
@@ -25,8 +24,9 @@ class CausalLMTask:
         self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(self.c)
         self.eos = eos_id(self.tokenizer)
         self.pad = pad_id(self.tokenizer)
-        bos = getattr(self.tokenizer, "bos_token_id", None)
-        self.bos = int(bos) if bos is not None and bos != self.eos else None
+        self.lead = leading_specials(self.tokenizer)  # what tokenizer(text) puts before the text (a BOS, or none)
+        self.bos = self.lead[0] if self.lead else None
+        self.chat_format, self.chat_template = chat.resolve(self.c, self.tokenizer, getattr(campaign, "base_dir", None))
         self._cache: dict[str, list[int]] = {}
 
     # --- data -------------------------------------------------------------------------------------
@@ -60,7 +60,7 @@ class CausalLMTask:
             ids, labels, full_targets = self._encode_chat(record)
         else:
             prompt, response = self._prompt_response(record)
-            p = ([self.bos] if self.bos is not None else []) + self._tok(prompt)
+            p = self.lead + self._tok(prompt)
             r = self._tok(response) + [self.eos]
             ids, labels, full_targets = p + r, [IGNORE] * len(p) + r, len(r)
         ids, labels = ids[: d.max_length], labels[: d.max_length]
@@ -70,31 +70,17 @@ class CausalLMTask:
                        target_len_full=full_targets)
 
     def _encode_chat(self, record) -> tuple[list[int], list[int], int]:
-        msgs = common.field(record, self.c.data.messages, "data.messages")
-        if not isinstance(msgs, list) or not msgs:
-            raise BadInput(f"field '{self.c.data.messages}' must be a non-empty list of {{role, content}}",
-                           where=record.where, fix="give each record a list of messages")
-        ids = [self.bos] if self.bos is not None else []
-        labels = [IGNORE] * len(ids)
-        targets = 0
-        for k, m in enumerate(msgs):
-            if not isinstance(m, dict):
-                raise BadInput(f"message {k} is not an object", where=record.where, fix="use {role, content}")
-            role = m.get("role", m.get("from"))
-            content = m.get("content", m.get("value"))
-            if role is None or content is None:
-                raise BadInput(f"message {k} lacks role/content (or from/value)", where=record.where,
-                               fix="give every message a role and a content")
-            if isinstance(content, (list, dict)) or isinstance(role, (list, dict)):
-                raise BadInput(f"message {k} of field '{self.c.data.messages}' has a role or content that is a "
-                               f"{type(content if isinstance(content, (list, dict)) else role).__name__}, not text",
-                               where=record.where, fix="give every message a string role and a string content")
-            role = ROLE_ALIASES.get(str(role), str(role))
-            head = self._tok(f"{role}: ")
+        d = self.c.data
+        msgs = chat.messages_of(record, common.field(record, d.messages, "data.messages"), d.messages)
+        if self.chat_template is not None:
+            return chat.encode_templated(self.tokenizer, self.chat_template, msgs, record.where)
+        ids, labels, targets = list(self.lead), [IGNORE] * len(self.lead), 0
+        for m in msgs:  # plain: "role: content" lines, each assistant turn ends with EOS
+            head = self._tok(f"{m['role']}: ")
             ids += head
             labels += [IGNORE] * len(head)
-            body = self._tok(str(content))
-            if role == "assistant":
+            body = self._tok(m["content"])
+            if m["role"] == "assistant":
                 body = body + [self.eos]
                 ids += body
                 labels += body
@@ -103,10 +89,31 @@ class CausalLMTask:
                 body = body + self._tok("\n")
                 ids += body
                 labels += [IGNORE] * len(body)
-        if targets == 0:
-            raise BadInput("conversation has no assistant turn: nothing to train on", where=record.where,
-                           fix="remove the record or add the assistant's reply")
         return ids, labels, targets
+
+    def inference_prompt(self, record) -> list[int]:
+        """The ids a user feeds the model at inference for the first target: tokenizer(prompt) with the
+        tokenizer's own special tokens, or the chat template up to the first assistant turn."""
+        d = self.c.data
+        if not d.messages:
+            return list(self.tokenizer(common.render_prompt(record, d.prompt))["input_ids"])
+        msgs = chat.messages_of(record, common.field(record, d.messages, "data.messages"), d.messages)
+        first = next(k for k, m in enumerate(msgs) if m["role"] == "assistant")
+        if self.chat_template is not None:
+            text = self.tokenizer.apply_chat_template(msgs[:first], chat_template=self.chat_template, tokenize=False,
+                                                      add_generation_prompt=True)
+            return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        text = "".join(f"{m['role']}: {m['content']}\n" for m in msgs[:first]) + "assistant: "
+        return list(self.tokenizer(text)["input_ids"])
+
+    def format_problem(self) -> str | None:
+        """Why the campaign trains chat in a format the model will not see at inference, else None."""
+        own = chat.model_template(self.tokenizer)
+        if not self.c.data.messages or not own or self.chat_template == own:
+            return None
+        used = "plain 'role: content' lines" if self.chat_template is None else "another template (data.chat_template)"
+        return (f"the tokenizer ships a chat template but the campaign renders conversations as {used}: the model "
+                "would be trained in a format it does not see at inference")
 
     # --- batches and loss -------------------------------------------------------------------------
     def collate(self, examples: list[Example]) -> dict[str, Any]:
@@ -142,19 +149,8 @@ class CausalLMTask:
         return build_model(self.c, self.tokenizer, self.kind)
 
     def save_artifact(self, model, out_dir) -> list[str]:
-        return save_hf_artifact(model, self.tokenizer, out_dir)
+        merged = self.c.model.adapter is not None and self.c.model.adapter.merged_copy
+        return save_hf_artifact(model, self.tokenizer, out_dir, merged=merged)
 
     def load_artifact(self, path):
-        from pathlib import Path
-
-        from transformers import AutoModelForCausalLM
-
-        from pilotrun.journal.files import reading_weights
-
-        path = Path(path)
-        with reading_weights(path, "artifact"):
-            if (path / "adapter_config.json").is_file():
-                from peft import AutoPeftModelForCausalLM
-
-                return AutoPeftModelForCausalLM.from_pretrained(str(path), local_files_only=True)
-            return AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, use_safetensors=True)
+        return load_hf_artifact(self.c, self.tokenizer, self.kind, path)

@@ -8,7 +8,7 @@ from typing import Any
 from pilotrun.errors import BadInput
 from pilotrun.tasks import common
 from pilotrun.tasks.base import Example
-from pilotrun.tasks.loading import build_model, load_tokenizer, pad_id, save_hf_artifact
+from pilotrun.tasks.loading import build_model, load_hf_artifact, load_tokenizer, pad_id, save_hf_artifact
 
 
 _ID = re.compile(r"-?[0-9]+")
@@ -103,20 +103,8 @@ class SeqClsTask:
         return build_model(self.c, self.tokenizer, self.kind, self.labels)
 
     def save_artifact(self, model, out_dir) -> list[str]:
-        return save_hf_artifact(model, self.tokenizer, out_dir)
+        merged = self.c.model.adapter is not None and self.c.model.adapter.merged_copy
+        return save_hf_artifact(model, self.tokenizer, out_dir, merged=merged)
 
     def load_artifact(self, path):
-        from pathlib import Path
-
-        from transformers import AutoModelForSequenceClassification
-
-        from pilotrun.journal.files import reading_weights
-
-        path = Path(path)
-        with reading_weights(path, "artifact"):
-            if (path / "adapter_config.json").is_file():
-                from peft import AutoPeftModelForSequenceClassification
-
-                return AutoPeftModelForSequenceClassification.from_pretrained(str(path), local_files_only=True)
-            return AutoModelForSequenceClassification.from_pretrained(str(path), local_files_only=True,
-                                                                      use_safetensors=True)
+        return load_hf_artifact(self.c, self.tokenizer, self.kind, path, self.labels)

@@ -1,0 +1,124 @@
+"""Counting instead of tracing: a deep model's estimate from two shallow traces.
+
+Decoder layers of one shape allocate the same storages in the same order, so every counter of a
+phase (parameters, gradients, optimizer state, saved activations, the optimizer's temporaries) grows
+by the same bytes per layer: the trace of a model with 2 layers and the trace with 3 layers give the
+bytes of one layer, which is then counted N times (``value(N) = value(2) + (N - 2) × (value(3) -
+value(2))``). A 70B Llama's 80 layers cost two traces of two and three layers instead of one of 80.
+(Not 1 and 2: the first layer's peak moments hold less than the others', nothing runs before it.)
+
+The peak of a phase is the highest of several moments (the end of the forward pass, the backward
+pass, the optimizer step), and those grow at different rates per layer: each stage's peak is counted
+separately and the highest after counting is the phase's peak, so an optimizer step that overtakes
+the activations at 80 layers is not missed because the activations won at 2.
+
+The same holds for the micro-batches of an update: after the first (which allocates the gradients)
+each one repeats the second's allocations on shorter or equal inputs (the worst case sorts them
+longest first), so two are traced and the others' input tensors, which the loop keeps alive for the
+whole update, are added.
+
+Configurations whose layers differ (``layer_types`` with more than one kind, dense-then-MoE layer
+lists) are traced whole.
+"""
+
+from __future__ import annotations
+
+DEPTH_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
+# per-layer lists or switches that make layers differ from one another: trace those configs whole
+UNEVEN_KEYS = ("first_k_dense_replace", "moe_layer_freq", "mlp_only_layers", "decoder_sparse_step",
+               "no_rope_layers", "sliding_window_pattern", "attention_layers", "block_types")
+COUNT_FROM = 4  # fewer layers than this: tracing them all is as fast
+TRACED_MICRO_BATCHES = 2
+NUMERIC = ("baseline", "peak_allocated", "peak_reserved", "end_allocated", "end_reserved", "reserve_overhead")
+
+
+def depth_of(cfg: dict | None) -> tuple[str, int] | None:
+    """(key, layers) when the config's decoder layers are all of one shape and worth counting, else None."""
+    if not isinstance(cfg, dict):
+        return None
+    key = next((k for k in DEPTH_KEYS if isinstance(cfg.get(k), int)), None)
+    if key is None or cfg[key] < COUNT_FROM:
+        return None
+    if any(cfg.get(k) not in (None, 0, [], 1) for k in UNEVEN_KEYS):
+        return None
+    kinds = cfg.get("layer_types")
+    if kinds is not None and len(set(kinds)) > 1:
+        return None
+    return key, cfg[key]
+
+
+def with_depth(cfg: dict, key: str, depth: int) -> dict:
+    out = dict(cfg, **{key: depth})
+    if out.get("layer_types") is not None:
+        out["layer_types"] = list(out["layer_types"])[:depth]
+    return out
+
+
+DEPTHS = (2, 3)  # the first layer can differ in what its peak moment holds (nothing before it); the second on do not
+
+
+def count(low: dict, high: dict, layers: int) -> dict:
+    """A phase summary at ``layers`` from the summaries at ``DEPTHS`` layers (both with ``stages``)."""
+    k = (layers - DEPTHS[0]) / (DEPTHS[1] - DEPTHS[0])
+
+    def line(a, b):
+        return None if a is None or b is None else int(a + k * (b - a))
+
+    stages = {}
+    for name, s1 in low["stages"].items():
+        s2 = high["stages"].get(name)
+        if s2 is not None:
+            stages[name] = {key: line(s1[key], s2[key]) for key in s1}
+    top = max(stages.values(), key=lambda s: s["peak_allocated"])
+    out = {key: line(low[key], high[key]) for key in NUMERIC}
+    out.update(top)
+    if out["peak_reserved"] is not None:
+        out["peak_reserved"] = out["end_reserved"] = max(out["peak_reserved"], out["peak_allocated"])
+    return out
+
+
+def with_inputs(summary: dict, nbytes: int) -> dict:
+    """Add input tensors that stay alive through the whole phase (the untraced micro-batches)."""
+    if not nbytes:
+        return summary
+    out = dict(summary, peak_allocated=summary["peak_allocated"] + nbytes,
+               activations=summary["activations"] + nbytes)
+    if out["peak_reserved"] is not None:
+        out["peak_reserved"] = out["end_reserved"] = out["peak_reserved"] + nbytes
+    if "stages" in out:
+        out["stages"] = {k: dict(v, peak_allocated=v["peak_allocated"] + nbytes,
+                                 activations=v["activations"] + nbytes) for k, v in out["stages"].items()}
+    return out
+
+
+def input_bytes(task, micro_batches: list[list], cuda: bool) -> int:
+    """Bytes of the collated tensors of these micro-batches (as the loop collates them), rounded like the allocator."""
+    total = 0
+    for mb in micro_batches:
+        for v in task.collate(mb).values():
+            if hasattr(v, "untyped_storage"):
+                n = v.untyped_storage().nbytes()
+                total += -(-n // 512) * 512 if cuda and n else n
+    return total
+
+
+def parameter_bytes(loaded) -> int:
+    """Bytes of the model's parameters and buffers, from fake builds (of 2 and 3 layers when counted):
+    known before anything is loaded."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from pilotrun.probe.estimate import _config_campaign, fake_build
+
+    plain = _config_campaign(loaded)
+    cfg = plain.campaign.model.config
+    depth = depth_of(cfg)
+
+    def size(campaign) -> int:
+        model = fake_build(campaign, FakeTensorMode(allow_non_fake_inputs=True))
+        return sum(t.numel() * t.element_size() for t in list(model.parameters()) + list(model.buffers()))
+
+    if depth is None:
+        return size(plain)
+    key, layers = depth
+    low, high = (size(plain.with_overrides({"model.config": with_depth(cfg, key, d)})) for d in DEPTHS)
+    return high + (layers - DEPTHS[1]) * (high - low)
