@@ -30,12 +30,12 @@ def common_options(f=None, *, home: bool = True):
     return decorate(f) if f is not None else decorate
 
 
-_HOME_SOURCE: dict = {}  # set by home_for, cleared by cli.main.run for each command
+HOME_SOURCE: dict = {}  # set by home_for, cleared by cli.main.run for each command
 
 
 def home_source() -> str | None:
     """Where the running verb's --home came from: "option", "env" ($PILOTRUN_HOME) or None (the default)."""
-    return _HOME_SOURCE.get("source")
+    return HOME_SOURCE.get("source")
 
 
 def _record_home_source() -> None:
@@ -43,7 +43,7 @@ def _record_home_source() -> None:
 
     ctx = click.get_current_context(silent=True)
     source = ctx.get_parameter_source("home") if ctx is not None else None
-    _HOME_SOURCE["source"] = {ParameterSource.COMMANDLINE: "option", ParameterSource.ENVIRONMENT: "env"}.get(source)
+    HOME_SOURCE["source"] = {ParameterSource.COMMANDLINE: "option", ParameterSource.ENVIRONMENT: "env"}.get(source)
 
 
 campaign_argument = click.argument("campaign", type=click.Path(dir_okay=False))

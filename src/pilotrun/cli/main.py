@@ -75,10 +75,10 @@ def _verb_of(argv: list[str]) -> str | None:
 def run(argv: list[str] | None = None) -> int:
     """Run the CLI and return its exit code (tests call this; ``main`` exits with it). Under --json an
     error is also written to stdout as the envelope (cli/envelope.py) with ``ok`` false."""
-    from pilotrun.cli.common import _HOME_SOURCE
+    from pilotrun.cli.common import HOME_SOURCE
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    _HOME_SOURCE.clear()
+    HOME_SOURCE.clear()
     error = None
     try:
         rv = cli.main(args=argv, prog_name="pilotrun", standalone_mode=False)

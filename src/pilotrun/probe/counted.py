@@ -107,9 +107,9 @@ def parameter_bytes(loaded) -> int:
     known before anything is loaded."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from pilotrun.probe.estimate import _config_campaign, fake_build
+    from pilotrun.probe.estimate import config_campaign, fake_build
 
-    plain = _config_campaign(loaded)
+    plain = config_campaign(loaded)
     cfg = plain.campaign.model.config
     depth = depth_of(cfg)
 

@@ -305,7 +305,7 @@ def _conversions_are_noops(allowed: set):
         torch.nn.Module.to = original
 
 
-def _config_campaign(loaded):
+def config_campaign(loaded):
     """model.path → the same architecture from its config.json (the weights' values do not matter)."""
     import json
     from pathlib import Path
@@ -333,7 +333,7 @@ def fake_build(loaded, fake_mode):
 
     c = loaded.campaign
     dtype = torch.bfloat16 if c.train.precision == "bf16-true" else torch_dtype(c.model.dtype)
-    task = make_task(_config_campaign(loaded))
+    task = make_task(config_campaign(loaded))
     with fake_mode, _default_dtype(dtype), _conversions_are_noops({dtype, torch_dtype(c.model.dtype)}):
         model = task.build_model()
     return model

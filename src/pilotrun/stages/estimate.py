@@ -63,9 +63,9 @@ def traced(loaded, *, device: str = "cuda", prep=None, counted: bool | None = No
 
     prep = prep or prepare(loaded, splits=("train", "validation"))
     wc = worst_case(prep, 1)
-    from pilotrun.probe.estimate import _config_campaign
+    from pilotrun.probe.estimate import config_campaign
 
-    plain = _config_campaign(loaded)
+    plain = config_campaign(loaded)
     depth = K.depth_of(plain.campaign.model.config)
     mbs = wc["micro_batches"]
     if counted is None:
