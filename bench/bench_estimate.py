@@ -34,7 +34,7 @@ from pilotrun.campaign.load import load_campaign
 from pilotrun.engine.loop import evaluate, make_state, run_update
 from pilotrun.probe.memory import make_probe
 from pilotrun.phases.worst import worst_case
-from pilotrun.stages.prepare import prepare
+from pilotrun.rehearsal.prepare import prepare
 
 def phases(path):
     prep = prepare(load_campaign(path), splits=("train", "validation"))
@@ -81,7 +81,7 @@ def _row(figure, values, target, met, command, note=""):
 
 def bench_wall_1b(tmp: Path, reps: int = 3) -> dict:
     from pilotrun.campaign.load import load_campaign
-    from pilotrun.stages.estimate import estimate
+    from pilotrun.rehearsal.memory.estimate import estimate
 
     loaded = load_campaign(campaign(tmp / "big", LLAMA_1B, max_length=256))
     times, params = [], 0
@@ -96,7 +96,7 @@ def bench_wall_1b(tmp: Path, reps: int = 3) -> dict:
 
 def bench_rss_error(tmp: Path) -> dict:
     from pilotrun.campaign.load import load_campaign
-    from pilotrun.stages.estimate import estimate
+    from pilotrun.rehearsal.memory.estimate import estimate
 
     script = tmp / "measure.py"
     script.write_text(MEASURE)
@@ -131,8 +131,8 @@ def _halving(m: int, fits) -> tuple[int | None, int]:
 
 
 def bench_probes() -> list[dict]:
-    from pilotrun.stages.fit_rules import probe_bound
-    from pilotrun.stages.fit_probe import largest_fitting
+    from pilotrun.rehearsal.memory.fit_rules import probe_bound
+    from pilotrun.rehearsal.memory.fit_probe import largest_fitting
 
     ratios, halving_probes, bisect_probes, smaller = [], [], [], 0
     cases = 0

@@ -1,6 +1,6 @@
 """Benchmarks of pilotrun's own cost (issue: benchmarks as ratios).
 
-(a) loop overhead: seconds per update of pilotrun's loop (``stages.train.train_run``: the one loop,
+(a) loop overhead: seconds per update of pilotrun's loop (``rehearsal.training.train.train_run``: the one loop,
     with the journal and metrics.jsonl written every update) over a bare PyTorch loop written here
     (same tiny Llama, same micro-batches, AdamW, accumulation, loss summed over targets and divided by
     the update's target count, gradient clipping); target <= 1.03. Beside it the Hugging Face
@@ -9,7 +9,7 @@
     in each repetition, one warm-up repetition first; the median of the per-repetition ratios.
 (b) rehearsal against its floor: ``pilotrun pilot`` in a fresh process over the same work done bare
     in a fresh process (load, first update, steady update, longest eval batch, save, export, reload);
-    target <= 1.5. Measured only when ``src/pilotrun/stages/pilot.py`` exists.
+    target <= 1.5. Measured only when ``src/pilotrun/rehearsal/memory/pilot.py`` exists.
 
 Run: ``python bench/bench_loop.py [--quick]`` (prints a Markdown table).
 """
@@ -58,7 +58,7 @@ def _steady(stamps: list[float]) -> float:
 
 def pilotrun_loop(loaded, prep, home: Path) -> float:
     from pilotrun.engine.loop import Hooks
-    from pilotrun.stages.train import train_run
+    from pilotrun.rehearsal.training.train import train_run
 
     stamps: list[float] = []
     train_run(loaded, home, prep=prep, progress=False, save_artifact=False,
@@ -173,7 +173,7 @@ def bench_loop_overhead(tmp: Path, quick: bool) -> list[dict]:
     import torch
 
     from pilotrun.campaign.load import load_campaign
-    from pilotrun.stages.prepare import prepare
+    from pilotrun.rehearsal.prepare import prepare
 
     torch.set_num_threads(1)  # the cores are shared; one thread keeps A and B comparable
     updates, reps = (8, 5) if quick else (14, 7)
@@ -284,7 +284,7 @@ print(json.dumps(phases))
 
 def bench_rehearsal(tmp: Path, quick: bool) -> list[dict]:
     figure = "rehearsal: `pilotrun pilot` wall time ÷ the same work done bare, fresh processes"
-    if not (REPO / "src" / "pilotrun" / "stages" / "pilot.py").exists():
+    if not (REPO / "src" / "pilotrun" / "rehearsal" / "memory" / "pilot.py").exists():
         return [_row(figure, [], "<= 1.5", lambda m: True, note="not measured: pilot stage missing")]
     reps = 5 if quick else 7
     path = campaign(tmp / "pilot", 4)

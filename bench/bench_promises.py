@@ -5,7 +5,7 @@
    record it: probe/watch.py). Goal ≤ 1.00 with no allowance: on CPU both sides are the exact count of
    live tensor bytes (probe/tensors.py), on CUDA the allocator's counters.
 2. Time: the sheet's plan on this machine (the pilot's measured seconds per update, per validation
-   batch, per checkpoint, per load; stages/timecheck.py) for the work the sweep's runs did, ÷ the
+   batch, per checkpoint, per load; rehearsal/training/timecheck.py) for the work the sweep's runs did, ÷ the
    runs' wall time (from reading their data to their last record). Goal 0.9–1.1. The sweep
    process's own wall time (Python start-up and imports included) is in the note.
 
@@ -92,7 +92,7 @@ def uneven_campaign(tmp: Path, quick: bool) -> Path:
 
 def promises(path: Path, home: Path) -> dict:
     from pilotrun.journal.store import Journal
-    from pilotrun.stages.timecheck import sweep_time_check
+    from pilotrun.rehearsal.training.timecheck import sweep_time_check
 
     pilot, pilot_wall = _pilotrun("pilot", path, "--home", home)
     sheet, _ = _pilotrun("sheet", path, "--home", home)

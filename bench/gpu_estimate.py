@@ -39,7 +39,7 @@ def measured(loaded) -> dict:
     from pilotrun.engine.loop import evaluate, make_state, run_update
     from pilotrun.probe.memory import make_probe
     from pilotrun.phases.worst import worst_case
-    from pilotrun.stages.prepare import prepare
+    from pilotrun.rehearsal.prepare import prepare
 
     device = torch.device("cuda", 0)
     gc.collect()
@@ -66,7 +66,7 @@ def measured(loaded) -> dict:
 
 def compare(quick: bool) -> list[dict]:
     from pilotrun.campaign.load import load_campaign
-    from pilotrun.stages.estimate import estimate
+    from pilotrun.rehearsal.memory.estimate import estimate
 
     rows = []
     with tempfile.TemporaryDirectory(prefix="pilotrun-gpu-estimate-") as d:

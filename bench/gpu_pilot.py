@@ -60,7 +60,7 @@ def main(argv=None) -> int:
         return 0
     from pilotrun.campaign.load import load_campaign, parse_set
     from pilotrun.demo.synth import write_demo
-    from pilotrun.stages.pilot import pilot
+    from pilotrun.rehearsal.memory.pilot import pilot
 
     work = Path(tempfile.mkdtemp(prefix="pilotrun-gpu-pilot-"))
     path = write_demo(work / "demo")

@@ -28,7 +28,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("probe", ("pilotrun.probe",)),
     # the sheet (plan, catalogue, sizes, launch) is the rental's part of the rehearsal: it runs the estimate
     # and reads the sweep's arms, and only stages and above use it
-    ("stages", ("pilotrun.stages", "pilotrun.rehearsal", "pilotrun.sheet")),
+    ("rehearsal", ("pilotrun.rehearsal", "pilotrun.sheet")),
     ("integrations", ("pilotrun.integrations",)),
     ("report", ("pilotrun.report",)),
     ("demo", ("pilotrun.demo",)),

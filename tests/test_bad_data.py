@@ -67,7 +67,7 @@ def test_shared_alpaca_and_stack_exchange_read(tmp_path):
 
 def test_internal_error_exits_3(cli, tmp_path, monkeypatch):
     """A bug is not bad input: exit 3, a short message, the traceback in a file."""
-    import pilotrun.stages.validate as v
+    import pilotrun.rehearsal.data_checks.validate as v
 
     def broken(loaded):
         raise ZeroDivisionError("planted bug")

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from pilotrun.stages import compare as cmp
+from pilotrun.rehearsal.training import compare as cmp
 
 
 def _runs(arm, values, statuses=None):

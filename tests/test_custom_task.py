@@ -99,7 +99,7 @@ def test_mean_loss_fails_accumulation_check(cli, tabular_dir, tmp_path):
 
 
 def test_example_passes_all(cli, tabular_dir, tmp_path):
-    from pilotrun.stages.all import STAGES
+    from pilotrun.rehearsal.all import STAGES
 
     r = cli("all", tabular_dir / "tabular_campaign.yaml", "--home", tmp_path / "home", "--json")
     results = r.json["stages"]

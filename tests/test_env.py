@@ -5,7 +5,7 @@ import json
 import pytest
 
 from pilotrun.sheet.stack import read_target_env
-from pilotrun.stages.env import ENV_KEYS, collect_env, env_lines
+from pilotrun.rehearsal.rental.env import ENV_KEYS, collect_env, env_lines
 
 
 def test_env_json_has_the_keys(cli):

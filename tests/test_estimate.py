@@ -42,9 +42,9 @@ def _nbytes(tensors) -> int:
 def test_parameters_gradients_and_optimizer_state_are_exact(tmp_path):
     from pilotrun.campaign.load import load_campaign
     from pilotrun.engine.loop import make_state, run_update
-    from pilotrun.stages.estimate import estimate
+    from pilotrun.rehearsal.memory.estimate import estimate
     from pilotrun.phases.worst import worst_case
-    from pilotrun.stages.prepare import prepare
+    from pilotrun.rehearsal.prepare import prepare
 
     loaded = load_campaign(_campaign(tmp_path))
     rows = _rows(estimate(loaded, device="cpu"))
@@ -71,7 +71,7 @@ MEASURE = textwrap.dedent("""
     from pilotrun.engine.loop import evaluate, make_state, run_update
     from pilotrun.probe.memory import make_probe
     from pilotrun.phases.worst import worst_case
-    from pilotrun.stages.prepare import prepare
+    from pilotrun.rehearsal.prepare import prepare
 
     def phases(path):
         prep = prepare(load_campaign(path), splits=("train", "validation"))
@@ -97,7 +97,7 @@ def test_peak_matches_measured_rss_within_tolerance(tmp_path):
     """RSS is noisy; measured in a fresh process where glibc returns freed tensors to the OS at once
     (a fixed mmap threshold), after a warm-up, as the increase over the phase's baseline."""
     from pilotrun.campaign.load import load_campaign
-    from pilotrun.stages.estimate import estimate
+    from pilotrun.rehearsal.memory.estimate import estimate
 
     path = _campaign(tmp_path)
     warm = _campaign(tmp_path, "warm", model__config=dict(TINY_LLAMA))
@@ -138,7 +138,7 @@ def test_over_budget_names_phase_and_inputs_and_fails(tmp_path, cli):
 
 def test_fsdp_divides_state_by_ranks_but_not_activations(tmp_path):
     from pilotrun.campaign.load import load_campaign
-    from pilotrun.stages.estimate import estimate
+    from pilotrun.rehearsal.memory.estimate import estimate
 
     base = load_campaign(_campaign(tmp_path, data__max_length=64))
     single = _rows(estimate(base, device="cuda"))
@@ -153,7 +153,7 @@ def test_fsdp_divides_state_by_ranks_but_not_activations(tmp_path):
 
 def test_gradient_checkpointing_and_adapter_shrink_what_they_should(tmp_path):
     from pilotrun.campaign.load import load_campaign
-    from pilotrun.stages.estimate import estimate
+    from pilotrun.rehearsal.memory.estimate import estimate
 
     base = load_campaign(_campaign(tmp_path, data__max_length=64))
     plain = _rows(estimate(base, device="cuda"))["steady_step"]
@@ -170,7 +170,7 @@ def test_model_folder_is_estimated_from_its_config(tmp_path):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from pilotrun.campaign.load import load_campaign
-    from pilotrun.stages.estimate import estimate
+    from pilotrun.rehearsal.memory.estimate import estimate
 
     cfg = dict(TINY_LLAMA)
     model = AutoModelForCausalLM.from_config(AutoConfig.for_model(cfg.pop("model_type"), **cfg))
@@ -187,7 +187,7 @@ def test_model_folder_is_estimated_from_its_config(tmp_path):
 @pytest.mark.slow
 def test_one_billion_parameter_config(tmp_path):
     from pilotrun.campaign.load import load_campaign
-    from pilotrun.stages.estimate import estimate
+    from pilotrun.rehearsal.memory.estimate import estimate
 
     big = {"model_type": "llama", "vocab_size": 32000, "hidden_size": 2048, "intermediate_size": 5632,
            "num_hidden_layers": 22, "num_attention_heads": 32, "num_key_value_heads": 4,

@@ -58,8 +58,8 @@ def _loaded(tmp_path, name="c", n_val=8, **overrides):
 
 
 def _measure(loaded, kind, **overrides):
-    from pilotrun.stages.fit_probe import probe, variant_prep
-    from pilotrun.stages.prepare import prepare
+    from pilotrun.rehearsal.memory.fit_probe import probe, variant_prep
+    from pilotrun.rehearsal.prepare import prepare
 
     prep = prepare(loaded, splits=("train", "validation"))
     return probe(variant_prep(prep, loaded.with_overrides(overrides)) if overrides else prep, kind)
@@ -68,7 +68,7 @@ def _measure(loaded, kind, **overrides):
 def _between(big: dict, small: dict) -> int:
     """A limit halfway between two measured peaks; the gap must leave room for the CPU margin."""
     from pilotrun.probe.recorder import peak_of
-    from pilotrun.stages.fit_probe import margin
+    from pilotrun.rehearsal.memory.fit_probe import margin
 
     hi, lo = peak_of(big), peak_of(small)
     limit = (hi + lo) // 2
@@ -81,8 +81,8 @@ def test_halved_micro_batch_with_doubled_accumulation_fits_and_matches(tmp_path)
 
 
 def _halved_micro_batch(tmp_path):
-    from pilotrun.stages.fit import fit
-    from pilotrun.stages.fit_rules import FP32_RTOL
+    from pilotrun.rehearsal.memory.fit import fit
+    from pilotrun.rehearsal.memory.fit_rules import FP32_RTOL
 
     loaded = _loaded(tmp_path)
     control = _measure(loaded, "train")
@@ -115,7 +115,7 @@ def test_eval_bound_campaign_gets_a_smaller_eval_batch(tmp_path):
 
 
 def _eval_bound(tmp_path):
-    from pilotrun.stages.fit import fit
+    from pilotrun.rehearsal.memory.fit import fit
 
     loaded = _loaded(tmp_path, n_val=16, train__micro_batch=1, train__accumulation=4, train__eval_batch=16)
     control = _measure(loaded, "eval")
@@ -135,8 +135,8 @@ def _eval_bound(tmp_path):
 
 @pytest.mark.slow  # RSS gap between two lengths is noisy when the 2 cores are shared
 def test_shorter_max_length_is_flagged_when_it_cuts_targets(tmp_path):
-    from pilotrun.stages.fit import fit
-    from pilotrun.stages.prepare import prepare
+    from pilotrun.rehearsal.memory.fit import fit
+    from pilotrun.rehearsal.prepare import prepare
 
     # micro_batch 1: no smaller micro-batch; a wider vocabulary so that the length moves the peak
     loaded = _loaded(tmp_path, train__micro_batch=1, train__accumulation=2, data__max_length=96,
@@ -158,9 +158,9 @@ def test_shorter_max_length_is_flagged_when_it_cuts_targets(tmp_path):
 
 
 def test_targets_cut_is_zero_for_a_length_that_cuts_nothing(tmp_path):
-    from pilotrun.stages.fit import _Fit
-    from pilotrun.stages.fit_variants import _targets_cut
-    from pilotrun.stages.prepare import prepare
+    from pilotrun.rehearsal.memory.fit import _Fit
+    from pilotrun.rehearsal.memory.fit_variants import _targets_cut
+    from pilotrun.rehearsal.prepare import prepare
 
     loaded = _loaded(tmp_path, data__max_length=96)
     job = _Fit(loaded, prepare(loaded, splits=("train", "validation")), 2**30, 16, None)
@@ -170,8 +170,8 @@ def test_targets_cut_is_zero_for_a_length_that_cuts_nothing(tmp_path):
 
 @pytest.mark.parametrize("n", [1, 2, 3, 5, 8, 13, 64, 100])
 def test_bisection_finds_the_largest_fit_within_the_probe_bound(n):
-    from pilotrun.stages.fit_rules import probe_bound
-    from pilotrun.stages.fit_probe import largest_fitting
+    from pilotrun.rehearsal.memory.fit_rules import probe_bound
+    from pilotrun.rehearsal.memory.fit_probe import largest_fitting
 
     cands = list(range(1, n + 1))
     for threshold in range(0, n + 1):  # candidates up to threshold fit
@@ -182,7 +182,7 @@ def test_bisection_finds_the_largest_fit_within_the_probe_bound(n):
 
 def test_unreachable_effective_batch_names_the_keys(tmp_path, cli):
     from pilotrun.errors import BadInput
-    from pilotrun.stages.fit_rules import accumulation_for, micro_batch_candidates
+    from pilotrun.rehearsal.memory.fit_rules import accumulation_for, micro_batch_candidates
 
     loaded = _loaded(tmp_path, train__strategy="ddp", train__nproc=3, train__micro_batch=2, train__accumulation=2)
     with pytest.raises(BadInput) as e:
@@ -196,7 +196,7 @@ def test_unreachable_effective_batch_names_the_keys(tmp_path, cli):
 
 
 def test_weights_bound_phase_never_gets_accumulation(tmp_path):
-    from pilotrun.stages.fit import fit
+    from pilotrun.rehearsal.memory.fit import fit
 
     loaded = _loaded(tmp_path)
     load_row = {"phase": "load", "inputs": {"dtype": "float32"}, "verdict": "over-budget", "counter": "rss",
@@ -210,7 +210,7 @@ def test_weights_bound_phase_never_gets_accumulation(tmp_path):
 
 
 def test_control_that_fits_needs_nothing(tmp_path):
-    from pilotrun.stages.fit import fit
+    from pilotrun.rehearsal.memory.fit import fit
 
     loaded = _loaded(tmp_path)
     row = {"phase": "steady_step", "inputs": {}, "verdict": "ok", "counter": "rss", "peak_allocated": 2**28,

@@ -24,7 +24,7 @@ def test_rerun_gets_new_id_and_old_row_unchanged(cli, tmp_path):
 def test_rows_are_immutable(tmp_path):
     path = tiny_causal_campaign(tmp_path, simple_records(8), train__updates=1)
     from pilotrun.campaign import load_campaign
-    from pilotrun.stages.train import train_run
+    from pilotrun.rehearsal.training.train import train_run
 
     run_id = train_run(load_campaign(path), tmp_path / "home", progress=False).data["run_id"]
     j = Journal(tmp_path / "home")

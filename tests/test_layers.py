@@ -51,8 +51,8 @@ def test_a_planted_circle_fails_naming_its_modules(tmp_path):
 
 def test_a_private_helper_taken_across_modules_fails(tmp_path):
     root = _copy(tmp_path)
-    _append(root, "pilotrun.stages.overfit", "from pilotrun.engine.loop import _RanOut")
-    assert layering.problems(root) == ["pilotrun.stages.overfit imports the private pilotrun.engine.loop._RanOut"]
+    _append(root, "pilotrun.rehearsal.mechanics.overfit", "from pilotrun.engine.loop import _RanOut")
+    assert layering.problems(root) == ["pilotrun.rehearsal.mechanics.overfit imports the private pilotrun.engine.loop._RanOut"]
 
 
 def test_a_module_in_no_layer_fails(tmp_path):

@@ -9,8 +9,8 @@ from conftest import tiny_causal_campaign, write_campaign, write_jsonl
 from pilotrun.campaign import load_campaign
 from pilotrun.data import minhash
 from pilotrun.data.leakage import normalise
-from pilotrun.stages.all import STAGES
-from pilotrun.stages.leakage import leakage
+from pilotrun.rehearsal.all import STAGES
+from pilotrun.rehearsal.data_checks.leakage import leakage
 
 LONG = ("the quick brown fox jumps over the lazy dog while the farmer watches from the old wooden "
         "porch and drinks his morning coffee slowly before the long day of work in the fields begins")

@@ -13,7 +13,7 @@ from conftest import SHARED_DATA, tiny_causal_campaign
 
 from pilotrun.campaign import load_campaign
 from pilotrun.data.leakage import exact_key, normalise
-from pilotrun.stages.leakage import leakage
+from pilotrun.rehearsal.data_checks.leakage import leakage
 
 
 def _alpaca() -> list[dict]:

@@ -1,4 +1,4 @@
-"""The pilot's promise: its worst-case inputs bound every run's peaks (probe/watch.py, stages/train.py).
+"""The pilot's promise: its worst-case inputs bound every run's peaks (probe/watch.py, rehearsal/training/train.py).
 
 Each command runs in a fresh process, as a user runs them: RSS is process-wide, and a long pytest
 process would carry other tests' heap into the readings.
@@ -81,7 +81,7 @@ def test_honest_pilot_bounds_every_phase_of_the_run(campaign, tmp_path):
 
 def test_run_without_pilot_says_so(tmp_path):
     from pilotrun.campaign.load import load_campaign
-    from pilotrun.stages.train import train_run
+    from pilotrun.rehearsal.training.train import train_run
 
     c = tiny_causal_campaign(tmp_path / "c", _uneven(8), _uneven(4, 100), train__updates=2)
     r = train_run(load_campaign(c), tmp_path / "home", progress=False)

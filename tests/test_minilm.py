@@ -10,12 +10,12 @@ import pytest
 from conftest import minilm_campaign, minilm_path
 
 from pilotrun.campaign import load_campaign
-from pilotrun.stages.inspect import inspect
+from pilotrun.rehearsal.data_checks.inspect import inspect
 from pilotrun.tasks import make_task
 
 
 def test_all_on_minilm_classifier(cli, tmp_path):
-    from pilotrun.stages.all import STAGES
+    from pilotrun.rehearsal.all import STAGES
 
     path = minilm_campaign(tmp_path / "c")
     r = cli("all", path, "--home", tmp_path / "home", "--json")

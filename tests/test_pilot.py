@@ -5,7 +5,7 @@ import yaml
 from conftest import simple_records, tiny_causal_campaign, write_campaign
 
 from pilotrun.campaign import load_campaign
-from pilotrun.stages.pilot import pilot
+from pilotrun.rehearsal.memory.pilot import pilot
 from pilotrun.phases import PHASES
 
 COUNTERS = ("baseline", "peak_allocated", "end_allocated")

@@ -15,7 +15,7 @@ def journal_with_everything(demo_dir):
 
     from pilotrun.journal.store import Journal
     from pilotrun.probe.recorder import phase
-    from pilotrun.stages.sweep import sweep
+    from pilotrun.rehearsal.training.sweep import sweep
 
     from pilotrun.campaign.load import load_campaign
 

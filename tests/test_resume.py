@@ -5,7 +5,7 @@ import os
 import re
 
 from pilotrun.journal.store import Journal
-from pilotrun.stages.resume import SKIP_ENV, first_difference
+from pilotrun.rehearsal.mechanics.resume import SKIP_ENV, first_difference
 
 
 def test_clean_demo_resumes_exactly_across_epochs(cli, demo_campaign, tmp_path):
@@ -25,8 +25,8 @@ def test_clean_demo_resumes_exactly_across_epochs(cli, demo_campaign, tmp_path):
     assert (run_dir / "artifact" / "model" / "model.safetensors").is_file()
     # inside `all`, verify takes the most recent completed run of the campaign: this resume run's artifact
     from pilotrun.campaign import load_campaign
-    from pilotrun.stages.all import STAGES
-    from pilotrun.stages.verify import verify_latest
+    from pilotrun.rehearsal.all import STAGES
+    from pilotrun.rehearsal.mechanics.verify import verify_latest
 
     names = [n for n, _ in STAGES]
     assert names.index("validate") < names.index("overfit") < names.index("resume") < names.index("verify") \

@@ -62,7 +62,7 @@ def test_custom_task_without_its_own_generator_resumes_exactly(cli, tmp_path):
 def test_builtin_tasks_are_not_blamed_on_task_state():
     from types import SimpleNamespace
 
-    from pilotrun.stages.resume import custom_task_note, first_difference
+    from pilotrun.rehearsal.mechanics.resume import custom_task_note, first_difference
 
     assert custom_task_note(SimpleNamespace(task="causal-lm"), object()) is None
     ref = [{"update": u, "lr": 1e-3, "ids": [["a"]], "epoch": 0, "loss": 1.0 + u, "examples_seen": u, "finite": True}

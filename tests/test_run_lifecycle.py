@@ -25,7 +25,7 @@ def test_the_same_campaign_has_one_config_hash_through_every_path(tmp_path):
     from pilotrun.journal.store import Journal
     from pilotrun.probe.recorder import own_run
     from pilotrun.provenance import config_sha256
-    from pilotrun.stages.train import train_run
+    from pilotrun.rehearsal.training.train import train_run
 
     loaded = _loaded(tmp_path)
     home = tmp_path / "home"

@@ -10,9 +10,9 @@ from conftest import simple_records, tiny_causal_campaign
 
 from pilotrun.campaign.load import load_campaign
 from pilotrun.journal.store import Journal
-from pilotrun.stages.env import collect_env
+from pilotrun.rehearsal.rental.env import collect_env
 from pilotrun.journal.runs import run_provenance
-from pilotrun.stages.sheet import find_pilot, sheet_section_html, sheet_stage
+from pilotrun.rehearsal.rental.sheet import find_pilot, sheet_section_html, sheet_stage
 
 GiB = 2**30
 PHASES = ("load", "first_step", "steady_step", "eval_longest", "save", "export", "reload")
@@ -213,13 +213,13 @@ def test_sheet_section_html(tmp_path):
 
 
 def test_sheet_ends_all():
-    from pilotrun.stages.all import STAGES
+    from pilotrun.rehearsal.all import STAGES
 
     assert STAGES[-1][0] == "sheet"
 
 
 def test_demo_pilot_then_sheet_is_complete(demo_campaign, tmp_path, cli):
-    pytest.importorskip("pilotrun.stages.pilot", reason="the pilot stage (issue 3) has not landed yet")
+    pytest.importorskip("pilotrun.rehearsal.memory.pilot", reason="the pilot stage (issue 3) has not landed yet")
     home = tmp_path / "home"
     p = cli("pilot", demo_campaign, "--home", home, "--json")
     assert p.code == 0, p.err[-2000:]
@@ -243,8 +243,8 @@ def test_demo_pilot_then_sheet_is_complete(demo_campaign, tmp_path, cli):
 
 
 def test_sheet_from_real_pilot_phase_rows(demo_campaign, tmp_path):
-    """The rows of the pilot's own phase runner (stages/pilot_phases.py), not hand-written ones."""
-    from pilotrun.stages.pilot_phases import PilotJob, run_phases
+    """The rows of the pilot's own phase runner (rehearsal/memory/pilot_phases.py), not hand-written ones."""
+    from pilotrun.rehearsal.memory.pilot_phases import PilotJob, run_phases
 
     loaded = load_campaign(demo_campaign)
     home = tmp_path / "home"

@@ -7,7 +7,7 @@ from conftest import write_campaign, write_jsonl
 
 from pilotrun.campaign import load_campaign
 from pilotrun.demo.synth import conversations
-from pilotrun.stages.leakage import leakage
+from pilotrun.rehearsal.data_checks.leakage import leakage
 
 
 def _records():

@@ -104,7 +104,7 @@ def test_variant_with_a_side_effect_is_refused(demo_dir, cli, variant, key, what
 def test_compensated_micro_batch_is_allowed_and_the_seed_is_not(demo_dir):
     from pilotrun.campaign.load import load_campaign
     from pilotrun.errors import BadInput
-    from pilotrun.stages.sweep import plan_arms
+    from pilotrun.rehearsal.training.sweep import plan_arms
 
     # the fixture's 4 × 2: 8 × 1 keeps the effective batch, as `fit` does
     arms = plan_arms(load_campaign(_plan(demo_dir, {}, [{"train.micro_batch": 8, "train.accumulation": 1}], [0])))

@@ -59,7 +59,7 @@ def test_a_sweep_spreads_over_both_nodes_and_matches_a_local_sweep(cluster, demo
     from pilotrun.campaign.load import load_campaign
     from pilotrun.journal.files import verify_manifest
     from pilotrun.journal.store import Journal
-    from pilotrun.stages.sweep import sweep
+    from pilotrun.rehearsal.training.sweep import sweep
 
     c, worker = cluster
     campaign = _campaign(demo_dir)
@@ -93,7 +93,7 @@ def test_a_lost_node_interrupts_its_run_and_continue_reruns_it(cluster, demo_dir
 
     from pilotrun.campaign.load import load_campaign
     from pilotrun.journal.store import Journal
-    from pilotrun.stages.sweep import sweep
+    from pilotrun.rehearsal.training.sweep import sweep
 
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -188,7 +188,7 @@ def test_without_ray_the_flag_is_bad_input_naming_the_extra(demo_dir, tmp_path):
 
 
 def test_a_cluster_that_cannot_hold_a_run_is_bad_input():
-    from pilotrun.stages.sweep_ray import capacity, run_demand
+    from pilotrun.rehearsal.training.sweep_ray import capacity, run_demand
 
     demand = run_demand(2, {"CPU": 8, "GPU": 1})
     assert demand == {"num_cpus": 2, "num_gpus": 2} and capacity(demand, {"CPU": 8, "GPU": 1}) == 0

@@ -1,4 +1,4 @@
-"""The sheet's time plan against the sweep's clock (stages/timecheck.py), and in the report."""
+"""The sheet's time plan against the sweep's clock (rehearsal/training/timecheck.py), and in the report."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from pilotrun.sheet import shape
 @pytest.fixture
 def piloted_sweep(demo_dir):
     from pilotrun.campaign.load import load_campaign
-    from pilotrun.stages.pilot import pilot
-    from pilotrun.stages.sweep import sweep
+    from pilotrun.rehearsal.memory.pilot import pilot
+    from pilotrun.rehearsal.training.sweep import sweep
 
     path = demo_dir / "campaign.yaml"
     c = yaml.safe_load(path.read_text())
@@ -70,7 +70,7 @@ def test_each_run_is_predicted_from_the_pilots_units_for_the_work_it_did(piloted
 
 
 def test_a_plan_off_by_half_is_reported_outside_the_goal():
-    from pilotrun.stages.timecheck import time_lines
+    from pilotrun.rehearsal.training.timecheck import time_lines
 
     run = {"run_id": "r1", "arm": "control", "seed": 0, "predicted_s": 5.0, "actual_s": 10.0, "ratio": 0.5,
            "updates": 12, "status": "completed"}
@@ -84,7 +84,7 @@ def test_a_plan_off_by_half_is_reported_outside_the_goal():
 
 
 def test_a_time_plan_out_of_range_makes_the_sweep_warn():
-    from pilotrun.stages.timecheck import time_plan_warning
+    from pilotrun.rehearsal.training.timecheck import time_plan_warning
 
     run = {"run_id": "r1", "arm": "control", "seed": 0, "predicted_s": 5.0, "actual_s": 10.0, "ratio": 0.5,
            "updates": 12, "status": "completed"}
@@ -96,7 +96,7 @@ def test_a_time_plan_out_of_range_makes_the_sweep_warn():
 
 def test_sweep_without_pilot_is_not_compared(demo_dir):
     from pilotrun.campaign.load import load_campaign
-    from pilotrun.stages.sweep import sweep
+    from pilotrun.rehearsal.training.sweep import sweep
 
     r = sweep(load_campaign(demo_dir / "campaign.yaml"), demo_dir / "home", progress=False)
     assert r.data["time_check"]["pilot_run"] is None

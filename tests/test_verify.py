@@ -8,7 +8,7 @@ import yaml
 from conftest import TINY_LLAMA, write_campaign
 
 from pilotrun.journal.files import write_manifest
-from pilotrun.stages.control import CONTROL_FILE, load_control
+from pilotrun.rehearsal.mechanics.control import CONTROL_FILE, load_control
 
 
 @pytest.fixture(scope="module")
@@ -16,7 +16,7 @@ def trained(tmp_path_factory):
     """One real train run of the demo (tiny budget), shared; tests that tamper work on a copy of its home."""
     from pilotrun.campaign import load_campaign
     from pilotrun.demo.synth import write_demo
-    from pilotrun.stages.train import train_run
+    from pilotrun.rehearsal.training.train import train_run
 
     root = tmp_path_factory.mktemp("verify")
     path = write_demo(root / "demo", n_conversations=60)

@@ -145,3 +145,7 @@ def emit_data(data, as_json: bool, render, summary: str = "") -> int:
     if as_json:
         write(envelope(exit_code=EXIT_OK, verb=_verb(), verdict="ok", summary=summary, data=data))
     return EXIT_OK
+
+
+set_option = click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
+                          help="override a campaign key (repeatable)")

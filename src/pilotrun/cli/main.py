@@ -15,14 +15,14 @@ from pilotrun.errors import EXIT_BAD_INPUT, EXIT_INTERNAL, BadInput
 
 # Each module registers its verbs on ``cli`` when imported; heavy imports stay inside the verbs.
 COMMAND_MODULES = (
-    "pilotrun.cli.cmd_core",
-    "pilotrun.cli.cmd_journal",
-    "pilotrun.cli.cmd_sweep",
-    "pilotrun.cli.cmd_memory",
-    "pilotrun.cli.cmd_mechanics",
-    "pilotrun.cli.cmd_data",
-    "pilotrun.cli.cmd_sheet",
-    "pilotrun.cli.cmd_pilot",
+    "pilotrun.cli.start",
+    "pilotrun.cli.journal",
+    "pilotrun.cli.sweep_report",
+    "pilotrun.cli.estimate_fit",
+    "pilotrun.cli.mechanics",
+    "pilotrun.cli.data_checks",
+    "pilotrun.cli.sheet_env",
+    "pilotrun.cli.pilot",
 )
 
 

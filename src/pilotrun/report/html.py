@@ -61,7 +61,7 @@ def latest_sweep_id(journal) -> str | None:
 
 
 def _sweep_data(journal) -> dict | None:
-    from pilotrun.stages.sweep import sweep_comparison
+    from pilotrun.rehearsal.training.sweep import sweep_comparison
 
     sid = latest_sweep_id(journal)
     return sweep_comparison(journal, sid) if sid else None
@@ -101,7 +101,7 @@ _STATUS_CLASS = {"status": lambda r: f"status-{r.get('status')}"}
 
 
 def section_comparison(journal) -> str:
-    from pilotrun.stages.compare import TABLE_COLUMNS
+    from pilotrun.rehearsal.training.compare import TABLE_COLUMNS
 
     data = _sweep_data(journal)
     if data is None:
@@ -176,7 +176,7 @@ def section_promises(journal) -> str:
     """The pilot's two promises checked by the latest sweep: its peaks bound the runs', its plan their time."""
     from pilotrun.probe.sizes import fmt_bytes
     from pilotrun.sheet.plan import fmt_duration
-    from pilotrun.stages.timecheck import sweep_time_check
+    from pilotrun.rehearsal.training.timecheck import sweep_time_check
 
     sid = latest_sweep_id(journal)
     if sid is None:

@@ -72,7 +72,7 @@ def render_run(con, data) -> None:
         print_wrapped(con, "timing: " + ", ".join(f"{k.removesuffix('_s')} {fmt_duration(v)}" for k, v in flat.items()),
                       "  ")
     if summary.get("memory_bound"):
-        from pilotrun.stages.train import bound_lines
+        from pilotrun.rehearsal.training.train import bound_lines
 
         for line in bound_lines(summary["memory_bound"]):
             con.print(f"  {line}", style="yellow" if line.startswith("WARNING") else None, markup=False)

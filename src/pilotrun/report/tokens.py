@@ -1,4 +1,4 @@
-"""Token-by-token view of encoded examples (from stages.inspect.view_examples), with a legend."""
+"""Token-by-token view of encoded examples (from rehearsal.data_checks.inspect.view_examples), with a legend."""
 
 from __future__ import annotations
 

@@ -91,7 +91,7 @@ def phase_needs(rows: list[dict], kind: str, gpu, ranks: int, not_measured=("oom
 
 def predict_rows(loaded, prep) -> list[dict]:
     """``estimate``'s rows for CUDA on this campaign: the same phases on fake tensors."""
-    from pilotrun.stages.estimate import trace
+    from pilotrun.rehearsal.memory.estimate import trace
 
     return trace(loaded, device="cuda", prep=prep)["rows"]
 

@@ -1,7 +1,7 @@
 """Launch files for the chosen GPU and plan, written next to sheet.md.
 
 - ``STEM.commands.sh``: the sweep's ``pilotrun train`` commands in the sheet's order (control first),
-  the same lines the sweep's runs record (stages/sweep.py ``arm_command``), grouped by the lane the
+  the same lines the sweep's runs record (rehearsal/training/sweep.py ``arm_command``), grouped by the lane the
   plan placed each run on; lanes run side by side, each on its own GPUs.
 - ``STEM.sky.yaml``: a SkyPilot task: resources (accelerator:count), setup installing the stack the
   sheet checked, run starting the sweep.
@@ -18,7 +18,7 @@ from pathlib import Path
 def sweep_commands(loaded, sets: tuple[str, ...] = ()) -> list[dict]:
     """The sweep's runs in the sheet's order (seeds outer, control then variants), each with its command."""
     from pilotrun.campaign.arms import plan_arms
-    from pilotrun.stages.sweep_runs import arm_command
+    from pilotrun.rehearsal.training.sweep_runs import arm_command
 
     arms = plan_arms(loaded)
     out = []

@@ -1,7 +1,7 @@
 """When the campaign does not fit: the options that do, per catalogue GPU and GPU count, and what each
 changes in the experiment.
 
-Memory comes from the estimator (stages/estimate.py): three traces — the campaign as written, with
+Memory comes from the estimator (rehearsal/memory/estimate.py): three traces — the campaign as written, with
 activation checkpointing, and with a LoRA adapter plus checkpointing — and from each the rows of one
 rank for any count and strategy (``rows_for``: DDP buckets, FSDP's shards and gathered blocks, an
 offloaded optimizer). QLoRA is the LoRA trace with the decoder layers' linear weights at 4 bits.
@@ -75,8 +75,8 @@ def options_table(loaded, *, prep=None, rates: dict | None = None, lora_r: int |
     for each kind (keeps the experiment / changes it); ``recommended`` and ``cheapest``."""
     from pilotrun.campaign.arithmetic import data_parallel_ranks
     from pilotrun.sheet.catalogue import CATALOGUE
-    from pilotrun.stages.estimate import traced
-    from pilotrun.stages.prepare import prepare
+    from pilotrun.rehearsal.memory.estimate import traced
+    from pilotrun.rehearsal.prepare import prepare
 
     started = time.perf_counter()
     c = loaded.campaign
@@ -144,7 +144,7 @@ def _ranks_of(t) -> int:
 
 def _evaluate(opt, g, n, traces, cache, work, effective, r, c, has_adapter, rates) -> dict | None:
     from pilotrun.sheet.gpu_memory import need_bytes, overheads
-    from pilotrun.stages.estimate import rows_for
+    from pilotrun.rehearsal.memory.estimate import rows_for
 
     key, label, trace_key, strategy, offload, qlora = opt
     if strategy == "fsdp" and n == 1:

@@ -7,7 +7,7 @@ are much cheaper. So the pilot also times a few updates the campaign's own sampl
 and counts the padded tokens of every update of the budget (same sampler, same seed) and of every
 validation batch. The plan then uses the fitted line at the budget's mean tokens per update, and
 scales the longest validation batch's time by each batch's tokens with the same fixed share ``a``.
-Pure functions; the pilot (stages/pilot_phases.py) measures, the sheet uses.
+Pure functions; the pilot (rehearsal/memory/pilot_phases.py) measures, the sheet uses.
 """
 
 from __future__ import annotations

@@ -107,7 +107,7 @@ class Prober:
         import torch
 
         from pilotrun.probe.estimate import Accountant
-        from pilotrun.stages.estimate import SHARDED, with_gathered_blocks
+        from pilotrun.rehearsal.memory.estimate import SHARDED, with_gathered_blocks
 
         self.probes += 1
         acc = Accountant("cuda")

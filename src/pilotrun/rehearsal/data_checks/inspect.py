@@ -14,7 +14,7 @@ INFO_CHECKS = ("classes", "chat format")  # ok checks whose message is worth pri
 def inspect(loaded, n: int = 0, split: str | None = None) -> StageResult:
     """Run the checks; with ``n`` > 0, also the first n examples of ``split`` token by token in ``data``."""
     from pilotrun.data.checks import run_checks
-    from pilotrun.stages.prepare import prepare
+    from pilotrun.rehearsal.prepare import prepare
 
     from pilotrun.verdicts import Check
 

@@ -8,43 +8,43 @@ from __future__ import annotations
 
 
 def _validate(loaded, home):
-    from pilotrun.stages.validate import validate
+    from pilotrun.rehearsal.data_checks.validate import validate
 
     return validate(loaded)
 
 
 def _inspect(loaded, home):
-    from pilotrun.stages.inspect import inspect
+    from pilotrun.rehearsal.data_checks.inspect import inspect
 
     return inspect(loaded)
 
 
 def _leakage(loaded, home):
-    from pilotrun.stages.leakage import leakage
+    from pilotrun.rehearsal.data_checks.leakage import leakage
 
     return leakage(loaded)
 
 
 def _overfit(loaded, home):
-    from pilotrun.stages.overfit import overfit
+    from pilotrun.rehearsal.mechanics.overfit import overfit
 
     return overfit(loaded, home)
 
 
 def _resume(loaded, home):
-    from pilotrun.stages.resume import resume
+    from pilotrun.rehearsal.mechanics.resume import resume
 
     return resume(loaded, home)
 
 
 def _verify(loaded, home):
-    from pilotrun.stages.verify import verify_latest
+    from pilotrun.rehearsal.mechanics.verify import verify_latest
 
     return verify_latest(loaded, home)
 
 
 def _train(loaded, home):
-    from pilotrun.stages.train import train_run
+    from pilotrun.rehearsal.training.train import train_run
 
     return train_run(loaded, home)
 
@@ -52,13 +52,13 @@ def _train(loaded, home):
 def _sheet(loaded, home):
     from pathlib import Path
 
-    from pilotrun.stages.sheet import sheet_stage
+    from pilotrun.rehearsal.rental.sheet import sheet_stage
 
     return sheet_stage(loaded, home, out=str(Path(home) / "sheet.md"))
 
 
 def _pilot(loaded, home):
-    from pilotrun.stages.pilot import pilot
+    from pilotrun.rehearsal.memory.pilot import pilot
 
     return pilot(loaded, home)
 

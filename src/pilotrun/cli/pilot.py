@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from pilotrun.cli.common import campaign_argument, common_options, emit, home_for, load
+from pilotrun.cli.common import campaign_argument, common_options, emit, home_for, load, set_option
 from pilotrun.cli.main import cli
 from pilotrun.report.progress import stage_progress
 
@@ -13,12 +13,12 @@ from pilotrun.report.progress import stage_progress
 @campaign_argument
 @click.option("--memory-limit", default=None, metavar="SIZE",
               show_default="hardware.memory_per_gpu", help="peak allowed per phase, e.g. 24GiB")
-@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="override a campaign key (repeatable)")
+@set_option
 @common_options
 def pilot(campaign, memory_limit, sets, home, as_json):
     """Every phase once (load, first_step, steady_step, eval_longest, save, export, reload) on the
     worst-case inputs: one ledger row per phase per rank."""
-    from pilotrun.stages.pilot import pilot as run_pilot
+    from pilotrun.rehearsal.memory.pilot import pilot as run_pilot
 
     loaded = load(campaign, sets)
     with stage_progress("pilot"):

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from pilotrun.cli.common import campaign_argument, common_options, emit, home_for, live_renderer, load
+from pilotrun.cli.common import campaign_argument, common_options, emit, home_for, live_renderer, load, set_option
 from pilotrun.cli.main import cli
 from pilotrun.errors import BadInput
 
@@ -18,7 +18,7 @@ from pilotrun.errors import BadInput
 def demo(out, home, as_json):
     """Write the embedded demo campaign (tiny Llama from a config, byte tokenizer, synthetic data) and run `all`."""
     from pilotrun.demo.synth import write_demo
-    from pilotrun.stages.all import run_all
+    from pilotrun.rehearsal.all import run_all
 
     path = write_demo(out)
     click.echo(f"demo campaign written to {path}", err=True)
@@ -48,24 +48,24 @@ def init(folder, task, force, home, as_json):
 
 @cli.command()
 @campaign_argument
-@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="override a campaign key (repeatable)")
+@set_option
 @common_options(home=False)
 def validate(campaign, sets, home, as_json):
     """Schema, files and consistency; prints the batch arithmetic. Runs nothing."""
-    from pilotrun.stages.validate import validate as run_validate
+    from pilotrun.rehearsal.data_checks.validate import validate as run_validate
 
     return emit(run_validate(load(campaign, sets)), as_json)
 
 
 @cli.command()
 @campaign_argument
-@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="override a campaign key (repeatable)")
+@set_option
 @click.option("--seed", type=int, default=None, help="seed of this run (overrides the campaign's seed)")
 @click.option("--supersedes", default=None, metavar="RUN_ID", help="the earlier run this one replaces")
 @common_options
 def train(campaign, sets, seed, supersedes, home, as_json):
     """One run through the training loop, with a new run id."""
-    from pilotrun.stages.train import train_run
+    from pilotrun.rehearsal.training.train import train_run
 
     sets = tuple(sets) + ((f"seed={seed}",) if seed is not None else ())
     from pilotrun.report.progress import stage_progress
@@ -78,11 +78,11 @@ def train(campaign, sets, seed, supersedes, home, as_json):
 
 @cli.command(name="all")
 @campaign_argument
-@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="override a campaign key (repeatable)")
+@set_option
 @common_options
 def all_(campaign, sets, home, as_json):
     """The full rehearsal, every stage in order, with one summary table."""
-    from pilotrun.stages.all import run_all
+    from pilotrun.rehearsal.all import run_all
 
     results = run_all(load(campaign, sets), home_for(home, campaign), on_result=live_renderer(as_json))
     return emit(results, as_json, rendered=True)

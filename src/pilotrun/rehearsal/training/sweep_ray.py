@@ -94,8 +94,8 @@ def run_remote(todo: list, *, journal, sweep_id: str, plan: dict, sets: tuple, a
 
     from pilotrun.campaign.arithmetic import data_parallel_ranks
     from pilotrun.journal.runs import RunRecorder
-    from pilotrun.stages.sheet import find_pilot
-    from pilotrun.stages.sweep_runs import arm_command
+    from pilotrun.rehearsal.rental.sheet import find_pilot
+    from pilotrun.rehearsal.training.sweep_runs import arm_command
 
     ray = connect(address)
     cluster = ray.cluster_resources()
@@ -274,8 +274,8 @@ def train_remote(spec: dict) -> dict:
     from pilotrun.engine.loop import Hooks
     from pilotrun.journal.store import Journal
     from pilotrun.journal.transfer import export_run, import_run, pack_folder
-    from pilotrun.stages.sweep_runs import encoded_for
-    from pilotrun.stages.train import train_run
+    from pilotrun.rehearsal.training.sweep_runs import encoded_for
+    from pilotrun.rehearsal.training.train import train_run
     from pilotrun.campaign.arithmetic import data_parallel_ranks
 
     tracker, run_id, loaded = spec["tracker"], spec["run_id"], spec["loaded"]

@@ -215,8 +215,8 @@ def overfit(loaded, home, *, examples: int = 8, max_updates: int = 150, prep=Non
     from pilotrun.engine.distributed import default_device
     from pilotrun.engine.loop import Hooks, make_state, train
     from pilotrun.journal.store import Journal
-    from pilotrun.stages.plateau import plateau_causes
-    from pilotrun.stages.prepare import prepare
+    from pilotrun.rehearsal.mechanics.plateau import plateau_causes
+    from pilotrun.rehearsal.prepare import prepare
     from pilotrun.journal.runs import RunRecorder
 
     prep = prep or prepare(loaded, splits=("train",))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from pilotrun.cli.common import campaign_argument, common_options, console, emit, load
+from pilotrun.cli.common import campaign_argument, common_options, console, emit, load, set_option
 from pilotrun.cli.main import cli
 
 _SPLITS = click.Choice(["train", "validation", "test"])
@@ -15,12 +15,12 @@ _SPLITS = click.Choice(["train", "validation", "test"])
 @click.option("-n", "n", type=click.IntRange(min=0), default=3, show_default=True,
               help="examples to render token by token")
 @click.option("--split", type=_SPLITS, default="train", show_default=True, help="the split the examples come from")
-@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="override a campaign key (repeatable)")
+@set_option
 @common_options(home=False)
 def inspect(campaign, n, split, sets, home, as_json):
     """N examples exactly as the loss sees them (trained / masked / padding), then the data-set-wide checks."""
     from pilotrun.report.tokens import render_examples
-    from pilotrun.stages.inspect import inspect as run_inspect
+    from pilotrun.rehearsal.data_checks.inspect import inspect as run_inspect
 
     result = run_inspect(load(campaign, sets), n=n, split=split)
     if n:
@@ -32,11 +32,11 @@ def inspect(campaign, n, split, sets, home, as_json):
 @campaign_argument
 @click.option("--near-threshold", type=float, default=0.8, show_default=True,
               help="estimated Jaccard similarity (word 3-gram shingles) from which two units count as near duplicates")
-@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="override a campaign key (repeatable)")
+@set_option
 @common_options(home=False)
 def leakage(campaign, near_threshold, sets, home, as_json):
     """Units of data.group_by shared by splits, exact and near duplicates across splits, period order."""
-    from pilotrun.stages.leakage import leakage as run_leakage
+    from pilotrun.rehearsal.data_checks.leakage import leakage as run_leakage
 
     return emit(run_leakage(load(campaign, sets), near_threshold), as_json)
 

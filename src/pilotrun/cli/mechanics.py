@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import click
 
-from pilotrun.cli.common import campaign_argument, common_options, emit, emit_data, home_for, load
+from pilotrun.cli.common import campaign_argument, common_options, emit, emit_data, home_for, load, set_option
 from pilotrun.cli.main import cli
 from pilotrun.report.progress import stage_progress
-
-_set = click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="override a campaign key (repeatable)")
 
 
 @cli.command()
@@ -17,11 +15,11 @@ _set = click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="o
               help="training examples to memorise")
 @click.option("--max-updates", type=click.IntRange(min=1), default=150, show_default=True,
               help="the most updates the memorising run may take")
-@_set
+@set_option
 @common_options
 def overfit(campaign, examples, max_updates, sets, home, as_json):
     """Accumulation arithmetic on the task's own loss, then can the loop memorise N examples."""
-    from pilotrun.stages.overfit import overfit as run_overfit
+    from pilotrun.rehearsal.mechanics.overfit import overfit as run_overfit
 
     loaded = load(campaign, sets)
     with stage_progress("overfit"):
@@ -33,11 +31,11 @@ def overfit(campaign, examples, max_updates, sets, home, as_json):
 @campaign_argument
 @click.option("--at", type=click.IntRange(min=2), default=None,
               show_default="4", help="stop at this update and resume in a new process (the reference runs 2 × K)")
-@_set
+@set_option
 @common_options
 def resume(campaign, at, sets, home, as_json):
     """Stop at update K, resume in a fresh process, compare with an uninterrupted run of 2K updates."""
-    from pilotrun.stages.resume import resume as run_resume
+    from pilotrun.rehearsal.mechanics.resume import resume as run_resume
 
     loaded = load(campaign, sets)
     with stage_progress("resume"):
@@ -50,7 +48,7 @@ def resume(campaign, at, sets, home, as_json):
 @common_options
 def verify(run_id, home, as_json):
     """Reload a run's artifact in a fresh process (hashes checked first) and reproduce its control predictions."""
-    from pilotrun.stages.verify import verify as run_verify
+    from pilotrun.rehearsal.mechanics.verify import verify as run_verify
 
     return emit(run_verify(home_for(home), run_id), as_json)
 
@@ -73,7 +71,7 @@ def archive(run_id, out, home, as_json):
 @click.argument("spec", type=click.Path(exists=True, dir_okay=False))
 def resume_worker(spec):
     """Internal: the fresh process of `resume` (loads the saved state, continues, writes its history)."""
-    from pilotrun.stages.resume import resume_worker as work
+    from pilotrun.rehearsal.mechanics.resume import resume_worker as work
 
     return work(spec)
 
@@ -84,6 +82,6 @@ def resume_worker(spec):
 @click.argument("out", type=click.Path(dir_okay=False))
 def verify_worker(run_dir, control, out):
     """Internal: the fresh process of `verify` (loads the artifact, predicts the control inputs)."""
-    from pilotrun.stages.verify import verify_worker as work
+    from pilotrun.rehearsal.mechanics.verify import verify_worker as work
 
     return work(run_dir, control, out)

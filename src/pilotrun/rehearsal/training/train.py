@@ -9,7 +9,7 @@ from pathlib import Path
 from pilotrun.engine.loop import Hooks, make_state, train
 from pilotrun.journal.files import write_manifest
 from pilotrun.journal.store import Journal
-from pilotrun.stages.prepare import Prepared, prepare
+from pilotrun.rehearsal.prepare import Prepared, prepare
 from pilotrun.verdicts import StageResult
 from pilotrun.journal.runs import RunRecorder, write_run_readme
 
@@ -20,7 +20,7 @@ def control_predictions(prep: Prepared, model) -> tuple[list, list, object]:
     """The control inputs, the model's predictions on them and its top logits (None for a task without)."""
     import torch
 
-    from pilotrun.stages.control import target_logits
+    from pilotrun.rehearsal.mechanics.control import target_logits
 
     pool = prep.validation or prep.train
     control = pool[:CONTROL_EXAMPLES]
@@ -40,7 +40,7 @@ def control_predictions(prep: Prepared, model) -> tuple[list, list, object]:
 
 def store_control_predictions(recorder: RunRecorder, prep: Prepared, model, computed=None) -> list[dict]:
     """Predictions (journal) and top logits (control.safetensors) on the control inputs; before the manifest."""
-    from pilotrun.stages.control import save_control, tokenizer_facts
+    from pilotrun.rehearsal.mechanics.control import save_control, tokenizer_facts
 
     control, preds, logits = computed or control_predictions(prep, model)
     if not control:
@@ -234,7 +234,7 @@ def _ranked_run(job: TrainJob, prep: Prepared, rec: RunRecorder | None, hooks: H
     computed = control_predictions(prep, pred_model) if predicting else None
     observed = gather_to_rank0(watch.rows())
     if predicting and job.validation_predictions:  # stored by rank 0 (rec); the others only take part
-        from pilotrun.stages.val_predictions import store_validation_predictions
+        from pilotrun.rehearsal.training.val_predictions import store_validation_predictions
 
         store_validation_predictions(rec, prep, pred_model)
     timing["predictions_s"] = time.perf_counter() - t0
@@ -326,7 +326,7 @@ def _flat(d: dict, prefix: str = "") -> dict:
 
 def memory_keys_changed(a: dict, b: dict) -> list[str]:
     """Keys that differ between two resolved configs, except those that cannot change memory per step."""
-    from pilotrun.stages.sheet import COST_FREE
+    from pilotrun.rehearsal.rental.sheet import COST_FREE
 
     fa, fb = _flat(a), _flat(b)
     free = COST_FREE + ("plan", "hardware", "name", "train.updates", "train.epochs", "train.eval_every",
@@ -340,7 +340,7 @@ def record_memory_bound(journal, run_id: str, name: str, sha: str, observed: lis
     """The run's observed peaks (``PeakWatch.rows()``, every rank's) as ledger rows, each against the pilot's
     peak for the same phase kind and rank."""
     from pilotrun.probe.watch import bound_rows
-    from pilotrun.stages.sheet import find_pilot
+    from pilotrun.rehearsal.rental.sheet import find_pilot
 
     pilot, stale = find_pilot(journal, name, sha)
     pilot_rows = journal.phase_rows(pilot["run_id"]) if pilot else []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from pilotrun.cli.common import campaign_argument, common_options, emit, home_for, load
+from pilotrun.cli.common import campaign_argument, common_options, emit, home_for, load, set_option
 from pilotrun.cli.main import cli
 from pilotrun.report.progress import stage_progress
 
@@ -20,12 +20,12 @@ from pilotrun.report.progress import stage_progress
                    "with what each changes in the experiment")
 @click.option("--lora-r", type=click.IntRange(1), default=None,
               help="LoRA rank for the adapter options (default: the campaign's adapter, else 16)")
-@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="override a campaign key (repeatable)")
+@set_option
 @common_options(home=False)
 def estimate(campaign, device, gpu_memory, options, lora_r, sets, home, as_json):
     """Predicted memory per phase on fake tensors: nothing is allocated, no GPU is needed."""
     from pilotrun.probe.sizes import parse_size
-    from pilotrun.stages.estimate import estimate as run_estimate
+    from pilotrun.rehearsal.memory.estimate import estimate as run_estimate
 
     if options:
         from pilotrun.sheet.options import options_result
@@ -43,12 +43,12 @@ def estimate(campaign, device, gpu_memory, options, lora_r, sets, home, as_json)
 @click.option("--effective-batch", type=int, default=None,
               show_default="the campaign's", help="examples per update every variant must keep")
 @click.option("--all-variants", is_flag=True, help="measure every variant, not only up to the first that fits")
-@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="override a campaign key (repeatable)")
+@set_option
 @common_options
 def fit(campaign, memory_limit, write_path, effective_batch, all_variants, sets, home, as_json):
     """Variants that fit a memory limit, least change first, each measured and checked against the control."""
     from pilotrun.probe.sizes import parse_size
-    from pilotrun.stages.fit import fit as run_fit
+    from pilotrun.rehearsal.memory.fit import fit as run_fit
 
     limit = parse_size(memory_limit, where="--memory-limit")
     loaded = load(campaign, sets)

@@ -20,7 +20,7 @@ from pilotrun.cli.main import cli
 @common_options
 def sweep(campaign, continue_id, sets, ray_address, home, as_json):
     """The control and each variant of `plan`, for every seed, each its own run; then the comparison."""
-    from pilotrun.stages.sweep import sweep as run_sweep
+    from pilotrun.rehearsal.training.sweep import sweep as run_sweep
 
     loaded = load(campaign, sets)
 

@@ -41,7 +41,7 @@ def sweep_time_check(journal, sweep_id: str) -> dict | None:
     """Predicted against actual seconds for every finished run of the sweep, and in total.
 
     None when the sweep's campaign has no pilot with a time plan in the journal."""
-    from pilotrun.stages.sheet import build_sheet, find_pilot
+    from pilotrun.rehearsal.rental.sheet import build_sheet, find_pilot
 
     runs = [r for r in journal.list_runs(sweep_id=sweep_id) if (r.get("summary") or {}).get("timing")]
     if not runs:
@@ -72,7 +72,7 @@ def sweep_time_check(journal, sweep_id: str) -> dict | None:
             "units": here["units"], "goal": (0.9, 1.1), "breakdown": _summed([r["breakdown"] for r in out])}
 
 
-# The plan's terms against what the run timed itself (stages/train.py ``timing``; "blocks_s" from the watch
+# The plan's terms against what the run timed itself (rehearsal/training/train.py ``timing``; "blocks_s" from the watch
 # around every update, validation, save and export): (group, plan units, the run's measured keys).
 GROUPS = (("read and encode the data", ("prepare",), ("prepare_s",)),
           ("load the model", ("load", "reload"), ("load_s",)),

@@ -73,7 +73,7 @@ def resume_worker(spec_path: str | Path) -> int:
     from pilotrun.engine.loop import make_state, train
     from pilotrun.engine.state import load_state
     from pilotrun.journal.files import atomic_write_json
-    from pilotrun.stages.prepare import prepare
+    from pilotrun.rehearsal.prepare import prepare
 
     spec = json.loads(Path(spec_path).read_text())
     prep = prepare(load_campaign(spec["config"]), splits=("train",))
@@ -189,9 +189,9 @@ def resume(loaded, home, *, at: int | None = None, prep=None) -> StageResult:
     from pilotrun.engine.state import save_state
     from pilotrun.journal.files import atomic_write_json, write_manifest
     from pilotrun.journal.store import Journal
-    from pilotrun.stages.prepare import prepare
+    from pilotrun.rehearsal.prepare import prepare
     from pilotrun.journal.runs import RunRecorder, write_run_readme
-    from pilotrun.stages.train import store_control_predictions
+    from pilotrun.rehearsal.training.train import store_control_predictions
 
     at = DEFAULT_AT if at is None else at
     if at < 2:

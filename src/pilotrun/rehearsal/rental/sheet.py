@@ -73,7 +73,7 @@ def _prediction(loaded, rows: list[dict], sheet: dict):
     """The encoded data (for the size caps and probes) and, for a pilot without CUDA counters, the
     estimate's per-phase rows for CUDA; (None, None) with a problem named when they cannot be had."""
     from pilotrun.sheet.gpu_memory import predict_rows
-    from pilotrun.stages.prepare import prepare
+    from pilotrun.rehearsal.prepare import prepare
 
     try:
         prep = prepare(loaded, splits=("train", "validation"))

@@ -90,7 +90,7 @@ def run_phases(job: PilotJob, prep=None) -> list[dict]:
     from pilotrun.engine.distributed import barrier, default_device, world_rank
     from pilotrun.phases.driver import PhaseContext, drive
     from pilotrun.phases.worst import worst_case
-    from pilotrun.stages.prepare import prepare
+    from pilotrun.rehearsal.prepare import prepare
 
     prep = prep or prepare(job.loaded, splits=("train", "validation"))
     world, rank = world_rank()

@@ -6,8 +6,8 @@ import datetime as _dt
 from pathlib import Path
 
 from pilotrun.errors import BadInput
-from pilotrun.stages.fit_probe import largest_fitting, probe
-from pilotrun.stages.fit_rules import (EVAL_BOUND, FP32_RTOL, MIXED_RTOL, TRAIN_BOUND, accumulation_for,
+from pilotrun.rehearsal.memory.fit_probe import largest_fitting, probe
+from pilotrun.rehearsal.memory.fit_rules import (EVAL_BOUND, FP32_RTOL, MIXED_RTOL, TRAIN_BOUND, accumulation_for,
                                       micro_batch_candidates, probe_bound)
 
 LENGTH_STEP = 8  # max_length candidates are multiples of this
@@ -31,7 +31,7 @@ def _held_state(job) -> str:
     """Weights, gradients and optimizer state on the device, from the fake-tensor estimate (they do not
     depend on the micro-batch), for the message that accumulation cannot shrink them."""
     from pilotrun.probe.sizes import fmt_bytes
-    from pilotrun.stages.estimate import trace
+    from pilotrun.rehearsal.memory.estimate import trace
 
     rows = {r["phase"]: r for r in trace(job.loaded, device=job.device.type, prep=job.prep)["rows"]}
     s = rows["steady_step"]
@@ -151,7 +151,7 @@ def _reverdict(rows: list[dict], limit: int) -> list[dict]:
 def control_ledger(loaded, home, limit: int, prep=None) -> tuple[list[dict], str | None]:
     """The control's phase rows: the latest completed pilot of this exact config, or a new pilot run.
 
-    Without the pilot stage (``pilotrun.stages.pilot``) the control is measured with fit's own probes
+    Without the pilot stage (``pilotrun.rehearsal.memory.pilot``) the control is measured with fit's own probes
     (training and evaluation phases only), and the run id is None."""
     from pilotrun.journal.store import Journal
 
@@ -163,9 +163,9 @@ def control_ledger(loaded, home, limit: int, prep=None) -> tuple[list[dict], str
             if rows:
                 return _reverdict(rows, limit), run["run_id"]
     try:
-        from pilotrun.stages.pilot import pilot
+        from pilotrun.rehearsal.memory.pilot import pilot
     except ImportError:
-        from pilotrun.stages.prepare import prepare
+        from pilotrun.rehearsal.prepare import prepare
 
         prep = prep or prepare(loaded, splits=("train", "validation"))
         rows = [probe(prep, kind, limit=limit) for kind in ("train", "eval")]

@@ -13,8 +13,8 @@ from pilotrun.journal.store import Journal
 from pilotrun.probe.sizes import fmt_bytes, parse_size
 from pilotrun.phases import PHASES
 from pilotrun.phases.registry import BY_NAME
-from pilotrun.stages.pilot_phases import INJECT_ENV, PilotJob, parse_inject, run_phases
-from pilotrun.stages.prepare import prepare
+from pilotrun.rehearsal.memory.pilot_phases import INJECT_ENV, PilotJob, parse_inject, run_phases
+from pilotrun.rehearsal.prepare import prepare
 from pilotrun.verdicts import StageResult
 from pilotrun.journal.runs import RunRecorder
 

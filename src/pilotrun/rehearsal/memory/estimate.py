@@ -59,7 +59,7 @@ def traced(loaded, *, device: str = "cuda", prep=None, counted: bool | None = No
     only load and the steps are traced."""
     from pilotrun.phases.worst import worst_case
     from pilotrun.probe import counted as K
-    from pilotrun.stages.prepare import prepare
+    from pilotrun.rehearsal.prepare import prepare
 
     prep = prep or prepare(loaded, splits=("train", "validation"))
     wc = worst_case(prep, 1)

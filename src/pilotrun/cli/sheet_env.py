@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from pilotrun.cli.common import campaign_argument, common_options, emit, home_for, load
+from pilotrun.cli.common import campaign_argument, common_options, emit, home_for, load, set_option
 from pilotrun.cli.main import cli
 from pilotrun.sheet.catalogue import BY_KEY
 
@@ -14,7 +14,7 @@ from pilotrun.sheet.catalogue import BY_KEY
 def env(home, as_json):
     """Software stack: Python, torch, CUDA/cuDNN/NCCL, devices, bf16, attention kernels, key packages."""
     from pilotrun.cli.common import console
-    from pilotrun.stages.env import env_markdown, env_stage
+    from pilotrun.rehearsal.rental.env import env_markdown, env_stage
 
     result = env_stage()
     console(as_json).print(env_markdown(result.data), markup=False, highlight=False, end="")
@@ -35,11 +35,11 @@ def env(home, as_json):
               show_default="the target env's GPU, else the fastest of hardware.memory_per_gpu that fits, else the "
                            "smallest that fits",
               help="plan for this catalogue GPU (" + ", ".join(BY_KEY) + ")")
-@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help="override a campaign key (repeatable)")
+@set_option
 @common_options
 def sheet(campaign, out, target_env, rates, gpu, sets, home, as_json):
     """Selection sheet, rental time plan, costs and launch files from the pilot's measurements."""
-    from pilotrun.stages.sheet import sheet_stage
+    from pilotrun.rehearsal.rental.sheet import sheet_stage
 
     result = sheet_stage(load(campaign, sets), home_for(home, campaign), target_env_path=target_env, gpu=gpu,
                          out=out, rates_path=rates, sets=tuple(sets))

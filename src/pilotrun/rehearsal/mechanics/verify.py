@@ -120,7 +120,7 @@ def verify_worker(run_dir: str, control_path: str, out_path: str) -> int:
 
     from pilotrun.campaign.load import load_campaign
     from pilotrun.journal.files import atomic_write_json
-    from pilotrun.stages.control import CONTROL_FILE, load_control, target_logits
+    from pilotrun.rehearsal.mechanics.control import CONTROL_FILE, load_control, target_logits
     from pilotrun.tasks import make_task
     from pilotrun.tasks.base import Example
 

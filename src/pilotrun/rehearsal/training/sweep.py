@@ -20,8 +20,8 @@ from pilotrun.campaign.arms import Arm, effective_batch, plan_arms  # noqa: F401
 from pilotrun.errors import BadInput
 from pilotrun.journal.store import Journal
 from pilotrun.provenance import config_sha256
-from pilotrun.stages import compare as cmp
-from pilotrun.stages.sweep_runs import arm_command, encoded_for
+from pilotrun.rehearsal.training import compare as cmp
+from pilotrun.rehearsal.training.sweep_runs import arm_command, encoded_for
 from pilotrun.verdicts import StageResult
 
 DONE = ("completed", "diverged", "stopped")
@@ -52,10 +52,10 @@ def sweep(loaded, home, *, continue_id: str | None = None, progress: bool = True
     ``on_start`` sees each run before it starts: index, of, arm, label, seed and ``eta_s`` (the time left
     for this run and the ones after it: the pilot's time plan per run, then the runs' own mean).
     ``ray_address``: run on that Ray cluster ("auto": the one this machine is attached to), one journal here."""
-    from pilotrun.stages.validate import validate
+    from pilotrun.rehearsal.data_checks.validate import validate
 
     if ray_address is not None:
-        from pilotrun.stages.sweep_ray import require_ray
+        from pilotrun.rehearsal.training.sweep_ray import require_ray
 
         require_ray()  # before anything is frozen: without Ray the plan would sit in the journal, never run
 
@@ -79,7 +79,7 @@ def sweep(loaded, home, *, continue_id: str | None = None, progress: bool = True
     todo = _todo(journal, sweep_id, arms, plan["seeds"])
     total = len(plan["seeds"]) * len(arms)
     if ray_address is not None:
-        from pilotrun.stages.sweep_ray import run_remote
+        from pilotrun.rehearsal.training.sweep_ray import run_remote
 
         run_remote(todo, journal=journal, sweep_id=sweep_id, plan=plan, sets=sets, address=ray_address,
                    progress=progress, on_run=on_run, total=total)
@@ -90,7 +90,7 @@ def sweep(loaded, home, *, continue_id: str | None = None, progress: bool = True
     for i, (arm, seed, supersedes) in enumerate(todo):
         import time
 
-        from pilotrun.stages.train import train_run
+        from pilotrun.rehearsal.training.train import train_run
 
         each = sum(took) / len(took) if took else planned
         if on_start is not None:
@@ -112,7 +112,7 @@ def sweep(loaded, home, *, continue_id: str | None = None, progress: bool = True
 def _planned_run_s(journal: Journal, loaded) -> float | None:
     """Seconds per run by the time plan of the campaign's latest pilot on this machine, if there is one."""
     try:
-        from pilotrun.stages.sheet import build_sheet, find_pilot
+        from pilotrun.rehearsal.rental.sheet import build_sheet, find_pilot
 
         pilot, _ = find_pilot(journal, loaded.campaign.name, None)
         if pilot is None:
@@ -209,7 +209,7 @@ def sweep_result(journal: Journal, sweep_id: str, ran: int) -> StageResult:
                     "in every table and plot")
     else:
         verdict = "ok"
-    from pilotrun.stages.timecheck import sweep_time_check, time_lines, time_plan_warning
+    from pilotrun.rehearsal.training.timecheck import sweep_time_check, time_lines, time_plan_warning
 
     data["time_check"] = sweep_time_check(journal, sweep_id)
     msgs += time_lines(data["time_check"])

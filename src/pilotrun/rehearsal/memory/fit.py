@@ -15,7 +15,7 @@ offered for memory the weights and optimizer state take: it only divides activat
 from __future__ import annotations
 
 from pilotrun.campaign.arithmetic import batch_arithmetic, examples_per_update
-from pilotrun.stages.fit_rules import LOSS_UPDATES, accumulation_for
+from pilotrun.rehearsal.memory.fit_rules import LOSS_UPDATES, accumulation_for
 from pilotrun.verdicts import StageResult
 
 COLUMNS = ["variant", "change", "batch", "probes", "peak", "fits", "step_s", "vs_control", "same_experiment"]
@@ -43,8 +43,8 @@ class _Fit:
 
     def variant(self, overrides: dict):
         """The variant prepared: data.* keys re-encode every example through the task; others reuse them."""
-        from pilotrun.stages.fit_probe import variant_prep
-        from pilotrun.stages.prepare import prepare
+        from pilotrun.rehearsal.memory.fit_probe import variant_prep
+        from pilotrun.rehearsal.prepare import prepare
 
         loaded = self.loaded.with_overrides(overrides)
         if any(k.startswith("data.") for k in overrides):
@@ -55,7 +55,7 @@ class _Fit:
         return variant_prep(self.prep, loaded)
 
     def measure(self, overrides: dict, kind: str) -> dict:
-        from pilotrun.stages.fit_probe import probe
+        from pilotrun.rehearsal.memory.fit_probe import probe
 
         return probe(self.variant(overrides), kind, limit=self.limit, device=self.device)
 
@@ -64,7 +64,7 @@ class _Fit:
         return not self.all_variants and any(r["fits"] and not r["changes_experiment"] for r in self.rows)
 
     def control_losses(self) -> dict:
-        from pilotrun.stages.fit_probe import first_losses
+        from pilotrun.rehearsal.memory.fit_probe import first_losses
 
         if self._control_losses is None:
             self._control_losses = first_losses(self.prep, LOSS_UPDATES, self.device)
@@ -75,7 +75,7 @@ class _Fit:
         """One variant row; ``rtol`` None means the training is untouched (eval-only) and needs no loss check."""
         from pilotrun.probe.recorder import peak_of
         from pilotrun.probe.sizes import fmt_bytes
-        from pilotrun.stages.fit_probe import first_losses, losses_match
+        from pilotrun.rehearsal.memory.fit_probe import first_losses, losses_match
 
         row = {"variant": label, "change": overrides, "overrides": overrides, "probes": len(tried),
                "probe_bound": bound, "tried": tried, "fits": bool(measured and measured["fits"]),
@@ -123,8 +123,8 @@ def fit(loaded, home, memory_limit: int, *, write: str | None = None, effective_
     from pilotrun.engine.distributed import default_device
     from pilotrun.probe.recorder import describe_inputs, peak_of
     from pilotrun.probe.sizes import fmt_bytes
-    from pilotrun.stages import fit_variants
-    from pilotrun.stages.prepare import prepare
+    from pilotrun.rehearsal.memory import fit_variants
+    from pilotrun.rehearsal.prepare import prepare
 
     device = device or default_device()
     prep = prepare(loaded, splits=("train", "validation"))

@@ -1,0 +1,1 @@
+"""The rental: the sheet (GPU, memory, time and cost plan) and the environment report."""

@@ -1,0 +1,1 @@
+"""Training runs: train, sweep, compare, the time check, validation predictions."""
