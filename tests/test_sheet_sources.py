@@ -98,7 +98,7 @@ def test_memory_is_the_cuda_prediction_with_its_constants_never_cpu_rss(sheets, 
 
     loaded, r = sheets[name]
     m = r.data["memory"]
-    assert r.data["counter"] == "rss" and m["kind"] == "predicted"
+    assert r.data["counter"] == "tensors+rss" and m["kind"] == "predicted"  # a CPU pilot: the exact counter and RSS
     predicted = {row["phase"]: row["peak_reserved"]
                  for row in trace(loaded, device="cuda", prep=prepare(loaded, ("train", "validation")))["rows"]}
     for p in m["phases"]:

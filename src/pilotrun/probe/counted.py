@@ -13,9 +13,9 @@ separately and the highest after counting is the phase's peak, so an optimizer s
 the activations at 80 layers is not missed because the activations won at 2.
 
 The same holds for the micro-batches of an update: after the first (which allocates the gradients)
-each one repeats the second's allocations on shorter or equal inputs (the worst case sorts them
-longest first), so two are traced and the others' input tensors, which the loop keeps alive for the
-whole update, are added.
+each one repeats the widest's allocations on shorter or equal inputs (the worst case puts the widest
+last), so the first and the widest are traced and the others' input tensors, which the loop keeps
+alive for the whole update, are added.
 
 Configurations whose layers differ (``layer_types`` with more than one kind, dense-then-MoE layer
 lists) are traced whole.

@@ -98,7 +98,7 @@ def phase_ledger(rows: list[dict], title: str = "") -> str:
 
     On the CPU (counter rss) the process's resident baseline (the interpreter, torch: ~0.5 GiB) would be
     every bar, so the bars start at each phase's baseline: what the phase itself added, and its duration."""
-    if rows and all((r.get("counter") or "") == "rss" for r in rows):
+    if rows and all((r.get("counter") or "") in CPU_COUNTERS for r in rows):
         return _increase_ledger(rows, title)
     plt = _pyplot()
     verdict_colour = {"ok": "#4c9a2a", "over-budget": "#d98c00", "oom": "#c0392b", "nan": "#8e44ad",
@@ -139,6 +139,9 @@ _VERDICT_COLOUR = {"ok": "#4c9a2a", "over-budget": "#d98c00", "oom": "#c0392b", 
                    "warn": "#d98c00"}
 
 
+CPU_COUNTERS = ("rss", "tensors+rss")  # RSS alone, or the exact tensor counter (allocated) beside RSS (reserved)
+
+
 def _increase_ledger(rows: list[dict], title: str) -> str:
     plt = _pyplot()
     mib = 2 ** 20
@@ -155,7 +158,9 @@ def _increase_ledger(rows: list[dict], title: str) -> str:
         ax.annotate(text, (up, y), xytext=(4, -3), textcoords="offset points", fontsize=7)
     ax.set_yticks(ys, [f"{r['phase']} (rank {r['rank']})" for r in rows], fontsize=8)
     base = max((r.get("baseline") or 0 for r in rows), default=0)
-    ax.set_xlabel(f"MiB added over the phase's own baseline (process RSS; baselines up to {base / mib:.0f} MiB)")
+    what = ("process RSS" if all(r.get("counter") == "rss" for r in rows)
+            else "bytes held by live tensors, the exact counter")
+    ax.set_xlabel(f"MiB added over the phase's own baseline ({what}; baselines up to {base / mib:.0f} MiB)")
     ax.margins(x=0.25)
     ax.grid(axis="x", alpha=0.3)
     if title:

@@ -73,8 +73,11 @@ def traced(loaded, *, device: str = "cuda", prep=None, counted: bool | None = No
     steps_only = after_steps is not None
     if not counted:
         return _sharing(dict(_trace_once(loaded, device, prep, wc, steps_only), counted=None), after_steps)
-    extra = K.input_bytes(prep.task, mbs[K.TRACED_MICRO_BATCHES:], device == "cuda")
-    wc = dict(wc, micro_batches=mbs[:K.TRACED_MICRO_BATCHES])
+    # the first micro-batch (it allocates the gradients) and the widest, which the worst case puts last: the
+    # ones between repeat the widest's allocations on shorter inputs, so only their input tensors are added
+    kept = mbs if len(mbs) <= K.TRACED_MICRO_BATCHES else [mbs[0], mbs[-1]]
+    extra = K.input_bytes(prep.task, mbs[1:-1] if len(mbs) > K.TRACED_MICRO_BATCHES else [], device == "cuda")
+    wc = dict(wc, micro_batches=kept)
     if depth is None:
         out = _trace_once(loaded, device, prep, wc, steps_only)
         layers = None
