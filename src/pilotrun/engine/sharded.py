@@ -52,7 +52,7 @@ def save_shards(state, tmp: Path, rank: int, *, model: bool = True, optimizer: b
     if optimizer:
         dtensors = [[name, key] for name, st in osd["state"].items() for key, v in st.items()
                     if isinstance(v, DTensor)]
-        local = {name: {key: _local(v).detach().clone() if isinstance(v, torch.Tensor) else v
+        local = {name: {key: _local(v).detach() if isinstance(v, torch.Tensor) else v
                         for key, v in st.items()} for name, st in osd["state"].items()}
         torch.save({"state": local, "param_groups": osd["param_groups"], "dtensors": dtensors}, tmp / opt_file)
         kill_point("optimizer")

@@ -219,6 +219,10 @@ def resume(loaded, home, *, at: int | None = None, prep=None) -> StageResult:
     skip = skipped_components()
     prep = prep or prepare(loaded, splits=("train", "validation"))
     c, t = prep.c, prep.c.train
+    if t.strategy == "fsdp":
+        from pilotrun.engine.distributed import check_strategy
+
+        check_strategy(t)
     ranks = data_parallel_ranks(t) if t.strategy == "fsdp" else 1  # FSDP's state exists only across its ranks
     per_update = per_rank_update(t) * ranks
     n, per_epoch = small_train_set(len(prep.train), per_update, at)
@@ -227,10 +231,6 @@ def resume(loaded, home, *, at: int | None = None, prep=None) -> StageResult:
                        where="train.micro_batch", fix="lower train.micro_batch or train.accumulation")
     train_ex, total = prep.train[:n], 2 * at
     device = default_device()
-    if ranks > 1:
-        from pilotrun.engine.distributed import check_strategy
-
-        check_strategy(t)
     exact = t.precision == "fp32" and device.type == "cpu"
     setting = (f"{n} training examples ({per_epoch} updates per epoch of {per_update}), reference {total} updates, "
                f"stop at {at}, resume in a new process"

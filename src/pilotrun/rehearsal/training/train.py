@@ -169,7 +169,8 @@ def _ranked_run(job: TrainJob, prep: Prepared, rec: RunRecorder | None, hooks: H
     model, load_s = built
     t_load = time.perf_counter()
     device = default_device()
-    model.to(device)
+    if c.train.strategy != "fsdp":  # fully_shard moves each block to the device as it cuts it
+        model.to(device)
     wrapped = wrap_model(model, c.train.strategy, device)
     state = make_state(wrapped, c.train, n_train=len(prep.train), seed=c.seed, total_updates=arith["updates"],
                        device=device)
