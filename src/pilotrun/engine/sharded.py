@@ -28,6 +28,16 @@ def shard_names(rank: int) -> tuple[str, str]:
     return f"model.rank{rank}.safetensors", f"optimizer.rank{rank}.pt"
 
 
+def unshare(sd: dict) -> dict:
+    """safetensors refuses tensors that share memory (tied weights): give repeats their own copy."""
+    seen, out = set(), {}
+    for k, v in sd.items():
+        v = v.detach().contiguous()
+        out[k] = v.clone() if v.data_ptr() in seen else v
+        seen.add(v.data_ptr())
+    return out
+
+
 def _local(t):
     from torch.distributed.tensor import DTensor
 
@@ -41,13 +51,12 @@ def save_shards(state, tmp: Path, rank: int, *, model: bool = True, optimizer: b
     from torch.distributed.checkpoint.state_dict import get_state_dict
     from torch.distributed.tensor import DTensor
 
-    from pilotrun.engine.state import _unshare
     from pilotrun.journal.files import kill_point
 
     msd, osd = get_state_dict(state.model, state.optimizer)
     model_file, opt_file = shard_names(rank)
     if model:
-        save_file(_unshare({k: _local(v) for k, v in msd.items()}), str(tmp / model_file))
+        save_file(unshare({k: _local(v) for k, v in msd.items()}), str(tmp / model_file))
         kill_point("model")
     if optimizer:
         dtensors = [[name, key] for name, st in osd["state"].items() for key, v in st.items()

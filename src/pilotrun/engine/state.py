@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pilotrun.engine.sharded import unshare
 from pilotrun.journal.base_identity import BASE_FILE, base_of, check_base, load_trainable, trainable_state, write_base
 from pilotrun.journal.files import (MANIFEST, commit_dir, kill_point, listed_files, remove_stale_temps, temp_path,
                                     reading_weights, verify_manifest, write_manifest, writing)
@@ -77,7 +78,7 @@ def save_state(state, path: str | Path, *, skip: tuple[str, ...] = ()) -> Path:
         adapted = base_of(_unwrap(state.model)) is not None
         if "model" not in skip and not sharded:
             if adapted:  # the frozen base is named by base.json, not copied
-                save_file(_unshare(trainable_state(_unwrap(state.model))), str(tmp / "model.safetensors"))
+                save_file(unshare(trainable_state(_unwrap(state.model))), str(tmp / "model.safetensors"))
                 write_base(tmp, _unwrap(state.model))
             else:
                 save_model(_unwrap(state.model), str(tmp / "model.safetensors"))
@@ -115,16 +116,6 @@ def save_state(state, path: str | Path, *, skip: tuple[str, ...] = ()) -> Path:
         commit_dir(tmp, path)
     barrier()
     return path
-
-
-def _unshare(sd: dict) -> dict:
-    """safetensors refuses tensors that share memory (tied weights): give repeats their own copy."""
-    seen, out = set(), {}
-    for k, v in sd.items():
-        v = v.detach().contiguous()
-        out[k] = v.clone() if v.data_ptr() in seen else v
-        seen.add(v.data_ptr())
-    return out
 
 
 def problems(path: str | Path) -> list[str]:

@@ -266,8 +266,8 @@ def resume(loaded, home, *, at: int | None = None, prep=None) -> StageResult:
         headline = None
         if ref_status != "completed":  # diverged or out of memory: it cannot show that a resume is exact
             headline = f"the reference run {ref_status}"
-            problem = (f"the reference run {ref_status} before update {total}: {ref['ref']['reason']}; the resume check "
-                       "needs a run that trains for 2 × K updates")
+            problem = (f"the reference run {ref_status} before update {total}: {ref['ref']['reason']}; "
+                       "the resume check needs a run that trains for 2 × K updates")
         elif problem:
             headline = "the reference run itself is not reproducible"
             problem = not_reproducible(problem, at)
