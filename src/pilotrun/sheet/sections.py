@@ -159,6 +159,17 @@ def costs(s: dict) -> list[tuple]:
     return out
 
 
+def options(s: dict) -> list[tuple]:
+    """The options table (sheet/options.py), when the sheet was built with it."""
+    from pilotrun.sheet.options_view import blocks
+
+    if "options" not in s:
+        return []
+    if s["options"] is None:
+        return [("h", "Options that fit (per GPU and count)"), ("p", "No options table (see the warnings above).")]
+    return blocks(s["options"])
+
+
 def launch(s: dict) -> list[tuple]:
     out = [("h", "Launch")]
     ch = s.get("launch")
