@@ -28,7 +28,7 @@ def compact_rows(table: dict) -> tuple[list[str], list[list]]:
     from pilotrun.sheet.sections import size
 
     priced = table["by"] == "cost"
-    cols = ["GPUs", "option", "peak per GPU", "set by", "time", _price_column(table), "experiment"]
+    cols = ["GPUs", "option", "peak/GPU", "set by", "time", _price_column(table), "question"]
     rows = [[f"{x['count']} × {x['gpu']}", x["short"], size(x["peak"]) + ("*" if _measured(x) else ""), x["phase"],
              P.fmt_duration(x["seconds"]),
              money(x["cost"]) if priced else f"{x['gpu_hours']:.3g}", "keeps" if x["keeps"] else "changes"]
@@ -82,8 +82,8 @@ def blocks(table: dict) -> list[tuple]:
         cols, rows = compact_rows(table)
         mark = " A peak marked * is the pilot's measured figure." if any(r[2].endswith("*") for r in rows) else ""
         out.append(("p", "Per GPU and count, the fastest option that keeps the experiment, and the fastest that "
-                         "changes it when that is faster (options and what they change: below); `--json` holds "
-                         "every option evaluated." + mark))
+                         "changes it when that is faster; \"question\": whether the row keeps the experiment's question "
+                         "(each option and what it changes: below); `--json` holds every option evaluated." + mark))
         out.append(("rows", cols, rows, [_item(x, table) for x in table["shown"]]))
     else:
         out.append(("p", "No option fits any catalogue GPU at up to 64 GPUs."))
@@ -109,20 +109,11 @@ def to_lines(table: dict, *, with_rows: bool = False) -> list[str]:
     return lines
 
 
-def markdown(table: dict) -> list[str]:
-    from pilotrun.sheet.render import table_lines
+def markdown(table: dict, head: list[str]) -> str:
+    """The sheet without a pilot as Markdown: ``head`` (paragraphs) and the options section."""
+    from pilotrun.sheet.render import to_markdown
 
-    out: list[str] = []
-    for b in blocks(table):
-        if b[0] == "h":
-            out += [f"## {b[1]}", ""]
-        elif b[0] == "p":
-            out += [b[1], ""]
-        elif b[0] == "list":
-            out += [f"- {x}" for x in b[1]] + [""]
-        else:
-            out += table_lines(b[1], b[2]) + [""]
-    return out
+    return to_markdown({"blocks": [("h", head[0])] + [("p", x) for x in head[1:]] + blocks(table)})
 
 
 def options_result(loaded, *, rates: dict | None = None, lora_r: int | None = None):
@@ -187,7 +178,6 @@ def no_pilot_sheet(loaded, size: dict, *, rates: dict | None = None):
         summary += f", {money(rec['cost'], table['currency'])}"
     sheet = {"campaign": c.name, "pilot_run": None, "estimator_only": True, "too_large": size,
              "pilot_instead": instead, "options": table,
-             "markdown": "\n".join([f"# Selection sheet — {c.name}", "", head, "",
-                                    f"What to pilot instead: {instead}", ""] + markdown(table))}
+             "markdown": markdown(table, [f"Selection sheet — {c.name}", head, f"What to pilot instead: {instead}"])}
     return StageResult("sheet", "warn" if rec else "fail", summary, lines, sheet, COLUMNS,
                        [dict(zip(COLUMNS, r)) for r in table_rows(table)])

@@ -19,7 +19,10 @@ SECTIONS = [S.header, S.memory, S.settings, S.stack, S.fit, S.time, S.costs, S.o
 
 def blocks(s: dict) -> list[tuple]:
     """("h", title) | ("p", text) | ("table", columns, rows) | ("list", items) | ("rows", columns, rows, items):
-    a table in Markdown and HTML, one line per row (the items) on a terminal; section by section."""
+    a table in Markdown and HTML, one line per row (the items) on a terminal; section by section (a dict
+    holding ready ``blocks`` is rendered as they are)."""
+    if "blocks" in s:
+        return s["blocks"]
     out: list[tuple] = []
     for section in SECTIONS:
         out += section(s)
