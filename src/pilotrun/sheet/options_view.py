@@ -25,14 +25,11 @@ def _price_column(table: dict) -> str:
 
 def compact_rows(table: dict) -> tuple[list[str], list[list]]:
     """The table narrow enough for a 100-column sheet.md: GPU keys, short option names, keeps/changes."""
-    from pilotrun.sheet.sections import size
-
     priced = table["by"] == "cost"
     cols = ["GPUs", "option", "peak/GPU", "set by", "time", _price_column(table), "question"]
-    rows = [[f"{x['count']} × {x['gpu']}", x["short"], size(x["peak"]) + ("*" if _measured(x) else ""), x["phase"],
-             P.fmt_duration(x["seconds"]),
-             money(x["cost"]) if priced else f"{x['gpu_hours']:.3g}", "keeps" if x["keeps"] else "changes"]
-            for x in table["shown"]]
+    rows = [[f"{x['count']} × {x['gpu']}", x["short"], P.size(x["peak"]) + ("*" if _measured(x) else ""),
+             x["phase"], P.fmt_duration(x["seconds"]), money(x["cost"]) if priced else f"{x['gpu_hours']:.3g}",
+             "keeps" if x["keeps"] else "changes"] for x in table["shown"]]
     return cols, rows
 
 
@@ -41,10 +38,8 @@ def _measured(x: dict) -> bool:
 
 
 def _item(x: dict, table: dict) -> str:
-    from pilotrun.sheet.sections import size
-
     price = money(x["cost"], table["currency"]) if table["by"] == "cost" else f"{x['gpu_hours']:.3g} GPU-hours"
-    return (f"{x['count']} × {x['name']}: {x['label']} — {size(x['peak'])} per GPU at {x['phase']}"
+    return (f"{x['count']} × {x['name']}: {x['label']} — {P.size(x['peak'])} per GPU at {x['phase']}"
             f"{' (measured)' if _measured(x) else ''}, {P.fmt_duration(x['seconds'])}, {price}; {x['changes']}")
 
 
@@ -53,9 +48,7 @@ def pick(x: dict | None, table: dict) -> str:
         return "nothing"
     by = money(x["cost"], table["currency"]) if x.get("cost") is not None and table["by"] == "cost" else \
         f"{x['gpu_hours']:.3g} GPU-hours"
-    from pilotrun.sheet.sections import size
-
-    return (f"{x['label']} on {x['count']} × {x['name']} — {size(x['peak'])} per GPU at "
+    return (f"{x['label']} on {x['count']} × {x['name']} — {P.size(x['peak'])} per GPU at "
             f"{x['phase']}, {P.fmt_duration(x['seconds'])}, {by}")
 
 
@@ -82,8 +75,9 @@ def blocks(table: dict) -> list[tuple]:
         cols, rows = compact_rows(table)
         mark = " A peak marked * is the pilot's measured figure." if any(r[2].endswith("*") for r in rows) else ""
         out.append(("p", "Per GPU and count, the fastest option that keeps the experiment, and the fastest that "
-                         "changes it when that is faster; \"question\": whether the row keeps the experiment's question "
-                         "(each option and what it changes: below); `--json` holds every option evaluated." + mark))
+                         "changes it when that is faster; \"question\": whether the row keeps the experiment's "
+                         "question (each option and what it changes: below); `--json` holds every option evaluated."
+                         + mark))
         out.append(("rows", cols, rows, [_item(x, table) for x in table["shown"]]))
     else:
         out.append(("p", "No option fits any catalogue GPU at up to 64 GPUs."))
@@ -109,11 +103,10 @@ def to_lines(table: dict, *, with_rows: bool = False) -> list[str]:
     return lines
 
 
-def markdown(table: dict, head: list[str]) -> str:
-    """The sheet without a pilot as Markdown: ``head`` (paragraphs) and the options section."""
-    from pilotrun.sheet.render import to_markdown
-
-    return to_markdown({"blocks": [("h", head[0])] + [("p", x) for x in head[1:]] + blocks(table)})
+def no_pilot_blocks(sheet: dict) -> list[tuple]:
+    """The sheet without a pilot (``no_pilot_sheet``'s data) in the sheet's block form."""
+    return [("h", f"Selection sheet — {sheet['campaign']}"), ("p", sheet["head"]),
+            ("p", f"What to pilot instead: {sheet['pilot_instead']}")] + blocks(sheet["options"])
 
 
 def options_result(loaded, *, rates: dict | None = None, lora_r: int | None = None):
@@ -176,8 +169,7 @@ def no_pilot_sheet(loaded, size: dict, *, rates: dict | None = None):
         "no option that keeps the experiment fits")
     if rec and rec.get("cost") is not None and table["by"] == "cost":
         summary += f", {money(rec['cost'], table['currency'])}"
-    sheet = {"campaign": c.name, "pilot_run": None, "estimator_only": True, "too_large": size,
-             "pilot_instead": instead, "options": table,
-             "markdown": markdown(table, [f"Selection sheet — {c.name}", head, f"What to pilot instead: {instead}"])}
+    sheet = {"campaign": c.name, "pilot_run": None, "estimator_only": True, "too_large": size, "head": head,
+             "pilot_instead": instead, "options": table}
     return StageResult("sheet", "warn" if rec else "fail", summary, lines, sheet, COLUMNS,
                        [dict(zip(COLUMNS, r)) for r in table_rows(table)])

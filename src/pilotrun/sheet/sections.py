@@ -13,11 +13,7 @@ from pilotrun.sheet import plan as P
 GiB, MiB = 2**30, 2**20
 
 
-def size(n) -> str:
-    """One precision for every size on the sheet: MiB with one decimal below 1 GiB, GiB with two above."""
-    if n is None:
-        return "n/a"
-    return f"{n / GiB:.2f} GiB" if n >= GiB else f"{n / MiB:.1f} MiB"
+size = P.size  # one precision for every size on the sheet
 
 
 def _inputs(d: dict) -> str:

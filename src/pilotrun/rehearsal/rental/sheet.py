@@ -359,11 +359,12 @@ def sheet_stage(loaded, home, *, target_env_path: str | None = None, gpu: str | 
     c = loaded.campaign
     pilot, stale = find_pilot(journal, c.name, loaded.config_sha256())
     if pilot is None:
-        from pilotrun.sheet.options_view import no_pilot_sheet, too_large_here
+        from pilotrun.sheet.options_view import no_pilot_blocks, no_pilot_sheet, too_large_here
 
         size = too_large_here(loaded)  # the estimator knows the model's size before anything is loaded
         if size is not None:
             result = no_pilot_sheet(loaded, size, rates=rates)
+            result.data["markdown"] = to_markdown({"blocks": no_pilot_blocks(result.data)})
             if out:
                 atomic_write_text(out, result.data["markdown"])
             return result
