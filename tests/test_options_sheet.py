@@ -179,3 +179,22 @@ def test_piloted_options_through_a_pipe_and_in_json(piloted, cli):
     # a pipe is not a terminal: one line per option row, never wrapped
     rows = [line for line in done.err.splitlines() if line.strip().startswith("- 1 × A100 80GB SXM: as written")]
     assert len(rows) == 1 and "USD; keeps the experiment" in rows[0], rows
+
+
+def test_when_no_priced_gpu_keeps_the_question_the_recommendation_says_so():
+    """Rates that price only a GPU where nothing keeps the question: the recommended row is chosen by
+    GPU-hours among every GPU (and said so), the cheapest overall by cost among the priced ones."""
+    from pilotrun.sheet.options import _choose
+    from pilotrun.sheet.options_view import _judged_by
+
+    def row(gpu, keeps, hours, cost):
+        return {"gpu": gpu, "fits": True, "keeps": keeps, "gpu_hours": hours, "seconds": hours * 3600, "cost": cost}
+
+    rows = [row("l4", False, 1.0, 0.5), row("h100-sxm", True, 2.0, None), row("a100-80gb", True, 3.0, None)]
+    rec, cheap, by = _choose(rows, {"path": "r.yaml", "gpus": {"l4": {"hour": 0.5, "plans": {}}}})
+    assert rec["gpu"] == "h100-sxm" and cheap["gpu"] == "l4" and by.startswith("gpu_hours (")
+    assert _judged_by({"by": by, "rates": "r.yaml"}) == "by GPU-hours: no GPU priced in r.yaml fits and keeps it"
+    # priced rows that keep it: by cost, even where another row has fewer GPU-hours
+    rows.append(row("a10", True, 5.0, 0.4))
+    rec, cheap, by = _choose(rows, {"path": "r.yaml", "gpus": {}})
+    assert (rec["gpu"], cheap["gpu"], by) == ("a10", "a10", "cost")
