@@ -221,6 +221,13 @@ def pack(runs: list[dict], days: list[int], reserve: float, lanes: int = 1) -> l
     return plans
 
 
+def size(n) -> str:
+    """One precision for every size on the sheet: MiB with one decimal below 1 GiB, GiB with two above."""
+    if n is None:
+        return "n/a"
+    return f"{n / GiB:.2f} GiB" if n >= GiB else f"{n / 2**20:.1f} MiB"
+
+
 def fmt_duration(s: float | None) -> str:
     if s is None:
         return "n/a"

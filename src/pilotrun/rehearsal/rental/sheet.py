@@ -77,7 +77,9 @@ def _prediction(loaded, rows: list[dict], sheet: dict):
 
     try:
         prep = prepare(loaded, splits=("train", "validation"))
-        predicted = None if rows[0].get("counter") == "cuda" else predict_rows(loaded, prep)
+        if rows[0].get("counter") == "cuda":
+            return prep, None
+        predicted, sheet["_trace"] = predict_rows(loaded, prep)
         return prep, predicted
     except Exception as e:  # noqa: BLE001 - a campaign fake tensors cannot build is named, not fatal
         if rows[0].get("counter") != "cuda":
@@ -117,11 +119,12 @@ def _largest(loaded, prep, rows, target, kind, ranks, t, c) -> dict:
 
 
 def build_sheet(cfg: dict, journal, pilot: dict, *, target_env: dict | None = None, gpu: str | None = None,
-                rates: dict | None = None, predict: bool = True) -> dict:
+                rates: dict | None = None, predict: bool = True, options: bool = False) -> dict:
     """Everything the sheet shows, as data; every number names its ledger row, prediction or constant.
 
     ``predict``: run the estimator (GPU memory of a CPU pilot, the largest sizes); the time check,
-    which only needs the time plan, passes False."""
+    which only needs the time plan, passes False. ``options``: add the options table (per GPU and
+    count, what each option changes), from the pilot's figures where they exist."""
     from pilotrun.campaign.arithmetic import batch_arithmetic
     from pilotrun.campaign.load import campaign_from_dict
     from pilotrun.probe.sizes import parse_size
@@ -203,7 +206,31 @@ def build_sheet(cfg: dict, journal, pilot: dict, *, target_env: dict | None = No
     if target is not None and predict:
         sheet["largest"] = _largest(loaded, prep, rows, target, kind, ranks, t, c)
     _time_plan(sheet, c, t, rows, peaks, pilot, fits, target, ranks, rates, batch_arithmetic)
+    if options and predict:
+        _options(sheet, loaded, prep, rates, gpu_rows, kind, ranks)
+    sheet.pop("_trace", None)
+    (sheet.get("time") or {}).pop("_terms", None)
     return sheet
+
+
+def _options(sheet, loaded, prep, rates, gpu_rows, kind, ranks) -> None:
+    """The options table, the campaign as written taking the pilot's memory (CUDA) and time plan."""
+    from pilotrun.sheet.gpu_memory import phase_needs
+    from pilotrun.sheet.options import TRAINING, options_table
+
+    needs = {}
+    for g in CATALOGUE:
+        train = [p for p in phase_needs(gpu_rows, kind, g, ranks) if p["phase"] in TRAINING and p["need"] is not None]
+        if train:
+            needs[g.key] = max(train, key=lambda p: p["need"])
+    tm = sheet.get("time") or {}
+    pilot = {"run": sheet["pilot_run"], "ranks": ranks, "runs": len(tm.get("runs") or []) or 1, "kind": kind,
+             "needs": needs, "terms": tm.get("_terms") or {}}
+    try:
+        sheet["options"] = options_table(loaded, prep=prep, rates=rates, written=sheet.get("_trace"), pilot=pilot)
+    except Exception as e:  # noqa: BLE001 - the sheet stands without its options table; say why
+        sheet["options"] = None
+        sheet["warnings"].append(f"no options table: the estimator could not run ({type(e).__name__}: {e})")
 
 
 def _time_plan(sheet, c, t, rows, peaks, pilot, fits, target, ranks, rates, batch_arithmetic) -> None:
@@ -285,6 +312,7 @@ def _time_plan(sheet, c, t, rows, peaks, pilot, fits, target, ranks, rates, batc
                      "target": target.key if target else None,
                      "why": P.time_reasons(u["scaling"], terms, [f["campaign_s"] for f in fits if f["fits"]]),
                      "source_gpu": source_gpu if isinstance(source_gpu, str) or source_gpu is None else source_gpu.key}
+    sheet["time"]["_terms"] = {g.key: plan_for(g)[1] for g in CATALOGUE}  # for the options table
     u_here, terms_here, per_run_here = plan_for(None)  # the pilot's own machine: nothing scaled
     sheet["time"]["here"] = {"units": u_here["units"], "terms": terms_here, "per_run_s": per_run_here}
     if rates is not None:
@@ -318,7 +346,8 @@ def _choose_launch(sheet, target, plans, plans_by_gpu) -> dict | None:
 
 
 def sheet_stage(loaded, home, *, target_env_path: str | None = None, gpu: str | None = None,
-                out: str | None = None, rates_path: str | None = None, sets: tuple[str, ...] = ()) -> StageResult:
+                out: str | None = None, rates_path: str | None = None, sets: tuple[str, ...] = (),
+                options: bool = True) -> StageResult:
     from pilotrun.journal.files import atomic_write_text
     from pilotrun.journal.store import Journal
     from pilotrun.sheet.render import to_lines, to_markdown
@@ -336,11 +365,12 @@ def sheet_stage(loaded, home, *, target_env_path: str | None = None, gpu: str | 
     c = loaded.campaign
     pilot, stale = find_pilot(journal, c.name, loaded.config_sha256())
     if pilot is None:
-        from pilotrun.sheet.options import no_pilot_sheet, too_large_here
+        from pilotrun.sheet.options_view import no_pilot_blocks, no_pilot_sheet, too_large_here
 
         size = too_large_here(loaded)  # the estimator knows the model's size before anything is loaded
         if size is not None:
-            result = no_pilot_sheet(loaded, size)
+            result = no_pilot_sheet(loaded, size, rates=rates)
+            result.data["markdown"] = to_markdown({"blocks": no_pilot_blocks(result.data)})
             if out:
                 atomic_write_text(out, result.data["markdown"])
             return result
@@ -348,7 +378,7 @@ def sheet_stage(loaded, home, *, target_env_path: str | None = None, gpu: str | 
                            [f"the sheet is built from the pilot's measurements; run `pilotrun pilot "
                             f"{loaded.source or 'CAMPAIGN'}` first (with the same --home)"], {"pilot_run": None})
     sheet = build_sheet(loaded.resolved_dict() if not stale else pilot["config"], journal, pilot,
-                        target_env=target_env, gpu=gpu, rates=rates)
+                        target_env=target_env, gpu=gpu, rates=rates, options=options)
     if stale:
         sheet["warnings"].insert(0, stale)
     written = []
