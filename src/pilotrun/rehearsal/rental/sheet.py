@@ -255,7 +255,10 @@ def _time_plan(sheet, c, t, rows, peaks, pilot, fits, target, ranks, rates, batc
                                  "no time plan: the training data could not be counted")
         return
     updates = batch_arithmetic(t, n_train)["updates"]
-    counts = P.run_counts(updates, t.eval_every, t.save_every, n_val or 0, t.eval_batch, ranks, bool(n_val))
+    from pilotrun.rehearsal.mechanics.control import CONTROL_EXAMPLES
+
+    counts = P.run_counts(updates, t.eval_every, t.save_every, n_val or 0, t.eval_batch, ranks, bool(n_val),
+                          control=min(CONTROL_EXAMPLES, n_val or n_train))
     counts["from"] = (f"train.updates/epochs → {updates} updates ({n_train} training examples), train.eval_every="
                       f"{t.eval_every}, train.save_every={t.save_every}, {n_val or 0} validation examples / "
                       f"(train.eval_batch={t.eval_batch} × {ranks} ranks)")
@@ -268,7 +271,8 @@ def _time_plan(sheet, c, t, rows, peaks, pilot, fits, target, ranks, rates, batc
             "tokens_eval": ev.get("eval_batch", t.eval_batch) * ev.get("seq_len", c.data.max_length),
             "passes_update": su.get("accumulation", t.accumulation), "checkpointing": c.model.gradient_checkpointing}
     source_gpu = _measured_gpu(pilot, rows)
-    model = (pilot.get("summary") or {}).get("time_model")
+    summary = pilot.get("summary") or {}
+    model = summary.get("time_model")
     # the pilot's bare timings of its worst case, when it has them: its phases ran under the memory counter
     shape = scaled_units(model, model.get("worst_update_s") or measured["steady_step"]["seconds"],
                          model.get("worst_eval_s") or measured["eval_longest"]["seconds"]) if model else None
@@ -278,6 +282,8 @@ def _time_plan(sheet, c, t, rows, peaks, pilot, fits, target, ranks, rates, batc
     def plan_for(g):
         u = P.unit_seconds(measured, source_gpu=source_gpu, target_gpu=g, precision=precision, work=work,
                            shape=shape)
+        if summary.get("run_overhead_s") is not None:  # host work: kept as measured on any GPU
+            u["units"]["run_overhead"] = summary["run_overhead_s"]
         terms = P.run_terms(counts, u["units"])
         return u, terms, sum(x["seconds"] for x in terms)
 
@@ -300,7 +306,7 @@ def _time_plan(sheet, c, t, rows, peaks, pilot, fits, target, ranks, rates, batc
         else:
             f["campaign_s"] = None
     sheet["time"] = {"measured": measured, "units": u["units"], "scaling": u["scaling"], "shape": shape,
-                     "prepare_s": (pilot.get("summary") or {}).get("prepare_s"), "counts": counts,
+                     "prepare_s": summary.get("prepare_s"), "startup_s": summary.get("startup_s"), "counts": counts,
                      "work": work, "terms": terms, "per_run_s": per_run, "runs": runs,
                      "total_s": per_run * len(runs), "lanes": lanes, "plans": plans,
                      "target": target.key if target else None,
