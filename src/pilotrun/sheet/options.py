@@ -36,6 +36,7 @@ QLORA_SLOWER = 1.3  # 4-bit weights are dequantized before each matmul
 NF4_BYTES = 0.5 + 0.016  # 4 bits per weight plus the double-quantized block constants
 TRAINING = ("load", "first_step", "steady_step", "eval_longest", "save")
 KEEPS = "keeps the experiment"
+HOST_UNITS = ("run_overhead", "load", "save", "export", "reload")  # time-plan terms kept as measured on any option
 
 # key, label, short label (the sheet's table), trace, strategy at > 1 GPU ("ddp" follows the campaign's own when
 # it shards), offload, qlora
@@ -196,12 +197,12 @@ def calibrate(rows: list[dict], g, pilot: dict) -> None:
     base = anchor["seconds"]
     if not terms or not base or not math.isfinite(base):
         return
-    fixed = sum(x["seconds"] for x in terms if x["unit"] in ("load", "save", "export", "reload"))
+    fixed = sum(x["seconds"] for x in terms if x["unit"] in HOST_UNITS)
     scaled = sum(x["seconds"] for x in terms) - fixed
     for x in rows:
         ratio = x["seconds"] / base
         x["seconds"] = pilot["runs"] * (fixed + scaled * ratio)
-        x["time_how"] = (f"{pilot['runs']} run(s) × (load, checkpoints, export, reload {P.fmt_duration(fixed)} as "
+        x["time_how"] = (f"{pilot['runs']} run(s) × (host work {P.fmt_duration(fixed)} as "
                          f"the time plan measured + updates and validations {P.fmt_duration(scaled)} × {ratio:.3g}, "
                          f"the arithmetic's ratio to the campaign as written)")
         x["time_from"] = f"pilot {pilot['run']} (time plan), scaled by the arithmetic"
@@ -362,8 +363,9 @@ def _assumptions(pilot: dict | None = None) -> list[str]:
     measured = [] if pilot is None else [
         f"from pilot {pilot['run']}: the campaign as written on {pilot['ranks']} GPU(s) takes the sheet's memory "
         f"figure ({'measured CUDA counters' if pilot.get('kind') == 'measured' else 'the same estimate'}) and the "
-        f"time plan's seconds per GPU; every other row keeps that run's load, checkpoints, export and reload "
-        f"as measured and scales its updates and validations by the arithmetic's ratio to the campaign as written"]
+        f"time plan's seconds per GPU; every other row keeps that run's host work (run start, load, checkpoints, "
+        f"export, reload) as measured and scales its updates and validations by the arithmetic's ratio to the "
+        f"campaign as written"]
     return measured + [f"time: FLOPs per update (parameters × tokens, the budget's mean padded tokens) at "
             f"{P.ASSUMED_MFU:.0%} of each GPU's dense rate, divided over the GPUs (data parallel); at least "
             f"{P.GPU_FLOOR_S_PER_PASS * 1e3:g} ms per micro-batch and validation batch of a rank (the launch floor)",
