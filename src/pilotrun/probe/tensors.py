@@ -63,7 +63,7 @@ class LiveTensors:
     def add(self, t: torch.Tensor) -> None:
         if type(t) not in _PLAIN:  # a DTensor's storage is its global size: count the local shard it holds
             t = getattr(t, "_local_tensor", t)
-        if t.device.type != "cpu" or t.layout != torch.strided:
+        if not t.is_cpu or t.layout != torch.strided:  # is_cpu: ~0.2 µs where device.type takes ~1.4
             return
         st = t.untyped_storage()
         key = st._cdata
@@ -164,6 +164,13 @@ def track(*objs) -> None:
 
 class _Watch(TorchDispatchMode):
     """Adds every operator's output storages to ``LIVE`` (the peak is raised inside ``add``)."""
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # torch wraps a mode's __torch_dispatch__ in a dynamo-disable wrapper by default; that wrapper
+        # alone cost ~14 of the ~38 µs this mode added per operator (bench: `x + 1` on a 4-element
+        # tensor, 4.6 µs bare). pilotrun never compiles under a probe, so the wrapper guards nothing here.
+        return False
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
