@@ -107,6 +107,15 @@ def test_fsdp_trains_with_sharded_checkpoints_and_a_full_artifact(tmp_path):
     assert "FSDP shards written by 2 ranks" in str(e.value) and "train.nproc: 2" in e.value.fix
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 
+    # one rank's shard changed on disk: the manifest's checksum refuses the whole checkpoint
+    shard = final / "model.rank1.safetensors"
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    with pytest.raises(BadInput) as e:
+        load_state(state, final)
+    assert "model.rank1.safetensors" in str(e.value) and "does not match its manifest" in str(e.value)
+
 
 def test_fsdp_resume_check_passes_across_fresh_ranks(tmp_path):
     from pilotrun.rehearsal.mechanics.resume import resume

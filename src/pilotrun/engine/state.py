@@ -3,7 +3,8 @@
 A checkpoint is a folder: model weights (safetensors; with an adapter only the trainable parameters
 and ``base.json``, the base model's identity, see ``journal/base_identity.py``), optimizer state
 (torch.save of tensors and numbers only, read back with ``weights_only=True``), RNG tensors (safetensors), and JSON for the
-scheduler, the grad scaler, the sampler position, the counters and Python/NumPy RNG states. It is
+scheduler, the grad scaler, the sampler position, the counters and Python/NumPy RNG states; under
+FSDP the model and optimizer are one file pair per rank (``engine/sharded.py``). It is
 written under a temporary name and renamed into place after everything, the manifest last, is on
 disk, so a folder with a final name is always complete. Loading checks every file against the
 manifest (and refuses files it does not list) before anything is read.
