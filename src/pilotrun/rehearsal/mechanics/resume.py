@@ -83,6 +83,9 @@ def resume_worker(spec_path: str | Path) -> int:
     device = default_device()
     model.to(device)
     state = make_state(model, c.train, n_train=len(train_ex), seed=c.seed, total_updates=spec["total"], device=device)
+    from pilotrun.report.progress import note
+
+    note("loading the saved state", log=True)
     restored = load_state(state, spec["state"])
     res = train(state, prep.task, train_ex, [], c.train)
     atomic_write_json(spec["out"], {"restored": restored, "status": res.status, "reason": res.reason,
@@ -192,6 +195,7 @@ def resume(loaded, home, *, at: int | None = None, prep=None) -> StageResult:
     from pilotrun.rehearsal.prepare import prepare
     from pilotrun.journal.runs import RunRecorder, write_run_readme
     from pilotrun.rehearsal.training.train import store_control_predictions
+    from pilotrun.report.progress import head
 
     at = DEFAULT_AT if at is None else at
     if at < 2:
@@ -214,9 +218,11 @@ def resume(loaded, home, *, at: int | None = None, prep=None) -> StageResult:
     msgs = [setting] + ([f"test switch {SKIP_ENV}: left out of the saved state: {', '.join(skip)}"] if skip else [])
     journal = Journal(home)
     with RunRecorder(journal, loaded, kind="resume") as rec:
+        head(f"reference run ({total} updates)")
         ref_state, ref = _run(prep, train_ex, total, None, device)
         for h in ref.history:
             rec.log("train", h["update"], {"loss": h["loss"], "lr": h["lr"]}, examples_seen=h["examples_seen"])
+        head(f"stopped run (to update {at}, state saved)")
         stop_state, stopped = _run(prep, train_ex, total, at, device)
         ckpt = save_state(stop_state, rec.dir / "checkpoints" / f"update-{at:06d}", skip=skip)
         spec = {"config": str(rec.dir / "config.yaml"), "state": str(ckpt), "n_train": n, "total": total,
@@ -225,6 +231,7 @@ def resume(loaded, home, *, at: int | None = None, prep=None) -> StageResult:
         atomic_write_json(rec.dir / "reference_history.json", _history(ref))
         worker, proc = None, None
         if ref.status == "completed":  # no fresh process for a reference that cannot be compared with
+            head(f"resumed run (a new process, from update {at})")
             proc = subprocess.run([sys.executable, "-m", "pilotrun", "_resume-worker",
                                    str(rec.dir / "resume_spec.json")],
                                   capture_output=True, text=True, env=dict(os.environ), timeout=3600)
