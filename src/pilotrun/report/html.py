@@ -260,7 +260,8 @@ def section_runs(journal) -> str:
               "sweep": esc(r.get("sweep_id") or ""), "arm": esc(r.get("arm") or "")} for r in reversed(runs)]
     head = "".join(f"<th>{c}</th>" for c in index[0])
     body = "".join("<tr>" + "".join(f"<td>{v}</td>" for v in row.values()) + "</tr>" for row in index)
-    out = [f'<p class="muted">{len(runs)} runs, newest first; each links to its own part below.</p>'
+    many = f"{len(runs)} runs, newest first; each links" if len(runs) > 1 else "1 run; it links"
+    out = [f'<p class="muted">{many} to its own part below.</p>'
            f'<table class="runs"><tr>{head}</tr>{body}</table>']
     for n, run in enumerate(reversed(runs)):
         out.append(f'<details class="run"{" open" if n < RUNS_OPEN else ""}>{_one_run(journal, run)}</details>')
