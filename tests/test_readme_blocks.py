@@ -42,7 +42,7 @@ SLOW = [r"^pilotrun demo\b", r"^pilotrun all\b", r"^cd examples && pilotrun all\
 SLOW_PYTHON = ("PilotrunTrainerCallback", "PilotrunLightningCallback")
 FAST = [r"^pilotrun (init|validate|train|runs|show|note|inspect|leakage|split|estimate|verify|archive|report|env)\b"]
 
-EXAMPLE_ID = re.compile(r"\b20261202-\d{4,6}(-[0-9a-f]{6})?\b")
+EXAMPLE_ID = re.compile(r"(?<!sweep-)\b20261202-\d{4,6}(-[0-9a-f]{6})?\b")
 
 
 @dataclass
@@ -136,11 +136,11 @@ class Runner:
 
     def substitute(self, cmd: str) -> str:
         cmd = cmd.replace("/tmp/pilot-demo", str(self.ws / "pilot-demo"))
+        if self.ids.get("sweep"):
+            cmd = re.sub(r"\bsweep-20261202-\d{4}\b", lambda m: self.ids["sweep"][:len(m.group(0))], cmd)
         run_id = self.ids.get("run")
         if run_id:
             cmd = EXAMPLE_ID.sub(lambda m: run_id[:len(m.group(0))], cmd).replace("RUN_ID", run_id)
-        if self.ids.get("sweep"):
-            cmd = re.sub(r"\bsweep-20261202-\d{4}\b", lambda m: self.ids["sweep"][:len(m.group(0))], cmd)
         return cmd
 
     def shell(self, cmd: str, line: int) -> subprocess.CompletedProcess:
