@@ -5,9 +5,10 @@
    record it: probe/watch.py). Goal ≤ 1.00 with no allowance: on CPU both sides are the exact count of
    live tensor bytes (probe/tensors.py), on CUDA the allocator's counters.
 2. Time: the sheet's plan on this machine (the pilot's measured seconds per update, per validation
-   batch, per checkpoint, per load; rehearsal/training/timecheck.py) for the work the sweep's runs did, ÷ the
-   runs' wall time (from reading their data to their last record). Goal 0.9–1.1. The sweep
-   process's own wall time (Python start-up and imports included) is in the note.
+   batch, per checkpoint, per load, per run start, and the pilot process's own start-up;
+   rehearsal/training/timecheck.py) for the work the sweep's runs did, ÷ the runs' wall time (the first
+   from the sweep process's start, Python and imports included, the others from their start; each to
+   its last record). Goal 0.9–1.1. The term-by-term breakdown of the median repetition is in the note.
 
 On two campaigns: the demo (even lengths), and an uneven one built from the shared Stack Exchange
 records (questions and answers of up to 12k characters) and Alpaca records (a few hundred).

@@ -88,18 +88,6 @@ def test_two_ranks_equal_one_process_with_the_whole_update(tmp_path):
                for r in rows)
 
 
-def test_fsdp_on_cpu_is_bad_input_naming_the_key(tmp_path):
-    from pilotrun.rehearsal.memory.pilot import pilot
-
-    if torch.cuda.is_available():
-        pytest.skip("FSDP runs on CUDA here")
-    path = tiny_causal_campaign(tmp_path, simple_records(16), train__strategy="fsdp", train__nproc=2)
-    with pytest.raises(BadInput) as e:
-        pilot(load_campaign(path), tmp_path / "home")
-    assert e.value.where == "train.strategy" and "train.strategy=ddp" in str(e.value)
-    assert not (tmp_path / "home" / "runs").exists()
-
-
 def test_a_failing_rank_makes_launch_raise(tmp_path):
     from pilotrun.engine.distributed import launch
 

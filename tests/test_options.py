@@ -87,7 +87,10 @@ def test_70b_sheet_without_pilot_lists_options(tmp_path, cli):
     if psutil.virtual_memory().available > 600 * 2**30:
         pytest.skip("this machine could hold a 70B model's training state")
     path = _campaign_70b(tmp_path)
-    done = cli("sheet", path, "--home", str(tmp_path / "home"), "--out", str(tmp_path / "sheet.md"), "--json")
+    rates = tmp_path / "rates.yaml"
+    rates.write_text("currency: USD\nh100-sxm: 2.49\nh200: 3.5\n")
+    done = cli("sheet", path, "--home", str(tmp_path / "home"), "--out", str(tmp_path / "sheet.md"), "--rates",
+               str(rates), "--json")
     assert done.code == 0, done.err  # warn: estimator only
     payload = done.json
     assert payload["verdict"] == "warn"
@@ -102,10 +105,15 @@ def test_70b_sheet_without_pilot_lists_options(tmp_path, cli):
     assert not any(r["fits"] for r in h100 if r["option"] in ("written", "ckpt"))  # as written: 657 GiB per GPU
     lora = [r for r in table["rows"] if r["option"] in ("lora", "fsdp_lora", "qlora")]
     assert lora and all(not r["keeps"] and "a different experiment" in r["changes"] for r in lora)
-    assert table["recommended"]["keeps"]
+    rec = table["recommended"]
+    assert rec["keeps"] and table["by"] == "cost" and rec["gpu"] in ("h100-sxm", "h200")
+    assert rec["cost"] == rec["seconds"] / 3600 * rec["count"] * {"h100-sxm": 2.49, "h200": 3.5}[rec["gpu"]]
+    assert rec["cost"] == min(r["cost"] for r in table["rows"] if r["fits"] and r["keeps"] and r["cost"] is not None)
     assert table["cheapest"] is None or not table["cheapest"]["keeps"]
+    assert payload["summary"].endswith(f"{rec['cost']:,.2f} USD" if rec["cost"] < 100 else f"{rec['cost']:,.0f} USD")
     text = (tmp_path / "sheet.md").read_text()
-    assert "NO PILOT" in text and "FSDP" in text
+    assert "NO PILOT" in text and "FSDP" in text and "cost USD" in text
+    assert not [line for line in text.splitlines() if len(line) > 100]
 
 
 def test_small_campaign_without_pilot_still_asks_for_one(tmp_path, cli):

@@ -68,7 +68,7 @@ def target_env(tmp_path, name, cc, memory_gib, bf16) -> Path:
 
 def test_no_pilot_is_a_failing_verdict_naming_the_fix(tmp_path, cli):
     path = campaign(tmp_path)
-    r = sheet_stage(load_campaign(path), tmp_path / "home")
+    r = sheet_stage(load_campaign(path), tmp_path / "home", options=False)
     assert r.verdict == "fail" and "no pilot run for campaign 'tiny'" in r.summary
     assert "run `pilotrun pilot" in r.messages[0]
     res = cli("sheet", path, "--home", tmp_path / "home")
@@ -79,7 +79,7 @@ def test_eval_over_24gib_fails_a_24gib_rental_and_fits_80gib(tmp_path):
     path = campaign(tmp_path, hardware__memory_per_gpu="24GiB")
     home = tmp_path / "home"
     run = record_pilot(path, home, {"load": 4, "first_step": 10, "steady_step": 10, "eval_longest": 30})
-    r = sheet_stage(load_campaign(path), home)
+    r = sheet_stage(load_campaign(path), home, options=False)
     fit = {f["gpu"]: f for f in r.data["fit"]}
     for key in ("rtx4090", "l4", "a10"):
         assert fit[key]["verdict"] == "does not fit: eval_longest"
@@ -92,7 +92,7 @@ def test_eval_over_24gib_fails_a_24gib_rental_and_fits_80gib(tmp_path):
     # the terminal table is the fit table
     assert any(row["gpu"] == "L4 24GB" and row["verdict"] == "does not fit: eval_longest" for row in r.rows)
     # the same pilot with an 80 GiB rental: ok
-    ok = sheet_stage(load_campaign(path, {"hardware.memory_per_gpu": "80GiB"}), home)
+    ok = sheet_stage(load_campaign(path, {"hardware.memory_per_gpu": "80GiB"}), home, options=False)
     assert ok.data["pilot_run"] == run  # found by name though the config sha differs
     assert ok.data["warnings"][0].startswith(f"the latest pilot {run} measured another version")
 
@@ -102,7 +102,7 @@ def test_target_without_bf16_fails_the_stack_check_of_a_bf16_campaign(tmp_path):
     home = tmp_path / "home"
     record_pilot(path, home, {})
     t4 = target_env(tmp_path, "Tesla T4", "7.5", 16, False)
-    r = sheet_stage(load_campaign(path), home, target_env_path=str(t4))
+    r = sheet_stage(load_campaign(path), home, target_env_path=str(t4), options=False)
     assert r.verdict == "fail"
     bf16 = next(c for c in r.data["stack"]["checks"] if c["check"] == "bf16")
     assert bf16["verdict"] == "fail" and "compute capability >= 8.0" in bf16["message"]
@@ -110,7 +110,7 @@ def test_target_without_bf16_fails_the_stack_check_of_a_bf16_campaign(tmp_path):
     assert r.data["target"]["key"] == "t4"  # the plan is for the target's own GPU
     # the clean case: an H100 target passes every check
     h100 = target_env(tmp_path, "NVIDIA H100 80GB HBM3", "9.0", 80, True)
-    ok = sheet_stage(load_campaign(path), home, target_env_path=str(h100))
+    ok = sheet_stage(load_campaign(path), home, target_env_path=str(h100), options=False)
     assert {c["check"]: c["verdict"] for c in ok.data["stack"]["checks"]}["bf16"] == "ok"
     assert all(c["verdict"] == "ok" for c in ok.data["stack"]["checks"]), ok.data["stack"]["checks"]
     assert ok.verdict == "ok", ok.data["problems"] + ok.data["warnings"]
@@ -121,7 +121,7 @@ def test_bf16_campaign_marks_t4_in_the_fit_table(tmp_path):
     path = campaign(tmp_path, train__precision="bf16-mixed")
     home = tmp_path / "home"
     record_pilot(path, home, {})
-    fit = {f["gpu"]: f for f in sheet_stage(load_campaign(path), home).data["fit"]}
+    fit = {f["gpu"]: f for f in sheet_stage(load_campaign(path), home, options=False).data["fit"]}
     assert fit["t4"]["verdict"].startswith("does not fit: no bf16")
 
 
@@ -132,13 +132,15 @@ def test_time_plan_from_the_ledger_and_an_overflowing_3_day_plan(tmp_path):
                     train__save_every=10000)
     home = tmp_path / "home"
     run = record_pilot(path, home, {})
-    r = sheet_stage(load_campaign(path), home, gpu="h100-sxm")
+    r = sheet_stage(load_campaign(path), home, gpu="h100-sxm", options=False)
     tm = r.data["time"]
     assert tm["counts"]["updates"] == 30000 and tm["counts"]["evals"] == 31 and tm["counts"]["eval_batches"] == 2
     terms = {t["term"]: t for t in tm["terms"]}
     assert terms["updates"]["seconds"] == 60000.0 and terms["validations"]["seconds"] == 0.5 * 31 * 2
     assert terms["first update (optimizer state)"]["seconds"] == 1.0 and terms["checkpoints"]["count"] == 4
-    assert tm["per_run_s"] == pytest.approx(3 + 1 + 60000 + 31 + 4 * 1 + 2 + 1.5)
+    # control predictions: 2 passes over 4 examples = one 8-example eval batch, 0.5 s
+    assert terms["control predictions"]["count"] == 1.0 and terms["control predictions"]["seconds"] == 0.5
+    assert tm["per_run_s"] == pytest.approx(3 + 1 + 60000 + 31 + 0.5 + 4 * 1 + 2 + 1.5)
     assert tm["measured"]["steady_step"]["source"].startswith(f"run {run} phase steady_step")
     assert [x["label"] for x in tm["runs"]] == ["control seed 0", "variant 1 seed 0", "control seed 1",
                                                 "variant 1 seed 1"]
@@ -173,7 +175,7 @@ def test_a_pilot_phase_that_ran_out_of_memory_fails_the_sheet(tmp_path):
     path = campaign(tmp_path)
     home = tmp_path / "home"
     record_pilot(path, home, {}, verdicts={"eval_longest": "oom"})
-    r = sheet_stage(load_campaign(path), home)
+    r = sheet_stage(load_campaign(path), home, options=False)
     assert r.verdict == "fail"
     assert any(p.startswith("pilot phase eval_longest rank 0 ended with oom") for p in r.data["problems"])
     assert "no time plan: the pilot lacks a measured duration of eval_longest" in r.data["problems"]
@@ -253,7 +255,7 @@ def test_sheet_from_real_pilot_phase_rows(demo_campaign, tmp_path):
     j.run_dir(run).mkdir(parents=True)
     j.add_phase_rows(run, run_phases(PilotJob(loaded, str(home), run, str(j.run_dir(run)), None)))
     j.finish_run(run, "completed")
-    r = sheet_stage(loaded, home)
+    r = sheet_stage(loaded, home, options=False)
     assert r.verdict == "ok", r.data["problems"] + r.data["warnings"]
     assert r.data["counter"] == "tensors+rss" and r.data["time"]["work"]["params"] > 0
     assert r.data["target"]["key"] == "rtx4090"  # the demo's hardware.memory_per_gpu is 24GiB; fp32 → fastest
@@ -275,7 +277,7 @@ def test_costs_from_a_rates_file_and_the_cheapest_plan_that_places_every_run(tmp
     record_pilot(path, home, {}, params=7_000_000_000)
     rates = tmp_path / "rates.yaml"
     rates.write_text(RATES)
-    r = sheet_stage(load_campaign(path), home, gpu="h100-sxm", rates_path=str(rates))
+    r = sheet_stage(load_campaign(path), home, gpu="h100-sxm", rates_path=str(rates), options=False)
     co = r.data["costs"]
     rows = {(x["gpu"], x["days"]): x for x in co["rows"]}
     assert rows[("h100-sxm", 3)]["cost"] == 2.0 * 24 * 3 and not rows[("h100-sxm", 3)]["fits_all"]
@@ -334,14 +336,14 @@ def test_an_mi300x_target_needs_a_rocm_build_of_torch(tmp_path):
     home = tmp_path / "home"
     record_pilot(path, home, {})
     mi = target_env(tmp_path, "AMD Instinct MI300X", "9.4", 192, True)
-    r = sheet_stage(load_campaign(path), home, target_env_path=str(mi))
+    r = sheet_stage(load_campaign(path), home, target_env_path=str(mi), options=False)
     rocm = next(c for c in r.data["stack"]["checks"] if c["check"] == "rocm")
     assert rocm["verdict"] == "fail" and "install torch from the ROCm wheel index" in rocm["message"]
     assert r.data["target"]["key"] == "mi300x" and r.verdict == "fail"
     env = json.loads(mi.read_text())
     env["data"]["cuda"]["hip"] = "6.4.43482"
     mi.write_text(json.dumps(env))
-    ok = sheet_stage(load_campaign(path), home, target_env_path=str(mi))
+    ok = sheet_stage(load_campaign(path), home, target_env_path=str(mi), options=False)
     assert {c["check"]: c["verdict"] for c in ok.data["stack"]["checks"]}["rocm"] == "ok"
     assert "rocm" not in {c["check"] for c in sheet_stage(load_campaign(path), home, target_env_path=str(
-        target_env(tmp_path, "NVIDIA H100 80GB HBM3", "9.0", 80, True))).data["stack"]["checks"]}
+        target_env(tmp_path, "NVIDIA H100 80GB HBM3", "9.0", 80, True)), options=False).data["stack"]["checks"]}

@@ -137,6 +137,7 @@ def test_sheet_md_reads_in_100_columns_and_without_rates_names_the_missing_input
     long = [line for line in md.splitlines() if len(line) > 100]
     assert not long, long
     assert "No costs: the input missing is your prices. Pass `--rates FILE`" in md
+    assert "## Options that fit (per GPU and count)" in md and "- lora: trains an adapter, not the model" in md
     # tables are aligned: every row of a table has the width of its header
     fit = md.split("## Fit table")[1].split("\n## ")[0]
     table = [line for line in fit.splitlines() if line.startswith("|")]

@@ -47,9 +47,20 @@ def test_each_run_is_predicted_from_the_pilots_units_for_the_work_it_did(piloted
         start = pilot["prepare_s"] + u["load"] if i == 0 else u["reload"]
         assert ("read and encode the data" in terms) == (i == 0)
         assert s["timing"]["prepare_s"] > 0 if i == 0 else s["timing"]["prepare_s"] < 1e-3
-        assert r["predicted_s"] == pytest.approx(start + u["first_extra"] + 12 * u["update"]
-                                                 + 4 * batches * u["eval_batch"] + 3 * u["save"])
+        # every run starts (memory handed back, journal entry) and stores 2 passes over 4 control examples
+        assert u["run_overhead"] == pilot["run_overhead_s"] > 0
+        control = terms["control predictions"]["count"]
+        assert control == pytest.approx(2 * 4 / 32)  # the demo's eval_batch is 32
+        assert r["predicted_s"] == pytest.approx(u["run_overhead"] + start + u["first_extra"] + 12 * u["update"]
+                                                 + (4 * batches + control) * u["eval_batch"] + 3 * u["save"])
+        assert s["timing"]["run_overhead_s"] > 0 and s["timing"]["control_s"] > 0
+        # no pilotrun process was started here (the library was called): no start-up on either side
+        assert pilot["startup_s"] is None and s["timing"]["startup_s"] is None
         assert r["actual_s"] == s["timing"]["total_s"] > s["timing"]["loop_s"] > 0
+        groups = {b["term"]: b for b in r["breakdown"]}
+        assert groups["control predictions"]["actual_s"] == pytest.approx(s["timing"]["control_s"])
+        assert groups["run start (memory freed, journal entry)"]["predicted_s"] == \
+            pytest.approx(u["run_overhead"])
     assert check["predicted_s"] == pytest.approx(sum(r["predicted_s"] for r in check["runs"]))
     assert check["ratio"] == pytest.approx(check["predicted_s"] / check["actual_s"])
     text = "\n".join(result.messages)
@@ -67,6 +78,50 @@ def test_each_run_is_predicted_from_the_pilots_units_for_the_work_it_did(piloted
     assert "<th>predicted ÷ actual</th>" in html and f"<td>{check['ratio']:.2f}</td>" in html
     for r in check["runs"]:
         assert html.count(r["run_id"]) >= 2  # in the memory table and the time table
+
+
+def test_the_first_run_of_a_process_is_planned_from_the_process_start():
+    """Start-up (Python, imports, the command's checks) is a term: the pilot's own against the sweep's first
+    run, one group with the data and the cold load, since where an import happens only moves time between them."""
+    from pilotrun.rehearsal.training.timecheck import actual_seconds, breakdown, run_prediction
+
+    units = {"load": 2.0, "reload": 0.1, "first_extra": 0.5, "update": 1.0, "eval_batch": 0.2, "save": 0.3,
+             "export": 0.4, "run_overhead": 0.25}
+    counts = {"updates": 10, "evals": 2, "checkpoints": 1, "exports": 0}
+    first = run_prediction(units, counts, 3, True, first=True, prepare_s=1.5, startup_s=4.0, control_passes=0.5)
+    names = [t["term"] for t in first]
+    assert names[:3] == ["start-up (process start, imports, the command's checks)", "read and encode the data",
+                         "run start (memory freed, journal entry)"]
+    assert "load (cold: the pilot's load)" in names
+    assert sum(t["seconds"] for t in first) == pytest.approx(4.0 + 1.5 + 0.25 + 2.0 + 0.5 + 10 + (6 + 0.5 + 3) * 0.2
+                                                               + 0.3)
+    later = run_prediction(units, counts, 3, True, first=False, prepare_s=1.5, startup_s=None, control_passes=0.5)
+    assert "load (warm: the pilot's reload)" in [t["term"] for t in later]
+    assert not {"start-up (process start, imports, the command's checks)", "read and encode the data"} & \
+        {t["term"] for t in later}
+    # the sweep imported the model's code in its checks: its first load is quick, its start-up long
+    timing = {"startup_s": 5.2, "prepare_s": 0.1, "load_s": 0.05, "run_overhead_s": 0.3, "control_s": 0.1,
+              "predictions_s": 0.6, "blocks_s": {"train": 10.4, "evaluation": 1.3, "save": 0.3}, "total_s": 13.9}
+    assert actual_seconds(timing) == pytest.approx(13.9 + 5.2)
+    rows = {r["term"]: r for r in breakdown(first, timing)}
+    start = rows["start-up, data and cold load (1st run)"]
+    assert start["predicted_s"] == pytest.approx(4.0 + 1.5 + 2.0) and start["actual_s"] == pytest.approx(5.35)
+    assert rows["run start (memory freed, journal entry)"]["actual_s"] == pytest.approx(0.3)
+    rest = rows["not planned (records, between blocks)"]
+    assert rest["actual_s"] == pytest.approx(19.1 - (5.35 + 0.3 + 10.4 + 1.3 + 0.3 + 0.1 + 0.6))
+
+
+def test_start_up_is_taken_once_per_process_and_only_in_a_pilotrun_process(monkeypatch):
+    from pilotrun import startup
+
+    monkeypatch.setattr(startup, "_MARK", None)
+    monkeypatch.setattr(startup, "_TAKEN", False)
+    assert startup.take() is None  # a library call: nothing marked, the host process's start is not ours
+    monkeypatch.setattr(startup, "_TAKEN", False)
+    startup.mark()
+    first = startup.take()
+    assert first is not None and first > 0  # this test process started before now
+    assert startup.take() is None  # the next run of the same process builds warm and pays no start-up
 
 
 def test_a_plan_off_by_half_is_reported_outside_the_goal():

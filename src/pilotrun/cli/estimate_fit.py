@@ -20,17 +20,24 @@ from pilotrun.report.progress import stage_progress
                    "with what each changes in the experiment")
 @click.option("--lora-r", type=click.IntRange(1), default=None,
               help="LoRA rank for the adapter options (default: the campaign's adapter, else 16)")
+@click.option("--rates", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+              help="with --options: YAML of GPU → price per GPU-hour (as `sheet --rates`): each option's cost, and "
+                   "the recommendation by cost")
 @set_option
 @common_options(home=False)
-def estimate(campaign, device, gpu_memory, options, lora_r, sets, home, as_json):
+def estimate(campaign, device, gpu_memory, options, lora_r, rates, sets, home, as_json):
     """Predicted memory per phase on fake tensors: nothing is allocated, no GPU is needed."""
     from pilotrun.probe.sizes import parse_size
     from pilotrun.rehearsal.memory.estimate import estimate as run_estimate
 
+    if rates and not options:
+        raise click.UsageError("--rates prices the options table: add --options")
     if options:
-        from pilotrun.sheet.options import options_result
+        from pilotrun.sheet.options_view import options_result
+        from pilotrun.sheet.rates import read_rates
 
-        return emit(options_result(load(campaign, sets), lora_r=lora_r), as_json)
+        priced = read_rates(rates) if rates else None  # a bad file is a bad input before anything is traced
+        return emit(options_result(load(campaign, sets), rates=priced, lora_r=lora_r), as_json)
     limit = parse_size(gpu_memory, where="--gpu-memory") if gpu_memory else None
     return emit(run_estimate(load(campaign, sets), device=device, gpu_memory=limit), as_json)
 

@@ -150,6 +150,9 @@ def _broken_pipe() -> int:
 
 
 def main() -> None:
+    from pilotrun import startup
+
+    startup.mark()  # the time plan's start-up term: this process is pilotrun's own
     code = run()
     if "torch.distributed" in sys.modules:  # one rank of a torchrun launch: see exit_rank
         from pilotrun.engine.distributed import exit_rank, is_initialized

@@ -62,10 +62,11 @@ def check_strategy(t) -> None:
 
     from pilotrun.errors import BadInput
 
-    if t.strategy == "fsdp" and not torch.cuda.is_available():
-        raise BadInput("train.strategy=fsdp needs CUDA: FSDP2 (fully_shard) shards parameters over NCCL, and this "
-                       "machine has no CUDA device", where="train.strategy",
-                       fix="use train.strategy=ddp for a CPU pilot (same data-parallel arithmetic), or run on a GPU")
+    if t.strategy == "fsdp" and t.nproc < 2:
+        raise BadInput(f"train.strategy=fsdp with train.nproc={t.nproc}: FSDP shards the parameters, gradients and "
+                       "optimizer state over the ranks, and one rank has nothing to share them with",
+                       where="train.nproc",
+                       fix="set train.nproc: 2 or more (FSDP runs on CPU over gloo too), or train.strategy: single")
     if t.strategy in ("ddp", "fsdp") and torch.cuda.is_available() and t.nproc > torch.cuda.device_count():
         raise BadInput(f"train.nproc={t.nproc} but this machine has {torch.cuda.device_count()} CUDA devices",
                        where="train.nproc", fix=f"set train.nproc={torch.cuda.device_count()} or fewer")
@@ -166,7 +167,7 @@ def launch(fn, nproc: int, args: tuple = ()) -> None:
 
 
 def wrap_model(model, strategy: str, device):
-    """DDP (CPU or CUDA) or FSDP2 ``fully_shard`` (CUDA) around a model already on its device."""
+    """DDP or FSDP2 ``fully_shard`` (CPU over gloo, or CUDA) around a model already on its device."""
     if not is_initialized() or strategy == "single":
         return model
     if strategy == "ddp":

@@ -213,8 +213,20 @@ def evaluate(state: TrainState, task, examples: list, batch_size: int) -> dict:
             del batch, s, n  # not held through the next batch's forward: every batch starts from the same tensors
     if was_training:
         model.train()
+    _reshard(model)
     total, count = all_reduce_sum(total, state.device), all_reduce_sum(count, state.device)
     return {"val_loss": total / count if count else float("nan"), "targets": int(count), "examples": len(examples)}
+
+
+def _reshard(model) -> None:
+    """FSDP2 keeps the root module's parameters gathered after a forward without backward: free them, so
+    what follows a validation (a save, an export) does not hold the root's full weights."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:
+        return
+    if isinstance(model, FSDPModule):
+        model.reshard()
 
 
 @dataclass

@@ -3,7 +3,8 @@
 A checkpoint is a folder: model weights (safetensors; with an adapter only the trainable parameters
 and ``base.json``, the base model's identity, see ``journal/base_identity.py``), optimizer state
 (torch.save of tensors and numbers only, read back with ``weights_only=True``), RNG tensors (safetensors), and JSON for the
-scheduler, the grad scaler, the sampler position, the counters and Python/NumPy RNG states. It is
+scheduler, the grad scaler, the sampler position, the counters and Python/NumPy RNG states; under
+FSDP the model and optimizer are one file pair per rank (``engine/sharded.py``). It is
 written under a temporary name and renamed into place after everything, the manifest last, is on
 disk, so a folder with a final name is always complete. Loading checks every file against the
 manifest (and refuses files it does not list) before anything is read.
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pilotrun.engine.sharded import unshare
 from pilotrun.journal.base_identity import BASE_FILE, base_of, check_base, load_trainable, trainable_state, write_base
 from pilotrun.journal.files import (MANIFEST, commit_dir, kill_point, listed_files, remove_stale_temps, temp_path,
                                     reading_weights, verify_manifest, write_manifest, writing)
@@ -41,39 +43,49 @@ def save_state(state, path: str | Path, *, skip: tuple[str, ...] = ()) -> Path:
     """Write the state to ``path`` (a folder). ``skip`` leaves components out (tests plant defects with it).
 
     Under torch.distributed every rank calls it and rank 0 alone writes (the model and optimizer are
-    replicated under DDP; under FSDP every rank first helps gather the full state); all ranks leave
-    once the folder is complete. The RNG states saved are rank 0's.
+    replicated under DDP); under FSDP every rank writes its own shards first (``engine/sharded.py``).
+    All ranks leave once the folder is complete. The RNG states saved are rank 0's.
     """
     import torch
     from safetensors.torch import save_file, save_model
 
-    from pilotrun.engine.distributed import barrier, world_rank
+    from pilotrun.engine.distributed import barrier, broadcast_from_rank0, world_rank
+    from pilotrun.engine.sharded import is_sharded, save_shards
 
     path = Path(path)
-    sharded = _full_state_if_sharded(state) if "model" not in skip or "optimizer" not in skip else None
-    if world_rank()[1] != 0:
+    world, rank = world_rank()
+    sharded = is_sharded(state.model)
+    tmp = None
+    if rank == 0:
+        remove_stale_temps(path.parent)  # what a killed save left behind
+        tmp = temp_path(path)
+        if tmp.exists():
+            import shutil
+
+            shutil.rmtree(tmp)
+    if sharded:  # every rank writes its own shards into rank 0's temporary folder
+        tmp = broadcast_from_rank0(tmp)
+        if rank == 0:
+            tmp.mkdir(parents=True)
+        barrier()
+        with writing(path, tmp if rank == 0 else None):
+            save_shards(state, tmp, rank, model="model" not in skip, optimizer="optimizer" not in skip)
+        barrier()
+    if rank != 0:
         barrier()
         return path
-    remove_stale_temps(path.parent)  # what a killed save left behind
-    tmp = temp_path(path)
-    if tmp.exists():
-        import shutil
-
-        shutil.rmtree(tmp)
     with writing(path, tmp):  # a failed save leaves no temp; a full disk is exit 2 naming the checkpoint
-        tmp.mkdir(parents=True)
+        tmp.mkdir(parents=True, exist_ok=sharded)
         adapted = base_of(_unwrap(state.model)) is not None
-        if "model" not in skip:
-            if sharded is not None:
-                save_file(_unshare(sharded[0]), str(tmp / "model.safetensors"))
-            elif adapted:  # the frozen base is named by base.json, not copied
-                save_file(_unshare(trainable_state(_unwrap(state.model))), str(tmp / "model.safetensors"))
+        if "model" not in skip and not sharded:
+            if adapted:  # the frozen base is named by base.json, not copied
+                save_file(unshare(trainable_state(_unwrap(state.model))), str(tmp / "model.safetensors"))
                 write_base(tmp, _unwrap(state.model))
             else:
                 save_model(_unwrap(state.model), str(tmp / "model.safetensors"))
             kill_point("model")
-        if "optimizer" not in skip:
-            torch.save(sharded[1] if sharded is not None else state.optimizer.state_dict(), tmp / "optimizer.pt")
+        if "optimizer" not in skip and not sharded:
+            torch.save(state.optimizer.state_dict(), tmp / "optimizer.pt")
             kill_point("optimizer")
         if "scheduler" not in skip:
             (tmp / "scheduler.json").write_text(json.dumps(state.scheduler.state_dict()))
@@ -98,38 +110,13 @@ def save_state(state, path: str | Path, *, skip: tuple[str, ...] = ()) -> Path:
             (tmp / "counters.json").write_text(json.dumps(state.counters()))
             kill_point("counters")
         write_manifest(tmp, {"kind": "pilotrun-checkpoint", "components": [c for c in COMPONENTS if c not in skip],
-                             "model": "trainable parameters (adapter-only; base in base.json)"
-                             if adapted and sharded is None else "all weights"})
+                             "model": f"FSDP shards of all weights, one file per rank of {world}" if sharded else
+                             "trainable parameters (adapter-only; base in base.json)" if adapted else "all weights",
+                             **({"sharded": {"world": world}} if sharded else {})})
         kill_point("manifest")
         commit_dir(tmp, path)
     barrier()
     return path
-
-
-def _full_state_if_sharded(state):
-    """(model, optimizer) full state dicts on the CPU when the parameters are FSDP2 DTensors, else None.
-
-    A collective: every rank must call it. The optimizer's full state is keyed by parameter name."""
-    try:
-        from torch.distributed.tensor import DTensor
-    except ImportError:
-        return None
-    if not any(isinstance(p, DTensor) for p in state.model.parameters()):
-        return None
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
-
-    return get_state_dict(state.model, state.optimizer,
-                          options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-
-
-def _unshare(sd: dict) -> dict:
-    """safetensors refuses tensors that share memory (tied weights): give repeats their own copy."""
-    seen, out = set(), {}
-    for k, v in sd.items():
-        v = v.detach().contiguous()
-        out[k] = v.clone() if v.data_ptr() in seen else v
-        seen.add(v.data_ptr())
-    return out
 
 
 def problems(path: str | Path) -> list[str]:
@@ -162,6 +149,15 @@ def load_state(state, path: str | Path) -> list[str]:
     if found:
         raise BadInput("checkpoint does not match its manifest: " + "; ".join(found) + "; nothing was loaded",
                        where=str(path), fix="use an earlier complete checkpoint")
+    from pilotrun.engine.distributed import world_rank
+    from pilotrun.engine.sharded import check_world, load_shards, read_optimizer_shard, shard_names
+
+    rank = world_rank()[1]
+    written_by = check_world(path, json.loads((path / MANIFEST).read_text()), state.model)
+    if written_by is not None:
+        opt = read_optimizer_shard(path, rank) if (path / shard_names(rank)[1]).is_file() else None
+        restored = load_shards(state, path, rank, opt) if (path / shard_names(rank)[0]).is_file() else []
+        return restored + _load_rest(state, path)
     adapter_only = (path / BASE_FILE).is_file()
     if adapter_only:
         check_base(path, _unwrap(state.model))  # before anything is restored
@@ -187,6 +183,15 @@ def load_state(state, path: str | Path) -> list[str]:
     if opt_state is not None:
         state.optimizer.load_state_dict(opt_state)
         restored.append("optimizer")
+    return restored + _load_rest(state, path)
+
+
+def _load_rest(state, path: Path) -> list[str]:
+    """Scheduler, scaler, random states, sampler and counters (the same files on every rank)."""
+    import torch
+    from safetensors.torch import load_file
+
+    restored = []
     if (path / "scheduler.json").is_file():
         state.scheduler.load_state_dict(json.loads((path / "scheduler.json").read_text()))
         restored.append("scheduler")

@@ -55,7 +55,8 @@ def _load(ctx, p) -> None:
     c, task = ctx.prep.c, ctx.task_for("load")
     model = task.build_model()
     p.inputs["params"], p.inputs["trainable"] = _count(model)
-    model.to(ctx.device)
+    if c.train.strategy != "fsdp":  # fully_shard moves each block to the device as it cuts it
+        model.to(ctx.device)
     model = wrap_model(model, c.train.strategy, ctx.device)
     ctx.state = make_state(model, c.train, n_train=len(ctx.prep.train), seed=c.seed,
                            total_updates=ctx.prep.arithmetic()["updates"], device=ctx.device)

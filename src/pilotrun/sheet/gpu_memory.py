@@ -89,11 +89,15 @@ def phase_needs(rows: list[dict], kind: str, gpu, ranks: int, not_measured=("oom
     return list(out.values())
 
 
-def predict_rows(loaded, prep) -> list[dict]:
-    """``estimate``'s rows for CUDA on this campaign: the same phases on fake tensors."""
-    from pilotrun.rehearsal.memory.estimate import trace
+def predict_rows(loaded, prep) -> tuple[list[dict], dict]:
+    """``estimate``'s rows for CUDA on this campaign (the same phases on fake tensors), and the trace they
+    come from (the options table reuses it)."""
+    from pilotrun.campaign.arithmetic import data_parallel_ranks
+    from pilotrun.rehearsal.memory.estimate import rows_for, traced
 
-    return trace(loaded, device="cuda", prep=prep)["rows"]
+    tr = traced(loaded, device="cuda", prep=prep)
+    t = loaded.campaign.train
+    return rows_for(tr, ranks=data_parallel_ranks(t), strategy=t.strategy), tr
 
 
 def memory_summary(rows: list[dict], gpu_rows: list[dict], kind: str, ranks: int) -> dict:

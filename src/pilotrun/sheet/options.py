@@ -9,9 +9,13 @@ The memory checked is the training run's phases (load, both steps, validation, c
 artifact export and its reload check load the whole merged model and can run on the host, so they
 are reported, not required.
 
-Time is the plan's arithmetic, not a measurement: FLOPs per update (``plan.flops_per_update``) at
-``plan.ASSUMED_MFU`` of the GPU's dense rate, divided over the data-parallel ranks, plus communication
-at an assumed bus bandwidth, not overlapped with compute (the assumptions are returned as words).
+Time is the plan's arithmetic: FLOPs per update (``plan.flops_per_update``) at ``plan.ASSUMED_MFU`` of the
+GPU's dense rate, divided over the data-parallel ranks, plus communication at an assumed bus bandwidth, not
+overlapped with compute (the assumptions are returned as words). When the campaign has a pilot, the sheet
+passes its figures (``calibrate``): the campaign as written takes the time plan's seconds (from the pilot's
+measured phases) and, piloted on CUDA, its measured memory; the other options are scaled from it.
+Cost (``--rates``): the row's campaign time × its GPUs × the hourly price, or the shortest whole-day plan
+that covers it. Words and stage results: sheet/options_view.py.
 """
 
 from __future__ import annotations
@@ -32,18 +36,21 @@ QLORA_SLOWER = 1.3  # 4-bit weights are dequantized before each matmul
 NF4_BYTES = 0.5 + 0.016  # 4 bits per weight plus the double-quantized block constants
 TRAINING = ("load", "first_step", "steady_step", "eval_longest", "save")
 KEEPS = "keeps the experiment"
+HOST_UNITS = ("run_overhead", "load", "save", "export", "reload")  # time-plan terms kept as measured on any option
 
-# key, label, trace, strategy at > 1 GPU ("ddp" follows the campaign's own when it shards), offload, qlora
+# key, label, short label (the sheet's table), trace, strategy at > 1 GPU ("ddp" follows the campaign's own when
+# it shards), offload, qlora
 OPTIONS = (
-    ("written", "as written", "written", "ddp", False, False),
-    ("ckpt", "activation checkpointing", "ckpt", "ddp", False, False),
-    ("fsdp", "FSDP full sharding", "written", "fsdp", False, False),
-    ("fsdp_ckpt", "FSDP + checkpointing", "ckpt", "fsdp", False, False),
-    ("offload_ckpt", "optimizer offload + checkpointing", "ckpt", "ddp", True, False),
-    ("fsdp_ckpt_offload", "FSDP + checkpointing + optimizer offload", "ckpt", "fsdp", True, False),
-    ("lora", "LoRA r={r} + checkpointing", "lora", "ddp", False, False),
-    ("fsdp_lora", "LoRA r={r} + FSDP + checkpointing", "lora", "fsdp", False, False),
-    ("qlora", "QLoRA 4-bit r={r} + checkpointing", "lora", "ddp", False, True),
+    ("written", "as written", "as written", "written", "ddp", False, False),
+    ("ckpt", "activation checkpointing", "ckpt", "ckpt", "ddp", False, False),
+    ("fsdp", "FSDP full sharding", "FSDP", "written", "fsdp", False, False),
+    ("fsdp_ckpt", "FSDP + checkpointing", "FSDP+ckpt", "ckpt", "fsdp", False, False),
+    ("offload_ckpt", "optimizer offload + checkpointing", "offload+ckpt", "ckpt", "ddp", True, False),
+    ("fsdp_ckpt_offload", "FSDP + checkpointing + optimizer offload", "FSDP+ckpt+offload", "ckpt", "fsdp", True,
+     False),
+    ("lora", "LoRA r={r} + checkpointing", "LoRA+ckpt", "lora", "ddp", False, False),
+    ("fsdp_lora", "LoRA r={r} + FSDP + checkpointing", "LoRA+FSDP+ckpt", "lora", "fsdp", False, False),
+    ("qlora", "QLoRA 4-bit r={r} + checkpointing", "QLoRA+ckpt", "lora", "ddp", False, True),
 )
 
 MEANINGS = {
@@ -70,9 +77,13 @@ def _variants(loaded, r: int) -> dict:
 
 
 def options_table(loaded, *, prep=None, rates: dict | None = None, lora_r: int | None = None,
-                  gpus=None, device: str = "cuda") -> dict:
+                  gpus=None, device: str = "cuda", written=None, pilot: dict | None = None) -> dict:
     """Every option × catalogue GPU × count evaluated; ``shown``: the fastest fitting option per GPU and count
-    for each kind (keeps the experiment / changes it); ``recommended`` and ``cheapest``."""
+    for each kind (keeps the experiment / changes it); ``recommended`` and ``cheapest``.
+
+    ``rates``: ``sheet/rates.read_rates``'s dict (cost per row, and "cheapest" by cost). ``written``: the
+    campaign's own trace when the caller has it (the sheet's prediction). ``pilot``: the pilot's measured
+    figures (``calibrate``), which replace the estimator's where they exist."""
     from pilotrun.campaign.arithmetic import data_parallel_ranks
     from pilotrun.sheet.catalogue import CATALOGUE
     from pilotrun.rehearsal.memory.estimate import traced
@@ -84,16 +95,51 @@ def options_table(loaded, *, prep=None, rates: dict | None = None, lora_r: int |
     r = lora_r or (adapter.r if adapter is not None else LORA_R)
     prep = prep or prepare(loaded, splits=("train", "validation"))
     variants = _variants(loaded, r)
-    traces: dict[str, dict] = {}
-    for key, v in variants.items():
-        same = next((k for k, w in variants.items() if w is v and k in traces), None)
-        share = traces["written"] if key == "ckpt" else None  # checkpointing changes the steps only
-        traces[key] = traces[same] if same else traced(v, device=device, prep=prep, after_steps=share)
+    traces: dict[str, dict] = {"written": written} if written is not None else {}
+
+    def need(key: str) -> None:
+        if key in traces:
+            return
+        same = next((k for k, w in variants.items() if w is variants[key] and k in traces), None)
+        share = traces["written"] if key == "ckpt" and "written" in traces else None  # ckpt changes the steps only
+        traces[key] = traces[same] if same else traced(variants[key], device=device, prep=prep, after_steps=share)
+
+    need("written")
+    need("lora")
     work = _work(loaded, prep)
     effective = c.train.micro_batch * c.train.accumulation * data_parallel_ranks(c.train)
     cache: dict = {}
+    args = (traces, cache, work, effective, r, c, adapter is not None, gpus or CATALOGUE)
+    rows = _rows(*args)
+    # checkpointing only adds compute where the campaign as written fits: traced when it does not fit somewhere
+    skipped = None
+    if any(x["trace"] == "written" and x["precision_ok"] and not x["fits"] for x in rows):
+        need("ckpt")
+        rows = _rows(*args)
+    else:
+        skipped = ("activation checkpointing not evaluated: the campaign as written fits every GPU and count "
+                   "planned, and checkpointing only adds compute")
+    for g in gpus or CATALOGUE:
+        ours = [x for x in rows if x["gpu"] == g.key]
+        if pilot is not None and ours:
+            calibrate(ours, g, pilot)
+        for row in ours:
+            _priced(row, rates)
+    shown = _shown(rows)
+    rec, cheap, by = _choose(rows, rates)
+    return {"rows": rows, "shown": shown, "recommended": rec, "cheapest": cheap if cheap is not rec else None,
+            "by": by, "currency": (rates or {}).get("currency", ""), "rates": (rates or {}).get("path"),
+            "lora_r": r, "meanings": MEANINGS, "params": traces["written"]["params"],
+            "assumptions": _assumptions(pilot), "effective_batch": effective,
+            "counted": traces["written"].get("counted"), "pilot_run": (pilot or {}).get("run"),
+            "skipped": skipped, "wall_s": time.perf_counter() - started}
+
+
+def _rows(traces, cache, work, effective, r, c, has_adapter, gpus) -> list[dict]:
+    """Every option whose trace is at hand × GPU × count (nodes of 8 only where nothing keeping the question
+    fits one node)."""
     rows = []
-    for g in (gpus or CATALOGUE):
+    for g in gpus:
         if g.rate_tflops(c.train.precision) <= 0:
             continue  # no tensor cores for this precision (a T4 under bf16): nothing to plan
         fitted = False
@@ -101,21 +147,95 @@ def options_table(loaded, *, prep=None, rates: dict | None = None, lora_r: int |
             if n > 8 and fitted:
                 break
             for opt in OPTIONS:
-                row = _evaluate(opt, g, n, traces, cache, work, effective, r, c, adapter is not None, rates)
+                if opt[3] not in traces:
+                    continue
+                row = _evaluate(opt, g, n, traces, cache, work, effective, r, c, has_adapter)
                 if row is None:
                     continue
                 rows.append(row)
                 fitted = fitted or (row["fits"] and row["keeps"])
-    shown = _shown(rows)
-    keep = [x for x in rows if x["fits"] and x["keeps"]]
+    return rows
+
+
+def _choose(rows: list[dict], rates: dict | None) -> tuple[dict | None, dict | None, str]:
+    """The recommended row (the cheapest that keeps the question), the cheapest overall, and what "cheapest"
+    was judged by: cost when rates are given and a rated GPU fits, else GPU-hours."""
     fit = [x for x in rows if x["fits"]]
-    by = "cost" if rates else "gpu_hours"
-    rec = min(keep, key=lambda x: (x[by] if x[by] is not None else math.inf, x["seconds"]), default=None)
-    cheap = min(fit, key=lambda x: (x[by] if x[by] is not None else math.inf, x["seconds"]), default=None)
-    return {"rows": rows, "shown": shown, "recommended": rec, "cheapest": cheap if cheap is not rec else None,
-            "by": by, "currency": (rates or {}).get("currency", ""), "lora_r": r, "meanings": MEANINGS,
-            "params": traces["written"]["params"], "assumptions": _assumptions(), "effective_batch": effective,
-            "counted": traces["written"].get("counted"), "wall_s": time.perf_counter() - started}
+    keep = [x for x in fit if x["keeps"]]
+    priced = [x for x in fit if x["cost"] is not None]
+    by = "cost" if rates and priced else "gpu_hours"
+    if by == "cost":
+        keep, fit = [x for x in keep if x["cost"] is not None], priced
+        if not keep:  # no rated GPU keeps the question: the recommendation is by GPU-hours, said so
+            rec = min((x for x in rows if x["fits"] and x["keeps"]), key=lambda x: (x["gpu_hours"], x["seconds"]),
+                      default=None)
+            return rec, min(fit, key=lambda x: (x["cost"], x["seconds"])), "gpu_hours (no rated GPU keeps it)"
+    rec = min(keep, key=lambda x: (x[by], x["seconds"]), default=None)
+    cheap = min(fit, key=lambda x: (x[by], x["seconds"]), default=None)
+    return rec, cheap, by
+
+
+def calibrate(rows: list[dict], g, pilot: dict) -> None:
+    """Replace the estimator's figures of one GPU's rows with the pilot's where they exist.
+
+    ``pilot``: {"run", "ranks", "runs", "kind" ("measured" | "predicted"), "needs": {gpu key: training-phase need
+    row of ``gpu_memory.phase_needs``}, "terms": {gpu key: the time plan's terms of one run}}.
+    Memory: the campaign as written on the pilot's own rank count takes the pilot's CUDA figure (a CPU
+    pilot's figure is this same estimate). Time: the time plan's seconds for the campaign as written on
+    this GPU (from the pilot's measured phases); every other option keeps that run's load, checkpoint,
+    export and reload terms as measured and scales its updates and validations by the arithmetic's ratio
+    of the option to the campaign as written."""
+    anchor = next((x for x in rows if x["option"] == "written" and x["count"] == pilot["ranks"]), None)
+    if anchor is None:
+        return
+    need = (pilot.get("needs") or {}).get(g.key)
+    if need is not None and pilot.get("kind") == "measured":
+        anchor.update(peak=need["reserved"], need=need["need"], phase=need["phase"],
+                      fits=anchor["precision_ok"] and need["need"] <= g.memory_bytes,
+                      memory_from=f"measured: pilot {pilot['run']}, CUDA reserved counter")
+    terms = (pilot.get("terms") or {}).get(g.key)
+    base = anchor["seconds"]
+    if not terms or not base or not math.isfinite(base):
+        return
+    fixed = sum(x["seconds"] for x in terms if x["unit"] in HOST_UNITS)
+    scaled = sum(x["seconds"] for x in terms) - fixed
+    for x in rows:
+        ratio = x["seconds"] / base
+        x["seconds"] = pilot["runs"] * (fixed + scaled * ratio)
+        x["time_how"] = (f"{pilot['runs']} run(s) × (host work {P.fmt_duration(fixed)} as "
+                         f"the time plan measured + updates and validations {P.fmt_duration(scaled)} × {ratio:.3g}, "
+                         f"the arithmetic's ratio to the campaign as written)")
+        x["time_from"] = f"pilot {pilot['run']} (time plan), scaled by the arithmetic"
+
+
+def _priced(x: dict, rates: dict | None) -> None:
+    """GPU-hours and, with rates, the cost of the row's campaign time on its GPUs (``cost_how`` says how)."""
+    x["gpu_hours"] = x["seconds"] / 3600 * x["count"]
+    x["cost"], x["cost_how"] = row_cost(rates, x["gpu"], x["seconds"], x["count"])
+
+
+def row_cost(rates: dict | None, key: str, seconds: float, n: int) -> tuple[float | None, str]:
+    """The cheapest way to rent ``n`` GPUs ``key`` for ``seconds`` from a rates file: hours × GPUs × the hourly
+    price, or the shortest whole-day plan long enough × GPUs; None (and why) without a price."""
+    if not rates:
+        return None, "no rates: pass --rates FILE"
+    rate = (rates.get("gpus") or {}).get(key)
+    if rate is None:
+        return None, f"no price for {key} in {rates.get('path', 'the rates file')}"
+    if not math.isfinite(seconds):
+        return None, "no campaign time"
+    hours = seconds / 3600
+    ways = []
+    if rate.get("hour") is not None:
+        ways.append((hours * n * rate["hour"], f"{hours:.3g} h (campaign time) × {n} GPU(s) × {rate['hour']:g}/h"))
+    long_enough = sorted(d for d in (rate.get("plans") or {}) if d * 24 >= hours)
+    if long_enough:
+        d = long_enough[0]
+        ways.append((rate["plans"][d] * n, f"{d}-day plan {rate['plans'][d]:g} × {n} GPU(s) (campaign time "
+                                           f"{hours:.3g} h)"))
+    if not ways:
+        return None, f"no hourly price for {key} and no plan of {hours / 24:.3g} days or more"
+    return min(ways)
 
 
 def _work(loaded, prep) -> dict:
@@ -133,7 +253,7 @@ def _work(loaded, prep) -> dict:
                           bool(prep.validation))
     runs = len(P.run_list(c.plan.control, c.plan.variants, c.plan.seeds))
     return {"tokens_update": sum(tokens) / len(tokens) * _ranks_of(t), "tokens_val": sum(val), "updates": updates,
-            "evals": counts["evals"], "runs": runs, "precision": t.precision}
+            "evals": counts["evals"], "eval_batches": counts["eval_batches"], "runs": runs, "precision": t.precision}
 
 
 def _ranks_of(t) -> int:
@@ -142,11 +262,11 @@ def _ranks_of(t) -> int:
     return data_parallel_ranks(t)
 
 
-def _evaluate(opt, g, n, traces, cache, work, effective, r, c, has_adapter, rates) -> dict | None:
+def _evaluate(opt, g, n, traces, cache, work, effective, r, c, has_adapter) -> dict | None:
     from pilotrun.sheet.gpu_memory import need_bytes, overheads
     from pilotrun.rehearsal.memory.estimate import rows_for
 
-    key, label, trace_key, strategy, offload, qlora = opt
+    key, label, short, trace_key, strategy, offload, qlora = opt
     if strategy == "fsdp" and n == 1:
         return None
     if has_adapter and key in ("lora", "fsdp_lora"):
@@ -176,14 +296,15 @@ def _evaluate(opt, g, n, traces, cache, work, effective, r, c, has_adapter, rate
     if not batch_kept:
         changes.append(f"effective batch {c.train.micro_batch * max(1, round(acc_n)) * n}, not {effective}: a "
                        f"different experiment")
-    seconds, how = _seconds(g, n, tr, strategy if n > 1 else "single", offload, qlora, work)
-    hour = _hourly(rates, g.key)
-    fits = need <= g.memory_bytes and (g.bf16 or work["precision"] not in ("bf16-mixed", "bf16-true"))
+    seconds, how = _seconds(g, n, tr, strategy if n > 1 else "single", offload, qlora, work, math.ceil(acc_n))
+    precision_ok = g.bf16 or work["precision"] not in ("bf16-mixed", "bf16-true")
+    fits = need <= g.memory_bytes and precision_ok
     return {"gpu": g.key, "name": g.name, "count": n, "nodes": max(1, n // 8), "option": key,
-            "label": label.format(r=r), "peak": peak, "need": need, "phase": top["phase"], "fits": fits,
+            "label": label.format(r=r), "short": short, "trace": trace_key, "peak": peak, "need": need,
+            "phase": top["phase"], "fits": fits, "precision_ok": precision_ok,
             "export_peak": P.row_peak(after), "export_phase": after["phase"],
             "keeps": not changes, "changes": "; ".join(changes) or KEEPS, "seconds": seconds, "time_how": how,
-            "gpu_hours": seconds / 3600 * n, "cost": None if hour is None else seconds / 3600 * n * hour,
+            "time_from": "the plan's arithmetic", "memory_from": "predicted: the estimator (fake tensors)",
             "accumulation": max(1, round(acc_n))}
 
 
@@ -210,13 +331,15 @@ def _bus(g, n: int) -> float:
     return BUS_GBS["sxm" if "sxm" in g.key or g.key in ("h200", "b200", "mi300x") else "other"]
 
 
-def _seconds(g, n: int, tr: dict, strategy: str, offload: bool, qlora: bool, work: dict) -> tuple[float, str]:
-    """Campaign seconds on ``n`` GPUs of ``g``: every run one after another, each run on all n."""
+def _seconds(g, n: int, tr: dict, strategy: str, offload: bool, qlora: bool, work: dict,
+             passes: int) -> tuple[float, str]:
+    """Campaign seconds on ``n`` GPUs of ``g``: every run one after another, each run on all n; a rank's
+    ``passes`` (micro-batches per update) and validation batches take at least the launch floor each."""
     rate = g.rate_tflops(work["precision"]) * 1e12 * P.ASSUMED_MFU
     if rate <= 0:
         return math.inf, "no rate for this precision"
     f_up = P.flops_per_update(tr["params"], tr["trainable"], work["tokens_update"], tr["gradient_checkpointing"])
-    compute = f_up / n / rate * (QLORA_SLOWER if qlora else 1.0)
+    compute = max(f_up / n / rate * (QLORA_SLOWER if qlora else 1.0), P.GPU_FLOOR_S_PER_PASS * max(1, passes))
     bytes_param = tr["param_bytes"]
     comm = 0.0
     if n > 1:
@@ -227,27 +350,25 @@ def _seconds(g, n: int, tr: dict, strategy: str, offload: bool, qlora: bool, wor
         share = tr["trainable_bytes"] / (n if strategy == "fsdp" else 1)
         host = 2 * share / (HOST_GBS * 1e9) + tr["trainable"] / (n if strategy == "fsdp" else 1) / HOST_PARAMS_S
     update = compute + comm + host
-    evals = work["evals"] * 2 * tr["params"] * work["tokens_val"] / n / rate
+    evals = work["evals"] * max(2 * tr["params"] * work["tokens_val"] / n / rate,
+                                P.GPU_FLOOR_S_PER_PASS * math.ceil(work["eval_batches"] / n))
     per_run = work["updates"] * update + evals
     return per_run * work["runs"], (f"{work['runs']} run(s) × ({work['updates']} updates × {P.fmt_duration(update)} "
                                     f"+ {work['evals']} validations)")
 
 
-def _hourly(rates: dict | None, key: str) -> float | None:
-    """Price per GPU-hour from a rates file (sheet --rates): ``{"gpus": {key: {"hour": price}}}``."""
-    if not rates:
-        return None
-    entry = (rates.get("gpus") or {}).get(key)
-    if isinstance(entry, dict):
-        return entry.get("hour")
-    return entry if isinstance(entry, (int, float)) else None
-
-
-def _assumptions() -> list[str]:
+def _assumptions(pilot: dict | None = None) -> list[str]:
     from pilotrun.sheet.gpu_memory import MARGIN_FRACTION
 
-    return [f"time: FLOPs per update (parameters × tokens, the budget's mean padded tokens) at "
-            f"{P.ASSUMED_MFU:.0%} of each GPU's dense rate, divided over the GPUs (data parallel)",
+    measured = [] if pilot is None else [
+        f"from pilot {pilot['run']}: the campaign as written on {pilot['ranks']} GPU(s) takes the sheet's memory "
+        f"figure ({'measured CUDA counters' if pilot.get('kind') == 'measured' else 'the same estimate'}) and the "
+        f"time plan's seconds per GPU; every other row keeps that run's host work (run start, load, checkpoints, "
+        f"export, reload) as measured and scales its updates and validations by the arithmetic's ratio to the "
+        f"campaign as written"]
+    return measured + [f"time: FLOPs per update (parameters × tokens, the budget's mean padded tokens) at "
+            f"{P.ASSUMED_MFU:.0%} of each GPU's dense rate, divided over the GPUs (data parallel); at least "
+            f"{P.GPU_FLOOR_S_PER_PASS * 1e3:g} ms per micro-batch and validation batch of a rank (the launch floor)",
             f"communication not overlapped with compute: DDP all-reduces the gradients, FSDP moves 3 × the "
             f"parameters per update; bus bandwidth {BUS_GBS['sxm']:g} GB/s per GPU on SXM parts (NVLink), "
             f"{BUS_GBS['other']:g} GB/s on PCIe parts, {NODE_GBS:g} GB/s between nodes",
@@ -257,7 +378,9 @@ def _assumptions() -> list[str]:
             f"memory: the training phases' peak reserved × (1 + {MARGIN_FRACTION:.0%}) + the CUDA context, cuBLAS "
             f"workspace and NCCL buffers (sheet/gpu_memory.py) ≤ the GPU's memory; export and the reload check "
             f"(the merged model) are shown, not required",
-            "every run of the plan on all the GPUs of the row, one after another"]
+            "every run of the plan on all the GPUs of the row, one after another",
+            "cost (with --rates): the row's campaign time in hours × its GPUs × the hourly price, or the shortest "
+            "whole-day plan that covers it × its GPUs, whichever is cheaper"]
 
 
 def _shown(rows: list[dict]) -> list[dict]:
@@ -278,144 +401,4 @@ def _shown(rows: list[dict]) -> list[dict]:
             out.append(best[True])
         if False in best and (True not in best or best[False]["seconds"] < best[True]["seconds"]):
             out.append(best[False])
-    return out
-
-
-def _money(x: dict, table: dict) -> str:
-    if x.get("cost") is None:
-        return "—"
-    return f"{x['cost']:,.2f} {table['currency']}".strip()
-
-
-def table_rows(table: dict) -> list[list]:
-    return [[x["name"], x["count"], x["label"], f"{x['peak'] / 2**30:.1f} GiB ({x['phase']})",
-             P.fmt_duration(x["seconds"]), _money(x, table), x["changes"]] for x in table["shown"]]
-
-
-COLUMNS = ["GPU", "GPUs", "option", "per-GPU peak (phase)", "campaign time", "cost", "experiment"]
-
-
-def _pick(x: dict | None, table: dict) -> str:
-    if x is None:
-        return "nothing"
-    by = _money(x, table) if table["by"] == "cost" else f"{x['gpu_hours']:.3g} GPU-hours"
-    return (f"{x['label']} on {x['count']} × {x['name']} — {x['peak'] / 2**30:.1f} GiB per GPU at "
-            f"{x['phase']}, {P.fmt_duration(x['seconds'])}, {by}")
-
-
-def blocks(table: dict) -> list[tuple]:
-    """The options section in the sheet's block form (sheet/render.py)."""
-    rec, cheap = table["recommended"], table["cheapest"]
-    by = "cost" if table["by"] == "cost" else "GPU-hours (pass --rates FILE for cost)"
-    out = [("h", "Options that fit (per GPU and count)"),
-           ("p", f"{table['params']:,} parameters; memory from the estimator (fake tensors), time from the plan's "
-                 f"arithmetic. Recommended (the cheapest by {by} that keeps the question): {_pick(rec, table)}."
-                 + (f" Cheapest overall: {_pick(cheap, table)} — {cheap['changes']}." if cheap else ""))]
-    if table["shown"]:
-        out.append(("table", COLUMNS, table_rows(table)))
-    else:
-        out.append(("p", "No option fits any catalogue GPU at up to 64 GPUs."))
-    out.append(("p", "What each option changes:"))
-    out.append(("list", [f"{k}: {v}" for k, v in table["meanings"].items()]))
-    out.append(("p", "Assumptions:"))
-    out.append(("list", table["assumptions"]))
-    return out
-
-
-def to_lines(table: dict) -> list[str]:
-    lines = []
-    for b in blocks(table):
-        if b[0] == "table":
-            continue  # the stage result renders it as its table
-        if b[0] == "h":
-            lines.append(f"== {b[1]}")
-        elif b[0] == "p":
-            lines.append(b[1])
-        elif b[0] == "list":
-            lines += [f"  - {x}" for x in b[1]]
-        else:
-            lines += ["  " + " | ".join(str(v) for v in r) for r in [b[1], *b[2]]]
-    return lines
-
-
-def options_result(loaded, *, rates: dict | None = None, lora_r: int | None = None):
-    """``estimate --options``: the table as a stage result (verdict fail when no option keeps the question)."""
-    from pilotrun.verdicts import StageResult
-
-    table = options_table(loaded, rates=rates, lora_r=lora_r)
-    rec = table["recommended"]
-    verdict = "ok" if rec else "fail"
-    summary = (f"recommended: {_pick(rec, table)}" if rec else
-               "no option that keeps the experiment fits any catalogue GPU at up to 64 GPUs")
-    messages = to_lines(table)
-    messages.append(f"options table in {table['wall_s']:.1f} s" + (
-        f" (decoder layers counted: {table['counted']['layers']} from traces of 2 and 3)"
-        if (table["counted"] or {}).get("layers") else ""))
-    data = {k: v for k, v in table.items()}
-    return StageResult("estimate", verdict, summary, messages, data, COLUMNS,
-                       [dict(zip(COLUMNS, r)) for r in table_rows(table)])
-
-
-def too_large_here(loaded) -> dict | None:
-    """What training needs at least on this machine (weights, gradients and two Adam moments, or the
-    weights alone under an adapter) when that exceeds its available memory, else None."""
-    import psutil
-
-    from pilotrun.probe.counted import parameter_bytes
-
-    weights = parameter_bytes(loaded)
-    need = weights if loaded.campaign.model.adapter is not None else 4 * weights
-    have = psutil.virtual_memory().available
-    return {"weights": weights, "need": need, "available": have} if need > have else None
-
-
-def no_pilot_sheet(loaded, size: dict, *, rates: dict | None = None):
-    """The sheet from the estimator alone, for a model this machine cannot pilot: says so at the top and
-    what to pilot instead."""
-    from pilotrun.verdicts import StageResult
-
-    c = loaded.campaign
-    src = loaded.source or "CAMPAIGN"
-    depth = None
-    from pilotrun.probe.counted import depth_of
-
-    if isinstance(c.model.config, dict):
-        depth = depth_of(c.model.config)
-    if depth is not None:
-        instead = (f"pilot a scaled-down config of the same architecture here: `pilotrun pilot {src} --set "
-                   f"model.config.{depth[0]}=2` (same layer shapes, 2 of {depth[1]} layers), or one GPU of the "
-                   f"target with the recommended option (e.g. `pilotrun pilot {src} --set train.strategy=fsdp "
-                   f"--set train.nproc=8` on the rented node)")
-    else:
-        instead = (f"pilot a smaller model of the same family here, or run `pilotrun pilot {src}` on one node of "
-                   f"the target with the recommended option")
-    head = (f"NO PILOT: the model is too large to pilot on this machine (weights {size['weights'] / 2**30:.1f} GiB; "
-            f"training needs at least {size['need'] / 2**30:.1f} GiB, {size['available'] / 2**30:.1f} GiB "
-            f"available): this sheet is from the estimator alone (fake tensors, nothing allocated)")
-    table = options_table(loaded, rates=rates)
-    lines = [head, f"what to pilot instead: {instead}"] + to_lines(table)
-    rec = table["recommended"]
-    summary = "estimator only (too large to pilot here); " + (
-        f"recommended: {rec['label']} on {rec['count']} × {rec['name']}" if rec else
-        "no option that keeps the experiment fits")
-    sheet = {"campaign": c.name, "pilot_run": None, "estimator_only": True, "too_large": size,
-             "pilot_instead": instead, "options": table,
-             "markdown": "\n".join([f"# Selection sheet — {c.name}", "", head, "", f"What to pilot instead: {instead}",
-                                    ""] + _markdown(table))}
-    return StageResult("sheet", "warn" if rec else "fail", summary, lines, sheet, COLUMNS,
-                       [dict(zip(COLUMNS, r)) for r in table_rows(table)])
-
-
-def _markdown(table: dict) -> list[str]:
-    out: list[str] = []
-    for b in blocks(table):
-        if b[0] == "h":
-            out += [f"## {b[1]}", ""]
-        elif b[0] == "p":
-            out += [b[1], ""]
-        elif b[0] == "list":
-            out += [f"- {x}" for x in b[1]] + [""]
-        else:
-            out += ["| " + " | ".join(b[1]) + " |", "|" + " --- |" * len(b[1])]
-            out += ["| " + " | ".join(str(v).replace("|", "\\|") for v in r) + " |" for r in b[2]] + [""]
     return out

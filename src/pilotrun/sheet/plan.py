@@ -80,14 +80,16 @@ def run_list(control: dict, variants: list[dict], seeds: list[int]) -> list[dict
 
 
 def run_counts(updates: int, eval_every: int, save_every: int | None, n_val: int, eval_batch: int,
-               ranks: int = 1, has_validation: bool = True) -> dict:
+               ranks: int = 1, has_validation: bool = True, control: int = 0) -> dict:
     """How often each timed phase happens in one run of the training loop (engine/loop.py ``train``):
     a validation before the first update, every ``eval_every`` updates and after the last; a checkpoint
-    every ``save_every`` updates and a final one; one artifact export and one reload check."""
+    every ``save_every`` updates and a final one; one artifact export and one reload check; and the two
+    forward passes over the ``control`` examples whose predictions every run stores, counted in eval batches."""
     evals = (1 + updates // eval_every + (1 if updates % eval_every else 0)) if has_validation else 0
     return {"updates": updates, "evals": evals,
             "eval_batches": math.ceil(n_val / (eval_batch * ranks)) if has_validation else 0,
-            "checkpoints": (updates // save_every if save_every else 0) + 1, "exports": 1, "reloads": 1}
+            "checkpoints": (updates // save_every if save_every else 0) + 1, "exports": 1, "reloads": 1,
+            "control_passes": 2 * min(control, eval_batch) / eval_batch if control else 0}
 
 
 def flops_per_update(params: int, trainable: int, tokens: int, checkpointing: bool) -> float:
@@ -172,18 +174,25 @@ def unit_seconds(measured: dict[str, dict], *, source_gpu, target_gpu, precision
 
 
 def run_terms(counts: dict, units: dict) -> list[dict]:
-    """The time of one run, term by term."""
+    """The time of one run, term by term. ``run_overhead`` (a run's start: memory handed back, its journal
+    entry; the pilot measures its own) is a term when the units have it."""
     u = units
-    terms = [("load", "load", u["load"], 1),
+    terms = [("run start (memory freed, journal entry)", "run_overhead", u.get("run_overhead", 0.0),
+              1 if "run_overhead" in u else 0),
+             ("load", "load", u["load"], 1),
              ("first update (optimizer state)", "first_extra", u["first_extra"], 1),
              ("updates", "update", u["update"], counts["updates"]),
              ("validations", "eval_batch", u["eval_batch"], counts["evals"] * counts["eval_batches"]),
+             ("control predictions", "eval_batch", u["eval_batch"], counts.get("control_passes", 0)),
              ("checkpoints", "save", u["save"], counts["checkpoints"]),
              ("export", "export", u["export"], counts["exports"]),
              ("reload check", "reload", u["reload"], counts["reloads"])]
     out = []
     for label, key, each, n in terms:
-        how = {"validations": f"{counts['evals']} validations × {counts['eval_batches']} batches"}.get(label, str(n))
+        if not n and label in ("run start (memory freed, journal entry)", "control predictions"):
+            continue  # a pilot recorded before these were measured, or no control examples
+        how = {"validations": f"{counts['evals']} validations × {counts['eval_batches']} batches",
+               "control predictions": f"2 passes = {n:.2g} eval batches"}.get(label, str(n))
         out.append({"term": label, "unit": key, "each_s": each, "count": n, "count_text": how, "seconds": each * n})
     return out
 
@@ -210,6 +219,13 @@ def pack(runs: list[dict], days: list[int], reserve: float, lanes: int = 1) -> l
                       "budget_s": budget, "used_s": max(load), "placed": placed, "not_fitting": left,
                       "fits_all": not left})
     return plans
+
+
+def size(n) -> str:
+    """One precision for every size on the sheet: MiB with one decimal below 1 GiB, GiB with two above."""
+    if n is None:
+        return "n/a"
+    return f"{n / GiB:.2f} GiB" if n >= GiB else f"{n / 2**20:.1f} MiB"
 
 
 def fmt_duration(s: float | None) -> str:

@@ -13,11 +13,16 @@ import textwrap
 from pilotrun.sheet import sections as S
 
 WIDTH = 100
-SECTIONS = [S.header, S.memory, S.settings, S.stack, S.fit, S.time, S.costs, S.launch, S.expected, S.constants]
+SECTIONS = [S.header, S.memory, S.settings, S.stack, S.fit, S.time, S.costs, S.options, S.launch, S.expected,
+            S.constants]
 
 
 def blocks(s: dict) -> list[tuple]:
-    """("h", title) | ("p", text) | ("table", columns, rows) | ("list", items), section by section."""
+    """("h", title) | ("p", text) | ("table", columns, rows) | ("list", items) | ("rows", columns, rows, items):
+    a table in Markdown and HTML, one line per row (the items) on a terminal; section by section (a dict
+    holding ready ``blocks`` is rendered as they are)."""
+    if "blocks" in s:
+        return s["blocks"]
     out: list[tuple] = []
     for section in SECTIONS:
         out += section(s)
@@ -98,6 +103,8 @@ def to_lines(s: dict) -> list[str]:
             lines.append(b[1])
         elif b[0] == "list":
             lines += [f"  - {x}" for x in b[1]]
+        elif b[0] == "rows":  # a table too wide for a terminal: one line per row, wrapped at any width
+            lines += [f"  - {x}" for x in b[3]]
         else:
             lines += table_lines(b[1], b[2], markdown=False)
     return lines

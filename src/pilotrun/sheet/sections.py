@@ -13,11 +13,7 @@ from pilotrun.sheet import plan as P
 GiB, MiB = 2**30, 2**20
 
 
-def size(n) -> str:
-    """One precision for every size on the sheet: MiB with one decimal below 1 GiB, GiB with two above."""
-    if n is None:
-        return "n/a"
-    return f"{n / GiB:.2f} GiB" if n >= GiB else f"{n / MiB:.1f} MiB"
+size = P.size  # one precision for every size on the sheet
 
 
 def _inputs(d: dict) -> str:
@@ -157,6 +153,17 @@ def costs(s: dict) -> list[tuple]:
     out.append(("p", f"Cheapest plan that places every run: {ch['gpu']}, {ch['days']} days, "
                      f"{ch['cost']:,.2f}{cur}." if ch else "No rated GPU has a plan that places every run."))
     return out
+
+
+def options(s: dict) -> list[tuple]:
+    """The options table (sheet/options.py), when the sheet was built with it."""
+    from pilotrun.sheet.options_view import blocks
+
+    if "options" not in s:
+        return []
+    if s["options"] is None:
+        return [("h", "Options that fit (per GPU and count)"), ("p", "No options table (see the warnings above).")]
+    return blocks(s["options"])
 
 
 def launch(s: dict) -> list[tuple]:

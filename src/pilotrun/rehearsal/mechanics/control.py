@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 CONTROL_FILE = "control.safetensors"
+CONTROL_EXAMPLES = 4  # validation examples whose predictions are stored with every run
 TOPK = 8
 
 

@@ -20,7 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pilotrun.campaign.arithmetic import per_rank_update
+from pilotrun.campaign.arithmetic import data_parallel_ranks, per_rank_update
 from pilotrun.errors import BadInput
 from pilotrun.verdicts import StageResult
 
@@ -66,6 +66,25 @@ def _run(prep, train_ex, total: int, stop_at: int | None, device):
     return state, res
 
 
+def _in_process(prep, train_ex, total: int, at: int, device, ckpt, skip, rec) -> dict:
+    """The reference and the stopped run here; the stopped one's state saved, the reference's artifact written."""
+    from pilotrun.engine.state import save_state
+    from pilotrun.journal.files import write_dir_atomically
+    from pilotrun.rehearsal.training.train import store_control_predictions
+    from pilotrun.report.progress import head
+
+    head(f"reference run ({total} updates)")
+    ref_state, ref = _run(prep, train_ex, total, None, device)
+    head(f"stopped run (to update {at}, state saved)")
+    stop_state, stopped = _run(prep, train_ex, total, at, device)
+    save_state(stop_state, ckpt, skip=skip)
+    artifact = write_dir_atomically(rec.dir / "artifact", lambda tmp: prep.task.save_artifact(ref_state.model, tmp))
+    store_control_predictions(rec, prep, ref_state.model)
+    return {"ref": {"status": ref.status, "reason": ref.reason, "history": _history(ref)},
+            "stopped": _history(stopped), "artifact": artifact, "update": ref_state.update,
+            "examples_seen": ref_state.examples_seen}
+
+
 def resume_worker(spec_path: str | Path) -> int:
     """The fresh process: load the saved state and continue to the end; history to spec["out"]."""
     from pilotrun.campaign.load import load_campaign
@@ -76,6 +95,11 @@ def resume_worker(spec_path: str | Path) -> int:
     from pilotrun.rehearsal.prepare import prepare
 
     spec = json.loads(Path(spec_path).read_text())
+    if spec.get("ranks", 1) > 1:  # the shards of an FSDP model load into as many new ranks as wrote them
+        from pilotrun.rehearsal.mechanics.resume_ranks import work_sharded
+
+        work_sharded(spec)
+        return 0
     prep = prepare(load_campaign(spec["config"]), splits=("train",))
     c = prep.c
     train_ex = prep.train[: spec["n_train"]]
@@ -189,12 +213,10 @@ def not_reproducible(difference: str, at: int) -> str:
 def resume(loaded, home, *, at: int | None = None, prep=None) -> StageResult:
     """Reference 2K updates vs stop at K + resume in a new process; also saves the reference's artifact."""
     from pilotrun.engine.distributed import default_device
-    from pilotrun.engine.state import save_state
     from pilotrun.journal.files import atomic_write_json, write_manifest
     from pilotrun.journal.store import Journal
     from pilotrun.rehearsal.prepare import prepare
     from pilotrun.journal.runs import RunRecorder, write_run_readme
-    from pilotrun.rehearsal.training.train import store_control_predictions
     from pilotrun.report.progress import head
 
     at = DEFAULT_AT if at is None else at
@@ -204,7 +226,12 @@ def resume(loaded, home, *, at: int | None = None, prep=None) -> StageResult:
     skip = skipped_components()
     prep = prep or prepare(loaded, splits=("train", "validation"))
     c, t = prep.c, prep.c.train
-    per_update = per_rank_update(t)
+    if t.strategy == "fsdp":
+        from pilotrun.engine.distributed import check_strategy
+
+        check_strategy(t)
+    ranks = data_parallel_ranks(t) if t.strategy == "fsdp" else 1  # FSDP's state exists only across its ranks
+    per_update = per_rank_update(t) * ranks
     n, per_epoch = small_train_set(len(prep.train), per_update, at)
     if n < per_update:
         raise BadInput(f"{len(prep.train)} training examples are fewer than one update of {per_update}",
@@ -213,37 +240,42 @@ def resume(loaded, home, *, at: int | None = None, prep=None) -> StageResult:
     device = default_device()
     exact = t.precision == "fp32" and device.type == "cpu"
     setting = (f"{n} training examples ({per_epoch} updates per epoch of {per_update}), reference {total} updates, "
-               f"stop at {at}, resume in a new process; {t.precision} on {device.type}: "
+               f"stop at {at}, resume in a new process"
+               + (f" ({ranks} FSDP ranks, each loading its own shards)" if ranks > 1 else "")
+               + f"; {t.precision} on {device.type}: "
                + ("identical values required" if exact else f"loss within {LOSS_RTOL:g} relative"))
     msgs = [setting] + ([f"test switch {SKIP_ENV}: left out of the saved state: {', '.join(skip)}"] if skip else [])
     journal = Journal(home)
     with RunRecorder(journal, loaded, kind="resume") as rec:
-        head(f"reference run ({total} updates)")
-        ref_state, ref = _run(prep, train_ex, total, None, device)
-        for h in ref.history:
-            rec.log("train", h["update"], {"loss": h["loss"], "lr": h["lr"]}, examples_seen=h["examples_seen"])
-        head(f"stopped run (to update {at}, state saved)")
-        stop_state, stopped = _run(prep, train_ex, total, at, device)
-        ckpt = save_state(stop_state, rec.dir / "checkpoints" / f"update-{at:06d}", skip=skip)
+        ckpt = rec.dir / "checkpoints" / f"update-{at:06d}"
         spec = {"config": str(rec.dir / "config.yaml"), "state": str(ckpt), "n_train": n, "total": total,
-                "out": str(rec.dir / "resumed_history.json")}
+                "out": str(rec.dir / "resumed_history.json"), "ranks": ranks, "keep": list(KEEP)}
+        if ranks > 1:
+            from pilotrun.rehearsal.mechanics.resume_ranks import run_sharded
+
+            ref = run_sharded(dict(spec, at=at, skip=list(skip), run_dir=str(rec.dir), home=str(journal.home),
+                                   run_id=rec.run_id, out=str(rec.dir / "ranks_outcome.json")), ranks)
+        else:
+            ref = _in_process(prep, train_ex, total, at, device, ckpt, skip, rec)
+        for h in ref["ref"]["history"]:
+            rec.log("train", h["update"], {"loss": h["loss"], "lr": h["lr"]}, examples_seen=h["examples_seen"])
         atomic_write_json(rec.dir / "resume_spec.json", spec)
-        atomic_write_json(rec.dir / "reference_history.json", _history(ref))
+        atomic_write_json(rec.dir / "reference_history.json", ref["ref"]["history"])
         worker, proc = None, None
-        if ref.status == "completed":  # no fresh process for a reference that cannot be compared with
+        if ref["ref"]["status"] == "completed":  # no fresh process for a reference that cannot be compared with
             head(f"resumed run (a new process, from update {at})")
             proc = subprocess.run([sys.executable, "-m", "pilotrun", "_resume-worker",
                                    str(rec.dir / "resume_spec.json")],
                                   capture_output=True, text=True, env=dict(os.environ), timeout=3600)
             worker = json.loads(Path(spec["out"]).read_text()) if proc.returncode == 0 else None
-        ref_h = _history(ref)
+        ref_h, ref_status = ref["ref"]["history"], ref["ref"]["status"]
         note = custom_task_note(c, prep.task)
-        problem = first_difference(ref_h[:at], _history(stopped), 0, exact)
+        problem = first_difference(ref_h[:at], ref["stopped"], 0, exact)
         headline = None
-        if ref.status != "completed":  # diverged or out of memory: it cannot show that a resume is exact
-            headline = f"the reference run {ref.status}"
-            problem = (f"the reference run {ref.status} before update {total}: {ref.reason}; the resume check "
-                       "needs a run that trains for 2 × K updates")
+        if ref_status != "completed":  # diverged or out of memory: it cannot show that a resume is exact
+            headline = f"the reference run {ref_status}"
+            problem = (f"the reference run {ref_status} before update {total}: {ref['ref']['reason']}; "
+                       "the resume check needs a run that trains for 2 × K updates")
         elif problem:
             headline = "the reference run itself is not reproducible"
             problem = not_reproducible(problem, at)
@@ -257,17 +289,13 @@ def resume(loaded, home, *, at: int | None = None, prep=None) -> StageResult:
                 problem = f"the resumed process's run {worker['status']}: {worker['reason']}"
             for h in worker["history"]:
                 rec.log("resumed", h["update"], {"loss": h["loss"], "lr": h["lr"]}, examples_seen=h["examples_seen"])
-        from pilotrun.journal.files import write_dir_atomically
-
-        artifact = write_dir_atomically(rec.dir / "artifact",
-                                        lambda tmp: prep.task.save_artifact(ref_state.model, tmp))
-        store_control_predictions(rec, prep, ref_state.model)
         write_run_readme(rec.dir, journal.get_run(rec.run_id),
                          ["", f"A resume check: the artifact is the reference run's model after {total} updates."])
         write_manifest(rec.dir, {"kind": "pilotrun-run", "run_id": rec.run_id})
-        rec.progress(ref_state.update, ref_state.examples_seen)
-        rec.finish(ref.status, {"verdict": "fail" if problem else "ok", "problem": problem, "at": at,
-                                "total": total, "n_train": n, "skipped": list(skip), "artifact": artifact})
+        rec.progress(ref["update"], ref["examples_seen"])
+        rec.finish(ref_status, {"verdict": "fail" if problem else "ok", "problem": problem, "at": at,
+                                "total": total, "n_train": n, "skipped": list(skip), "artifact": ref["artifact"],
+                                "ranks": ranks})
     rows = _rows(ref_h, worker["history"] if worker else [], at)
     epochs = sorted({h["epoch"] for h in ref_h})
     data = {"run_id": rec.run_id, "at": at, "total": total, "n_train": n, "epochs": epochs, "exact": exact,

@@ -8,7 +8,9 @@ same worst-case inputs (``phases.worst``): each phase's traced version from the 
 Ranks: under ddp every rank holds everything, plus DDP's gradient buckets (one more copy of the
 trainable parameters' gradients). Under fsdp the parameters, gradients and optimizer state are
 divided by the ranks, activations are not, and two unsharded blocks (the one computing and the one
-prefetched) are added as temporaries.
+prefetched) are added as temporaries to the steps and the validation; load, export and reload add
+what is held unsharded there (``_with_host_copies``). Checked against the exact counter on two CPU
+ranks (tests/test_fsdp.py); on a GPU the load's one block moved whole is an assumption.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import contextlib
 import time
 
 from pilotrun.phases import PHASES, names
+from pilotrun.phases.registry import BY_NAME
 from pilotrun.probe.estimate import CATEGORIES
 from pilotrun.verdicts import StageResult
 
@@ -28,6 +31,7 @@ COLUMNS = ["phase", "rank", "device", "inputs", "baseline", "peak_allocated", "p
 CONTEXT_NOTE = ("the CUDA context (about 0.3–0.6 GiB per process) and library workspaces are not tensors and "
                 "are not counted; reserved assumes no fragmentation (a floor)")
 SHARDED = ("parameters", "gradients", "optimizer_state")
+BY_KIND = {name: phase.kind for name, phase in BY_NAME.items()}
 
 
 def _bytes(tensors) -> int:
@@ -181,6 +185,8 @@ def rows_for(tr: dict, *, ranks: int = 1, strategy: str = "single", offload: boo
             s = _with_resident(s, bucket, name != "load")
         if sharded and name in names("train", "eval"):
             s = with_gathered_blocks(s, 2 * tr["block"])
+        elif sharded:
+            s = _with_host_copies(s, name, tr, ranks)
         highest = max(highest, s["peak_allocated"])
         if overhead is not None:  # reserved never shrinks: the highest (weighted) peak so far
             s["peak_reserved"] = s["end_reserved"] = max(s["peak_allocated"], highest + overhead)
@@ -199,6 +205,24 @@ def _with_resident(s: dict, nbytes: int, before: bool = True) -> dict:
         if out[k] is not None:
             out[k] += nbytes
     return out
+
+
+def _with_host_copies(s: dict, name: str, tr: dict, ranks: int) -> dict:
+    """What FSDP holds unsharded outside the steps: at load, the model built whole on the host (the device
+    itself on CPU) while each block is cut into shards, or on a GPU one block moved whole before it is
+    cut; at export, rank 0's gathered full weights and the plain model they are loaded into, both on the
+    host; at reload, the artifact read whole (booked as parameters, which ``scale`` divided)."""
+    full, block, on_host = tr["param_bytes"], tr["block"], tr["device"] == "cpu"
+    kind = BY_KIND.get(name)
+    if kind == "load":
+        extra = full - full // ranks + block // ranks if on_host else block + block // ranks
+    elif kind == "export":
+        extra = 2 * full if on_host else 0
+    elif kind == "reload":
+        extra = full - full // ranks
+    else:
+        extra = 0
+    return with_gathered_blocks(s, extra) if extra else s
 
 
 def with_gathered_blocks(s: dict, nbytes: int) -> dict:

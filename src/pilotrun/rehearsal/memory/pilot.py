@@ -61,7 +61,10 @@ def _show_inputs(inputs: dict) -> str:
 
 def pilot(loaded, home, *, memory_limit=None, inject=None) -> StageResult:
     """Run the pilot; ``inject`` plants faults for tests ({"oom": "eval_longest"}; see pilot_phases)."""
+    from pilotrun import startup
+
     t0 = time.perf_counter()
+    startup_s = startup.take(t0)  # the process's start, imports and checks: a term of the time plan
     prep = prepare(loaded, splits=("train", "validation"))
     prepare_s = time.perf_counter() - t0
     c = prep.c
@@ -77,8 +80,13 @@ def pilot(loaded, home, *, memory_limit=None, inject=None) -> StageResult:
     ranks = Ranks(data_parallel_ranks(c.train))
     if ranks.follower:  # torchrun started this process as one rank: rank 0 owns the run
         return _follower(prep, ranks)
+    from pilotrun.probe.memory import release_free_memory
+
+    t_run = time.perf_counter()
+    release_free_memory()  # as every run does before its model is built (rehearsal/training/train.py)
     journal = Journal(home)
     with RunRecorder(journal, loaded, kind="pilot") as rec:
+        run_overhead_s = time.perf_counter() - t_run  # a run's start: memory handed back, its journal entry
         job = PilotJob(loaded, str(journal.home), rec.run_id, str(rec.dir), limit, inject)
         ranks.run(_rank_main, job, lambda job: _rank_main(job, prep))
         rows = journal.phase_rows(rec.run_id)
@@ -87,6 +95,7 @@ def pilot(loaded, home, *, memory_limit=None, inject=None) -> StageResult:
                    {"memory_limit": limit, "arithmetic": arith, "phases": len(rows),
                     "failing": [f"{r['phase']}/{r['rank']}: {r['verdict']}" for r in bad],
                     "time_model": _read_json(rec.dir / "time_model.json"), "prepare_s": prepare_s,
+                    "startup_s": startup_s, "run_overhead_s": run_overhead_s,
                     **({"test_switch": inject} if inject else {})})
     messages = [f"run {rec.run_id}: {len(rows)} rows ({len(PHASES)} phases × {len(rows) // len(PHASES) or 1} ranks); "
                 f"memory limit {fmt_bytes(limit)}",

@@ -77,7 +77,9 @@ def _prediction(loaded, rows: list[dict], sheet: dict):
 
     try:
         prep = prepare(loaded, splits=("train", "validation"))
-        predicted = None if rows[0].get("counter") == "cuda" else predict_rows(loaded, prep)
+        if rows[0].get("counter") == "cuda":
+            return prep, None
+        predicted, sheet["_trace"] = predict_rows(loaded, prep)
         return prep, predicted
     except Exception as e:  # noqa: BLE001 - a campaign fake tensors cannot build is named, not fatal
         if rows[0].get("counter") != "cuda":
@@ -117,11 +119,12 @@ def _largest(loaded, prep, rows, target, kind, ranks, t, c) -> dict:
 
 
 def build_sheet(cfg: dict, journal, pilot: dict, *, target_env: dict | None = None, gpu: str | None = None,
-                rates: dict | None = None, predict: bool = True) -> dict:
+                rates: dict | None = None, predict: bool = True, options: bool = False) -> dict:
     """Everything the sheet shows, as data; every number names its ledger row, prediction or constant.
 
     ``predict``: run the estimator (GPU memory of a CPU pilot, the largest sizes); the time check,
-    which only needs the time plan, passes False."""
+    which only needs the time plan, passes False. ``options``: add the options table (per GPU and
+    count, what each option changes), from the pilot's figures where they exist."""
     from pilotrun.campaign.arithmetic import batch_arithmetic
     from pilotrun.campaign.load import campaign_from_dict
     from pilotrun.probe.sizes import parse_size
@@ -203,7 +206,31 @@ def build_sheet(cfg: dict, journal, pilot: dict, *, target_env: dict | None = No
     if target is not None and predict:
         sheet["largest"] = _largest(loaded, prep, rows, target, kind, ranks, t, c)
     _time_plan(sheet, c, t, rows, peaks, pilot, fits, target, ranks, rates, batch_arithmetic)
+    if options and predict:
+        _options(sheet, loaded, prep, rates, gpu_rows, kind, ranks)
+    sheet.pop("_trace", None)
+    (sheet.get("time") or {}).pop("_terms", None)
     return sheet
+
+
+def _options(sheet, loaded, prep, rates, gpu_rows, kind, ranks) -> None:
+    """The options table, the campaign as written taking the pilot's memory (CUDA) and time plan."""
+    from pilotrun.sheet.gpu_memory import phase_needs
+    from pilotrun.sheet.options import TRAINING, options_table
+
+    needs = {}
+    for g in CATALOGUE:
+        train = [p for p in phase_needs(gpu_rows, kind, g, ranks) if p["phase"] in TRAINING and p["need"] is not None]
+        if train:
+            needs[g.key] = max(train, key=lambda p: p["need"])
+    tm = sheet.get("time") or {}
+    pilot = {"run": sheet["pilot_run"], "ranks": ranks, "runs": len(tm.get("runs") or []) or 1, "kind": kind,
+             "needs": needs, "terms": tm.get("_terms") or {}}
+    try:
+        sheet["options"] = options_table(loaded, prep=prep, rates=rates, written=sheet.get("_trace"), pilot=pilot)
+    except Exception as e:  # noqa: BLE001 - the sheet stands without its options table; say why
+        sheet["options"] = None
+        sheet["warnings"].append(f"no options table: the estimator could not run ({type(e).__name__}: {e})")
 
 
 def _time_plan(sheet, c, t, rows, peaks, pilot, fits, target, ranks, rates, batch_arithmetic) -> None:
@@ -228,7 +255,10 @@ def _time_plan(sheet, c, t, rows, peaks, pilot, fits, target, ranks, rates, batc
                                  "no time plan: the training data could not be counted")
         return
     updates = batch_arithmetic(t, n_train)["updates"]
-    counts = P.run_counts(updates, t.eval_every, t.save_every, n_val or 0, t.eval_batch, ranks, bool(n_val))
+    from pilotrun.rehearsal.mechanics.control import CONTROL_EXAMPLES
+
+    counts = P.run_counts(updates, t.eval_every, t.save_every, n_val or 0, t.eval_batch, ranks, bool(n_val),
+                          control=min(CONTROL_EXAMPLES, n_val or n_train))
     counts["from"] = (f"train.updates/epochs → {updates} updates ({n_train} training examples), train.eval_every="
                       f"{t.eval_every}, train.save_every={t.save_every}, {n_val or 0} validation examples / "
                       f"(train.eval_batch={t.eval_batch} × {ranks} ranks)")
@@ -241,7 +271,8 @@ def _time_plan(sheet, c, t, rows, peaks, pilot, fits, target, ranks, rates, batc
             "tokens_eval": ev.get("eval_batch", t.eval_batch) * ev.get("seq_len", c.data.max_length),
             "passes_update": su.get("accumulation", t.accumulation), "checkpointing": c.model.gradient_checkpointing}
     source_gpu = _measured_gpu(pilot, rows)
-    model = (pilot.get("summary") or {}).get("time_model")
+    summary = pilot.get("summary") or {}
+    model = summary.get("time_model")
     # the pilot's bare timings of its worst case, when it has them: its phases ran under the memory counter
     shape = scaled_units(model, model.get("worst_update_s") or measured["steady_step"]["seconds"],
                          model.get("worst_eval_s") or measured["eval_longest"]["seconds"]) if model else None
@@ -251,6 +282,8 @@ def _time_plan(sheet, c, t, rows, peaks, pilot, fits, target, ranks, rates, batc
     def plan_for(g):
         u = P.unit_seconds(measured, source_gpu=source_gpu, target_gpu=g, precision=precision, work=work,
                            shape=shape)
+        if summary.get("run_overhead_s") is not None:  # host work: kept as measured on any GPU
+            u["units"]["run_overhead"] = summary["run_overhead_s"]
         terms = P.run_terms(counts, u["units"])
         return u, terms, sum(x["seconds"] for x in terms)
 
@@ -273,12 +306,13 @@ def _time_plan(sheet, c, t, rows, peaks, pilot, fits, target, ranks, rates, batc
         else:
             f["campaign_s"] = None
     sheet["time"] = {"measured": measured, "units": u["units"], "scaling": u["scaling"], "shape": shape,
-                     "prepare_s": (pilot.get("summary") or {}).get("prepare_s"), "counts": counts,
+                     "prepare_s": summary.get("prepare_s"), "startup_s": summary.get("startup_s"), "counts": counts,
                      "work": work, "terms": terms, "per_run_s": per_run, "runs": runs,
                      "total_s": per_run * len(runs), "lanes": lanes, "plans": plans,
                      "target": target.key if target else None,
                      "why": P.time_reasons(u["scaling"], terms, [f["campaign_s"] for f in fits if f["fits"]]),
                      "source_gpu": source_gpu if isinstance(source_gpu, str) or source_gpu is None else source_gpu.key}
+    sheet["time"]["_terms"] = {g.key: plan_for(g)[1] for g in CATALOGUE}  # for the options table
     u_here, terms_here, per_run_here = plan_for(None)  # the pilot's own machine: nothing scaled
     sheet["time"]["here"] = {"units": u_here["units"], "terms": terms_here, "per_run_s": per_run_here}
     if rates is not None:
@@ -312,7 +346,8 @@ def _choose_launch(sheet, target, plans, plans_by_gpu) -> dict | None:
 
 
 def sheet_stage(loaded, home, *, target_env_path: str | None = None, gpu: str | None = None,
-                out: str | None = None, rates_path: str | None = None, sets: tuple[str, ...] = ()) -> StageResult:
+                out: str | None = None, rates_path: str | None = None, sets: tuple[str, ...] = (),
+                options: bool = True) -> StageResult:
     from pilotrun.journal.files import atomic_write_text
     from pilotrun.journal.store import Journal
     from pilotrun.sheet.render import to_lines, to_markdown
@@ -330,11 +365,12 @@ def sheet_stage(loaded, home, *, target_env_path: str | None = None, gpu: str | 
     c = loaded.campaign
     pilot, stale = find_pilot(journal, c.name, loaded.config_sha256())
     if pilot is None:
-        from pilotrun.sheet.options import no_pilot_sheet, too_large_here
+        from pilotrun.sheet.options_view import no_pilot_blocks, no_pilot_sheet, too_large_here
 
         size = too_large_here(loaded)  # the estimator knows the model's size before anything is loaded
         if size is not None:
-            result = no_pilot_sheet(loaded, size)
+            result = no_pilot_sheet(loaded, size, rates=rates)
+            result.data["markdown"] = to_markdown({"blocks": no_pilot_blocks(result.data)})
             if out:
                 atomic_write_text(out, result.data["markdown"])
             return result
@@ -342,7 +378,7 @@ def sheet_stage(loaded, home, *, target_env_path: str | None = None, gpu: str | 
                            [f"the sheet is built from the pilot's measurements; run `pilotrun pilot "
                             f"{loaded.source or 'CAMPAIGN'}` first (with the same --home)"], {"pilot_run": None})
     sheet = build_sheet(loaded.resolved_dict() if not stale else pilot["config"], journal, pilot,
-                        target_env=target_env, gpu=gpu, rates=rates)
+                        target_env=target_env, gpu=gpu, rates=rates, options=options)
     if stale:
         sheet["warnings"].insert(0, stale)
     written = []

@@ -15,26 +15,40 @@ from pilotrun.sheet import plan as P
 
 
 def run_prediction(units: dict, counts: dict, n_val_batches: int, validation_predictions: bool, *,
-                   first: bool = True, prepare_s: float | None = None) -> list[dict]:
+                   first: bool = True, prepare_s: float | None = None, startup_s: float | None = None,
+                   control_passes: float = 0.0) -> list[dict]:
     """The predicted terms of one run that did ``counts`` (updates, evals, checkpoints, exports).
 
-    The runs of a sweep share one process: the first reads and encodes the data (the pilot's
-    ``prepare_s``) and builds the model cold (its ``load``); later ones reuse the encoded data and
-    build warm, which the pilot's ``reload`` (the artifact loaded in a warm process) stands for."""
+    The runs of a sweep share one process: the first pays the process's start-up (``startup_s``, the pilot's
+    own, given when the run recorded one), reads and encodes the data (the pilot's ``prepare_s``) and builds
+    the model cold (its ``load``); later ones reuse the encoded data and build warm, which the pilot's
+    ``reload`` (the artifact loaded in a warm process) stands for."""
     c = {"updates": counts["updates"], "evals": counts["evals"], "eval_batches": n_val_batches,
-         "checkpoints": counts["checkpoints"], "exports": counts.get("exports", 0), "reloads": 0}
+         "checkpoints": counts["checkpoints"], "exports": counts.get("exports", 0), "reloads": 0,
+         "control_passes": control_passes}
     warm = dict(units) if first else dict(units, load=units["reload"])
     terms = [t for t in P.run_terms(c, warm) if t["count"]]
-    if not first:
-        terms[0] = dict(terms[0], term="load (warm: the pilot's reload)")
+    for i, t in enumerate(terms):
+        if t["unit"] == "load":
+            terms[i] = dict(t, unit="load_cold", term="load (cold: the pilot's load)") if first else \
+                dict(t, term="load (warm: the pilot's reload)")
     if first and prepare_s:
         terms.insert(0, {"term": "read and encode the data", "unit": "prepare", "each_s": prepare_s, "count": 1,
                          "count_text": "1", "seconds": prepare_s})
+    if first and startup_s:
+        terms.insert(0, {"term": "start-up (process start, imports, the command's checks)", "unit": "startup",
+                         "each_s": startup_s, "count": 1, "count_text": "1", "seconds": startup_s})
     if validation_predictions and n_val_batches:
         terms.append({"term": "validation predictions", "unit": "eval_batch", "each_s": units["eval_batch"],
                       "count": n_val_batches, "count_text": f"{n_val_batches} batches",
                       "seconds": units["eval_batch"] * n_val_batches})
     return terms
+
+
+def actual_seconds(timing: dict) -> float:
+    """A run's wall time as the plan counts it: from the process's start for the first run of a pilotrun
+    process (its start-up recorded), else from reading its data; to its last record."""
+    return float(timing["total_s"]) + float(timing.get("startup_s") or 0.0)
 
 
 def sweep_time_check(journal, sweep_id: str) -> dict | None:
@@ -54,13 +68,15 @@ def sweep_time_check(journal, sweep_id: str) -> dict | None:
         return {"pilot_run": pilot["run_id"], "runs": [], "why": "; ".join(sheet["problems"]) or "no time plan"}
     here, counts = sheet["time"]["here"], sheet["time"]["counts"]
     out = []
-    prepare_s = sheet["time"].get("prepare_s")
+    prepare_s, pilot_startup = sheet["time"].get("prepare_s"), sheet["time"].get("startup_s")
     for i, r in enumerate(runs):
         s = r["summary"]
+        started = s["timing"].get("startup_s") is not None  # this run paid its process's start-up
         terms = run_prediction(here["units"], s["counts"], counts["eval_batches"], r["kind"] == "sweep",
-                               first=i == 0, prepare_s=prepare_s)
+                               first=i == 0, prepare_s=prepare_s, startup_s=pilot_startup if started else None,
+                               control_passes=counts.get("control_passes", 0.0))
         predicted = sum(t["seconds"] for t in terms)
-        actual = s["timing"]["total_s"]
+        actual = actual_seconds(s["timing"])
         out.append({"run_id": r["run_id"], "arm": r["arm"], "seed": r["seed"], "status": r["status"],
                     "updates": s["counts"]["updates"], "predicted_s": predicted, "actual_s": actual,
                     "ratio": predicted / actual if actual else None, "terms": terms,
@@ -73,18 +89,25 @@ def sweep_time_check(journal, sweep_id: str) -> dict | None:
 
 
 # The plan's terms against what the run timed itself (rehearsal/training/train.py ``timing``; "blocks_s" from the watch
-# around every update, validation, save and export): (group, plan units, the run's measured keys).
-GROUPS = (("read and encode the data", ("prepare",), ("prepare_s",)),
-          ("load the model", ("load", "reload"), ("load_s",)),
-          ("updates (the first's optimizer state included)", ("first_extra", "update"), ("blocks_s.train",)),
+# around every update, validation, save and export): (group, plan units, the run's measured keys). The first
+# run's start-up, data and cold load are one group: where an import happens (the pilot's load, the sweep's
+# checks) moves time between them, not in or out of the plan.
+GROUPS = (("start-up, data and cold load (1st run)",
+           ("startup", "prepare", "load_cold"), ("startup_s", "prepare_s", "load_s:cold")),
+          ("run start (memory freed, journal entry)", ("run_overhead",), ("run_overhead_s",)),
+          ("load the model (warm)", ("load",), ("load_s:warm",)),
+          ("updates (the first's optimizer state)", ("first_extra", "update"), ("blocks_s.train",)),
           ("validations", ("eval_batch:validations",), ("blocks_s.evaluation",)),
           ("checkpoints", ("save",), ("blocks_s.save",)),
           ("export", ("export",), ("blocks_s.export",)),
+          ("control predictions", ("eval_batch:control predictions",), ("control_s",)),
           ("validation predictions", ("eval_batch:validation predictions",), ("predictions_s",)))
-OTHER = "not in the plan (journal and metrics, batches drawn, between blocks)"
+OTHER = "not planned (records, between blocks)"  # per-update journal and metrics, batches drawn
 
 
-def _measured(timing: dict, key: str) -> float | None:
+def _measured(timing: dict, key: str, cold: bool) -> float | None:
+    if key.startswith("load_s:"):  # the load is the start-up group's in a run that read the data, else warm
+        return float(timing.get("load_s") or 0.0) if (key == "load_s:cold") == cold else 0.0
     if key.startswith("blocks_s."):
         blocks = timing.get("blocks_s")
         return None if blocks is None else float(blocks.get(key.split(".", 1)[1], 0.0))
@@ -96,16 +119,19 @@ def breakdown(terms: list[dict], timing: dict) -> list[dict]:
     """One row per group of the plan's terms: predicted and measured seconds, and the rest of the run's wall
     time that no term covers. Measured is None for a run recorded before the watch timed its blocks."""
     rows, covered = [], 0.0
+    cold = any(t["unit"] == "load_cold" for t in terms)
     for group, units, keys in GROUPS:
         pred = sum(t["seconds"] for t in terms if t["unit"] in units or f"{t['unit']}:{t['term']}" in units)
-        vals = [_measured(timing, k) for k in keys]
+        vals = [_measured(timing, k, cold) for k in keys]
+        if units[0] in ("startup", "run_overhead"):  # older runs lack these keys: 0 then
+            vals = [0.0 if v is None else v for v in vals]
         meas = None if any(v is None for v in vals) else sum(vals)
         covered += meas or 0.0
         if pred or meas:
             rows.append({"term": group, "predicted_s": pred, "actual_s": meas})
     total = timing.get("total_s")
     if total is not None and timing.get("blocks_s") is not None:
-        rows.append({"term": OTHER, "predicted_s": 0.0, "actual_s": max(0.0, float(total) - covered)})
+        rows.append({"term": OTHER, "predicted_s": 0.0, "actual_s": max(0.0, actual_seconds(timing) - covered)})
     return rows
 
 

@@ -12,8 +12,7 @@ from pilotrun.journal.store import Journal
 from pilotrun.rehearsal.prepare import Prepared, prepare
 from pilotrun.verdicts import StageResult
 from pilotrun.journal.runs import RunRecorder, write_run_readme
-
-CONTROL_EXAMPLES = 4  # validation examples whose predictions are stored with every run
+from pilotrun.rehearsal.mechanics.control import CONTROL_EXAMPLES
 
 
 def control_predictions(prep: Prepared, model) -> tuple[list, list, object]:
@@ -81,7 +80,10 @@ def train_run(loaded, home, *, kind: str = "train", supersedes: str | None = Non
     from pilotrun.engine.distributed import check_strategy, launch
     from pilotrun.engine.launcher import Ranks
 
+    from pilotrun import startup
+
     t_start = time.perf_counter() - (prepare_s or 0.0)  # a caller that prepared for us says how long it took
+    startup_s = startup.take(t_start)  # the first run of a pilotrun process: its start-up is this run's to plan
     prep = prep or prepare(loaded, splits=("train", "validation"))
     t_prepared = time.perf_counter()
     c = prep.c
@@ -94,21 +96,26 @@ def train_run(loaded, home, *, kind: str = "train", supersedes: str | None = Non
         raise ValueError("hooks cannot follow a run into spawned ranks; run under torchrun to use them")
     from pilotrun.probe.memory import release_free_memory
 
+    t_release = time.perf_counter()
     release_free_memory()  # a sweep's runs share a process: start this one without the last one's leftovers
     t_load = time.perf_counter()
+    overhead = {"startup_s": startup_s, "run_overhead_s": t_load - t_release}
     # a model that cannot be built (no weights, a vocabulary too small) is bad input: before the run exists
     built = (prep.task.build_model(), time.perf_counter() - t_load)
     if spawn:
         built = None  # each spawned rank builds its own; this process only proved that it can be built
     if ranks.follower:
         job = ranks.share()
-        _ranked_run(job, prep, None, None, progress=False, t_start=t_start, t_prepared=t_prepared, built=built)
+        _ranked_run(job, prep, None, None, progress=False, t_start=t_start, t_prepared=t_prepared, built=built,
+                    overhead=overhead)
         rank = ranks.rank
         return StageResult(kind, "ok", f"rank {rank}: joined {kind} run {job.run_id}",
                            data={"run_id": job.run_id, "rank": rank})
+    t_record = time.perf_counter()
     journal = Journal(home)
     with RunRecorder(journal, loaded, kind=kind, supersedes=supersedes, sweep_id=sweep_id, arm=arm,
                      command=command) as rec:
+        overhead["run_overhead_s"] += time.perf_counter() - t_record  # the run's journal entry and folder
         job = TrainJob(loaded, str(journal.home), rec.run_id, kind, save_artifact, validation_predictions)
         if spawn:
             import json
@@ -121,7 +128,7 @@ def train_run(loaded, home, *, kind: str = "train", supersedes: str | None = Non
         else:
             ranks.share(job)
             out = _ranked_run(job, prep, rec, hooks, progress=progress, t_start=t_start, t_prepared=t_prepared,
-                              built=built)
+                              built=built, overhead=overhead)
         rec.finish(out["status"], out["summary"])
     return _result(kind, rec.run_id, str(rec.dir), out, world)
 
@@ -148,7 +155,7 @@ def _spawned_rank(job: TrainJob) -> None:
 
 
 def _ranked_run(job: TrainJob, prep: Prepared, rec: RunRecorder | None, hooks: Hooks | None, *, progress: bool,
-                t_start: float, t_prepared: float, built: tuple | None = None) -> dict:
+                t_start: float, t_prepared: float, built: tuple | None = None, overhead: dict | None = None) -> dict:
     """The run on this process (one of its ranks, or the whole of it): loop, final checkpoint, artifact,
     control predictions, memory bound. Only the process with ``rec`` (rank 0) writes to the journal;
     ``built``: the model already built here and the seconds it took. Returns ``{"status", "summary", "evals",
@@ -169,11 +176,12 @@ def _ranked_run(job: TrainJob, prep: Prepared, rec: RunRecorder | None, hooks: H
     model, load_s = built
     t_load = time.perf_counter()
     device = default_device()
-    model.to(device)
+    if c.train.strategy != "fsdp":  # fully_shard moves each block to the device as it cuts it
+        model.to(device)
     wrapped = wrap_model(model, c.train.strategy, device)
     state = make_state(wrapped, c.train, n_train=len(prep.train), seed=c.seed, total_updates=arith["updates"],
                        device=device)
-    timing = {"prepare_s": t_prepared - t_start, "load_s": load_s + time.perf_counter() - t_load}
+    timing = {"prepare_s": t_prepared - t_start, "load_s": load_s + time.perf_counter() - t_load, **(overhead or {})}
     watch = PeakWatch(device, rank=rank)
     watch.track(wrapped, state.optimizer)
     run_dir = Journal(job.home).run_dir(job.run_id)
@@ -227,6 +235,8 @@ def _ranked_run(job: TrainJob, prep: Prepared, rec: RunRecorder | None, hooks: H
     pred_model = wrapped if c.train.strategy == "fsdp" else model
     t0 = time.perf_counter()
     computed = control_predictions(prep, pred_model) if predicting else None
+    timing["control_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
     observed = gather_to_rank0(watch.rows())
     if predicting and job.validation_predictions:  # stored by rank 0 (rec); the others only take part
         from pilotrun.rehearsal.training.val_predictions import store_validation_predictions

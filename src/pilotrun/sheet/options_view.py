@@ -1,0 +1,175 @@
+"""The options table (sheet/options.py) as words: the sheet's blocks, terminal lines, and the stage results of
+``estimate --options`` and of ``sheet`` without a pilot (a model too large to pilot here)."""
+
+from __future__ import annotations
+
+from pilotrun.sheet import plan as P
+
+COLUMNS = ["GPU", "GPUs", "option", "per-GPU peak (phase)", "campaign time", "cost", "experiment"]
+
+
+def money(cost: float | None, currency: str = "") -> str:
+    if cost is None:
+        return "—"
+    return (f"{cost:,.0f}" if cost >= 100 else f"{cost:,.2f}") + (f" {currency}" if currency else "")
+
+
+def table_rows(table: dict) -> list[list]:
+    return [[x["name"], x["count"], x["label"], f"{x['peak'] / 2**30:.1f} GiB ({x['phase']})",
+             P.fmt_duration(x["seconds"]), money(x["cost"], table["currency"]), x["changes"]] for x in table["shown"]]
+
+
+def _price_column(table: dict) -> str:
+    return (f"cost {table['currency']}".strip()) if table["by"] == "cost" else "GPU-hours"
+
+
+def compact_rows(table: dict) -> tuple[list[str], list[list]]:
+    """The table narrow enough for a 100-column sheet.md: GPU keys, short option names, keeps/changes."""
+    priced = table["by"] == "cost"
+    cols = ["GPUs", "option", "peak/GPU", "set by", "time", _price_column(table), "question"]
+    rows = [[f"{x['count']} × {x['gpu']}", x["short"], P.size(x["peak"]) + ("*" if _measured(x) else ""),
+             x["phase"], P.fmt_duration(x["seconds"]), money(x["cost"]) if priced else f"{x['gpu_hours']:.3g}",
+             "keeps" if x["keeps"] else "changes"] for x in table["shown"]]
+    return cols, rows
+
+
+def _measured(x: dict) -> bool:
+    return x.get("memory_from", "").startswith("measured")
+
+
+def _item(x: dict, table: dict) -> str:
+    price = money(x["cost"], table["currency"]) if table["by"] == "cost" else f"{x['gpu_hours']:.3g} GPU-hours"
+    return (f"{x['count']} × {x['name']}: {x['label']} — {P.size(x['peak'])} per GPU at {x['phase']}"
+            f"{' (measured)' if _measured(x) else ''}, {P.fmt_duration(x['seconds'])}, {price}; {x['changes']}")
+
+
+def pick(x: dict | None, table: dict) -> str:
+    if x is None:
+        return "nothing"
+    by = money(x["cost"], table["currency"]) if x.get("cost") is not None and table["by"] == "cost" else \
+        f"{x['gpu_hours']:.3g} GPU-hours"
+    return (f"{x['label']} on {x['count']} × {x['name']} — {P.size(x['peak'])} per GPU at "
+            f"{x['phase']}, {P.fmt_duration(x['seconds'])}, {by}")
+
+
+def _judged_by(table: dict) -> str:
+    if table["by"] == "cost":
+        return f"by cost; prices from {table['rates']}"
+    if table["by"].startswith("gpu_hours ("):
+        return f"by GPU-hours: no GPU priced in {table['rates']} fits and keeps it"
+    return "by GPU-hours; pass --rates FILE for cost"
+
+
+def blocks(table: dict) -> list[tuple]:
+    """The options section in the sheet's block form (sheet/render.py): a "rows" block is a table in
+    Markdown and HTML and one line per row on a terminal."""
+    rec, cheap = table["recommended"], table["cheapest"]
+    source = (f"memory from the estimator (fake tensors) and time from the plan's arithmetic, the pilot "
+              f"{table['pilot_run']}'s figures where they exist (see Assumptions)" if table.get("pilot_run") else
+              "memory from the estimator (fake tensors), time from the plan's arithmetic")
+    out = [("h", "Options that fit (per GPU and count)"),
+           ("p", f"{table['params']:,} parameters; {source}. Recommended, the cheapest that keeps the question "
+                 f"({_judged_by(table)}): {pick(rec, table)}."
+                 + (f" Cheapest overall: {pick(cheap, table)} — {cheap['changes']}." if cheap else ""))]
+    if table["shown"]:
+        cols, rows = compact_rows(table)
+        mark = " A peak marked * is the pilot's measured figure." if any(r[2].endswith("*") for r in rows) else ""
+        out.append(("p", "Per GPU and count, the fastest option that keeps the experiment, and the fastest that "
+                         "changes it when that is faster; \"question\": whether the row keeps the experiment's "
+                         "question (each option and what it changes: below); `--json` holds every option evaluated."
+                         + mark))
+        out.append(("rows", cols, rows, [_item(x, table) for x in table["shown"]]))
+    else:
+        out.append(("p", "No option fits any catalogue GPU at up to 64 GPUs."))
+    if table.get("skipped"):
+        out.append(("p", table["skipped"][0].upper() + table["skipped"][1:] + "."))
+    out.append(("p", "What each option changes:"))
+    out.append(("list", [f"{k}: {v}" for k, v in table["meanings"].items()]))
+    out.append(("p", "Assumptions:"))
+    out.append(("list", table["assumptions"]))
+    return out
+
+
+def to_lines(table: dict, *, with_rows: bool = False) -> list[str]:
+    """Terminal lines; the rows themselves only with ``with_rows`` (``estimate`` renders them as its table)."""
+    lines = []
+    for b in blocks(table):
+        if b[0] == "h":
+            lines.append(f"== {b[1]}")
+        elif b[0] == "p":
+            lines.append(b[1])
+        elif b[0] == "list" or (b[0] == "rows" and with_rows):
+            lines += [f"  - {x}" for x in b[-1]]
+    return lines
+
+
+def no_pilot_blocks(sheet: dict) -> list[tuple]:
+    """The sheet without a pilot (``no_pilot_sheet``'s data) in the sheet's block form."""
+    return [("h", f"Selection sheet — {sheet['campaign']}"), ("p", sheet["head"]),
+            ("p", f"What to pilot instead: {sheet['pilot_instead']}")] + blocks(sheet["options"])
+
+
+def options_result(loaded, *, rates: dict | None = None, lora_r: int | None = None):
+    """``estimate --options``: the table as a stage result (verdict fail when no option keeps the question)."""
+    from pilotrun.sheet.options import options_table
+    from pilotrun.verdicts import StageResult
+
+    table = options_table(loaded, rates=rates, lora_r=lora_r)
+    rec = table["recommended"]
+    verdict = "ok" if rec else "fail"
+    summary = (f"recommended: {pick(rec, table)}" if rec else
+               "no option that keeps the experiment fits any catalogue GPU at up to 64 GPUs")
+    messages = to_lines(table)
+    messages.append(f"options table in {table['wall_s']:.1f} s" + (
+        f" (decoder layers counted: {table['counted']['layers']} from traces of 2 and 3)"
+        if (table["counted"] or {}).get("layers") else ""))
+    return StageResult("estimate", verdict, summary, messages, dict(table), COLUMNS,
+                       [dict(zip(COLUMNS, r)) for r in table_rows(table)])
+
+
+def too_large_here(loaded) -> dict | None:
+    """What training needs at least on this machine (weights, gradients and two Adam moments, or the
+    weights alone under an adapter) when that exceeds its available memory, else None."""
+    import psutil
+
+    from pilotrun.probe.counted import parameter_bytes
+
+    weights = parameter_bytes(loaded)
+    need = weights if loaded.campaign.model.adapter is not None else 4 * weights
+    have = psutil.virtual_memory().available
+    return {"weights": weights, "need": need, "available": have} if need > have else None
+
+
+def no_pilot_sheet(loaded, size: dict, *, rates: dict | None = None):
+    """The sheet from the estimator alone, for a model this machine cannot pilot: says so at the top and
+    what to pilot instead."""
+    from pilotrun.probe.counted import depth_of
+    from pilotrun.sheet.options import options_table
+    from pilotrun.verdicts import StageResult
+
+    c = loaded.campaign
+    src = loaded.source or "CAMPAIGN"
+    depth = depth_of(c.model.config) if isinstance(c.model.config, dict) else None
+    if depth is not None:
+        instead = (f"pilot a scaled-down config of the same architecture here: `pilotrun pilot {src} --set "
+                   f"model.config.{depth[0]}=2` (same layer shapes, 2 of {depth[1]} layers), or one GPU of the "
+                   f"target with the recommended option (e.g. `pilotrun pilot {src} --set train.strategy=fsdp "
+                   f"--set train.nproc=8` on the rented node)")
+    else:
+        instead = (f"pilot a smaller model of the same family here, or run `pilotrun pilot {src}` on one node of "
+                   f"the target with the recommended option")
+    head = (f"NO PILOT: the model is too large to pilot on this machine (weights {size['weights'] / 2**30:.1f} GiB; "
+            f"training needs at least {size['need'] / 2**30:.1f} GiB, {size['available'] / 2**30:.1f} GiB "
+            f"available): this sheet is from the estimator alone (fake tensors, nothing allocated)")
+    table = options_table(loaded, rates=rates)
+    lines = [head, f"what to pilot instead: {instead}"] + to_lines(table)
+    rec = table["recommended"]
+    summary = "estimator only (too large to pilot here); " + (
+        f"recommended: {rec['label']} on {rec['count']} × {rec['name']}" if rec else
+        "no option that keeps the experiment fits")
+    if rec and rec.get("cost") is not None and table["by"] == "cost":
+        summary += f", {money(rec['cost'], table['currency'])}"
+    sheet = {"campaign": c.name, "pilot_run": None, "estimator_only": True, "too_large": size, "head": head,
+             "pilot_instead": instead, "options": table}
+    return StageResult("sheet", "warn" if rec else "fail", summary, lines, sheet, COLUMNS,
+                       [dict(zip(COLUMNS, r)) for r in table_rows(table)])

@@ -1,0 +1,50 @@
+"""How long this process took to get to where it is: Python's start, imports, the command's own checks.
+
+A campaign's rented hours include every process's start, so the time plan has a term for it: the pilot
+records its own start-up, and the sweep its own, and the two are compared like any other term.
+``mark()`` is called once by the console script (``cli/main.py``), and ``seconds()`` is then the time from
+the process's start (the kernel's record of it) to now. In a process pilotrun did not start (a notebook,
+a test calling the library, a Ray worker) nothing is marked and ``seconds()`` is None: that start-up is
+not pilotrun's to plan.
+"""
+
+from __future__ import annotations
+
+import time
+
+_MARK: tuple[float, float] | None = None  # (perf_counter at mark, seconds from the process's start to then)
+
+
+def mark() -> None:
+    global _MARK
+    if _MARK is None:
+        _MARK = (time.perf_counter(), _since_process_start())
+
+
+def seconds(at: float | None = None) -> float | None:
+    """Seconds from the process's start to ``at`` (a ``time.perf_counter()`` reading; now by default)."""
+    if _MARK is None:
+        return None
+    t, boot = _MARK
+    return boot + ((time.perf_counter() if at is None else at) - t)
+
+
+def _since_process_start() -> float:
+    try:
+        import psutil
+
+        return max(0.0, time.time() - psutil.Process().create_time())
+    except Exception:  # no psutil or no process table: the command's own time only
+        return 0.0
+
+
+_TAKEN = False
+
+
+def take(at: float | None = None) -> float | None:
+    """``seconds(at)`` for the first run this process starts (its start-up is that run's to plan), None after."""
+    global _TAKEN
+    if _TAKEN:
+        return None
+    _TAKEN = True
+    return seconds(at)
