@@ -90,3 +90,26 @@ def test_the_report_renders_in_a_headless_browser(own_loop_home, cli, tmp_path):
     # the page's plots draw coloured bars and lines, not only black text on white
     coloured = sum(n for n, (r, g, b) in colours if max(r, g, b) - min(r, g, b) > 60)
     assert coloured > 500, coloured
+
+
+def test_the_report_shows_every_run_not_only_the_latest(tmp_path, cli):
+    """25 runs (more than the 20 the report used to show): each id is in the index, linked, and has its part."""
+    import re
+
+    home = tmp_path / "home"
+    ids = []
+    for i in range(25):
+        with own_run(home, name=f"loop-{i:02d}") as run:
+            run.log(1, loss=1.0 / (i + 1))
+        ids.append(run.run_id)
+    out = tmp_path / "r.html"
+    assert cli("report", "--home", home, "--out", out).code == 0
+    text = out.read_text()
+    for rid in ids:
+        assert f'<a href="#run-{rid}">' in text, rid
+        assert f'<summary id="run-{rid}">' in text, rid
+        assert f"loss curve of {rid}" in text, rid
+    assert text.count('<details class="run"') == 25 and text.count('<details class="run" open>') == 3
+    assert "25 runs, newest first" in text and "the latest 20" not in text
+    # one self-contained file: nothing fetched from the network
+    assert not re.search(r'(src|href)="(https?:)?//', text)

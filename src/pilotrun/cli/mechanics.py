@@ -50,7 +50,9 @@ def verify(run_id, home, as_json):
     """Reload a run's artifact in a fresh process (hashes checked first) and reproduce its control predictions."""
     from pilotrun.rehearsal.mechanics.verify import verify as run_verify
 
-    return emit(run_verify(home_for(home), run_id), as_json)
+    with stage_progress("verify"):
+        result = run_verify(home_for(home), run_id)
+    return emit(result, as_json)
 
 
 @cli.command()

@@ -71,7 +71,7 @@ def train(campaign, sets, seed, supersedes, home, as_json):
     from pilotrun.report.progress import stage_progress
 
     loaded = load(campaign, sets)
-    with stage_progress("train", spinner=False):
+    with stage_progress("train"):
         result = train_run(loaded, home_for(home, campaign), supersedes=supersedes)
     return emit(result, as_json)
 

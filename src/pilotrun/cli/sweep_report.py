@@ -24,15 +24,15 @@ def sweep(campaign, continue_id, sets, ray_address, home, as_json):
 
     loaded = load(campaign, sets)
 
-    from pilotrun.report.progress import note, stage_progress
+    from pilotrun.report.progress import head, stage_progress
     from pilotrun.sheet.plan import fmt_duration
 
     def on_start(r):
         what = "control" if r["arm"] == "control" else f"variant {r['label']}"
         eta = f" — about {fmt_duration(r['eta_s'])} left for the sweep" if r["eta_s"] else ""
-        line = f"run {r['index']}/{r['of']}: {what} seed {r['seed']}{eta}"
-        note(line)
-        click.echo(line, err=True)
+        line = f"run {r['index']}/{r['of']}: {what} seed {r['seed']}"
+        head(line, done=r["index"] - 1, total=r["of"], eta_s=r["eta_s"])
+        click.echo(line + eta, err=True)
 
     def on_run(r):
         again = f" (supersedes {r['supersedes']})" if r["supersedes"] else ""
@@ -41,7 +41,7 @@ def sweep(campaign, continue_id, sets, ray_address, home, as_json):
         click.echo(f"run {r['index']}/{r['of']}: {r['arm']} [{r['label']}] seed {r['seed']} → {r['run_id']} "
                    f"{r['status']}{again}{where}", err=True)
 
-    with stage_progress("sweep", spinner=False):
+    with stage_progress("sweep"):
         result = run_sweep(loaded, home_for(home, campaign), continue_id=continue_id, on_run=on_run,
                            sets=tuple(sets), on_start=on_start, ray_address=ray_address)
     return emit(result, as_json)

@@ -282,6 +282,7 @@ def train(state: TrainState, task, train_examples: list, val_examples: list, t, 
     An out-of-memory error in an update or a validation ends the run as ``failed`` with a reason that
     says what to change (the state stays at the last complete update); any other exception propagates."""
     from pilotrun.engine.state import save_state
+    from pilotrun.report.progress import note
 
     hooks = hooks or Hooks()
     watch = hooks.watch or _unwatched
@@ -337,6 +338,8 @@ def train(state: TrainState, task, train_examples: list, val_examples: list, t, 
                 state.initial_loss = out["loss"]
             if hooks.on_update:
                 hooks.on_update(state, out)
+            note(f"update {state.update}/{state.total_updates}, loss {out['loss']:.4g}", done=state.update,
+                 total=state.total_updates, log=state.update == end)
             if progress is not None:
                 progress(state, out)
             if not out["finite"]:

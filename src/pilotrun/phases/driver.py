@@ -70,9 +70,17 @@ def drive(ctx: PhaseContext, measure, names=PHASES, *, traced: bool = False,
           after: dict[str, Callable] | None = None, stop: Callable[[PhaseContext], bool] | None = None) -> None:
     """Run ``names`` (registry order) on ``ctx``; ``traced``: their fake-tensor versions. ``after[name](ctx)``
     runs once that phase is over; ``stop(ctx)`` true after a phase ends the sequence there."""
+    from pilotrun.report.progress import note
+
+    steps = [n for n in PHASES if n in names]
+    steps += [f"{n}+" for n in steps if after and n in after]  # an after-hook is a step of its own
+    total = len(steps)
+    done = 0
     for name in PHASES:
         if name not in names:
             continue
+        done += 1
+        note(f"{'traced ' if traced else ''}phase {done}/{total}: {name}", done=done - 1, total=total, log=True)
         spec = BY_NAME[name]
         inputs = spec.inputs(ctx)
         if not traced and spec.needs and spec.needs not in ctx.done:
@@ -85,6 +93,9 @@ def drive(ctx: PhaseContext, measure, names=PHASES, *, traced: bool = False,
             spec.trace(ctx) if traced else spec.run(ctx, p)
             ctx.done.add(name)
         if after and name in after:
+            done += 1
+            what = after[name].__name__.replace("_", " ")
+            note(f"phase {done}/{total}: {what}", done=done - 1, total=total, log=True)
             after[name](ctx)
         if stop is not None and stop(ctx):
             return

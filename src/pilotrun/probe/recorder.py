@@ -96,9 +96,6 @@ class Phase:
 
     # --- the context manager ----------------------------------------------------------------------
     def __enter__(self) -> "Phase":
-        from pilotrun.report.progress import note
-
-        note(f"phase {self.name}")
         if self.barrier:
             _barrier()
         self.probe.start()

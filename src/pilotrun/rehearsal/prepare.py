@@ -35,10 +35,13 @@ class Prepared:
 
 def prepare(loaded, splits=SPLITS) -> Prepared:
     """Validate, build the task and encode every record of the splits through task.encode."""
+    from pilotrun.report.progress import note
+
     check_consistency(loaded.campaign, loaded.base_dir)
     task = make_task(loaded)
     examples = {}
     for split in splits:
+        note(f"reading and encoding the {split} split", log=True)
         records = task.records(split)
         if records:
             examples[split] = [task.encode(r) for r in records]

@@ -27,6 +27,7 @@ text-align:left;vertical-align:top}th{background:#f4f4f4}
 .muted{color:#777}.status-diverged,.verdict-worse{color:#b03a2e;font-weight:600}.status-stopped{color:#b9770e}
 .verdict-better{color:#1e8449;font-weight:600}.status-interrupted,.status-failed{color:#7d3c98}
 .plot svg{max-width:100%;height:auto}code{background:#f4f4f4;padding:0 .2em}
+details.run{margin:.4em 0;border-left:3px solid #ddd;padding-left:.6em}details.run>summary{font-weight:600;cursor:pointer}
 """
 
 
@@ -244,19 +245,26 @@ def section_promises(journal) -> str:
     return "".join(out)
 
 
-RUN_KINDS_SHOWN = 20  # the latest runs outside sweeps and pilots, each with its own plots
+RUNS_OPEN = 3  # the latest runs shown unfolded; every other run is one click away
 
 
 def section_runs(journal) -> str:
-    """Every run that is not a sweep's or a pilot's (train, overfit, resume, HF Trainer, Lightning, own
-    loops): its loss curve, its ledger and its memory bound."""
-    runs = [r for r in journal.list_runs() if r["kind"] not in ("pilot", "sweep") and not r.get("sweep_id")]
+    """Every run in the journal: a table linking to each, then each run folded (the latest few open) with
+    its loss curve, its ledger and its memory bound. Sweeps and pilots also have their own sections below."""
+    runs = journal.list_runs()
     if not runs:
-        return '<p class="muted">no run outside sweeps and pilots yet.</p>'
-    shown = runs[-RUN_KINDS_SHOWN:]
-    out = [] if len(shown) == len(runs) else [f'<p class="muted">the latest {len(shown)} of {len(runs)} runs</p>']
-    for run in reversed(shown):
-        out.append(_one_run(journal, run))
+        return '<p class="muted">no run yet.</p>'
+    index = [{"run": f'<a href="#run-{esc(r["run_id"])}"><code>{esc(r["run_id"])}</code></a>', "kind": esc(r["kind"]),
+              "name": esc(r["name"]), "status": f'<span class="status-{esc(r["status"])}">{esc(r["status"])}</span>',
+              "created": esc(r.get("created_at")), "updates": esc(r.get("updates_done")),
+              "sweep": esc(r.get("sweep_id") or ""), "arm": esc(r.get("arm") or "")} for r in reversed(runs)]
+    head = "".join(f"<th>{c}</th>" for c in index[0])
+    body = "".join("<tr>" + "".join(f"<td>{v}</td>" for v in row.values()) + "</tr>" for row in index)
+    many = f"{len(runs)} runs, newest first; each links" if len(runs) > 1 else "1 run; it links"
+    out = [f'<p class="muted">{many} to its own part below.</p>'
+           f'<table class="runs"><tr>{head}</tr>{body}</table>']
+    for n, run in enumerate(reversed(runs)):
+        out.append(f'<details class="run"{" open" if n < RUNS_OPEN else ""}>{_one_run(journal, run)}</details>')
     return "".join(out)
 
 
@@ -267,8 +275,8 @@ def _one_run(journal, run) -> str:
 
     rid = run["run_id"]
     reason = (run.get("summary") or {}).get("reason")
-    parts = [f'<h3 id="run-{esc(rid)}"><code>{esc(rid)}</code> {esc(run["kind"])} · {esc(run["name"])} · '
-             f'<span class="status-{esc(run["status"])}">{esc(run["status"])}</span></h3>',
+    parts = [f'<summary id="run-{esc(rid)}"><code>{esc(rid)}</code> {esc(run["kind"])} · {esc(run["name"])} · '
+             f'<span class="status-{esc(run["status"])}">{esc(run["status"])}</span></summary>',
              f'<p class="muted">{esc(run.get("command") or "")}' + (f" — {esc(reason)}" if reason else "") + "</p>"]
     train = journal.metrics(rid, "train", "loss")
     val = journal.metrics(rid, "validation", "val_loss")
@@ -304,7 +312,7 @@ def _one_run(journal, run) -> str:
 
 
 SECTIONS: list[Section] = [
-    ("Runs: loss curve, ledger and memory bound of each", section_runs),
+    ("Runs: every run, with its loss curve, ledger and memory bound", section_runs),
     ("Sweep: loss curves and validation points", section_curves),
     ("Sweep: comparison", section_comparison),
     ("Pilot: phase ledger", section_ledger),

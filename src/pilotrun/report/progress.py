@@ -1,47 +1,188 @@
-"""Progress of a long stage on stderr: a live line on a terminal, a plain line at least every 30 s in a log.
+"""Progress of a long stage on stderr: what it is doing and how far, on a terminal and in a log.
 
-    with stage_progress("pilot") as prog:      # the CLI wraps overfit, pilot, resume, fit, train, sweep
-        ...
-        note("phase steady_step")               # what it is doing now (from anywhere in the process)
+    with stage_progress("resume"):                  # the CLI wraps overfit, pilot, resume, fit, verify, train, sweep
+        head("reference run")                       # the part of the stage running now (clears what it did)
+        note("update 6/12, loss 0.41", done=6, total=12)   # from anywhere in the process (the loop does)
 
-On a terminal a rich status line shows the verb, what it is doing and the elapsed time. When stderr is
-not a terminal (a log file, CI, a pipe) a plain line ``pilotrun pilot: phase steady_step (1.5 min)``
-is written when the stage starts and then every ``PILOTRUN_HEARTBEAT_S`` seconds (default 30), so a
-log shows the process is alive and where.
+On a terminal one live line (wrapped at the terminal's width): a bar, the verb, the part, what it is doing
+with its counts, the elapsed time and, where counts allow, the time left. The bar follows the part's count
+when it has one (the sweep's runs, fit's probes), else the inner one (updates, phases). When stderr is not
+a terminal (a log, CI, a pipe) the same text as a plain line: at the start, at each new part or phase
+(``log=True``), and at least every ``PILOTRUN_HEARTBEAT_S`` seconds (default 30).
+
+A process the stage starts (the resume and verify workers, the pilot's ranks) reports into it: the stage
+sets ``PILOTRUN_PROGRESS_FILE`` for its children, whose ``note``/``head`` (no stage of their own) write
+their latest state there as one JSON object (atomically, rank 0 only, at most every 0.2 s but always for a
+``log`` note); the stage polls the file and shows the child's state after its own part.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import threading
 import time
 from contextlib import contextmanager
 
-_CURRENT: dict = {}  # the running stage: {"label", "doing", "t0", "status"}
+_CURRENT: dict = {}  # the running stage (see stage_progress)
+_CHILD: dict = {"last": 0.0, "seq": 0}  # this process's reports to a parent stage
 DEFAULT_HEARTBEAT_S = 30.0
+FILE_ENV = "PILOTRUN_PROGRESS_FILE"
+CHILD_EVERY_S = 0.2
+POLL_S = 0.25
+BAR_WIDTH = 24
 
 
-def note(doing: str) -> None:
-    """Say what the running stage is doing now (a no-op when no stage is shown)."""
+def _count(text: str, done, total, at_most: bool, eta_s=None) -> dict:
+    return {"text": text, "done": done, "total": total, "at_most": at_most, "eta_s": eta_s, "t": time.monotonic()}
+
+
+def note(doing: str, *, done: int | None = None, total: int | None = None, at_most: bool = False,
+         log: bool = False) -> None:
+    """Say what the running stage is doing now (``done`` of ``total`` when counted; ``at_most``: the total is a
+    bound). A no-op when no stage is shown here or in a parent process."""
+    _say("doing", _count(doing, done, total, at_most), log)
+
+
+def head(part: str, *, done: int | None = None, total: int | None = None, at_most: bool = False,
+         eta_s: float | None = None) -> None:
+    """Start a part of the stage (``eta_s``: a time left known from elsewhere, e.g. the sweep's time plan)."""
+    _say("head", _count(part, done, total, at_most, eta_s), True)
+
+
+def _say(level: str, item: dict, log: bool) -> None:
+    log = log or (item["total"] is not None and item["done"] == item["total"])  # a finished count is a milestone
     cur = _CURRENT.get("stage")
-    if cur is None:
+    if cur is not None:
+        with cur["lock"]:
+            cur[level] = item
+            if level == "head":
+                cur["doing"], cur["child"] = None, None
+                _forget_child(cur)
+            _track(cur, level, item)
+            if log:
+                cur["seq"] += 1
         return
-    cur["doing"] = doing
-    status = cur.get("status")
-    if status is not None:
-        status.update(_text(cur))
+    path = os.environ.get(FILE_ENV)
+    if not path or os.environ.get("RANK", "0") != "0":
+        return
+    now = time.monotonic()
+    if log:
+        _CHILD["seq"] += 1
+    elif now - _CHILD["last"] < CHILD_EVERY_S:
+        return
+    _CHILD["last"] = now
+    _CHILD[level] = item
+    if level == "head":
+        _CHILD.pop("doing", None)
+    state = {k: _CHILD.get(k) for k in ("head", "doing")} | {"seq": _CHILD["seq"], "pid": os.getpid()}
+    try:
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(state, f)
+        os.replace(tmp, path)
+    except OSError:  # progress is not worth failing the stage for
+        pass
 
 
-def _elapsed(seconds: float) -> str:
+def _forget_child(cur: dict) -> None:
+    try:
+        os.unlink(cur["file"])
+    except (OSError, KeyError, TypeError):
+        pass
+
+
+def _track(cur: dict, key: str, item: dict) -> None:
+    """Remember when a count series started (same text kind and total), for the time left."""
+    if item["done"] is None or not item["total"]:
+        return
+    kind = (key, item["text"].split(" ")[0], item["total"])
+    first = cur["series"].get(kind)
+    if first is None or item["done"] < first[1]:
+        cur["series"] = {k: v for k, v in cur["series"].items() if k[0] != key} | {kind: (item["t"], item["done"])}
+
+
+def _poll(cur: dict) -> None:
+    path = cur.get("file")
+    if not path:
+        return
+    try:
+        st = os.stat(path)
+        if st.st_mtime_ns == cur["child_mtime"]:
+            return
+        state = json.loads(open(path).read())
+    except (OSError, ValueError):
+        return
+    with cur["lock"]:
+        cur["child_mtime"] = st.st_mtime_ns
+        cur["child"] = state
+        for level in ("head", "doing"):
+            if state.get(level):
+                _track(cur, "child_" + level, state[level])
+        if state.get("seq", 0) != cur["child_seq"]:
+            cur["child_seq"] = state.get("seq", 0)
+            cur["seq"] += 1
+
+
+def _fmt(seconds: float) -> str:
     from pilotrun.sheet.plan import fmt_duration
 
-    return fmt_duration(seconds)
+    return f"{seconds:.0f} s" if seconds < 120 else fmt_duration(seconds)  # no milliseconds on a progress line
 
 
-def _text(cur: dict) -> str:
-    doing = f": {cur['doing']}" if cur.get("doing") else ""
-    return f"pilotrun {cur['label']}{doing} ({_elapsed(time.monotonic() - cur['t0'])})"
+def _counted(cur: dict) -> tuple[list[dict], dict | None]:
+    """The texts shown, outer first, and the count the bar and the time left follow."""
+    child = cur.get("child") or {}
+    items = [cur.get("head"), cur.get("doing"), child.get("head"), child.get("doing")]
+    keys = ["head", "doing", "child_head", "child_doing"]
+    shown = [(k, i) for k, i in zip(keys, items) if i and i.get("text")]
+    counted = [(k, i) for k, i in shown if i.get("total")]
+    return [i for _, i in shown], (counted[0] if counted else None)
+
+
+def _left(cur: dict, key: str, item: dict, now: float) -> str:
+    if item.get("eta_s") is not None:
+        left = max(item["eta_s"] - (now - item["t"]), 0.0)
+    else:
+        kind = (key, item["text"].split(" ")[0], item["total"])
+        first = cur["series"].get(kind)
+        if first is None or item["done"] is None or item["done"] <= first[1]:
+            return ""
+        left = (now - first[0]) / (item["done"] - first[1]) * max(item["total"] - item["done"], 0)
+    return f", {'at most' if item.get('at_most') else 'about'} {_fmt(left)} left"
+
+
+def text(cur: dict) -> str:
+    """The progress line: ``pilotrun resume: reference run — update 6/12, loss 0.41 (12 s, about 10 s left)``."""
+    now = time.monotonic()
+    with cur["lock"]:
+        shown, counted = _counted(cur)
+        what = " — ".join(i["text"] for i in shown)
+        left = _left(cur, *counted, now) if counted else ""
+    return f"pilotrun {cur['label']}{': ' + what if what else ''} ({_fmt(now - cur['t0'])}{left})"
+
+
+class _Line:
+    """The live renderable: a bar (pulsing without a count) and the text, wrapped at the terminal's width."""
+
+    def __init__(self, cur: dict):
+        self.cur = cur
+
+    def __rich_console__(self, console, options):
+        from rich.progress_bar import ProgressBar
+        from rich.table import Table
+
+        _poll(self.cur)
+        with self.cur["lock"]:
+            _, counted = _counted(self.cur)
+        grid = Table.grid(padding=(0, 1))
+        grid.add_column(width=BAR_WIDTH, no_wrap=True)
+        grid.add_column(ratio=1, overflow="fold")
+        item = counted[1] if counted else {}
+        bar = ProgressBar(total=item.get("total"), completed=item.get("done") or 0, width=BAR_WIDTH)
+        grid.add_row(bar, text(self.cur))
+        yield grid
 
 
 def heartbeat_s() -> float:
@@ -51,50 +192,78 @@ def heartbeat_s() -> float:
         return DEFAULT_HEARTBEAT_S
 
 
+def _is_tty(stream) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False
+
+
 @contextmanager
-def stage_progress(label: str, *, stream=None, spinner: bool = True):
-    """Show the stage ``label`` as running until the block ends (see the module docstring).
-    ``spinner=False``: the stage draws its own bar on a terminal (train, sweep); only the log lines."""
+def stage_progress(label: str, *, stream=None):
+    """Show the stage ``label`` until the block ends (see the module docstring)."""
+    import tempfile
+
     stream = stream or sys.stderr
-    cur = {"label": label, "doing": "", "t0": time.monotonic(), "status": None}
     outer = _CURRENT.get("stage")
+    if outer is not None:  # a stage inside a stage: the outer one shows it
+        yield outer
+        return
+    fd, path = tempfile.mkstemp(prefix="pilotrun-progress-", suffix=".json")
+    os.close(fd)
+    os.unlink(path)
+    cur = {"label": label, "t0": time.monotonic(), "head": None, "doing": None, "child": None, "seq": 0,
+           "child_seq": 0, "child_mtime": None, "series": {}, "file": path, "lock": threading.Lock()}
+    before = os.environ.get(FILE_ENV)
+    os.environ[FILE_ENV] = path
     _CURRENT["stage"] = cur
     stop = threading.Event()
-    thread = None
+    thread = live = None
     try:
-        tty = bool(stream.isatty())
-    except (AttributeError, ValueError):
-        tty = False
-    try:
-        if tty and not spinner:
-            pass
-        elif tty:
+        if _is_tty(stream):
             from rich.console import Console
+            from rich.live import Live
 
-            cur["status"] = Console(file=stream).status(_text(cur))
-            cur["status"].start()
+            live = Live(_Line(cur), console=Console(file=stream), refresh_per_second=4, transient=False,
+                        redirect_stdout=False, redirect_stderr=True)
+            live.start()
         else:
             _line(stream, f"pilotrun {label}: started")
-
-            def beat():
-                while not stop.wait(heartbeat_s()):
-                    _line(stream, _text(cur))
-
-            thread = threading.Thread(target=beat, name="pilotrun-heartbeat", daemon=True)
+            thread = threading.Thread(target=_beat, args=(cur, stream, stop), name="pilotrun-progress", daemon=True)
             thread.start()
         yield cur
     finally:
         stop.set()
         if thread is not None:
             thread.join(timeout=1.0)
-        if cur["status"] is not None:
-            cur["status"].stop()
-        _CURRENT["stage"] = outer
+        if live is not None:
+            live.stop()
+        _CURRENT.pop("stage", None)
+        if before is None:
+            os.environ.pop(FILE_ENV, None)
+        else:
+            os.environ[FILE_ENV] = before
+        _forget_child(cur)
 
 
-def _line(stream, text: str) -> None:
+def _beat(cur: dict, stream, stop: threading.Event) -> None:
+    """A plain line at each new part or phase (own or a child's), and every heartbeat in between."""
+    every = heartbeat_s()
+    last_t, last_seq = time.monotonic(), cur["seq"]
+    while True:
+        stopped = stop.wait(min(POLL_S, every))
+        _poll(cur)
+        now = time.monotonic()
+        if cur["seq"] != last_seq or (now - last_t >= every and not stopped):
+            last_t, last_seq = now, cur["seq"]
+            _line(stream, text(cur))
+        if stopped:
+            return
+
+
+def _line(stream, line: str) -> None:
     try:
-        stream.write(text + "\n")
+        stream.write(line + "\n")
         stream.flush()
     except (OSError, ValueError):  # the log went away: progress is not worth failing the stage for
         pass

@@ -221,7 +221,10 @@ def overfit(loaded, home, *, examples: int = 8, max_updates: int = 150, prep=Non
 
     prep = prep or prepare(loaded, splits=("train",))
     c, task = prep.c, prep.task
+    from pilotrun.report.progress import head
+
     msgs, data = [], {}
+    head("accumulation check")
     acc = accumulation_check(prep)
     msgs.append(acc["message"])
     data["accumulation"] = acc
@@ -250,6 +253,7 @@ def overfit(loaded, home, *, examples: int = 8, max_updates: int = 150, prep=Non
     model.to(device)
     state = make_state(model, mt, n_train=len(chosen), seed=c.seed, total_updates=max_updates, device=device)
     history, checks = [], {}
+    head(f"memorising {len(chosen)} examples")
     with RunRecorder(Journal(home), loaded, kind="overfit") as rec:
         def on_update(st, out):
             history.append(out)

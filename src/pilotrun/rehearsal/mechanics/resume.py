@@ -71,8 +71,11 @@ def _in_process(prep, train_ex, total: int, at: int, device, ckpt, skip, rec) ->
     from pilotrun.engine.state import save_state
     from pilotrun.journal.files import write_dir_atomically
     from pilotrun.rehearsal.training.train import store_control_predictions
+    from pilotrun.report.progress import head
 
+    head(f"reference run ({total} updates)")
     ref_state, ref = _run(prep, train_ex, total, None, device)
+    head(f"stopped run (to update {at}, state saved)")
     stop_state, stopped = _run(prep, train_ex, total, at, device)
     save_state(stop_state, ckpt, skip=skip)
     artifact = write_dir_atomically(rec.dir / "artifact", lambda tmp: prep.task.save_artifact(ref_state.model, tmp))
@@ -104,6 +107,9 @@ def resume_worker(spec_path: str | Path) -> int:
     device = default_device()
     model.to(device)
     state = make_state(model, c.train, n_train=len(train_ex), seed=c.seed, total_updates=spec["total"], device=device)
+    from pilotrun.report.progress import note
+
+    note("loading the saved state", log=True)
     restored = load_state(state, spec["state"])
     res = train(state, prep.task, train_ex, [], c.train)
     atomic_write_json(spec["out"], {"restored": restored, "status": res.status, "reason": res.reason,
@@ -211,6 +217,7 @@ def resume(loaded, home, *, at: int | None = None, prep=None) -> StageResult:
     from pilotrun.journal.store import Journal
     from pilotrun.rehearsal.prepare import prepare
     from pilotrun.journal.runs import RunRecorder, write_run_readme
+    from pilotrun.report.progress import head
 
     at = DEFAULT_AT if at is None else at
     if at < 2:
@@ -256,6 +263,7 @@ def resume(loaded, home, *, at: int | None = None, prep=None) -> StageResult:
         atomic_write_json(rec.dir / "reference_history.json", ref["ref"]["history"])
         worker, proc = None, None
         if ref["ref"]["status"] == "completed":  # no fresh process for a reference that cannot be compared with
+            head(f"resumed run (a new process, from update {at})")
             proc = subprocess.run([sys.executable, "-m", "pilotrun", "_resume-worker",
                                    str(rec.dir / "resume_spec.json")],
                                   capture_output=True, text=True, env=dict(os.environ), timeout=3600)

@@ -64,6 +64,9 @@ def verify(home, run_id: str) -> StageResult:
     if not control:
         raise BadInput(f"run {run_id} stored no control predictions", where="RUN_ID",
                        fix="verify a run written by `pilotrun train` (control predictions are stored at its end)")
+    from pilotrun.report.progress import head
+
+    head("reloading the artifact in a new process")
     with tempfile.TemporaryDirectory(prefix="pilotrun-verify-") as tmp:
         out = Path(tmp) / "reloaded.json"
         (Path(tmp) / "control.json").write_text(json.dumps(control))
@@ -140,8 +143,13 @@ def verify_worker(run_dir: str, control_path: str, out_path: str) -> int:
     loaded = load_campaign(run_dir / "config.yaml")
     task, precision = make_task(loaded), loaded.campaign.train.precision
     stored = load_control(run_dir / CONTROL_FILE) if (run_dir / CONTROL_FILE).is_file() else None
+    from pilotrun.report.progress import note
+
     results = {}
-    for sub in sorted(p for p in (run_dir / "artifact").iterdir() if p.is_dir()):
+    subs = sorted(p for p in (run_dir / "artifact").iterdir() if p.is_dir())
+    for i, sub in enumerate(subs):
+        note(f"artifact {i + 1}/{len(subs)}: {sub.name}, {len(examples)} control inputs", done=i, total=len(subs),
+             log=True)
         skipped = _cannot_load(sub)
         if skipped:
             results[sub.name] = {"skipped": skipped}

@@ -67,6 +67,9 @@ class _Fit:
         from pilotrun.rehearsal.memory.fit_probe import first_losses
 
         if self._control_losses is None:
+            from pilotrun.report.progress import head
+
+            head(f"the control's first {LOSS_UPDATES} losses")
             self._control_losses = first_losses(self.prep, LOSS_UPDATES, self.device)
         return self._control_losses
 
@@ -134,6 +137,9 @@ def fit(loaded, home, memory_limit: int, *, write: str | None = None, effective_
     accumulation_for(t, 1, effective)  # the effective batch must be reachable on these ranks at all
     measured_here = pilot_rows is None
     if pilot_rows is None:
+        from pilotrun.report.progress import head
+
+        head("the control's ledger (the latest pilot of this config, else a new one)")
         pilot_rows, pilot_run = fit_variants.control_ledger(loaded, home, memory_limit, prep)
     else:
         pilot_run = None

@@ -15,9 +15,14 @@ LENGTH_STEP = 8  # max_length candidates are multiples of this
 
 def _bisect(job, candidates: list, overrides_for, kind: str, prep_for=None):
     """Largest fitting candidate; returns (best, its row or the smallest tried row, [(candidate, fits)])."""
+    from pilotrun.report.progress import head
+
     rows = {}
+    bound = probe_bound(len(candidates))
 
     def fits(x):
+        said = ", ".join(f"{k.split('.')[-1]} {v}" for k, v in overrides_for(x).items())
+        head(f"probe {len(rows) + 1} (≤{bound}): {said}", done=len(rows), total=bound, at_most=True)
         prep = prep_for(x) if prep_for else job.variant(overrides_for(x))
         rows[x] = probe(prep, kind, limit=job.limit, device=job.device)
         return rows[x]["fits"]
@@ -25,6 +30,13 @@ def _bisect(job, candidates: list, overrides_for, kind: str, prep_for=None):
     best, tried = largest_fitting(candidates, fits)
     shown = best if best is not None else min(rows) if rows else None
     return best, rows.get(shown), tried
+
+
+def _probe_one(job, ov: dict, kind: str) -> dict:
+    from pilotrun.report.progress import head
+
+    head("probe: " + ", ".join(f"{k.split('.')[-1]} {v}" for k, v in ov.items()))
+    return probe(job.variant(ov), kind, limit=job.limit, device=job.device)
 
 
 def _held_state(job) -> str:
@@ -76,18 +88,18 @@ def try_variants(job, over: dict) -> list[str]:
                         "train.strategy=fsdp over more GPUs, or a GPU with more memory")
         ov = {"train.precision": "bf16-true"}
         if t.precision != "bf16-true":
-            job.add("d: precision", ov, probe(job.variant(ov), "train", limit=job.limit, device=job.device), [1],
+            job.add("d: precision", ov, _probe_one(job, ov, "train"), [1],
                     None, MIXED_RTOL, why_not="weights held and updated in bf16 (train.precision=bf16-true)")
         return messages
     if name in TRAIN_BOUND and not job.prep.c.model.gradient_checkpointing:
         ov = {"model.gradient_checkpointing": True}
-        job.add("c: checkpointing", ov, probe(job.variant(ov), "train", limit=job.limit, device=job.device), [1],
+        job.add("c: checkpointing", ov, _probe_one(job, ov, "train"), [1],
                 None, rtol)
         if job.done():
             return messages
     if t.precision == "fp32":
         ov = {"train.precision": _mixed_precision(job.device)}
-        job.add("d: precision", ov, probe(job.variant(ov), kind, limit=job.limit, device=job.device), [1], None,
+        job.add("d: precision", ov, _probe_one(job, ov, kind), [1], None,
                 MIXED_RTOL)
         if job.done():
             return messages

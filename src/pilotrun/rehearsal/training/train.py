@@ -215,14 +215,9 @@ def _ranked_run(job: TrainJob, prep: Prepared, rec: RunRecorder | None, hooks: H
 
     loop_hooks = Hooks(on_update=on_update, on_eval=on_eval, on_checkpoint=on_checkpoint,
                        stop_at=user.stop_at, watch=watch)
-    bar = _progress_bar(arith["updates"]) if progress else None
-    try:
-        result = train(state, prep.task, prep.train, prep.validation, c.train, plan_metric=c.plan.metric,
-                       goal=c.plan.goal, checkpoint_dir=run_dir / "checkpoints", hooks=loop_hooks,
-                       progress=bar.advance if bar else None)
-    finally:
-        if bar:
-            bar.close()
+    result = train(state, prep.task, prep.train, prep.validation, c.train, plan_metric=c.plan.metric,
+                   goal=c.plan.goal, checkpoint_dir=run_dir / "checkpoints", hooks=loop_hooks,
+                   progress=_progress if progress else None)
     timing["loop_s"] = result.wall_s
     t0 = time.perf_counter()
     with watch("save", {"update": state.update, "path": "checkpoints/final"}):
@@ -388,29 +383,10 @@ def _median(xs):
     return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
 
 
-class _progress_bar:
-    """A rich progress bar on stderr: loss, lr and examples per second."""
+def _progress(state, out) -> None:
+    """The stage's progress line (report/progress.py) with the update's loss, lr and examples per second."""
+    from pilotrun.report.progress import note
 
-    def __init__(self, total: int):
-        import sys
-
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-        self.progress = Progress(TextColumn("train"), BarColumn(), MofNCompleteColumn(),
-                                 TextColumn("{task.fields[stats]}"), TimeRemainingColumn(),
-                                 console=Console(file=sys.stderr), transient=False,
-                                 disable=not sys.stderr.isatty())
-        self.task = self.progress.add_task("train", total=total, stats="")
-        self.progress.start()
-
-    def advance(self, state, out) -> None:
-        from pilotrun.report.progress import note
-
-        rate = out["examples"] / out["seconds"] if out["seconds"] else 0.0
-        stats = f"loss {out['loss']:.4f}  lr {out['lr']:.2e}  {rate:.1f} ex/s"
-        self.progress.update(self.task, completed=state.update, stats=stats)
-        note(f"update {state.update}/{self.progress.tasks[0].total}, {stats}")  # the log's heartbeat line
-
-    def close(self) -> None:
-        self.progress.stop()
+    rate = out["examples"] / out["seconds"] if out["seconds"] else 0.0
+    note(f"update {state.update}/{state.total_updates}, loss {out['loss']:.4f}, lr {out['lr']:.2e}, {rate:.1f} ex/s",
+         done=state.update, total=state.total_updates)

@@ -1,0 +1,218 @@
+"""Progress on every long stage: what it is doing and how far, on a terminal (a real pseudo-terminal) and
+through a pipe; the workers that resume and verify start report into their parent's line."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from conftest import TINY_LLAMA, run_cli_process, tiny_causal_campaign
+from pilotrun.report.progress import BAR_WIDTH
+
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
+
+
+def _records(n: int) -> list[dict]:
+    return [{"instruction": "reverse " + "w" * (20 + (i * 7) % 20), "output": "x" * (20 + (i * 5) % 20)}
+            for i in range(n)]
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    """One tiny campaign and one home shared by the verbs."""
+    root = tmp_path_factory.mktemp("progress")
+    campaign = tiny_causal_campaign(root / "c", _records(16), _records(4), train__micro_batch=2,
+                                    train__accumulation=2, train__eval_batch=2, train__updates=4)
+    return campaign, root / "home"
+
+
+@pytest.fixture(scope="module")
+def heavy(tmp_path_factory):
+    """A campaign whose logits dominate the activations, so fit has a micro-batch to bisect."""
+    root = tmp_path_factory.mktemp("progress-fit")
+    campaign = tiny_causal_campaign(root / "c", _records(16), _records(4), model__config=dict(TINY_LLAMA,
+                                    vocab_size=4096), data__max_length=64, train__micro_batch=8,
+                                    train__accumulation=1, train__eval_batch=2, train__updates=4)
+    return campaign, root / "home"
+
+
+def run_pty(*args, cols: int = 80, env: dict | None = None) -> tuple[int, str, str]:
+    """The CLI with stderr on a pseudo-terminal of ``cols`` columns: (exit code, stdout, stderr's text)."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, cols, 0, 0))
+    full = dict(os.environ, TERM="xterm-256color", **(env or {}))
+    for key in ("COLUMNS", "LINES", "PILOTRUN_WIDTH", "NO_COLOR"):
+        full.pop(key, None)
+    p = subprocess.Popen([sys.executable, "-m", "pilotrun", *map(str, args)], stdin=subprocess.DEVNULL,
+                         stdout=subprocess.PIPE, stderr=slave, env=full)
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            data = os.read(master, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    out = p.stdout.read().decode()
+    p.wait(timeout=600)
+    os.close(master)
+    return p.returncode, out, b"".join(chunks).decode("utf-8", "replace")
+
+
+def visible_lines(raw: str) -> list[str]:
+    """What a terminal shows, line by line (cursor movements and colours removed)."""
+    return [ln for ln in re.split(r"[\r\n]", ANSI.sub("", raw)) if ln.strip()]
+
+
+def unwrapped(lines: list[str]) -> str:
+    """The live line's text column wraps under itself (indented past the bar): join those lines back."""
+    out: list[str] = []
+    for ln in lines:
+        if out and ln[:BAR_WIDTH + 1].strip() == "":
+            out[-1] += " " + ln.strip()
+        else:
+            out.append(ln.rstrip())
+    return "\n".join(out)
+
+
+def run_pipe(*args) -> subprocess.CompletedProcess:
+    return run_cli_process(*args, env={"PILOTRUN_HEARTBEAT_S": "0.2"})
+
+
+def _counts(pattern: str, text: str) -> list[tuple[int, int]]:
+    return [(int(a), int(b)) for a, b in re.findall(pattern, text)]
+
+
+def _fits(lines: list[str], cols: int) -> None:
+    long = [ln for ln in lines if len(ln) > cols]
+    assert not long, f"lines over {cols} columns: {long[:3]}"
+
+
+def test_pilot_shows_its_phase_of_eight(setup):
+    campaign, home = setup
+    p = run_pipe("pilot", campaign, "--home", home)
+    assert p.returncode == 0, p.stderr
+    lines = [ln for ln in p.stderr.splitlines() if ln.startswith("pilotrun pilot")]
+    assert lines[0] == "pilotrun pilot: started" and "\x1b" not in p.stderr
+    seen = _counts(r"phase (\d)/(\d)", p.stderr)
+    assert {t for _, t in seen} == {8} and len({d for d, _ in seen}) >= 3, p.stderr  # 7 phases + the time model
+    assert re.search(r"phase 4/8: eval_longest", p.stderr) or re.search(r"phase 1/8: load", p.stderr), p.stderr
+    assert all(ln.endswith(")") for ln in lines[1:]), lines
+    code, _, raw = run_pty("pilot", campaign, "--home", home, cols=80)
+    assert code == 0, raw
+    shown = visible_lines(raw)
+    assert re.search(r"pilotrun pilot: .*phase \d/8: \w+", unwrapped(shown)), shown
+    _fits(shown, 80)
+
+
+def test_overfit_shows_updates_and_loss(setup):
+    campaign, home = setup
+    code, _, raw = run_pty("overfit", campaign, "--home", home, "--max-updates", "30", cols=100)
+    assert code in (0, 1), raw
+    shown = visible_lines(raw)
+    text = unwrapped(shown)
+    counts = _counts(r"update (\d+)/(\d+), loss [\d.]+", text)
+    assert counts and {t for _, t in counts} == {30}, text
+    assert "memorising 8 examples" in text and "━" in text, text
+    _fits(shown, 100)
+    p = run_pipe("overfit", campaign, "--home", home, "--max-updates", "30")
+    assert "pilotrun overfit: accumulation check" in p.stderr, p.stderr
+    assert _counts(r"pilotrun overfit: memorising 8 examples — update (\d+)/(\d+), loss", p.stderr), p.stderr
+
+
+def test_resume_and_verify_show_their_workers_counts(setup):
+    campaign, home = setup
+    p = run_pipe("resume", campaign, "--home", home, "--at", "2", "--json")
+    assert p.returncode == 0, p.stderr
+    err = p.stderr
+    assert re.search(r"reference run \(4 updates\) — update \d/4", err), err
+    assert "stopped run (to update 2, state saved) — update 2/4" in err, err
+    # the fresh process's own counts, read from the file it reports into
+    assert re.search(r"resumed run \(a new process, from update 2\) — (loading the saved state|update \d/4)", err), err
+    assert "resumed run (a new process, from update 2) — update 4/4" in err, err
+    import json
+
+    run_id = json.loads(p.stdout)["data"]["run_id"]
+    code, out, raw = run_pty("resume", campaign, "--home", home, "--at", "2", cols=160)
+    shown = visible_lines(raw)
+    assert code == 0, raw
+    text = unwrapped(shown)
+    assert re.search(r"pilotrun resume: reference run \(4 updates\) — update \d/4, loss [\d.]+ \(", text), text
+    assert re.search(r"pilotrun resume: resumed run \(a new process, from update 2\) — update \d/4, loss", text), text
+    _fits(shown, 160)
+    verifying = r"pilotrun verify: reloading the artifact in a new process — artifact 1/\d: \w+, \d+ control inputs"
+    p = run_pipe("verify", run_id, "--home", home)
+    assert p.returncode == 0, p.stderr
+    assert re.search(verifying, p.stderr), p.stderr
+    code, _, raw = run_pty("verify", run_id, "--home", home, cols=100)
+    shown = visible_lines(raw)
+    assert code == 0 and re.search(verifying, unwrapped(shown)), raw
+    _fits(shown, 100)
+
+
+def test_fit_shows_the_probe_and_its_bound(heavy):
+    campaign, home = heavy
+    import json
+
+    p = run_pipe("pilot", campaign, "--home", home, "--json")
+    rows = {r["phase"]: r for r in json.loads(p.stdout)["data"]["rows"]}
+    peak = {k: max(r.get("peak_allocated") or 0, r.get("peak_reserved") or 0) for k, r in rows.items()}
+    limit = (peak["load"] + peak["steady_step"]) // 2  # load fits, the training phases do not: bisect micro_batch
+    assert peak["steady_step"] > peak["load"]
+    code, out, raw = run_pty("fit", campaign, "--home", home, "--memory-limit", str(limit), cols=160)
+    shown = visible_lines(raw)
+    text = unwrapped(shown)
+    probes = _counts(r"probe (\d) \(≤(\d)\): micro_batch \d+, accumulation \d+", text)
+    assert probes and all(d <= b for d, b in probes), text
+    assert "at most" in text or len(probes) == 1, text
+    _fits(shown, 160)
+    p = run_pipe("fit", campaign, "--home", home, "--memory-limit", str(limit))
+    probes = _counts(r"pilotrun fit: probe (\d) \(≤(\d)\): micro_batch \d+, accumulation \d+ — ", p.stderr)
+    assert probes and all(d <= b for d, b in probes), p.stderr
+    assert "pilotrun fit: the control's first 3 losses — update 3/4, loss" in p.stderr, p.stderr
+
+
+def test_train_shows_the_shared_line_with_counts(setup):
+    campaign, home = setup
+    code, _, raw = run_pty("train", campaign, "--home", home, cols=80)
+    assert code == 0, raw
+    shown = visible_lines(raw)
+    assert _counts(r"pilotrun train: update (\d)/(4), loss", unwrapped(shown)), shown
+    _fits(shown, 80)
+
+
+def test_the_line_counts_the_time_left():
+    import io
+    import time
+
+    from pilotrun.report.progress import head, note, stage_progress
+
+    class Log(io.StringIO):
+        def isatty(self):
+            return False
+
+    log = Log()
+    os.environ["PILOTRUN_HEARTBEAT_S"] = "0.05"
+    try:
+        with stage_progress("sweep", stream=log):
+            head("run 2/4: control seed 1", done=1, total=4, eta_s=600)
+            for i in range(1, 4):
+                note(f"update {i}/10, loss 1.0", done=i, total=10)
+                time.sleep(0.1)
+    finally:
+        del os.environ["PILOTRUN_HEARTBEAT_S"]
+    lines = log.getvalue().splitlines()
+    assert lines[0] == "pilotrun sweep: started"
+    assert any(re.fullmatch(r"pilotrun sweep: run 2/4: control seed 1 — update \d+/10, loss 1\.0 "
+                            r"\(\d s, about (9\.\d|10\.0) min left\)", ln) for ln in lines), lines
