@@ -175,7 +175,8 @@ def unit_seconds(measured: dict[str, dict], *, source_gpu, target_gpu, precision
 
 def run_terms(counts: dict, units: dict) -> list[dict]:
     """The time of one run, term by term. ``run_overhead`` (a run's start: memory handed back, its journal
-    entry; the pilot measures its own) is a term when the units have it."""
+    entry; the pilot measures its own) is a term when the units have it; the control predictions are the
+    pilot's measured ``control`` seconds when it has them, else two passes counted in eval batches."""
     u = units
     terms = [("run start (memory freed, journal entry)", "run_overhead", u.get("run_overhead", 0.0),
               1 if "run_overhead" in u else 0),
@@ -183,6 +184,7 @@ def run_terms(counts: dict, units: dict) -> list[dict]:
              ("first update (optimizer state)", "first_extra", u["first_extra"], 1),
              ("updates", "update", u["update"], counts["updates"]),
              ("validations", "eval_batch", u["eval_batch"], counts["evals"] * counts["eval_batches"]),
+             ("control predictions", "control", u["control"], 1) if "control" in u else
              ("control predictions", "eval_batch", u["eval_batch"], counts.get("control_passes", 0)),
              ("checkpoints", "save", u["save"], counts["checkpoints"]),
              ("export", "export", u["export"], counts["exports"]),
@@ -192,7 +194,7 @@ def run_terms(counts: dict, units: dict) -> list[dict]:
         if not n and label in ("run start (memory freed, journal entry)", "control predictions"):
             continue  # a pilot recorded before these were measured, or no control examples
         how = {"validations": f"{counts['evals']} validations × {counts['eval_batches']} batches",
-               "control predictions": f"2 passes = {n:.2g} eval batches"}.get(label, str(n))
+               "control predictions": "1" if key == "control" else f"2 passes = {n:.2g} eval batches"}.get(label, str(n))
         out.append({"term": label, "unit": key, "each_s": each, "count": n, "count_text": how, "seconds": each * n})
     return out
 

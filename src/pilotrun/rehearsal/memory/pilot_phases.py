@@ -149,8 +149,9 @@ def _time_model(job: PilotJob, prep, state, wc: dict, rank: int, world: int) -> 
         _sync(default_device())
         typical.append({"tokens": shape.padded_tokens(mbs), "seconds": time.perf_counter() - t0})
     pool = prep.validation or prep.train
+    control_s, warm_load_s = _run_extras(prep, state, rank)
     model = {"worst_update_tokens": shape.padded_tokens(wc["micro_batches"]), "typical": typical,
-             "worst_update_s": worst_s, "worst_eval_s": eval_s,
+             "worst_update_s": worst_s, "worst_eval_s": eval_s, "control_s": control_s, "warm_load_s": warm_load_s,
              "budget_update_tokens": shape.budget_tokens(prep.train, t, c.seed, prep.arithmetic()["updates"], rank,
                                                          world),
              "worst_eval_tokens": shape.padded_tokens([wc["eval"][rank::world][: t.eval_batch]]) if wc["eval"] else 0,
@@ -158,6 +159,33 @@ def _time_model(job: PilotJob, prep, state, wc: dict, rank: int, world: int) -> 
     barrier()
     if rank == 0:
         atomic_write_json(Path(job.run_dir) / "time_model.json", model)
+
+
+def _run_extras(prep, state, rank: int) -> tuple[float | None, float | None]:
+    """Seconds of two things every run of a sweep does outside its timed blocks, measured here as they run
+    there: the control predictions (rehearsal/training/train.py ``control_predictions``: rank 0 on the
+    plain model, every rank under FSDP), and, for a model built from a config, a second, warm build (the
+    sweep's later runs build in a process that has imported everything; a pretrained model's warm load is
+    a read from disk, which the ``reload`` phase measures)."""
+    import time
+
+    from pilotrun.rehearsal.training.train import control_predictions
+
+    fsdp = prep.c.train.strategy == "fsdp"
+    control_s = None
+    if rank == 0 or fsdp:
+        model = state.model if fsdp else getattr(state.model, "module", state.model)
+        t0 = time.perf_counter()
+        control_predictions(prep, model)
+        control_s = time.perf_counter() - t0
+        model.train()
+    warm_load_s = None
+    if prep.c.model.config is not None:
+        t0 = time.perf_counter()
+        built = prep.task.build_model()
+        warm_load_s = time.perf_counter() - t0
+        del built
+    return control_s, warm_load_s
 
 
 def _sync(device) -> None:

@@ -284,6 +284,12 @@ def _time_plan(sheet, c, t, rows, peaks, pilot, fits, target, ranks, rates, batc
                            shape=shape)
         if summary.get("run_overhead_s") is not None:  # host work: kept as measured on any GPU
             u["units"]["run_overhead"] = summary["run_overhead_s"]
+        if (model or {}).get("control_s") is not None:  # two forward passes: scaled like a validation batch
+            ratio = u["units"]["eval_batch"] / measured["eval_longest"]["seconds"] \
+                if measured["eval_longest"]["seconds"] and g is not None else 1.0
+            u["units"]["control"] = model["control_s"] * ratio
+        if (model or {}).get("warm_load_s") is not None:
+            u["units"]["warm_load"] = model["warm_load_s"]
         terms = P.run_terms(counts, u["units"])
         return u, terms, sum(x["seconds"] for x in terms)
 

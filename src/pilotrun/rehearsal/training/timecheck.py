@@ -21,17 +21,19 @@ def run_prediction(units: dict, counts: dict, n_val_batches: int, validation_pre
 
     The runs of a sweep share one process: the first pays the process's start-up (``startup_s``, the pilot's
     own, given when the run recorded one), reads and encodes the data (the pilot's ``prepare_s``) and builds
-    the model cold (its ``load``); later ones reuse the encoded data and build warm, which the pilot's
-    ``reload`` (the artifact loaded in a warm process) stands for."""
+    the model cold (its ``load``); later ones reuse the encoded data and build warm: the pilot's second build
+    of a model made from a config (``warm_load``), else its ``reload`` (the artifact read from disk in a warm
+    process), which a pretrained model's warm load is."""
     c = {"updates": counts["updates"], "evals": counts["evals"], "eval_batches": n_val_batches,
          "checkpoints": counts["checkpoints"], "exports": counts.get("exports", 0), "reloads": 0,
          "control_passes": control_passes}
-    warm = dict(units) if first else dict(units, load=units["reload"])
+    warm = dict(units) if first else dict(units, load=units.get("warm_load", units["reload"]))
     terms = [t for t in P.run_terms(c, warm) if t["count"]]
     for i, t in enumerate(terms):
         if t["unit"] == "load":
             terms[i] = dict(t, unit="load_cold", term="load (cold: the pilot's load)") if first else \
-                dict(t, term="load (warm: the pilot's reload)")
+                dict(t, term="load (warm: the pilot's second build)" if "warm_load" in units
+                     else "load (warm: the pilot's reload)")
     if first and prepare_s:
         terms.insert(0, {"term": "read and encode the data", "unit": "prepare", "each_s": prepare_s, "count": 1,
                          "count_text": "1", "seconds": prepare_s})
@@ -100,7 +102,7 @@ GROUPS = (("start-up, data and cold load (1st run)",
           ("validations", ("eval_batch:validations",), ("blocks_s.evaluation",)),
           ("checkpoints", ("save",), ("blocks_s.save",)),
           ("export", ("export",), ("blocks_s.export",)),
-          ("control predictions", ("eval_batch:control predictions",), ("control_s",)),
+          ("control predictions", ("control", "eval_batch:control predictions"), ("control_s",)),
           ("validation predictions", ("eval_batch:validation predictions",), ("predictions_s",)))
 OTHER = "not planned (records, between blocks)"  # per-update journal and metrics, batches drawn
 
