@@ -180,7 +180,8 @@ def test_fit_shows_the_probe_and_its_bound(heavy):
     p = run_pipe("fit", campaign, "--home", home, "--memory-limit", str(limit))
     probes = _counts(r"pilotrun fit: probe (\d) \(≤(\d)\): micro_batch \d+, accumulation \d+ — ", p.stderr)
     assert probes and all(d <= b for d, b in probes), p.stderr
-    assert "pilotrun fit: the control's first 3 losses — update 3/4, loss" in p.stderr, p.stderr
+    assert "pilotrun fit: the control's ledger (the latest pilot of this config, else a new one) (" in p.stderr
+    assert re.search(r"pilotrun fit: probe 1 \(≤\d\): [^\n]* — phase 1/\d: first_step \(", p.stderr), p.stderr
 
 
 def test_train_shows_the_shared_line_with_counts(setup):

@@ -7,8 +7,9 @@
 On a terminal one live line (wrapped at the terminal's width): a bar, the verb, the part, what it is doing
 with its counts, the elapsed time and, where counts allow, the time left. The bar follows the part's count
 when it has one (the sweep's runs, fit's probes), else the inner one (updates, phases). When stderr is not
-a terminal (a log, CI, a pipe) the same text as a plain line: at the start, at each new part or phase
-(``log=True``), and at least every ``PILOTRUN_HEARTBEAT_S`` seconds (default 30).
+a terminal (a log, CI, a pipe) the same text as a plain line: at the start, at once at each new part,
+phase or finished count (``log=True``; a child's within the 0.25 s poll), and at least every
+``PILOTRUN_HEARTBEAT_S`` seconds (default 30).
 
 A process the stage starts (the resume and verify workers, the pilot's ranks) reports into it: the stage
 sets ``PILOTRUN_PROGRESS_FILE`` for its children, whose ``note``/``head`` (no stage of their own) write
@@ -61,8 +62,11 @@ def _say(level: str, item: dict, log: bool) -> None:
                 cur["doing"], cur["child"] = None, None
                 _forget_child(cur)
             _track(cur, level, item)
-            if log:
-                cur["seq"] += 1
+        if log:  # shown at once, however short the part: a milestone is never coalesced with the next
+            if cur.get("live") is not None:
+                cur["live"].refresh()
+            elif cur.get("stream") is not None:
+                _line(cur["stream"], text(cur))
         return
     path = os.environ.get(FILE_ENV)
     if not path or os.environ.get("RANK", "0") != "0":
@@ -227,8 +231,10 @@ def stage_progress(label: str, *, stream=None):
             live = Live(_Line(cur), console=Console(file=stream), refresh_per_second=4, transient=False,
                         redirect_stdout=False, redirect_stderr=True)
             live.start()
+            cur["live"] = live
         else:
             _line(stream, f"pilotrun {label}: started")
+            cur["stream"] = stream
             thread = threading.Thread(target=_beat, args=(cur, stream, stop), name="pilotrun-progress", daemon=True)
             thread.start()
         yield cur
@@ -236,6 +242,7 @@ def stage_progress(label: str, *, stream=None):
         stop.set()
         if thread is not None:
             thread.join(timeout=1.0)
+        cur["live"] = cur["stream"] = None
         if live is not None:
             live.stop()
         _CURRENT.pop("stage", None)
@@ -261,9 +268,13 @@ def _beat(cur: dict, stream, stop: threading.Event) -> None:
             return
 
 
+_WRITE = threading.Lock()
+
+
 def _line(stream, line: str) -> None:
     try:
-        stream.write(line + "\n")
-        stream.flush()
+        with _WRITE:
+            stream.write(line + "\n")
+            stream.flush()
     except (OSError, ValueError):  # the log went away: progress is not worth failing the stage for
         pass
