@@ -149,3 +149,16 @@ def minilm_campaign(folder: Path, **overrides) -> Path:
         section, _, leaf = key.partition("__")
         c.setdefault(section, {})[leaf] = value
     return write_campaign(folder, c)
+
+
+@pytest.fixture
+def log_stream(monkeypatch):
+    """A log file as a stage's progress sees one (not a terminal), with a heartbeat every 0.05 s."""
+    import io
+
+    class Log(io.StringIO):
+        def isatty(self):
+            return False
+
+    monkeypatch.setenv("PILOTRUN_HEARTBEAT_S", "0.05")
+    return Log()

@@ -263,23 +263,14 @@ def test_a_long_stage_writes_a_plain_progress_line_to_a_log(tmp_path):
     assert any("update " in ln and "/3" in ln for ln in lines) or len(lines) >= 3, p.stderr
 
 
-def test_heartbeat_names_what_the_stage_is_doing():
+def test_heartbeat_names_what_the_stage_is_doing(log_stream):
     import time
 
     from pilotrun.report.progress import note, stage_progress
 
-    class Log(io.StringIO):
-        def isatty(self):
-            return False
-
-    log = Log()
-    os.environ["PILOTRUN_HEARTBEAT_S"] = "0.05"
-    try:
-        with stage_progress("pilot", stream=log):
-            note("phase steady_step")
-            time.sleep(0.3)
-    finally:
-        del os.environ["PILOTRUN_HEARTBEAT_S"]
-    lines = log.getvalue().splitlines()
+    with stage_progress("pilot", stream=log_stream):
+        note("phase steady_step")
+        time.sleep(0.3)
+    lines = log_stream.getvalue().splitlines()
     assert lines[0] == "pilotrun pilot: started" and len(lines) >= 3
     assert lines[-1].startswith("pilotrun pilot: phase steady_step (")

@@ -193,27 +193,17 @@ def test_train_shows_the_shared_line_with_counts(setup):
     _fits(shown, 80)
 
 
-def test_the_line_counts_the_time_left():
-    import io
+def test_the_line_counts_the_time_left(log_stream):
     import time
 
     from pilotrun.report.progress import head, note, stage_progress
 
-    class Log(io.StringIO):
-        def isatty(self):
-            return False
-
-    log = Log()
-    os.environ["PILOTRUN_HEARTBEAT_S"] = "0.05"
-    try:
-        with stage_progress("sweep", stream=log):
-            head("run 2/4: control seed 1", done=1, total=4, eta_s=600)
-            for i in range(1, 4):
-                note(f"update {i}/10, loss 1.0", done=i, total=10)
-                time.sleep(0.1)
-    finally:
-        del os.environ["PILOTRUN_HEARTBEAT_S"]
-    lines = log.getvalue().splitlines()
+    with stage_progress("sweep", stream=log_stream):
+        head("run 2/4: control seed 1", done=1, total=4, eta_s=600)
+        for i in range(1, 4):
+            note(f"update {i}/10, loss 1.0", done=i, total=10)
+            time.sleep(0.1)
+    lines = log_stream.getvalue().splitlines()
     assert lines[0] == "pilotrun sweep: started"
     assert any(re.fullmatch(r"pilotrun sweep: run 2/4: control seed 1 — update \d+/10, loss 1\.0 "
                             r"\(\d s, about (9\.\d|10\.0) min left\)", ln) for ln in lines), lines

@@ -21,6 +21,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from test_readme import HARNESS as OWN_LOOP  # the own-loop block's harness, one for both tests
+
 import pytest
 import yaml
 
@@ -182,24 +184,6 @@ class Runner:
 
             self.ids["sweep"] = latest_sweep_id(Journal(self.ws / ".pilotrun", create=False))
 
-
-OWN_LOOP = '''
-import torch
-torch.manual_seed(0)
-model = torch.nn.Linear(4, 1)
-opt = torch.optim.SGD(model.parameters(), lr=0.01)
-loader = [torch.randn(8, 4) for _ in range(3)]
-longest_batch = torch.randn(16, 4)
-
-def train_step(model, batch):
-    loss = model(batch).pow(2).mean()
-    loss.backward(); opt.step(); opt.zero_grad()
-    return loss
-
-def evaluate(model, batch):
-    with torch.no_grad():
-        return model(batch)
-'''
 
 HF = '''
 import torch
