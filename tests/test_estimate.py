@@ -200,3 +200,25 @@ def test_one_billion_parameter_config(tmp_path):
     assert rows["steady_step"]["optimizer_state"] >= 8 * r.data["params"]
     assert rows["steady_step"]["gradients"] >= 4 * r.data["params"]
     assert r.verdict == "ok"
+
+
+def test_a_fake_build_never_reads_a_fake_tensors_data_pointer(tmp_path):
+    """PEFT deep-copies a classifier head into ``modules_to_save`` while the estimator builds on fake tensors, and
+    torch's ``Tensor.__deepcopy__`` reads the data pointer, which a fake tensor does not have: undefined behaviour
+    that corrupted the heap ("free(): invalid next size", SIGABRT) in a long-lived process. The build copies a
+    fake tensor as a fake clone instead: no warning, and the copied head is fake and trainable."""
+    import warnings
+
+    from torch._subclasses.fake_tensor import FakeTensorMode, is_fake
+
+    from conftest import minilm_campaign
+    from pilotrun.campaign.load import load_campaign
+    from pilotrun.probe.estimate import fake_build
+
+    lora = {"kind": "lora", "r": 4, "alpha": 8, "target_modules": ["query", "value"]}
+    loaded = load_campaign(minilm_campaign(tmp_path / "c", model__adapter=lora))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="Accessing the data pointer of FakeTensor")
+        model = fake_build(loaded, FakeTensorMode(allow_non_fake_inputs=True))
+    saved = [p for n, p in model.named_parameters() if "modules_to_save" in n]
+    assert saved and all(is_fake(p) and p.requires_grad for p in saved)

@@ -305,6 +305,36 @@ def _conversions_are_noops(allowed: set):
         torch.nn.Module.to = original
 
 
+@contextlib.contextmanager
+def _fake_deepcopies():
+    """``copy.deepcopy`` of a fake tensor reads its data pointer (torch's ``Tensor.__deepcopy__``), which a fake
+    tensor does not have: undefined behaviour that corrupted the heap ("free(): invalid next size") when PEFT
+    copied a classifier head into ``modules_to_save`` under fake mode. Inside the build, a fake tensor's deep
+    copy is a fake clone (same shape, dtype and requires_grad: the bytes a real copy would hold)."""
+    import torch
+    from torch._subclasses.fake_tensor import is_fake
+
+    original = torch.Tensor.__deepcopy__
+
+    def deepcopy(self, memo):
+        if not is_fake(self):
+            return original(self, memo)
+        if id(self) in memo:
+            return memo[id(self)]
+        with torch.no_grad():
+            new = self.clone()
+        new = torch.nn.Parameter(new, requires_grad=self.requires_grad) if isinstance(self, torch.nn.Parameter) \
+            else new.requires_grad_(self.requires_grad)
+        memo[id(self)] = new
+        return new
+
+    torch.Tensor.__deepcopy__ = deepcopy
+    try:
+        yield
+    finally:
+        torch.Tensor.__deepcopy__ = original
+
+
 def config_campaign(loaded):
     """model.path → the same architecture from its config.json (the weights' values do not matter)."""
     import json
@@ -334,7 +364,8 @@ def fake_build(loaded, fake_mode):
     c = loaded.campaign
     dtype = torch.bfloat16 if c.train.precision == "bf16-true" else torch_dtype(c.model.dtype)
     task = make_task(config_campaign(loaded))
-    with fake_mode, _default_dtype(dtype), _conversions_are_noops({dtype, torch_dtype(c.model.dtype)}):
+    with fake_mode, _default_dtype(dtype), _conversions_are_noops({dtype, torch_dtype(c.model.dtype)}), \
+            _fake_deepcopies():
         model = task.build_model()
     return model
 
