@@ -156,12 +156,14 @@ def test_ctrl_c_on_the_driver_cancels_and_records_interrupted(cluster, demo_dir)
     from pilotrun.journal.store import Journal
 
     c, _ = cluster
-    campaign = _campaign(demo_dir, seeds=(0, 1), updates=400)
+    # long runs: on an idle machine 400 updates of the demo's tiny model took ~2 s, shorter than the window
+    # between a run's first progress report and its end that the poll below must see (CI once missed it)
+    campaign = _campaign(demo_dir, seeds=(0, 1), updates=20000)
     home = demo_dir / "home"
     proc = subprocess.Popen([sys.executable, "-m", "pilotrun", "sweep", str(campaign), "--home", str(home),
                              "--ray", c.address], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 240
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and proc.poll() is None:
         if (home / "journal.sqlite").exists() and [r for r in Journal(home).list_runs()
                                                     if r["status"] == "running" and r["updates_done"] >= 1]:
             break
