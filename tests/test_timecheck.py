@@ -33,7 +33,7 @@ def test_each_run_is_predicted_from_the_pilots_units_for_the_work_it_did(piloted
     u = check["units"]
     j = Journal(home)
     pilot = j.get_run(check["pilot_run"])["summary"]
-    assert pilot["prepare_s"] > 0 and len(pilot["time_model"]["typical"]) == shape.TYPICAL_UPDATES
+    assert pilot["prepare_s"] > 0 and shape.TYPICAL_UPDATES <= len(pilot["time_model"]["typical"]) <= shape.TYPICAL_MAX
     for i, r in enumerate(check["runs"]):
         s = j.get_run(r["run_id"])["summary"]
         n = s["counts"]
@@ -117,10 +117,9 @@ def test_the_first_run_of_a_process_is_planned_from_the_process_start():
 def test_start_up_is_taken_once_per_process_and_only_in_a_pilotrun_process(monkeypatch):
     from pilotrun import startup
 
-    monkeypatch.setattr(startup, "_MARK", None)
-    monkeypatch.setattr(startup, "_TAKEN", False)
+    monkeypatch.setattr(startup, "_STATE", startup._Start())
     assert startup.take() is None  # a library call: nothing marked, the host process's start is not ours
-    monkeypatch.setattr(startup, "_TAKEN", False)
+    monkeypatch.setattr(startup, "_STATE", startup._Start())
     startup.mark()
     first = startup.take()
     assert first is not None and first > 0  # this test process started before now
@@ -178,3 +177,30 @@ def test_updates_are_costed_at_the_budgets_mean_shape_not_the_worst_case():
     assert scaled_units(even, 1.1, 0.8)["update"] == pytest.approx(1.1)
     assert scaled_units(even, 1.1, 0.8)["eval_batch"] == pytest.approx(0.8)
     assert scaled_units({"worst_update_tokens": 0}, 1.0, 1.0) is None
+
+
+def test_the_pilot_times_more_typical_updates_while_cheap_and_the_minimum_across_ranks():
+    from pilotrun.sheet.shape import TYPICAL_MAX, TYPICAL_UPDATES, more_typical
+
+    assert more_typical([]) and more_typical([5.0] * (TYPICAL_UPDATES - 1))  # the minimum, whatever they take
+    assert not more_typical([5.0] * TYPICAL_UPDATES)
+    assert more_typical([0.05] * TYPICAL_UPDATES) and not more_typical([0.05] * TYPICAL_MAX)
+    assert not more_typical([0.05] * TYPICAL_UPDATES, world=2)  # ranks must time the same count
+
+
+def test_the_sweeps_eta_reads_the_time_plan_without_tracing(piloted_sweep, demo_dir, monkeypatch):
+    """The sweep's progress ETA comes from the pilot's time plan alone: the estimator's traces (GPU memory,
+    largest sizes) once took ~10 s of every sweep's start-up, seconds no term of the plan holds."""
+    import pilotrun.sheet.gpu_memory as GM
+    import pilotrun.sheet.sizes as SZ
+    from pilotrun.campaign.load import load_campaign
+    from pilotrun.journal.store import Journal
+    from pilotrun.rehearsal.training.sweep import _planned_run_s
+
+    home, result = piloted_sweep
+    calls = []
+    monkeypatch.setattr(GM, "predict_rows", lambda *a, **k: calls.append("predict_rows"))
+    monkeypatch.setattr(SZ, "largest_sizes", lambda *a, **k: calls.append("largest_sizes"))
+    per_run = _planned_run_s(Journal(home), load_campaign(demo_dir / "campaign.yaml"))
+    assert calls == []
+    assert per_run == pytest.approx(result.data["time_check"]["runs"][0]["predicted_s"], rel=0.5)

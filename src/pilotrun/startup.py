@@ -11,22 +11,39 @@ not pilotrun's to plan.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
-_MARK: tuple[float, float] | None = None  # (perf_counter at mark, seconds from the process's start to then)
+
+@dataclass
+class _Start:
+    """This process's start-up: where ``mark()`` was called, and whether a run has taken it."""
+
+    at: float | None = None  # perf_counter at mark
+    boot: float = 0.0  # seconds from the process's start to the mark
+    taken: bool = False
+
+
+_STATE = _Start()
 
 
 def mark() -> None:
-    global _MARK
-    if _MARK is None:
-        _MARK = (time.perf_counter(), _since_process_start())
+    if _STATE.at is None:
+        _STATE.at, _STATE.boot = time.perf_counter(), _since_process_start()
 
 
 def seconds(at: float | None = None) -> float | None:
     """Seconds from the process's start to ``at`` (a ``time.perf_counter()`` reading; now by default)."""
-    if _MARK is None:
+    if _STATE.at is None:
         return None
-    t, boot = _MARK
-    return boot + ((time.perf_counter() if at is None else at) - t)
+    return _STATE.boot + ((time.perf_counter() if at is None else at) - _STATE.at)
+
+
+def take(at: float | None = None) -> float | None:
+    """``seconds(at)`` for the first run this process starts (its start-up is that run's to plan), None after."""
+    if _STATE.taken:
+        return None
+    _STATE.taken = True
+    return seconds(at)
 
 
 def _since_process_start() -> float:
@@ -36,15 +53,3 @@ def _since_process_start() -> float:
         return max(0.0, time.time() - psutil.Process().create_time())
     except Exception:  # no psutil or no process table: the command's own time only
         return 0.0
-
-
-_TAKEN = False
-
-
-def take(at: float | None = None) -> float | None:
-    """``seconds(at)`` for the first run this process starts (its start-up is that run's to plan), None after."""
-    global _TAKEN
-    if _TAKEN:
-        return None
-    _TAKEN = True
-    return seconds(at)

@@ -3,7 +3,9 @@ padded tokens, and the padded tokens of every update the budget will draw.
 
 The pilot times its train phases on the worst-case (longest) batch; with uneven lengths most updates
 are much cheaper. So the pilot also times a few updates the campaign's own sampler draws first
-(``TYPICAL_UPDATES``), fits ``seconds = a + b × padded tokens`` through those and the worst case,
+(at least ``TYPICAL_UPDATES``; on one rank, more while they take under ``TYPICAL_BUDGET_S``, up to
+``TYPICAL_MAX``: one update's time on a shared machine varies by ±10 %, and the plan multiplies it by
+every update of the budget), fits ``seconds = a + b × padded tokens`` through those and the worst case,
 and counts the padded tokens of every update of the budget (same sampler, same seed) and of every
 validation batch. The plan then uses the fitted line at the budget's mean tokens per update, and
 scales the longest validation batch's time by each batch's tokens with the same fixed share ``a``.
@@ -13,6 +15,16 @@ Pure functions; the pilot (rehearsal/memory/pilot_phases.py) measures, the sheet
 from __future__ import annotations
 
 TYPICAL_UPDATES = 3
+TYPICAL_MAX = 10
+TYPICAL_BUDGET_S = 1.0
+
+
+def more_typical(timed: list[float], world: int = 1) -> bool:
+    """Whether the pilot times another of the sampler's updates after ``timed`` (their seconds). Ranks
+    must agree (an update holds collectives), so several ranks time the minimum, whatever it took."""
+    if len(timed) < TYPICAL_UPDATES:
+        return True
+    return world == 1 and len(timed) < TYPICAL_MAX and sum(timed) < TYPICAL_BUDGET_S
 
 
 def padded_tokens(micro_batches: list[list]) -> int:

@@ -141,7 +141,7 @@ def _time_model(job: PilotJob, prep, state, wc: dict, rank: int, world: int) -> 
         eval_s = time.perf_counter() - t0
     sampler = UpdateSampler.for_train(t, len(prep.train), c.seed, rank, world)
     typical = []
-    for _ in range(shape.TYPICAL_UPDATES):
+    while shape.more_typical([p["seconds"] for p in typical], world):
         mbs = [[prep.train[i] for i in mb] for mb in sampler.next_update()]
         _sync(default_device())
         t0 = time.perf_counter()

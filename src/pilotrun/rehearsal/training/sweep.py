@@ -117,7 +117,10 @@ def _planned_run_s(journal: Journal, loaded) -> float | None:
         pilot, _ = find_pilot(journal, loaded.campaign.name, None)
         if pilot is None:
             return None
-        return (build_sheet(pilot["config"], journal, pilot).get("time") or {}).get("here", {}).get("per_run_s")
+        # the time plan only: the estimator's traces (GPU memory, largest sizes) took ~10 s of every sweep's
+        # start-up for a progress line's ETA, seconds no term of the plan holds
+        sheet = build_sheet(pilot["config"], journal, pilot, predict=False)
+        return (sheet.get("time") or {}).get("here", {}).get("per_run_s")
     except Exception:  # noqa: BLE001 - an estimate for a progress line must never stop the sweep
         return None
 
