@@ -162,7 +162,10 @@ def _ray_view() -> str:
         tasks = [(t.name, t.state, (t.node_id or "")[:8]) for t in list_tasks(limit=50)]
     except Exception as e:  # noqa: BLE001 - the state API is optional; the message says what it could not read
         tasks = f"(tasks unavailable: {type(e).__name__})"
-    return f"available {ray.available_resources()}; total {ray.cluster_resources()}; tasks {tasks}"
+    busiest = subprocess.run(["ps", "-eo", "pid,pcpu,etimes,rss,args", "--sort=-pcpu"], capture_output=True,
+                             text=True).stdout.splitlines()[:8]
+    return (f"available {ray.available_resources()}; total {ray.cluster_resources()}; tasks {tasks}; busiest "
+            f"processes: {' | '.join(line[:160] for line in busiest)}")
 
 
 def test_ctrl_c_on_the_driver_cancels_and_records_interrupted(cluster, demo_dir):
@@ -172,7 +175,10 @@ def test_ctrl_c_on_the_driver_cancels_and_records_interrupted(cluster, demo_dir)
     # long runs: the poll below must see one running with an update before the sweep ends
     campaign = _campaign(demo_dir, seeds=(0, 1), updates=20000)
     home = demo_dir / "home"
-    proc = subprocess.Popen([sys.executable, "-m", "pilotrun", "sweep", str(campaign), "--home", str(home),
+    # the console script's main, with every thread's stack on SIGUSR1: a driver that hangs says where
+    boot = ("import faulthandler, signal, sys; faulthandler.register(signal.SIGUSR1, all_threads=True); "
+            "from pilotrun.cli.main import main; sys.argv[0] = 'pilotrun'; main()")
+    proc = subprocess.Popen([sys.executable, "-c", boot, "sweep", str(campaign), "--home", str(home),
                              "--ray", c.address], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     busy, runs = False, []
     try:
@@ -186,7 +192,15 @@ def test_ctrl_c_on_the_driver_cancels_and_records_interrupted(cluster, demo_dir)
             time.sleep(0.3)
         view = _ray_view()
         proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=120)
+        try:
+            out, err = proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGUSR1)
+            time.sleep(2)
+            proc.kill()
+            out, err = proc.communicate()
+            pytest.fail(f"the driver did not exit within 120 s of Ctrl-C (seen running: {busy}); {view}; its "
+                        f"output and stacks: {err[-6000:]}")
     finally:
         if proc.poll() is None:
             proc.kill()
