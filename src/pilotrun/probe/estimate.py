@@ -321,10 +321,8 @@ def _fake_deepcopies():
             return original(self, memo)
         if id(self) in memo:
             return memo[id(self)]
-        with torch.no_grad():
-            new = self.clone()
-        new = torch.nn.Parameter(new, requires_grad=self.requires_grad) if isinstance(self, torch.nn.Parameter) \
-            else new.requires_grad_(self.requires_grad)
+        with torch.no_grad():  # a Parameter never comes here: nn.Parameter has its own __deepcopy__ (a clone)
+            new = self.clone().requires_grad_(self.requires_grad)
         memo[id(self)] = new
         return new
 
