@@ -204,3 +204,20 @@ def test_the_sweeps_eta_reads_the_time_plan_without_tracing(piloted_sweep, demo_
     per_run = _planned_run_s(Journal(home), load_campaign(demo_dir / "campaign.yaml"))
     assert calls == []
     assert per_run == pytest.approx(result.data["time_check"]["runs"][0]["predicted_s"], rel=0.5)
+
+
+def test_the_sweeps_eta_counts_the_sweeps_own_budget_not_the_pilots(piloted_sweep, demo_dir):
+    """A sweep run with another budget than its pilot's (``--set train.updates=…``) is timed by the pilot's
+    units for its own updates: the ETA of a 12-update sweep once said
+    the minutes of the pilot's 200 updates."""
+    from pilotrun.campaign.load import load_campaign
+    from pilotrun.journal.store import Journal
+    from pilotrun.rehearsal.training.sweep import _planned_run_s
+
+    home, result = piloted_sweep
+    as_piloted = load_campaign(demo_dir / "campaign.yaml")
+    updates = as_piloted.campaign.train.updates
+    longer = load_campaign(demo_dir / "campaign.yaml", {"train.updates": updates * 4})
+    base, four = _planned_run_s(Journal(home), as_piloted), _planned_run_s(Journal(home), longer)
+    # at least the 3 × updates more updates at the pilot's seconds each (more validations and checkpoints too)
+    assert base and four and four - base >= 3 * updates * result.data["time_check"]["units"]["update"] * 0.999

@@ -110,7 +110,8 @@ def sweep(loaded, home, *, continue_id: str | None = None, progress: bool = True
 
 
 def _planned_run_s(journal: Journal, loaded) -> float | None:
-    """Seconds per run by the time plan of the campaign's latest pilot on this machine, if there is one."""
+    """Seconds per run of this campaign (its budget, as ``--set`` left it) by the pilot's measured units: the
+    campaign's latest pilot on this machine, if there is one, as the time check at the sweep's end does."""
     try:
         from pilotrun.rehearsal.rental.sheet import build_sheet, find_pilot
 
@@ -119,7 +120,7 @@ def _planned_run_s(journal: Journal, loaded) -> float | None:
             return None
         # the time plan only: the estimator's traces (GPU memory, largest sizes) took ~10 s of every sweep's
         # start-up for a progress line's ETA, seconds no term of the plan holds
-        sheet = build_sheet(pilot["config"], journal, pilot, predict=False)
+        sheet = build_sheet(loaded.resolved_dict(), journal, pilot, predict=False)
         return (sheet.get("time") or {}).get("here", {}).get("per_run_s")
     except Exception:  # noqa: BLE001 - an estimate for a progress line must never stop the sweep
         return None
