@@ -181,30 +181,75 @@ def prediction_check(task, model, examples, device) -> dict:
     return out
 
 
-def _generation_check(task, model, examples, device) -> tuple[list, int]:
-    """Greedy generation from the prompt reproduces the first run of target tokens."""
-    import torch
+def end_ids(task, model) -> list[int]:
+    """Every id generation treats as the end of an answer: the tokenizer's EOS and each of the model's
+    ``generation_config.eos_token_id`` (Llama 3 and Qwen list the end-of-turn marker there)."""
+    found = [getattr(task, "eos", None), getattr(getattr(task, "tokenizer", None), "eos_token_id", None)]
+    gen = getattr(model, "generation_config", None)
+    value = getattr(gen, "eos_token_id", None)
+    found += value if isinstance(value, (list, tuple)) else [value]
+    return sorted({int(i) for i in found if i is not None})
 
+
+def _show(tok, ids: list[int]) -> str:
+    return ", ".join(f"{tok.decode([t])!r} ({t})" for t in ids)
+
+
+def generation_target(e, ends: list[int]) -> tuple[list[int], list[int], bool]:
+    """(asked, after, stops): what greedy generation from the prompt is asked to produce — the first run of
+    targets through its first end id —, what the template trains after that end (ChatML's "\\n" after
+    <|im_end|>: generation never reaches it), and whether generation must stop there. A run cut by
+    data.max_length before its end is compared as far as it goes."""
     from pilotrun.tasks.base import IGNORE
 
+    start = end = e.prompt_len
+    while end < len(e.labels) and e.labels[end] != IGNORE:
+        end += 1
+    run = e.input_ids[start:end]
+    k = next((i for i, t in enumerate(run) if t in ends), None)
+    if k is not None:
+        return run[: k + 1], run[k + 1:], True
+    cut = end == len(e.input_ids) and e.n_targets < e.target_len_full
+    return run, [], not cut
+
+
+def _generation_check(task, model, examples, device) -> tuple[list, int]:
+    """Greedy generation from the prompt reproduces the first answer through its end id, and stops there."""
+    import torch
+
+    ends = end_ids(task, model)
+    tok = task.tokenizer
     wrong, done = [], 0
     for e in examples[:GENERATE_EXAMPLES]:
         start = e.prompt_len
         if start == 0:
             continue
-        end = start
-        while end < len(e.labels) and e.labels[end] != IGNORE:
-            end += 1
-        want = e.input_ids[start:end]
+        want, after, stops = generation_target(e, ends)
         ids = torch.tensor([e.input_ids[:start]], device=device)
         with torch.no_grad():
-            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=len(want),
-                                 do_sample=False, eos_token_id=getattr(task, "eos", None),
-                                 pad_token_id=getattr(task, "pad", None))
+            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
+                                 max_new_tokens=len(want), do_sample=False,
+                                 eos_token_id=ends or None, pad_token_id=getattr(task, "pad", None))
         got = out[0, start:].tolist()
+        stop = next((i for i, t in enumerate(got) if t in ends), None)
+        got = got[: stop + 1] if stop is not None else got
         done += 1
-        if got != want:
-            wrong.append((e.rid, got, want))
+        if got == want and (not stops or (want and want[-1] in ends)):
+            continue
+        p = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+        if p == len(want):  # every token reproduced, but the target has no end id to stop at
+            message = (f"the target of {e.rid} ({len(want)} tokens, reproduced by greedy generation) ends without an "
+                       f"end id ({_show(tok, ends)}), so generation never stops: the response needs the EOS (a "
+                       "custom task's encode, or a chat template whose turns end in none of these ids)")
+        else:
+            before = f" (after {tok.decode(want[max(0, p - 8):p])!r})" if p else ""
+            what = (f"generation gives {_show(tok, [got[p]])} where the target has {_show(tok, [want[p]])}"
+                    if p < len(got) else
+                    f"generation stops ({_show(tok, [got[-1]])} ends it) where the target goes on with "
+                    f"{_show(tok, want[p:p + 3])}")
+            message = f"greedy generation of {e.rid} differs from its target at token {p} of {len(want)}{before}: {what}"
+        wrong.append({"rid": e.rid, "position": p, "generated": got, "target": want, "after_end": after,
+                      "never_stops": p == len(want), "message": message})
     return wrong, done
 
 
@@ -269,8 +314,9 @@ def overfit(loaded, home, *, examples: int = 8, max_updates: int = 150, prep=Non
                 break
             if history[-1]["loss"] < LOSS_THRESHOLD:
                 checks = prediction_check(task, model, chosen, device)
-                if not checks["teacher_forced_wrong"] and not checks["generation_wrong"]:
-                    break
+                if not checks["teacher_forced_wrong"] and (not checks["generation_wrong"] or all(
+                        w["never_stops"] for w in checks["generation_wrong"])):
+                    break  # memorised; or a target without an end id, which no further update mends
         failed = [res.reason] if status == "failed" else _diagnose(history, checks, state, mt,
                                                                    causes=lambda: plateau_causes(task, chosen, model))
         summary = {"verdict": "fail" if failed or acc["verdict"] == "fail" else acc["verdict"],
@@ -318,9 +364,14 @@ def _diagnose(history: list[dict], checks: dict, state, mt, causes=None) -> list
         return [f"loss {last:.4f} is under {LOSS_THRESHOLD} but argmax misses {n} of {of} targets of {rid} "
                 f"({len(checks['teacher_forced_wrong'])} examples wrong): predict and loss disagree on positions"]
     if checks.get("generation_wrong"):
-        rid, got, want = checks["generation_wrong"][0]
-        return [f"teacher forcing reproduces every target but greedy generation of {rid} gives {got[:12]} instead of "
-                f"{want[:12]}: generation does not see what training saw (prompt format, EOS, padding side)"]
+        wrong = checks["generation_wrong"]
+        first, of = wrong[0], f"{len(wrong)} of {checks['generated']} generated examples"
+        if first["never_stops"]:
+            return [f"generation never stops: teacher forcing reproduces every target, but {first['message']} "
+                    f"({of})"]
+        return [f"greedy generation differs from what training taught: teacher forcing reproduces every target but "
+                f"{first['message']} ({of}) — generation does not see what training saw: check the prompt format, "
+                "the EOS and the padding side"]
     return []
 
 
