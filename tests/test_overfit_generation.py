@@ -5,7 +5,7 @@ after it; a prompt format generation does not see, and a target that never ends,
 import json
 
 import pytest
-from conftest import SHARED_DATA, TINY_LLAMA, simple_records, write_campaign, write_jsonl
+from conftest import SHARED_DATA, TINY_LLAMA, simple_records, smollm2_folder, write_campaign, write_jsonl
 
 from pilotrun.tasks.causal_lm import CausalLMTask
 
@@ -137,3 +137,20 @@ def test_eos_that_is_also_unk_and_pad_memorised(cli, tmp_path):
     r = _overfit(cli, path, tmp_path)
     assert r.code == 0, r.out + r.err
     assert "greedy generation reproduces 2 of 2 examples" in "\n".join(r.json["messages"])
+
+
+@pytest.mark.slow  # a 135M model on 2 cores: about 4 min, most of it the GGUF conversion and two model builds
+def test_real_instruct_model_memorises_a_stack_exchange_answer_in_its_template(cli, tmp_path):
+    """SmolLM2-135M-Instruct, its own ChatML template (a default system turn), one Stack Exchange answer."""
+    pair = json.loads((SHARED_DATA / "stack_exchange_paired_tiny.json").read_text())[0]
+    turn = [{"role": "user", "content": pair["question"].split("\n")[0][:160]},
+            {"role": "assistant", "content": pair["response_j"].split("\n")[0][:100]}]
+    write_jsonl(tmp_path / "data" / "train.jsonl", [{"messages": turn}])
+    c = {"name": "smollm2", "seed": 0, "task": "causal-lm", "model": {"path": str(smollm2_folder(tmp_path / "m"))},
+         "data": {"train": "data/train.jsonl", "messages": "messages", "max_length": 128},
+         "train": {"micro_batch": 1, "accumulation": 1, "lr": 1e-4, "updates": 2, "save_every": None}}
+    r = cli("overfit", write_campaign(tmp_path, c), "--home", tmp_path / "home", "--examples", "1",
+            "--max-updates", "40", "--json")
+    assert r.code == 0, r.out + r.err
+    assert r.json["data"]["checks"]["generated"] == 1 and not r.json["data"]["checks"]["generation_wrong"]
+    assert "greedy generation reproduces 1 of 1 examples" in "\n".join(r.json["messages"])

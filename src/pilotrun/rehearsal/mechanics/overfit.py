@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 
+from pilotrun.rehearsal.mechanics.plateau import conflict_text, conflicting_inputs
 from pilotrun.verdicts import StageResult
 
 TOLERANCE = {"fp32": 1e-5}  # relative gradient difference; rounding alone stays far below 1e-5 in fp32
@@ -23,6 +24,9 @@ LOSS_THRESHOLD = 0.05  # nats per target: memorised examples sit far below, an u
 FLAT_RELATIVE = 0.02  # a loss within 2% of its start after the whole budget has not moved
 MAX_LR = 5e-3  # 10 × a fine-tuning lr memorises quickly; above ~1e-2 AdamW spikes on small models
 CHUNK = 10  # updates between prediction checks
+SPIKE = 10.0  # a loss 10× the best so far (and over the threshold) is a bounce of too high an lr, not noise
+BACK_OFF = 0.5  # the lr is halved on each spike, down to train.lr
+SPIKE_GAP = 3  # updates after a back-off before another: the loss needs a few to come down
 GENERATE_EXAMPLES = 3
 ACCUM_MICRO_BATCHES = 2
 ACCUM_PER_MICRO_BATCH = 2
@@ -147,9 +151,33 @@ def memorise_setting(t, n: int, max_updates: int):
                               "weight_decay": 0.0, "drop_last": True, "eval_every": max_updates + 1,
                               "save_every": None, "stop": stop})
     text = (f"{n} examples in one micro-batch, accumulation 1, lr {lr:.2e} (train.lr {t.lr:.2e} × 10, at most "
-            f"{MAX_LR:g}, never lowered), constant schedule, weight decay 0, dropout 0, {t.optimizer}, {t.precision}, "
+            f"{MAX_LR:g}; halved on a loss spike, down to train.lr), constant schedule, weight decay 0, dropout 0, {t.optimizer}, {t.precision}, "
             f"max_grad_norm {t.max_grad_norm}, up to {max_updates} updates")
     return mt, text
+
+
+class BackOff:
+    """Halves the lr when the loss spikes to SPIKE × its best so far: Adam at 10 × a fine-tuning lr can
+    bounce out of a memorised minimum (0.0012 → 0.55 on SmolLM2), and at a constant lr it may not come
+    back within the budget. Never below train.lr; each back-off is said."""
+
+    def __init__(self, floor: float):
+        self.floor, self.best, self.last, self.events = floor, math.inf, -SPIKE_GAP, []
+
+    def __call__(self, state, out) -> None:
+        loss = out["loss"]
+        if not out["finite"]:
+            return
+        spiked = loss > max(SPIKE * self.best, LOSS_THRESHOLD) and out["update"] - self.last >= SPIKE_GAP
+        if spiked and state.lr > self.floor:
+            new = max(self.floor, state.lr * BACK_OFF)
+            for g in state.optimizer.param_groups:
+                g["lr"] = new
+            state.scheduler.base_lrs = [new for _ in state.scheduler.base_lrs]  # constant schedule: lr = base
+            self.events.append(f"loss spiked to {loss:.4g} at update {out['update']} from its best {self.best:.4g}: "
+                               f"lr backed off to {new:.2e}")
+            self.last = out["update"]
+        self.best = min(self.best, loss)
 
 
 def _targets(task, batch, examples) -> list[list[int]]:
@@ -298,10 +326,12 @@ def overfit(loaded, home, *, examples: int = 8, max_updates: int = 150, prep=Non
     model.to(device)
     state = make_state(model, mt, n_train=len(chosen), seed=c.seed, total_updates=max_updates, device=device)
     history, checks = [], {}
+    back_off = BackOff(c.train.lr)
     head(f"memorising {len(chosen)} examples")
     with RunRecorder(Journal(home), loaded, kind="overfit") as rec:
         def on_update(st, out):
             history.append(out)
+            back_off(st, out)
             rec.log("train", out["update"], {"loss": out["loss"], "lr": out["lr"], "grad_norm": out["grad_norm"]},
                     examples_seen=out["examples_seen"], wall_s=out["wall_s"])
 
@@ -314,18 +344,22 @@ def overfit(loaded, home, *, examples: int = 8, max_updates: int = 150, prep=Non
                 break
             if history[-1]["loss"] < LOSS_THRESHOLD:
                 checks = prediction_check(task, model, chosen, device)
-                if not checks["teacher_forced_wrong"] and (not checks["generation_wrong"] or all(
-                        w["never_stops"] for w in checks["generation_wrong"])):
-                    break  # memorised; or a target without an end id, which no further update mends
+                missed = checks["teacher_forced_wrong"] or checks["generation_wrong"]
+                if not missed or (not checks["teacher_forced_wrong"] and all(
+                        w["never_stops"] for w in checks["generation_wrong"])) or conflicting_inputs(chosen):
+                    break  # memorised; or what no further update mends: no end id, one input with two targets
         failed = [res.reason] if status == "failed" else _diagnose(history, checks, state, mt,
-                                                                   causes=lambda: plateau_causes(task, chosen, model))
+                                                                   causes=lambda: plateau_causes(task, chosen, model),
+                                                                   examples=chosen)
         summary = {"verdict": "fail" if failed or acc["verdict"] == "fail" else acc["verdict"],
                    "accumulation": acc, "setting": setting, "updates": state.update,
                    "first_loss": history[0]["loss"] if history else None,
                    "last_loss": history[-1]["loss"] if history else None, "failed": failed}
         rec.progress(state.update, state.examples_seen)
         rec.finish(status, summary)
-    data.update(run_id=rec.run_id, updates=state.update, losses=[h["loss"] for h in history], checks=checks)
+    data.update(run_id=rec.run_id, updates=state.update, losses=[h["loss"] for h in history], checks=checks,
+                back_offs=back_off.events)
+    msgs += back_off.events
     if not failed and history:
         n_gen = checks.get("generated", 0)
         reproduced = (f"argmax reproduces every target; greedy generation reproduces {n_gen} of {n_gen} examples"
@@ -338,7 +372,7 @@ def overfit(loaded, home, *, examples: int = 8, max_updates: int = 150, prep=Non
     return _result(acc, msgs + failed, data, failed, rows)
 
 
-def _diagnose(history: list[dict], checks: dict, state, mt, causes=None) -> list[str]:
+def _diagnose(history: list[dict], checks: dict, state, mt, causes=None, examples=None) -> list[str]:
     """Why the loop did not memorise, from what it recorded; empty when it did."""
     if not history:
         return ["no update ran"]
@@ -359,6 +393,14 @@ def _diagnose(history: list[dict], checks: dict, state, mt, causes=None) -> list
         return [f"loss fell from {first:.4f} to {last:.4f} in {state.update} updates but not under {LOSS_THRESHOLD}: "
                 f"the model cannot memorise these examples at this setting; likely causes, most evidence first: "
                 + "; ".join(listed)]
+    if checks.get("teacher_forced_wrong") or checks.get("generation_wrong"):
+        clash = conflicting_inputs(examples or [])
+        if clash:  # measured before any position or format is blamed: no model reproduces both targets
+            missed = checks.get("teacher_forced_wrong") or checks["generation_wrong"]
+            first = missed[0][0] if isinstance(missed[0], tuple) else missed[0]["rid"]
+            return [f"{conflict_text(clash, len(examples))}: loss {last:.4f} is under {LOSS_THRESHOLD} but no model "
+                    f"reproduces both targets of one input ({len(missed)} examples not reproduced, first {first}) — "
+                    "keep one answer per prompt in the data, or merge the answers"]
     if checks.get("teacher_forced_wrong"):
         rid, n, of = checks["teacher_forced_wrong"][0]
         return [f"loss {last:.4f} is under {LOSS_THRESHOLD} but argmax misses {n} of {of} targets of {rid} "
