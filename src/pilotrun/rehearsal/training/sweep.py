@@ -9,6 +9,8 @@ anything runs (``campaign/arms.py``; ``validate`` runs the same checks).
 
 ``--continue SWEEP_ID`` skips finished runs (completed, diverged, stopped) and reruns the others
 (failed, interrupted) as new runs naming the run they supersede; the superseded run stays.
+``--id SWEEP_ID`` starts the sweep under that id, or continues it when the journal has it already: the
+launch files fix it, so a requeued or recovered job runs the same command and picks the plan up.
 """
 
 from __future__ import annotations
@@ -18,10 +20,10 @@ from typing import Callable
 
 from pilotrun.campaign.arms import Arm, effective_batch, plan_arms  # noqa: F401  (plan_arms: validate shares it)
 from pilotrun.errors import BadInput
-from pilotrun.journal.store import Journal
+from pilotrun.journal.store import Journal, lease_s
 from pilotrun.provenance import config_sha256
 from pilotrun.rehearsal.training import compare as cmp
-from pilotrun.rehearsal.training.sweep_runs import arm_command, encoded_for
+from pilotrun.rehearsal.training.sweep_runs import arm_command, check_sweep_id, encoded_for, launch_sweep_id  # noqa: F401
 from pilotrun.verdicts import StageResult
 
 DONE = ("completed", "diverged", "stopped")
@@ -46,12 +48,14 @@ def _differences(old: dict, new: dict) -> list[str]:
 
 def sweep(loaded, home, *, continue_id: str | None = None, progress: bool = True,
           on_run: Callable[[dict], None] | None = None, sets: tuple[str, ...] = (),
-          on_start: Callable[[dict], None] | None = None, ray_address: str | None = None) -> StageResult:
+          on_start: Callable[[dict], None] | None = None, ray_address: str | None = None,
+          fixed_id: str | None = None) -> StageResult:
     """Run (or continue) the sweep of ``loaded``'s plan; returns the comparison as the stage's table.
     ``sets``: the command line's ``--set`` items ``loaded`` was loaded with (for each run's own command).
     ``on_start`` sees each run before it starts: index, of, arm, label, seed and ``eta_s`` (the time left
     for this run and the ones after it: the pilot's time plan per run, then the runs' own mean).
-    ``ray_address``: run on that Ray cluster ("auto": the one this machine is attached to), one journal here."""
+    ``ray_address``: run on that Ray cluster ("auto": the one this machine is attached to), one journal here.
+    ``fixed_id``: start the sweep under this id, or continue it if the journal has it (start-or-continue)."""
     from pilotrun.rehearsal.data_checks.validate import validate
 
     if ray_address is not None:
@@ -64,6 +68,14 @@ def sweep(loaded, home, *, continue_id: str | None = None, progress: bool = True
     plan = frozen_plan(loaded, arms)
     sha = config_sha256(plan)
     journal = Journal(home)
+    if fixed_id is not None:
+        if continue_id is not None:
+            raise BadInput("--id and --continue together", where="--id",
+                           fix="pass one: --id ID starts the sweep under ID or continues it if it exists")
+        check_sweep_id(fixed_id)
+        continue_id = journal.create_sweep(plan, sha, plan["campaign_path"], sweep_id=fixed_id)
+    again = ("`pilotrun sheet CAMPAIGN --out ...` writes launch files with a new --id for it" if fixed_id else
+             "run `pilotrun sweep CAMPAIGN` without --continue")
     if continue_id is None:
         sweep_id = journal.create_sweep(plan, sha, plan["campaign_path"])
     else:
@@ -73,8 +85,7 @@ def sweep(loaded, home, *, continue_id: str | None = None, progress: bool = True
             changed = ", ".join(_differences(frozen["plan"], plan))
             raise BadInput(f"the campaign changed since sweep {continue_id} was frozen (differs in: {changed})",
                            where=str(loaded.source or "campaign"),
-                           fix="a changed campaign is a new sweep: run `pilotrun sweep CAMPAIGN` without --continue, "
-                               "or restore the campaign file")
+                           fix=f"a changed campaign is a new sweep: {again}, or restore the campaign file")
         sweep_id = continue_id
     todo = _todo(journal, sweep_id, arms, plan["seeds"])
     total = len(plan["seeds"]) * len(arms)
@@ -135,19 +146,32 @@ def _todo(journal: Journal, sweep_id: str, arms: list[Arm], seeds: list[int]) ->
             if run is None:
                 todo.append((arm, seed, None))
             elif run["status"] == "running":
-                raise BadInput(f"run {run['run_id']} of sweep {sweep_id} is still running (pid {run['pid']} on "
-                               f"{run['host']})", where="--continue",
-                               fix="wait for that process to end (or stop it), then continue the sweep")
+                raise BadInput(f"run {run['run_id']} of sweep {sweep_id} is still running: {still_alive(run)}",
+                               where="--continue", fix=f"wait for it to end, or stop it (SIGTERM ends it 'interrupted'"
+                               f"), then continue the sweep; a process that is gone is reaped when its lease lapses, "
+                               f"{lease_s():g}s after its last heartbeat")
             elif run["status"] not in DONE:
                 todo.append((arm, seed, run["run_id"]))
     return todo
 
 
+def still_alive(run: dict) -> str:
+    """Where a running run lives and when it last renewed its lease (the journal's wall clock)."""
+    from pilotrun.journal.store import iso, last_heartbeat, wall_time
+
+    beat = last_heartbeat(run)
+    return f"pid {run['pid']} on host {run['host']}, last heartbeat {iso(beat)} ({wall_time() - beat:.0f}s ago)"
+
+
 def _latest_runs(journal: Journal, sweep_id: str) -> dict[tuple[str, int], dict]:
-    """Per (arm, seed) the run that counts: the newest, which supersedes any earlier one."""
+    """Per (arm, seed) the run that counts: the end of the cell's supersedes chain (a run no other run of the
+    cell supersedes), the last in the journal's sequence if there are several — never by a clock."""
     out: dict[tuple[str, int], dict] = {}
-    for run in journal.list_runs(sweep_id=sweep_id):
-        out[(run["arm"], run["seed"])] = run  # list_runs is oldest first
+    runs = journal.list_runs(sweep_id=sweep_id)  # in the journal's sequence
+    superseded = {r["supersedes"] for r in runs if r["supersedes"]}
+    for run in runs:
+        if run["run_id"] not in superseded:
+            out[(run["arm"], run["seed"])] = run
     return out
 
 
