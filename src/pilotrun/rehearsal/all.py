@@ -52,7 +52,7 @@ class Budgets:
 def _validate(loaded, home, budgets):
     from pilotrun.rehearsal.data_checks.validate import validate
 
-    return validate(loaded)
+    return validate(loaded, home)
 
 
 def _inspect(loaded, home, budgets):
