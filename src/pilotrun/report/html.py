@@ -57,7 +57,7 @@ def table(columns: list[str], rows: list[dict], classes: dict[str, Callable[[dic
 
 def latest_sweep_id(journal) -> str | None:
     with journal.connect() as db:
-        row = db.execute("SELECT sweep_id FROM sweeps ORDER BY created_at DESC, sweep_id DESC LIMIT 1").fetchone()
+        row = db.execute(f"SELECT sweep_id FROM sweeps ORDER BY {journal.order} DESC LIMIT 1").fetchone()
     return row["sweep_id"] if row else None
 
 
