@@ -25,7 +25,8 @@ def owned_name(prefix: str) -> str:
     return f"{prefix}{_host()}-{os.getpid()}-{secrets.token_hex(4)}"
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this host (this process's own counts; another user's too)."""
     if pid == os.getpid():
         return True
     try:
@@ -48,7 +49,7 @@ def remove_dead(prefix: str, folder: str | Path | None = None) -> list[Path]:
     for p in entries:
         host, _, rest = p.name[len(prefix):].rpartition("-")[0].rpartition("-")
         pid = rest
-        if host != _host() or not pid.isdigit() or _alive(int(pid)):
+        if host != _host() or not pid.isdigit() or pid_alive(int(pid)):
             continue
         if p.is_dir() and not p.is_symlink():
             shutil.rmtree(p, ignore_errors=True)
