@@ -344,7 +344,7 @@ def config_campaign(loaded):
     from pilotrun.tasks.loading import check_model_dir
 
     path = Path(c.model.path)
-    check_model_dir(path)
+    check_model_dir(path, weights=False)  # the architecture is all the estimate needs
     cfg = json.loads((path / "config.json").read_text(encoding="utf-8"))
     for k in ("architectures", "transformers_version", "torch_dtype", "dtype", "_name_or_path"):
         cfg.pop(k, None)

@@ -94,13 +94,26 @@ def pad_id(tokenizer) -> int:
     return int(tokenizer.pad_token_id) if tokenizer.pad_token_id is not None else eos_id(tokenizer)
 
 
-def check_model_dir(path: Path) -> None:
+def check_model_dir(path: Path, weights: bool = True) -> None:
+    """A model folder with config.json and (unless ``weights`` is false: the estimate, or ``validate`` of a
+    hub snapshot) safetensors weights; a cached hub snapshot without them names the missing files."""
     if not path.is_dir():
         raise BadInput(f"model folder not found: {path}", where="model.path",
                        fix="point at a folder written by model.save_pretrained (nothing is downloaded)")
     if not (path / "config.json").is_file():
         raise BadInput(f"no config.json in {path}", where="model.path",
                        fix="save the model with save_pretrained, which writes config.json beside the weights")
+    if not weights:
+        return
+    from pilotrun.campaign.hub import fetch_command, missing_weights, snapshot_of
+
+    hub = snapshot_of(path)
+    lacking = missing_weights(path) if hub else []
+    if lacking:
+        raise BadInput(f"the cached hub model {hub[0]} (commit {hub[1]}) holds config.json but not its weights: "
+                       f"{', '.join(lacking)} missing from {path}; this stage runs the model", where="model.path",
+                       fix=f"fetch the weights with `{fetch_command(hub[0])}`; estimate, estimate --options and the "
+                           "sheet without a pilot work from config.json alone")
     names = [p.name for p in path.iterdir()]
     if any(n.endswith(".safetensors") or n == "model.safetensors.index.json" for n in names):
         return
