@@ -20,14 +20,12 @@ LLAMA_32_1B = {
     "rope_theta": 500000.0, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
     "transformers_version": "4.45.0.dev0", "use_cache": True, "vocab_size": 128256,
 }
-TOKENIZER = Path(__file__).resolve().parents[3] / "shared" / "data" / "tiny_bpe_tokenizer.json"
 
 
 def shared_tokenizer() -> Path:
-    for p in (TOKENIZER, Path("/work/shared/data/tiny_bpe_tokenizer.json")):
-        if p.is_file():
-            return p
-    raise FileNotFoundError("tiny_bpe_tokenizer.json")
+    from conftest import SHARED_DATA
+
+    return SHARED_DATA / "tiny_bpe_tokenizer.json"
 
 
 def add_model(cache: Path, repo_id: str, files: dict[str, bytes], commit: str | None = None,

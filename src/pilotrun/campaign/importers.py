@@ -624,7 +624,15 @@ def _one_dataset(raw: dict[str, Any], b: _Builder, d: dict[str, Any], key: str, 
               ".to_json('train.jsonl')`) and set its path")
         return
     b.put(f"{src}.path", key, b.local_path(f"{src}.path", str(local)))
-    if not fields:
+    for k, v in d.items():
+        if k in ("path", "type", "field", "field_messages", "message_property_mappings", "message_field_role",
+                 "message_field_content", "roles_to_train", "chat_template", "chat_template_jinja", "data_files",
+                 "ds_type") or _empty(v):
+            continue
+        b.skip(f"{src}.{k}", v, "nothing to rehearse: the local file is read whole" if k in (
+            "split", "name", "revision", "shards_idx", "shards") else
+            "a data set option pilotrun has no equivalent for: the records are read as they are")
+    if not fields:  # a validation set is read with the training set's fields
         return
     kind = d.get("type")
     if kind == "alpaca":
@@ -659,13 +667,6 @@ def _one_dataset(raw: dict[str, Any], b: _Builder, d: dict[str, Any], key: str, 
         b.ask(f"{src}.type = {kind!r} does not say which fields are the prompt and the response",
               "use type alpaca, completion or chat_template (or a type dict with field_instruction and "
               "field_output), or write the campaign's data.prompt and data.response yourself")
-    for k, v in d.items():
-        if k in ("path", "type", "field", "field_messages", "message_property_mappings", "message_field_role",
-                 "message_field_content", "roles_to_train", "chat_template", "chat_template_jinja", "data_files",
-                 "ds_type") or _empty(v):
-            continue
-        b.skip(f"{src}.{k}", v, "nothing to rehearse" if k in ("split", "name", "revision", "shards_idx") else
-               "a data set option pilotrun has no equivalent for: the records are read as they are")
 
 
 def _chat_template(raw: dict[str, Any], b: _Builder, d: dict[str, Any], src: str) -> None:
@@ -729,6 +730,10 @@ HF_REASONS = {
     "resume_from_checkpoint": AXOLOTL_REASONS["resume_from_checkpoint"],
     "save_total_limit": AXOLOTL_REASONS["save_total_limit"],
     "activation_offloading": "activations offloaded to CPU in the source: memory there is smaller than rehearsed",
+    "use_cpu": "nothing to rehearse: pilotrun picks the device it rehearses on",
+    "no_cuda": "nothing to rehearse: pilotrun picks the device it rehearses on",
+    "eval_strategy": "nothing to rehearse: pilotrun validates every train.eval_every updates",
+    "evaluation_strategy": "nothing to rehearse: pilotrun validates every train.eval_every updates",
 }
 HF_NOTHING_PREFIXES = ("logging_", "log_", "report_to", "run_name", "output_dir", "push_to_hub", "hub_", "disable_tqdm",
                        "save_strategy", "save_only_model", "save_safetensors", "overwrite_output_dir", "eval_strategy",
@@ -752,6 +757,15 @@ def _hf_defaults() -> dict[str, Any]:
     return out
 
 
+def _accelerator_defaults() -> dict[str, Any]:
+    """What ``to_dict`` writes for an accelerator_config nobody set (the AcceleratorConfig defaults)."""
+    import dataclasses
+
+    from transformers.trainer_pt_utils import AcceleratorConfig
+
+    return json.loads(json.dumps(dataclasses.asdict(AcceleratorConfig()), default=str))
+
+
 def _same(v: Any, d: Any) -> bool:
     if _empty(v) and _empty(d):
         return True
@@ -763,6 +777,7 @@ def _same(v: Any, d: Any) -> bool:
 
 def import_hf(raw: dict[str, Any], b: _Builder) -> None:
     defaults = _hf_defaults()
+    defaults["accelerator_config"] = _accelerator_defaults()
     known = set(defaults) | TRL_KEYS | HF_OLD_KEYS
     b.problems += _typos(raw, known, b.source, "TrainingArguments/SFTConfig")
     used: set[str] = set()
@@ -808,9 +823,10 @@ def import_hf(raw: dict[str, Any], b: _Builder) -> None:
             ml = k
     if ml:
         b.put(ml, "data.max_length", int(raw[ml]))
-    if raw.get("gradient_checkpointing"):
-        b.put("gradient_checkpointing", "model.gradient_checkpointing", True)
-    used.add("gradient_checkpointing")
+    ckpt = next((k for k in ("activation_checkpointing", "gradient_checkpointing") if raw.get(k)), None)
+    if ckpt:  # transformers 5 renames gradient_checkpointing to activation_checkpointing (its dump has both)
+        b.put(ckpt, "model.gradient_checkpointing", True)
+    used.update(("gradient_checkpointing", "activation_checkpointing"))
     used.update(("bf16", "fp16"))
     _precision(b, "bf16", raw.get("bf16"), "fp16", raw.get("fp16"), False)
     s, src = val("seed", 42)
@@ -865,6 +881,11 @@ def import_hf(raw: dict[str, Any], b: _Builder) -> None:
     for k, v in raw.items():
         if k in used or k not in known or _empty(v) or v is False or _same(v, defaults.get(k, None)):
             continue
+        if isinstance(v, str) and v.startswith("<") and v.endswith(">") and v[1:-1].replace("_", "").isupper():
+            continue  # to_json_string's placeholder for a secret (<HUB_TOKEN>): nothing the user set here
+        if k == "accelerator_config" and isinstance(v, dict) and all(
+                _same(x, defaults[k].get(n)) for n, x in v.items()):
+            continue  # to_dict writes the defaults of an accelerator_config nobody set
         if k in ("packing", "padding_free") and not v:
             continue
         reason = HF_REASONS.get(k) or (NOTHING if k.startswith(HF_NOTHING_PREFIXES) else
