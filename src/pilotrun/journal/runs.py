@@ -59,9 +59,10 @@ def create_run(journal: Journal, *, kind: str, name: str, config: dict, seed: in
 
 
 def ending(exc: BaseException) -> tuple[str, dict]:
-    """The status and summary of a run ended by ``exc``: Ctrl-C interrupts it, anything else fails it."""
+    """The status and summary of a run ended by ``exc``: Ctrl-C or a signal (``signals.Preempted``: SIGTERM,
+    SIGHUP) interrupts it, anything else fails it."""
     if isinstance(exc, KeyboardInterrupt):
-        return "interrupted", {"reason": INTERRUPTED}
+        return "interrupted", {"reason": getattr(exc, "reason", INTERRUPTED)}
     return "failed", {"reason": f"{type(exc).__name__}: {exc}"}
 
 

@@ -371,10 +371,12 @@ class Journal:
             return [dict(r) for r in db.execute(q + " ORDER BY id", args)]
 
     # --- sweeps -----------------------------------------------------------------------------------
-    def create_sweep(self, plan: dict, plan_sha256: str, campaign_path: str | None) -> str:
-        sweep_id = "sweep-" + new_run_id()
+    def create_sweep(self, plan: dict, plan_sha256: str, campaign_path: str | None, sweep_id: str | None = None) -> str:
+        """A new sweep; with ``sweep_id`` (fixed by a launch file) one of that id unless it exists already
+        (then nothing is written: the caller continues it)."""
+        sweep_id = sweep_id or "sweep-" + new_run_id()
         with self.transaction() as db:
-            db.execute("INSERT INTO sweeps VALUES (?,?,?,?,?)",
+            db.execute("INSERT OR IGNORE INTO sweeps VALUES (?,?,?,?,?)",
                        (sweep_id, now(), campaign_path, json.dumps(plan, sort_keys=True), plan_sha256))
         return sweep_id
 

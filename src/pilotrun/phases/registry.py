@@ -195,6 +195,10 @@ def _reload(ctx, p) -> None:
     art, sample = Path(ctx.run_dir) / "artifact", _sample(ctx)
     for part in ctx.written:
         loaded_model = task.load_artifact(art / part).to(ctx.device)
+        if getattr(ctx.device, "type", str(ctx.device)) == "cpu":
+            from pilotrun.probe.tensors import track
+
+            track(loaded_model)  # safetensors' tensors come without an operator: counted as at load
         loaded_model.eval()
         with torch.no_grad(), autocast(ctx.prep.c.train.precision, ctx.device.type):
             batch = to_device(task.collate(sample), ctx.device)

@@ -48,9 +48,10 @@ def depth_of(cfg: dict | None) -> tuple[str, int] | None:
 
 
 def with_depth(cfg: dict, key: str, depth: int) -> dict:
-    out = dict(cfg, **{key: depth})
-    if out.get("layer_types") is not None:
-        out["layer_types"] = list(out["layer_types"])[:depth]
+    """The config keys that make ``cfg`` ``depth`` layers deep (``fake_build``'s overrides)."""
+    out = {key: depth}
+    if cfg.get("layer_types") is not None:
+        out["layer_types"] = list(cfg["layer_types"])[:depth]
     return out
 
 
@@ -107,18 +108,17 @@ def parameter_bytes(loaded) -> int:
     known before anything is loaded."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from pilotrun.probe.estimate import config_campaign, fake_build
+    from pilotrun.probe.estimate import architecture_config, fake_build
 
-    plain = config_campaign(loaded)
-    cfg = plain.campaign.model.config
+    cfg = architecture_config(loaded)
     depth = depth_of(cfg)
 
-    def size(campaign) -> int:
-        model = fake_build(campaign, FakeTensorMode(allow_non_fake_inputs=True))
+    def size(overrides=None) -> int:
+        model = fake_build(loaded, FakeTensorMode(allow_non_fake_inputs=True), overrides)
         return sum(t.numel() * t.element_size() for t in list(model.parameters()) + list(model.buffers()))
 
     if depth is None:
-        return size(plain)
+        return size()
     key, layers = depth
-    low, high = (size(plain.with_overrides({"model.config": with_depth(cfg, key, d)})) for d in DEPTHS)
+    low, high = (size(with_depth(cfg, key, d)) for d in DEPTHS)
     return high + (layers - DEPTHS[1]) * (high - low)

@@ -333,37 +333,38 @@ def _fake_deepcopies():
         torch.Tensor.__deepcopy__ = original
 
 
-def config_campaign(loaded):
-    """model.path → the same architecture from its config.json (the weights' values do not matter)."""
+def architecture_config(loaded) -> dict | None:
+    """The model's config as a dict (model.config, or model.path's config.json) for a built-in task, else None:
+    what the counted path reads the depth from."""
     import json
     from pathlib import Path
 
     c = loaded.campaign
-    if not c.model.path or c.task not in ("causal-lm", "seq-cls"):
-        return loaded
+    if c.task not in ("causal-lm", "seq-cls"):
+        return None
+    if not c.model.path:
+        return dict(c.model.config) if isinstance(c.model.config, dict) else None
     from pilotrun.tasks.loading import check_model_dir
 
     path = Path(c.model.path)
     check_model_dir(path, weights=False)  # the architecture is all the estimate needs
-    cfg = json.loads((path / "config.json").read_text(encoding="utf-8"))
-    for k in ("architectures", "transformers_version", "torch_dtype", "dtype", "_name_or_path"):
-        cfg.pop(k, None)
-    return loaded.with_overrides({"model.path": None, "model.config": cfg,
-                                  "model.tokenizer": c.model.tokenizer or str(path)})
+    return json.loads((path / "config.json").read_text(encoding="utf-8"))
 
 
-def fake_build(loaded, fake_mode):
-    """The campaign's model on fake tensors, built by ``task.build_model()`` in its dtype."""
+def fake_build(loaded, fake_mode, overrides: dict | None = None):
+    """The campaign's model on fake tensors, built by ``task.build_model()`` in its dtype: the builder pilot
+    and train use (``tasks.loading.architecture_only``: the same config, no weights read), with
+    ``overrides`` (a depth) in the config's keys."""
     import torch
 
     from pilotrun.tasks import make_task
-    from pilotrun.tasks.loading import torch_dtype
+    from pilotrun.tasks.loading import architecture_only, torch_dtype
 
     c = loaded.campaign
     dtype = torch.bfloat16 if c.train.precision == "bf16-true" else torch_dtype(c.model.dtype)
-    task = make_task(config_campaign(loaded))
+    task = make_task(loaded)
     with fake_mode, _default_dtype(dtype), _conversions_are_noops({dtype, torch_dtype(c.model.dtype)}), \
-            _fake_deepcopies():
+            _fake_deepcopies(), architecture_only(overrides):
         model = task.build_model()
     return model
 

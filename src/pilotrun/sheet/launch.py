@@ -1,18 +1,31 @@
-"""Launch files for the chosen GPU and plan, written next to sheet.md.
+"""Launch files for the chosen GPU and plan, written next to sheet.md; each runs as written and survives a
+preemption.
 
-- ``STEM.commands.sh``: the sweep's ``pilotrun train`` commands in the sheet's order (control first),
-  the same lines the sweep's runs record (rehearsal/training/sweep.py ``arm_command``), grouped by the lane the
-  plan placed each run on; lanes run side by side, each on its own GPUs.
-- ``STEM.sky.yaml``: a SkyPilot task: resources (accelerator:count), setup installing the stack the
-  sheet checked, run starting the sweep.
-- ``STEM.sbatch``: a SLURM batch script: ``--gres=gpu:TYPE:COUNT``, ``--time`` from the plan.
-Commands run from the campaign's folder with the campaign's file name.
+- ``STEM.commands.sh``: the sweep on a machine at hand, ``pilotrun sweep --id ID`` (one process per lane
+  the plan placed runs on, each on its own GPUs); the runs' own ``pilotrun train`` commands as comments.
+- ``STEM.sky.yaml``: a SkyPilot managed job (``sky jobs launch``): resources, recovery, the home on a
+  bucket, every file the campaign reads uploaded, set-up installing the checked stack, the sweep.
+- ``STEM.sbatch``: a SLURM batch script: ``--gres``, ``--time`` from the time plan, ``--signal=TERM@GRACE``,
+  ``--requeue``; the home on the shared file system; the same sweep command on every start.
+- ``pilotrun-VERSION-py3-none-any.whl`` beside them unless pilotrun comes from a pushed git revision.
+
+The sweep's id is fixed in the files (``launch_sweep_id``: the campaign's name and its config
+sha256): a requeued, recovered or rerun job runs the same command, which continues the sweep, skipping
+the runs that finished. On several nodes each run spans them all through ``torchrun`` (c10d rendezvous on
+the first node).
 """
 
 from __future__ import annotations
 
+import math
 import shlex
 from pathlib import Path
+
+TIME_MARGIN = 0.5  # the time plan is an estimate: half again on the campaign's time
+GRACE_S = 120  # SIGTERM this long before the limit: the current update and a checkpoint (SLURM --signal)
+STARTUP_S = 60  # python start-up, the journal, reading the data: once per job start
+PORT = 29500  # torchrun's rendezvous port on the first node
+SKY_HOME = "/pilotrun-home"  # the bucket mount the journal lives on
 
 
 def sweep_commands(loaded, sets: tuple[str, ...] = ()) -> list[dict]:
@@ -39,73 +52,178 @@ def lanes_of(plan: dict | None, labels: list[str], lanes: int) -> tuple[list[lis
     return out, list(plan["not_fitting"])
 
 
-def _body(runs: list[dict], plan: dict | None, lanes: int, gpus_per_run: int, campaign_dir: str) -> list[str]:
-    by_label = {r["label"]: r["command"] for r in runs}
-    groups, left = lanes_of(plan, [r["label"] for r in runs], lanes)
-    lines = ["set -u", f'cd "${{PILOTRUN_CAMPAIGN_DIR:-{campaign_dir}}}"', "failed=0"]
-    parallel = sum(1 for g in groups if g) > 1
-    for k, group in enumerate(groups):
-        if not group:
-            continue
-        gpu_ids = ",".join(str(k * gpus_per_run + j) for j in range(gpus_per_run))
-        lines.append(f"# lane {k + 1}" + (f": GPU(s) {gpu_ids}" if parallel else ""))
-        cmds = [f"# {lab}\n{by_label[lab]} || failed=1" if not parallel else f"  {by_label[lab]} || exit 1"
-                for lab in group]
-        if parallel:
-            lines += [f"(export CUDA_VISIBLE_DEVICES={gpu_ids}", *cmds, ") || failed=1 &"]
-        else:
-            lines += cmds
-    if parallel:
-        lines.append("wait")
-    for lab in left:
-        lines.append(f"# not placed by the plan (does not fit its time): {lab}\n# {by_label[lab]}")
-    lines.append('exit "$failed"')
+def time_limit(campaign_s: float | None, reserve: float, days: int) -> tuple[int, str]:
+    """The scheduler's limit in seconds (whole minutes) and how: the time plan's campaign time × (1 + margin +
+    the rental's reserve share) + start-up + the SIGTERM grace; the tier's length when there is no plan."""
+    if campaign_s is None or not math.isfinite(campaign_s):
+        return days * 86400, f"the {days}-day plan (no campaign time in the time plan)"
+    s = campaign_s * (1 + TIME_MARGIN + reserve) + STARTUP_S + GRACE_S
+    limit = int(math.ceil(s / 60) * 60)
+    from pilotrun.sheet.plan import fmt_duration
+
+    return limit, (f"the time plan's campaign time {fmt_duration(campaign_s)} × (1 + {TIME_MARGIN:g} margin + "
+                   f"{reserve:g} reserve) + {STARTUP_S} s start-up + {GRACE_S} s SIGTERM grace, in whole minutes")
+
+
+def slurm_time(seconds: int) -> str:
+    m = int(math.ceil(seconds / 60))
+    return f"{m // 1440}-{m % 1440 // 60:02d}:{m % 60:02d}:00"
+
+
+def _sweep_line(launch: dict, home: str, prefix: str = "pilotrun") -> str:
+    sets = "".join(f" --set {shlex.quote(s)}" for s in launch["sets"])
+    return (f"{prefix} sweep {shlex.quote(launch['campaign_file'])} --id {launch['sweep_id']} "
+            f"--home \"{home}\"{sets}")
+
+
+def _body(launch: dict, home: str, *, nodes_head: str | None = None, nnodes: str = "", node_rank: str = "",
+          srun: str = "", pilotrun: str = "pilotrun") -> list[str]:
+    """The job's commands: the sweep of the fixed id; lanes side by side on one node, or each run on all
+    the nodes (torchrun, c10d rendezvous on ``nodes_head``)."""
+    lines = ["set -u", f'cd "${{PILOTRUN_CAMPAIGN_DIR:-{launch["campaign_dir"]}}}"']
+    if launch["nodes"] > 1:
+        lines += [f"HEAD={nodes_head}",
+                  f"{srun}torchrun --nnodes {nnodes} --nproc_per_node {launch['per_node']}{node_rank} "
+                  f"--rdzv-backend c10d --rdzv-endpoint \"$HEAD:{PORT}\" --rdzv-id {launch['sweep_id']} "
+                  + _sweep_line(launch, home, "-m pilotrun")]
+        return lines
+    groups = [g for g in launch["lanes"] if g]
+    if len(groups) <= 1:
+        return lines + [f"{srun}{_sweep_line(launch, home, pilotrun)}"]
+    lines.append("# one sweep process per lane; each claims the next run not yet taken (the same --id)")
+    per = launch["ranks"]
+    for k in range(len(groups)):
+        ids = ",".join(str(k * per + j) for j in range(per))
+        lines.append(f"CUDA_VISIBLE_DEVICES={ids} {srun}{_sweep_line(launch, home, pilotrun)} &")
+    lines += ["failed=0", "for p in $(jobs -p); do wait \"$p\" || failed=1; done", 'exit "$failed"']
     return lines
+
+
+def _inputs_comments(launch: dict, where: str) -> list[str]:
+    out = []
+    for f in launch["inputs"]:
+        if f["kind"] == "hub":
+            out.append(f"{f['key']} {f['written']}: a hub id, downloaded by the set-up (`hf download`)")
+        elif f["kind"] == "installed":
+            out.append(f"{f['key']} {f['written']}: an installed module ({f['local']}), not uploaded: install "
+                       f"its package in the set-up")
+        elif not f["inside"]:
+            out.append(f"{f['key']} {f['local']}: outside the campaign folder; {where}")
+    return out
 
 
 def commands_script(s: dict, launch: dict) -> str:
     head = ["#!/usr/bin/env bash",
             f"# The sweep of campaign {s['campaign']} on {launch['gpu_name']} × {launch['gpus']}, "
             f"{launch['days']}-day plan: {len(launch['runs'])} runs, control first.",
-            "# Each line is the `pilotrun train` command the sweep's run records; run from the campaign's folder."]
-    return "\n".join(head + launch["body"]) + "\n"
+            f"# Sweep {launch['sweep_id']}: run this again after an interruption and it continues the sweep "
+            "(finished runs are skipped).",
+            "# Its runs, as each records its own command:",
+            *[f"#   {r['label']}: {r['command']}" for r in launch["runs"]],
+            *[f"# not placed by the plan (does not fit its time): {lab}" for lab in launch["not_placed"]]]
+    home = f"${{PILOTRUN_HOME:-{launch['home']}}}"
+    return "\n".join(head + _body(launch, home)) + "\n"
 
 
-def sky_task(s: dict, launch: dict) -> dict:
-    return {"name": f"pilotrun-{_slug(s['campaign'])}",
-            "resources": {"accelerators": f"{launch['sky']}:{launch['gpus']}"},
-            "workdir": launch["campaign_dir"],
-            "setup": "\n".join(launch["setup"]) + "\n",
-            "run": "\n".join(["export PILOTRUN_CAMPAIGN_DIR=.", *launch["body"]]) + "\n"}
+def setup_lines(launch: dict, wheel_ref: str | None) -> list[str]:
+    """Installs the checked stack and pilotrun (the wheel's path on the machine, or the VCS requirement)."""
+    torch_line = f"pip install {shlex.quote(launch['torch'])}"
+    if launch["rocm"]:
+        torch_line += " --index-url https://download.pytorch.org/whl/rocm6.4  # a ROCm build"
+    ref = wheel_ref if wheel_ref is not None else shlex.quote(launch["pilotrun"]["requirement"])
+    lines = [torch_line, "pip install " + " ".join([shlex.quote(p) for p in launch["packages"]] + [ref])]
+    for f in launch["inputs"]:
+        if f["kind"] == "hub":
+            lines.append(f"[ -d {shlex.quote(f['written'])} ] || hf download {shlex.quote(f['written'])} "
+                         f"--local-dir {shlex.quote(f['written'])}")
+    return lines
 
 
-def sbatch_script(s: dict, launch: dict) -> str:
-    days = launch["days"]
-    lines = ["#!/bin/bash",
-             f"#SBATCH --job-name=pilotrun-{_slug(s['campaign'])}",
-             f"#SBATCH --gres=gpu:{launch['gres']}:{launch['gpus']}",
-             f"#SBATCH --time={days}-00:00:00",
-             "#SBATCH --nodes=1",
-             "#SBATCH --ntasks=1",
-             f"#SBATCH --cpus-per-task={8 * launch['gpus']}",
-             "#SBATCH --output=pilotrun-%j.out",
-             f"# GPU type '{launch['gres']}' is the usual GRES name of the {launch['gpu_name']}; sites name "
-             "their own (`sinfo -o %G`).",
-             f"# Time limit: the {days}-day plan. The stack the sheet checked:",
-             *[f"#   {line}" for line in launch["setup"]],
-             *launch["body"]]
+def sky_task(s: dict, launch: dict, wheel: Path | None) -> dict:
+    mounts: dict = {SKY_HOME: {"name": launch["bucket"], "mode": "MOUNT_CACHED"}}
+    wheel_ref = None
+    if wheel is not None:
+        mounts[f"~/pilotrun-wheel/{wheel.name}"] = str(wheel)
+        wheel_ref = f'"$HOME/pilotrun-wheel/{wheel.name}"'
+    for f in launch["inputs"]:
+        if f["kind"] in ("hub", "installed") or f["inside"]:
+            continue
+        from pilotrun.sheet.ship import remote_path
+
+        dest = remote_path(f)
+        if dest is not None:
+            mounts[dest] = f["local"]
+    resources = {"accelerators": f"{launch['sky']}:{launch['per_node']}",
+                 "job_recovery": {"strategy": "FAILOVER", "max_restarts_on_errors": 3}}
+    task = {"name": f"pilotrun-{_slug(s['campaign'])}", "resources": resources}
+    if launch["nodes"] > 1:
+        task["num_nodes"] = launch["nodes"]
+    body = _body(launch, SKY_HOME, nodes_head='$(echo "$SKYPILOT_NODE_IPS" | head -n1)',
+                 nnodes='"$SKYPILOT_NUM_NODES"', node_rank=' --node_rank "$SKYPILOT_NODE_RANK"')
+    task.update({"workdir": launch["campaign_dir"], "file_mounts": mounts,
+                 "setup": "\n".join(setup_lines(launch, wheel_ref)) + "\n",
+                 "run": "\n".join(["export PILOTRUN_CAMPAIGN_DIR=.", *body]) + "\n"})
+    return task
+
+
+def sky_header(s: dict, launch: dict) -> str:
+    lines = [f"# SkyPilot managed job for campaign {s['campaign']}: `sky jobs launch {launch['stem']}.sky.yaml` "
+             "(add --use-spot for spot).",
+             f"# A preempted or failed node is recovered (job_recovery) and the run command starts again: sweep "
+             f"{launch['sweep_id']}",
+             f"# continues from the journal on the bucket {launch['bucket']} ({SKY_HOME}; rename it if the name "
+             "is taken).",
+             f"# Stack: {launch['pins_from']}; pilotrun: {launch['pilotrun']['why']}.",
+             "# Uploaded: the workdir (the campaign folder), and in file_mounts the files outside it."]
+    lines += [f"#   {x}" for x in _inputs_comments(launch, "mounted at the path the campaign file names")]
+    lines += [f"#   not reachable from the workdir by the path the campaign file writes, not uploaded: {f['key']} "
+              f"{f['written']}" for f in launch["inputs"]
+              if f["kind"] not in ("hub", "installed") and not f["inside"] and _remote(f) is None]
     return "\n".join(lines) + "\n"
 
 
-def setup_lines(s: dict, gpu) -> list[str]:
-    req = s["stack"]["required"]
-    pins = [f"{k}=={v}" if v else k for k, v in req["packages"].items()]
-    torch = f"torch{req['torch']['range'].split(' ')[0]}"
-    if gpu is not None and gpu.vendor == "amd":
-        torch_line = f"pip install '{torch}' --index-url https://download.pytorch.org/whl/rocm6.4  # a ROCm build"
-    else:
-        torch_line = f"pip install '{torch}'"
-    return [torch_line, "pip install " + " ".join(shlex.quote(p) for p in pins + ["pilotrun"])]
+def _remote(f):
+    from pilotrun.sheet.ship import remote_path
+
+    return remote_path(f)
+
+
+def sbatch_script(s: dict, launch: dict, wheel: Path | None) -> str:
+    n, g = launch["nodes"], launch["per_node"]
+    venv = f"${{PILOTRUN_VENV:-{launch['campaign_dir']}/.pilotrun/venv}}"
+    home = f"${{PILOTRUN_HOME:-{launch['home']}}}"
+    wheel_ref = shlex.quote(str(wheel)) if wheel is not None else None
+    lines = ["#!/bin/bash",
+             f"#SBATCH --job-name=pilotrun-{_slug(s['campaign'])}",
+             f"#SBATCH --nodes={n}",
+             "#SBATCH --ntasks-per-node=1",
+             f"#SBATCH --gres=gpu:{launch['gres']}:{g}",
+             f"#SBATCH --cpus-per-task={8 * g}",
+             f"#SBATCH --time={slurm_time(launch['time_limit_s'])}",
+             f"#SBATCH --signal=TERM@{GRACE_S}",
+             "#SBATCH --requeue",
+             "#SBATCH --open-mode=append",
+             "#SBATCH --output=pilotrun-%x-%j.out",
+             f"# Time limit: {launch['time_how']}; the sheet's tier is the {launch['days']}-day plan.",
+             f"# A requeued job (preemption, node failure) runs this script again: sweep {launch['sweep_id']} "
+             "continues from the",
+             "# journal on the shared file system (PILOTRUN_HOME), skipping the runs that finished. SIGTERM comes "
+             f"{GRACE_S} s before the limit.",
+             f"# GPU type '{launch['gres']}' is the usual GRES name of the {launch['gpu_name']}; sites name "
+             "their own (`sinfo -o %G`).",
+             f"# Stack: {launch['pins_from']}; pilotrun: {launch['pilotrun']['why']}.",
+             "# The files the campaign reads are read where they are: the campaign folder and these must be on "
+             "the shared file system:",
+             *[f"#   {x}" for x in _inputs_comments(launch, "it must be reachable at this path from the nodes")],
+             f'VENV="{venv}"',
+             'if [ ! -x "$VENV/bin/pilotrun" ]; then  # once: a requeued job finds it',
+             '  python3 -m venv "$VENV" && . "$VENV/bin/activate" || exit 1',
+             *[f"  {x} || exit 1" for x in setup_lines(launch, wheel_ref)],
+             "fi",
+             '. "$VENV/bin/activate"']
+    head = '$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)'
+    lines += _body(launch, home, nodes_head=head, nnodes='"$SLURM_NNODES"', srun="srun --kill-on-bad-exit=1 ")
+    return "\n".join(lines) + "\n"
 
 
 def _slug(name: str) -> str:
@@ -113,12 +231,17 @@ def _slug(name: str) -> str:
 
 
 def write_launch(s: dict, loaded, out: Path, launch: dict) -> list[Path]:
-    """The three files next to ``out`` (sheet.md), each written atomically; returns their paths."""
+    """The three files next to ``out`` (sheet.md), each written atomically, and pilotrun's wheel when it
+    ships as one; returns their paths."""
     import yaml
 
     from pilotrun.journal.files import atomic_write_text
+    from pilotrun.sheet.ship import build_wheel
 
     stem = out.with_suffix("")
+    launch["stem"] = stem.name
+    wheel = build_wheel(launch["pilotrun"], out.parent) if launch["pilotrun"]["kind"] != "vcs" else None
+
     class Dumper(yaml.SafeDumper):
         pass
 
@@ -126,23 +249,45 @@ def write_launch(s: dict, loaded, out: Path, launch: dict) -> list[Path]:
         return dumper.represent_scalar("tag:yaml.org,2002:str", v, style="|" if "\n" in v else None)
 
     Dumper.add_representer(str, text_block)
+    sky = sky_header(s, launch) + yaml.dump(sky_task(s, launch, wheel), Dumper=Dumper, sort_keys=False, width=100)
     files = {Path(f"{stem}.commands.sh"): commands_script(s, launch),
-             Path(f"{stem}.sky.yaml"): yaml.dump(sky_task(s, launch), Dumper=Dumper, sort_keys=False, width=100),
-             Path(f"{stem}.sbatch"): sbatch_script(s, launch)}
+             Path(f"{stem}.sky.yaml"): sky,
+             Path(f"{stem}.sbatch"): sbatch_script(s, launch, wheel)}
     for path, text in files.items():
         atomic_write_text(path, text)
-    return list(files)
+    return list(files) + ([wheel] if wheel is not None else [])
 
 
-def launch_plan(s: dict, loaded, gpu, plan: dict | None, sets: tuple[str, ...] = ()) -> dict:
-    """What the files need: GPU, count, plan, the commands and their lanes."""
+def launch_plan(s: dict, loaded, gpu, plan: dict | None, sets: tuple[str, ...] = (), *, gpus: int | None = None,
+                run_sets: tuple[str, ...] = (), campaign_s: float | None = None) -> dict:
+    """What the files need: GPU, count and nodes, plan, the sweep's id, runs and lanes, the time limit, the
+    pinned stack, pilotrun's source, the campaign's inputs. ``gpus``/``run_sets``/``campaign_s``: an options
+    row's GPUs, its ``--set`` items and time (the sheet without a pilot)."""
+    from pilotrun.campaign.load import parse_set
+    from pilotrun.rehearsal.training.sweep_runs import launch_sweep_id
+    from pilotrun.sheet.ship import campaign_inputs, pilotrun_source, pins
+
+    sets = tuple(sets) + tuple(run_sets)
     runs = sweep_commands(loaded, sets)
     tm = s.get("time") or {}
-    ranks = s["settings"]["ranks"]
-    gpus = s["hardware"]["gpus"]
+    ranks = (s.get("settings") or {}).get("ranks", 1)
+    gpus = gpus or s["hardware"]["gpus"]
+    nodes = max(1, math.ceil(gpus / 8)) if gpus > 8 else 1
+    groups, left = lanes_of(plan, [r["label"] for r in runs], tm.get("lanes", 1))
+    days = plan["days"] if plan else max(s["hardware"]["rental_days"])
+    if campaign_s is None and plan is not None:
+        campaign_s = plan["used_s"]
+    limit, how = time_limit(campaign_s, s["hardware"].get("reserve", 0.0), days)
+    torch, packages, pins_from = pins((s.get("stack") or {}).get("piloted"))
     campaign_dir = str(Path(loaded.source).resolve().parent)
+    loaded_sets = loaded.with_overrides(parse_set(list(run_sets))) if run_sets else loaded
+    sweep_id = launch_sweep_id(loaded_sets)
     return {"gpu": gpu.key if gpu else None, "gpu_name": gpu.name if gpu else "a GPU",
             "sky": (gpu.sky or gpu.key) if gpu else "GPU", "gres": gpu.slurm_gres if gpu else "gpu",
-            "gpus": gpus, "days": plan["days"] if plan else max(s["hardware"]["rental_days"]),
-            "runs": runs, "campaign_dir": campaign_dir, "setup": setup_lines(s, gpu),
-            "body": _body(runs, plan, tm.get("lanes", 1), ranks, campaign_dir)}
+            "rocm": gpu is not None and gpu.vendor == "amd", "gpus": gpus, "nodes": nodes,
+            "per_node": gpus // nodes, "ranks": ranks, "days": days, "runs": runs, "lanes": groups,
+            "not_placed": left, "campaign_dir": campaign_dir, "campaign_file": Path(loaded.source).name,
+            "sets": sets, "sweep_id": sweep_id, "bucket": f"pilotrun-{sweep_id}"[:63].rstrip("-").lower(),
+            "home": s.get("home") or f"{campaign_dir}/.pilotrun", "time_limit_s": limit, "time_how": how,
+            "torch": torch, "packages": packages, "pins_from": pins_from, "pilotrun": pilotrun_source(),
+            "inputs": campaign_inputs(loaded, sets)}

@@ -177,8 +177,11 @@ def launch(s: dict) -> list[tuple]:
     text = f"For the {BY_KEY[ch['gpu']].name} on the {ch['days']}-day plan ({ch['why']})."
     if not files:
         return out + [("p", text + " Pass `--out sheet.md` to write the launch files next to it.")]
-    out.append(("p", text + " Files next to this sheet: STEM.commands.sh (the sweep's `pilotrun train` commands, "
-                            "control first, by lane), STEM.sky.yaml (SkyPilot task), STEM.sbatch (SLURM)."))
+    out.append(("p", text + f" Files next to this sheet run `pilotrun sweep --id {files['sweep_id']}`, which "
+                            "starts the sweep or continues it (a requeued or recovered job skips the finished runs): "
+                            "STEM.commands.sh (here, by lane), STEM.sky.yaml (SkyPilot managed job, the journal on a "
+                            "bucket), STEM.sbatch (SLURM, --requeue, the journal on the shared file system; time "
+                            f"limit {P.fmt_duration(files['time_limit_s'])}: {files['time_how']}). The sweep's runs:"))
     out.append(("list", [r["command"] for r in files["runs"]]))
     return out
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,23 @@ _DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 
 
 VERBOSE_ENV = "PILOTRUN_VERBOSE"  # set by `pilotrun --verbose`; child processes inherit it
+
+# set inside ``architecture_only``: the config keys to change (a depth), {} for none
+_ARCHITECTURE_ONLY: ContextVar[dict | None] = ContextVar("pilotrun_architecture_only", default=None)
+
+
+@contextmanager
+def architecture_only(overrides: dict | None = None):
+    """Inside, ``build_model`` builds the architecture it would load without reading weights: the same
+    config (model.path's config.json with the same fills, or model.config), ``from_config`` instead of
+    ``from_pretrained``, with ``overrides`` (the depths the estimator counts from) set in the config's
+    keys before it is made. The estimator's fake build is this under fake tensors: pilot, train and
+    estimate share one builder, so they build one model."""
+    token = _ARCHITECTURE_ONLY.set(dict(overrides or {}))
+    try:
+        yield
+    finally:
+        _ARCHITECTURE_ONLY.reset(token)
 
 
 @contextmanager
@@ -138,35 +156,27 @@ def build_model(c, tokenizer, kind: str, labels: list[str] | None = None):
 
     auto = AutoModelForCausalLM if kind == "causal-lm" else AutoModelForSequenceClassification
     dtype = torch_dtype(c.model.dtype)
+    shape_only = _ARCHITECTURE_ONLY.get()
     head_kwargs: dict[str, Any] = {}
     if labels is not None:
         head_kwargs = {"num_labels": len(labels), "id2label": dict(enumerate(labels)),
                        "label2id": {n: i for i, n in enumerate(labels)}}
     if c.model.path:
         path = Path(c.model.path)
-        check_model_dir(path)
-        try:
-            config = AutoConfig.from_pretrained(str(path), local_files_only=True,
-                                                trust_remote_code=c.model.trust_remote_code)
-        except Exception as e:
-            raise BadInput(f"cannot read {path}/config.json: {e}", where="model.path",
-                           fix="the folder must be a Hugging Face model folder") from None
+        check_model_dir(path, weights=shape_only is None)  # the architecture alone needs config.json only
+        config = _folder_config(path, c.model.trust_remote_code, shape_only or {})
         if labels is not None and _generic_labels(config):
             for k, v in head_kwargs.items():
                 setattr(config, k, v)
         if kind == "seq-cls" and getattr(config, "pad_token_id", None) is None:
             config.pad_token_id = pad_id(tokenizer)
         torch.manual_seed(c.seed)  # weights the folder does not hold (a new head) are drawn under the campaign seed
-        try:
-            with quiet_transformers():
-                model = auto.from_pretrained(str(path), config=config, local_files_only=True, dtype=dtype,
-                                             use_safetensors=True, trust_remote_code=c.model.trust_remote_code)
-        except Exception as e:
-            raise BadInput(f"cannot load the model from {path}: {e}", where="model.path",
-                           fix="check that the weights match config.json (save_pretrained writes both)") from None
-        touch_weights(model)
+        if shape_only is not None:
+            model = _from_config(auto, config, c, "model.path").to(dtype)
+        else:
+            model = _from_folder(auto, path, config, c, dtype)
     elif c.model.config:
-        cfg = dict(c.model.config)
+        cfg = dict(c.model.config, **(shape_only or {}))
         model_type = cfg.pop("model_type", None)
         if not model_type:
             raise BadInput("model.config has no model_type", where="model.config",
@@ -179,15 +189,61 @@ def build_model(c, tokenizer, kind: str, labels: list[str] | None = None):
         if kind == "seq-cls":
             config.pad_token_id = pad_id(tokenizer)
         torch.manual_seed(c.seed)
-        try:
-            model = auto.from_config(config)
-        except Exception as e:
-            raise BadInput(f"cannot build a {model_type} model from model.config: {e}", where="model.config",
-                           fix="check the sizes in model.config") from None
-        model = model.to(dtype)
+        model = _from_config(auto, config, c, "model.config").to(dtype)
     else:
         raise BadInput("no model: set model.path (a local model folder) or model.config (random init)",
                        where="model", fix="see `pilotrun init` for both forms")
+    return _finish(model, c, tokenizer, kind)
+
+
+def _folder_config(path: Path, trust_remote_code: bool, overrides: dict):
+    """The folder's config as ``from_pretrained`` reads it, with ``overrides`` in its keys before it is made."""
+    from transformers import AutoConfig
+
+    try:
+        if not overrides:
+            return AutoConfig.from_pretrained(str(path), local_files_only=True, trust_remote_code=trust_remote_code)
+        from transformers import PretrainedConfig
+
+        cfg, _ = PretrainedConfig.get_config_dict(str(path), local_files_only=True)
+        cfg = dict(cfg, **overrides)
+        if "auto_map" in cfg and trust_remote_code:
+            return AutoConfig.from_pretrained(str(path), local_files_only=True, trust_remote_code=True, **overrides)
+        return AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+    except Exception as e:
+        raise BadInput(f"cannot read {path}/config.json: {e}", where="model.path",
+                       fix="the folder must be a Hugging Face model folder") from None
+
+
+def _from_config(auto, config, c, where: str):
+    """The architecture, initialised under the seed set before, in the default dtype (the builder converts
+    after; a fake build sets the final dtype as the default), whatever dtype a folder's config names."""
+    import torch
+
+    try:
+        return auto.from_config(config, dtype=torch.get_default_dtype(), trust_remote_code=c.model.trust_remote_code)
+    except Exception as e:
+        raise BadInput(f"cannot build a {config.model_type} model from {where}: {e}", where=where,
+                       fix="check the sizes in model.config" if where == "model.config"
+                       else "check config.json's sizes (save_pretrained writes them)") from None
+
+
+def _from_folder(auto, path: Path, config, c, dtype):
+    try:
+        with quiet_transformers():
+            model = auto.from_pretrained(str(path), config=config, local_files_only=True, dtype=dtype,
+                                         use_safetensors=True, trust_remote_code=c.model.trust_remote_code)
+    except Exception as e:
+        raise BadInput(f"cannot load the model from {path}: {e}", where="model.path",
+                       fix="check that the weights match config.json (save_pretrained writes both)") from None
+    touch_weights(model)
+    return model
+
+
+def _finish(model, c, tokenizer, kind: str):
+    """What every build does after the weights: the vocabulary check, precision, checkpointing, the adapter."""
+    import torch
+
     _check_vocab(model, tokenizer)
     if c.train.precision == "bf16-true":
         model = model.to(torch.bfloat16)

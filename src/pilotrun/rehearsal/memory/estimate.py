@@ -67,10 +67,10 @@ def traced(loaded, *, device: str = "cuda", prep=None, counted: bool | None = No
 
     prep = prep or prepare(loaded, splits=("train", "validation"))
     wc = worst_case(prep, 1)
-    from pilotrun.probe.estimate import config_campaign
+    from pilotrun.probe.estimate import architecture_config
 
-    plain = config_campaign(loaded)
-    depth = K.depth_of(plain.campaign.model.config)
+    cfg = architecture_config(loaded)
+    depth = K.depth_of(cfg)
     mbs = wc["micro_batches"]
     if counted is None:
         counted = depth is not None or len(mbs) > K.TRACED_MICRO_BATCHES
@@ -87,9 +87,7 @@ def traced(loaded, *, device: str = "cuda", prep=None, counted: bool | None = No
         layers = None
     else:
         key, layers = depth
-        cfg = plain.campaign.model.config
-        low, high = (_trace_once(plain.with_overrides({"model.config": K.with_depth(cfg, key, d)}), device, prep, wc,
-                                 steps_only) for d in K.DEPTHS)
+        low, high = (_trace_once(loaded, device, prep, wc, steps_only, K.with_depth(cfg, key, d)) for d in K.DEPTHS)
         per_layer = {k: high[k] - low[k] for k in ("params", "trainable", "trainable_bytes", "param_bytes",
                                                    "linear_bytes", "linear_numel")}
         out = dict(high, **{k: high[k] + (layers - K.DEPTHS[1]) * v for k, v in per_layer.items()},
@@ -110,9 +108,10 @@ def _sharing(tr: dict, other: dict | None) -> dict:
                 inputs={**other["inputs"], **tr["inputs"]}, notes={**other["notes"], **tr["notes"]})
 
 
-def _trace_once(loaded, device: str, prep, wc: dict, steps_only: bool = False) -> dict:
+def _trace_once(loaded, device: str, prep, wc: dict, steps_only: bool = False, overrides: dict | None = None) -> dict:
     """One trace of the registry's phases (``phases.driver``, traced) on one rank's worth of tensors;
-    ``steps_only``: load and the two steps only (the rest is shared from another trace)."""
+    ``steps_only``: load and the two steps only (the rest is shared from another trace); ``overrides``:
+    config keys of the model built (a depth to count from)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from pilotrun.phases.driver import PhaseContext, drive
@@ -120,9 +119,9 @@ def _trace_once(loaded, device: str, prep, wc: dict, steps_only: bool = False) -
 
     c = loaded.campaign
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
-    model = fake_build(loaded, fake_mode)
+    model = fake_build(loaded, fake_mode, overrides)
     plain = loaded.with_overrides({"model.adapter": None, "model.gradient_checkpointing": False})
-    reloaded = None if steps_only else fake_build(plain, fake_mode)  # what `reload` loads: the merged model
+    reloaded = None if steps_only else fake_build(plain, fake_mode, overrides)  # what `reload` loads: the merged model
     params = list(model.parameters())
     trainable = [p for p in params if p.requires_grad]
     acc = Accountant(device)

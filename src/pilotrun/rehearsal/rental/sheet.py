@@ -176,7 +176,7 @@ def build_sheet(cfg: dict, journal, pilot: dict, *, target_env: dict | None = No
     peaks = P.phase_peaks(rows)
 
     req = required_stack(cfg, pilot.get("packages") or {})
-    sheet["stack"] = {"required": req, "target": None, "checks": []}
+    sheet["stack"] = {"required": req, "target": None, "checks": [], "piloted": dict(pilot.get("packages") or {})}
     target = get_gpu(gpu) if gpu else None
     if target_env is not None:
         d0 = (target_env.get("devices") or [{}])[0]
@@ -408,6 +408,7 @@ def _sheet_stage(loaded, home, *, target_env_path: str | None = None, gpu: str |
                             f"{loaded.source or 'CAMPAIGN'}` first (with the same --home)"], {"pilot_run": None})
     sheet = build_sheet(loaded.resolved_dict() if not stale else pilot["config"], journal, pilot,
                         target_env=target_env, gpu=gpu, rates=rates, options=options)
+    sheet["home"] = str(journal.home)
     if stale:
         sheet["warnings"].insert(0, stale)
     written = []

@@ -9,6 +9,8 @@ anything runs (``campaign/arms.py``; ``validate`` runs the same checks).
 
 ``--continue SWEEP_ID`` skips finished runs (completed, diverged, stopped) and reruns the others
 (failed, interrupted) as new runs naming the run they supersede; the superseded run stays.
+``--id SWEEP_ID`` starts the sweep under that id, or continues it when the journal has it already: the
+launch files fix it, so a requeued or recovered job runs the same command and picks the plan up.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from pilotrun.errors import BadInput
 from pilotrun.journal.store import Journal
 from pilotrun.provenance import config_sha256
 from pilotrun.rehearsal.training import compare as cmp
-from pilotrun.rehearsal.training.sweep_runs import arm_command, encoded_for
+from pilotrun.rehearsal.training.sweep_runs import arm_command, check_sweep_id, encoded_for, launch_sweep_id  # noqa: F401
 from pilotrun.verdicts import StageResult
 
 DONE = ("completed", "diverged", "stopped")
@@ -46,12 +48,14 @@ def _differences(old: dict, new: dict) -> list[str]:
 
 def sweep(loaded, home, *, continue_id: str | None = None, progress: bool = True,
           on_run: Callable[[dict], None] | None = None, sets: tuple[str, ...] = (),
-          on_start: Callable[[dict], None] | None = None, ray_address: str | None = None) -> StageResult:
+          on_start: Callable[[dict], None] | None = None, ray_address: str | None = None,
+          fixed_id: str | None = None) -> StageResult:
     """Run (or continue) the sweep of ``loaded``'s plan; returns the comparison as the stage's table.
     ``sets``: the command line's ``--set`` items ``loaded`` was loaded with (for each run's own command).
     ``on_start`` sees each run before it starts: index, of, arm, label, seed and ``eta_s`` (the time left
     for this run and the ones after it: the pilot's time plan per run, then the runs' own mean).
-    ``ray_address``: run on that Ray cluster ("auto": the one this machine is attached to), one journal here."""
+    ``ray_address``: run on that Ray cluster ("auto": the one this machine is attached to), one journal here.
+    ``fixed_id``: start the sweep under this id, or continue it if the journal has it (start-or-continue)."""
     from pilotrun.rehearsal.data_checks.validate import validate
 
     if ray_address is not None:
@@ -64,6 +68,14 @@ def sweep(loaded, home, *, continue_id: str | None = None, progress: bool = True
     plan = frozen_plan(loaded, arms)
     sha = config_sha256(plan)
     journal = Journal(home)
+    if fixed_id is not None:
+        if continue_id is not None:
+            raise BadInput("--id and --continue together", where="--id",
+                           fix="pass one: --id ID starts the sweep under ID or continues it if it exists")
+        check_sweep_id(fixed_id)
+        continue_id = journal.create_sweep(plan, sha, plan["campaign_path"], sweep_id=fixed_id)
+    again = ("`pilotrun sheet CAMPAIGN --out ...` writes launch files with a new --id for it" if fixed_id else
+             "run `pilotrun sweep CAMPAIGN` without --continue")
     if continue_id is None:
         sweep_id = journal.create_sweep(plan, sha, plan["campaign_path"])
     else:
@@ -73,8 +85,7 @@ def sweep(loaded, home, *, continue_id: str | None = None, progress: bool = True
             changed = ", ".join(_differences(frozen["plan"], plan))
             raise BadInput(f"the campaign changed since sweep {continue_id} was frozen (differs in: {changed})",
                            where=str(loaded.source or "campaign"),
-                           fix="a changed campaign is a new sweep: run `pilotrun sweep CAMPAIGN` without --continue, "
-                               "or restore the campaign file")
+                           fix=f"a changed campaign is a new sweep: {again}, or restore the campaign file")
         sweep_id = continue_id
     todo = _todo(journal, sweep_id, arms, plan["seeds"])
     total = len(plan["seeds"]) * len(arms)

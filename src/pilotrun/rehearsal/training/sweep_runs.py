@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from pilotrun.campaign.arms import Arm
+from pilotrun.errors import BadInput
 from pilotrun.provenance import config_sha256
 
 
@@ -37,3 +38,19 @@ def encoded_for(loaded, cache: dict):
         cache[key] = prepare(loaded, splits=("train", "validation"))
         return {"prep": cache[key], "prepare_s": time.perf_counter() - t0}
     return {"prep": Prepared(loaded, make_task(loaded), cache[key].examples), "prepare_s": 0.0}
+
+
+def check_sweep_id(sweep_id: str) -> None:
+    """A sweep id a launch file may fix: letters, digits, '.', '_' and '-' (it names folders and a bucket)."""
+    import re
+
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", sweep_id):
+        raise BadInput(f"sweep id {sweep_id!r} is not letters, digits, '.', '_' and '-' (at most 100, a letter or "
+                       f"digit first)", where="--id", fix="pass an id such as sweep-demo-1")
+
+
+def launch_sweep_id(loaded) -> str:
+    """The sweep id a launch file fixes: the campaign's name and its config sha256 (the plan is part of it), so
+    a changed campaign gets a new id (a new sweep) and the same campaign the same one."""
+    slug = "".join(ch if ch.isalnum() or ch in "-_" else "-" for ch in loaded.c.name.lower())[:40] or "campaign"
+    return f"sweep-{slug}-{loaded.config_sha256()[:12]}"

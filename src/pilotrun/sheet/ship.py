@@ -1,0 +1,204 @@
+"""What a rental needs from this machine: the stack the sheet checked, pinned; pilotrun itself as something
+an installer can reach (a VCS URL at a pushed revision, else a wheel built here and uploaded); and every
+file the campaign reads, with where the rental finds it.
+
+Nothing here contacts an index or a hub: the wheel is built from the source checkout (``pip wheel
+--no-deps``, the build backend already installed) or repacked from the installed files.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+# pilotrun's own dependencies and what the pilot recorded (provenance.PACKAGES), torch apart
+PINNED = ("transformers", "safetensors", "peft", "numpy", "pyarrow", "pydantic")
+
+
+def is_hub_id(value: str | None, resolved: str | None) -> bool:
+    """A model.path that names a hub model (org/name) rather than a folder: no such folder exists.
+    (Issue 29 brings a helper of its own for this; point here at it when it lands.)"""
+    if not value or resolved is None or Path(resolved).exists():
+        return False
+    return bool(HUB_ID.match(value))
+
+
+def pins(piloted: dict | None) -> tuple[str, list[str], str]:
+    """``torch==X`` (the local tag, e.g. +cpu, dropped: the rental's index has its own build), the other
+    packages ``name==version``, and where the versions come from."""
+    from pilotrun.provenance import package_versions
+
+    source = "the versions the pilot ran with (its run's packages)"
+    if not piloted or not piloted.get("torch"):
+        piloted, source = package_versions(), "the versions installed here (no pilot recorded them)"
+    torch = "torch==" + str(piloted["torch"]).split("+")[0] if piloted.get("torch") else "torch"
+    return torch, [f"{p}=={piloted[p]}" for p in PINNED if piloted.get(p)], source
+
+
+def source_root() -> Path | None:
+    """The source checkout the running pilotrun comes from (its pyproject.toml), if it is one."""
+    import pilotrun
+
+    for parent in Path(pilotrun.__file__).resolve().parents[1:4]:
+        py = parent / "pyproject.toml"
+        if py.is_file() and re.search(r'^name\s*=\s*"pilotrun"', py.read_text(encoding="utf-8"), re.M):
+            return parent
+    return None
+
+
+def _git(root: Path, *args: str) -> str | None:
+    try:
+        p = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return p.stdout.strip() if p.returncode == 0 else None
+
+
+def pilotrun_source() -> dict:
+    """How the rental gets this pilotrun: ``{"kind": "vcs", "requirement"}`` for a clean git checkout with a
+    remote (the revision must be pushed there), else ``{"kind": "wheel", "root"}`` (built from the checkout)
+    or ``{"kind": "repack"}`` (the installed files), each with ``why``."""
+    from importlib import metadata
+
+    version = metadata.version("pilotrun")
+    root = source_root()
+    if root is None:
+        return {"kind": "repack", "version": version,
+                "why": "pilotrun is installed without a source checkout: its installed files, repacked as a wheel"}
+    rev = _git(root, "rev-parse", "HEAD")
+    if rev is None:
+        return {"kind": "wheel", "root": str(root), "version": version,
+                "why": f"a wheel built from {root} (not a git checkout)"}
+    origin = _git(root, "remote", "get-url", "origin")
+    dirty = _git(root, "status", "--porcelain", "--untracked-files=no")
+    reachable = bool(origin) and not origin.startswith("file:") and ("://" in origin or "@" in origin)
+    if reachable and not dirty:
+        url = origin if "://" in origin else "ssh://" + origin.replace(":", "/", 1)
+        return {"kind": "vcs", "requirement": f"pilotrun @ git+{url}@{rev}", "version": version,
+                "why": f"the git checkout {root} at {rev[:12]}; push that revision to {origin} before launching"}
+    why = "uncommitted changes" if dirty else "no remote named origin" if not origin else \
+        f"its origin {origin} is a path on this machine"
+    return {"kind": "wheel", "root": str(root), "version": version,
+            "why": f"a wheel built from the git checkout {root} ({why}, so no URL an installer can reach)"}
+
+
+def build_wheel(src: dict, folder: Path) -> Path:
+    """The wheel of ``src`` (``pilotrun_source``) in ``folder``; replaces an older one of the same name."""
+    folder.mkdir(parents=True, exist_ok=True)
+    if src["kind"] == "wheel":
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="pilotrun-wheel-", dir=folder) as tmp:
+            p = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                                "-w", tmp, src["root"]], capture_output=True, text=True, timeout=300)
+            built = sorted(Path(tmp).glob("pilotrun-*.whl"))
+            if p.returncode != 0 or not built:
+                raise RuntimeError(f"pip wheel {src['root']} failed: {(p.stderr or p.stdout).strip()[-500:]}")
+            target = folder / built[0].name
+            built[0].replace(target)  # same file system: an atomic rename
+            return target
+    return _repack(folder)
+
+
+def _repack(folder: Path) -> Path:
+    """A wheel of the installed distribution's own files (RECORD), its RECORD written anew."""
+    import base64
+    import hashlib
+    import os
+    import tempfile
+    import zipfile
+    from importlib import metadata
+
+    dist = metadata.distribution("pilotrun")
+    files = [f for f in dist.files or [] if "__pycache__" not in f.parts and not str(f).endswith(".pyc")
+             and not str(f).startswith("..")]
+    info = next((str(f.parts[0]) for f in files if f.parts[0].endswith(".dist-info")), None)
+    if info is None:
+        raise RuntimeError(f"pilotrun {dist.version} is installed without a .dist-info (an egg or a develop "
+                           f"install) and no source checkout was found: install it from a wheel or a checkout")
+    name = f"pilotrun-{dist.version}-py3-none-any.whl"
+    fd, tmp = tempfile.mkstemp(prefix=".pilotrun-wheel-", dir=folder)
+    os.close(fd)
+    record = []
+    with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as z:
+        for f in files:
+            if str(f) == f"{info}/RECORD" or str(f).startswith(f"{info}/INSTALLER") \
+                    or str(f).startswith(f"{info}/direct_url"):
+                continue
+            data = Path(f.locate()).read_bytes()
+            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+            z.writestr(str(f), data)
+            record.append(f"{f},sha256={digest},{len(data)}")
+        z.writestr(f"{info}/RECORD", "\n".join(record + [f"{info}/RECORD,,"]) + "\n")
+    target = folder / name
+    os.replace(tmp, target)
+    return target
+
+
+def campaign_inputs(loaded, sets: tuple[str, ...] = ()) -> list[dict]:
+    """Every file or folder the campaign reads: key, local path, the path as the campaign file writes it,
+    ``kind`` (file | folder | hub | module | installed) and ``inside`` (under the campaign's folder)."""
+    import importlib.util
+
+    import yaml
+
+    from pilotrun.campaign.load import apply_overrides, parse_set
+
+    c = loaded.campaign
+    base = Path(loaded.source).resolve().parent
+    raw = yaml.safe_load(Path(loaded.source).read_text(encoding="utf-8")) or {}
+    raw = apply_overrides(raw, parse_set(list(sets))) if sets else raw
+
+    def written(section: str, key: str):
+        v = (raw.get(section) or {}).get(key)
+        return str(v) if v is not None else None
+
+    out = []
+
+    def add(key, value, resolved, kind):
+        p = Path(resolved).resolve()
+        inside = p == base or base in p.parents
+        out.append({"key": key, "written": value, "local": str(p), "kind": kind, "inside": inside})
+
+    mp = written("model", "path")
+    if is_hub_id(mp, c.model.path):
+        out.append({"key": "model.path", "written": mp, "local": None, "kind": "hub", "inside": True})
+    elif c.model.path:
+        add("model.path", mp, c.model.path, "folder")
+    tok = c.model.tokenizer
+    if tok and tok != "byte" and tok != c.model.path:
+        add("model.tokenizer", written("model", "tokenizer"), tok, "folder" if Path(tok).is_dir() else "file")
+    for k in ("train", "validation", "test"):
+        v = getattr(c.data, k)
+        if v:
+            add(f"data.{k}", written("data", k), v, "file")
+    ct = c.data.chat_template
+    if ct.endswith(".jinja") and "{" not in ct:
+        add("data.chat_template", ct, ct if Path(ct).is_absolute() else base / ct, "file")
+    if ":" in c.task:
+        top = c.task.split(":")[0].split(".")[0]
+        local = base / f"{top}.py" if (base / f"{top}.py").is_file() else base / top
+        if local.exists():
+            add("task", c.task, local, "module")
+        else:
+            spec = importlib.util.find_spec(top)
+            origin = getattr(spec, "origin", None) if spec else None
+            out.append({"key": "task", "written": c.task, "local": origin, "kind": "installed", "inside": False})
+    return out
+
+
+def remote_path(item: dict) -> str | None:
+    """Where a file outside the campaign folder goes on a SkyPilot node, so the campaign file's own path
+    reaches it from the workdir (~/sky_workdir): the same absolute path, or the relative one from there."""
+    import posixpath
+
+    w = item["written"]
+    if w is None:
+        return None
+    if Path(w).is_absolute():
+        return w
+    rel = posixpath.normpath(posixpath.join("sky_workdir", w))
+    return None if rel.startswith("..") else "~/" + rel

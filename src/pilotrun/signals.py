@@ -1,0 +1,117 @@
+"""How a pilotrun process ends on a signal: SIGINT, SIGTERM and SIGHUP are an interruption, never a failure.
+
+``install`` (the console script, in its main thread) turns each of them into :class:`Preempted`, a
+``KeyboardInterrupt``: every run in progress then ends 'interrupted' through ``journal.runs`` naming the
+signal, and the process exits 128 + the signal's number (130, 143, 129). The exception is raised where the
+main thread is, so the run stops within the current update; whatever was being written at that moment
+is a temporary beside its target (``journal/files.py``), so the last checkpoint stays complete.
+
+A scheduler that gives a grace period before it kills (SLURM ``--signal=TERM@S``, Kubernetes'
+``terminationGracePeriodSeconds``) can let the run write one more checkpoint: with
+``$PILOTRUN_TERM_GRACE_S`` > 0 a SIGTERM is only noted; the loop ends after the update in progress, saves a
+checkpoint there (``pending``) and raises; if the grace runs out first, it raises wherever it is. SIGINT and
+SIGHUP never wait. A second signal while the first is being handled ends the process at once.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+GRACE_ENV = "PILOTRUN_TERM_GRACE_S"
+
+_pending: int | None = None  # a SIGTERM noted under a grace, waiting for the loop's next update boundary
+_ending = False  # a Preempted was raised: this process is unwinding
+
+
+class Preempted(KeyboardInterrupt):
+    """The process was asked to stop by ``signum``: the run is interrupted, the exit code 128 + signum."""
+
+    def __init__(self, signum: int):
+        self.signum = int(signum)
+        self.exit_code = 128 + self.signum
+        self.name = signal.Signals(self.signum).name
+        super().__init__(self.reason)
+
+    @property
+    def reason(self) -> str:
+        what = {signal.SIGINT: "interrupted by the user (Ctrl-C, SIGINT)",
+                signal.SIGHUP: "its terminal closed (SIGHUP)"}.get(self.signum)
+        return what or f"stopped by {self.name} (preempted, or stopped by a scheduler or the user)"
+
+
+def grace_s() -> float:
+    """``$PILOTRUN_TERM_GRACE_S``: seconds a SIGTERM may wait for the update in progress and one checkpoint."""
+    raw = os.environ.get(GRACE_ENV, "").strip()
+    if not raw:
+        return 0.0
+    try:
+        return max(0.0, float(raw))
+    except ValueError:
+        from pilotrun.errors import BadInput
+
+        raise BadInput(f"{GRACE_ENV}={raw!r} is not a number of seconds", where=f"${GRACE_ENV}",
+                       fix=f"set {GRACE_ENV} to seconds (e.g. 60), or unset it to stop at once") from None
+
+
+def install() -> None:
+    """Route SIGINT, SIGTERM and SIGHUP to :class:`Preempted` (the main thread of the console script only)."""
+    global _pending, _ending
+    if threading.current_thread() is not threading.main_thread():
+        return
+    _pending, _ending = None, False
+    grace_s()  # a malformed grace is bad input before anything starts
+    for s in SIGNALS:
+        signal.signal(s, _handler)
+    signal.signal(signal.SIGALRM, _grace_over)
+
+
+def _handler(signum, frame) -> None:
+    global _pending, _ending
+    if _ending:  # a second signal while unwinding: stop now, as the signal's default would
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        return
+    grace = grace_s() if signum == signal.SIGTERM and _pending is None else 0.0
+    if grace > 0:
+        _pending = signum
+        signal.setitimer(signal.ITIMER_REAL, grace)
+        print(f"pilotrun: {signal.Signals(signum).name}: ending after the update in progress and one checkpoint "
+              f"(grace {grace:g}s, {GRACE_ENV})", file=sys.stderr, flush=True)
+        return
+    raise_now(signum)
+
+
+def _grace_over(signum, frame) -> None:
+    if _pending is not None and not _ending:
+        raise_now(_pending)
+
+
+def pending() -> int | None:
+    """The signal noted under a grace, if any: the loop checkpoints at its next update boundary, then calls
+    :func:`raise_now`."""
+    return _pending
+
+
+def raise_now(signum: int):
+    global _ending
+    _ending = True
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    raise Preempted(signum)
+
+
+def exit_code_of(exc: BaseException) -> int:
+    """The exit status of a process ended by ``exc`` (a KeyboardInterrupt without a signal: Ctrl-C, 130)."""
+    return getattr(exc, "exit_code", 128 + signal.SIGINT)
+
+
+def signal_of_exit(code: int | None) -> int | None:
+    """The signal that ended a child whose exit status is ``code``: killed by it (-N) or ended by our handler
+    (128 + N); None for any other status."""
+    if code is None:
+        return None
+    n = -code if code < 0 else code - 128 if code > 128 else None
+    return n if n in [int(s) for s in SIGNALS] else None

@@ -1,0 +1,131 @@
+"""The architecture matrix: eight decoder families and three encoders (tests/architectures.py), each a tiny
+model saved with save_pretrained beside a BPE tokenizer without a pad token, loaded through model.path.
+
+Per family: the estimator's fake build is the model pilot and train load; the estimate matches the pilot's
+live tensor bytes in every phase (at 2 layers, and at 4 where the estimate counts layers); pilot, resume,
+LoRA with the family's own names and with the defaults; FSDP on 2 ranks for a tied and an untied family;
+a decoder as a sequence classifier."""
+
+from __future__ import annotations
+
+import pytest
+from architectures import ATTENTION, ENCODERS, FAMILIES, campaign, save_model
+
+from pilotrun.campaign import load_campaign
+
+TOLERANCE = 0.05  # the issue's bound; every family measures 1.000 today
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    """(family, layers, seq_cls) → a saved model folder, each built once for the module."""
+    made: dict = {}
+
+    def get(family: str, layers: int = 2, seq_cls: bool | None = None):
+        seq_cls = family in ENCODERS if seq_cls is None else seq_cls
+        key = (family, layers, seq_cls)
+        if key not in made:
+            made[key] = save_model(tmp_path_factory.mktemp(f"{family}-{layers}"), family, layers=layers,
+                                   seq_cls=seq_cls)
+        return made[key]
+
+    return get
+
+
+def _loaded(folders, tmp_path, family, layers=2, seq_cls=None, **overrides):
+    seq_cls = family in ENCODERS if seq_cls is None else seq_cls
+    return load_campaign(campaign(tmp_path / "c", folders(family, layers, seq_cls), seq_cls=seq_cls, **overrides))
+
+
+def _shapes(model) -> dict:
+    return {n: (tuple(t.shape), t.dtype, t.requires_grad) for n, t in
+            list(model.named_parameters()) + list(model.named_buffers())}
+
+
+@pytest.mark.parametrize("family,seq_cls", [pytest.param(f, None, marks=() if f in ("roberta", "opt") else
+                                                        pytest.mark.slow) for f in FAMILIES] + [("qwen2", True)])
+def test_the_estimate_builds_the_model_pilot_loads(folders, tmp_path, family, seq_cls):
+    """One builder for both: RoBERTa counts positions from padding_idx, and the estimator's replay of the folder
+    as model.config overwrote config.json's pad id with the tokenizer's (eos, 2000): "Padding_idx must be within
+    num_embeddings", reported in model.config, a key the campaign never set."""
+    from torch._subclasses.fake_tensor import FakeTensorMode, is_fake
+
+    from pilotrun.probe.estimate import fake_build
+    from pilotrun.tasks import make_task
+
+    loaded = _loaded(folders, tmp_path, family, seq_cls=seq_cls)
+    real = make_task(loaded).build_model()
+    fake = fake_build(loaded, FakeTensorMode(allow_non_fake_inputs=True))
+    assert all(is_fake(p) for p in fake.parameters())
+    assert _shapes(fake) == _shapes(real)
+    assert fake.config.pad_token_id == real.config.pad_token_id
+    if family == "roberta":
+        assert real.config.pad_token_id == 1  # config.json's, not the tokenizer's
+
+
+@pytest.mark.parametrize("family", ["gpt2", "opt"])
+def test_the_counted_depth_is_built_from_the_folder(folders, tmp_path, family):
+    """The counted path builds the folder's architecture at 2 and 3 layers through the same builder."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from pilotrun.probe.counted import depth_of, with_depth
+    from pilotrun.probe.estimate import architecture_config, fake_build
+    from pilotrun.tasks import make_task
+
+    loaded = _loaded(folders, tmp_path, family, layers=4)
+    cfg = architecture_config(loaded)
+    key, layers = depth_of(cfg)
+    assert layers == 4
+    real = _shapes(make_task(loaded).build_model())
+    two = _shapes(fake_build(loaded, FakeTensorMode(allow_non_fake_inputs=True), with_depth(cfg, key, 2)))
+    assert set(two) < set(real) and all(real[n] == two[n] for n in two)  # the first two layers and the rest
+
+
+def _estimate_against_pilot(loaded, home) -> list:
+    from pilotrun.rehearsal.memory.estimate import estimate
+    from pilotrun.rehearsal.memory.pilot import pilot
+
+    result = pilot(loaded, home)
+    assert result.verdict == "ok", result.messages
+    measured = {r["phase"]: r["peak_allocated"] for r in result.data["rows"]}
+    assert all(r["counter"] == "tensors+rss" for r in result.data["rows"])
+    predicted = {r["phase"]: r["peak_allocated"] for r in estimate(loaded, device="cpu").data["phases"]}
+    assert set(predicted) == set(measured)
+    return [(name, predicted[name], got) for name, got in measured.items()
+            if abs(predicted[name] - got) > TOLERANCE * got]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_estimate_matches_the_pilot_in_every_phase(folders, tmp_path, family):
+    """Live tensor bytes per phase within 5 %; reload too: the pilot counts the reloaded weights (safetensors
+    makes them without an operator, so the exact counter missed them and reload read 10-21 % under the estimate)."""
+    off = _estimate_against_pilot(_loaded(folders, tmp_path, family), tmp_path / "home")
+    assert not off, off
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", FAMILIES)
+def test_estimate_counts_layers_and_matches_the_pilot(folders, tmp_path, family):
+    """At 4 layers the estimate traces 2 and 3 and counts the rest (Gemma-2's alternating layer types are
+    traced whole)."""
+    off = _estimate_against_pilot(_loaded(folders, tmp_path, family, layers=4), tmp_path / "home")
+    assert not off, off
+
+
+def test_reload_row_counts_the_reloaded_weights(folders, tmp_path):
+    """Reload holds the artifact's weights and then the logits of one forward pass at once: the row missed the
+    weights (its rise was the forward pass alone), so it read under what a GPU holds."""
+    from pilotrun.rehearsal.memory.pilot import pilot
+
+    loaded = _loaded(folders, tmp_path, "gpt_neox")
+    row = next(r for r in pilot(loaded, tmp_path / "home").data["rows"] if r["phase"] == "reload")
+    model = _plain(loaded)
+    weights = sum(t.numel() * t.element_size() for t in model.parameters())
+    logits = row["inputs"]["seq_len"] * model.config.vocab_size * 4
+    assert row["peak_allocated"] - row["baseline"] >= weights + logits, row
+
+
+def _plain(loaded):
+    from pilotrun.tasks import make_task
+
+    return make_task(loaded).build_model()

@@ -1,0 +1,144 @@
+"""The launch files as a rental would run them: what the campaign reads uploaded (or said why not), a hub
+model downloaded by the set-up, pilotrun shipped as something an installer reaches, several nodes joined by
+torchrun, the time limit from the plan."""
+
+import subprocess
+import zipfile
+
+import yaml
+from conftest import write_campaign, write_jsonl
+
+from pilotrun.campaign.load import load_campaign
+from pilotrun.sheet.catalogue import BY_KEY
+from pilotrun.sheet.launch import launch_plan, sbatch_script, sky_task, slurm_time, time_limit, write_launch
+
+
+def _sheet(gpus=1, piloted=None):
+    return {"campaign": "far", "hardware": {"gpus": gpus, "rental_days": [3, 7], "reserve": 0.2},
+            "settings": {"ranks": 1}, "stack": {"piloted": piloted or {}}}
+
+
+def _far_campaign(tmp_path, model_path="org-x/model.v2"):
+    """Data beside the campaign folder (../shared/train.jsonl), one file named absolutely, a hub model."""
+    rec = [{"instruction": "say hi", "output": "hi"}] * 8
+    write_jsonl(tmp_path / "shared" / "train.jsonl", rec)
+    write_jsonl(tmp_path / "elsewhere" / "val.jsonl", rec)
+    write_jsonl(tmp_path / "camp" / "data" / "test.jsonl", rec)
+    return write_campaign(tmp_path / "camp", {
+        "name": "far", "model": {"path": model_path, "tokenizer": "byte"},
+        "data": {"train": "../shared/train.jsonl", "validation": str(tmp_path / "elsewhere" / "val.jsonl"),
+                 "test": "data/test.jsonl", "prompt": "instruction", "response": "output"},
+        "train": {"micro_batch": 1, "accumulation": 2, "updates": 2}})
+
+
+def test_files_outside_the_campaign_folder_are_mounted_where_the_campaign_file_finds_them(tmp_path):
+    loaded = load_campaign(_far_campaign(tmp_path))
+    launch = launch_plan(_sheet(piloted={"torch": "2.9.1+cpu", "transformers": "4.57.0", "peft": "0.17.1"}),
+                         loaded, BY_KEY["h100-sxm"], None)
+    wheel = tmp_path / "pilotrun-0.1.0-py3-none-any.whl"
+    wheel.write_bytes(b"")
+    task = sky_task({"campaign": "far"}, launch, wheel)
+    mounts = task["file_mounts"]
+    # relative from the workdir (~/sky_workdir/../shared → ~/shared); an absolute path stays absolute
+    assert mounts["~/shared/train.jsonl"] == str(tmp_path / "shared" / "train.jsonl")
+    assert mounts[str(tmp_path / "elsewhere" / "val.jsonl")] == str(tmp_path / "elsewhere" / "val.jsonl")
+    assert not any("test.jsonl" in k for k in mounts)  # inside the campaign folder: the workdir uploads it
+    # the hub model: downloaded by the set-up into the folder the campaign's relative path names
+    assert "[ -d org-x/model.v2 ] || hf download org-x/model.v2 --local-dir org-x/model.v2" in task["setup"]
+    first = task["setup"].splitlines()[0]
+    assert first == "pip install torch==2.9.1"  # the piloted torch, without the CPU build's local tag
+    assert "transformers==4.57.0" in task["setup"] and "peft==0.17.1" in task["setup"]
+    sbatch = sbatch_script({"campaign": "far"}, launch, wheel)
+    assert f"data.train {tmp_path / 'shared' / 'train.jsonl'}: outside the campaign folder; it must be " \
+           f"reachable at this path from the nodes" in sbatch
+    assert "model.path org-x/model.v2: a hub id, downloaded by the set-up" in sbatch
+
+
+def test_a_model_folder_that_exists_is_uploaded_not_downloaded(tmp_path):
+    (tmp_path / "models" / "m").mkdir(parents=True)
+    loaded = load_campaign(_far_campaign(tmp_path, model_path="../models/m"))
+    launch = launch_plan(_sheet(), loaded, BY_KEY["a100-80gb"], None)
+    task = sky_task({"campaign": "far"}, launch, None if launch["pilotrun"]["kind"] == "vcs" else tmp_path / "w.whl")
+    assert task["file_mounts"]["~/models/m"] == str(tmp_path / "models" / "m")
+    assert "hf download" not in task["setup"]
+    # no pilot recorded versions: the installed ones, said so
+    assert launch["pins_from"] == "the versions installed here (no pilot recorded them)"
+
+
+def test_several_nodes_run_each_run_on_all_of_them_through_torchrun(tmp_path):
+    loaded = load_campaign(_far_campaign(tmp_path))
+    launch = launch_plan(_sheet(), loaded, BY_KEY["h100-sxm"], None, gpus=16,
+                         run_sets=("train.strategy=fsdp", "train.nproc=16"), campaign_s=3 * 3600)
+    assert (launch["nodes"], launch["per_node"]) == (2, 8)
+    out = tmp_path / "sheet.md"
+    files = write_launch({"campaign": "far"}, loaded, out, launch)
+    sbatch = (tmp_path / "sheet.sbatch").read_text()
+    assert "#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=1\n#SBATCH --gres=gpu:h100:8\n" in sbatch
+    assert 'HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)' in sbatch
+    line = next(x for x in sbatch.splitlines() if "torchrun" in x)
+    assert line.startswith('srun --kill-on-bad-exit=1 torchrun --nnodes "$SLURM_NNODES" --nproc_per_node 8 '
+                           '--rdzv-backend c10d --rdzv-endpoint "$HEAD:29500"')
+    assert f"-m pilotrun sweep campaign.yaml --id {launch['sweep_id']}" in line
+    assert "--set train.strategy=fsdp --set train.nproc=16" in line
+    # 3 h × 1.7 + 3 min, in minutes: the plan, not the 7-day tier
+    assert f"#SBATCH --time={slurm_time(3 * 3600 * 1.7 + 180)}\n" in sbatch and "--time=0-05:09:00" in sbatch
+    sky = yaml.safe_load((tmp_path / "sheet.sky.yaml").read_text())
+    assert sky["num_nodes"] == 2 and sky["resources"]["accelerators"] == "H100:8"
+    run = sky["run"]
+    assert 'HEAD=$(echo "$SKYPILOT_NODE_IPS" | head -n1)' in run
+    assert '--nnodes "$SKYPILOT_NUM_NODES" --nproc_per_node 8 --node_rank "$SKYPILOT_NODE_RANK"' in run
+    for f in files[:3]:
+        assert subprocess.run(["bash", "-n", str(f)], capture_output=True).returncode == 0 or f.suffix == ".yaml"
+    # the options row's settings are part of the id: a different experiment, a different sweep
+    assert launch["sweep_id"] != launch_plan(_sheet(), loaded, BY_KEY["h100-sxm"], None)["sweep_id"]
+
+
+def test_the_time_limit_is_the_plan_with_its_margin_and_the_tier_only_without_a_plan():
+    limit, how = time_limit(17.0, 0.2, 3)
+    assert limit == 240 and "17 s × (1 + 0.5 margin + 0.2 reserve)" in how  # 28.9 + 60 + 120 s → 4 min
+    assert time_limit(None, 0.2, 3) == (3 * 86400, "the 3-day plan (no campaign time in the time plan)")
+    assert slurm_time(90061) == "1-01:02:00"
+
+
+def test_pilotrun_ships_as_a_wheel_of_this_source_unless_a_pushed_revision_can_be_named(tmp_path):
+    from pilotrun.sheet.ship import build_wheel, pilotrun_source, source_root
+
+    src = pilotrun_source()
+    root = source_root()
+    assert root is not None and (root / "src" / "pilotrun" / "__init__.py").is_file()
+    origin = subprocess.run(["git", "-C", str(root), "remote", "get-url", "origin"], capture_output=True,
+                            text=True).stdout.strip()
+    if src["kind"] == "vcs":  # a clean checkout with a reachable origin: the URL at the revision
+        rev = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
+                             text=True).stdout.strip()
+        assert src["requirement"].endswith(f"@{rev}") and origin in src["requirement"]
+    else:
+        assert src["kind"] == "wheel" and str(root) in src["why"]
+        wheel = build_wheel(src, tmp_path / "out")
+        names = zipfile.ZipFile(wheel).namelist()
+        assert wheel.name == f"pilotrun-{src['version']}-py3-none-any.whl"
+        assert "pilotrun/sheet/launch.py" in names and any(n.endswith("dist-info/METADATA") for n in names)
+
+
+def test_a_pilotrun_installed_from_a_wheel_is_repacked_into_one_pip_installs(tmp_path):
+    """No checkout: the installed files (RECORD) become the wheel; pip installs it into a fresh target."""
+    import sys
+
+    from pilotrun.sheet.ship import build_wheel, source_root
+
+    wheel = build_wheel({"kind": "wheel", "root": str(source_root())}, tmp_path / "w")
+    site = tmp_path / "site"
+    pip = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target"]
+    assert subprocess.run(pip + [str(site), str(wheel)], capture_output=True).returncode == 0
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); from pathlib import Path; "
+            "from pilotrun.sheet import ship; assert ship.source_root() is None, ship.source_root(); "
+            "print(ship.build_wheel(ship.pilotrun_source(), Path(sys.argv[2])))")
+    p = subprocess.run([sys.executable, "-c", code, str(site), str(tmp_path / "re")], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr[-2000:]
+    repacked = p.stdout.strip()
+    names = zipfile.ZipFile(repacked).namelist()
+    assert "pilotrun/engine/loop.py" in names and not any(n.endswith(".pyc") for n in names)
+    again = subprocess.run(pip + [str(tmp_path / "site2"), repacked], capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr
+    assert (tmp_path / "site2" / "pilotrun" / "sheet" / "launch.py").read_text() == \
+        (site / "pilotrun" / "sheet" / "launch.py").read_text()
