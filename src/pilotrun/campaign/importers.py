@@ -809,7 +809,7 @@ def import_hf(raw: dict[str, Any], b: _Builder) -> None:
     used.update(("max_steps", "num_train_epochs"))
     if raw.get("max_steps") and int(raw["max_steps"]) > 0:
         b.put("max_steps", "train.updates", int(raw["max_steps"]))
-        if not _same(raw.get("num_train_epochs"), defaults.get("num_train_epochs")):
+        if "num_train_epochs" in raw and not _same(raw["num_train_epochs"], defaults.get("num_train_epochs")):
             b.skip("num_train_epochs", raw["num_train_epochs"], "max_steps fixes the budget (it overrides epochs in "
                                                                 "the Trainer too)")
     else:
@@ -867,6 +867,9 @@ def import_hf(raw: dict[str, Any], b: _Builder) -> None:
     used.update(("completion_only_loss", "assistant_only_loss"))
     if raw.get("completion_only_loss") is False:
         b.skip("completion_only_loss", False, HF_REASONS["completion_only_loss"])
+    elif raw.get("completion_only_loss"):
+        b.skip("completion_only_loss", True, "nothing to rehearse: the rehearsal's loss is on the completion "
+                                             "(data.response) only, as the source's")
     if raw.get("assistant_only_loss"):
         b.put("assistant_only_loss", "data.messages", "messages", "the loss on the assistant turns only; the field "
                                                                   "holding the turns is TRL's default 'messages'")
