@@ -402,9 +402,15 @@ def test_hub_id_resolved_from_the_cache_and_recorded(tmp_path, data, cache):
     assert loaded.hub["model.path"].commit == snap.name and loaded.hub["model.path"].revision == "main"
     model = build_model(loaded.campaign, load_tokenizer(loaded.campaign), "causal-lm")
     assert model.config.hidden_size == 64
-    # @revision: the commit itself
+    # @revision: the commit itself; a tokenizer named by hub id resolves the same way
     at = load_campaign(hub_campaign(tmp_path, data, f"acme/tiny-llama@{snap.name}"))
     assert at.campaign.model.path == str(snap)
+    tok_only = add_model(cache, "acme/tok", tokenizer_files())
+    c = yaml.safe_load(hub_campaign(tmp_path, data, "acme/tiny-llama").read_text())
+    c["model"]["tokenizer"] = "acme/tok"
+    with_tok = load_campaign(write(tmp_path / "camp" / "tok.yaml", c))
+    assert with_tok.campaign.model.tokenizer == str(tok_only) and with_tok.hub["model.tokenizer"].repo_id == "acme/tok"
+    assert len(load_tokenizer(with_tok.campaign)) == 2003
     # the run records the resolved revision
     rec = RunRecorder(Journal(tmp_path / "home"), loaded, kind="train")
     revs = json.loads((rec.dir / "revisions.json").read_text())

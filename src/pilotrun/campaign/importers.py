@@ -528,23 +528,17 @@ def import_axolotl(raw: dict[str, Any], b: _Builder) -> None:
     elif get("warmup_ratio") is not None:
         b.in_updates("warmup_ratio", "train.warmup", float(raw["warmup_ratio"]), ratio_of="total", minimum=0)
 
-    # validation and checkpoints
-    if get("eval_steps") is not None:
-        v = raw["eval_steps"]
-        if isinstance(v, float) and v < 1:
-            b.in_updates("eval_steps", "train.eval_every", v, ratio_of="total")
-        else:
-            b.put("eval_steps", "train.eval_every", int(v))
-    elif get("evals_per_epoch"):
-        b.in_updates("evals_per_epoch", "train.eval_every", int(raw["evals_per_epoch"]), ratio_of="epoch")
-    if get("save_steps") is not None:
-        v = raw["save_steps"]
-        if isinstance(v, float) and v < 1:
-            b.in_updates("save_steps", "train.save_every", v, ratio_of="total")
-        else:
-            b.put("save_steps", "train.save_every", int(v))
-    elif get("saves_per_epoch"):
-        b.in_updates("saves_per_epoch", "train.save_every", int(raw["saves_per_epoch"]), ratio_of="epoch")
+    # validation and checkpoints: every N updates, a share of the budget, or N per epoch
+    for steps, per_epoch, key in (("eval_steps", "evals_per_epoch", "train.eval_every"),
+                                  ("save_steps", "saves_per_epoch", "train.save_every")):
+        if get(steps) is not None:
+            v = raw[steps]
+            if isinstance(v, float) and v < 1:
+                b.in_updates(steps, key, v, ratio_of="total")
+            else:
+                b.put(steps, key, int(v))
+        elif get(per_epoch):
+            b.in_updates(per_epoch, key, int(raw[per_epoch]), ratio_of="epoch")
     if get("early_stopping_patience"):
         b.put("early_stopping_patience", "train.stop.patience", int(raw["early_stopping_patience"]))
 
