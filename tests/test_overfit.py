@@ -100,3 +100,61 @@ def test_no_trainable_parameters_named(cli, tmp_path):
             "--set", "task=test_overfit:FrozenTask")
     assert r.code == 1
     assert "no trainable parameters" in "\n".join(r.json["messages"])
+
+
+def _clashing_records() -> list[dict]:
+    """Eight records; the last asks the first's question again with another answer (its first character)."""
+    records = [{"id": i, "instruction": f"reverse word{i}", "output": f"{i}drow, reversed letter by letter"}
+               for i in range(7)]
+    return records + [{"id": 7, "instruction": "reverse word0", "output": "9drow, reversed letter by letter"}]
+
+
+def test_identical_inputs_with_different_targets_named_before_positions(cli, tmp_path):
+    path = tiny_causal_campaign(tmp_path, _clashing_records())
+    r = cli("overfit", path, "--home", tmp_path / "home", "--max-updates", "60", "--json")
+    assert r.code == 1, r.out + r.err
+    text = "\n".join(r.json["messages"])
+    assert r.json["summary"] == "identical inputs with different targets"
+    assert "identical inputs with different targets: 2 of 8 examples read the same as another example whose " \
+           "target differs (" in text and "train.jsonl:1, " in text and "train.jsonl:8)" in text
+    assert "keep one answer per prompt" in text
+    assert "predict and loss disagree on positions" not in text
+
+
+def test_distinct_inputs_memorised_with_the_same_answers(cli, tmp_path):
+    """The clean twin: the same answers, each question its own."""
+    records = _clashing_records()
+    records[-1]["instruction"] = "reverse word9"
+    r = cli("overfit", tiny_causal_campaign(tmp_path, records), "--home", tmp_path / "home", "--max-updates", "60",
+            "--json")
+    assert r.code == 0, r.out + r.err
+    assert r.json["data"]["back_offs"] == []
+
+
+class BounceTask(CausalLMTask):
+    """The planted bounce: at the model's 25th loss the weights are knocked far from the minimum, as an
+    Adam step at too high an lr does (the loss jumps by orders of magnitude)."""
+
+    def loss(self, model, batch):
+        import torch
+
+        model._calls = getattr(model, "_calls", 0) + 1
+        if model._calls == 25:
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(torch.randn_like(p) * 0.2)
+        return super().loss(model, batch)
+
+
+def test_loss_spike_backs_the_lr_off_and_says_so(cli, tmp_path):
+    path = tiny_causal_campaign(tmp_path, simple_records(8))
+    r = cli("overfit", path, "--home", tmp_path / "home", "--max-updates", "150", "--json",
+            "--set", "task=test_overfit:BounceTask")
+    text = "\n".join(r.json["messages"])
+    assert "halved on a loss spike, down to train.lr" in text
+    events = r.json["data"]["back_offs"]
+    assert events and events[0].startswith("loss spiked to ") and "lr backed off to 2.50e-03" in events[0]
+    assert events[0] in text
+    rows = r.json["stages"][0]["rows"]
+    assert rows[0]["lr"] == 5e-3 and rows[-1]["lr"] < 5e-3
+    assert r.code == 0, r.out + r.err

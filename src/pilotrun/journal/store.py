@@ -11,6 +11,7 @@ import os
 import secrets
 import socket
 import sqlite3
+import threading
 import time
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -42,8 +43,13 @@ CREATE TABLE IF NOT EXISTS runs (
     ended_at TEXT,
     updates_done INTEGER NOT NULL DEFAULT 0,
     examples_seen INTEGER NOT NULL DEFAULT 0,
-    summary_json TEXT
+    summary_json TEXT,
+    seq INTEGER,
+    heartbeat_at REAL
 );
+CREATE UNIQUE INDEX IF NOT EXISTS runs_by_seq ON runs(seq);
+CREATE TRIGGER IF NOT EXISTS runs_seq_immutable BEFORE UPDATE OF seq ON runs
+BEGIN SELECT RAISE(ABORT, 'a run''s sequence number is immutable'); END;
 CREATE TRIGGER IF NOT EXISTS runs_no_delete BEFORE DELETE ON runs
 BEGIN SELECT RAISE(ABORT, 'runs are never deleted'); END;
 CREATE TRIGGER IF NOT EXISTS runs_immutable
@@ -101,28 +107,72 @@ CREATE TABLE IF NOT EXISTS sweeps (
     created_at TEXT NOT NULL,
     campaign_path TEXT,
     plan_json TEXT NOT NULL,
-    plan_sha256 TEXT NOT NULL
+    plan_sha256 TEXT NOT NULL,
+    seq INTEGER
 );
 CREATE TRIGGER IF NOT EXISTS sweeps_immutable BEFORE UPDATE ON sweeps
 BEGIN SELECT RAISE(ABORT, 'a sweep plan is frozen'); END;
 """
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 """Stamped in the file as ``PRAGMA user_version``; bump it (and add a step to MIGRATIONS) with any change
 to SCHEMA. A journal stamped higher is refused before anything is written to it."""
-MIGRATIONS: dict[int, str] = {
+
+
+def _to_v2(db: sqlite3.Connection) -> str:
+    """Version 2: the journal's sequence (``seq``: runs and sweeps in the order they were created, whatever
+    the clocks said) and each run's lease (``heartbeat_at``). Existing rows take their insertion order."""
+    have = {t: {r[1] for r in db.execute(f"PRAGMA table_info({t})")} for t in ("runs", "sweeps")}
+    steps = ["DROP TRIGGER IF EXISTS sweeps_immutable;"]
+    for table, col, kind in (("runs", "seq", "INTEGER"), ("runs", "heartbeat_at", "REAL"), ("sweeps", "seq", "INTEGER")):
+        if col not in have[table]:
+            steps.append(f"ALTER TABLE {table} ADD COLUMN {col} {kind};")
+    steps += ["UPDATE runs SET seq=rowid WHERE seq IS NULL;", "UPDATE sweeps SET seq=rowid WHERE seq IS NULL;"]
+    return "\n".join(steps)
+
+
+MIGRATIONS: dict[int, object] = {
     0: "",  # journals written before the stamp: the schema is the same, only the stamp is new
+    1: _to_v2,  # a step is SQL, or a function of the open connection that returns it
 }
+
+LEASE_ENV = "PILOTRUN_LEASE_S"
+LEASE_S = 120.0
+"""A running run renews its lease (``heartbeat_at``) every ``lease_s() / 8`` seconds; a run whose last renewal
+is older than ``lease_s()`` is interrupted, whatever host or PID it claims. Eight renewals per bound: one
+renewal may wait SQLite's 30 s busy timeout behind a writer and a loaded machine may stall a thread for
+seconds, and a run reaped by mistake cannot be revived; two minutes is short beside any requeue, so a
+preempted run blocks ``sweep --continue`` briefly. ``$PILOTRUN_LEASE_S`` overrides it (tests use ~1 s).
+Hosts that share a home must keep their clocks within the bound of each other (NTP does)."""
+
+CLOCK_ENV = "PILOTRUN_TEST_CLOCK_SHIFT_S"  # test switch only: seconds added to this process's wall clock
+
+
+def lease_s() -> float:
+    try:
+        return max(0.05, float(os.environ.get(LEASE_ENV) or LEASE_S))
+    except ValueError:
+        return LEASE_S
+
+
+def wall_time() -> float:
+    """The one wall clock of the journal (shown, and used for leases; never for order). Test switch:
+    ``$PILOTRUN_TEST_CLOCK_SHIFT_S`` moves it, as a clock stepped by NTP would. Never set it outside tests."""
+    return time.time() + float(os.environ.get(CLOCK_ENV) or 0.0)
+
+
+def iso(t: float) -> str:
+    return datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="milliseconds")
 
 FINAL = ("completed", "diverged", "stopped", "failed", "interrupted")
 
 
 def now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+    return iso(wall_time())
 
 
 def new_run_id(prefix: str = "") -> str:
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    stamp = datetime.fromtimestamp(wall_time(), timezone.utc).strftime("%Y%m%d-%H%M%S")
     return f"{prefix}{stamp}-{secrets.token_hex(3)}"
 
 
@@ -165,6 +215,40 @@ def _wal(db: sqlite3.Connection) -> None:
             time.sleep(min(0.01 * (attempt + 1), 0.2))
 
 
+class Lease(threading.Thread):
+    """Renews one running run's ``heartbeat_at`` while this process lives; stops when the run is finished
+    (here, or reaped elsewhere). A failed renewal (a busy or full disk) is retried at the next beat."""
+
+    held: dict[str, "Lease"] = {}  # run_id → the lease this process renews
+
+    def __init__(self, journal: "Journal", run_id: str):
+        super().__init__(name=f"pilotrun-lease-{run_id}", daemon=True)
+        self.journal, self.run_id, self.stopped = journal, run_id, threading.Event()
+
+    @classmethod
+    def take(cls, journal: "Journal", run_id: str) -> None:
+        lease = cls.held[run_id] = cls(journal, run_id)
+        lease.start()
+
+    @classmethod
+    def release(cls, run_id: str) -> None:
+        lease = cls.held.pop(run_id, None)
+        if lease is not None:
+            lease.stopped.set()
+
+    def run(self) -> None:
+        while not self.stopped.wait(lease_s() / 8):
+            try:
+                with self.journal.transaction() as db:
+                    alive = db.execute("UPDATE runs SET heartbeat_at=? WHERE run_id=? AND status='running'",
+                                       (wall_time(), self.run_id)).rowcount
+            except Exception:  # noqa: BLE001 - a renewal that fails is retried; the bound allows several
+                continue
+            if not alive:
+                self.held.pop(self.run_id, None)
+                return
+
+
 class Journal:
     """One journal per home folder. Connections are short-lived and every write is a transaction."""
 
@@ -184,6 +268,11 @@ class Journal:
         writable = check_home(self.home, reading=not create)
         self.read_only = not writable
         open_checked(self, SCHEMA, SCHEMA_VERSION, MIGRATIONS)
+        self.order = "seq"
+        if self.read_only:  # an older journal read where it cannot be migrated: insertion order is the same
+            with self.connect() as db:
+                if "seq" not in {r[1] for r in db.execute("PRAGMA table_info(runs)")}:
+                    self.order = "rowid"
         if not self.read_only:
             self.reap_interrupted()
 
@@ -250,10 +339,13 @@ class Journal:
                     db.execute(
                         "INSERT INTO runs (run_id, kind, name, created_at, campaign_path, config_json, config_sha256,"
                         " seed, git_rev, packages_json, data_json, trust_remote_code, supersedes, sweep_id, arm,"
-                        " command, host, pid, status, started_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                        " command, host, pid, status, started_at, seq, heartbeat_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,"
+                        "?,?,?,?,?,?,?,?,(SELECT COALESCE(MAX(seq), 0) + 1 FROM runs),?)",
                         (run_id, kind, name, now(), campaign_path, json.dumps(config, sort_keys=True), config_sha256,
                          seed, git_rev, json.dumps(packages), json.dumps(data), int(trust_remote_code), supersedes,
-                         sweep_id, arm, command, socket.gethostname(), os.getpid(), status, now()))
+                         sweep_id, arm, command, socket.gethostname(), os.getpid(), status, now(), wall_time()))
+                if status == "running":
+                    Lease.take(self, run_id)
                 return run_id
             except sqlite3.IntegrityError:
                 continue  # the same id drawn twice in one second: draw again, never reuse
@@ -266,18 +358,32 @@ class Journal:
 
     def finish_run(self, run_id: str, status: str, summary: dict | None = None) -> None:
         assert status in FINAL, status
+        Lease.release(run_id)
         with self.transaction() as db:
             db.execute("UPDATE runs SET status=?, ended_at=?, summary_json=? WHERE run_id=? AND status IN"
                        " ('created','running')", (status, now(), json.dumps(summary or {}, default=str), run_id))
 
     def reap_interrupted(self) -> None:
-        """A run left 'running' by a process that no longer exists on this host was interrupted."""
-        host = socket.gethostname()
+        """A run 'running' whose lease lapsed (no heartbeat for ``lease_s()``: its host gone, its process
+        stopped or killed, whatever its PID now names) was interrupted; so was one whose process no longer
+        exists on this host (known at once, without waiting for the lease)."""
+        host, bound = socket.gethostname(), lease_s()
         with self.connect() as db:
-            rows = db.execute("SELECT run_id, pid FROM runs WHERE status='running' AND host=?", (host,)).fetchall()
-        dead = [r["run_id"] for r in rows if not _pid_alive(r["pid"])]
-        for run_id in dead:
-            self.finish_run(run_id, "interrupted", {"reason": "the process ended without finishing the run"})
+            rows = db.execute("SELECT run_id, host, pid, heartbeat_at, started_at FROM runs WHERE status='running'"
+                              ).fetchall()
+        for r in rows:
+            beat = last_heartbeat(dict(r))
+            where = f"pid {r['pid']} on host {r['host']}"
+            with self.transaction() as db:  # judged again inside the write: a renewal since the read wins
+                lapsed = db.execute(
+                    "UPDATE runs SET status='interrupted', ended_at=?, summary_json=? WHERE run_id=? AND "
+                    "status='running' AND COALESCE(heartbeat_at, ?) < ?",
+                    (now(), json.dumps({"reason": f"its lease lapsed: no heartbeat since {iso(beat)} ({where}; "
+                                                  f"the bound is {bound:g}s, {LEASE_ENV})"}),
+                     r["run_id"], beat, wall_time() - bound)).rowcount
+            if not lapsed and r["host"] == host and not _pid_alive(r["pid"]):
+                self.finish_run(r["run_id"], "interrupted",
+                                {"reason": f"the process ended without finishing the run ({where})"})
 
     def get_run(self, run_id: str) -> dict | None:
         with self.connect() as db:
@@ -304,7 +410,8 @@ class Journal:
                 q += f" AND {col}=?"
                 args.append(val)
         with self.connect() as db:
-            return [_run_dict(r) for r in db.execute(q + " ORDER BY created_at, run_id", args)]
+            # the journal's sequence, never a clock: a clock stepped back cannot reorder runs
+            return [_run_dict(r) for r in db.execute(q + f" ORDER BY {self.order}", args)]
 
     # --- metrics, phases, predictions, notes ------------------------------------------------------
     def add_metrics(self, run_id: str, rows: list[tuple[str, str, int, float, int | None, float | None]],
@@ -376,7 +483,8 @@ class Journal:
         (then nothing is written: the caller continues it)."""
         sweep_id = sweep_id or "sweep-" + new_run_id()
         with self.transaction() as db:
-            db.execute("INSERT OR IGNORE INTO sweeps VALUES (?,?,?,?,?)",
+            db.execute("INSERT OR IGNORE INTO sweeps (sweep_id, created_at, campaign_path, plan_json, plan_sha256, seq)"
+                       " VALUES (?,?,?,?,?,(SELECT COALESCE(MAX(seq), 0) + 1 FROM sweeps))",
                        (sweep_id, now(), campaign_path, json.dumps(plan, sort_keys=True), plan_sha256))
         return sweep_id
 
@@ -391,9 +499,19 @@ class Journal:
 
     def find_sweep(self, plan_sha256: str) -> dict | None:
         with self.connect() as db:
-            row = db.execute("SELECT sweep_id FROM sweeps WHERE plan_sha256=? ORDER BY created_at DESC LIMIT 1",
+            row = db.execute(f"SELECT sweep_id FROM sweeps WHERE plan_sha256=? ORDER BY {self.order} DESC LIMIT 1",
                              (plan_sha256,)).fetchone()
         return self.get_sweep(row["sweep_id"]) if row else None
+
+
+def last_heartbeat(run: dict) -> float:
+    """When the run last renewed its lease (its start for a journal written before leases)."""
+    if run.get("heartbeat_at") is not None:
+        return float(run["heartbeat_at"])
+    try:
+        return datetime.fromisoformat(run["started_at"]).timestamp()
+    except (TypeError, ValueError):
+        return 0.0
 
 
 def _run_dict(row: sqlite3.Row) -> dict:

@@ -118,11 +118,12 @@ def open_checked(journal, schema: str, version: int, migrations: dict[int, str])
     if journal.read_only or current == version:
         return
     current = current or 0
-    steps = ""
     if has_runs:
         _backup(journal, current)
-        steps = "".join(migrations[v] for v in range(current, version))
     with journal.connect() as db:
+        # a step is SQL, or a function of the connection that returns it (to add only what is missing)
+        steps = "".join(m(db) if callable(m) else m for m in (migrations[v] for v in range(current, version))
+                        ) if has_runs else ""
         try:
             db.executescript(f"BEGIN IMMEDIATE;\n{steps}\n{schema}\nPRAGMA user_version={int(version)};\nCOMMIT;")
         except BaseException:

@@ -38,11 +38,14 @@ def architecture_only(overrides: dict | None = None):
 
 @contextmanager
 def quiet_transformers():
-    """transformers' per-load report and progress bars are hidden unless ``--verbose``: they print on
-    every build (three times per ``overfit``) and say nothing the campaign did not choose."""
+    """transformers' per-load report, progress bars and deprecation notices (FutureWarning, e.g. peft reading
+    ``is_gradient_checkpointing``) are hidden unless ``--verbose``: they print on every build (three times
+    per ``overfit``, once per traced option of ``sheet``) and say nothing the campaign did not choose."""
     if os.environ.get(VERBOSE_ENV):
         yield
         return
+    import warnings
+
     from transformers.utils import logging as hf_logging
 
     level = hf_logging.get_verbosity()
@@ -50,7 +53,9 @@ def quiet_transformers():
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     try:
-        yield
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", category=FutureWarning, module=r"(transformers|peft)(\.|$)")
+            yield
     finally:
         hf_logging.set_verbosity(level)
         if bars:
@@ -247,16 +252,17 @@ def _finish(model, c, tokenizer, kind: str):
     _check_vocab(model, tokenizer)
     if c.train.precision == "bf16-true":
         model = model.to(torch.bfloat16)
-    if c.model.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        if hasattr(model.config, "use_cache"):
-            model.config.use_cache = False
-    if c.model.adapter is not None:
-        from pilotrun.journal.base_identity import ATTR, describe_base
+    with quiet_transformers():
+        if c.model.gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            if hasattr(model.config, "use_cache"):
+                model.config.use_cache = False
+        if c.model.adapter is not None:
+            from pilotrun.journal.base_identity import ATTR, describe_base
 
-        torch.manual_seed(c.seed)  # the adapter's A matrices: two builds of one campaign are bitwise equal
-        model = _apply_adapter(model, c.model.adapter, kind)
-        setattr(model, ATTR, describe_base(c))  # checkpoints hold the adapter and name this base
+            torch.manual_seed(c.seed)  # the adapter's A matrices: two builds of one campaign are bitwise equal
+            model = _apply_adapter(model, c.model.adapter, kind)
+            setattr(model, ATTR, describe_base(c))  # checkpoints hold the adapter and name this base
     return model
 
 

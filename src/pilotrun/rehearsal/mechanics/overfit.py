@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import math
 
-from pilotrun.verdicts import StageResult
+from pilotrun.rehearsal.mechanics.plateau import conflict_text, conflicting_inputs
+from pilotrun.verdicts import StageResult, headline, plural
 
 TOLERANCE = {"fp32": 1e-5}  # relative gradient difference; rounding alone stays far below 1e-5 in fp32
 LOW_PRECISION_TOLERANCE = 2e-2  # bf16/fp16 round each micro-batch's gradients to ~3 significant digits
@@ -23,6 +24,9 @@ LOSS_THRESHOLD = 0.05  # nats per target: memorised examples sit far below, an u
 FLAT_RELATIVE = 0.02  # a loss within 2% of its start after the whole budget has not moved
 MAX_LR = 5e-3  # 10 × a fine-tuning lr memorises quickly; above ~1e-2 AdamW spikes on small models
 CHUNK = 10  # updates between prediction checks
+SPIKE = 10.0  # a loss 10× the best so far (and over the threshold) is a bounce of too high an lr, not noise
+BACK_OFF = 0.5  # the lr is halved on each spike, down to train.lr
+SPIKE_GAP = 3  # updates after a back-off before another: the loss needs a few to come down
 GENERATE_EXAMPLES = 3
 ACCUM_MICRO_BATCHES = 2
 ACCUM_PER_MICRO_BATCH = 2
@@ -147,9 +151,33 @@ def memorise_setting(t, n: int, max_updates: int):
                               "weight_decay": 0.0, "drop_last": True, "eval_every": max_updates + 1,
                               "save_every": None, "stop": stop})
     text = (f"{n} examples in one micro-batch, accumulation 1, lr {lr:.2e} (train.lr {t.lr:.2e} × 10, at most "
-            f"{MAX_LR:g}, never lowered), constant schedule, weight decay 0, dropout 0, {t.optimizer}, {t.precision}, "
+            f"{MAX_LR:g}; halved on a loss spike, down to train.lr), constant schedule, weight decay 0, dropout 0, {t.optimizer}, {t.precision}, "
             f"max_grad_norm {t.max_grad_norm}, up to {max_updates} updates")
     return mt, text
+
+
+class BackOff:
+    """Halves the lr when the loss spikes to SPIKE × its best so far: Adam at 10 × a fine-tuning lr can
+    bounce out of a memorised minimum (0.0012 → 0.55 on SmolLM2), and at a constant lr it may not come
+    back within the budget. Never below train.lr; each back-off is said."""
+
+    def __init__(self, floor: float):
+        self.floor, self.best, self.last, self.events = floor, math.inf, -SPIKE_GAP, []
+
+    def __call__(self, state, out) -> None:
+        loss = out["loss"]
+        if not out["finite"]:
+            return
+        spiked = loss > max(SPIKE * self.best, LOSS_THRESHOLD) and out["update"] - self.last >= SPIKE_GAP
+        if spiked and state.lr > self.floor:
+            new = max(self.floor, state.lr * BACK_OFF)
+            for g in state.optimizer.param_groups:
+                g["lr"] = new
+            state.scheduler.base_lrs = [new for _ in state.scheduler.base_lrs]  # constant schedule: lr = base
+            self.events.append(f"loss spiked to {loss:.4g} at update {out['update']} from its best {self.best:.4g}: "
+                               f"lr backed off to {new:.2e}")
+            self.last = out["update"]
+        self.best = min(self.best, loss)
 
 
 def _targets(task, batch, examples) -> list[list[int]]:
@@ -181,30 +209,75 @@ def prediction_check(task, model, examples, device) -> dict:
     return out
 
 
-def _generation_check(task, model, examples, device) -> tuple[list, int]:
-    """Greedy generation from the prompt reproduces the first run of target tokens."""
-    import torch
+def end_ids(task, model) -> list[int]:
+    """Every id generation treats as the end of an answer: the tokenizer's EOS and each of the model's
+    ``generation_config.eos_token_id`` (Llama 3 and Qwen list the end-of-turn marker there)."""
+    found = [getattr(task, "eos", None), getattr(getattr(task, "tokenizer", None), "eos_token_id", None)]
+    gen = getattr(model, "generation_config", None)
+    value = getattr(gen, "eos_token_id", None)
+    found += value if isinstance(value, (list, tuple)) else [value]
+    return sorted({int(i) for i in found if i is not None})
 
+
+def _show(tok, ids: list[int]) -> str:
+    return ", ".join(f"{tok.decode([t])!r} ({t})" for t in ids)
+
+
+def generation_target(e, ends: list[int]) -> tuple[list[int], list[int], bool]:
+    """(asked, after, stops): what greedy generation from the prompt is asked to produce — the first run of
+    targets through its first end id —, what the template trains after that end (ChatML's "\\n" after
+    <|im_end|>: generation never reaches it), and whether generation must stop there. A run cut by
+    data.max_length before its end is compared as far as it goes."""
     from pilotrun.tasks.base import IGNORE
 
+    start = end = e.prompt_len
+    while end < len(e.labels) and e.labels[end] != IGNORE:
+        end += 1
+    run = e.input_ids[start:end]
+    k = next((i for i, t in enumerate(run) if t in ends), None)
+    if k is not None:
+        return run[: k + 1], run[k + 1:], True
+    cut = end == len(e.input_ids) and e.n_targets < e.target_len_full
+    return run, [], not cut
+
+
+def _generation_check(task, model, examples, device) -> tuple[list, int]:
+    """Greedy generation from the prompt reproduces the first answer through its end id, and stops there."""
+    import torch
+
+    ends = end_ids(task, model)
+    tok = task.tokenizer
     wrong, done = [], 0
     for e in examples[:GENERATE_EXAMPLES]:
         start = e.prompt_len
         if start == 0:
             continue
-        end = start
-        while end < len(e.labels) and e.labels[end] != IGNORE:
-            end += 1
-        want = e.input_ids[start:end]
+        want, after, stops = generation_target(e, ends)
         ids = torch.tensor([e.input_ids[:start]], device=device)
         with torch.no_grad():
-            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=len(want),
-                                 do_sample=False, eos_token_id=getattr(task, "eos", None),
-                                 pad_token_id=getattr(task, "pad", None))
+            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
+                                 max_new_tokens=len(want), do_sample=False,
+                                 eos_token_id=ends or None, pad_token_id=getattr(task, "pad", None))
         got = out[0, start:].tolist()
+        stop = next((i for i, t in enumerate(got) if t in ends), None)
+        got = got[: stop + 1] if stop is not None else got
         done += 1
-        if got != want:
-            wrong.append((e.rid, got, want))
+        if got == want and (not stops or (want and want[-1] in ends)):
+            continue
+        p = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+        if p == len(want):  # every token reproduced, but the target has no end id to stop at
+            message = (f"the target of {e.rid} ({len(want)} tokens, reproduced by greedy generation) ends without an "
+                       f"end id ({_show(tok, ends)}), so generation never stops: the response needs the EOS (a "
+                       "custom task's encode, or a chat template whose turns end in none of these ids)")
+        else:
+            before = f" (after {tok.decode(want[max(0, p - 8):p])!r})" if p else ""
+            what = (f"generation gives {_show(tok, [got[p]])} where the target has {_show(tok, [want[p]])}"
+                    if p < len(got) else
+                    f"generation stops ({_show(tok, [got[-1]])} ends it) where the target goes on with "
+                    f"{_show(tok, want[p:p + 3])}")
+            message = f"greedy generation of {e.rid} differs from its target at token {p} of {len(want)}{before}: {what}"
+        wrong.append({"rid": e.rid, "position": p, "generated": got, "target": want, "after_end": after,
+                      "never_stops": p == len(want), "message": message})
     return wrong, done
 
 
@@ -254,10 +327,12 @@ def overfit(loaded, home, *, examples: int = 8, max_updates: int = 150, prep=Non
     model.to(device)
     state = make_state(model, mt, n_train=len(chosen), seed=c.seed, total_updates=max_updates, device=device)
     history, checks = [], {}
-    head(f"memorising {len(chosen)} examples")
+    back_off = BackOff(c.train.lr)
+    head(f"memorising {plural(len(chosen), 'example')}")
     with RunRecorder(Journal(home), loaded, kind="overfit") as rec:
         def on_update(st, out):
             history.append(out)
+            back_off(st, out)
             rec.log("train", out["update"], {"loss": out["loss"], "lr": out["lr"], "grad_norm": out["grad_norm"]},
                     examples_seen=out["examples_seen"], wall_s=out["wall_s"])
 
@@ -270,30 +345,35 @@ def overfit(loaded, home, *, examples: int = 8, max_updates: int = 150, prep=Non
                 break
             if history[-1]["loss"] < LOSS_THRESHOLD:
                 checks = prediction_check(task, model, chosen, device)
-                if not checks["teacher_forced_wrong"] and not checks["generation_wrong"]:
-                    break
+                missed = checks["teacher_forced_wrong"] or checks["generation_wrong"]
+                if not missed or (not checks["teacher_forced_wrong"] and all(
+                        w["never_stops"] for w in checks["generation_wrong"])) or conflicting_inputs(chosen):
+                    break  # memorised; or what no further update mends: no end id, one input with two targets
         failed = [res.reason] if status == "failed" else _diagnose(history, checks, state, mt,
-                                                                   causes=lambda: plateau_causes(task, chosen, model))
+                                                                   causes=lambda: plateau_causes(task, chosen, model),
+                                                                   examples=chosen)
         summary = {"verdict": "fail" if failed or acc["verdict"] == "fail" else acc["verdict"],
                    "accumulation": acc, "setting": setting, "updates": state.update,
                    "first_loss": history[0]["loss"] if history else None,
                    "last_loss": history[-1]["loss"] if history else None, "failed": failed}
         rec.progress(state.update, state.examples_seen)
         rec.finish(status, summary)
-    data.update(run_id=rec.run_id, updates=state.update, losses=[h["loss"] for h in history], checks=checks)
+    data.update(run_id=rec.run_id, updates=state.update, losses=[h["loss"] for h in history], checks=checks,
+                back_offs=back_off.events)
+    msgs += back_off.events
     if not failed and history:
         n_gen = checks.get("generated", 0)
         reproduced = (f"argmax reproduces every target; greedy generation reproduces {n_gen} of {n_gen} examples"
                       if task.kind == "causal-lm" else "the predicted ids reproduce every target")
-        msgs.append(f"memorised {len(chosen)} examples in {state.update} updates: loss {history[0]['loss']:.3f} → "
-                    f"{history[-1]['loss']:.4f} < {LOSS_THRESHOLD}; {reproduced}")
+        msgs.append(f"memorised {plural(len(chosen), 'example')} in {plural(state.update, 'update')}: loss "
+                    f"{history[0]['loss']:.3f} → {history[-1]['loss']:.4f} < {LOSS_THRESHOLD}; {reproduced}")
     msgs.append(f"run {rec.run_id} (kind overfit)")
     rows = [{"update": h["update"], "loss": h["loss"], "grad_norm": h["grad_norm"], "lr": h["lr"]}
             for h in history if h["update"] % CHUNK == 0 or h is history[-1]]
     return _result(acc, msgs + failed, data, failed, rows)
 
 
-def _diagnose(history: list[dict], checks: dict, state, mt, causes=None) -> list[str]:
+def _diagnose(history: list[dict], checks: dict, state, mt, causes=None, examples=None) -> list[str]:
     """Why the loop did not memorise, from what it recorded; empty when it did."""
     if not history:
         return ["no update ran"]
@@ -314,14 +394,27 @@ def _diagnose(history: list[dict], checks: dict, state, mt, causes=None) -> list
         return [f"loss fell from {first:.4f} to {last:.4f} in {state.update} updates but not under {LOSS_THRESHOLD}: "
                 f"the model cannot memorise these examples at this setting; likely causes, most evidence first: "
                 + "; ".join(listed)]
+    if checks.get("teacher_forced_wrong") or checks.get("generation_wrong"):
+        clash = conflicting_inputs(examples or [])
+        if clash:  # measured before any position or format is blamed: no model reproduces both targets
+            missed = checks.get("teacher_forced_wrong") or checks["generation_wrong"]
+            first = missed[0][0] if isinstance(missed[0], tuple) else missed[0]["rid"]
+            return [f"{conflict_text(clash, len(examples))}: loss {last:.4f} is under {LOSS_THRESHOLD} but no model "
+                    f"reproduces both targets of one input ({len(missed)} examples not reproduced, first {first}) — "
+                    "keep one answer per prompt in the data, or merge the answers"]
     if checks.get("teacher_forced_wrong"):
         rid, n, of = checks["teacher_forced_wrong"][0]
         return [f"loss {last:.4f} is under {LOSS_THRESHOLD} but argmax misses {n} of {of} targets of {rid} "
                 f"({len(checks['teacher_forced_wrong'])} examples wrong): predict and loss disagree on positions"]
     if checks.get("generation_wrong"):
-        rid, got, want = checks["generation_wrong"][0]
-        return [f"teacher forcing reproduces every target but greedy generation of {rid} gives {got[:12]} instead of "
-                f"{want[:12]}: generation does not see what training saw (prompt format, EOS, padding side)"]
+        wrong = checks["generation_wrong"]
+        first, of = wrong[0], f"{len(wrong)} of {checks['generated']} generated examples"
+        if first["never_stops"]:
+            return [f"generation never stops: teacher forcing reproduces every target, but {first['message']} "
+                    f"({of})"]
+        return [f"greedy generation differs from what training taught: teacher forcing reproduces every target but "
+                f"{first['message']} ({of}) — generation does not see what training saw: check the prompt format, "
+                "the EOS and the padding side"]
     return []
 
 
@@ -329,7 +422,7 @@ def _result(acc, msgs, data, failed, rows=None) -> StageResult:
     verdict = "fail" if failed or acc["verdict"] == "fail" else acc["verdict"]
     if verdict == "fail":
         parts = ([acc.get("headline", "accumulation arithmetic is wrong")] if acc["verdict"] == "fail" else []) + \
-            ([failed[0].split(":")[0]] if failed else ["the loop memorises the examples"])
+            ([headline(failed[0])] if failed else ["the loop memorises the examples"])
         summary = "; ".join(parts)
     else:
         summary = "the loop memorises the examples"

@@ -30,6 +30,22 @@ def _inputs_and_targets(e) -> tuple[bytes, bytes]:
     return ids[:first].tobytes(), lab[lab != IGNORE].tobytes()
 
 
+def conflicting_inputs(examples: list) -> list[str]:
+    """The examples (rids) whose input, as the model reads it up to the first target, equals another
+    example's while their targets differ: no model reproduces both."""
+    by_input: dict[bytes, set] = {}
+    for e in examples:
+        x, y = _inputs_and_targets(e)
+        by_input.setdefault(x, set()).add(y)
+    return [e.rid for e in examples if len(by_input[_inputs_and_targets(e)[0]]) > 1]
+
+
+def conflict_text(rids: list[str], n: int) -> str:
+    shown = ", ".join(rids[:3]) + (f" and {len(rids) - 3} more" if len(rids) > 3 else "")
+    return (f"identical inputs with different targets: {len(rids)} of {n} examples read the same as another example "
+            f"whose target differs ({shown})")
+
+
 def plateau_causes(task, examples: list, model=None) -> list[str]:
     """The causes, each a sentence with its measurement, most evidence first; capacity last."""
     found: list[tuple[float, str]] = []
@@ -49,14 +65,9 @@ def plateau_causes(task, examples: list, model=None) -> list[str]:
         if top >= CONSTANT_SHARE and len(examples) > 1:
             found.append((top, f"constant targets: {n.max()} of {targets.size} target tokens ({top:.0%}) are the "
                                f"one id {int(ids[n.argmax()])}"))
-    by_input: dict[bytes, set] = {}
-    for e in examples:
-        x, y = _inputs_and_targets(e)
-        by_input.setdefault(x, set()).add(y)
-    clash = sum(1 for e in examples if len(by_input[_inputs_and_targets(e)[0]]) > 1)
+    clash = conflicting_inputs(examples)
     if clash:
-        found.append((clash / len(examples), f"identical inputs with different targets: {clash} of {len(examples)} "
-                                             "examples read the same as another example whose target differs"))
+        found.append((len(clash) / len(examples), conflict_text(clash, len(examples))))
     found.sort(key=lambda f: -f[0])  # stable: ties keep the order above
     params = sum(p.numel() for p in model.parameters() if p.requires_grad) if model is not None else None
     size = f" ({params:,} trainable parameters)" if params is not None else ""

@@ -20,7 +20,7 @@ from typing import Callable
 
 from pilotrun.campaign.arms import Arm, effective_batch, plan_arms  # noqa: F401  (plan_arms: validate shares it)
 from pilotrun.errors import BadInput
-from pilotrun.journal.store import Journal
+from pilotrun.journal.store import Journal, lease_s
 from pilotrun.provenance import config_sha256
 from pilotrun.rehearsal.training import compare as cmp
 from pilotrun.rehearsal.training.sweep_runs import arm_command, check_sweep_id, encoded_for, launch_sweep_id  # noqa: F401
@@ -63,7 +63,11 @@ def sweep(loaded, home, *, continue_id: str | None = None, progress: bool = True
 
         require_ray()  # before anything is frozen: without Ray the plan would sit in the journal, never run
 
+    from pilotrun.engine.distributed import check_strategy
+
     arms = plan_arms(loaded)
+    for arm in arms:  # ranks this machine cannot run are bad input before the plan is frozen
+        check_strategy(arm.loaded.c.train)
     validate(arms[0].loaded)  # files, fields and batch arithmetic fail here, before anything is frozen
     plan = frozen_plan(loaded, arms)
     sha = config_sha256(plan)
@@ -146,19 +150,32 @@ def _todo(journal: Journal, sweep_id: str, arms: list[Arm], seeds: list[int]) ->
             if run is None:
                 todo.append((arm, seed, None))
             elif run["status"] == "running":
-                raise BadInput(f"run {run['run_id']} of sweep {sweep_id} is still running (pid {run['pid']} on "
-                               f"{run['host']})", where="--continue",
-                               fix="wait for that process to end (or stop it), then continue the sweep")
+                raise BadInput(f"run {run['run_id']} of sweep {sweep_id} is still running: {still_alive(run)}",
+                               where="--continue", fix=f"wait for it to end, or stop it (SIGTERM ends it 'interrupted'"
+                               f"), then continue the sweep; a process that is gone is reaped when its lease lapses, "
+                               f"{lease_s():g}s after its last heartbeat")
             elif run["status"] not in DONE:
                 todo.append((arm, seed, run["run_id"]))
     return todo
 
 
+def still_alive(run: dict) -> str:
+    """Where a running run lives and when it last renewed its lease (the journal's wall clock)."""
+    from pilotrun.journal.store import iso, last_heartbeat, wall_time
+
+    beat = last_heartbeat(run)
+    return f"pid {run['pid']} on host {run['host']}, last heartbeat {iso(beat)} ({wall_time() - beat:.0f}s ago)"
+
+
 def _latest_runs(journal: Journal, sweep_id: str) -> dict[tuple[str, int], dict]:
-    """Per (arm, seed) the run that counts: the newest, which supersedes any earlier one."""
+    """Per (arm, seed) the run that counts: the end of the cell's supersedes chain (a run no other run of the
+    cell supersedes), the last in the journal's sequence if there are several — never by a clock."""
     out: dict[tuple[str, int], dict] = {}
-    for run in journal.list_runs(sweep_id=sweep_id):
-        out[(run["arm"], run["seed"])] = run  # list_runs is oldest first
+    runs = journal.list_runs(sweep_id=sweep_id)  # in the journal's sequence
+    superseded = {r["supersedes"] for r in runs if r["supersedes"]}
+    for run in runs:
+        if run["run_id"] not in superseded:
+            out[(run["arm"], run["seed"])] = run
     return out
 
 
