@@ -151,8 +151,6 @@ def _task_and_model_files(c, base_dir=None) -> list[BadInput]:
     if c.model.config is not None and not c.model.config.get("model_type"):
         problems.append(BadInput("model.config has no model_type", where="model.config",
                                  fix="add model_type (e.g. llama, gpt2, bert) to model.config"))
-    if not problems:
-        problems += vocabulary_problem(c)
     return problems
 
 
