@@ -9,7 +9,7 @@ from pathlib import Path
 from pilotrun.engine.loop import Hooks, make_state, train
 from pilotrun.journal.files import write_manifest
 from pilotrun.journal.store import Journal
-from pilotrun.rehearsal.prepare import Prepared, prepare
+from pilotrun.rehearsal.prepare import Prepared, prepare, require_weights
 from pilotrun.verdicts import StageResult
 from pilotrun.journal.runs import RunRecorder, write_run_readme
 from pilotrun.rehearsal.mechanics.control import CONTROL_EXAMPLES
@@ -82,6 +82,7 @@ def train_run(loaded, home, *, kind: str = "train", supersedes: str | None = Non
 
     from pilotrun import startup
 
+    require_weights(loaded)
     t_start = time.perf_counter() - (prepare_s or 0.0)  # a caller that prepared for us says how long it took
     startup_s = startup.take(t_start)  # the first run of a pilotrun process: its start-up is this run's to plan
     check_strategy(loaded.c.train)  # ranks this machine cannot run: before reading anything
