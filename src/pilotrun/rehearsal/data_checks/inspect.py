@@ -8,7 +8,7 @@ from pilotrun.errors import BadInput
 from pilotrun.verdicts import StageResult, plural
 from pilotrun.tasks.base import IGNORE
 
-INFO_CHECKS = ("classes", "chat format")  # ok checks whose message is worth printing
+INFO_CHECKS = ("classes", "chat format", "lora targets")  # ok checks whose message is worth printing
 
 
 def inspect(loaded, n: int = 0, split: str | None = None) -> StageResult:
@@ -23,6 +23,11 @@ def inspect(loaded, n: int = 0, split: str | None = None) -> StageResult:
     fmt = format_check(task, loaded, Check)
     if fmt is not None:
         report.checks.insert(0, fmt)
+    from pilotrun.rehearsal.prepare import adapter_choice
+
+    lora = adapter_choice(loaded)
+    if lora is not None:
+        report.checks.insert(0, Check("lora targets", "ok", f"LoRA adapts {', '.join(lora[0])} ({lora[1]})"))
     shown = [c for c in report.checks if c.verdict != "ok" or c.name in INFO_CHECKS]
     messages = [c.line() for c in shown]
     for s in report.splits.values():
