@@ -120,12 +120,17 @@ def train_run(loaded, home, *, kind: str = "train", supersedes: str | None = Non
         job = TrainJob(loaded, str(journal.home), rec.run_id, kind, save_artifact, validation_predictions)
         if spawn:
             import json
-            import tempfile
+            import shutil
 
-            with tempfile.TemporaryDirectory(prefix="pilotrun-ranks-") as tmp:
-                job.result_path = str(Path(tmp) / "rank0.json")
+            from pilotrun.scratch import make_dir
+
+            tmp = make_dir("pilotrun-ranks-")  # named for this process: a killed parent's is removed next time
+            try:
+                job.result_path = str(tmp / "rank0.json")
                 launch(_spawned_rank, world, (job,))
                 out = json.loads(Path(job.result_path).read_text())  # we wrote it a moment ago
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
         else:
             ranks.share(job)
             out = _ranked_run(job, prep, rec, hooks, progress=progress, t_start=t_start, t_prepared=t_prepared,
