@@ -8,9 +8,8 @@ import json
 import shutil
 
 import pytest
-from conftest import TINY_LLAMA, simple_records, tiny_causal_campaign
+from conftest import TINY_LLAMA, simple_records, tiny_causal_campaign, trained_once
 
-from pilotrun.cli.main import run
 from pilotrun.journal.store import Journal
 
 
@@ -84,10 +83,7 @@ def test_clean_model_folder_passes(cli, tmp_path, model_dir):
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("trained")
-    path = tiny_causal_campaign(tmp, simple_records(8), simple_records(4, 100))
-    assert run(["train", str(path), "--home", str(tmp / "home")]) == 0
-    run_id = Journal(tmp / "home").list_runs()[0]["run_id"]
+    tmp, _, run_id = trained_once(tmp_path_factory)
     return tmp / "home", run_id
 
 
