@@ -50,6 +50,16 @@ def under_launcher() -> bool:
     return int(os.environ.get("WORLD_SIZE", "1")) > 1 and "RANK" in os.environ
 
 
+def node_name() -> str:
+    """This rank's machine: its host name and, under torchrun, its node's rank (GROUP_RANK), which tells
+    apart nodes that share a host name (two agents on one machine, containers)."""
+    import os
+    import socket
+
+    group = os.environ.get("GROUP_RANK")
+    return f"{socket.gethostname()} node {group}" if under_launcher() and group is not None else socket.gethostname()
+
+
 def backend_for_device() -> str:
     import torch
 
@@ -58,6 +68,8 @@ def backend_for_device() -> str:
 
 def check_strategy(t) -> None:
     """Refuse what cannot run here before any process starts, with the key to change."""
+    import os
+
     import torch
 
     from pilotrun.errors import BadInput
@@ -67,8 +79,11 @@ def check_strategy(t) -> None:
                        "optimizer state over the ranks, and one rank has nothing to share them with",
                        where="train.nproc",
                        fix="set train.nproc: 2 or more (FSDP runs on CPU over gloo too), or train.strategy: single")
-    if t.strategy in ("ddp", "fsdp") and torch.cuda.is_available() and t.nproc > torch.cuda.device_count():
-        raise BadInput(f"train.nproc={t.nproc} but this machine has {torch.cuda.device_count()} CUDA devices",
+    # under torchrun over several nodes train.nproc is the whole world; each node holds LOCAL_WORLD_SIZE of it
+    here = int(os.environ.get("LOCAL_WORLD_SIZE", t.nproc)) if under_launcher() else t.nproc
+    if t.strategy in ("ddp", "fsdp") and torch.cuda.is_available() and here > torch.cuda.device_count():
+        raise BadInput(f"train.nproc={t.nproc} but this machine has {torch.cuda.device_count()} CUDA devices"
+                       + (f" for its {here} ranks" if here != t.nproc else ""),
                        where="train.nproc", fix=f"set train.nproc={torch.cuda.device_count()} or fewer")
 
 
@@ -99,7 +114,8 @@ def init_process_group(rank: int, world: int, port: int | None = None) -> None:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
     else:
         # ranks share the cores: without this each would start one thread per core
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", world))  # the ranks on this node share its cores
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local))
     dist.init_process_group(backend_for_device(), rank=rank, world_size=world)
 
 
