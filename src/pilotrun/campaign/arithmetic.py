@@ -51,13 +51,39 @@ def batch_arithmetic(t, n_train: int) -> dict:
         "examples_per_update": per_update, "train_examples": n_train, "updates_per_epoch": per_epoch,
         "last_partial": last, "updates": updates, "epochs": round(updates / per_epoch, 3),
         "examples_seen": seen, "budget_from": "train.epochs" if t.epochs is not None else "train.updates",
+        "checkpoints": checkpoint_counts(t, updates),
     }
 
 
-def describe(a: dict) -> list[str]:
+def checkpoint_counts(t, updates: int) -> dict:
+    """How many numbered checkpoints a run of ``updates`` writes (train.save_every) and how many stay on disk at
+    most (train.keep_checkpoints: the last N, the best by plan.metric; null keeps all), ``final`` apart."""
+    saved = updates // t.save_every if t.save_every else 0
+    keep = getattr(t, "keep_checkpoints", None)
+    kept = saved if keep is None else min(saved, keep + 1)
+    return {"saved": saved, "kept": kept, "keep_checkpoints": keep, "bytes_each": None}
+
+
+def checkpoint_line(ck: dict, fmt_bytes=None) -> str:
+    """The batch arithmetic's line about checkpoints and the disk they take (``ck["bytes_each"]``, from a pilot's
+    save row, formatted by ``fmt_bytes``, when there is one)."""
+    keep = ("all kept (train.keep_checkpoints: null)" if ck["keep_checkpoints"] is None else
+            f"at most {ck['kept']} kept (the last {ck['keep_checkpoints']}, train.keep_checkpoints, and the best by "
+            "plan.metric)")
+    line = f"checkpoints: {ck['saved']} saved (train.save_every), {keep}, plus final"
+    if ck.get("bytes_each") and fmt_bytes is not None:
+        n = ck["kept"] + 1
+        line += (f"; {n} × {fmt_bytes(ck['bytes_each'])} (the pilot's save row) = {fmt_bytes(n * ck['bytes_each'])}"
+                 " on disk per run")
+    else:
+        line += "; their size: `pilotrun pilot` measures one (its save row)"
+    return line
+
+
+def describe(a: dict, fmt_bytes=None) -> list[str]:
     return [
         f"examples per update = micro_batch {a['micro_batch']} × accumulation {a['accumulation']} × "
         f"ranks {a['ranks']} = {a['examples_per_update']}",
         f"updates per epoch = {a['updates_per_epoch']} ({a['train_examples']} training examples); {a['last_partial']}",
         f"budget ({a['budget_from']}): {a['updates']} updates ≈ {a['epochs']} epochs, {a['examples_seen']} examples seen",
-    ]
+    ] + ([checkpoint_line(a["checkpoints"], fmt_bytes)] if a.get("checkpoints") else [])

@@ -143,4 +143,68 @@ def _task_and_model_files(c, base_dir=None) -> list[BadInput]:
     if c.model.config is not None and not c.model.config.get("model_type"):
         problems.append(BadInput("model.config has no model_type", where="model.config",
                                  fix="add model_type (e.g. llama, gpt2, bert) to model.config"))
+    if not problems:
+        problems += vocabulary_problem(c)
     return problems
+
+
+BYTE_TOKENIZER_SIZE = 384  # ByT5Tokenizer(): 3 specials, 256 bytes, 125 extra ids (tests/test_vocabulary.py checks it)
+
+
+def _tokenizer_size(spec) -> tuple[int, str] | None:
+    """(ids the tokenizer can give: its largest id + 1, where that was read), without importing
+    transformers: the built-in byte tokenizer, or a folder's tokenizer.json (its model's vocabulary and
+    added tokens) or vocab.txt. None when the folder holds neither (a SentencePiece model file)."""
+    import json
+    from pathlib import Path
+
+    if spec == "byte":
+        return BYTE_TOKENIZER_SIZE, "the byte tokenizer"
+    folder = Path(spec)
+    path = folder / "tokenizer.json"
+    if path.is_file():
+        try:
+            t = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None  # the tokenizer load says what is wrong with the file
+        vocab = (t.get("model") or {}).get("vocab") or {}
+        ids = list(vocab.values()) if isinstance(vocab, dict) else list(range(len(vocab)))  # Unigram: a list
+        ids += [a["id"] for a in t.get("added_tokens") or [] if isinstance(a, dict) and isinstance(a.get("id"), int)]
+        ids = [i for i in ids if isinstance(i, int)]
+        return (max(ids) + 1, str(path)) if ids else None
+    path = folder / "vocab.txt"
+    if path.is_file():
+        return sum(1 for _ in path.open(encoding="utf-8")), str(path)
+    return None
+
+
+def _model_vocab(c) -> tuple[int, str] | None:
+    """(model's vocabulary size, the key it came from): model.config's vocab_size or config.json's."""
+    import json
+    from pathlib import Path
+
+    if c.model.config is not None:
+        n = c.model.config.get("vocab_size")
+        return (n, "model.config.vocab_size") if isinstance(n, int) else None
+    path = Path(c.model.path) / "config.json"
+    try:
+        n = json.loads(path.read_text(encoding="utf-8")).get("vocab_size")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return (n, f"vocab_size in {path}") if isinstance(n, int) else None
+
+
+def vocabulary_problem(c) -> list[BadInput]:
+    """A tokenizer that gives ids the model's embedding has no row for (an index error at the first step)."""
+    spec = c.model.tokenizer or c.model.path
+    if spec is None or (c.model.config is None and c.model.path is None):
+        return []
+    tok, model = _tokenizer_size(spec), _model_vocab(c)
+    if tok is None or model is None or tok[0] <= model[0]:
+        return []
+    where = "model.config" if c.model.config is not None else "model.path"
+    return [BadInput(f"the tokenizer has {tok[0]} tokens but the model's embedding has {model[0]} rows ({tok[1]} "
+                     f"gives ids 0..{tok[0] - 1}; {model[1]} is {model[0]}): ids {model[0]}..{tok[0] - 1} have no "
+                     "embedding row", where=where,
+                     fix=f"set the model's vocab_size to at least {tok[0]}, or use the tokenizer the model was "
+                         "trained with (or resize the embeddings and save the model)")]

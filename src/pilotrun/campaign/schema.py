@@ -134,6 +134,8 @@ class TrainConfig(BaseModel):
     """Examples per evaluation batch."""
     save_every: PositiveInt | None = 50
     """Updates between checkpoints; null saves only at the end."""
+    keep_checkpoints: PositiveInt | None = None
+    """Keep the last N numbered checkpoints, plus the best by plan.metric and final; null keeps all."""
     stop: StopConfig = Field(default_factory=StopConfig)
     """Stop rules, declared before launch."""
     strategy: Literal["single", "ddp", "fsdp"] = "single"

@@ -54,7 +54,7 @@ def validate(campaign, sets, home, as_json):
     """Schema, files and consistency; prints the batch arithmetic. Runs nothing."""
     from pilotrun.rehearsal.data_checks.validate import validate as run_validate
 
-    return emit(run_validate(load(campaign, sets)), as_json)
+    return emit(run_validate(load(campaign, sets), home=home), as_json)
 
 
 @cli.command()

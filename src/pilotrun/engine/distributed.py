@@ -68,8 +68,6 @@ def backend_for_device() -> str:
 
 def check_strategy(t) -> None:
     """Refuse what cannot run here before any process starts, with the key to change."""
-    import os
-
     import torch
 
     from pilotrun.errors import BadInput
@@ -79,12 +77,26 @@ def check_strategy(t) -> None:
                        "optimizer state over the ranks, and one rank has nothing to share them with",
                        where="train.nproc",
                        fix="set train.nproc: 2 or more (FSDP runs on CPU over gloo too), or train.strategy: single")
-    # under torchrun over several nodes train.nproc is the whole world; each node holds LOCAL_WORLD_SIZE of it
-    here = int(os.environ.get("LOCAL_WORLD_SIZE", t.nproc)) if under_launcher() else t.nproc
-    if t.strategy in ("ddp", "fsdp") and torch.cuda.is_available() and here > torch.cuda.device_count():
-        raise BadInput(f"train.nproc={t.nproc} but this machine has {torch.cuda.device_count()} CUDA devices"
-                       + (f" for its {here} ranks" if here != t.nproc else ""),
+    if t.strategy not in ("ddp", "fsdp") or under_launcher():  # under torchrun the world is torchrun's (Ranks)
+        return
+    if torch.cuda.is_available() and t.nproc > torch.cuda.device_count():
+        raise BadInput(f"train.nproc={t.nproc} but this machine has {torch.cuda.device_count()} CUDA devices",
                        where="train.nproc", fix=f"set train.nproc={torch.cuda.device_count()} or fewer")
+    cores = usable_cores()
+    if not torch.cuda.is_available() and t.nproc > cores:
+        raise BadInput(f"train.nproc={t.nproc} but this machine has {cores} CPU cores: each rank is a process "
+                       "that needs one at least; no process was started", where="train.nproc",
+                       fix=f"set train.nproc={cores} or fewer (on a GPU machine the bound is its number of GPUs)")
+
+
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity, as a container or a SLURM allocation sets it)."""
+    import os
+
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def free_port() -> int:

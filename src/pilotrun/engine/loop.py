@@ -69,17 +69,20 @@ class TrainState:
     initial_loss: float | None = None
     best_metric: float | None = None
     evals_without_improvement: int = 0
+    best_checkpoint: dict | None = None  # {"update", "metric"}: the saved checkpoint best by plan.metric
     attempts: int = 0  # updates tried, skipped ones included: the key of the journal's "skipped" rows
 
     def counters(self) -> dict:
         return {"update": self.update, "examples_seen": self.examples_seen, "initial_loss": self.initial_loss,
                 "best_metric": self.best_metric, "evals_without_improvement": self.evals_without_improvement,
-                "total_updates": self.total_updates, "attempts": self.attempts}
+                "total_updates": self.total_updates, "attempts": self.attempts,
+                "best_checkpoint": self.best_checkpoint}
 
     def load_counters(self, d: dict) -> None:
         for k in ("update", "examples_seen", "initial_loss", "best_metric", "evals_without_improvement"):
             setattr(self, k, d[k])
         self.attempts = int(d.get("attempts", self.update))  # states saved before attempts were counted
+        self.best_checkpoint = d.get("best_checkpoint")
 
     @property
     def lr(self) -> float:
@@ -275,6 +278,18 @@ def _out_of_memory_ends_run(where: str):
         raise _RanOut(where, e) from e
 
 
+def note_best_checkpoint(state: TrainState, evals: list[dict], metric: str, goal: str) -> None:
+    """Before a checkpoint of ``state.update`` is saved: it becomes the best checkpoint when a validation of this
+    very update beats the best one saved so far (train.keep_checkpoints keeps it)."""
+    ev = evals[-1] if evals and evals[-1]["update"] == state.update else None
+    if ev is None:
+        return
+    value = ev.get(metric, ev["val_loss"])
+    best = state.best_checkpoint
+    if best is None or (value < best["metric"] if goal == "minimize" else value > best["metric"]):
+        state.best_checkpoint = {"update": state.update, "metric": float(value)}
+
+
 def train(state: TrainState, task, train_examples: list, val_examples: list, t, *, plan_metric: str = "val_loss",
           goal: str = "minimize", checkpoint_dir=None, hooks: Hooks | None = None, progress=None) -> LoopResult:
     """The loop. ``t`` is the campaign's train section; the budget is ``state.total_updates``.
@@ -282,7 +297,7 @@ def train(state: TrainState, task, train_examples: list, val_examples: list, t, 
     An out-of-memory error in an update or a validation ends the run as ``failed`` with a reason that
     says what to change (the state stays at the last complete update); any other exception propagates."""
     from pilotrun import signals
-    from pilotrun.engine.state import save_state
+    from pilotrun.engine.state import retain_checkpoints, save_state
     from pilotrun.report.progress import note
 
     hooks = hooks or Hooks()
@@ -374,8 +389,12 @@ def train(state: TrainState, task, train_examples: list, val_examples: list, t, 
                     break
             asked = signals.pending()  # a SIGTERM under a grace: one more checkpoint, here, then stop
             if checkpoint_dir is not None and ((t.save_every and state.update % t.save_every == 0) or asked):
+                note_best_checkpoint(state, result.evals, plan_metric, goal)
                 with watch("save", {"update": state.update}):
                     path = save_state(state, f"{checkpoint_dir}/update-{state.update:06d}")
+                if t.keep_checkpoints and world_rank()[1] == 0:
+                    best = state.best_checkpoint["update"] if state.best_checkpoint else None
+                    retain_checkpoints(checkpoint_dir, t.keep_checkpoints, best)
                 if hooks.on_checkpoint:
                     hooks.on_checkpoint(state, path)
             if asked:

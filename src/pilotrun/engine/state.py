@@ -234,5 +234,45 @@ def latest_checkpoint(folder: str | Path) -> Path | None:
     return max(done, key=newest) if done else None
 
 
+def numbered_checkpoints(folder: str | Path) -> list[Path]:
+    """The complete ``update-NNNNNN`` checkpoints under ``folder``, oldest first."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    found = [p for p in folder.iterdir() if p.is_dir() and p.name.startswith("update-")
+             and p.name[len("update-"):].isdigit() and is_complete(p)]
+    return sorted(found, key=lambda p: int(p.name[len("update-"):]))
+
+
+def kept_checkpoints(folder: str | Path, keep: int | None, best_update: int | None = None) -> list[Path]:
+    """What ``train.keep_checkpoints`` keeps of the numbered checkpoints: the last ``keep`` and the one of
+    ``best_update`` (the best by plan.metric among those saved); all of them when ``keep`` is None."""
+    numbered = numbered_checkpoints(folder)
+    if keep is None:
+        return numbered
+    return [p for i, p in enumerate(numbered)
+            if i >= len(numbered) - keep or (best_update is not None and p.name == f"update-{best_update:06d}")]
+
+
+def retain_checkpoints(folder: str | Path, keep: int | None, best_update: int | None = None) -> list[Path]:
+    """Remove the numbered checkpoints ``kept_checkpoints`` does not keep; ``final``, other names and partial
+    folders stay. Each goes by a rename to a hidden temporary first, so a kill mid-removal never leaves a
+    partial folder under a checkpoint's name (the next save clears the temporary). Returns what was removed."""
+    import shutil
+
+    if keep is None:
+        return []
+    kept = set(kept_checkpoints(folder, keep, best_update))
+    removed = []
+    for p in numbered_checkpoints(folder):
+        if p in kept:
+            continue
+        tmp = temp_path(p)
+        os.replace(p, tmp)
+        shutil.rmtree(tmp, ignore_errors=True)
+        removed.append(p)
+    return removed
+
+
 def _unwrap(model):
     return getattr(model, "module", model)

@@ -7,12 +7,32 @@ from pilotrun.campaign.consistency import check_consistency, check_records
 from pilotrun.verdicts import StageResult
 
 
-def validate(loaded) -> StageResult:
+def pilot_checkpoint_bytes(loaded, home) -> int | None:
+    """The size of one checkpoint as the campaign's latest pilot wrote it (its save row), if the journal has one."""
+    from pilotrun.journal.store import Journal, resolve_home
+    from pilotrun.rehearsal.rental.sheet import find_pilot
+
+    try:
+        h = resolve_home(home, loaded.source)
+        if not (h / "journal.sqlite").is_file():
+            return None
+        journal = Journal(h, create=False)
+        pilot, _ = find_pilot(journal, loaded.campaign.name, loaded.config_sha256())
+        rows = [r for r in journal.phase_rows(pilot["run_id"]) if r["phase"] == "save"] if pilot else []
+        return next((int(r["inputs"]["bytes"]) for r in rows if r["inputs"].get("bytes")), None)
+    except Exception:  # noqa: BLE001 - a size for one printed line never fails validate
+        return None
+
+
+def validate(loaded, home=None) -> StageResult:
+    from pilotrun.probe.sizes import fmt_bytes
+
     c = loaded.campaign
     check_consistency(c, loaded.base_dir)
     counts = check_records(c)
     arith = batch_arithmetic(c.train, counts.get("train", 0))
-    msgs = [f"{split}: {n} records" for split, n in counts.items()] + describe(arith)
+    arith["checkpoints"]["bytes_each"] = pilot_checkpoint_bytes(loaded, home)
+    msgs = [f"{split}: {n} records" for split, n in counts.items()] + describe(arith, fmt_bytes)
     if c.plan.variants or c.plan.control:
         from pilotrun.campaign.arms import plan_arms
 

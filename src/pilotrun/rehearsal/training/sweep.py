@@ -63,7 +63,11 @@ def sweep(loaded, home, *, continue_id: str | None = None, progress: bool = True
 
         require_ray()  # before anything is frozen: without Ray the plan would sit in the journal, never run
 
+    from pilotrun.engine.distributed import check_strategy
+
     arms = plan_arms(loaded)
+    for arm in arms:  # ranks this machine cannot run are bad input before the plan is frozen
+        check_strategy(arm.loaded.c.train)
     validate(arms[0].loaded)  # files, fields and batch arithmetic fail here, before anything is frozen
     plan = frozen_plan(loaded, arms)
     sha = config_sha256(plan)

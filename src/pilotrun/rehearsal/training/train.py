@@ -84,12 +84,12 @@ def train_run(loaded, home, *, kind: str = "train", supersedes: str | None = Non
 
     t_start = time.perf_counter() - (prepare_s or 0.0)  # a caller that prepared for us says how long it took
     startup_s = startup.take(t_start)  # the first run of a pilotrun process: its start-up is this run's to plan
+    check_strategy(loaded.c.train)  # ranks this machine cannot run: before reading anything
     prep = prep or prepare(loaded, splits=("train", "validation"))
     t_prepared = time.perf_counter()
     c = prep.c
     prep.arithmetic()  # too few examples for one update is bad input, before any run exists
     world = data_parallel_ranks(c.train)
-    check_strategy(c.train)
     ranks = Ranks(world)
     spawn = ranks.spawn
     if spawn and hooks is not None:
