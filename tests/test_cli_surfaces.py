@@ -129,11 +129,11 @@ def _stage_tables():
     results = {k: StageResult(v["stage"], v["verdict"], v["summary"], [], {}, v["columns"], v["rows"])
                for k, v in fixtures.items()}
     results["all"] = [StageResult("validate", "ok", "campaign valid; examples per update = 4 (micro_batch 2 × "
-                                  "accumulation 2 × ranks 1)"),
+                                  "accumulation 2 × ranks 1)", seconds=0.031),
                       StageResult("pilot", "fail", "2 of 7 phase rows failing: first_step/0: over-budget, "
-                                  "steady_step/0: over-budget"),
+                                  "steady_step/0: over-budget", seconds=212.4),
                       StageResult("sheet", "warn", "needs 17.43 GiB per GPU (peak at steady_step); target "
-                                  "L4 24GB; campaign 3.2 h")]
+                                  "L4 24GB; campaign 3.2 h", seconds=9.87)]
     return results
 
 
@@ -188,13 +188,23 @@ def test_layouts_by_width():
     assert layouts == {40: "vertical", 80: "split", 100: "split", 160: "stacked-headers"}
 
 
-def test_piped_output_is_not_wrapped_at_80(tmp_path):
+def test_piped_output_is_not_wrapped_at_80_unless_columns_says_so(tmp_path):
     home = tmp_path / "home"
     ids = _runs(home, 2)
-    p = run_cli_process("runs", "--home", home, env={"COLUMNS": "80"})
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "PILOTRUN_WIDTH")}
+    p = subprocess.run([sys.executable, "-m", "pilotrun", "runs", "--home", str(home)], capture_output=True,
+                       text=True, env=env, timeout=120)
     assert p.returncode == 0, p.stderr
     lines = [ln for ln in p.stdout.splitlines() if ids[0] in ln]
     assert len(lines) == 1 and "completed" in lines[0] and len(lines[0]) > 80 and "created" in p.stdout
+    for width in ("80", "60"):  # a pipe with COLUMNS is laid out at it; PILOTRUN_WIDTH wins over both
+        for key in ("COLUMNS", "PILOTRUN_WIDTH"):
+            p = run_cli_process("runs", "--home", home, env={key: width, "COLUMNS": width if key == "COLUMNS"
+                                                              else "300"})
+            assert p.returncode == 0, p.stderr
+            assert max(map(len, p.stdout.splitlines())) <= int(width), (key, width, p.stdout)
+            assert all(i in p.stdout for i in ids) and "completed" in p.stdout, p.stdout
+            assert not [ln for ln in p.stdout.splitlines() if ln != ln.rstrip()], p.stdout  # no trailing blanks
 
 
 # --- 7. a broken pipe is not a failure ------------------------------------------------------------
@@ -272,5 +282,6 @@ def test_heartbeat_names_what_the_stage_is_doing(log_stream):
         note("phase steady_step")
         time.sleep(0.3)
     lines = log_stream.getvalue().splitlines()
-    assert lines[0] == "pilotrun pilot: started" and len(lines) >= 3
-    assert lines[-1].startswith("pilotrun pilot: phase steady_step (")
+    assert lines[0] == "pilotrun pilot: started" and len(lines) >= 4
+    assert lines[-2].startswith("pilotrun pilot: phase steady_step (")
+    assert lines[-1] == "pilotrun pilot: ended (0 s)"  # the last line says it ended, and its time

@@ -5,7 +5,9 @@ records its own start-up, and the sweep its own, and the two are compared like a
 ``mark()`` is called once by the console script (``cli/main.py``), and ``seconds()`` is then the time from
 the process's start (the kernel's record of it) to now. In a process pilotrun did not start (a notebook,
 a test calling the library, a Ray worker) nothing is marked and ``seconds()`` is None: that start-up is
-not pilotrun's to plan.
+not pilotrun's to plan. A process that runs several stages before the first run (``all``) ``discount``s
+each stage's seconds, so the pilot inside ``all`` records the start-up a pilot of its own would have, not
+the seconds since ``all`` began.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ class _Start:
     at: float | None = None  # perf_counter at mark
     boot: float = 0.0  # seconds from the process's start to the mark
     taken: bool = False
+    discounted: float = 0.0  # seconds of earlier stages in this process (see discount)
 
 
 _STATE = _Start()
@@ -35,7 +38,13 @@ def seconds(at: float | None = None) -> float | None:
     """Seconds from the process's start to ``at`` (a ``time.perf_counter()`` reading; now by default)."""
     if _STATE.at is None:
         return None
-    return _STATE.boot + ((time.perf_counter() if at is None else at) - _STATE.at)
+    return max(0.0, _STATE.boot + ((time.perf_counter() if at is None else at) - _STATE.at) - _STATE.discounted)
+
+
+def discount(stage_s: float) -> None:
+    """A stage of this process that was not a run's start-up took ``stage_s``: a later run does not count it."""
+    if not _STATE.taken:
+        _STATE.discounted += max(0.0, stage_s)
 
 
 def take(at: float | None = None) -> float | None:

@@ -21,6 +21,7 @@ class StageResult:
     data: dict[str, Any] = field(default_factory=dict)
     columns: list[str] = field(default_factory=list)
     rows: list[dict[str, Any]] = field(default_factory=list)
+    seconds: float | None = None  # the stage's wall time, where a caller timed it (``all``)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -39,6 +40,17 @@ class Check:
     def line(self) -> str:
         where = f" [{self.split}]" if self.split else ""
         return f"{self.verdict.upper()} {self.name}{where}: {self.message}"
+
+
+def headline(message: str) -> str:
+    """A message's first clause, for a summary: the text before its first ``": "`` (a colon and a space), so
+    the colon of ``file.jsonl:3``, ``12:30`` or ``module:Class`` never cuts it."""
+    return message.split(": ", 1)[0].strip() or message
+
+
+def plural(n: int, noun: str, many: str | None = None) -> str:
+    """``1 example``, ``2 examples`` (``many``: an irregular plural)."""
+    return f"{n} {noun if n == 1 else (many or noun + 's')}"
 
 
 def worst(verdicts) -> Verdict:

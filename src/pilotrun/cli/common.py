@@ -63,17 +63,22 @@ def home_for(home: str | None, campaign: str | None = None):
 
 
 def console(as_json: bool):
-    """Human output: stdout, or stderr under --json. A terminal's width is its own; a pipe or a file is
-    given a width no line reaches, so a log is never wrapped at 80 (PILOTRUN_WIDTH sets one)."""
+    """Human output: stdout, or stderr under --json, at one width: ``PILOTRUN_WIDTH``, else a terminal's own,
+    else ``COLUMNS``, else (a pipe or a file with neither set) a width no line reaches, so a log is never
+    wrapped at an arbitrary 80."""
+    file = sys.stderr if as_json else sys.stdout
+    return _console_class()(file=file, highlight=False, soft_wrap=False, width=output_width(file))
+
+
+def output_width(file) -> int | None:
+    """The width human output is laid out at (None: the terminal's own; see ``console``)."""
     import os
 
-    file = sys.stderr if as_json else sys.stdout
-    width = None
-    if os.environ.get("PILOTRUN_WIDTH", "").isdigit():
-        width = int(os.environ["PILOTRUN_WIDTH"])
-    elif not _isatty(file):
-        width = UNWRAPPED
-    return _console_class()(file=file, highlight=False, soft_wrap=False, width=width)
+    for key in ("PILOTRUN_WIDTH",) + (() if _isatty(file) else ("COLUMNS",)):
+        value = os.environ.get(key, "").strip()
+        if value.isdigit() and int(value) > 0:
+            return int(value)
+    return None if _isatty(file) else UNWRAPPED
 
 
 @functools.cache
@@ -113,9 +118,9 @@ def _verb() -> str | None:
     return ctx.info_name if ctx is not None else None
 
 
-def emit(results, as_json: bool, *, rendered: bool = False) -> int:
+def emit(results, as_json: bool, *, rendered: bool = False, notes: list[str] | None = None) -> int:
     """Render stage results (human on stdout, or the JSON envelope on stdout and human on stderr);
-    return the exit code. Several results (``all``) end with one summary table."""
+    return the exit code. Several results (``all``) end with one summary table (``notes`` under it)."""
     from pilotrun.cli.envelope import for_results, write
     from pilotrun.report.safe import safe
     from pilotrun.report.terminal import render_result, render_summary
@@ -128,7 +133,7 @@ def emit(results, as_json: bool, *, rendered: bool = False) -> int:
         for r in shown:
             render_result(r, con)
     if len(results) > 1:
-        render_summary(shown, con)
+        render_summary(shown, con, notes)
     code = exit_code(results)
     if as_json:
         write(for_results(results, _verb(), code))

@@ -19,9 +19,11 @@ def _journal(home):
 @common_options
 def runs(kind, home, as_json):
     """Every run in the journal, oldest first, with its status."""
+    from pilotrun.journal.runs import run_table_rows
     from pilotrun.report.terminal import render_runs
 
-    data = _journal(home).list_runs(kind=kind)
+    j = _journal(home)
+    data = run_table_rows(j, j.list_runs(kind=kind))
     return emit_data({"runs": data}, as_json, lambda con, d: render_runs(con, d["runs"]),
                      summary=f"{len(data)} runs" + (f" of kind {kind}" if kind else ""))
 
@@ -35,8 +37,10 @@ def show(run_id, home, as_json, tensorboard_dir=None):
     """One run: config, status, metrics, phase rows, notes and files."""
     from pilotrun.report.terminal import render_run, train_loss_summary
 
+    from pilotrun.journal.runs import run_table_rows
+
     j = _journal(home)
-    run = j.require_run(run_id)
+    run, = run_table_rows(j, [j.require_run(run_id)])
     run_id = run["run_id"]
     if tensorboard_dir is not None:
         from pilotrun.report.tensorboard import export_tensorboard
@@ -50,7 +54,7 @@ def show(run_id, home, as_json, tensorboard_dir=None):
             "train_updates": len(train_loss), "train_loss": train_loss_summary(train_loss),
             "files": sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob("*") if p.is_file())
             if run_dir.is_dir() else []}
-    return emit_data(data, as_json, render_run, summary=f"run {run_id} ({run['kind']}): {run['status']}")
+    return emit_data(data, as_json, render_run, summary=f"run {run_id} ({run['kind']}): {run['shown_status']}")
 
 
 @cli.command()

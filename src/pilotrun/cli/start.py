@@ -11,20 +11,53 @@ from pilotrun.cli.main import cli
 from pilotrun.errors import BadInput
 
 
+def budget_options(f):
+    """`all`'s and `demo`'s bounds on the long stages (rehearsal/all.py Budgets)."""
+    for decorator in reversed((
+            click.option("--quick", is_flag=True, help="small budgets: overfit 4 examples ≤ 120 updates, resume at "
+                                                       "update 2, train ≤ 8 updates (the options below override)"),
+            click.option("--examples", type=click.IntRange(min=1), default=None, show_default="8",
+                         help="overfit: training examples to memorise"),
+            click.option("--max-updates", type=click.IntRange(min=1), default=None, show_default="150",
+                         help="overfit: the most updates the memorising run may take"),
+            click.option("--at", type=click.IntRange(min=2), default=None, show_default="4",
+                         help="resume: stop at this update and resume (the reference runs 2 × K)"),
+            click.option("--train-updates", type=click.IntRange(min=1), default=None,
+                         show_default="the campaign's train.updates", help="train: the most updates its run takes"))):
+        f = decorator(f)
+    return f
+
+
+def _budgets(quick, examples, max_updates, at, train_updates):
+    from dataclasses import replace
+
+    from pilotrun.rehearsal.all import Budgets
+
+    base = Budgets.quick() if quick else Budgets()
+    given = {"examples": examples, "max_updates": max_updates, "at": at, "train_updates": train_updates}
+    return replace(base, **{k: v for k, v in given.items() if v is not None})
+
+
+def _run_all(loaded, home, as_json, budgets) -> int:
+    from pilotrun.rehearsal.all import run_all
+
+    results = run_all(loaded, home, on_result=live_renderer(as_json), budgets=budgets)
+    return emit(results, as_json, rendered=True, notes=budgets.lines(loaded))
+
+
 @cli.command()
 @click.option("--out", type=click.Path(file_okay=False), default="pilotrun-demo", show_default=True,
               help="folder to write the demo campaign and its data into")
+@budget_options
 @common_options
-def demo(out, home, as_json):
+def demo(out, quick, examples, max_updates, at, train_updates, home, as_json):
     """Write the embedded demo campaign (tiny Llama from a config, byte tokenizer, synthetic data) and run `all`."""
     from pilotrun.demo.synth import write_demo
-    from pilotrun.rehearsal.all import run_all
 
     path = write_demo(out)
     click.echo(f"demo campaign written to {path}", err=True)
-    loaded = load(str(path))
-    results = run_all(loaded, home_for(home, str(path)), on_result=live_renderer(as_json))
-    return emit(results, as_json, rendered=True)
+    return _run_all(load(str(path)), home_for(home, str(path)), as_json,
+                    _budgets(quick, examples, max_updates, at, train_updates))
 
 
 @cli.command()
@@ -79,10 +112,9 @@ def train(campaign, sets, seed, supersedes, home, as_json):
 @cli.command(name="all")
 @campaign_argument
 @set_option
+@budget_options
 @common_options
-def all_(campaign, sets, home, as_json):
-    """The full rehearsal, every stage in order, with one summary table."""
-    from pilotrun.rehearsal.all import run_all
-
-    results = run_all(load(campaign, sets), home_for(home, campaign), on_result=live_renderer(as_json))
-    return emit(results, as_json, rendered=True)
+def all_(campaign, sets, quick, examples, max_updates, at, train_updates, home, as_json):
+    """The full rehearsal, every stage in order, with one summary table (each stage's time, the budgets used)."""
+    return _run_all(load(campaign, sets), home_for(home, campaign), as_json,
+                    _budgets(quick, examples, max_updates, at, train_updates))

@@ -173,7 +173,8 @@ def split_checks(split: str, s: SplitScan, c) -> tuple[list[Check], dict[str, An
     stats = {"split": split, "examples": s.n, "min": int(length.min()), "median": int(np.median(length)),
              "max": int(length.max()), "at_max_length": int((length >= s.max_length).sum()),
              "keep_99": keep_length(need, 0.99), "keep_100": keep_length(need, 1.0),
-             "histogram": sparkline(length, top=s.max_length)}
+             "histogram": sparkline(length, top=s.max_length),
+             "keeps": "targets" if s.token_level else "texts whole"}  # keep_99 keeps 99% of these
     if s.token_level:
         if s.prompt_pos:
             out.append(Check("prompt-in-loss", "fail", f"{len(s.prompt_pos)} of {s.n} examples have a target at a "

@@ -169,3 +169,59 @@ def write_run_readme(run_dir: Path, run: dict, extra: list[str] | None = None) -
              "The resolved config is in `config.yaml`; package versions and data fingerprints in `revisions.json`;",
              "metrics per update in `metrics.jsonl`; every file's sha256 in `manifest.json`."]
     atomic_write_text(run_dir / "README.md", "\n".join(lines + (extra or [])) + "\n")
+
+
+CHECK_FAILED = "check failed"  # a run that ended normally but whose check's verdict is fail (overfit, resume ...)
+
+
+def shown_status(run: dict) -> str:
+    """The run's status as ``runs``, ``show`` and the report print it: the journal's, except that a run that
+    completed with a failing verdict (``summary.verdict``) is not shown ``completed``."""
+    verdict = (run.get("summary") or {}).get("verdict")
+    return CHECK_FAILED if run.get("status") == "completed" and verdict == "fail" else run.get("status")
+
+
+def _set_pairs(command: str | None) -> list[str]:
+    """The ``--set KEY=VALUE`` pairs of a recorded command line."""
+    try:
+        argv = shlex.split(command or "")
+    except ValueError:
+        return []
+    out = []
+    for i, a in enumerate(argv):
+        if a == "--set" and i + 1 < len(argv):
+            out.append(argv[i + 1])
+        elif a.startswith("--set="):
+            out.append(a.removeprefix("--set="))
+    return out
+
+
+def run_table_rows(journal: Journal, runs: list[dict]) -> list[dict]:
+    """``runs`` (journal rows) with what a runs table shows: the shown status, the verdict, the updates
+    counted from the logged metrics where the row's counter lags (an interrupted or running run flushes its
+    counter seldom), the final metric (the last validation value, else the last training loss) and the
+    overrides (the command's --set pairs, the sweep arm)."""
+    ids = [r["run_id"] for r in runs]
+    logged: dict[str, tuple] = {}
+    final: dict[str, str] = {}
+    if ids:
+        marks = ",".join("?" * len(ids))
+        with journal.connect() as db:
+            for row in db.execute(f"SELECT run_id, MAX(step), MAX(examples_seen) FROM metrics WHERE split='train' "
+                                  f"AND run_id IN ({marks}) GROUP BY run_id", ids):
+                logged[row[0]] = (row[1], row[2])
+            for row in db.execute(f"SELECT run_id, split, name, value, step FROM metrics WHERE run_id IN ({marks}) "
+                                  f"AND (split='validation' OR (split='train' AND name='loss')) "
+                                  f"ORDER BY run_id, split='validation', step, name='val_loss'", ids):
+                v = "nan" if row[3] is None else format(row[3], ".4g")
+                final[row[0]] = f"{row[2]} {v}"  # validation rows sort last: the last validation wins
+    out = []
+    for r in runs:
+        steps, seen = logged.get(r["run_id"], (None, None))
+        summary = r.get("summary") or {}
+        pairs = _set_pairs(r.get("command")) + ([f"arm {r['arm']}"] if r.get("arm") else [])
+        out.append(dict(r, updates_done=max(r.get("updates_done") or 0, steps or 0),
+                        examples_seen=max(r.get("examples_seen") or 0, seen or 0),
+                        shown_status=shown_status(r), verdict=summary.get("verdict"), final=final.get(r["run_id"]),
+                        overrides=", ".join(pairs) or None))
+    return out

@@ -2,54 +2,96 @@
 
 Stages are (name, function) pairs; a later stage joins by adding itself to STAGES in its place.
 A bad input stops the rehearsal (exit 2); a failing verdict does not stop the stages after it.
+Each stage runs inside the one progress line (report/progress.py), labelled ``all 4/9 overfit``: its own
+progress live on a terminal, and in a log a line when it starts and when it ends with its time. Each
+result carries its seconds (the summary's time column). ``Budgets`` bound the long stages (``all
+--quick`` or the budget options); the summary says which budgets were used.
 """
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
 
-def _validate(loaded, home):
+
+@dataclass(frozen=True)
+class Budgets:
+    """How much the long stages of ``all`` may do: overfit's examples and updates, the resume point, the
+    train stage's updates (None: the campaign's own budget)."""
+
+    examples: int = 8
+    max_updates: int = 150
+    at: int | None = None
+    train_updates: int | None = None
+
+    @classmethod
+    def quick(cls) -> "Budgets":
+        return cls(examples=4, max_updates=120, at=2, train_updates=8)
+
+    def lines(self, loaded) -> list[str]:
+        """What the summary says about the budgets used."""
+        from pilotrun.rehearsal.mechanics.resume import DEFAULT_AT
+
+        t = loaded.campaign.train
+        own = f"{t.updates} updates" if t.updates is not None else f"{t.epochs:g} epochs"
+        train = (f"train ≤ {self.train_updates} updates (the campaign's budget is {own})"
+                 if self._bounds_train(loaded) else f"train {own} (the campaign's budget)")
+        return [f"budgets: overfit {self.examples} examples, ≤ {self.max_updates} updates; resume at update "
+                f"{self.at or DEFAULT_AT} (reference {2 * (self.at or DEFAULT_AT)}); {train}"]
+
+    def _bounds_train(self, loaded) -> bool:
+        t = loaded.campaign.train
+        return self.train_updates is not None and (t.updates is None or self.train_updates < t.updates)
+
+    def for_train(self, loaded):
+        if not self._bounds_train(loaded):
+            return loaded
+        return loaded.with_overrides({"train.updates": self.train_updates, "train.epochs": None})
+
+
+def _validate(loaded, home, budgets):
     from pilotrun.rehearsal.data_checks.validate import validate
 
-    return validate(loaded)
+    return validate(loaded, home)
 
 
-def _inspect(loaded, home):
+def _inspect(loaded, home, budgets):
     from pilotrun.rehearsal.data_checks.inspect import inspect
 
     return inspect(loaded)
 
 
-def _leakage(loaded, home):
+def _leakage(loaded, home, budgets):
     from pilotrun.rehearsal.data_checks.leakage import leakage
 
     return leakage(loaded)
 
 
-def _overfit(loaded, home):
+def _overfit(loaded, home, budgets):
     from pilotrun.rehearsal.mechanics.overfit import overfit
 
-    return overfit(loaded, home)
+    return overfit(loaded, home, examples=budgets.examples, max_updates=budgets.max_updates)
 
 
-def _resume(loaded, home):
+def _resume(loaded, home, budgets):
     from pilotrun.rehearsal.mechanics.resume import resume
 
-    return resume(loaded, home)
+    return resume(loaded, home, at=budgets.at)
 
 
-def _verify(loaded, home):
+def _verify(loaded, home, budgets):
     from pilotrun.rehearsal.mechanics.verify import verify_latest
 
     return verify_latest(loaded, home)
 
 
-def _train(loaded, home):
+def _train(loaded, home, budgets):
     from pilotrun.rehearsal.training.train import train_run
 
-    return train_run(loaded, home)
+    return train_run(budgets.for_train(loaded), home)
 
 
-def _sheet(loaded, home):
+def _sheet(loaded, home, budgets):
     from pathlib import Path
 
     from pilotrun.rehearsal.rental.sheet import sheet_stage
@@ -57,7 +99,7 @@ def _sheet(loaded, home):
     return sheet_stage(loaded, home, out=str(Path(home) / "sheet.md"))
 
 
-def _pilot(loaded, home):
+def _pilot(loaded, home, budgets):
     from pilotrun.rehearsal.memory.pilot import pilot
 
     return pilot(loaded, home)
@@ -77,11 +119,20 @@ STAGES = [
 ]
 
 
-def run_all(loaded, home, on_result=None) -> list:
+def run_all(loaded, home, on_result=None, budgets: Budgets | None = None) -> list:
     """Run every stage; ``on_result`` sees each result as soon as its stage ends (the CLI renders it)."""
+    from pilotrun import startup
+    from pilotrun.report.progress import stage_progress
+
+    budgets = budgets or Budgets()
     results = []
-    for name, fn in STAGES:
-        result = fn(loaded, home)
+    for i, (name, fn) in enumerate(STAGES, 1):
+        t0 = time.perf_counter()
+        with stage_progress(f"all {i}/{len(STAGES)} {name}") as cur:
+            result = fn(loaded, home, budgets)
+            cur["outcome"] = result.verdict
+        result.seconds = time.perf_counter() - t0
+        startup.discount(result.seconds)  # a later stage's start-up is the process's, not the stages' before it
         results.append(result)
         if on_result is not None:
             on_result(result)

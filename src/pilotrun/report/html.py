@@ -25,7 +25,7 @@ h1{font-size:1.5em}h2{font-size:1.2em;border-bottom:1px solid #ccc;padding-botto
 table{border-collapse:collapse;font-size:.85em;margin:.6em 0}th,td{border:1px solid #ddd;padding:.25em .5em;
 text-align:left;vertical-align:top}th{background:#f4f4f4}
 .muted{color:#777}.status-diverged,.verdict-worse{color:#b03a2e;font-weight:600}.status-stopped{color:#b9770e}
-.verdict-better{color:#1e8449;font-weight:600}.status-interrupted,.status-failed{color:#7d3c98}
+.verdict-better{color:#1e8449;font-weight:600}.status-interrupted,.status-failed{color:#7d3c98}.status-check-failed{color:#b03a2e;font-weight:600}
 .plot svg{max-width:100%;height:auto}code{background:#f4f4f4;padding:0 .2em}
 details.run{margin:.4em 0;border-left:3px solid #ddd;padding-left:.6em}details.run>summary{font-weight:600;cursor:pointer}
 """
@@ -251,12 +251,15 @@ RUNS_OPEN = 3  # the latest runs shown unfolded; every other run is one click aw
 def section_runs(journal) -> str:
     """Every run in the journal: a table linking to each, then each run folded (the latest few open) with
     its loss curve, its ledger and its memory bound. Sweeps and pilots also have their own sections below."""
-    runs = journal.list_runs()
+    from pilotrun.journal.runs import run_table_rows
+
+    runs = run_table_rows(journal, journal.list_runs())
     if not runs:
         return '<p class="muted">no run yet.</p>'
     index = [{"run": f'<a href="#run-{esc(r["run_id"])}"><code>{esc(r["run_id"])}</code></a>', "kind": esc(r["kind"]),
-              "name": esc(r["name"]), "status": f'<span class="status-{esc(r["status"])}">{esc(r["status"])}</span>',
+              "name": esc(r["name"]), "status": _status(r), "verdict": esc(r.get("verdict") or ""),
               "created": esc(r.get("created_at")), "updates": esc(r.get("updates_done")),
+              "final": esc(r.get("final") or ""), "overrides": esc(r.get("overrides") or ""),
               "sweep": esc(r.get("sweep_id") or ""), "arm": esc(r.get("arm") or "")} for r in reversed(runs)]
     head = "".join(f"<th>{c}</th>" for c in index[0])
     body = "".join("<tr>" + "".join(f"<td>{v}</td>" for v in row.values()) + "</tr>" for row in index)
@@ -268,6 +271,14 @@ def section_runs(journal) -> str:
     return "".join(out)
 
 
+def _status(run: dict) -> str:
+    """A run's status as runs and show print it (journal.runs.shown_status), styled by it."""
+    from pilotrun.journal.runs import shown_status
+
+    shown = shown_status(run)
+    return f'<span class="status-{esc(shown.replace(" ", "-"))}">{esc(shown)}</span>'
+
+
 def _one_run(journal, run) -> str:
     from pilotrun.probe.recorder import peak_of
     from pilotrun.probe.sizes import fmt_bytes
@@ -276,7 +287,7 @@ def _one_run(journal, run) -> str:
     rid = run["run_id"]
     reason = (run.get("summary") or {}).get("reason")
     parts = [f'<summary id="run-{esc(rid)}"><code>{esc(rid)}</code> {esc(run["kind"])} · {esc(run["name"])} · '
-             f'<span class="status-{esc(run["status"])}">{esc(run["status"])}</span></summary>',
+             f'{_status(run)}</summary>',
              f'<p class="muted">{esc(run.get("command") or "")}' + (f" — {esc(reason)}" if reason else "") + "</p>"]
     train = journal.metrics(rid, "train", "loss")
     val = journal.metrics(rid, "validation", "val_loss")

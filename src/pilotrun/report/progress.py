@@ -9,7 +9,9 @@ with its counts, the elapsed time and, where counts allow, the time left. The ba
 when it has one (the sweep's runs, fit's probes), else the inner one (updates, phases). When stderr is not
 a terminal (a log, CI, a pipe) the same text as a plain line: at the start, at once at each new part,
 phase or finished count (``log=True``; a child's within the 0.25 s poll), and at least every
-``PILOTRUN_HEARTBEAT_S`` seconds (default 30).
+``PILOTRUN_HEARTBEAT_S`` seconds (default 30). When the block ends, on a terminal and in a log alike, one
+line says how it ended and how long it took: ``pilotrun all 4/9 overfit: ended fail (12 s)`` (the caller
+sets ``cur["outcome"]`` on the object the block yields; an exception ends it ``stopped``).
 
 A process the stage starts (the resume and verify workers, the pilot's ranks) reports into it: the stage
 sets ``PILOTRUN_PROGRESS_FILE`` for its children, whose ``note``/``head`` (no stage of their own) write
@@ -167,6 +169,12 @@ def text(cur: dict) -> str:
     return f"pilotrun {cur['label']}{': ' + what if what else ''} ({_fmt(now - cur['t0'])}{left})"
 
 
+def ended(cur: dict) -> str:
+    """The stage's last line: how it ended and how long it took."""
+    outcome = cur.get("outcome")
+    return f"pilotrun {cur['label']}: ended{' ' + outcome if outcome else ''} ({_fmt(time.monotonic() - cur['t0'])})"
+
+
 class _Line:
     """The live renderable: a bar (pulsing without a count) and the text, wrapped at the terminal's width."""
 
@@ -228,7 +236,7 @@ def stage_progress(label: str, *, stream=None):
             from rich.console import Console
             from rich.live import Live
 
-            live = Live(_Line(cur), console=Console(file=stream), refresh_per_second=4, transient=False,
+            live = Live(_Line(cur), console=Console(file=stream), refresh_per_second=4, transient=True,
                         redirect_stdout=False, redirect_stderr=True)
             live.start()
             cur["live"] = live
@@ -237,7 +245,11 @@ def stage_progress(label: str, *, stream=None):
             cur["stream"] = stream
             thread = threading.Thread(target=_beat, args=(cur, stream, stop), name="pilotrun-progress", daemon=True)
             thread.start()
-        yield cur
+        try:
+            yield cur
+        except BaseException as e:
+            cur.setdefault("outcome", f"stopped ({type(e).__name__})")
+            raise
     finally:
         stop.set()
         if thread is not None:
@@ -245,6 +257,7 @@ def stage_progress(label: str, *, stream=None):
         cur["live"] = cur["stream"] = None
         if live is not None:
             live.stop()
+        _line(stream, ended(cur))
         _CURRENT.pop("stage", None)
         if before is None:
             os.environ.pop(FILE_ENV, None)

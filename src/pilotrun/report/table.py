@@ -26,7 +26,7 @@ TEXT_COLUMNS = ("inputs", "note", "summary", "why", "reason", "change", "overrid
                 "same_experiment", "probes")
 STYLE = {"ok": "bold green", "warn": "bold yellow", "fail": "bold red", "completed": "green", "running": "cyan",
          "over-budget": "bold red", "oom": "bold red", "nan": "bold red", "error": "bold red",
-         "diverged": "bold red", "failed": "bold red", "interrupted": "yellow", "stopped": "yellow"}
+         "diverged": "bold red", "failed": "bold red", "check failed": "bold red", "interrupted": "yellow", "stopped": "yellow"}
 STYLED_COLUMNS = ("verdict", "status")
 
 
@@ -143,12 +143,13 @@ def _print_horizontal(con, title, shown, rows, texts, heads, depth, widths, righ
             parts.append(text.rjust(widths[c]) if right[c] else text.ljust(widths[c]))
         con.print(GAP.join(parts).rstrip(), style="bold", markup=False, highlight=False)
     for r, t in zip(rows, texts):
-        for j, c in enumerate(shown):
+        last = max((j for j, c in enumerate(shown) if t[c]), default=0)  # empty cells at the end: no trailing blanks
+        for j, c in enumerate(shown[:last + 1]):
             text = t[c].rjust(widths[c]) if right[c] else t[c].ljust(widths[c])
-            if j == len(shown) - 1:
+            if j == last:
                 text = text.rstrip()
             _styled(con, text, c, r.get(c))
-            if j < len(shown) - 1:
+            if j < last:
                 con.print(GAP, end="", markup=False, highlight=False)
         con.print(markup=False, highlight=False)
         for c in below:

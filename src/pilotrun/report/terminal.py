@@ -30,41 +30,58 @@ def render_result(r, con) -> None:
         render_table(con, r.columns, r.rows)
 
 
-def render_summary(results, con) -> None:
-    rows = [{"stage": r.stage, "verdict": r.verdict, "summary": r.summary} for r in results]
-    render_table(con, ["stage", "verdict", "summary"], rows, title="rehearsal summary")
+def render_summary(results, con, notes: list[str] | None = None) -> None:
+    """One row per stage; a time column where the stages were timed; ``notes`` (the budgets used) under it."""
+    timed = any(r.seconds is not None for r in results)
+    rows = [{"stage": r.stage, "verdict": r.verdict, "time": "" if r.seconds is None else fmt_duration(r.seconds),
+             "summary": r.summary} for r in results]
+    columns = ["stage", "verdict"] + (["time"] if timed else []) + ["summary"]
+    render_table(con, columns, rows, title="rehearsal summary")
+    if timed:
+        print_wrapped(con, f"total {fmt_duration(sum(r.seconds or 0.0 for r in results))}")
+    for line in notes or []:
+        print_wrapped(con, line)
 
 
-RUN_COLUMNS = ("run_id", "kind", "name", "status", "updates", "examples", "created_at", "supersedes")
+RUN_COLUMNS = ("run_id", "kind", "name", "status", "verdict", "updates", "examples", "final", "overrides", "created_at",
+               "supersedes")
 
 
 def render_runs(con, runs) -> None:
-    """Every run id whole (a prefix of it is what the other verbs take)."""
+    """Every run id whole (a prefix of it is what the other verbs take); ``runs`` as journal.runs.run_table_rows
+    gives them (the shown status, the verdict, the final metric, the overrides)."""
     if not runs:
         con.print("no runs yet")
         return
-    rows = [{"run_id": r["run_id"], "kind": r.get("kind"), "name": r.get("name"), "status": r.get("status"),
-             "updates": r.get("updates_done"), "examples": r.get("examples_seen"),
+    rows = [{"run_id": r["run_id"], "kind": r.get("kind"), "name": r.get("name"),
+             "status": r.get("shown_status", r.get("status")), "verdict": r.get("verdict"),
+             "updates": r.get("updates_done"), "examples": r.get("examples_seen"), "final": r.get("final"),
+             "overrides": r.get("overrides"),
              "created_at": (r.get("created_at") or "").replace("T", " ")[:19], "supersedes": r.get("supersedes")}
             for r in runs]
-    render_table(con, RUN_COLUMNS, rows)
+    columns = [c for c in RUN_COLUMNS if c == "run_id" or any(row[c] not in (None, "") for row in rows)]
+    render_table(con, columns, rows)
 
 
 def render_run(con, data) -> None:
     run = data["run"]
     from rich.markup import escape
 
+    verdict = (run.get("summary") or {}).get("verdict")
     con.print(f"[bold]run {escape(run['run_id'])}[/] ({escape(run['kind'])}, {escape(run['name'])}): "
-              f"[bold]{escape(run['status'])}[/]")
-    for k in ("created_at", "ended_at", "updates_done", "examples_seen", "seed", "config_sha256", "git_rev",
-              "supersedes", "sweep_id", "command"):
+              f"[bold]{escape(str(run.get('shown_status', run['status'])))}[/]"
+              + (f" (verdict {escape(str(verdict))})" if verdict else ""), highlight=False)
+    said = ("created_at", "ended_at", "updates_done", "examples_seen", "seed", "config_sha256", "git_rev",
+            "supersedes", "sweep_id", "command", "final", "overrides")
+    for k in said:
         if run.get(k) is not None:
             print_wrapped(con, f"{k}: {run[k]}", "  ")
     if run.get("trust_remote_code"):
         con.print("  trust_remote_code: ON (model code from the model folder ran)")
     summary = run.get("summary") or {}
-    for k, v in summary.items():
-        if k not in ("arithmetic", "memory_bound", "timing", "counts"):
+    for k, v in summary.items():  # what the run's own row said above is not said twice
+        if k not in ("arithmetic", "memory_bound", "timing", "counts", "verdict") and \
+                not (k in said and run.get(k) is not None):
             print_wrapped(con, f"{k}: {_fmt(v)}", "  ")
     if summary.get("timing"):
         flat = {k: v for k, v in summary["timing"].items() if isinstance(v, (int, float))}

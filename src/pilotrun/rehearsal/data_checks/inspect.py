@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict
 
 from pilotrun.errors import BadInput
-from pilotrun.verdicts import StageResult
+from pilotrun.verdicts import StageResult, plural
 from pilotrun.tasks.base import IGNORE
 
 INFO_CHECKS = ("classes", "chat format")  # ok checks whose message is worth printing
@@ -26,9 +26,10 @@ def inspect(loaded, n: int = 0, split: str | None = None) -> StageResult:
     shown = [c for c in report.checks if c.verdict != "ok" or c.name in INFO_CHECKS]
     messages = [c.line() for c in shown]
     for s in report.splits.values():
-        messages.append(f"{s['split']}: {s['examples']} examples, length {s['min']}..{s['max']} (median "
+        messages.append(f"{s['split']}: {plural(s['examples'], 'example')}, length {s['min']}..{s['max']} (median "
                         f"{s['median']}), {s['at_max_length']} at data.max_length; max_length {s['keep_99']} keeps "
-                        f"99% of targets, {s['keep_100']} all; lengths 0..{loaded.campaign.data.max_length} "
+                        f"99% of {s.get('keeps', 'targets')}, {s['keep_100']} all; lengths "
+                        f"0..{loaded.campaign.data.max_length} "
                         f"|{s['histogram']}|")
     n_ex = sum(s["examples"] for s in report.splits.values())
     fails = sum(c.verdict == "fail" for c in report.checks)

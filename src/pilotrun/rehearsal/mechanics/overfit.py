@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 
 from pilotrun.rehearsal.mechanics.plateau import conflict_text, conflicting_inputs
-from pilotrun.verdicts import StageResult
+from pilotrun.verdicts import StageResult, headline, plural
 
 TOLERANCE = {"fp32": 1e-5}  # relative gradient difference; rounding alone stays far below 1e-5 in fp32
 LOW_PRECISION_TOLERANCE = 2e-2  # bf16/fp16 round each micro-batch's gradients to ~3 significant digits
@@ -327,7 +327,7 @@ def overfit(loaded, home, *, examples: int = 8, max_updates: int = 150, prep=Non
     state = make_state(model, mt, n_train=len(chosen), seed=c.seed, total_updates=max_updates, device=device)
     history, checks = [], {}
     back_off = BackOff(c.train.lr)
-    head(f"memorising {len(chosen)} examples")
+    head(f"memorising {plural(len(chosen), 'example')}")
     with RunRecorder(Journal(home), loaded, kind="overfit") as rec:
         def on_update(st, out):
             history.append(out)
@@ -364,8 +364,8 @@ def overfit(loaded, home, *, examples: int = 8, max_updates: int = 150, prep=Non
         n_gen = checks.get("generated", 0)
         reproduced = (f"argmax reproduces every target; greedy generation reproduces {n_gen} of {n_gen} examples"
                       if task.kind == "causal-lm" else "the predicted ids reproduce every target")
-        msgs.append(f"memorised {len(chosen)} examples in {state.update} updates: loss {history[0]['loss']:.3f} → "
-                    f"{history[-1]['loss']:.4f} < {LOSS_THRESHOLD}; {reproduced}")
+        msgs.append(f"memorised {plural(len(chosen), 'example')} in {plural(state.update, 'update')}: loss "
+                    f"{history[0]['loss']:.3f} → {history[-1]['loss']:.4f} < {LOSS_THRESHOLD}; {reproduced}")
     msgs.append(f"run {rec.run_id} (kind overfit)")
     rows = [{"update": h["update"], "loss": h["loss"], "grad_norm": h["grad_norm"], "lr": h["lr"]}
             for h in history if h["update"] % CHUNK == 0 or h is history[-1]]
@@ -421,7 +421,7 @@ def _result(acc, msgs, data, failed, rows=None) -> StageResult:
     verdict = "fail" if failed or acc["verdict"] == "fail" else acc["verdict"]
     if verdict == "fail":
         parts = ([acc.get("headline", "accumulation arithmetic is wrong")] if acc["verdict"] == "fail" else []) + \
-            ([failed[0].split(":")[0]] if failed else ["the loop memorises the examples"])
+            ([headline(failed[0])] if failed else ["the loop memorises the examples"])
         summary = "; ".join(parts)
     else:
         summary = "the loop memorises the examples"
