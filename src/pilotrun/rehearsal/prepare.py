@@ -33,6 +33,20 @@ class Prepared:
         return batch_arithmetic(self.c.train, len(self.train))
 
 
+def require_weights(loaded) -> None:
+    """A stage that runs the model (pilot, overfit, train, resume, fit) needs its weights: a hub model whose
+    config.json alone is cached is exit 2 here, naming the missing files, before any run is created
+    (``validate``, ``estimate`` and the sheet without a pilot work from the config)."""
+    from pathlib import Path
+
+    from pilotrun.campaign.hub import snapshot_of
+    from pilotrun.tasks.loading import check_model_dir
+
+    path = loaded.campaign.model.path
+    if path and snapshot_of(path):
+        check_model_dir(Path(path))
+
+
 def prepare(loaded, splits=SPLITS) -> Prepared:
     """Validate, build the task and encode every record of the splits through task.encode."""
     from pilotrun.report.progress import note

@@ -208,13 +208,26 @@ def check_positions(c, defaults: bool = True) -> None:
         check_max_length(c, cfg, "model.config")
 
 
-def check_model_dir(path: Path) -> None:
+def check_model_dir(path: Path, weights: bool = True) -> None:
+    """A model folder with config.json and (unless ``weights`` is false: the estimate, or ``validate`` of a
+    hub snapshot) safetensors weights; a cached hub snapshot without them names the missing files."""
     if not path.is_dir():
         raise BadInput(f"model folder not found: {path}", where="model.path",
                        fix="point at a folder written by model.save_pretrained (nothing is downloaded)")
     if not (path / "config.json").is_file():
         raise BadInput(f"no config.json in {path}", where="model.path",
                        fix="save the model with save_pretrained, which writes config.json beside the weights")
+    if not weights:
+        return
+    from pilotrun.campaign.hub import fetch_command, missing_weights, snapshot_of
+
+    hub = snapshot_of(path)
+    lacking = missing_weights(path) if hub else []
+    if lacking:
+        raise BadInput(f"the cached hub model {hub[0]} (commit {hub[1]}) holds config.json but not its weights: "
+                       f"{', '.join(lacking)} missing from {path}; this stage runs the model", where="model.path",
+                       fix=f"fetch the weights with `{fetch_command(hub[0])}`; estimate, estimate --options and the "
+                           "sheet without a pilot work from config.json alone")
     names = [p.name for p in path.iterdir()]
     if any(n.endswith(".safetensors") or n == "model.safetensors.index.json" for n in names):
         return
@@ -246,7 +259,7 @@ def build_model(c, tokenizer, kind: str, labels: list[str] | None = None):
                        "label2id": {n: i for i, n in enumerate(labels)}}
     if c.model.path:
         path = Path(c.model.path)
-        check_model_dir(path)
+        check_model_dir(path, weights=shape_only is None)  # the architecture alone needs config.json only
         config = _folder_config(path, c.model.trust_remote_code, shape_only or {})
         if labels is not None and _generic_labels(config):
             for k, v in head_kwargs.items():
