@@ -122,7 +122,7 @@ def test_axolotl_lora_with_packing_and_epochs(tmp_path, data, cache):
     assert got["train.lr"] == ("learning_rate", 0.0002)
     assert got["train.schedule"] == ("lr_scheduler", "cosine")
     assert got["train.weight_decay"] == ("weight_decay", 0.0)
-    assert got["train.precision"][1] == "bf16-mixed"
+    assert got["train.precision"][1] == "bf16-mixed" and got["model.dtype"][1] == "bfloat16"
     # ratios become updates from the data's size: 80 examples / (2 x 4) = 10 updates per epoch
     assert got["train.warmup"] == ("warmup_ratio", 1)
     assert got["train.eval_every"] == ("evals_per_epoch", 2)  # 10 / 4, floored
@@ -237,6 +237,19 @@ def test_axolotl_typo_is_named_and_nothing_written(tmp_path, data, cli):
     cfg.pop("lora_droput")
     cfg["datasets"] = [{"path": "data/alpaca_train.jsonl", "type": "alpaca"}]
     assert cli("import", write(src, cfg)).code == 0 and (tmp_path / "campaign.yaml").is_file()
+
+
+def test_axolotl_plugin_arguments_are_named_not_typos(tmp_path, data):
+    """Keys of Axolotl's own examples (fft-8b-liger-fsdp.yaml: `attention: flash`, `debug:`) are known; a key
+    far from every core key under `plugins:` is the plugin's argument, named; a near one is still a typo."""
+    cfg = dict(AXOLOTL_LORA, plugins=["axolotl.integrations.liger.LigerPlugin"], liger_rope=True,
+               attention="flash", debug=None, my_plugin_knob=3)
+    imp = import_config(write(tmp_path / "liger.yml", cfg))
+    skipped = {n.key: n.reason for n in imp.not_carried}
+    assert "LigerPlugin" in skipped["my_plugin_knob"] and "eager attention" in skipped["attention"]
+    assert "debug" not in skipped  # empty
+    with pytest.raises(BadInput, match="did you mean 'lora_alpha'"):
+        import_config(write(tmp_path / "liger2.yml", dict(cfg, lora_alpah=8)), out=tmp_path / "c2.yaml")
 
 
 def test_axolotl_what_it_cannot_decide_is_asked(tmp_path, data, cli):

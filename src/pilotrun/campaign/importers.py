@@ -271,7 +271,11 @@ fix_untrained_tokens is_preprocess preprocess_iterable total_num_tokens total_su
 sample_packing_eff_est axolotl_config_path is_falcon_derived_model is_llama_derived_model
 is_mistral_derived_model is_qwen_derived_model plugins max_packed_sequence_len rope_scaling evaluation_strategy
 eval_table_max_new_tokens inference liger_rope liger_rms_norm liger_glu_activation liger_layer_norm
-liger_cross_entropy liger_fused_linear_cross_entropy cut_cross_entropy
+liger_cross_entropy liger_fused_linear_cross_entropy cut_cross_entropy debug attention chunked_cross_entropy
+chunked_cross_entropy_num_chunks tiled_mlp tiled_mlp_num_shards tiled_mlp_use_original_mlp dpo_padding_free
+dpo_norm_loss dpo_label_smoothing dpo_generate_during_eval kd_ce_alpha kd_alpha kd_temperature
+kd_zscore_base_temp kd_top_k_before_softmax use_otel_metrics otel_metrics_host otel_metrics_port streaming
+telemetry
 """.split())
 
 AXOLOTL_DATASET_KEYS = set("""
@@ -303,7 +307,10 @@ AXOLOTL_REASONS = {
     "pad_to_sequence_len": "the source pads every row to sequence_len; the rehearsal pads to the longest row of a "
                            "micro-batch, and its worst case (the longest rows) is what the memory figures show",
     "flash_attention": ATTENTION, "sdp_attention": ATTENTION, "xformers_attention": ATTENTION,
-    "flex_attention": ATTENTION, "s2_attention": ATTENTION, "attn_implementation": ATTENTION,
+    "flex_attention": ATTENTION, "s2_attention": ATTENTION, "attn_implementation": ATTENTION, "attention": ATTENTION,
+    "debug": NOTHING, "use_otel_metrics": NOTHING, "otel_metrics_host": NOTHING, "otel_metrics_port": NOTHING,
+    "chunked_cross_entropy": "the logits are never held whole on the rental: memory there is smaller than rehearsed",
+    "tiled_mlp": "the MLP runs in tiles on the rental: activation memory there is smaller than rehearsed",
     "load_in_4bit": "the base weights are 4-bit (bitsandbytes) in the source; the rehearsal holds them in "
                     "model.dtype, so its weight memory is about 4x (bf16) the rental's: `pilotrun estimate "
                     "--options` prices the QLoRA option",
@@ -418,7 +425,15 @@ def _strategy_from_deepspeed(b: _Builder, src: str, value: Any) -> None:
 
 
 def import_axolotl(raw: dict[str, Any], b: _Builder) -> None:
-    b.problems += _typos(raw, AXOLOTL_KEYS, b.source, "Axolotl")
+    plugin_args: set[str] = set()
+    if raw.get("plugins"):  # plugins add their own keys: one far from every core key is a plugin's, not a typo
+        plugin_args = {k for k in raw if k not in AXOLOTL_KEYS
+                       and not difflib.get_close_matches(str(k), sorted(AXOLOTL_KEYS), n=1, cutoff=0.8)}
+    b.problems += _typos({k: v for k, v in raw.items() if k not in plugin_args}, AXOLOTL_KEYS, b.source, "Axolotl")
+    for k in plugin_args:
+        if not _empty(raw[k]):
+            b.skip(k, raw[k], f"not a key of Axolotl's core: an argument of a plugin ({', '.join(map(str, raw['plugins']))}), "
+                              "which the rehearsal does not run")
     for i, d in enumerate((raw.get("datasets") or []) + (raw.get("test_datasets") or [])):
         if isinstance(d, dict):
             b.problems += _typos(d, AXOLOTL_DATASET_KEYS, b.source, "Axolotl", where_prefix="datasets[].")
@@ -546,6 +561,9 @@ def import_axolotl(raw: dict[str, Any], b: _Builder) -> None:
     bf16_default = "bf16" not in raw
     _precision(b, "bf16", raw.get("bf16", "auto"), "fp16", raw.get("fp16"), bf16_default)
     used.update(("bf16", "fp16"))
+    if b.c["train"]["precision"] == "bf16-mixed":
+        b.put("bf16" + (" (the source's default)" if bf16_default else ""), "model.dtype", "bfloat16",
+              "Axolotl loads the weights in bf16 when training in bf16")
     if get("bfloat16"):
         b.put("bfloat16", "train.precision", "bf16-true")
     if get("seed") is not None:
@@ -695,6 +713,12 @@ max_length max_seq_length shuffle_dataset packing packing_strategy padding_free 
 eval_packing completion_only_loss assistant_only_loss loss_type activation_offloading use_liger use_liger_kernel
 dataset_batch_size num_of_sequences chars_per_token neftune_noise_alpha
 """.split())
+# TRL's SFTConfig defaults (a to_dict of an SFTConfig writes them all): a value equal to one sets nothing
+TRL_DEFAULTS = {"dataset_text_field": "text", "max_length": 1024, "packing": False, "packing_strategy": "bfd",
+                "padding_free": False, "eval_packing": None, "completion_only_loss": None, "assistant_only_loss": False,
+                "loss_type": "nll", "activation_offloading": False, "shuffle_dataset": False, "dataset_num_proc": None,
+                "pad_token": None, "eos_token": None, "chat_template_path": None, "model_init_kwargs": None,
+                "dataset_kwargs": None, "pad_to_multiple_of": None, "use_liger_kernel": False}
 HF_OLD_KEYS = set("""
 evaluation_strategy overwrite_output_dir logging_dir push_to_hub_token push_to_hub_model_id
 push_to_hub_organization per_gpu_train_batch_size per_gpu_eval_batch_size no_cuda use_mps_device
@@ -772,6 +796,7 @@ def _same(v: Any, d: Any) -> bool:
 def import_hf(raw: dict[str, Any], b: _Builder) -> None:
     defaults = _hf_defaults()
     defaults["accelerator_config"] = _accelerator_defaults()
+    defaults.update({k: v for k, v in TRL_DEFAULTS.items() if k not in defaults})
     known = set(defaults) | TRL_KEYS | HF_OLD_KEYS
     b.problems += _typos(raw, known, b.source, "TrainingArguments/SFTConfig")
     used: set[str] = set()
