@@ -129,3 +129,38 @@ def _plain(loaded):
     from pilotrun.tasks import make_task
 
     return make_task(loaded).build_model()
+
+
+# --- data.max_length against the model's position limit ------------------------------------------------
+@pytest.mark.parametrize("family,key,verb", [("gpt2", "n_positions", "pilot"), ("opt", "max_position_embeddings", "train"),
+                                             ("roberta", "max_position_embeddings", "validate")])
+def test_max_length_past_the_position_table_is_bad_input_before_anything_runs(tmp_path, cli, family, key, verb):
+    """GPT-2 with 32 positions and max_length 64 failed four phases with "IndexError: index out of range in self";
+    OPT under train exited 3. Now exit 2 naming data.max_length, the limit and its key, with no run started."""
+    folder = save_model(tmp_path / "model", family, **{key: 34 if family == "roberta" else 32})
+    path = campaign(tmp_path / "c", folder, seq_cls=family in ENCODERS, data__max_length=64)
+    r = cli(verb, path, "--home", tmp_path / "home")
+    assert r.code == 2, r.out + r.err
+    said = f"{key} 34 less padding_idx 1 + 1" if family == "roberta" else f"{key} 32"
+    assert "data.max_length: 64 tokens, but the model takes at most 32 positions" in r.err, r.err
+    assert f"({said}, {folder / 'config.json'})" in r.err and "set data.max_length: 32" in r.err
+    assert not (tmp_path / "home" / "runs").exists() or not any((tmp_path / "home" / "runs").iterdir())
+    clean = campaign(tmp_path / "ok", folder, seq_cls=family in ENCODERS, data__max_length=32)
+    assert cli("validate", clean).code == 0
+
+
+def test_model_config_default_position_limit_is_checked(tmp_path, cli):
+    """model.config leaves n_positions to GPT-2's default (1024): resolved before the model is built."""
+    from conftest import simple_records, tiny_causal_campaign
+
+    cfg = {"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 384}
+    path = tiny_causal_campaign(tmp_path / "c", simple_records(8), model__config=cfg, data__max_length=2048)
+    r = cli("pilot", path, "--home", tmp_path / "home")
+    assert r.code == 2 and "data.max_length: 2048 tokens, but the model takes at most 1024 positions" in r.err, r.err
+    assert "the gpt2 default, model.config does not set it" in r.err
+
+
+def test_rotary_families_are_not_held_to_max_position_embeddings(tmp_path, cli):
+    """Qwen2 (rotary) runs past max_position_embeddings: it is the length the model was trained to, no index."""
+    folder = save_model(tmp_path / "model", "qwen2", max_position_embeddings=32)
+    assert cli("validate", campaign(tmp_path / "c", folder, seq_cls=False, data__max_length=64)).code == 0

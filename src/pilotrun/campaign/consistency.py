@@ -37,6 +37,13 @@ def task_needs(c, base_dir=None) -> list[BadInput]:
     if c.model.config is not None and c.model.tokenizer is None:
         problems.append(BadInput("model.config needs a tokenizer", where="model.tokenizer",
                                  fix="set model.tokenizer: byte, or a local tokenizer folder"))
+    if c.task in ("causal-lm", "seq-cls"):
+        from pilotrun.tasks.loading import check_positions
+
+        try:
+            check_positions(c, defaults=False)  # config.json or model.config as written: no torch here
+        except BadInput as e:
+            problems.append(e)
     if c.train.precision == "bf16-true" and c.model.dtype == "float16":
         problems.append(BadInput("train.precision=bf16-true with model.dtype=float16", where="model.dtype",
                                  fix="set model.dtype: bfloat16 (or float32)"))

@@ -26,6 +26,11 @@ from pilotrun.tasks import common
 
 FEW = 3
 CHUNK = 4096
+ASSISTANT = ("assistant", "gpt", "bot", "model")  # roles whose turns are targets (tasks/chat.py's aliases)
+SAME_RESPONSE = 0.5  # responses this alike (estimated Jaccard) to the other split's make the record a near duplicate
+PROMPT_FAIL_SHARE = 0.01  # README (leakage): 1% of a split's prompts already trained on biases its loss as
+# much as the differences between arms a sweep ranks; below it a warning names them (short generic prompts
+# such as "hi" or "Summarise." do repeat in honest data)
 
 
 @functools.cache
@@ -81,6 +86,52 @@ def text_of(c):
     return fields
 
 
+def prompt_of(c):
+    """A function giving the non-target text of a causal-lm record — the prompt fields, or a conversation's
+    system and user turns —, or None where the task has no separate prompt (seq-cls: the text is the input
+    and exact duplicates already compare it)."""
+    d = c.data
+    if c.task != "causal-lm":
+        return None
+    if d.messages:
+        def chat(record) -> str:
+            msgs = common.field(record, d.messages, "data.messages")
+            if not isinstance(msgs, list):
+                return ""
+            return "\n".join(str(m.get("content", m.get("value", ""))) for m in msgs if isinstance(m, dict)
+                             and str(m.get("role", m.get("from"))) not in ASSISTANT)
+        return chat
+    if not d.prompt:
+        return None
+    names = common.template_fields(d.prompt) or [d.prompt]
+    return lambda record: "\n".join(common.text_field(record, n, "data.prompt", allow_empty=True) for n in names)
+
+
+def response_of(c):
+    """The target text of a causal-lm record: the response field, or a conversation's assistant turns."""
+    d = c.data
+    if d.messages:
+        def chat(record) -> str:
+            msgs = common.field(record, d.messages, "data.messages")
+            return "\n".join(str(m.get("content", m.get("value", ""))) for m in msgs if isinstance(m, dict)
+                             and str(m.get("role", m.get("from"))) in ASSISTANT) if isinstance(msgs, list) else ""
+        return chat
+    return lambda record: common.text_field(record, d.response, "data.response", allow_empty=True)
+
+
+def _texts_at(c, split: str, wanted: set[int], text) -> dict[int, str]:
+    """The normalised text of the records at these positions of a split (a second read, only for them)."""
+    from pilotrun.data.stream import iter_chunks
+
+    out, k = {}, 0
+    for records in iter_chunks(getattr(c.data, split)):
+        for r in records:
+            if k in wanted:
+                out[k] = normalise(text(r))
+            k += 1
+    return out
+
+
 def record_text(c, record) -> str:
     return text_of(c)(record)
 
@@ -104,6 +155,9 @@ class SplitUnits:
     digest: np.ndarray  # uint64 hash of the normalised unit text
     sig: np.ndarray  # (PERMS, units) MinHash signatures, one column per unit
     periods: list | None
+    prompt_digest: np.ndarray | None = None  # uint64 per record: the normalised prompt (0: none)
+    record_digest: np.ndarray | None = None  # uint64 per record: the normalised record text
+    record_where: list[str] | None = None
     _index: list | None = None
 
     def index(self) -> list:
@@ -122,7 +176,8 @@ def reduce_split(c, split: str, chunks) -> SplitUnits:
     path = getattr(d, split)
     digests, sigs, where, periods, code = [], [], [], [] if d.period_by else None, []
     codes: dict[str, int] = {}
-    text = text_of(c)
+    text, prompt = text_of(c), prompt_of(c)
+    prompts: list[np.ndarray] = []
     for records in chunks:
         if d.group_by:
             _require(records, d.group_by, "data.group_by", path)
@@ -136,10 +191,15 @@ def reduce_split(c, split: str, chunks) -> SplitUnits:
                                    count=len(texts)))
         sigs += [minhash.signatures(texts[i:i + CHUNK]) for i in range(0, len(texts), CHUNK)]
         where += [r.where for r in records]
+        if prompt is not None:
+            keys = (exact_key(normalise(prompt(r))) for r in records)
+            prompts.append(np.fromiter((_digest(k) if k else 0 for k in keys), dtype=np.uint64, count=len(records)))
     digest = np.concatenate(digests) if digests else np.empty(0, np.uint64)
+    per_record = {"prompt_digest": np.concatenate(prompts) if prompts else None, "record_digest": digest,
+                  "record_where": where} if prompt is not None else {}
     if not d.group_by:
         sig = np.concatenate(sigs, axis=1) if sigs else np.empty((minhash.PERMS, 0), np.uint32)
-        return SplitUnits(split, len(where), where, None, digest, sig, periods)
+        return SplitUnits(split, len(where), where, None, digest, sig, periods, **per_record)
     code = np.concatenate(code) if code else np.empty(0, np.int64)
     # units usually come in runs (a conversation's records together): then the order is the file's own
     order = np.arange(code.size) if np.all(code[1:] >= code[:-1]) else np.argsort(code, kind="stable")
@@ -154,7 +214,7 @@ def reduce_split(c, split: str, chunks) -> SplitUnits:
     for k in range(minhash.PERMS):
         unit_sig[k] = np.minimum.reduceat(np.concatenate([c[k] for c in sigs])[order], starts)
     return SplitUnits(split, len(where), [where[order[s]] for s in starts], list(codes), unit_digest, unit_sig,
-                      periods)
+                      periods, **per_record)
 
 
 def _share(n: int, of: int) -> str:
@@ -187,6 +247,44 @@ def exact_duplicates(a: SplitUnits, b: SplitUnits) -> Check | None:
                  f"unit exactly after normalising Unicode (NFKC), case, punctuation and whitespace, e.g. "
                  f"{'; '.join(pairs)}", b.split,
                  {"count": int(hit.size), "pairs": pairs})
+
+
+def shared_prompts(c, a: SplitUnits, b: SplitUnits) -> Check | None:
+    """Records of b whose prompt (normalised as for exact duplicates) is also a prompt in a, with another
+    response: the model was taught an answer to that question. Each record is reported once, by its
+    closest relation: whole-record duplicates and near-same responses (estimated Jaccard ≥ SAME_RESPONSE
+    to a response of that prompt in a) are the duplicate checks' to report."""
+    if a.prompt_digest is None or b.prompt_digest is None:
+        return None
+    hit = (b.prompt_digest != 0) & np.isin(b.prompt_digest, a.prompt_digest[a.prompt_digest != 0])
+    whole = hit & np.isin(b.record_digest, a.record_digest)
+    candidates = np.flatnonzero(hit & ~whole)
+    if not candidates.size:
+        return None
+    by_prompt: dict[int, list[int]] = {}
+    for i in np.flatnonzero(np.isin(a.prompt_digest, b.prompt_digest[candidates])):
+        if len(by_prompt.setdefault(int(a.prompt_digest[i]), [])) < 8:  # a few of a prompt's answers suffice
+            by_prompt[int(a.prompt_digest[i])].append(int(i))
+    response = response_of(c)
+    text_b = _texts_at(c, b.split, {int(j) for j in candidates}, response)
+    text_a = _texts_at(c, a.split, {i for ids in by_prompt.values() for i in ids}, response)
+    keys_a, keys_b = list(text_a), [int(j) for j in candidates]
+    sig_a = dict(zip(keys_a, minhash.signatures([text_a[i] for i in keys_a]).T))
+    sig_b = dict(zip(keys_b, minhash.signatures([text_b[j] for j in keys_b]).T))
+    other = [j for j in keys_b if max(float(np.mean(sig_b[j] == sig_a[i])) for i in by_prompt[int(b.prompt_digest[j])])
+             < SAME_RESPONSE]
+    if not other:
+        return None
+    pairs = [f"{b.record_where[j]} asks {a.record_where[by_prompt[int(b.prompt_digest[j])][0]]}'s prompt"
+             for j in other[:FEW]]
+    n = int(b.prompt_digest.size)
+    verdict = "fail" if len(other) >= PROMPT_FAIL_SHARE * n else "warn"
+    extra = f" ({int(whole.sum())} more repeat the whole record: exact-duplicates)" if whole.any() else ""
+    return Check("shared-prompts", verdict, f"{_share(len(other), n)} {b.split} prompts also occur in {a.split} with "
+                 f"another response{extra}, normalised as for exact duplicates, e.g. {'; '.join(pairs)}: the model is "
+                 f"taught an answer to each of these questions; keep each prompt in one split (`pilotrun split DATA "
+                 f"--by FIELD` with the prompt's field)", b.split,
+                 {"count": len(other), "whole_record": int(whole.sum()), "pairs": pairs})
 
 
 def near_duplicates(a: SplitUnits, b: SplitUnits, threshold: float) -> Check | None:
@@ -282,7 +380,7 @@ def leakage_checks(loaded, threshold: float = 0.8) -> tuple[list[Check], dict]:
                 found = group_overlap(a, b, c.data.group_by)
                 if found:
                     checks.append(found)
-            for found in (exact_duplicates(a, b), near_duplicates(a, b, threshold)):
+            for found in (exact_duplicates(a, b), shared_prompts(c, a, b), near_duplicates(a, b, threshold)):
                 if found:
                     checks.append(found)
     if c.data.period_by:

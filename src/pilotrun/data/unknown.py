@@ -39,15 +39,57 @@ def tokenizer_name(task) -> str:
     return f"{type(tok).__name__} ({where})"
 
 
-def counts(e, unk: int) -> tuple[int, int, int, int]:
-    """(prompt unk, prompt tokens, target unk, target tokens) of one example; a one-label example is all prompt."""
+def own_positions(task, unk: int | None) -> tuple[int, int] | None:
+    """When the unk id is also a special token the task adds itself (GPT-2, Pythia and OPT use one
+    ``<|endoftext|>`` for eos, bos and unk; a tokenizer without a pad pads with it): the special tokens the
+    task puts before and after a text, (leading, trailing), whose positions are not counted as unknown
+    (with the EOS that ends each target). None when the unk id is no such token: every occurrence counts."""
+    tok = getattr(task, "tokenizer", None)
+    if unk is None or tok is None:
+        return None
+    own = {getattr(tok, f"{n}_token_id", None) for n in ("eos", "bos", "pad", "cls", "sep")}
+    own |= {getattr(task, n, None) for n in ("eos", "pad", "bos")}
+    if unk not in own:
+        return None
+    lead = getattr(task, "lead", None)
+    if lead is not None:  # causal-lm: the leading specials, then texts tokenized without specials
+        return len(lead), 0
+    try:
+        kwargs = dict(task.tokenize_kwargs()) if hasattr(task, "tokenize_kwargs") else {}
+        plain = list(tok("Hello", add_special_tokens=False)["input_ids"])
+        full = list(tok("Hello", **{**kwargs, "add_special_tokens": kwargs.get("add_special_tokens", True)})
+                    ["input_ids"])
+    except Exception:
+        return 0, 0
+    for i in range(len(full) - len(plain) + 1):
+        if full[i: i + len(plain)] == plain:
+            return i, len(full) - len(plain) - i
+    return 0, 0
+
+
+def counts(e, unk: int, own: tuple[int, int] | None = None) -> tuple[int, int, int, int]:
+    """(prompt unk, prompt tokens, target unk, target tokens) of one example; a one-label example is all prompt.
+
+    ``own`` (``own_positions``): the unk id is a special token the task adds, so its occurrences at the
+    task's own positions (the leading and trailing specials, the EOS that ends each target run) are not counted."""
     ids = np.asarray(e.input_ids, dtype=np.int64)
     lab = np.asarray(e.labels, dtype=np.int64)
+    hit = ids == unk
+    if own is not None:
+        lead, trail = own
+        hit[:lead] = False
+        if trail and lab.size != ids.size:
+            hit[ids.size - trail:] = False
     if lab.size != ids.size:
-        return int((ids == unk).sum()), int(ids.size), 0, 0
+        return int(hit.sum()), int(ids.size), 0, 0
     tgt = lab != IGNORE
     # the model reads input_ids; the targets are the labels (next-token ids at the trained positions)
-    return int((ids[~tgt] == unk).sum()), int((~tgt).sum()), int((lab[tgt] == unk).sum()), int(tgt.sum())
+    tgt_hit = lab == unk
+    if own is not None:
+        ends = tgt & ~np.append(tgt[1:], False)  # the last position of each run of targets: the task's EOS
+        tgt_hit &= ~ends
+        hit &= ~ends  # the same EOS read as an input
+    return int((hit & ~tgt).sum()), int((~tgt).sum()), int((tgt_hit & tgt).sum()), int(tgt.sum())
 
 
 class UnknownScan:
@@ -55,6 +97,7 @@ class UnknownScan:
 
     def __init__(self, task):
         self.unk = unk_id(task)
+        self.own = own_positions(task, self.unk)
         self.name = tokenizer_name(task)
         self.totals: dict[str, np.ndarray] = {}
         self.first: dict[str, str] = {}
@@ -62,7 +105,7 @@ class UnknownScan:
     def add(self, split: str, e) -> None:
         if self.unk is None:
             return
-        c = np.asarray(counts(e, self.unk))
+        c = np.asarray(counts(e, self.unk, self.own))
         t = self.totals.setdefault(split, np.zeros(4, dtype=np.int64))
         t += c
         if (c[0] or c[2]) and split not in self.first:

@@ -38,6 +38,10 @@ def prepare(loaded, splits=SPLITS) -> Prepared:
     from pilotrun.report.progress import note
 
     check_consistency(loaded.campaign, loaded.base_dir)
+    if loaded.campaign.task in ("causal-lm", "seq-cls"):
+        from pilotrun.tasks.loading import check_positions
+
+        check_positions(loaded.campaign)  # with model.config's class defaults, before anything runs
     task = make_task(loaded)
     examples = {}
     for split in splits:

@@ -15,16 +15,12 @@ from __future__ import annotations
 import dataclasses
 import math
 
-POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length")
+from pilotrun.tasks.loading import POSITION_KEYS, positions_of
 
 
 def model_max_positions(model) -> int | None:
-    cfg = getattr(model, "config", None)
-    for k in POSITION_KEYS:
-        v = getattr(cfg, k, None)
-        if isinstance(v, int) and v > 0:
-            return v
-    return None
+    found = positions_of(getattr(model, "config", None))
+    return found[1] if found else None
 
 
 def longest_record(prep) -> tuple[int, bool]:

@@ -117,6 +117,97 @@ def pad_id(tokenizer) -> int:
     return int(tokenizer.pad_token_id) if tokenizer.pad_token_id is not None else eos_id(tokenizer)
 
 
+POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length")
+# families whose positions are rows of a learned table: a sequence longer than the table indexes past it
+# ("IndexError: index out of range in self"). Rotary and ALiBi families (Llama, Qwen2, Mistral, Phi-3,
+# Gemma-2, GPT-NeoX, BLOOM) run past max_position_embeddings: the length they were trained to, not an index.
+LEARNED_POSITIONS = ("gpt2", "gpt_neo", "gpt_bigcode", "opt", "biogpt", "bert", "distilbert", "roberta",
+                     "xlm-roberta", "xlm-roberta-xl", "camembert", "data2vec-text", "electra", "albert",
+                     "megatron-bert", "longformer", "ibert", "mpnet", "deberta", "deberta-v2", "bart", "mbart")
+# positions counted on from padding_idx: rows 0..padding_idx of the table are never a position
+PADDED_POSITIONS = ("roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "data2vec-text", "longformer", "ibert")
+
+
+def _reader(cfg):
+    return cfg.get if isinstance(cfg, dict) else (lambda k, d=None: getattr(cfg, k, d))
+
+
+def positions_of(cfg) -> tuple[str, int] | None:
+    """(key, value) of the first position key a config (dict or object) sets, else None."""
+    get = _reader(cfg)
+    for k in POSITION_KEYS:
+        v = get(k)
+        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+            return k, v
+    return None
+
+
+def position_limit(cfg) -> tuple[int, str] | None:
+    """The longest sequence a model with a learned position table takes, and where that is said (``n_positions
+    32``), from its config (dict or object); None for rotary/ALiBi families or when the config says nothing."""
+    get = _reader(cfg)
+    kind = get("model_type")
+    if kind not in LEARNED_POSITIONS or get("position_embedding_type") not in (None, "absolute"):
+        return None
+    if kind.startswith("deberta") and not get("position_biased_input", True):
+        return None  # relative positions only (DeBERTa-v3)
+    found = positions_of(cfg)
+    if found is None:
+        return None
+    key, n = found
+    if kind in PADDED_POSITIONS:
+        pad = get("pad_token_id", 1)
+        pad = 1 if pad is None else int(pad)
+        return n - pad - 1, f"{key} {n} less padding_idx {pad} + 1"
+    return n, f"{key} {n}"
+
+
+def check_max_length(c, cfg, source: str) -> None:
+    """data.max_length against the model's position limit (``cfg``: its config, ``source``: where it was read)."""
+    found = position_limit(cfg)
+    if found is None or c.data.max_length <= found[0]:
+        return
+    limit, said = found
+    raise BadInput(f"{c.data.max_length} tokens, but the model takes at most {limit} positions ({said}, "
+                   f"{source}): a longer sequence indexes past its position table", where="data.max_length",
+                   fix=f"set data.max_length: {limit} (or less), or use a model with more positions")
+
+
+def folder_config_dict(path: Path) -> dict | None:
+    """config.json of a model folder as a dict (no transformers, no torch); None when it cannot be read."""
+    import json
+
+    try:
+        cfg = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return cfg if isinstance(cfg, dict) else None
+
+
+def check_positions(c, defaults: bool = True) -> None:
+    """data.max_length against the model's position limit before anything is built: config.json of model.path,
+    or model.config with its class's defaults for what it leaves out (``defaults``: transformers is imported
+    for them; without, only the keys model.config sets are read)."""
+    if c.model.path:
+        cfg = folder_config_dict(Path(c.model.path))
+        if cfg is not None:
+            check_max_length(c, cfg, f"{Path(c.model.path) / 'config.json'}")
+    elif isinstance(c.model.config, dict) and c.model.config.get("model_type") in LEARNED_POSITIONS:
+        cfg = dict(c.model.config)
+        if positions_of(cfg) is None:
+            if not defaults:
+                return
+            from transformers import AutoConfig
+
+            try:
+                cfg = AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+            except Exception:
+                return  # an invalid model.config is reported where the model is built
+            check_max_length(c, cfg, f"the {cfg.model_type} default, model.config does not set it")
+            return
+        check_max_length(c, cfg, "model.config")
+
+
 def check_model_dir(path: Path) -> None:
     if not path.is_dir():
         raise BadInput(f"model folder not found: {path}", where="model.path",
@@ -233,9 +324,11 @@ def _from_folder(auto, path: Path, config, c, dtype):
 
 
 def _finish(model, c, tokenizer, kind: str):
-    """What every build does after the weights: the vocabulary check, precision, checkpointing, the adapter."""
+    """What every build does after the weights: the position and vocabulary checks, precision, checkpointing,
+    the adapter."""
     import torch
 
+    check_max_length(c, model.config, c.model.path and f"{Path(c.model.path) / 'config.json'}" or "model.config")
     _check_vocab(model, tokenizer)
     if c.train.precision == "bf16-true":
         model = model.to(torch.bfloat16)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pilotrun.data.unknown import counts, tokenizer_name, unk_id
+from pilotrun.data.unknown import counts, own_positions, tokenizer_name, unk_id
 from pilotrun.tasks.base import IGNORE
 
 CONSTANT_SHARE = 0.5  # half the target tokens one id: no data set of real answers looks like that
@@ -51,7 +51,8 @@ def plateau_causes(task, examples: list, model=None) -> list[str]:
     found: list[tuple[float, str]] = []
     unk = unk_id(task)
     if unk is not None:
-        pu, pn, tu, tn = (sum(x) for x in zip(*(counts(e, unk) for e in examples)))
+        own = own_positions(task, unk)  # an unk id that is the task's own EOS or pad is not unknown there
+        pu, pn, tu, tn = (sum(x) for x in zip(*(counts(e, unk, own) for e in examples)))
         share = max(pu / pn if pn else 0.0, tu / tn if tn else 0.0)
         if share > 0:
             found.append((share, f"unknown tokens: {pu} of {pn} prompt tokens ({pu / max(pn, 1):.0%}) and {tu} of "
