@@ -103,6 +103,17 @@ def input_bytes(task, micro_batches: list[list], cuda: bool) -> int:
     return total
 
 
+def too_large_here(loaded) -> dict | None:
+    """What training needs at least on this machine (weights, gradients and two Adam moments, or the
+    weights alone under an adapter) when that exceeds its available memory, else None."""
+    import psutil
+
+    weights = parameter_bytes(loaded)
+    need = weights if loaded.campaign.model.adapter is not None else 4 * weights
+    have = psutil.virtual_memory().available
+    return {"weights": weights, "need": need, "available": have} if need > have else None
+
+
 def parameter_bytes(loaded) -> int:
     """Bytes of the model's parameters and buffers, from fake builds (of 2 and 3 layers when counted):
     known before anything is loaded."""

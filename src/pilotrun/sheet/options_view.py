@@ -128,16 +128,11 @@ def options_result(loaded, *, rates: dict | None = None, lora_r: int | None = No
 
 
 def too_large_here(loaded) -> dict | None:
-    """What training needs at least on this machine (weights, gradients and two Adam moments, or the
-    weights alone under an adapter) when that exceeds its available memory, else None."""
-    import psutil
+    """What training needs at least on this machine when that exceeds its available memory, else None
+    (probe/counted.too_large_here)."""
+    from pilotrun.probe.counted import too_large_here as floor
 
-    from pilotrun.probe.counted import parameter_bytes
-
-    weights = parameter_bytes(loaded)
-    need = weights if loaded.campaign.model.adapter is not None else 4 * weights
-    have = psutil.virtual_memory().available
-    return {"weights": weights, "need": need, "available": have} if need > have else None
+    return floor(loaded)
 
 
 def no_pilot_sheet(loaded, size: dict, *, rates: dict | None = None):

@@ -300,7 +300,7 @@ def over_budget_advice(loaded, limit: int) -> str:
     table (GPU, count, sharding, offload, adapters), which needs no memory here."""
     import psutil
 
-    from pilotrun.sheet.options_view import too_large_here
+    from pilotrun.probe.counted import too_large_here
 
     src = loaded.source or "CAMPAIGN"
     here = psutil.virtual_memory().total
