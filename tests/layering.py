@@ -16,9 +16,10 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # the package root is imported before any of its modules: the ground. Its ``__getattr__`` hands out the
     # public names (pilotrun.Task, pilotrun.phase) lazily: the one import allowed to point up.
     ("ground", ("pilotrun", "pilotrun.errors", "pilotrun.verdicts", "pilotrun.provenance", "pilotrun.report.safe",
-                "pilotrun.startup", "pilotrun.signals")),
+                "pilotrun.startup", "pilotrun.signals", "pilotrun.scratch")),
     # helpers that import nothing of pilotrun but the ground, used from low layers: placed by module
-    ("helpers", ("pilotrun.probe.tensors", "pilotrun.sheet.plan", "pilotrun.report.progress")),
+    ("helpers", ("pilotrun.probe.tensors", "pilotrun.sheet.plan", "pilotrun.report.progress",
+                 "pilotrun.campaign.hub")),
     ("journal", ("pilotrun.journal",)),
     ("records", ("pilotrun.data.readers", "pilotrun.data.stream")),
     ("tasks", ("pilotrun.tasks",)),

@@ -224,7 +224,7 @@ def test_pipe_closed_early_exits_0_quietly(tmp_path):
 def test_help_lists_verbs_in_rehearsal_order_with_defaults_and_no_home_where_useless(cli):
     r = cli("--help")
     listed = [ln.split()[0] for ln in r.out.split("Commands:")[1].splitlines() if ln.strip()]
-    assert listed[:6] == ["demo", "init", "validate", "inspect", "leakage", "split"]
+    assert listed[:7] == ["demo", "init", "import", "validate", "inspect", "leakage", "split"]
     assert listed.index("pilot") < listed.index("sweep") < listed.index("sheet") < listed.index("runs")
     validate = cli("validate", "--help").out
     assert "--home" not in validate and "--json" in validate

@@ -5,8 +5,10 @@ torchrun, the time limit from the plan."""
 import subprocess
 import zipfile
 
+import pytest
 import yaml
-from conftest import write_campaign, write_jsonl
+from conftest import TINY_LLAMA, write_campaign, write_jsonl
+from hubcache import config_only
 
 from pilotrun.campaign.load import load_campaign
 from pilotrun.sheet.catalogue import BY_KEY
@@ -16,6 +18,13 @@ from pilotrun.sheet.launch import launch_plan, sbatch_script, sky_task, slurm_ti
 def _sheet(gpus=1, piloted=None):
     return {"campaign": "far", "hardware": {"gpus": gpus, "rental_days": [3, 7], "reserve": 0.2},
             "settings": {"ranks": 1}, "stack": {"piloted": piloted or {}}}
+
+
+@pytest.fixture(autouse=True)
+def _hub_cache(tmp_path, monkeypatch):
+    """The hub model is in the local Hugging Face cache here (its config.json): the loader resolves it there."""
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+    config_only(tmp_path / "hf-cache", "org-x/model.v2", TINY_LLAMA)
 
 
 def _far_campaign(tmp_path, model_path="org-x/model.v2"):

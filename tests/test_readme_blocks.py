@@ -42,7 +42,7 @@ SLOW = [r"^pilotrun demo\b", r"^pilotrun all\b", r"^cd examples && pilotrun all\
         r"^pilotrun sweep\b", r"^pilotrun fit\b", r"^pilotrun overfit\b", r"^pilotrun pilot\b", r"^pilotrun resume\b",
         r"--options\b", r"^pilotrun sheet\b"]
 SLOW_PYTHON = ("PilotrunTrainerCallback", "PilotrunLightningCallback")
-FAST = [r"^pilotrun (init|validate|train|runs|show|note|inspect|leakage|split|estimate|verify|archive|report|env)\b"]
+FAST = [r"^pilotrun (init|import|validate|train|runs|show|note|inspect|leakage|split|estimate|verify|archive|report|env)\b"]
 
 EXAMPLE_ID = re.compile(r"(?<!sweep-)\b20261202-\d{4,6}(-[0-9a-f]{6})?\b")
 

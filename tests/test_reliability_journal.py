@@ -46,7 +46,7 @@ def trained(tmp_path_factory):
 
 def test_a_new_journal_is_stamped(tmp_path):
     Journal(tmp_path / "home")
-    assert _user_version(tmp_path / "home" / "journal.sqlite") == SCHEMA_VERSION == 2
+    assert _user_version(tmp_path / "home" / "journal.sqlite") == SCHEMA_VERSION == 3
 
 
 def _verbs(path: Path, run_id: str, tmp: Path):

@@ -117,6 +117,7 @@ def _task_and_model_files(c, base_dir=None) -> list[BadInput]:
     import importlib.util
     from pathlib import Path
 
+    from pilotrun.campaign.hub import snapshot_of
     from pilotrun.tasks.loading import check_model_dir
 
     problems = []
@@ -140,7 +141,7 @@ def _task_and_model_files(c, base_dir=None) -> list[BadInput]:
         return problems
     if c.model.path is not None:
         try:
-            check_model_dir(Path(c.model.path))
+            check_model_dir(Path(c.model.path), weights=snapshot_of(c.model.path) is None)
         except BadInput as e:
             problems.append(e)
     tok = c.model.tokenizer
@@ -150,8 +151,6 @@ def _task_and_model_files(c, base_dir=None) -> list[BadInput]:
     if c.model.config is not None and not c.model.config.get("model_type"):
         problems.append(BadInput("model.config has no model_type", where="model.config",
                                  fix="add model_type (e.g. llama, gpt2, bert) to model.config"))
-    if not problems:
-        problems += vocabulary_problem(c)
     return problems
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import copy
 import difflib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from pilotrun.campaign import yamlsafe
+from pilotrun.campaign.hub import is_hub_id, resolve
 from pilotrun.campaign.schema import Campaign
 from pilotrun.errors import BadInput, BadInputs
 from pilotrun.journal.files import dump_yaml  # noqa: F401  (part of campaign's API)
@@ -32,6 +33,8 @@ class LoadedCampaign:
     campaign: Campaign
     source: Path | None
     base_dir: Path
+    hub: dict[str, Any] = field(default_factory=dict)
+    """model.path / model.tokenizer given as hub ids: key -> campaign.hub.HubModel (what each resolved to)."""
 
     @property
     def c(self) -> Campaign:
@@ -46,8 +49,8 @@ class LoadedCampaign:
     def with_overrides(self, overrides: dict[str, Any]) -> "LoadedCampaign":
         raw = apply_overrides(self.resolved_dict(), overrides, where=str(self.source or "campaign"))
         c = _validate(raw, self.source, {})
-        _resolve_paths(c, self.base_dir)  # an overridden relative path is relative to the campaign file too
-        return LoadedCampaign(c, self.source, self.base_dir)
+        hub = _resolve_paths(c, self.base_dir)  # an overridden relative path is relative to the campaign file too
+        return LoadedCampaign(c, self.source, self.base_dir, {**self.hub, **hub})
 
 
 def line_index(text: str) -> dict[tuple, int]:
@@ -269,7 +272,20 @@ def _read_yaml(path: Path) -> tuple[dict[str, Any], dict[tuple, int]]:
     return raw, _node_lines(node)
 
 
-def _resolve_paths(c: Campaign, base: Path) -> None:
+def _resolve_paths(c: Campaign, base: Path) -> dict[str, Any]:
+    """Paths made absolute against ``base``; a hub id (model.path, model.tokenizer) becomes its cached snapshot
+    folder. Returns the hub ids resolved, by key."""
+    hub: dict[str, Any] = {}
+
+    def from_hub(key: str, v: str | None) -> str | None:
+        if not is_hub_id(v, base):
+            return v
+        hub[key] = resolve(v, key, local=base / v)
+        return hub[key].snapshot
+
+    c.model.path = from_hub("model.path", c.model.path)
+    c.model.tokenizer = from_hub("model.tokenizer", c.model.tokenizer)
+
     def res(v: str | None, allow_byte: bool = False) -> str | None:
         if v is None or (allow_byte and v == "byte"):
             return v
@@ -284,6 +300,7 @@ def _resolve_paths(c: Campaign, base: Path) -> None:
     c.data.train = res(c.data.train)
     c.data.validation = res(c.data.validation)
     c.data.test = res(c.data.test)
+    return hub
 
 
 def _resolve(path: Path) -> Path:
@@ -301,15 +318,15 @@ def load_campaign(path: str | Path, overrides: dict[str, Any] | None = None) -> 
     if overrides:
         raw = apply_overrides(raw, overrides, where="--set")
     c = _validate(raw, path, lines, overrides)
-    _resolve_paths(c, path.parent)
-    return LoadedCampaign(c, path, path.parent)
+    hub = _resolve_paths(c, path.parent)
+    return LoadedCampaign(c, path, path.parent, hub)
 
 
 def campaign_from_dict(raw: dict[str, Any], base_dir: Path, overrides: dict[str, Any] | None = None) -> LoadedCampaign:
     if overrides:
         raw = apply_overrides(raw, overrides)
     c = _validate(raw, None, {})
-    _resolve_paths(c, base_dir)
-    return LoadedCampaign(c, None, base_dir)
+    hub = _resolve_paths(c, base_dir)
+    return LoadedCampaign(c, None, base_dir, hub)
 
 

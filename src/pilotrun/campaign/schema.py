@@ -36,8 +36,9 @@ class AdapterConfig(BaseModel):
     """LoRA scaling numerator (scale = alpha / r)."""
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
     """Dropout on the LoRA branch."""
-    target_modules: list[str] | None = None
-    """Module names to adapt, e.g. [q_proj, v_proj]; null lets peft pick for known architectures."""
+    target_modules: list[str] | Literal["all-linear"] | None = None
+    """Module names to adapt, e.g. [q_proj, v_proj]; all-linear adapts every linear layer but the output head;
+    null lets peft pick for known architectures."""
     merged_copy: bool = False
     """Also export the base model with the adapter merged in (artifact/merged, full size); the adapter
     alone (artifact/adapter) is always exported, and checkpoints hold only the trainable parameters."""
@@ -46,11 +47,13 @@ class AdapterConfig(BaseModel):
 class ModelConfig(BaseModel):
     model_config = _STRICT
     path: str | None = None
-    """Local Hugging Face model directory; never downloads. Relative to the campaign file."""
+    """Local Hugging Face model directory (relative to the campaign file), or a hub id (org/name[@revision])
+    found in the local Hugging Face cache (HF_HUB_CACHE / HF_HOME); never downloads."""
     config: dict[str, Any] | None = None
     """Or a transformers config dict (with model_type) for random initialisation."""
     tokenizer: str | None = None
-    """Local tokenizer directory, or "byte" for the built-in byte-level tokenizer; default model.path."""
+    """Local tokenizer directory or a cached hub id, or "byte" for the built-in byte-level tokenizer; default
+    model.path."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """The dtype the weights are held in."""
     adapter: AdapterConfig | None = None
@@ -70,7 +73,8 @@ class DataConfig(BaseModel):
     test: str | None = None
     """Test records, same formats (optional)."""
     prompt: str | None = None
-    """causal-lm: the prompt field, or a template over fields such as "Q: {question}\\nA: "."""
+    """causal-lm: the prompt field, or a template over fields such as "Q: {question}\\nA: "; "" for no prompt
+    (completion: the whole response field is in the loss)."""
     response: str | None = None
     """causal-lm: the response field: the only tokens in the loss."""
     messages: str | None = None
@@ -184,6 +188,26 @@ class HardwareConfig(BaseModel):
     """Share of each rental kept for evaluation and export."""
 
 
+class NotCarriedSetting(BaseModel):
+    model_config = _STRICT
+    key: str
+    """The source's key (``datasets[0].type``, ``sample_packing`` ...)."""
+    value: str
+    """Its value in the source, as JSON (shortened)."""
+    effect: str
+    """What leaving it out does to the rehearsal's figures."""
+
+
+class ImportedConfig(BaseModel):
+    model_config = _STRICT
+    tool: Literal["axolotl", "hf"]
+    """The source's format: axolotl (an Axolotl YAML) or hf (TrainingArguments / TRL SFTConfig)."""
+    file: str
+    """The source config the campaign was imported from."""
+    not_carried: list[NotCarriedSetting] = Field(default_factory=list)
+    """The source's settings the rehearsal does not reproduce; ``all`` and the sheet say them once."""
+
+
 class Campaign(BaseModel):
     model_config = _STRICT
     name: str = "campaign"
@@ -202,3 +226,5 @@ class Campaign(BaseModel):
     """The campaign's experiment: control, variants and seeds."""
     hardware: HardwareConfig = Field(default_factory=HardwareConfig)
     """The rental being planned."""
+    imported: ImportedConfig | None = None
+    """Written by ``pilotrun import``: the source config and the settings of it the rehearsal does not reproduce."""

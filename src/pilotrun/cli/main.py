@@ -27,7 +27,7 @@ COMMAND_MODULES = (
 
 
 # --help lists the verbs in the order of a rehearsal, then the journal's
-VERB_ORDER = ("demo", "init", "validate", "inspect", "leakage", "split", "overfit", "estimate", "pilot", "fit",
+VERB_ORDER = ("demo", "init", "import", "validate", "inspect", "leakage", "split", "overfit", "estimate", "pilot", "fit",
               "resume", "verify", "train", "sweep", "sheet", "all", "report", "runs", "show", "note", "archive", "env")
 
 

@@ -1,4 +1,4 @@
-"""demo, init, validate, train, all."""
+"""demo, init, import, validate, train, all."""
 
 from __future__ import annotations
 
@@ -77,6 +77,35 @@ def init(folder, task, force, home, as_json):
     atomic_write_text(path, starter(task))
     return emit(StageResult("init", "ok", f"wrote {path}", [f"edit it, then run `pilotrun validate {path}`"],
                             {"path": str(path)}), as_json)
+
+
+@cli.command(name="import")
+@click.argument("source", type=click.Path(dir_okay=False))
+@click.option("--from", "fmt", type=click.Choice(["axolotl", "hf"]), default=None,
+              help="the source's format (default: detected from its keys, and said)")
+@click.option("--out", type=click.Path(dir_okay=False), default=None,
+              help="campaign file to write (default: campaign.yaml beside SOURCE)")
+@click.option("--force", is_flag=True, help="overwrite an existing --out file")
+@common_options(home=False)
+def import_(source, fmt, out, force, home, as_json):
+    """A campaign from an Axolotl YAML or a TrainingArguments / TRL SFTConfig dict (JSON or YAML): every
+    setting carried, or named with what leaving it out does to the rehearsal. A pickled training_args.bin is
+    refused, never loaded."""
+    from pilotrun.campaign.importers import import_config
+    from pilotrun.verdicts import StageResult
+
+    imp = import_config(source, fmt, out, force=force)
+    tool = {"axolotl": "Axolotl", "hf": "TrainingArguments/SFTConfig"}[imp.fmt]
+    lines = [f"format: {tool}" + (" (detected; --from says it)" if imp.detected else ""),
+             f"carried: {len(imp.carried)} settings (each commented with its source key in {imp.out.name})"]
+    if imp.not_carried:
+        lines.append(f"not carried ({len(imp.not_carried)}; also at the top of {imp.out.name}):")
+        lines += [f"  {n.key}: {n.reason}" for n in imp.not_carried]
+    if imp.to_set:
+        lines.append("to set before `validate` passes: " + ", ".join(imp.to_set))
+    lines.append(f"next: pilotrun validate {imp.out}")
+    return emit(StageResult("import", "ok", f"wrote {imp.out} from {imp.source.name}", lines, imp.as_dict()),
+                as_json)
 
 
 @cli.command()

@@ -18,7 +18,7 @@ import zlib
 from pathlib import Path, PurePosixPath
 
 from pilotrun.errors import BadInput
-from pilotrun.journal.files import temp_path, writing
+from pilotrun.journal.files import remove_stale_temps, temp_path, writing
 
 
 def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
@@ -40,6 +40,7 @@ def pack(journal, run_id: str, out: str | Path) -> dict:
     if run_dir.resolve() in out.parents:
         raise BadInput(f"--out {out} is inside the run folder it packs", where="--out", fix="write it elsewhere")
     out.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(out.parent)  # what a killed archive of this host left beside its target
     links = sorted(p for p in run_dir.rglob("*") if p.is_symlink())
     if links:  # pilotrun writes no links; packing one would carry whatever it points at, or an unusable member
         raise BadInput(f"{links[0]} is a link (to {os.readlink(links[0])}); a run folder holds plain files only",

@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterator, TypeVar
 from pilotrun.errors import BadInput, DiskFull
 
 from pilotrun.provenance import file_sha256
+from pilotrun.scratch import pid_alive
 
 MANIFEST = "manifest.json"
 KILL_ENV = "PILOTRUN_TEST_KILL_SAVE_AT"  # test switch only: see kill_point
@@ -148,18 +149,6 @@ def temp_path(path: str | Path) -> Path:
     return path.with_name(f".{path.name}.tmp-{_host()}-{os.getpid()}")
 
 
-def _alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's live process
-        return True
-    return True
-
-
 def remove_stale_temps(folder: str | Path) -> list[Path]:
     """Remove what killed writers on this host left in ``folder`` (``temp_path`` names whose process is
     gone); returns what was removed. Another host's temps (a shared file system) and unknown names stay."""
@@ -171,7 +160,7 @@ def remove_stale_temps(folder: str | Path) -> list[Path]:
         if not p.name.startswith(".") or ".tmp-" not in p.name:
             continue
         host, _, pid = p.name.rsplit(".tmp-", 1)[1].rpartition("-")
-        if host != _host() or not pid.isdigit() or _alive(int(pid)):
+        if host != _host() or not pid.isdigit() or pid_alive(int(pid)):
             continue
         if p.is_dir() and not p.is_symlink():
             shutil.rmtree(p, ignore_errors=True)

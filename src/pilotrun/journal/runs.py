@@ -36,6 +36,11 @@ def run_provenance(loaded) -> dict:
             "data": data_fingerprints(c), "trust_remote_code": c.model.trust_remote_code}
 
 
+def hub_revisions(loaded) -> dict[str, dict]:
+    """model.path / model.tokenizer named by hub id: what each asked for and the commit it resolved to."""
+    return {k: v.as_dict() for k, v in getattr(loaded, "hub", {}).items()}
+
+
 def data_fingerprints(c) -> dict[str, dict]:
     """Each data file of the campaign ``c``: its path and the sha256 of its bytes."""
     return {s: {"path": getattr(c.data, s), "sha256": file_sha256(getattr(c.data, s))}
@@ -92,8 +97,11 @@ class RunRecorder:
         self.dir = journal.run_dir(self.run_id)
         self.dir.mkdir(parents=True, exist_ok=True)
         atomic_write_text(self.dir / "config.yaml", dump_yaml(prov["config"]))
-        atomic_write_json(self.dir / "revisions.json", {k: prov[k] for k in ("git_rev", "packages", "data",
-                                                                             "config_sha256", "trust_remote_code")})
+        # hub: a model.path / model.tokenizer given as a hub id, and the cached commit it resolved to (the
+        # config's model.path is that commit's snapshot folder)
+        atomic_write_json(self.dir / "revisions.json", {**{k: prov[k] for k in ("git_rev", "packages", "data",
+                                                                                "config_sha256", "trust_remote_code")},
+                                                        "hub": hub_revisions(loaded)})
         self._open_metrics()
 
     @classmethod

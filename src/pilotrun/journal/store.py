@@ -112,9 +112,20 @@ CREATE TABLE IF NOT EXISTS sweeps (
 );
 CREATE TRIGGER IF NOT EXISTS sweeps_immutable BEFORE UPDATE ON sweeps
 BEGIN SELECT RAISE(ABORT, 'a sweep plan is frozen'); END;
+CREATE TABLE IF NOT EXISTS claims (
+    sweep_id TEXT NOT NULL REFERENCES sweeps(sweep_id),
+    arm TEXT NOT NULL,
+    seed INTEGER NOT NULL,
+    owner TEXT NOT NULL,
+    host TEXT,
+    pid INTEGER,
+    claimed_at TEXT NOT NULL,
+    heartbeat_at REAL NOT NULL,
+    PRIMARY KEY (sweep_id, arm, seed)
+);
 """
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """Stamped in the file as ``PRAGMA user_version``; bump it (and add a step to MIGRATIONS) with any change
 to SCHEMA. A journal stamped higher is refused before anything is written to it."""
 
@@ -134,6 +145,7 @@ def _to_v2(db: sqlite3.Connection) -> str:
 MIGRATIONS: dict[int, object] = {
     0: "",  # journals written before the stamp: the schema is the same, only the stamp is new
     1: _to_v2,  # a step is SQL, or a function of the open connection that returns it
+    2: "",  # version 3: the sweep cells' claims (a new table, created by SCHEMA)
 }
 
 LEASE_ENV = "PILOTRUN_LEASE_S"
@@ -215,19 +227,29 @@ def _wal(db: sqlite3.Connection) -> None:
             time.sleep(min(0.01 * (attempt + 1), 0.2))
 
 
+OWNER = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
+"""This process, as the owner of sweep cells it claimed (``Journal.claim_cells``)."""
+
+
 class Lease(threading.Thread):
-    """Renews one running run's ``heartbeat_at`` while this process lives; stops when the run is finished
-    (here, or reaped elsewhere). A failed renewal (a busy or full disk) is retried at the next beat."""
+    """Renews one running run's ``heartbeat_at`` (or, keyed ``claims:SWEEP``, this process's claims on a sweep's
+    cells) while this process lives; stops when nothing is left to renew (the run finished here or was reaped
+    elsewhere, the claims released). A failed renewal (a busy or full disk) is retried at the next beat."""
 
-    held: dict[str, "Lease"] = {}  # run_id → the lease this process renews
+    held: dict[str, "Lease"] = {}  # run_id (or claims:SWEEP_ID) → the lease this process renews
+    RUN = "UPDATE runs SET heartbeat_at=? WHERE run_id=? AND status='running'"
+    CLAIMS = "UPDATE claims SET heartbeat_at=? WHERE sweep_id=? AND owner=?"
 
-    def __init__(self, journal: "Journal", run_id: str):
-        super().__init__(name=f"pilotrun-lease-{run_id}", daemon=True)
-        self.journal, self.run_id, self.stopped = journal, run_id, threading.Event()
+    def __init__(self, journal: "Journal", key: str, sql: str, args: tuple):
+        super().__init__(name=f"pilotrun-lease-{key}", daemon=True)
+        self.journal, self.run_id, self.stopped = journal, key, threading.Event()
+        self.sql, self.args = sql, args
 
     @classmethod
-    def take(cls, journal: "Journal", run_id: str) -> None:
-        lease = cls.held[run_id] = cls(journal, run_id)
+    def take(cls, journal: "Journal", run_id: str, sql: str = RUN, args: tuple | None = None) -> None:
+        if run_id in cls.held and cls.held[run_id].is_alive():
+            return
+        lease = cls.held[run_id] = cls(journal, run_id, sql, args or (run_id,))
         lease.start()
 
     @classmethod
@@ -240,8 +262,7 @@ class Lease(threading.Thread):
         while not self.stopped.wait(lease_s() / 8):
             try:
                 with self.journal.transaction() as db:
-                    alive = db.execute("UPDATE runs SET heartbeat_at=? WHERE run_id=? AND status='running'",
-                                       (wall_time(), self.run_id)).rowcount
+                    alive = db.execute(self.sql, (wall_time(), *self.args)).rowcount
             except Exception:  # noqa: BLE001 - a renewal that fails is retried; the bound allows several
                 continue
             if not alive:
@@ -476,6 +497,44 @@ class Journal:
             args.append(run_id)
         with self.connect() as db:
             return [dict(r) for r in db.execute(q + " ORDER BY id", args)]
+
+    # --- sweep cells: claimed before any work --------------------------------------------------------
+    def claim_cells(self, sweep_id: str, wanted) -> tuple[list, list[dict]]:
+        """In one transaction, before any work: ``wanted(runs)`` (the sweep's runs in the journal's sequence)
+        names the cells to run, as tuples whose first two items are (arm, seed); each is claimed for this
+        process unless another process holds a live claim on it (its lease renewed within ``lease_s()``, its
+        process not gone from this host). Returns (the cells claimed, the others' claims on the rest)."""
+        host, bound = socket.gethostname(), lease_s()
+        with self.transaction() as db:
+            runs = [_run_dict(r) for r in db.execute(f"SELECT * FROM runs WHERE sweep_id=? ORDER BY {self.order}",
+                                                     (sweep_id,))]
+            cells = wanted(runs)
+            held = {(r["arm"], r["seed"]): dict(r) for r in db.execute("SELECT * FROM claims WHERE sweep_id=?",
+                                                                       (sweep_id,))}
+            mine, taken = [], []
+            for cell in cells:
+                claim = held.get((cell[0], cell[1]))
+                if claim and claim["owner"] != OWNER and claim["heartbeat_at"] >= wall_time() - bound and not (
+                        claim["host"] == host and not _pid_alive(claim["pid"])):
+                    taken.append(claim)
+                    continue
+                db.execute("INSERT OR REPLACE INTO claims VALUES (?,?,?,?,?,?,?,?)",
+                           (sweep_id, cell[0], cell[1], OWNER, host, os.getpid(), now(), wall_time()))
+                mine.append(cell)
+        if mine:
+            Lease.take(self, f"claims:{sweep_id}", Lease.CLAIMS, (sweep_id, OWNER))
+        return mine, taken
+
+    def release_claims(self, sweep_id: str, cell: tuple | None = None) -> None:
+        """Give up this process's claim on ``cell`` (arm, seed), or on every cell of the sweep."""
+        q, args = "DELETE FROM claims WHERE sweep_id=? AND owner=?", [sweep_id, OWNER]
+        if cell is not None:
+            q += " AND arm=? AND seed=?"
+            args += [cell[0], cell[1]]
+        with self.transaction() as db:
+            db.execute(q, args)
+        if cell is None:
+            Lease.release(f"claims:{sweep_id}")
 
     # --- sweeps -----------------------------------------------------------------------------------
     def create_sweep(self, plan: dict, plan_sha256: str, campaign_path: str | None, sweep_id: str | None = None) -> str:

@@ -103,15 +103,14 @@ def input_bytes(task, micro_batches: list[list], cuda: bool) -> int:
     return total
 
 
-def too_large_here(loaded) -> dict | None:
-    """What training needs at least on this machine (weights, gradients and two Adam moments, or the
-    weights alone under an adapter) when that exceeds its available memory, else None."""
+def training_need(loaded) -> dict:
+    """What training needs at least (weights, gradients and two Adam moments, or the weights alone under an
+    adapter) and the memory this machine has available: {"weights", "need", "available"}."""
     import psutil
 
     weights = parameter_bytes(loaded)
     need = weights if loaded.campaign.model.adapter is not None else 4 * weights
-    have = psutil.virtual_memory().available
-    return {"weights": weights, "need": need, "available": have} if need > have else None
+    return {"weights": weights, "need": need, "available": psutil.virtual_memory().available}
 
 
 def parameter_bytes(loaded) -> int:

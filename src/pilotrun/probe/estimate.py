@@ -347,7 +347,7 @@ def architecture_config(loaded) -> dict | None:
     from pilotrun.tasks.loading import check_model_dir
 
     path = Path(c.model.path)
-    check_model_dir(path)
+    check_model_dir(path, weights=False)  # the architecture is all the estimate needs
     return json.loads((path / "config.json").read_text(encoding="utf-8"))
 
 

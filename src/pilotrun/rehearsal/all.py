@@ -96,7 +96,21 @@ def _sheet(loaded, home, budgets):
 
     from pilotrun.rehearsal.rental.sheet import sheet_stage
 
-    return sheet_stage(loaded, home, out=str(Path(home) / "sheet.md"))
+    # `all` said what an imported campaign does not reproduce at its start: the sheet does not repeat it
+    return sheet_stage(loaded, home, out=str(Path(home) / "sheet.md"), say_imported=False)
+
+
+def _imported(loaded):
+    """For a campaign written by `pilotrun import`: the source's settings the rehearsal does not reproduce,
+    said once, before the stages (a warning: the figures below are for the campaign as rehearsed)."""
+    from pilotrun.campaign.importers import not_reproduced_lines
+    from pilotrun.verdicts import StageResult
+
+    lines = not_reproduced_lines(loaded.campaign)
+    if not lines:
+        return None
+    return StageResult("imported", "warn", lines[0], lines[1:], {"not_carried": [
+        n.model_dump() for n in loaded.campaign.imported.not_carried]})
 
 
 def _pilot(loaded, home, budgets):
@@ -126,6 +140,11 @@ def run_all(loaded, home, on_result=None, budgets: Budgets | None = None) -> lis
 
     budgets = budgets or Budgets()
     results = []
+    said = _imported(loaded)
+    if said is not None:
+        results.append(said)
+        if on_result is not None:
+            on_result(said)
     for i, (name, fn) in enumerate(STAGES, 1):
         t0 = time.perf_counter()
         with stage_progress(f"all {i}/{len(STAGES)} {name}") as cur:

@@ -32,6 +32,7 @@ _CURRENT: dict = {}  # the running stage (see stage_progress)
 _CHILD: dict = {"last": 0.0, "seq": 0}  # this process's reports to a parent stage
 DEFAULT_HEARTBEAT_S = 30.0
 FILE_ENV = "PILOTRUN_PROGRESS_FILE"
+PROGRESS_PREFIX = "pilotrun-progress-"  # the stage's file in TMPDIR, named for its owner (pilotrun.scratch)
 CHILD_EVERY_S = 0.2
 POLL_S = 0.25
 BAR_WIDTH = 24
@@ -216,14 +217,15 @@ def stage_progress(label: str, *, stream=None):
     """Show the stage ``label`` until the block ends (see the module docstring)."""
     import tempfile
 
+    from pilotrun.scratch import owned_name, remove_dead
+
     stream = stream or sys.stderr
     outer = _CURRENT.get("stage")
     if outer is not None:  # a stage inside a stage: the outer one shows it
         yield outer
         return
-    fd, path = tempfile.mkstemp(prefix="pilotrun-progress-", suffix=".json")
-    os.close(fd)
-    os.unlink(path)
+    remove_dead(PROGRESS_PREFIX)  # what killed stages left in TMPDIR
+    path = os.path.join(tempfile.gettempdir(), owned_name(PROGRESS_PREFIX))
     cur = {"label": label, "t0": time.monotonic(), "head": None, "doing": None, "child": None, "seq": 0,
            "child_seq": 0, "child_mtime": None, "series": {}, "file": path, "lock": threading.Lock()}
     before = os.environ.get(FILE_ENV)

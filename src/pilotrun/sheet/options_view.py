@@ -128,16 +128,25 @@ def options_result(loaded, *, rates: dict | None = None, lora_r: int | None = No
 
 
 def too_large_here(loaded) -> dict | None:
-    """What training needs at least on this machine when that exceeds its available memory, else None
-    (probe/counted.too_large_here)."""
-    from pilotrun.probe.counted import too_large_here as floor
+    """What training needs at least on this machine (weights, gradients and two Adam moments, or the
+    weights alone under an adapter) when that exceeds its available memory, or when the model's weights are
+    not here to pilot with (a hub model whose config.json alone is cached: ``missing`` names the files);
+    else None."""
+    from pilotrun.campaign.hub import missing_weights, snapshot_of
+    from pilotrun.probe.counted import training_need
 
-    return floor(loaded)
+    path = loaded.campaign.model.path
+    missing = missing_weights(path) if path and snapshot_of(path) else []
+    size = training_need(loaded)
+    if size["need"] > size["available"] or missing:
+        return dict(size, missing=missing)
+    return None
 
 
 def no_pilot_sheet(loaded, size: dict, *, rates: dict | None = None):
     """The sheet from the estimator alone, for a model this machine cannot pilot: says so at the top and
     what to pilot instead."""
+    from pilotrun.campaign.hub import fetch_command, snapshot_of
     from pilotrun.probe.counted import depth_of
     from pilotrun.sheet.options import options_table
     from pilotrun.verdicts import StageResult
@@ -153,13 +162,22 @@ def no_pilot_sheet(loaded, size: dict, *, rates: dict | None = None):
     else:
         instead = (f"pilot a smaller model of the same family here, or run `pilotrun pilot {src}` on one node of "
                    f"the target with the recommended option")
-    head = (f"NO PILOT: the model is too large to pilot on this machine (weights {size['weights'] / 2**30:.1f} GiB; "
-            f"training needs at least {size['need'] / 2**30:.1f} GiB, {size['available'] / 2**30:.1f} GiB "
-            f"available): this sheet is from the estimator alone (fake tensors, nothing allocated)")
+    if size.get("missing") and size["need"] <= size["available"]:
+        hub = snapshot_of(c.model.path)
+        head = (f"NO PILOT: only the config of {hub[0] if hub else c.model.path} is cached, not its weights "
+                f"({', '.join(size['missing'])}; weights {size['weights'] / 2**30:.1f} GiB): this sheet is from the "
+                f"estimator alone (fake tensors, nothing allocated); `{fetch_command(hub[0]) if hub else 'hf download'}` "
+                "fetches the weights, then the pilot measures")
+        instead = f"`pilotrun pilot {src}` once the weights are fetched"
+    else:
+        head = (f"NO PILOT: the model is too large to pilot on this machine (weights {size['weights'] / 2**30:.1f} "
+                f"GiB; training needs at least {size['need'] / 2**30:.1f} GiB, {size['available'] / 2**30:.1f} GiB "
+                f"available): this sheet is from the estimator alone (fake tensors, nothing allocated)")
     table = options_table(loaded, rates=rates)
     lines = [head, f"what to pilot instead: {instead}"] + to_lines(table)
     rec = table["recommended"]
-    summary = "estimator only (too large to pilot here); " + (
+    why = "weights not cached" if size.get("missing") and size["need"] <= size["available"] else "too large to pilot here"
+    summary = f"estimator only ({why}); " + (
         f"recommended: {rec['label']} on {rec['count']} × {rec['name']}" if rec else
         "no option that keeps the experiment fits")
     if rec and rec.get("cost") is not None and table["by"] == "cost":

@@ -13,17 +13,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+from pilotrun.campaign.hub import is_hub_id
+
 # pilotrun's own dependencies and what the pilot recorded (provenance.PACKAGES), torch apart
 PINNED = ("transformers", "safetensors", "peft", "numpy", "pyarrow", "pydantic")
-
-
-def is_hub_id(value: str | None, resolved: str | None) -> bool:
-    """A model.path that names a hub model (org/name) rather than a folder: no such folder exists.
-    (Issue 29 brings a helper of its own for this; point here at it when it lands.)"""
-    if not value or resolved is None or Path(resolved).exists():
-        return False
-    return bool(HUB_ID.match(value))
 
 
 def pins(piloted: dict | None) -> tuple[str, list[str], str]:
@@ -164,7 +157,8 @@ def campaign_inputs(loaded, sets: tuple[str, ...] = ()) -> list[dict]:
         out.append({"key": key, "written": value, "local": str(p), "kind": kind, "inside": inside})
 
     mp = written("model", "path")
-    if is_hub_id(mp, c.model.path):
+    # a hub id the campaign loader resolved from the local cache (campaign/hub.py): the rental fetches it
+    if "model.path" in getattr(loaded, "hub", {}) or (mp and c.model.path is None and is_hub_id(mp, base)):
         out.append({"key": "model.path", "written": mp, "local": None, "kind": "hub", "inside": True})
     elif c.model.path:
         add("model.path", mp, c.model.path, "folder")

@@ -54,9 +54,22 @@ class CausalLMTask:
         return [str(m.get("content", m.get("value"))) for m in msgs if isinstance(m, dict)] \
             if isinstance(msgs, list) else []
 
+    def pairs_templated(self) -> bool:
+        """A prompt/response campaign rendered as one user turn and one assistant turn of the chat template:
+        when data.chat_template names one (model, or a template) — auto keeps prompt + response as written."""
+        return not self.c.data.messages and self.c.data.chat_template not in ("auto", "plain") \
+            and self.chat_template is not None
+
+    def _pair_messages(self, record) -> list[dict]:
+        prompt, response = self._prompt_response(record)
+        return [{"role": "user", "content": prompt}, {"role": "assistant", "content": response}]
+
     def encode(self, record) -> Example:
         d = self.c.data
-        if d.messages:
+        if self.pairs_templated():
+            ids, labels, full_targets = chat.encode_templated(self.tokenizer, self.chat_template,
+                                                              self._pair_messages(record), record.where)
+        elif d.messages:
             ids, labels, full_targets = self._encode_chat(record)
         else:
             prompt, response = self._prompt_response(record)
@@ -95,9 +108,10 @@ class CausalLMTask:
         """The ids a user feeds the model at inference for the first target: tokenizer(prompt) with the
         tokenizer's own special tokens, or the chat template up to the first assistant turn."""
         d = self.c.data
-        if not d.messages:
+        if not d.messages and not self.pairs_templated():
             return list(self.tokenizer(common.render_prompt(record, d.prompt))["input_ids"])
-        msgs = chat.messages_of(record, common.field(record, d.messages, "data.messages"), d.messages)
+        msgs = self._pair_messages(record) if self.pairs_templated() else \
+            chat.messages_of(record, common.field(record, d.messages, "data.messages"), d.messages)
         first = next(k for k, m in enumerate(msgs) if m["role"] == "assistant")
         if self.chat_template is not None:
             text = self.tokenizer.apply_chat_template(msgs[:first], chat_template=self.chat_template, tokenize=False,
@@ -109,6 +123,10 @@ class CausalLMTask:
     def format_problem(self) -> str | None:
         """Why the campaign trains chat in a format the model will not see at inference, else None."""
         own = chat.model_template(self.tokenizer)
+        if own and not self.c.data.messages and self.c.data.chat_template == "auto":
+            return ("the tokenizer ships a chat template but the campaign trains plain prompt + response text "
+                    "(data.prompt / data.response): the model would be trained in a format it does not see at "
+                    "inference")
         if not self.c.data.messages or not own or self.chat_template == own:
             return None
         used = "plain 'role: content' lines" if self.chat_template is None else "another template (data.chat_template)"

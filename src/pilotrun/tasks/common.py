@@ -42,6 +42,8 @@ def template_fields(template: str) -> list[str] | None:
 
 
 def render_prompt(record, prompt: str) -> str:
+    if prompt == "":  # no prompt: a completion, the whole response is in the loss
+        return ""
     names = template_fields(prompt)
     if names is None:
         return text_field(record, prompt, "data.prompt", allow_empty=True)

@@ -8,7 +8,7 @@ from pilotrun.errors import BadInput
 from pilotrun.verdicts import StageResult, plural
 from pilotrun.tasks.base import IGNORE
 
-INFO_CHECKS = ("classes", "chat format")  # ok checks whose message is worth printing
+INFO_CHECKS = ("classes", "chat format", "lora targets")  # ok checks whose message is worth printing
 
 
 def inspect(loaded, n: int = 0, split: str | None = None) -> StageResult:
@@ -23,6 +23,12 @@ def inspect(loaded, n: int = 0, split: str | None = None) -> StageResult:
     fmt = format_check(task, loaded, Check)
     if fmt is not None:
         report.checks.insert(0, fmt)
+    report.checks[:0] = pair_checks(task, loaded, Check)
+    from pilotrun.rehearsal.prepare import adapter_choice
+
+    lora = adapter_choice(loaded)
+    if lora is not None:
+        report.checks.insert(0, Check("lora targets", "ok", f"LoRA adapts {', '.join(lora[0])} ({lora[1]})"))
     shown = [c for c in report.checks if c.verdict != "ok" or c.name in INFO_CHECKS]
     messages = [c.line() for c in shown]
     for s in report.splits.values():
@@ -42,6 +48,43 @@ def inspect(loaded, n: int = 0, split: str | None = None) -> StageResult:
         data["examples"] = view_examples(task, loaded, split or "train", n)
     columns = ["split", "examples", "min", "median", "max", "at_max_length", "keep_99", "keep_100"]
     return StageResult("inspect", report.verdict, summary, messages, data, columns, list(report.splits.values()))
+
+
+PAIR_FIX = ("give the records as conversations (data.messages), or set data.chat_template: model to render each "
+            "prompt and response as a user and an assistant turn of the model's template")
+SEPARATOR_SAMPLE = 2000  # records read for the separator check: the format is the campaign's, one record shows it
+
+
+def pair_checks(task, loaded, Check) -> list:
+    """Plain prompt/response: a warning when the model ships a chat template, and when prompt and response
+    meet with no separator, a letter running into a letter (the model cannot tell where its answer starts)."""
+    from pilotrun.tasks import common
+
+    d = loaded.campaign.data
+    if d.messages or getattr(task, "kind", None) != "causal-lm" or not hasattr(task, "format_problem"):
+        return []
+    out = []
+    problem = task.format_problem()
+    if problem:
+        out.append(Check("prompt format", "warn", f"{problem}; fix: {PAIR_FIX}"))
+    if getattr(task, "pairs_templated", lambda: False)() or d.prompt is None or d.response is None:
+        return out
+    joined, n = [], 0
+    for r in task.records("train")[:SEPARATOR_SAMPLE]:
+        prompt = common.render_prompt(r, d.prompt)
+        response = common.text_field(r, d.response, "data.response", allow_empty=True)
+        n += 1
+        if prompt and response and prompt[-1].isalpha() and response[0].isalpha():  # "what" + "The": one word
+            joined.append((r.where, prompt, response))
+    if joined:
+        where, prompt, response = joined[0]
+        out.append(Check("prompt separator", "warn", (
+            f"{len(joined)} of {n} train records' prompt and response meet with no separator: the prompt's last word "
+            f"and the response's first run into one, e.g. {where}: …{prompt[-24:]!r} + {response[:24]!r}…; the model "
+            "cannot tell where the answer starts; "
+            "fix: end data.prompt with a separator (a template such as \"{question}\\n\\n\" or \"Q: {question}\\nA: \"), or "
+            "set data.chat_template: model")))
+    return out
 
 
 def format_check(task, loaded, Check):

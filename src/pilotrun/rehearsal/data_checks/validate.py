@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pilotrun.campaign.arithmetic import batch_arithmetic, describe
-from pilotrun.campaign.consistency import check_consistency, check_records
+from pilotrun.campaign.consistency import check_consistency, check_records, vocabulary_problem
 from pilotrun.verdicts import StageResult
 
 
@@ -29,6 +29,8 @@ def validate(loaded, home=None) -> StageResult:
 
     c = loaded.campaign
     check_consistency(c, loaded.base_dir)
+    for problem in vocabulary_problem(c):  # validate's own: the verbs that build the model refuse it there
+        raise problem
     counts = check_records(c)
     arith = batch_arithmetic(c.train, counts.get("train", 0))
     arith["checkpoints"]["bytes_each"] = pilot_checkpoint_bytes(loaded, home)

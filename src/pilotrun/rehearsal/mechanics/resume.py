@@ -215,8 +215,10 @@ def resume(loaded, home, *, at: int | None = None, prep=None) -> StageResult:
     from pilotrun.engine.distributed import default_device
     from pilotrun.journal.files import atomic_write_json, write_manifest
     from pilotrun.journal.store import Journal
-    from pilotrun.rehearsal.prepare import prepare
+    from pilotrun.rehearsal.prepare import prepare, require_weights
     from pilotrun.journal.runs import RunRecorder, write_run_readme
+
+    require_weights(loaded)
     from pilotrun.report.progress import head
 
     at = DEFAULT_AT if at is None else at

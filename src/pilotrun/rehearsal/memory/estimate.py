@@ -300,7 +300,7 @@ def over_budget_advice(loaded, limit: int) -> str:
     table (GPU, count, sharding, offload, adapters), which needs no memory here."""
     import psutil
 
-    from pilotrun.probe.counted import too_large_here
+    from pilotrun.probe.counted import training_need
 
     src = loaded.source or "CAMPAIGN"
     here = psutil.virtual_memory().total
@@ -311,7 +311,8 @@ def over_budget_advice(loaded, limit: int) -> str:
             here = torch.cuda.get_device_properties(0).total_memory
     except Exception:  # noqa: BLE001 - no usable GPU: the machine's memory is its RAM
         pass
-    size = too_large_here(loaded)
+    size = training_need(loaded)
+    size = size if size["need"] > size["available"] else None
     if size is not None or limit > here:
         why = (f"training needs at least {size['need'] / 2**30:.1f} GiB, {size['available'] / 2**30:.1f} GiB "
                "available here" if size is not None else

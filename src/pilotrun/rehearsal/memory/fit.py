@@ -127,8 +127,9 @@ def fit(loaded, home, memory_limit: int, *, write: str | None = None, effective_
     from pilotrun.probe.recorder import describe_inputs, peak_of
     from pilotrun.probe.sizes import fmt_bytes
     from pilotrun.rehearsal.memory import fit_variants
-    from pilotrun.rehearsal.prepare import prepare
+    from pilotrun.rehearsal.prepare import prepare, require_weights
 
+    require_weights(loaded)
     device = device or default_device()
     prep = prepare(loaded, splits=("train", "validation"))
     t = prep.c.train

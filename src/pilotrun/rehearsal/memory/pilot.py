@@ -14,7 +14,7 @@ from pilotrun.probe.sizes import fmt_bytes, parse_size
 from pilotrun.phases import PHASES
 from pilotrun.phases.registry import BY_NAME
 from pilotrun.rehearsal.memory.pilot_phases import INJECT_ENV, PilotJob, parse_inject, run_phases
-from pilotrun.rehearsal.prepare import prepare
+from pilotrun.rehearsal.prepare import prepare, require_weights
 from pilotrun.verdicts import StageResult
 from pilotrun.journal.runs import RunRecorder
 
@@ -63,6 +63,7 @@ def pilot(loaded, home, *, memory_limit=None, inject=None) -> StageResult:
     """Run the pilot; ``inject`` plants faults for tests ({"oom": "eval_longest"}; see pilot_phases)."""
     from pilotrun import startup
 
+    require_weights(loaded)
     t0 = time.perf_counter()
     startup_s = startup.take(t0)  # the process's start, imports and checks: a term of the time plan
     prep = prepare(loaded, splits=("train", "validation"))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pilotrun.campaign.importers import not_reproduced_lines
 from pilotrun.campaign.arithmetic import data_parallel_ranks, examples_per_update
 from pilotrun.phases import PHASES
 from pilotrun.sheet import plan as P
@@ -353,7 +354,29 @@ def _choose_launch(sheet, target, plans, plans_by_gpu) -> dict | None:
 
 def sheet_stage(loaded, home, *, target_env_path: str | None = None, gpu: str | None = None,
                 out: str | None = None, rates_path: str | None = None, sets: tuple[str, ...] = (),
-                options: bool = True) -> StageResult:
+                options: bool = True, say_imported: bool = True) -> StageResult:
+    """The sheet; for an imported campaign it says once which of the source's settings the rehearsal does not
+    reproduce (``say_imported``: `all` says it itself)."""
+    result = _sheet_stage(loaded, home, target_env_path=target_env_path, gpu=gpu, out=out, rates_path=rates_path,
+                          sets=sets, options=options)
+    lines = not_reproduced_lines(loaded.campaign) if say_imported else []
+    if lines:
+        result.messages[:0] = lines
+        result.data["not_reproduced"] = lines
+        if "markdown" in result.data:
+            md = "\n".join(["## Not reproduced by the rehearsal", "", lines[0], ""] +
+                            [f"- {x.strip()}" for x in lines[1:]]) + "\n\n"
+            result.data["markdown"] = md + result.data["markdown"]
+            if out:
+                from pilotrun.journal.files import atomic_write_text
+
+                atomic_write_text(out, result.data["markdown"])
+    return result
+
+
+def _sheet_stage(loaded, home, *, target_env_path: str | None = None, gpu: str | None = None,
+                 out: str | None = None, rates_path: str | None = None, sets: tuple[str, ...] = (),
+                 options: bool = True) -> StageResult:
     from pilotrun.journal.files import atomic_write_text
     from pilotrun.journal.store import Journal
     from pilotrun.sheet.render import to_lines, to_markdown

@@ -91,14 +91,24 @@ def sweep(loaded, home, *, continue_id: str | None = None, progress: bool = True
                            where=str(loaded.source or "campaign"),
                            fix=f"a changed campaign is a new sweep: {again}, or restore the campaign file")
         sweep_id = continue_id
-    todo = _todo(journal, sweep_id, arms, plan["seeds"])
-    total = len(plan["seeds"]) * len(arms)
+    todo, taken = claim_todo(journal, sweep_id, arms, plan["seeds"])
+    try:
+        _run_todo(todo, journal=journal, home=home, loaded=loaded, sweep_id=sweep_id, plan=plan, sets=sets,
+                  total=len(plan["seeds"]) * len(arms), progress=progress, on_run=on_run, on_start=on_start,
+                  ray_address=ray_address)
+    finally:
+        journal.release_claims(sweep_id)
+    return sweep_result(journal, sweep_id, ran=len(todo), taken=taken)
+
+
+def _run_todo(todo, *, journal, home, loaded, sweep_id, plan, sets, total, progress, on_run, on_start,
+              ray_address) -> None:
     if ray_address is not None:
         from pilotrun.rehearsal.training.sweep_ray import run_remote
 
         run_remote(todo, journal=journal, sweep_id=sweep_id, plan=plan, sets=sets, address=ray_address,
                    progress=progress, on_run=on_run, total=total)
-        return sweep_result(journal, sweep_id, ran=len(todo))
+        return
     encoded: dict[str, object] = {}  # the data is read and encoded once per distinct task/model/data setting
     planned = _planned_run_s(journal, loaded) if on_start is not None else None
     took: list[float] = []
@@ -117,11 +127,11 @@ def sweep(loaded, home, *, continue_id: str | None = None, progress: bool = True
                       progress=progress, save_artifact=False, validation_predictions=True,
                       command=arm_command(plan["campaign_path"], arm, seed, sets), **encoded_for(run_loaded, encoded))
         took.append(time.monotonic() - t0)
+        journal.release_claims(sweep_id, (arm.name, seed))  # the cell's run has its final status
         if on_run is not None:
             on_run({"index": i + 1, "of": len(todo), "total": total, "arm": arm.name, "label": arm.label,
                     "seed": seed, "run_id": r.data["run_id"], "status": r.data["status"],
                     "reason": r.data["reason"], "supersedes": supersedes})
-    return sweep_result(journal, sweep_id, ran=len(todo))
 
 
 def _planned_run_s(journal: Journal, loaded) -> float | None:
@@ -141,22 +151,59 @@ def _planned_run_s(journal: Journal, loaded) -> float | None:
         return None
 
 
-def _todo(journal: Journal, sweep_id: str, arms: list[Arm], seeds: list[int]) -> list[tuple[Arm, int, str | None]]:
-    latest = _latest_runs(journal, sweep_id)
-    todo = []
+def _cells(runs: list[dict], arms: list[Arm], seeds: list[int]) -> list[tuple[Arm, int, str | None, dict | None]]:
+    """The cells that need work, from the sweep's runs (journal order): (arm, seed, the run to supersede, the
+    cell's run still 'running' if it is)."""
+    latest = _latest_of(runs)
+    out = []
     for seed in seeds:  # seed-major: an interrupted sweep already holds complete pairs
         for arm in arms:
             run = latest.get((arm.name, seed))
             if run is None:
-                todo.append((arm, seed, None))
+                out.append((arm, seed, None, None))
             elif run["status"] == "running":
-                raise BadInput(f"run {run['run_id']} of sweep {sweep_id} is still running: {still_alive(run)}",
-                               where="--continue", fix=f"wait for it to end, or stop it (SIGTERM ends it 'interrupted'"
-                               f"), then continue the sweep; a process that is gone is reaped when its lease lapses, "
-                               f"{lease_s():g}s after its last heartbeat")
+                out.append((arm, seed, None, run))
             elif run["status"] not in DONE:
-                todo.append((arm, seed, run["run_id"]))
+                out.append((arm, seed, run["run_id"], None))
+    return out
+
+
+def _still_running(run: dict, sweep_id: str) -> BadInput:
+    return BadInput(f"run {run['run_id']} of sweep {sweep_id} is still running: {still_alive(run)}",
+                    where="--continue", fix=f"wait for it to end, or stop it (SIGTERM ends it 'interrupted'), then "
+                    f"continue the sweep; a process that is gone is reaped when its lease lapses, {lease_s():g}s "
+                    "after its last heartbeat")
+
+
+def _todo(journal: Journal, sweep_id: str, arms: list[Arm], seeds: list[int]) -> list[tuple[Arm, int, str | None]]:
+    todo = []
+    for arm, seed, supersedes, running in _cells(journal.list_runs(sweep_id=sweep_id), arms, seeds):
+        if running is not None:
+            raise _still_running(running, sweep_id)
+        todo.append((arm, seed, supersedes))
     return todo
+
+
+def claim_todo(journal: Journal, sweep_id: str, arms: list[Arm], seeds: list[int]) -> tuple[list, list[dict]]:
+    """The cells this process runs, claimed in one journal transaction before any work (two `--continue` at
+    once never train the same cell), and the claims of other live processes on the rest. A cell whose run is
+    still running and that nobody claims (a run started without claims) is bad input, as before."""
+    mine, taken = journal.claim_cells(sweep_id, lambda runs: [(a.name, s, a, sup, running) for a, s, sup, running
+                                                             in _cells(runs, arms, seeds)])
+    running = [c[4] for c in mine if c[4] is not None]
+    if running:
+        journal.release_claims(sweep_id)
+        raise _still_running(running[0], sweep_id)
+    return [(c[2], c[1], c[3]) for c in mine], taken
+
+
+def taken_lines(taken: list[dict]) -> list[str]:
+    """What a sweep says about cells another process took."""
+    from pilotrun.journal.store import wall_time
+
+    return [f"  {c['arm']:<10} seed {c['seed']}: taken by another sweep process (pid {c['pid']} on host {c['host']}, "
+            f"claimed {c['claimed_at']}, heartbeat {wall_time() - c['heartbeat_at']:.0f}s ago): not run here"
+            for c in taken]
 
 
 def still_alive(run: dict) -> str:
@@ -168,10 +215,13 @@ def still_alive(run: dict) -> str:
 
 
 def _latest_runs(journal: Journal, sweep_id: str) -> dict[tuple[str, int], dict]:
+    return _latest_of(journal.list_runs(sweep_id=sweep_id))  # in the journal's sequence
+
+
+def _latest_of(runs: list[dict]) -> dict[tuple[str, int], dict]:
     """Per (arm, seed) the run that counts: the end of the cell's supersedes chain (a run no other run of the
     cell supersedes), the last in the journal's sequence if there are several — never by a clock."""
     out: dict[tuple[str, int], dict] = {}
-    runs = journal.list_runs(sweep_id=sweep_id)  # in the journal's sequence
     superseded = {r["supersedes"] for r in runs if r["supersedes"]}
     for run in runs:
         if run["run_id"] not in superseded:
@@ -210,7 +260,7 @@ def sweep_comparison(journal: Journal, sweep_id: str) -> dict:
                            for r in superseded]}
 
 
-def sweep_result(journal: Journal, sweep_id: str, ran: int) -> StageResult:
+def sweep_result(journal: Journal, sweep_id: str, ran: int, taken: list[dict] = ()) -> StageResult:
     data = sweep_comparison(journal, sweep_id)
     plan, runs = data["plan"], data["runs"]
     expected = len(plan["seeds"]) * len(plan["arms"])
@@ -231,7 +281,12 @@ def sweep_result(journal: Journal, sweep_id: str, ran: int) -> StageResult:
         msgs.append(f"{row['arm']} [{row['overrides']}]: {row['seeds']}; {row['verdict']}"
                     + ("" if row["arm"] == "control" else f" — {row['why']}"))
     n_done = sum(s in DONE for s in statuses)
-    if n_done < expected:
+    msgs += taken_lines(list(taken))
+    if taken and n_done + len(taken) >= expected:
+        verdict = "warn"  # nothing left for this process: the other one is running the rest
+        msgs.append(f"{len(taken)} of {expected} runs are being run by another process, which claimed them first; "
+                    f"`pilotrun sweep CAMPAIGN --continue {sweep_id}` once it ends shows the whole comparison")
+    elif n_done < expected:
         verdict = "fail"
         msgs.append(f"{expected - n_done} of {expected} runs did not finish; continue with "
                     f"`pilotrun sweep CAMPAIGN --continue {sweep_id}`")

@@ -9,7 +9,7 @@ from pathlib import Path
 from pilotrun.engine.loop import Hooks, make_state, train
 from pilotrun.journal.files import write_manifest
 from pilotrun.journal.store import Journal
-from pilotrun.rehearsal.prepare import Prepared, prepare
+from pilotrun.rehearsal.prepare import Prepared, prepare, require_weights
 from pilotrun.verdicts import StageResult
 from pilotrun.journal.runs import RunRecorder, write_run_readme
 from pilotrun.rehearsal.mechanics.control import CONTROL_EXAMPLES
@@ -82,6 +82,7 @@ def train_run(loaded, home, *, kind: str = "train", supersedes: str | None = Non
 
     from pilotrun import startup
 
+    require_weights(loaded)
     t_start = time.perf_counter() - (prepare_s or 0.0)  # a caller that prepared for us says how long it took
     startup_s = startup.take(t_start)  # the first run of a pilotrun process: its start-up is this run's to plan
     check_strategy(loaded.c.train)  # ranks this machine cannot run: before reading anything
@@ -119,12 +120,17 @@ def train_run(loaded, home, *, kind: str = "train", supersedes: str | None = Non
         job = TrainJob(loaded, str(journal.home), rec.run_id, kind, save_artifact, validation_predictions)
         if spawn:
             import json
-            import tempfile
+            import shutil
 
-            with tempfile.TemporaryDirectory(prefix="pilotrun-ranks-") as tmp:
-                job.result_path = str(Path(tmp) / "rank0.json")
+            from pilotrun.scratch import make_dir
+
+            tmp = make_dir("pilotrun-ranks-")  # named for this process: a killed parent's is removed next time
+            try:
+                job.result_path = str(tmp / "rank0.json")
                 launch(_spawned_rank, world, (job,))
                 out = json.loads(Path(job.result_path).read_text())  # we wrote it a moment ago
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
         else:
             ranks.share(job)
             out = _ranked_run(job, prep, rec, hooks, progress=progress, t_start=t_start, t_prepared=t_prepared,
