@@ -164,3 +164,52 @@ def test_rotary_families_are_not_held_to_max_position_embeddings(tmp_path, cli):
     """Qwen2 (rotary) runs past max_position_embeddings: it is the length the model was trained to, no index."""
     folder = save_model(tmp_path / "model", "qwen2", max_position_embeddings=32)
     assert cli("validate", campaign(tmp_path / "c", folder, seq_cls=False, data__max_length=64)).code == 0
+
+
+# --- LoRA: the family's own module names, and its defaults -------------------------------------------------
+@pytest.mark.parametrize("family", FAMILIES)
+def test_lora_default_is_the_family_attention_projections(folders, tmp_path, family):
+    """No target_modules: PEFT's own mapping for the family (Phi-3 and DistilBERT, which it lacks, by their real
+    names), checked on the architecture before anything runs; inspect prints the choice."""
+    from pilotrun.rehearsal.prepare import adapter_choice
+
+    loaded = _loaded(folders, tmp_path, family, model__adapter={"kind": "lora", "r": 4, "alpha": 8})
+    targets, why = adapter_choice(loaded)
+    assert targets == ATTENTION[family]
+    assert why in (f"peft's default for {family}", f"pilotrun's default for {family}; peft has none")
+
+
+def test_inspect_prints_the_chosen_lora_modules(folders, tmp_path, cli):
+    loaded = _loaded(folders, tmp_path, "phi3", model__adapter={"kind": "lora", "r": 4, "alpha": 8})
+    r = cli("inspect", loaded.source)
+    assert r.code == 0, r.err
+    assert "lora targets: LoRA adapts qkv_proj (pilotrun's default for phi3; peft has none)" in r.out, r.out
+
+
+@pytest.mark.parametrize("family,wrong", [("gpt2", ["q_proj", "v_proj"]), ("bloom", ["query_key_value", "q_proj"])])
+def test_lora_name_that_matches_nothing_is_bad_input_listing_the_linear_layers(folders, tmp_path, cli, family, wrong):
+    """Llama's names on GPT-2 (Conv1D c_attn) or BLOOM: exit 2 before anything runs, with the model's linear layers."""
+    loaded = _loaded(folders, tmp_path, family, model__adapter={"kind": "lora", "r": 4, "target_modules": wrong})
+    r = cli("pilot", loaded.source, "--home", tmp_path / "home")
+    assert r.code == 2, r.out + r.err
+    layers = {"gpt2": "c_attn, c_fc, c_proj, lm_head", "bloom": "dense, dense_4h_to_h, dense_h_to_4h, lm_head, "
+                                                                "query_key_value"}[family]
+    said = "q_proj, v_proj match" if family == "gpt2" else "q_proj matches"  # query_key_value is BLOOM's own
+    assert f"{said} no module of the {family} model\n" in r.err, r.err
+    assert f"choose among the model's linear layers: {layers}" in r.err, r.err
+
+
+@pytest.mark.parametrize("family,adapter", [("gpt2", ATTENTION["gpt2"]), ("qwen2", None),
+                                            pytest.param("roberta", None, marks=pytest.mark.slow),
+                                            pytest.param("deberta-v2", ATTENTION["deberta-v2"], marks=pytest.mark.slow),
+                                            pytest.param("phi3", None, marks=pytest.mark.slow)])
+def test_pilot_with_lora_on_the_family_names_and_defaults(folders, tmp_path, family, adapter):
+    from pilotrun.rehearsal.memory.pilot import pilot
+
+    lora = {"kind": "lora", "r": 4, "alpha": 8, **({"target_modules": adapter} if adapter else {})}
+    loaded = _loaded(folders, tmp_path, family, model__adapter=lora)
+    result = pilot(loaded, tmp_path / "home")
+    assert result.verdict == "ok", result.messages
+    model = _plain(loaded)
+    adapted = {n.split(".lora_A")[0].rpartition(".")[2] for n, _ in model.named_parameters() if "lora_A" in n}
+    assert adapted == set(ATTENTION[family])

@@ -56,6 +56,7 @@ def prepare(loaded, splits=SPLITS) -> Prepared:
         from pilotrun.tasks.loading import check_positions
 
         check_positions(loaded.campaign)  # with model.config's class defaults, before anything runs
+        adapter_choice(loaded)  # LoRA's modules exist in the model (or the family has a default)
     task = make_task(loaded)
     examples = {}
     for split in splits:
@@ -64,3 +65,19 @@ def prepare(loaded, splits=SPLITS) -> Prepared:
         if records:
             examples[split] = [task.encode(r) for r in records]
     return Prepared(loaded, task, examples)
+
+
+def adapter_choice(loaded) -> tuple[list[str], str] | None:
+    """The LoRA modules a built-in task's campaign adapts and why (``lora_targets``), checked on the architecture
+    built on the meta device (no memory, no weights read) before anything runs; None without an adapter."""
+    c = loaded.campaign
+    if c.model.adapter is None or c.task not in ("causal-lm", "seq-cls"):
+        return None
+    import torch
+
+    from pilotrun.tasks.loading import architecture_only, lora_targets
+
+    plain = loaded.with_overrides({"model.adapter": None, "model.gradient_checkpointing": False})
+    with torch.device("meta"), architecture_only():
+        model = make_task(plain).build_model()
+    return lora_targets(model, c.model.adapter)

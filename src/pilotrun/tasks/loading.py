@@ -382,17 +382,68 @@ def _check_vocab(model, tokenizer) -> None:
                        fix="use the tokenizer the model was trained with, or resize the embeddings and save the model")
 
 
+# families PEFT's mapping (peft.utils.constants) has no LoRA default for: their attention projections by real names
+LORA_DEFAULTS = {"phi3": ["qkv_proj"], "distilbert": ["q_lin", "v_lin"]}
+
+
+def lora_defaults(model_type: str | None) -> tuple[list[str], str] | None:
+    """The modules LoRA adapts when model.adapter.target_modules is not given, and whose choice that is: PEFT's
+    own mapping for the family, else pilotrun's (``LORA_DEFAULTS``); None for a family neither knows."""
+    from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as PEFT
+
+    if model_type in PEFT:
+        return list(PEFT[model_type]), f"peft's default for {model_type}"
+    if model_type in LORA_DEFAULTS:
+        return list(LORA_DEFAULTS[model_type]), f"pilotrun's default for {model_type}; peft has none"
+    return None
+
+
+def linear_layers(model) -> list[str]:
+    """The names (last part) of the model's linear layers, nn.Linear or GPT-2's Conv1D: what LoRA can adapt."""
+    import torch
+
+    names = set()
+    for name, m in model.named_modules():
+        if isinstance(m, torch.nn.Linear) or type(m).__name__ == "Conv1D":
+            names.add(name.rpartition(".")[2])
+    return sorted(names)
+
+
+def lora_targets(model, adapter) -> tuple[list[str], str]:
+    """The modules the adapter goes on and why (given, or the family's default); a name that matches no module is
+    bad input listing the model's linear layers."""
+    kind = getattr(model.config, "model_type", None)
+    layers = linear_layers(model)
+    if adapter.target_modules:
+        targets, why = list(adapter.target_modules), "model.adapter.target_modules"
+    else:
+        found = lora_defaults(kind)
+        if found is None:
+            raise BadInput(f"no default LoRA modules for model_type {kind}", where="model.adapter.target_modules",
+                           fix=f"name the attention projections; the model's linear layers: {', '.join(layers)}")
+        targets, why = found
+    names = {name.rpartition(".")[2] for name, _ in model.named_modules()}
+    missing = [t for t in targets if t not in names]
+    if missing:
+        said = "" if adapter.target_modules else f" ({why})"
+        raise BadInput(f"{', '.join(missing)} match{'es' if len(missing) == 1 else ''} no module of the {kind} "
+                       f"model{said}", where="model.adapter.target_modules",
+                       fix=f"choose among the model's linear layers: {', '.join(layers)}")
+    return targets, why
+
+
 def _apply_adapter(model, adapter, kind: str):
     from peft import LoraConfig, TaskType, get_peft_model
 
+    targets, _ = lora_targets(model, adapter)
     cfg = LoraConfig(r=adapter.r, lora_alpha=adapter.alpha, lora_dropout=adapter.dropout,
-                     target_modules=adapter.target_modules,
+                     target_modules=targets,
                      task_type=TaskType.CAUSAL_LM if kind == "causal-lm" else TaskType.SEQ_CLS)
     try:
         return get_peft_model(model, cfg)
     except ValueError as e:
         raise BadInput(f"cannot apply the LoRA adapter: {e}", where="model.adapter.target_modules",
-                       fix="name modules that exist in the model, e.g. [q_proj, v_proj] for Llama") from None
+                       fix=f"name modules that exist in the model: {', '.join(linear_layers(model))}") from None
 
 
 def load_hf_artifact(c, tokenizer, kind: str, path, labels: list[str] | None = None):

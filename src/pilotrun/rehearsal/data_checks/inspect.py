@@ -8,7 +8,7 @@ from pilotrun.errors import BadInput
 from pilotrun.verdicts import StageResult, plural
 from pilotrun.tasks.base import IGNORE
 
-INFO_CHECKS = ("classes", "chat format")  # ok checks whose message is worth printing
+INFO_CHECKS = ("classes", "chat format", "lora targets")  # ok checks whose message is worth printing
 
 
 def inspect(loaded, n: int = 0, split: str | None = None) -> StageResult:
@@ -24,6 +24,11 @@ def inspect(loaded, n: int = 0, split: str | None = None) -> StageResult:
     if fmt is not None:
         report.checks.insert(0, fmt)
     report.checks[:0] = pair_checks(task, loaded, Check)
+    from pilotrun.rehearsal.prepare import adapter_choice
+
+    lora = adapter_choice(loaded)
+    if lora is not None:
+        report.checks.insert(0, Check("lora targets", "ok", f"LoRA adapts {', '.join(lora[0])} ({lora[1]})"))
     shown = [c for c in report.checks if c.verdict != "ok" or c.name in INFO_CHECKS]
     messages = [c.line() for c in shown]
     for s in report.splits.values():
