@@ -255,3 +255,43 @@ def test_a_summary_headline_is_not_cut_at_a_file_line_colon():
     assert headline("no colon here") == "no colon here"
     assert [plural(1, "example"), plural(2, "example"), plural(0, "update")] == ["1 example", "2 examples",
                                                                                 "0 updates"]
+
+
+# --- 4. the time check names a term, and advises a rerun only for noise ------------------------------
+def test_the_time_check_blames_one_term_not_the_machine():
+    from pilotrun.rehearsal.training.timecheck import time_plan_warning
+
+    run = {"run_id": "r1", "arm": "control", "seed": 0, "predicted_s": 880.0, "actual_s": 260.0, "ratio": 3.38,
+           "updates": 12, "status": "completed"}
+    check = {"pilot_run": "p", "runs": [run], "predicted_s": 880.0, "actual_s": 260.0, "ratio": 3.38,
+             "goal": (0.9, 1.1),
+             "breakdown": [{"term": "start-up, data and cold load (1st run)", "predicted_s": 858.8, "actual_s": 7.1},
+                           {"term": "updates (the first's optimizer state)", "predicted_s": 200.0, "actual_s": 205.0},
+                           {"term": "validations", "predicted_s": 21.0, "actual_s": 20.0}]}
+    said = time_plan_warning(check)
+    assert "most of the gap is one term, start-up, data and cold load (1st run) (predicted 858.8s, actual 7.1s)" \
+        in said and "idle machine" not in said, said
+    # a second instance: the updates themselves run slow and the rest agrees
+    slow = dict(check, ratio=0.6, breakdown=[{"term": "updates (the first's optimizer state)", "predicted_s": 100.0,
+                                              "actual_s": 180.0}, {"term": "checkpoints", "predicted_s": 5.0,
+                                                                   "actual_s": 5.2}])
+    assert "one term, updates" in time_plan_warning(slow)
+    # spread over every term: noise, and the advice to rerun on an idle machine
+    noisy = dict(check, breakdown=[{"term": t, "predicted_s": 10.0, "actual_s": 3.0} for t in ("a", "b", "c")])
+    assert time_plan_warning(noisy).endswith("(rerun `pilotrun pilot` on an idle machine)")
+
+
+# --- 5. advice that fits the machine ----------------------------------------------------------------
+def test_over_budget_advice_fits_this_machine(tmp_path):
+    import psutil
+
+    from pilotrun.campaign import load_campaign
+    from pilotrun.rehearsal.memory.estimate import over_budget_advice
+
+    loaded = load_campaign(tiny_causal_campaign(tmp_path, simple_records(6)))
+    small = over_budget_advice(loaded, 64 * 2**20)  # a limit this machine can hold: fit measures it here
+    assert small.startswith("try `pilotrun fit ") and small.endswith("--memory-limit 64MiB`"), small
+    beyond = 2 * psutil.virtual_memory().total + 2**30  # 141GiB on a 22 GiB box: fit cannot measure that
+    said = over_budget_advice(loaded, beyond)
+    assert "`pilotrun fit` cannot measure that here (this machine has" in said, said
+    assert said.endswith("--options` for the GPUs, counts and options that fit") and "--memory-limit" not in said

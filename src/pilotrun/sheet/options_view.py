@@ -132,18 +132,14 @@ def too_large_here(loaded) -> dict | None:
     weights alone under an adapter) when that exceeds its available memory, or when the model's weights are
     not here to pilot with (a hub model whose config.json alone is cached: ``missing`` names the files);
     else None."""
-    import psutil
-
     from pilotrun.campaign.hub import missing_weights, snapshot_of
-    from pilotrun.probe.counted import parameter_bytes
+    from pilotrun.probe.counted import training_need
 
     path = loaded.campaign.model.path
     missing = missing_weights(path) if path and snapshot_of(path) else []
-    weights = parameter_bytes(loaded)
-    need = weights if loaded.campaign.model.adapter is not None else 4 * weights
-    have = psutil.virtual_memory().available
-    if need > have or missing:
-        return {"weights": weights, "need": need, "available": have, "missing": missing}
+    size = training_need(loaded)
+    if size["need"] > size["available"] or missing:
+        return dict(size, missing=missing)
     return None
 
 
