@@ -295,3 +295,65 @@ def test_over_budget_advice_fits_this_machine(tmp_path):
     said = over_budget_advice(loaded, beyond)
     assert "`pilotrun fit` cannot measure that here (this machine has" in said, said
     assert said.endswith("--options` for the GPUs, counts and options that fit") and "--memory-limit" not in said
+
+
+@pytest.mark.slow
+def test_the_options_table_names_what_it_leaves_out_and_the_qlora_rows(tmp_path, cli):
+    bf16 = tiny_causal_campaign(tmp_path / "b", simple_records(24), simple_records(8, start=100),
+                                train__precision="bf16-mixed")
+    done = cli("estimate", bf16, "--options", "--json")
+    assert done.code == 0, done.err
+    data = done.json["data"]
+    t4, = [x for x in data["left_out"] if x["gpu"] == "t4"]
+    assert t4["why"] == "no bf16-mixed tensor rate on it (train.precision)"
+    assert not [r for r in data["rows"] if r["gpu"] == "t4"]
+    said = " ".join(done.json["messages"])
+    assert "Left out of the table: T4 16GB (no bf16-mixed tensor rate on it (train.precision))" in said, said
+    qlora = [r for r in data["rows"] if r["option"] == "qlora" and r["fits"]]
+    if qlora and not any(r["option"] == "qlora" for r in data["shown"]):
+        assert "QLoRA (" in said and "fitting QLoRA rows in `--json`" in said, said
+    fp32 = cli("estimate", tiny_causal_campaign(tmp_path / "f", simple_records(24), simple_records(8, start=100)),
+               "--options", "--json")  # fp32 runs on every catalogue GPU: nothing is left out
+    assert fp32.code == 0 and fp32.json["data"]["left_out"] == [] and "Left out" not in " ".join(fp32.json["messages"])
+
+
+def test_the_options_text_says_what_is_left_out_and_the_cheapest_qlora():
+    from pilotrun.sheet.options_view import to_lines
+
+    def row(option, gpu, count, seconds, fits=True):
+        return {"option": option, "gpu": gpu, "name": gpu.upper(), "count": count, "seconds": seconds, "fits": fits,
+                "peak": 3 * 2**30, "phase": "steady_step", "label": option, "short": option, "keeps": option == "w",
+                "changes": "trains an adapter on a 4-bit copy" if option == "qlora" else "keeps the experiment",
+                "gpu_hours": seconds / 3600 * count, "cost": None}
+
+    written = row("w", "l4", 1, 60.0)
+    table = {"recommended": written, "cheapest": None, "pilot_run": None, "params": 10, "by": "gpu_hours",
+             "currency": "", "shown": [written], "meanings": {}, "assumptions": [], "skipped": None,
+             "rows": [written, row("qlora", "l4", 2, 90.0), row("qlora", "l4", 1, 80.0), row("qlora", "a10", 1, 70.0,
+                                                                                          fits=False)],
+             "left_out": [{"gpu": "t4", "name": "T4 16GB", "why": "no bf16-mixed tensor rate on it (train.precision)"}]}
+    text = "\n".join(to_lines(table))
+    assert "Left out of the table: T4 16GB (no bf16-mixed tensor rate on it (train.precision))." in text, text
+    assert "QLoRA (trains an adapter on a 4-bit copy): fits from 1 × L4 at 3.00 GiB per GPU, 80 s" in text, text
+    assert "(2 fitting QLoRA rows in `--json`)" in text, text
+    shown = dict(table, shown=[written, table["rows"][2]], left_out=[])
+    text = "\n".join(to_lines(shown))
+    assert "QLoRA (" not in text and "Left out" not in text  # a QLoRA row in the table is not said twice
+
+
+def test_inspect_and_runs_on_a_terminal_of_80_columns(demo_campaign, tmp_path):
+    from test_progress import run_pty, visible_lines
+
+    code, _, raw = run_pty("inspect", demo_campaign, "-n", "1", "--json", cols=80)  # human output on the pty
+    assert code == 0, raw
+    shown = visible_lines(raw)
+    assert shown and max(map(len, shown)) <= 80, [ln for ln in shown if len(ln) > 80]
+    assert "\x1b[" in raw and "row under each line marks" not in raw  # colour marks the tokens here
+    home = tmp_path / "home"
+    j = Journal(home)
+    rid = j.create_run(kind="overfit", name="tiny", config={}, config_sha256="0", campaign_path=None, seed=0,
+                       git_rev=None, packages={}, data={}, trust_remote_code=False)
+    j.finish_run(rid, "completed", {"verdict": "fail"})
+    code, _, raw = run_pty("runs", "--home", home, "--json", cols=80)
+    shown = visible_lines(raw)
+    assert code == 0 and max(map(len, shown)) <= 80 and "check failed" in raw and rid in raw, shown

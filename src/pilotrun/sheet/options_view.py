@@ -83,6 +83,16 @@ def blocks(table: dict) -> list[tuple]:
         out.append(("p", "No option fits any catalogue GPU at up to 64 GPUs."))
     if table.get("skipped"):
         out.append(("p", table["skipped"][0].upper() + table["skipped"][1:] + "."))
+    if table.get("left_out"):
+        out.append(("p", "Left out of the table: " + "; ".join(f"{x['name']} ({x['why']})"
+                                                                for x in table["left_out"]) + "."))
+    qlora = sorted((x for x in table.get("rows", []) if x.get("option") == "qlora" and x["fits"]),
+                   key=lambda x: (x["count"], x["seconds"]))
+    if qlora and not any(x.get("option") == "qlora" for x in table["shown"]):
+        q = qlora[0]
+        out.append(("p", f"QLoRA ({q['changes']}): fits from {q['count']} × {q['name']} at {P.size(q['peak'])} per "
+                         f"GPU, {P.fmt_duration(q['seconds'])}; never faster than the rows above, so not among them "
+                         f"({len(qlora)} fitting QLoRA rows in `--json`)."))
     out.append(("p", "What each option changes:"))
     out.append(("list", [f"{k}: {v}" for k, v in table["meanings"].items()]))
     out.append(("p", "Assumptions:"))
