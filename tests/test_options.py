@@ -103,6 +103,9 @@ def test_70b_sheet_without_pilot_lists_options(tmp_path, cli):
     assert fsdp, [(r["option"], r["need"] / 2**30) for r in h100]
     assert all(r["need"] <= 80 * 2**30 for r in fsdp)
     assert not any(r["fits"] for r in h100 if r["option"] in ("written", "ckpt"))  # as written: 657 GiB per GPU
+    assert table["tp"]["degree"] == 8  # FSDP fits one H100 node: no multi-node row there, TP × FSDP included
+    assert not any(r["count"] > 8 for r in table["rows"] if r["gpu"] == "h100-sxm")
+    assert all(r["count"] > 8 and r["nodes"] * 8 == r["count"] for r in table["rows"] if r["option"].startswith("tp"))
     lora = [r for r in table["rows"] if r["option"] in ("lora", "fsdp_lora", "qlora")]
     assert lora and all(not r["keeps"] and "a different experiment" in r["changes"] for r in lora)
     rec = table["recommended"]
@@ -121,3 +124,73 @@ def test_small_campaign_without_pilot_still_asks_for_one(tmp_path, cli):
     done = cli("sheet", path, "--home", str(tmp_path / "home"), "--json")
     assert done.code == 1
     assert "no pilot run for campaign" in done.json["summary"]
+
+
+# Llama-3.1-405B's published config.json values
+LLAMA_405B = {"model_type": "llama", "vocab_size": 128256, "hidden_size": 16384, "intermediate_size": 53248,
+              "num_hidden_layers": 126, "num_attention_heads": 128, "num_key_value_heads": 8,
+              "max_position_embeddings": 131072, "rope_theta": 500000.0, "tie_word_embeddings": False,
+              "rms_norm_eps": 1e-5, "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                                     "high_freq_factor": 4.0,
+                                                     "original_max_position_embeddings": 8192}}
+
+
+def _campaign_of(tmp_path, config: dict):
+    path = _campaign_70b(tmp_path)
+    c = yaml.safe_load(path.read_text())
+    c["model"]["config"] = config
+    path.write_text(yaml.safe_dump(c, sort_keys=False))
+    return path
+
+
+def test_405b_gets_tensor_parallel_across_nodes_that_keeps_the_batch(tmp_path, cli):
+    """FSDP over 64 GPUs multiplies the effective batch (8 → 64); TP ×8 within a node × FSDP over the nodes has
+    one data rank per node, so accumulation ÷ nodes keeps 8, and 405B's state over 64 ranks fits."""
+    done = cli("estimate", _campaign_of(tmp_path, dict(LLAMA_405B)), "--options", "--json")
+    assert done.code == 0, done.err
+    data = done.json["data"]
+    assert data["tp"]["degree"] == 8 and data["effective_batch"] == 8
+    rec = data["recommended"]
+    assert rec["option"].startswith("tp_fsdp") and rec["keeps"] and rec["fits"], rec
+    assert rec["count"] == 8 * rec["nodes"] and rec["accumulation"] * rec["nodes"] == 8
+    assert rec["label"].startswith("tensor parallel ×8 + FSDP across nodes")
+    assert "estimated, not measured" in rec["note"]
+    fsdp64 = [r for r in data["rows"] if r["option"] == "fsdp" and r["count"] == 64]
+    assert fsdp64 and all(not r["keeps"] and r["changes"].startswith("effective batch 64, not 8") for r in fsdp64)
+    # the TP rows hold the same state as FSDP over as many ranks, less activations: never more per GPU
+    same = [(r, f) for r in data["rows"] for f in data["rows"] if r["option"] == "tp_fsdp" and f["option"] == "fsdp"
+            and (r["gpu"], r["count"]) == (f["gpu"], f["count"])]
+    assert same and all(r["peak"] <= f["peak"] for r, f in same)
+    assert data["why_none"] is None
+    assert any("tensor parallel" in m for m in done.json["messages"])
+
+
+def test_heads_tp_cannot_divide_get_no_tp_row_and_the_reason(tmp_path, cli):
+    """127 heads: no TP degree divides them, so no TP row; no option keeps the experiment and each one's broken
+    constraint is named."""
+    cfg = dict(LLAMA_405B, hidden_size=127 * 128, num_attention_heads=127, num_key_value_heads=127)
+    done = cli("estimate", _campaign_of(tmp_path, cfg), "--options", "--json")
+    assert done.code == 1, done.err
+    data = done.json["data"]
+    assert data["tp"]["degree"] is None
+    assert not any(r["option"].startswith("tp_") for r in data["rows"])
+    why = data["why_none"]
+    assert ("tensor parallel × FSDP across nodes: not evaluated — 127 attention heads (127 key/value heads) are "
+            "not divisible by a tensor-parallel degree of 8, 4 or 2") in why
+    fsdp = next(w for w in why if w.startswith("FSDP full sharding: "))
+    assert "memory — at least" in fsdp and "the effective batch is no longer 8" in fsdp
+    assert any(w.startswith("LoRA") and "a different experiment" in w for w in why)
+    assert "Why no option keeps the experiment and fits, per option:" in done.json["messages"]
+
+
+def test_a_family_without_a_tp_plan_says_so():
+    from types import SimpleNamespace
+
+    from pilotrun.sheet.options import tp_degree
+
+    gpt2 = tp_degree(SimpleNamespace(config={"model_type": "gpt2", "n_head": 12}, path=None))
+    assert gpt2 == {"degree": None, "why": "transformers has no tensor-parallel plan for gpt2 (base_model_tp_plan)"}
+    qwen = tp_degree(SimpleNamespace(config={"model_type": "qwen2", "num_attention_heads": 12,
+                                              "num_key_value_heads": 2, "num_hidden_layers": 4,
+                                              "hidden_size": 768}, path=None))
+    assert qwen["degree"] == 2 and qwen["why"] is None

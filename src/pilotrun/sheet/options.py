@@ -55,6 +55,14 @@ OPTIONS = (
     ("fsdp_lora", "LoRA r={r} + FSDP + checkpointing", "LoRA+FSDP+ckpt", "lora", "fsdp", False, False),
     ("qlora", "QLoRA 4-bit r={r} + checkpointing", "QLoRA+ckpt", "lora", "ddp", False, True),
 )
+# tensor parallel within a node × FSDP across nodes: only over nodes, only where the architecture has a TP plan
+TP_OPTIONS = (
+    ("tp_fsdp", "tensor parallel ×{t} + FSDP across nodes", "TP+FSDP", "written", "tp_fsdp", False, False),
+    ("tp_fsdp_ckpt", "tensor parallel ×{t} + FSDP across nodes + checkpointing", "TP+FSDP+ckpt", "ckpt", "tp_fsdp",
+     False, False),
+)
+TP_NOTE = ("memory estimated, not measured: parameters, gradients and optimizer state ÷ the TP × FSDP ranks, "
+           "activations ÷ the TP degree (torch's tensor parallelism is not run on this machine)")
 
 MEANINGS = {
     "written": "the campaign as written; over N GPUs data parallel with accumulation ÷ N (same effective batch)",
@@ -62,6 +70,9 @@ MEANINGS = {
     "fsdp": "parameters, gradients and optimizer state sharded over the N GPUs, activations per rank, two "
             "layers gathered at a time: same updates, more communication",
     "offload": "optimizer state and step on the host: same updates, slower steps, host memory needed",
+    "tp_fsdp": "tensor parallel within a node (each layer's matmuls split over its GPUs, the architecture's TP "
+               "plan) × FSDP across nodes: one data rank per node, so accumulation ÷ nodes keeps the effective "
+               "batch; same updates, all-reduces of activations within the node",
     "lora": "trains an adapter, not the model: a different experiment",
     "qlora": "trains an adapter on a 4-bit copy of the base: a different experiment (needs bitsandbytes and a "
              "CUDA GPU; merging for export restores a bf16 model)",
@@ -111,6 +122,8 @@ def options_table(loaded, *, prep=None, rates: dict | None = None, lora_r: int |
     need("lora")
     work = _work(loaded, prep)
     work["net"] = (rates or {}).get("interconnect") or {}
+    tp = tp_degree(c.model)
+    work["tp"] = tp
     effective = c.train.micro_batch * c.train.accumulation * data_parallel_ranks(c.train)
     cache: dict = {}
     args = (traces, cache, work, effective, r, c, adapter is not None, gpus or CATALOGUE)
@@ -138,7 +151,60 @@ def options_table(loaded, *, prep=None, rates: dict | None = None, lora_r: int |
             "lora_r": r, "meanings": MEANINGS, "params": traces["written"]["params"],
             "assumptions": _assumptions(pilot, work["net"]), "effective_batch": effective,
             "counted": traces["written"].get("counted"), "pilot_run": (pilot or {}).get("run"),
-            "skipped": skipped, "left_out": left_out, "wall_s": time.perf_counter() - started}
+            "skipped": skipped, "left_out": left_out, "tp": tp,
+            "why_none": None if rec else why_none(rows, tp, effective), "wall_s": time.perf_counter() - started}
+
+
+def tp_degree(model) -> dict:
+    """{"degree": t, "why": None} for an architecture whose transformers config class carries a tensor-parallel
+    plan (``base_model_tp_plan``) and whose attention and key/value heads t ∈ (8, 4, 2) divides (the largest);
+    else {"degree": None, "why": the reason}."""
+    import json
+    from pathlib import Path
+
+    cfg = model.config if isinstance(model.config, dict) else None
+    if cfg is None and model.path and (Path(model.path) / "config.json").is_file():
+        try:
+            cfg = json.loads((Path(model.path) / "config.json").read_text())
+        except (OSError, ValueError):
+            cfg = None
+    if not isinstance(cfg, dict) or not cfg.get("model_type"):
+        return {"degree": None, "why": "no model config with a model_type to look up a tensor-parallel plan in"}
+    from transformers import CONFIG_MAPPING
+
+    kind = cfg["model_type"]
+    cls = CONFIG_MAPPING[kind] if kind in CONFIG_MAPPING else None
+    if cls is None or not getattr(cls, "base_model_tp_plan", None):
+        return {"degree": None, "why": f"transformers has no tensor-parallel plan for {kind} (base_model_tp_plan)"}
+    heads = cfg.get("num_attention_heads") or cls().num_attention_heads
+    kv = cfg.get("num_key_value_heads") or heads
+    t = next((t for t in (8, 4, 2) if heads % t == 0 and kv % t == 0), None)
+    if t is None:
+        return {"degree": None, "why": f"{heads} attention heads ({kv} key/value heads) are not divisible by a "
+                                       f"tensor-parallel degree of 8, 4 or 2"}
+    return {"degree": t, "why": None, "layers": cfg.get("num_hidden_layers"), "hidden": cfg.get("hidden_size")}
+
+
+def why_none(rows: list[dict], tp: dict, effective: int) -> list[str]:
+    """When no row fits and keeps the experiment: per option, the constraint it broke."""
+    out = []
+    for key, label in dict((x["option"], x["label"]) for x in rows).items():
+        xs = [x for x in rows if x["option"] == key]
+        kept = [x for x in xs if x["keeps"] and x["precision_ok"]]
+        if not kept:
+            broke = next((x["changes"] for x in xs if not x["keeps"]), "no GPU with a rate for the precision")
+            out.append(f"{label}: {broke}")
+            continue
+        least = min(kept, key=lambda x: x["need"])
+        most = max(x["count"] for x in kept)
+        batch = [x for x in xs if not x["keeps"] and x["changes"].startswith("effective batch")]
+        big = max(kept, key=lambda x: x["gpu_memory"])
+        out.append(f"{label}: memory — at least {P.size(least['need'])} per GPU (with {least['count']} GPU(s)), more "
+                   f"than the largest GPU's {P.size(big['gpu_memory'])} ({big['name']})" + (
+                       f"; beyond {most} GPUs the effective batch is no longer {effective}" if batch else ""))
+    if tp["degree"] is None:
+        out.append(f"tensor parallel × FSDP across nodes: not evaluated — {tp['why']}")
+    return out
 
 
 def _rows(traces, cache, work, effective, r, c, has_adapter, gpus) -> list[dict]:
@@ -152,10 +218,12 @@ def _rows(traces, cache, work, effective, r, c, has_adapter, gpus) -> list[dict]
         for n in COUNTS + tuple(8 * k for k in NODES):
             if n > 8 and fitted:
                 break
-            for opt in OPTIONS:
+            t = work["tp"]["degree"] if n > 8 else None
+            for opt in OPTIONS + (TP_OPTIONS if t else ()):
                 if opt[3] not in traces:
                     continue
-                row = _evaluate(opt, g, n, traces, cache, work, effective, r, c, has_adapter)
+                row = _evaluate(opt, g, n // 8 * t if opt[4] == "tp_fsdp" else n, traces, cache, work, effective,
+                                r, c, has_adapter, t if opt[4] == "tp_fsdp" else 1)
                 if row is None:
                     continue
                 rows.append(row)
@@ -268,7 +336,7 @@ def _ranks_of(t) -> int:
     return data_parallel_ranks(t)
 
 
-def _evaluate(opt, g, n, traces, cache, work, effective, r, c, has_adapter) -> dict | None:
+def _evaluate(opt, g, n, traces, cache, work, effective, r, c, has_adapter, tp: int = 1) -> dict | None:
     from pilotrun.sheet.gpu_memory import need_bytes, overheads
     from pilotrun.rehearsal.memory.estimate import rows_for
 
@@ -280,9 +348,10 @@ def _evaluate(opt, g, n, traces, cache, work, effective, r, c, has_adapter) -> d
     if strategy == "ddp" and c.train.strategy == "fsdp" and key == "written":
         strategy = "fsdp"
     tr = traces[trace_key]
+    data = n // tp  # data-parallel ranks: one per node under TP × FSDP
     ck = (trace_key, n, strategy if n > 1 else "single", offload, qlora)
     if ck not in cache:
-        rows = rows_for(tr, ranks=n, strategy=ck[2], offload=offload)
+        rows = rows_for(tr, ranks=n, strategy="fsdp" if tp > 1 else ck[2], offload=offload, tp=tp)
         if qlora:
             rows = _quantized(rows, tr, n if ck[2] == "fsdp" else 1)
         cache[ck] = rows
@@ -292,7 +361,7 @@ def _evaluate(opt, g, n, traces, cache, work, effective, r, c, has_adapter) -> d
     peak = P.row_peak(top)
     need = need_bytes(peak, sum(o["bytes"] for o in overheads(g, n, False)))
     after = max((x for x in rows if x["phase"] not in TRAINING), key=lambda x: P.row_peak(x) or 0)
-    acc_n = effective / (c.train.micro_batch * n)
+    acc_n = effective / (c.train.micro_batch * data)
     batch_kept = acc_n >= 1 and acc_n == int(acc_n)
     changes = []
     if qlora:
@@ -300,13 +369,14 @@ def _evaluate(opt, g, n, traces, cache, work, effective, r, c, has_adapter) -> d
     elif trace_key == "lora" and not has_adapter:
         changes.append(MEANINGS["lora"])
     if not batch_kept:
-        changes.append(f"effective batch {c.train.micro_batch * max(1, round(acc_n)) * n}, not {effective}: a "
+        changes.append(f"effective batch {c.train.micro_batch * max(1, round(acc_n)) * data}, not {effective}: a "
                        f"different experiment")
     seconds, how = _seconds(g, n, tr, strategy if n > 1 else "single", offload, qlora, work, math.ceil(acc_n))
     precision_ok = g.bf16 or work["precision"] not in ("bf16-mixed", "bf16-true")
     fits = need <= g.memory_bytes and precision_ok
-    return {"gpu": g.key, "name": g.name, "count": n, "nodes": max(1, n // 8), "option": key,
-            "label": label.format(r=r), "short": short, "trace": trace_key, "peak": peak, "need": need,
+    extra = {"tp": tp, "note": TP_NOTE} if tp > 1 else {}
+    return {"gpu": g.key, "name": g.name, "count": n, "nodes": data if tp > 1 else max(1, n // 8), "option": key,
+            "label": label.format(r=r, t=tp), "short": short, "gpu_memory": g.memory_bytes, **extra, "trace": trace_key, "peak": peak, "need": need,
             "phase": top["phase"], "fits": fits, "precision_ok": precision_ok,
             "export_peak": P.row_peak(after), "export_phase": after["phase"],
             "keeps": not changes, "changes": "; ".join(changes) or KEEPS, "seconds": seconds, "time_how": how,
@@ -351,7 +421,9 @@ def _seconds(g, n: int, tr: dict, strategy: str, offload: bool, qlora: bool, wor
     compute = max(f_up / n / rate * (QLORA_SLOWER if qlora else 1.0), P.GPU_FLOOR_S_PER_PASS * max(1, passes))
     bytes_param = tr["param_bytes"]
     comm = 0.0
-    if n > 1:
+    if strategy == "tp_fsdp":
+        comm = _tp_comm(g, n, tr, work)
+    elif n > 1:
         ring = (n - 1) / n / (_bus(g, n, work.get("net")) * 1e9)
         comm = (3 * bytes_param if strategy == "fsdp" else 2 * tr["trainable_bytes"]) * ring
     host = 0.0
@@ -364,6 +436,21 @@ def _seconds(g, n: int, tr: dict, strategy: str, offload: bool, qlora: bool, wor
     per_run = work["updates"] * update + evals
     return per_run * work["runs"], (f"{work['runs']} run(s) × ({work['updates']} updates × {P.fmt_duration(update)} "
                                     f"+ {work['evals']} validations)")
+
+
+def _tp_comm(g, n: int, tr: dict, work: dict) -> float:
+    """Seconds of communication per update under TP × FSDP: within each node, 4 all-reduces of a layer's
+    activations (tokens × hidden, 6 with checkpointing's recomputed forward) per decoder layer at the intra-node
+    rate; across the nodes, FSDP's 3 × the TP shard of the parameters at the inter-node rate."""
+    tp = work["tp"]
+    t, nodes = tp["degree"], n // tp["degree"]
+    net = work.get("net") or {}
+    elem = 2 if work["precision"].startswith(("bf16", "fp16")) else 4
+    per_layer = 6 if tr["gradient_checkpointing"] else 4
+    acts = per_layer * (tp.get("layers") or 0) * work["tokens_update"] / nodes * (tp.get("hidden") or 0) * elem
+    within = acts * 2 * (t - 1) / t / (_bus(g, t, net) * 1e9)
+    across = 3 * tr["param_bytes"] / t * (nodes - 1) / nodes / (_bus(g, 16, net) * 1e9) if nodes > 1 else 0.0
+    return within + across
 
 
 def _assumptions(pilot: dict | None = None, net: dict | None = None) -> list[str]:
@@ -379,7 +466,10 @@ def _assumptions(pilot: dict | None = None, net: dict | None = None) -> list[str
             f"{P.ASSUMED_MFU:.0%} of each GPU's dense rate, divided over the GPUs (data parallel); at least "
             f"{P.GPU_FLOOR_S_PER_PASS * 1e3:g} ms per micro-batch and validation batch of a rank (the launch floor)",
             f"communication not overlapped with compute: DDP all-reduces the gradients, FSDP moves 3 × the "
-            f"parameters per update; bus bandwidth per GPU " + _net_words(net),
+            f"parameters per update; tensor parallel × FSDP all-reduces 4 × a layer's activations per decoder "
+            f"layer within the node (6 with checkpointing) and FSDP moves 3 × the TP shard across nodes; bus "
+            f"bandwidth per GPU " + _net_words(net),
+            "tensor parallel × FSDP: " + TP_NOTE,
             f"optimizer offload: gradients and parameters over PCIe at {HOST_GBS:g} GB/s and a host step at "
             f"{HOST_PARAMS_S:.0e} parameters/s",
             f"QLoRA: {NF4_BYTES * 8:.2f} bits per decoder-layer linear weight, compute {QLORA_SLOWER:g}× slower",

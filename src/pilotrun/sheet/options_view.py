@@ -40,7 +40,8 @@ def _measured(x: dict) -> bool:
 def _item(x: dict, table: dict) -> str:
     price = money(x["cost"], table["currency"]) if table["by"] == "cost" else f"{x['gpu_hours']:.3g} GPU-hours"
     return (f"{x['count']} × {x['name']}: {x['label']} — {P.size(x['peak'])} per GPU at {x['phase']}"
-            f"{' (measured)' if _measured(x) else ''}, {P.fmt_duration(x['seconds'])}, {price}; {x['changes']}")
+            f"{' (measured)' if _measured(x) else ''}, {P.fmt_duration(x['seconds'])}, {price}; {x['changes']}"
+            + (f" ({x['note']})" if x.get("note") else ""))
 
 
 def pick(x: dict | None, table: dict) -> str:
@@ -81,6 +82,11 @@ def blocks(table: dict) -> list[tuple]:
         out.append(("rows", cols, rows, [_item(x, table) for x in table["shown"]]))
     else:
         out.append(("p", "No option fits any catalogue GPU at up to 64 GPUs."))
+    if table.get("why_none"):
+        out.append(("p", "Why no option keeps the experiment and fits, per option:"))
+        out.append(("list", table["why_none"]))
+    elif (table.get("tp") or {}).get("why"):
+        out.append(("p", f"Tensor parallel × FSDP across nodes not evaluated: {table['tp']['why']}."))
     if table.get("skipped"):
         out.append(("p", table["skipped"][0].upper() + table["skipped"][1:] + "."))
     if table.get("left_out"):

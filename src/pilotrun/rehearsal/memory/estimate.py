@@ -164,13 +164,18 @@ def _frozen_linear(model) -> dict:
     return {"linear_bytes": nbytes, "linear_numel": numel}
 
 
-def rows_for(tr: dict, *, ranks: int = 1, strategy: str = "single", offload: bool = False) -> list[dict]:
+def rows_for(tr: dict, *, ranks: int = 1, strategy: str = "single", offload: bool = False,
+             tp: int = 1) -> list[dict]:
     """Ledger-shaped rows per phase for one rank of ``ranks``: under ddp every rank holds everything plus
     DDP's gradient buckets; under fsdp parameters, gradients, optimizer state and the optimizer's
     temporaries are divided by the ranks and two unsharded blocks are added; ``offload`` keeps the
-    optimizer state and its step on the host (what stays on the GPU is counted)."""
+    optimizer state and its step on the host (what stays on the GPU is counted). ``tp``: tensor parallel
+    degree under fsdp (``ranks`` = TP × FSDP ranks): activations and the gathered blocks ÷ ``tp`` as well, an
+    estimate (torch's tensor parallelism is not run here)."""
     sharded = strategy == "fsdp" and ranks > 1
     scale = {k: 1 / ranks for k in SHARDED + ("optimizer_temporaries",)} if sharded else {}
+    if sharded and tp > 1:
+        scale["activations"] = 1 / tp
     if offload:
         scale.update(optimizer_state=0.0, optimizer_temporaries=0.0)
     bucket = tr["trainable_bytes"] if strategy == "ddp" and ranks > 1 else 0
@@ -183,7 +188,7 @@ def rows_for(tr: dict, *, ranks: int = 1, strategy: str = "single", offload: boo
         if bucket:  # DDP's buckets, allocated with the wrapper and alive from then on
             s = _with_resident(s, bucket, name != "load")
         if sharded and name in names("train", "eval"):
-            s = with_gathered_blocks(s, 2 * tr["block"])
+            s = with_gathered_blocks(s, 2 * tr["block"] // tp)
         elif sharded:
             s = _with_host_copies(s, name, tr, ranks)
         highest = max(highest, s["peak_allocated"])
