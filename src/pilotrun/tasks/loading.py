@@ -414,6 +414,8 @@ def lora_targets(model, adapter) -> tuple[list[str], str]:
     bad input listing the model's linear layers."""
     kind = getattr(model.config, "model_type", None)
     layers = linear_layers(model)
+    if adapter.target_modules == "all-linear":  # peft's own choice: every linear layer but the output head
+        return "all-linear", "model.adapter.target_modules: every linear layer but the output head"
     if adapter.target_modules:
         targets, why = list(adapter.target_modules), "model.adapter.target_modules"
     else:
