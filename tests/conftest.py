@@ -188,3 +188,15 @@ def log_stream(monkeypatch):
 
     monkeypatch.setenv("PILOTRUN_HEARTBEAT_S", "0.05")
     return Log()
+
+
+def trained_once(tmp_path_factory, name: str = "trained") -> tuple[Path, Path, str]:
+    """(folder, campaign, run id): a real journal in folder/home with one finished tiny train run, for
+    module-scoped fixtures that build it once."""
+    from pilotrun.cli.main import run
+    from pilotrun.journal.store import Journal
+
+    tmp = tmp_path_factory.mktemp(name)
+    path = tiny_causal_campaign(tmp, simple_records(8), simple_records(4, 100))
+    assert run(["train", str(path), "--home", str(tmp / "home")]) == 0
+    return tmp, path, Journal(tmp / "home").list_runs()[0]["run_id"]

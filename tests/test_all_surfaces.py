@@ -255,3 +255,87 @@ def test_a_summary_headline_is_not_cut_at_a_file_line_colon():
     assert headline("no colon here") == "no colon here"
     assert [plural(1, "example"), plural(2, "example"), plural(0, "update")] == ["1 example", "2 examples",
                                                                                 "0 updates"]
+
+
+# --- 4. the time check names a term, and advises a rerun only for noise ------------------------------
+def test_the_time_check_blames_one_term_not_the_machine():
+    from pilotrun.rehearsal.training.timecheck import time_plan_warning
+
+    run = {"run_id": "r1", "arm": "control", "seed": 0, "predicted_s": 880.0, "actual_s": 260.0, "ratio": 3.38,
+           "updates": 12, "status": "completed"}
+    check = {"pilot_run": "p", "runs": [run], "predicted_s": 880.0, "actual_s": 260.0, "ratio": 3.38,
+             "goal": (0.9, 1.1),
+             "breakdown": [{"term": "start-up, data and cold load (1st run)", "predicted_s": 858.8, "actual_s": 7.1},
+                           {"term": "updates (the first's optimizer state)", "predicted_s": 200.0, "actual_s": 205.0},
+                           {"term": "validations", "predicted_s": 21.0, "actual_s": 20.0}]}
+    said = time_plan_warning(check)
+    assert "most of the gap is one term, start-up, data and cold load (1st run) (predicted 858.8s, actual 7.1s)" \
+        in said and "idle machine" not in said, said
+    # a second instance: the updates themselves run slow and the rest agrees
+    slow = dict(check, ratio=0.6, breakdown=[{"term": "updates (the first's optimizer state)", "predicted_s": 100.0,
+                                              "actual_s": 180.0}, {"term": "checkpoints", "predicted_s": 5.0,
+                                                                   "actual_s": 5.2}])
+    assert "one term, updates" in time_plan_warning(slow)
+    # spread over every term: noise, and the advice to rerun on an idle machine
+    noisy = dict(check, breakdown=[{"term": t, "predicted_s": 10.0, "actual_s": 3.0} for t in ("a", "b", "c")])
+    assert time_plan_warning(noisy).endswith("(rerun `pilotrun pilot` on an idle machine)")
+
+
+# --- 5. advice that fits the machine ----------------------------------------------------------------
+def test_over_budget_advice_fits_this_machine(tmp_path):
+    import psutil
+
+    from pilotrun.campaign import load_campaign
+    from pilotrun.rehearsal.memory.estimate import over_budget_advice
+
+    loaded = load_campaign(tiny_causal_campaign(tmp_path, simple_records(6)))
+    small = over_budget_advice(loaded, 64 * 2**20)  # a limit this machine can hold: fit measures it here
+    assert small.startswith("try `pilotrun fit ") and small.endswith("--memory-limit 64MiB`"), small
+    beyond = 2 * psutil.virtual_memory().total + 2**30  # 141GiB on a 22 GiB box: fit cannot measure that
+    said = over_budget_advice(loaded, beyond)
+    assert "`pilotrun fit` cannot measure that here (this machine has" in said, said
+    assert said.endswith("--options` for the GPUs, counts and options that fit") and "--memory-limit" not in said
+
+
+@pytest.mark.slow
+def test_the_options_table_names_what_it_leaves_out_and_the_qlora_rows(tmp_path, cli):
+    bf16 = tiny_causal_campaign(tmp_path / "b", simple_records(24), simple_records(8, start=100),
+                                train__precision="bf16-mixed")
+    done = cli("estimate", bf16, "--options", "--json")
+    assert done.code == 0, done.err
+    data = done.json["data"]
+    t4, = [x for x in data["left_out"] if x["gpu"] == "t4"]
+    assert t4["why"] == "no bf16-mixed tensor rate on it (train.precision)"
+    assert not [r for r in data["rows"] if r["gpu"] == "t4"]
+    said = " ".join(done.json["messages"])
+    assert "Left out of the table: T4 16GB (no bf16-mixed tensor rate on it (train.precision))" in said, said
+    qlora = [r for r in data["rows"] if r["option"] == "qlora" and r["fits"]]
+    if qlora and not any(r["option"] == "qlora" for r in data["shown"]):
+        assert "QLoRA (" in said and "fitting QLoRA rows in `--json`" in said, said
+    fp32 = cli("estimate", tiny_causal_campaign(tmp_path / "f", simple_records(24), simple_records(8, start=100)),
+               "--options", "--json")  # fp32 runs on every catalogue GPU: nothing is left out
+    assert fp32.code == 0 and fp32.json["data"]["left_out"] == [] and "Left out" not in " ".join(fp32.json["messages"])
+
+
+def test_the_options_text_says_what_is_left_out_and_the_cheapest_qlora():
+    from pilotrun.sheet.options_view import to_lines
+
+    def row(option, gpu, count, seconds, fits=True):
+        return {"option": option, "gpu": gpu, "name": gpu.upper(), "count": count, "seconds": seconds, "fits": fits,
+                "peak": 3 * 2**30, "phase": "steady_step", "label": option, "short": option, "keeps": option == "w",
+                "changes": "trains an adapter on a 4-bit copy" if option == "qlora" else "keeps the experiment",
+                "gpu_hours": seconds / 3600 * count, "cost": None}
+
+    written = row("w", "l4", 1, 60.0)
+    table = {"recommended": written, "cheapest": None, "pilot_run": None, "params": 10, "by": "gpu_hours",
+             "currency": "", "shown": [written], "meanings": {}, "assumptions": [], "skipped": None,
+             "rows": [written, row("qlora", "l4", 2, 90.0), row("qlora", "l4", 1, 80.0), row("qlora", "a10", 1, 70.0,
+                                                                                          fits=False)],
+             "left_out": [{"gpu": "t4", "name": "T4 16GB", "why": "no bf16-mixed tensor rate on it (train.precision)"}]}
+    text = "\n".join(to_lines(table))
+    assert "Left out of the table: T4 16GB (no bf16-mixed tensor rate on it (train.precision))." in text, text
+    assert "QLoRA (trains an adapter on a 4-bit copy): fits from 1 × L4 at 3.00 GiB per GPU, 80 s" in text, text
+    assert "(2 fitting QLoRA rows in `--json`)" in text, text
+    shown = dict(table, shown=[written, table["rows"][2]], left_out=[])
+    text = "\n".join(to_lines(shown))
+    assert "QLoRA (" not in text and "Left out" not in text  # a QLoRA row in the table is not said twice

@@ -129,6 +129,7 @@ def test_pilotrun_ships_as_a_wheel_of_this_source_unless_a_pushed_revision_can_b
         assert "pilotrun/sheet/launch.py" in names and any(n.endswith("dist-info/METADATA") for n in names)
 
 
+@pytest.mark.slow
 def test_a_pilotrun_installed_from_a_wheel_is_repacked_into_one_pip_installs(tmp_path):
     """No checkout: the installed files (RECORD) become the wheel; pip installs it into a fresh target."""
     import sys

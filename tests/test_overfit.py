@@ -158,3 +158,28 @@ def test_loss_spike_backs_the_lr_off_and_says_so(cli, tmp_path):
     rows = r.json["stages"][0]["rows"]
     assert rows[0]["lr"] == 5e-3 and rows[-1]["lr"] < 5e-3
     assert r.code == 0, r.out + r.err
+
+
+BUILDS = []
+
+
+class CountedBuildTask(CausalLMTask):
+    def build_model(self):
+        BUILDS.append(1)
+        return super().build_model()
+
+
+def test_accumulation_check_shares_the_one_build_and_says_its_cost(cli, tmp_path):
+    BUILDS.clear()
+    path = tiny_causal_campaign(tmp_path, simple_records(12))
+    r = cli("overfit", path, "--home", tmp_path / "home", "--max-updates", "60", "--json",
+            "--set", "task=test_overfit:CountedBuildTask")
+    assert r.code == 0, r.out + r.err
+    assert len(BUILDS) == 1  # the accumulation check and the memorising run share one model build
+    acc = r.json["data"]["accumulation"]
+    assert acc["verdict"] == "ok" and acc["seconds"] > 0
+    text = "\n".join(r.json["messages"])
+    # two micro-batches of the shortest examples, then one batch of the same: each example twice
+    assert f"accumulation check cost: {acc['cost']}, about " in text and f"in {acc['seconds']:.1f} s" in acc["cost"]
+    assert " examples' forward and backward (" in acc["cost"]
+    assert " memorising updates (" in text and " s each)" in text

@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import simple_records, tiny_causal_campaign
+from conftest import trained_once
 
 from pilotrun.journal.store import SCHEMA_VERSION, Journal
 
@@ -35,13 +35,7 @@ def _stamp(path: Path, version: int) -> None:
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """A real journal with one finished train run (built once), copied by each test."""
-    from pilotrun.cli.main import run
-
-    tmp = tmp_path_factory.mktemp("trained")
-    path = tiny_causal_campaign(tmp, simple_records(8), simple_records(4, 100))
-    assert run(["train", str(path), "--home", str(tmp / "home")]) == 0
-    run_id = Journal(tmp / "home").list_runs()[0]["run_id"]
-    return tmp, path, run_id
+    return trained_once(tmp_path_factory)
 
 
 def test_a_new_journal_is_stamped(tmp_path):

@@ -48,12 +48,17 @@ def show(run_id, home, as_json, tensorboard_dir=None):
         exported = export_tensorboard(j, run_id, tensorboard_dir)
         click.echo(f"TensorBoard: {exported['scalars']} scalars in {exported['dir']}", err=True)
     run_dir = j.run_dir(run_id)
+    if not run_dir.is_dir():  # the journal still shows the run; say that its files are gone and how to restore them
+        from pilotrun.journal.runs import missing_run_folder
+
+        gone = missing_run_folder(j, run_id)
+        click.echo(f"pilotrun: warning: {gone.detail}\n  fix: {gone.fix}", err=True)
     train_loss = j.metrics(run_id, "train", "loss")
     data = {"run": run, "phases": j.phase_rows(run_id), "notes": j.notes(run_id),
             "validation": j.metrics(run_id, "validation"),
             "train_updates": len(train_loss), "train_loss": train_loss_summary(train_loss),
             "files": sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob("*") if p.is_file())
-            if run_dir.is_dir() else []}
+            if run_dir.is_dir() else [], "run_folder": {"path": str(run_dir), "exists": run_dir.is_dir()}}
     return emit_data(data, as_json, render_run, summary=f"run {run_id} ({run['kind']}): {run['shown_status']}")
 
 

@@ -50,6 +50,16 @@ def under_launcher() -> bool:
     return int(os.environ.get("WORLD_SIZE", "1")) > 1 and "RANK" in os.environ
 
 
+def node_name() -> str:
+    """This rank's machine: its host name and, under torchrun, its node's rank (GROUP_RANK), which tells
+    apart nodes that share a host name (two agents on one machine, containers)."""
+    import os
+    import socket
+
+    group = os.environ.get("GROUP_RANK")
+    return f"{socket.gethostname()} node {group}" if under_launcher() and group is not None else socket.gethostname()
+
+
 def backend_for_device() -> str:
     import torch
 
@@ -116,7 +126,8 @@ def init_process_group(rank: int, world: int, port: int | None = None) -> None:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
     else:
         # ranks share the cores: without this each would start one thread per core
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", world))  # the ranks on this node share its cores
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local))
     dist.init_process_group(backend_for_device(), rank=rank, world_size=world)
 
 

@@ -35,7 +35,9 @@ def pack(journal, run_id: str, out: str | Path) -> dict:
     run_id = run["run_id"]
     run_dir = journal.run_dir(run_id)
     if not run_dir.is_dir():
-        raise BadInput(f"run {run_id} has no folder at {run_dir}", where="RUN_ID", fix="see `pilotrun show RUN_ID`")
+        from pilotrun.journal.runs import missing_run_folder
+
+        raise missing_run_folder(journal, run_id)
     out = Path(out).resolve()
     if run_dir.resolve() in out.parents:
         raise BadInput(f"--out {out} is inside the run folder it packs", where="--out", fix="write it elsewhere")

@@ -70,6 +70,17 @@ def end_run(journal: Journal, run_id: str, exc: BaseException) -> None:
     journal.finish_run(run_id, *ending(exc))
 
 
+def missing_run_folder(journal: Journal, run_id: str) -> "BadInput":
+    """A run whose folder is gone (deleted or moved by hand): what it means and how to get it back."""
+    from pilotrun.errors import BadInput
+
+    run_dir = journal.run_dir(run_id)
+    return BadInput(f"the folder of run {run_id} does not exist: {run_dir} (deleted or moved); the journal keeps the "
+                    "run's rows, its checkpoints, artifact and files are gone", where=str(run_dir),
+                    fix=f"restore it from an archive of the run (`tar -xzf FILE.tar.gz -C {journal.runs_dir}`), or pass "
+                        "the --home whose runs/ folder holds it")
+
+
 def phase_summary(journal: Journal, run_id: str) -> dict:
     verdicts = [r["verdict"] for r in journal.phase_rows(run_id)]
     return {"phases": len(verdicts), "failing": sum(v != "ok" for v in verdicts)}

@@ -103,6 +103,16 @@ def input_bytes(task, micro_batches: list[list], cuda: bool) -> int:
     return total
 
 
+def training_need(loaded) -> dict:
+    """What training needs at least (weights, gradients and two Adam moments, or the weights alone under an
+    adapter) and the memory this machine has available: {"weights", "need", "available"}."""
+    import psutil
+
+    weights = parameter_bytes(loaded)
+    need = weights if loaded.campaign.model.adapter is not None else 4 * weights
+    return {"weights": weights, "need": need, "available": psutil.virtual_memory().available}
+
+
 def parameter_bytes(loaded) -> int:
     """Bytes of the model's parameters and buffers, from fake builds (of 2 and 3 layers when counted):
     known before anything is loaded."""

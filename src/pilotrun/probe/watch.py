@@ -119,7 +119,10 @@ class PeakWatch:
                 self.worst[kind] = row
 
     def rows(self) -> list[dict]:
-        return [dict(r, inputs=dict(r["inputs"], blocks=self.count[k], probed=self.probed[k]))
+        from pilotrun.engine.distributed import node_name
+
+        node = node_name()  # ranks on several machines: which one each rank's row came from
+        return [dict(r, inputs=dict(r["inputs"], blocks=self.count[k], probed=self.probed[k], node=node))
                 for k, r in self.worst.items()]
 
 

@@ -127,12 +127,14 @@ def options_table(loaded, *, prep=None, rates: dict | None = None, lora_r: int |
             _priced(row, rates)
     shown = _shown(rows)
     rec, cheap, by = _choose(rows, rates)
+    left_out = [{"gpu": g.key, "name": g.name, "why": f"no {c.train.precision} tensor rate on it (train.precision)"}
+                for g in gpus or CATALOGUE if g.rate_tflops(c.train.precision) <= 0]  # what _rows leaves out
     return {"rows": rows, "shown": shown, "recommended": rec, "cheapest": cheap if cheap is not rec else None,
             "by": by, "currency": (rates or {}).get("currency", ""), "rates": (rates or {}).get("path"),
             "lora_r": r, "meanings": MEANINGS, "params": traces["written"]["params"],
             "assumptions": _assumptions(pilot), "effective_batch": effective,
             "counted": traces["written"].get("counted"), "pilot_run": (pilot or {}).get("run"),
-            "skipped": skipped, "wall_s": time.perf_counter() - started}
+            "skipped": skipped, "left_out": left_out, "wall_s": time.perf_counter() - started}
 
 
 def _rows(traces, cache, work, effective, r, c, has_adapter, gpus) -> list[dict]:

@@ -83,6 +83,16 @@ def blocks(table: dict) -> list[tuple]:
         out.append(("p", "No option fits any catalogue GPU at up to 64 GPUs."))
     if table.get("skipped"):
         out.append(("p", table["skipped"][0].upper() + table["skipped"][1:] + "."))
+    if table.get("left_out"):
+        out.append(("p", "Left out of the table: " + "; ".join(f"{x['name']} ({x['why']})"
+                                                                for x in table["left_out"]) + "."))
+    qlora = sorted((x for x in table.get("rows", []) if x.get("option") == "qlora" and x["fits"]),
+                   key=lambda x: (x["count"], x["seconds"]))
+    if qlora and not any(x.get("option") == "qlora" for x in table["shown"]):
+        q = qlora[0]
+        out.append(("p", f"QLoRA ({q['changes']}): fits from {q['count']} × {q['name']} at {P.size(q['peak'])} per "
+                         f"GPU, {P.fmt_duration(q['seconds'])}; never faster than the rows above, so not among them "
+                         f"({len(qlora)} fitting QLoRA rows in `--json`)."))
     out.append(("p", "What each option changes:"))
     out.append(("list", [f"{k}: {v}" for k, v in table["meanings"].items()]))
     out.append(("p", "Assumptions:"))
@@ -132,18 +142,14 @@ def too_large_here(loaded) -> dict | None:
     weights alone under an adapter) when that exceeds its available memory, or when the model's weights are
     not here to pilot with (a hub model whose config.json alone is cached: ``missing`` names the files);
     else None."""
-    import psutil
-
     from pilotrun.campaign.hub import missing_weights, snapshot_of
-    from pilotrun.probe.counted import parameter_bytes
+    from pilotrun.probe.counted import training_need
 
     path = loaded.campaign.model.path
     missing = missing_weights(path) if path and snapshot_of(path) else []
-    weights = parameter_bytes(loaded)
-    need = weights if loaded.campaign.model.adapter is not None else 4 * weights
-    have = psutil.virtual_memory().available
-    if need > have or missing:
-        return {"weights": weights, "need": need, "available": have, "missing": missing}
+    size = training_need(loaded)
+    if size["need"] > size["available"] or missing:
+        return dict(size, missing=missing)
     return None
 
 

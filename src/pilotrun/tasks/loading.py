@@ -208,6 +208,73 @@ def check_positions(c, defaults: bool = True) -> None:
         check_max_length(c, cfg, "model.config")
 
 
+def check_config_json(path: Path) -> dict:
+    """A model folder's config.json as a JSON object; anything else (damaged, a list, a string) is exit 2 naming
+    the file, before any stage builds or traces the model."""
+    import json
+
+    try:
+        cfg = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as e:
+        raise BadInput(f"cannot read {path.name}: {e}", where=str(path),
+                       fix="check the file's permissions, or write it again with save_pretrained") from None
+    except ValueError as e:
+        raise BadInput(f"{path.name} is not valid JSON ({e})", where=str(path),
+                       fix="write it again with model.save_pretrained (or repair the JSON by hand)") from None
+    if not isinstance(cfg, dict):
+        raise BadInput(f"{path.name} holds a JSON {type(cfg).__name__}, not an object of the model's settings",
+                       where=str(path), fix='config.json is one JSON object ({"model_type": ..., ...}): write it '
+                                             "again with model.save_pretrained")
+    return cfg
+
+
+_ITEMSIZE = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
+             "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
+
+
+def check_safetensors(path: Path) -> None:
+    """A weights file whose header parses and whose tensors all lie within the file, each exactly as long as its
+    dtype and shape say (a truncated copy, a garbage header, a renamed pickle): exit 2 naming the file before any
+    run exists. Reads the header only (no torch)."""
+    import json
+    import math
+
+    def bad(why: str) -> BadInput:
+        return BadInput(f"the weights file is damaged: {why}; nothing was loaded", where=str(path),
+                        fix="copy the model folder again (or write it again with save_pretrained); a partial "
+                            "download or copy leaves a file like this")
+
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(8)
+            n = int.from_bytes(head, "little") if len(head) == 8 else -1
+            if n < 2 or 8 + n > size:
+                raise bad(f"its header claims {n} bytes, the file has {size}")
+            header = json.loads(f.read(n))
+    except OSError as e:
+        raise BadInput(f"cannot read the weights: {e.strerror}", where=str(path),
+                       fix="check the file's permissions") from None
+    except (ValueError, UnicodeDecodeError):
+        raise bad("its header is not the JSON safetensors writes (not a safetensors file?)") from None
+    if not isinstance(header, dict):
+        raise bad("its header is not a JSON object")
+    end = 0
+    for name, t in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            start, stop = (int(x) for x in t["data_offsets"])
+            want = math.prod(int(d) for d in t["shape"]) * _ITEMSIZE.get(t["dtype"], 0)
+        except (KeyError, TypeError, ValueError):
+            raise bad(f"tensor {name!r} has no valid dtype, shape and offsets") from None
+        if t["dtype"] in _ITEMSIZE and stop - start != want:
+            raise bad(f"tensor {name!r} takes {stop - start} bytes, its {t['dtype']} shape {t['shape']} needs {want}")
+        end = max(end, stop)
+    if 8 + n + end != size:
+        raise bad(f"its tensors end at byte {8 + n + end}, the file has {size} (truncated or padded)")
+
+
 def check_model_dir(path: Path, weights: bool = True) -> None:
     """A model folder with config.json and (unless ``weights`` is false: the estimate, or ``validate`` of a
     hub snapshot) safetensors weights; a cached hub snapshot without them names the missing files."""
@@ -217,6 +284,7 @@ def check_model_dir(path: Path, weights: bool = True) -> None:
     if not (path / "config.json").is_file():
         raise BadInput(f"no config.json in {path}", where="model.path",
                        fix="save the model with save_pretrained, which writes config.json beside the weights")
+    check_config_json(path / "config.json")
     if not weights:
         return
     from pilotrun.campaign.hub import fetch_command, missing_weights, snapshot_of
@@ -230,6 +298,9 @@ def check_model_dir(path: Path, weights: bool = True) -> None:
                            "sheet without a pilot work from config.json alone")
     names = [p.name for p in path.iterdir()]
     if any(n.endswith(".safetensors") or n == "model.safetensors.index.json" for n in names):
+        for n in sorted(names):
+            if n.endswith(".safetensors"):
+                check_safetensors(path / n)
         return
     pickled = [n for n in names if n.endswith((".bin", ".pt", ".pth", ".pkl", ".ckpt"))]
     if pickled:

@@ -83,10 +83,14 @@ def accumulation_micro_batches(examples: list, micro_batch: int, accumulation: i
     return batches
 
 
-def accumulation_check(prep) -> dict:
+def accumulation_check(prep, model=None) -> dict:
     """Relative difference between accumulated and one-batch gradients on the campaign's task.
 
-    One model: both passes run without an optimizer step, so the second sees the same weights."""
+    One model: both passes run without an optimizer step, so the second sees the same weights — and so
+    does the memorising run that follows, which ``overfit`` gives the same model (one build, not two:
+    on a real model the build costs more than the passes)."""
+    import time
+
     import torch
 
     from pilotrun.engine.loop import make_state, run_update
@@ -99,13 +103,15 @@ def accumulation_check(prep) -> dict:
                 "tolerance": tol}
     targets = [sum(e.n_targets for e in b) for b in batches]
     grads = []
-    torch.manual_seed(prep.c.seed)
-    model = prep.task.build_model()
+    if model is None:
+        torch.manual_seed(prep.c.seed)
+        model = prep.task.build_model()
     if not any(p.requires_grad for p in model.parameters()):
         return {"verdict": "warn", "message": "accumulation check skipped: no trainable parameters",
                 "tolerance": tol}
     _no_dropout(model)
     state = make_state(model, t, n_train=len(prep.train), seed=prep.c.seed, total_updates=1)
+    started = time.perf_counter()
     for micro in (batches, [[e for b in batches for e in b]]):
         model.zero_grad(set_to_none=True)
         try:
@@ -120,12 +126,17 @@ def accumulation_check(prep) -> dict:
                     "headline": "the accumulation check ran out of memory",
                     "message": out_of_memory_reason(state, "the accumulation check", e)}
         grads.append(_grads(model))
-    del state, model
+    seconds = time.perf_counter() - started
+    model.zero_grad(set_to_none=True)
+    del state
     ref = float(grads[1].norm())
     rel = float((grads[0] - grads[1]).norm()) / ref if ref else float("nan")
     setting = (f"{len(batches)} micro-batches of {[len(b) for b in batches]} examples ({targets} targets) "
                f"against one batch of {sum(len(b) for b in batches)}, {t.precision}")
-    out = {"relative_difference": rel, "tolerance": tol, "micro_batch_targets": targets, "setting": setting}
+    n_ex = sum(len(b) for b in batches)
+    out = {"relative_difference": rel, "tolerance": tol, "micro_batch_targets": targets, "setting": setting,
+           "seconds": seconds, "cost": f"{2 * n_ex} examples' forward and backward ({n_ex} twice, "
+                                      f"{2 * sum(e.length for b in batches for e in b)} tokens) in {seconds:.1f} s"}
     if not math.isfinite(ref) or ref == 0:
         out.update(verdict="warn", message=f"accumulation check cannot tell: the one-batch gradient norm is {ref} "
                                            f"({setting}); see the memorising run below")
@@ -299,7 +310,11 @@ def overfit(loaded, home, *, examples: int = 8, max_updates: int = 150, prep=Non
 
     msgs, data = [], {}
     head("accumulation check")
-    acc = accumulation_check(prep)
+    torch.manual_seed(c.seed)
+    model = task.build_model()  # one build for both checks: the accumulation check leaves the weights as built
+    rng = torch.get_rng_state()
+    acc = accumulation_check(prep, model)
+    torch.set_rng_state(rng)  # the memorising run draws what it drew before the check shared its model
     msgs.append(acc["message"])
     data["accumulation"] = acc
     pool = prep.train[:examples]
@@ -316,8 +331,6 @@ def overfit(loaded, home, *, examples: int = 8, max_updates: int = 150, prep=Non
     if len(chosen) < len(pool):
         msgs.append(f"{len(pool) - len(chosen)} of the first {len(pool)} examples have every label masked; "
                     f"memorising the other {len(chosen)}")
-    torch.manual_seed(c.seed)
-    model = task.build_model()
     if not any(p.requires_grad for p in model.parameters()):
         failed.append("no trainable parameters: every parameter has requires_grad=False — check "
                       "model.adapter.target_modules, or unfreeze the model")
@@ -367,6 +380,10 @@ def overfit(loaded, home, *, examples: int = 8, max_updates: int = 150, prep=Non
                       if task.kind == "causal-lm" else "the predicted ids reproduce every target")
         msgs.append(f"memorised {plural(len(chosen), 'example')} in {plural(state.update, 'update')}: loss "
                     f"{history[0]['loss']:.3f} → {history[-1]['loss']:.4f} < {LOSS_THRESHOLD}; {reproduced}")
+    if "seconds" in acc and history:
+        per_update = sum(h.get("seconds", 0.0) for h in history) / len(history)
+        msgs.append(f"accumulation check cost: {acc['cost']}, about {acc['seconds'] / max(per_update, 1e-9):.1f} "
+                    f"memorising updates ({per_update:.2f} s each)")
     msgs.append(f"run {rec.run_id} (kind overfit)")
     rows = [{"update": h["update"], "loss": h["loss"], "grad_norm": h["grad_norm"], "lr": h["lr"]}
             for h in history if h["update"] % CHUNK == 0 or h is history[-1]]

@@ -27,7 +27,7 @@ LOW_PRECISION_ATOL = 5e-2  # bf16 keeps ~3 significant digits of logits of order
 
 def preflight(run_dir: Path) -> list[str]:
     """Reasons to refuse loading: pickle-based weights, files that differ from or are missing in the manifest."""
-    from pilotrun.journal.files import MANIFEST, verify_manifest
+    from pilotrun.journal.files import MANIFEST, listed_files, verify_manifest
 
     art = run_dir / "artifact"
     refused = []
@@ -39,7 +39,11 @@ def preflight(run_dir: Path) -> list[str]:
                            "save_pretrained(dir, safe_serialization=True) in a trusted session)")
     problems = verify_manifest(run_dir)
     if (run_dir / MANIFEST).is_file():
-        listed = set(json.loads((run_dir / MANIFEST).read_text()).get("files", {}))
+        listed = listed_files(run_dir)
+        if listed is None:  # damaged or edited by hand: nothing can be checked against it
+            raise BadInput(f"{MANIFEST} cannot be read: {problems[0].split(': ', 1)[-1]}", where=str(run_dir / MANIFEST),
+                           fix="restore the run folder (or its manifest.json) from an archive of the run; pilotrun "
+                               "never rewrites a manifest over files it cannot vouch for")
         problems += [f"{p.relative_to(run_dir)}: not listed in manifest.json" for p in files
                      if str(p.relative_to(run_dir)) not in listed]
     return refused + [f"{p} — refused, nothing was loaded" for p in problems]
@@ -53,6 +57,10 @@ def verify(home, run_id: str) -> StageResult:
     run = journal.require_run(run_id)
     run_id = run["run_id"]
     run_dir = journal.run_dir(run_id)
+    if not run_dir.is_dir():
+        from pilotrun.journal.runs import missing_run_folder
+
+        raise missing_run_folder(journal, run_id)
     if not (run_dir / "artifact").is_dir():
         raise BadInput(f"run {run_id} (kind {run['kind']}) has no artifact folder in {run_dir}", where="RUN_ID",
                        fix="verify a run that saved an artifact (train, resume, sweep runs); see `pilotrun runs`")

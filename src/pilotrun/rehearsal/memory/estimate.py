@@ -267,8 +267,7 @@ def estimate(loaded, *, device: str = "cuda", gpu_memory: int | None = None, pre
         over = [r for r in rows if r["verdict"] == "over-budget"]
         if over:
             verdict = "fail"
-            messages.append(f"{over[0]['note']}; try `pilotrun fit {loaded.source or 'CAMPAIGN'} "
-                            f"--memory-limit {_size_arg(limit)}`")
+            messages.append(f"{over[0]['note']}; {over_budget_advice(loaded, limit)}")
         elif device == "cuda" and (peak_of(worst) or 0) > limit - 2**29:
             verdict = "warn"
             messages.append(f"the estimated peak {fmt_bytes(peak_of(worst))} leaves under 0.5 GiB of "
@@ -293,6 +292,34 @@ def display_row(r: dict) -> dict:
             out[k] = fmt_bytes(out[k])
     out["inputs"] = describe_inputs(r.get("inputs") or {})
     return out
+
+
+def over_budget_advice(loaded, limit: int) -> str:
+    """What to run when the estimate is over ``limit``: ``fit`` measures the variants that fit, on this machine,
+    so only where this machine can hold the model's training and a ``limit`` of memory; else the options
+    table (GPU, count, sharding, offload, adapters), which needs no memory here."""
+    import psutil
+
+    from pilotrun.probe.counted import training_need
+
+    src = loaded.source or "CAMPAIGN"
+    here = psutil.virtual_memory().total
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            here = torch.cuda.get_device_properties(0).total_memory
+    except Exception:  # noqa: BLE001 - no usable GPU: the machine's memory is its RAM
+        pass
+    size = training_need(loaded)
+    size = size if size["need"] > size["available"] else None
+    if size is not None or limit > here:
+        why = (f"training needs at least {size['need'] / 2**30:.1f} GiB, {size['available'] / 2**30:.1f} GiB "
+               "available here" if size is not None else
+               f"this machine has {here / 2**30:.1f} GiB, under the {_size_arg(limit)} asked")
+        return (f"`pilotrun fit` cannot measure that here ({why}): try `pilotrun estimate {src} --options` for "
+                "the GPUs, counts and options that fit")
+    return f"try `pilotrun fit {src} --memory-limit {_size_arg(limit)}`"
 
 
 def _size_arg(n: int) -> str:

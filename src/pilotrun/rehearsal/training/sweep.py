@@ -72,26 +72,17 @@ def sweep(loaded, home, *, continue_id: str | None = None, progress: bool = True
     plan = frozen_plan(loaded, arms)
     sha = config_sha256(plan)
     journal = Journal(home)
-    if fixed_id is not None:
-        if continue_id is not None:
-            raise BadInput("--id and --continue together", where="--id",
-                           fix="pass one: --id ID starts the sweep under ID or continues it if it exists")
-        check_sweep_id(fixed_id)
-        continue_id = journal.create_sweep(plan, sha, plan["campaign_path"], sweep_id=fixed_id)
-    again = ("`pilotrun sheet CAMPAIGN --out ...` writes launch files with a new --id for it" if fixed_id else
-             "run `pilotrun sweep CAMPAIGN` without --continue")
-    if continue_id is None:
-        sweep_id = journal.create_sweep(plan, sha, plan["campaign_path"])
-    else:
-        continue_id = journal.resolve_sweep_id(continue_id, where="--continue")
-        frozen = journal.get_sweep(continue_id)
-        if frozen["plan_sha256"] != sha:
-            changed = ", ".join(_differences(frozen["plan"], plan))
-            raise BadInput(f"the campaign changed since sweep {continue_id} was frozen (differs in: {changed})",
-                           where=str(loaded.source or "campaign"),
-                           fix=f"a changed campaign is a new sweep: {again}, or restore the campaign file")
-        sweep_id = continue_id
-    todo, taken = claim_todo(journal, sweep_id, arms, plan["seeds"])
+    sweep_id, todo, taken, follower = _started(journal, loaded, arms, plan, sha, continue_id, fixed_id)
+    if follower:  # one rank of several under torchrun: it joins each run rank 0 starts
+        from pilotrun.rehearsal.training.train import train_run
+
+        for arm, seed, supersedes in todo:
+            run_loaded = arm.loaded.with_overrides({"seed": seed})
+            train_run(run_loaded, home, kind="sweep", sweep_id=sweep_id, arm=arm.name, supersedes=supersedes,
+                      progress=False, save_artifact=False, validation_predictions=True,
+                      **encoded_for(run_loaded, {}))
+        return StageResult("sweep", "ok", f"joined sweep {sweep_id}: {len(todo)} run(s)",
+                           data={"sweep_id": sweep_id, "follower": True})
     try:
         _run_todo(todo, journal=journal, home=home, loaded=loaded, sweep_id=sweep_id, plan=plan, sets=sets,
                   total=len(plan["seeds"]) * len(arms), progress=progress, on_run=on_run, on_start=on_start,
@@ -132,6 +123,68 @@ def _run_todo(todo, *, journal, home, loaded, sweep_id, plan, sets, total, progr
             on_run({"index": i + 1, "of": len(todo), "total": total, "arm": arm.name, "label": arm.label,
                     "seed": seed, "run_id": r.data["run_id"], "status": r.data["status"],
                     "reason": r.data["reason"], "supersedes": supersedes})
+
+
+def _create_or_continue(journal: Journal, loaded, arms: list[Arm], plan: dict, sha: str, continue_id: str | None,
+                        fixed_id: str | None) -> tuple[str, list, list]:
+    """A new sweep, the one ``--continue`` names, or (``--id``) the one of that id, created if new; the
+    runs this process claimed, and those other processes hold."""
+    if fixed_id is not None:
+        if continue_id is not None:
+            raise BadInput("--id and --continue together", where="--id",
+                           fix="pass one: --id ID starts the sweep under ID or continues it if it exists")
+        check_sweep_id(fixed_id)
+        continue_id = journal.create_sweep(plan, sha, plan["campaign_path"], sweep_id=fixed_id)
+    again = ("`pilotrun sheet CAMPAIGN --out ...` writes launch files with a new --id for it" if fixed_id else
+             "run `pilotrun sweep CAMPAIGN` without --continue")
+    if continue_id is None:
+        sweep_id = journal.create_sweep(plan, sha, plan["campaign_path"])
+    else:
+        continue_id = journal.resolve_sweep_id(continue_id, where="--continue")
+        frozen = journal.get_sweep(continue_id)
+        if frozen["plan_sha256"] != sha:
+            changed = ", ".join(_differences(frozen["plan"], plan))
+            raise BadInput(f"the campaign changed since sweep {continue_id} was frozen (differs in: {changed})",
+                           where=str(loaded.source or "campaign"),
+                           fix=f"a changed campaign is a new sweep: {again}, or restore the campaign file")
+        sweep_id = continue_id
+    todo, taken = claim_todo(journal, sweep_id, arms, plan["seeds"])
+    return sweep_id, todo, taken
+
+
+def _started(journal: Journal, loaded, arms: list[Arm], plan: dict, sha: str, continue_id: str | None,
+             fixed_id: str | None) -> tuple[str, list, list, bool]:
+    """The sweep's id, the runs this process claimed, those others hold, and whether this process is a
+    follower rank. Under torchrun (a sweep over several processes or nodes, each run on all of them) rank 0
+    alone creates or continues the sweep and claims its runs, and hands its list to the others, who raise
+    its bad input as their own."""
+    from pilotrun.engine.distributed import broadcast_from_rank0, init_from_launcher, under_launcher, world_rank
+
+    joined = under_launcher()
+    if joined:
+        init_from_launcher()
+    rank = world_rank()[1] if joined else 0
+    shared, error = None, None
+    if rank == 0:
+        try:
+            sweep_id, todo, taken = _create_or_continue(journal, loaded, arms, plan, sha, continue_id, fixed_id)
+            shared = ("ok", sweep_id, [(a.name, seed, sup) for a, seed, sup in todo], taken)
+        except Exception as e:  # noqa: BLE001 - told to the followers (which would wait forever), then raised
+            if not joined:
+                raise
+            error = e
+            shared = (("bad", e.detail, e.where, e.fix) if isinstance(e, BadInput)
+                      else ("error", f"{type(e).__name__}: {e}"))
+    if joined:
+        shared = broadcast_from_rank0(shared)
+    if error is not None:
+        raise error
+    if shared[0] == "bad":
+        raise BadInput(shared[1], where=shared[2], fix=shared[3])
+    if shared[0] == "error":
+        raise RuntimeError(f"rank 0 could not start the sweep: {shared[1]}")
+    by_name = {a.name: a for a in arms}
+    return shared[1], [(by_name[n], seed, sup) for n, seed, sup in shared[2]], shared[3], rank != 0
 
 
 def _planned_run_s(journal: Journal, loaded) -> float | None:

@@ -167,8 +167,34 @@ def time_plan_warning(check: dict | None) -> str | None:
     lo, hi = check["goal"]
     if lo <= check["ratio"] <= hi:
         return None
-    return (f"WARNING time plan out of range: predicted ÷ actual {check['ratio']:.2f} is outside {lo}–{hi}; "
-            "the sheet's rental hours are off by as much (rerun `pilotrun pilot` on an idle machine)")
+    head = f"WARNING time plan out of range: predicted ÷ actual {check['ratio']:.2f} is outside {lo}–{hi}; "
+    term = dominant_term(check.get("breakdown") or [])
+    if term is not None:  # one term holds the gap: that term's figure is off, a rerun would change nothing
+        act = "not timed" if term["actual_s"] is None else f"{term['actual_s']:.1f}s"
+        return (head + f"most of the gap is one term, {term['term']} (predicted {term['predicted_s']:.1f}s, actual "
+                f"{act}): the plan's figure for it is off, not the machine's speed; the rest agrees within "
+                f"{lo}–{hi}")
+    return head + "the sheet's rental hours are off by as much (rerun `pilotrun pilot` on an idle machine)"
+
+
+def dominant_term(rows: list[dict], share: float = 0.6) -> dict | None:
+    """The breakdown row holding at least ``share`` of the gap between predicted and actual seconds, when
+    the other rows together agree (their own predicted ÷ actual within 0.9–1.1); None when the gap is
+    spread over the terms, which is what a busy or noisy machine does."""
+    rows = [r for r in rows if r.get("actual_s") is not None or r.get("predicted_s")]
+    gaps = [abs((r.get("predicted_s") or 0.0) - (r.get("actual_s") or 0.0)) for r in rows]
+    total = sum(gaps)
+    if not rows or total <= 0:
+        return None
+    top = max(range(len(rows)), key=gaps.__getitem__)
+    if gaps[top] < share * total:
+        return None
+    rest = [r for i, r in enumerate(rows) if i != top]
+    pred = sum(r.get("predicted_s") or 0.0 for r in rest)
+    act = sum(r.get("actual_s") or 0.0 for r in rest)
+    if act > 0 and not 0.9 <= pred / act <= 1.1:
+        return None
+    return rows[top]
 
 
 def time_lines(check: dict | None) -> list[str]:

@@ -1,0 +1,127 @@
+"""Bad input in a model folder, a manifest or a run folder is exit 2 naming the file and the fix, checked before any
+run exists (nothing left behind): a config.json that is not a JSON object, damaged safetensors weights, a
+manifest.json broken by hand, a run folder deleted by hand."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from conftest import TINY_LLAMA, simple_records, tiny_causal_campaign, trained_once
+
+from pilotrun.journal.store import Journal
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    d = tmp_path_factory.mktemp("model")
+    LlamaForCausalLM(LlamaConfig(**TINY_LLAMA)).save_pretrained(d, safe_serialization=True)
+    return d
+
+
+def _campaign_on(tmp_path, folder):
+    return tiny_causal_campaign(tmp_path / "c", simple_records(16), simple_records(4, 100),
+                                model__path=str(folder), model__config=None)
+
+
+def _copy(model_dir, tmp_path):
+    dst = tmp_path / "model"
+    shutil.copytree(model_dir, dst)
+    return dst
+
+
+@pytest.mark.parametrize("verb, text, words", [
+    ("estimate", "[1, 2, 3]", "config.json holds a JSON list, not an object of the model's settings"),
+    ("pilot", '"llama"', "config.json holds a JSON str, not an object of the model's settings"),
+    ("validate", '{"model_type": "llama",', "config.json is not valid JSON"),
+])
+def test_config_json_that_is_not_an_object_is_exit_2(cli, tmp_path, model_dir, verb, text, words):
+    folder = _copy(model_dir, tmp_path)
+    (folder / "config.json").write_text(text)
+    home = tmp_path / "home"
+    r = cli(verb, _campaign_on(tmp_path, folder), "--home", home)
+    assert r.code == 2, (r.code, r.err)
+    assert f"{folder / 'config.json'}: {words}" in r.err and "fix: " in r.err
+    assert "internal error" not in r.err
+    assert not (home / "journal.sqlite").exists() or not Journal(home).list_runs()
+
+
+def _truncate(path):
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) - 1000])
+
+
+def _lying_header(path):
+    data = bytearray(path.read_bytes())
+    data[:8] = (len(data) * 4).to_bytes(8, "little")  # a header longer than the file
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("verb, damage, words", [
+    ("pilot", _truncate, "the weights file is damaged: its tensors end at byte"),
+    ("train", _lying_header, "the weights file is damaged: its header claims"),
+])
+def test_damaged_weights_are_exit_2_before_any_run(cli, tmp_path, model_dir, verb, damage, words):
+    folder = _copy(model_dir, tmp_path)
+    damage(folder / "model.safetensors")
+    home = tmp_path / "home"
+    r = cli(verb, _campaign_on(tmp_path, folder), "--home", home)
+    assert r.code == 2, (r.code, r.err)
+    assert f"{folder / 'model.safetensors'}: {words}" in r.err
+    assert "copy the model folder again" in r.err
+    assert not (home / "journal.sqlite").exists() or not Journal(home).list_runs()  # no run row
+    assert not (home / "runs").exists() or not list((home / "runs").iterdir())  # no run folder
+
+
+def test_clean_model_folder_passes(cli, tmp_path, model_dir):
+    r = cli("validate", _campaign_on(tmp_path, model_dir), "--home", tmp_path / "home")
+    assert r.code == 0, r.err
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    tmp, _, run_id = trained_once(tmp_path_factory)
+    return tmp / "home", run_id
+
+
+@pytest.mark.parametrize("text, words", [("{broken", "unreadable manifest (JSONDecodeError"),
+                                         ('["a", "b"]', "unreadable manifest (TypeError")])
+def test_a_manifest_broken_by_hand_is_exit_2_under_verify(cli, trained, text, words):
+    home, run_id = trained
+    manifest = home / "runs" / run_id / "manifest.json"
+    before = manifest.read_bytes()
+    try:
+        manifest.write_text(text)
+        r = cli("verify", run_id, "--home", home)
+        assert r.code == 2, (r.code, r.err)
+        assert f"{manifest}: manifest.json cannot be read: {words}" in r.err
+        assert "restore the run folder (or its manifest.json) from an archive" in r.err
+    finally:
+        manifest.write_bytes(before)
+
+
+def test_a_deleted_run_folder_is_named_by_show_verify_and_archive(cli, trained, tmp_path):
+    home, run_id = trained
+    folder = home / "runs" / run_id
+    aside = tmp_path / "aside"
+    r = cli("archive", run_id, "--out", tmp_path / "a.tar.gz", "--home", home)
+    assert r.code == 0, r.err
+    shutil.move(folder, aside)
+    try:
+        r = cli("show", run_id, "--home", home, "--json")
+        assert r.code == 0
+        assert r.json["data"]["run_folder"] == {"path": str(folder), "exists": False}
+        assert f"the folder of run {run_id} does not exist: {folder} (deleted or moved)" in r.err
+        for verb in (("verify", run_id), ("archive", run_id, "--out", tmp_path / "b.tar.gz")):
+            r = cli(*verb, "--home", home)
+            assert r.code == 2, (verb, r.err)
+            assert f"{folder}: the folder of run {run_id} does not exist" in r.err
+            assert f"tar -xzf FILE.tar.gz -C {home / 'runs'}" in r.err
+    finally:
+        shutil.move(aside, folder)
+    r = cli("show", run_id, "--home", home, "--json")
+    assert r.json["data"]["run_folder"]["exists"] and "does not exist" not in r.err
+    assert json.loads((folder / "manifest.json").read_text())
