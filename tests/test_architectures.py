@@ -258,7 +258,10 @@ def test_a_decoder_as_a_sequence_classifier_pads_with_eos(folders, tmp_path):
 
     loaded = _loaded(folders, tmp_path, "qwen2", seq_cls=True)
     task = make_task(loaded)
-    assert task.tokenizer.pad_token is None
+    import json
+
+    saved = json.loads((folders("qwen2", 2, True) / "tokenizer_config.json").read_text())
+    assert saved.get("pad_token") is None  # (transformers' Qwen2Tokenizer may name <|endoftext|>, the eos, itself)
     assert task.build_model().config.pad_token_id == task.tokenizer.eos_token_id
     off = _estimate_against_pilot(loaded, tmp_path / "home")
     assert not off, off
