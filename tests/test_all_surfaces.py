@@ -339,3 +339,21 @@ def test_the_options_text_says_what_is_left_out_and_the_cheapest_qlora():
     shown = dict(table, shown=[written, table["rows"][2]], left_out=[])
     text = "\n".join(to_lines(shown))
     assert "QLoRA (" not in text and "Left out" not in text  # a QLoRA row in the table is not said twice
+
+
+def test_inspect_and_runs_on_a_terminal_of_80_columns(demo_campaign, tmp_path):
+    from test_progress import run_pty, visible_lines
+
+    code, _, raw = run_pty("inspect", demo_campaign, "-n", "1", "--json", cols=80)  # human output on the pty
+    assert code == 0, raw
+    shown = visible_lines(raw)
+    assert shown and max(map(len, shown)) <= 80, [ln for ln in shown if len(ln) > 80]
+    assert "\x1b[" in raw and "row under each line marks" not in raw  # colour marks the tokens here
+    home = tmp_path / "home"
+    j = Journal(home)
+    rid = j.create_run(kind="overfit", name="tiny", config={}, config_sha256="0", campaign_path=None, seed=0,
+                       git_rev=None, packages={}, data={}, trust_remote_code=False)
+    j.finish_run(rid, "completed", {"verdict": "fail"})
+    code, _, raw = run_pty("runs", "--home", home, "--json", cols=80)
+    shown = visible_lines(raw)
+    assert code == 0 and max(map(len, shown)) <= 80 and "check failed" in raw and rid in raw, shown

@@ -11,7 +11,7 @@ from pilotrun.engine.state import is_complete, kept_checkpoints, numbered_checkp
 from pilotrun.journal.store import Journal
 
 
-@pytest.mark.parametrize("goal", ["minimize", "maximize"])
+@pytest.mark.parametrize("goal", ["minimize", pytest.param("maximize", marks=pytest.mark.slow)])
 def test_keep_checkpoints_keeps_the_last_n_and_the_best(cli, tmp_path, goal):
     path = tiny_causal_campaign(tmp_path / "c", simple_records(16), simple_records(6, 100), train__updates=8,
                                 train__save_every=2, train__eval_every=2, train__keep_checkpoints=1,

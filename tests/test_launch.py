@@ -152,3 +152,51 @@ def test_a_pilotrun_installed_from_a_wheel_is_repacked_into_one_pip_installs(tmp
     assert again.returncode == 0, again.stderr
     assert (tmp_path / "site2" / "pilotrun" / "sheet" / "launch.py").read_text() == \
         (site / "pilotrun" / "sheet" / "launch.py").read_text()
+
+
+def _sky_python() -> str:
+    """A venv of its own holding SkyPilot (its click pin conflicts with the CLI's in one environment): made once
+    under the temporary folder ($PILOTRUN_SKY_VENV names another), reused after."""
+    import os
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    venv = Path(os.environ.get("PILOTRUN_SKY_VENV") or Path(tempfile.gettempdir()) / "pilotrun-skypilot-venv")
+    py = venv / "bin" / "python"
+    if py.exists() and subprocess.run([str(py), "-c", "import sky"], capture_output=True).returncode == 0:
+        return str(py)
+    made = subprocess.run([sys.executable, "-m", "venv", str(venv)], capture_output=True, text=True)
+    if made.returncode != 0:
+        pytest.skip(f"no venv for SkyPilot: {made.stderr[-500:]}")
+    pip = subprocess.run([str(py), "-m", "pip", "install", "-q", "skypilot"], capture_output=True, text=True,
+                         timeout=900)
+    if pip.returncode != 0:
+        pytest.skip(f"SkyPilot could not be installed into {venv} (no package index?): {pip.stderr[-500:]}")
+    return str(py)
+
+
+@pytest.mark.slow
+def test_skypilots_own_loader_reads_the_two_node_task(tmp_path, _hub_cache):
+    """SkyPilot's Task.from_yaml (in an isolated venv) reads the file: two nodes of 8 H100, recovery, the
+    journal's bucket as a storage mount, the wheel and the outside data as file mounts."""
+    import json
+
+    loaded = load_campaign(_far_campaign(tmp_path))
+    launch = launch_plan(_sheet(), loaded, BY_KEY["h100-sxm"], None, gpus=16,
+                         run_sets=("train.strategy=fsdp", "train.nproc=16"), campaign_s=3 * 3600)
+    files = write_launch({"campaign": "far"}, loaded, tmp_path / "sheet.md", launch)
+    code = ("import json, sys, sky; t = sky.Task.from_yaml(sys.argv[1]); r = list(t.resources)[0]; "
+            "print(json.dumps({'nodes': t.num_nodes, 'acc': r.accelerators, 'recovery': r.job_recovery, "
+            "'files': t.file_mounts, 'storage': {k: [v.name, str(v.mode)] for k, v in t.storage_mounts.items()}, "
+            "'run': t.run, 'workdir': t.workdir}))")
+    p = subprocess.run([_sky_python(), "-c", code, str(files[1])], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    task = json.loads(p.stdout.strip().splitlines()[-1])
+    assert task["nodes"] == 2 and task["acc"] == {"H100": 8}
+    assert task["recovery"]["strategy"] == "FAILOVER"
+    assert task["storage"]["/pilotrun-home"][0] == launch["bucket"] and "MOUNT_CACHED" in \
+        task["storage"]["/pilotrun-home"][1]
+    assert task["files"]["~/shared/train.jsonl"] == str(tmp_path / "shared" / "train.jsonl")
+    assert task["files"][f"~/pilotrun-wheel/{files[3].name}"] == str(files[3])
+    assert f"--id {launch['sweep_id']}" in task["run"] and str(task["workdir"]).endswith("camp")

@@ -82,6 +82,7 @@ def _assert_loads(run_dir: Path) -> Path:
     return latest
 
 
+@pytest.mark.slow  # the fast selection keeps an external SIGTERM (the grace test) and one during a save
 def test_sigterm_mid_train_interrupts_the_run_exit_143(tmp_path):
     path = _long_campaign(tmp_path / "c", train__save_every=2)
     home = tmp_path / "home"

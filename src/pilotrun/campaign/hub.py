@@ -99,9 +99,10 @@ def resolve(spec: str, key: str = "model.path", local: Path | None = None) -> Hu
     if found is None:
         what = "model" if key == "model.path" else "tokenizer"
         at = f" at revision {revision}" if revision != "main" else ""
-        raise BadInput(f"the {what} {repo_id}{at} is not in the local Hugging Face cache {cache}"
-                       + (f", nor is there a folder {local}" if local is not None else "")
-                       + " (pilotrun never downloads)", where=key,
+        # a relative folder and a hub id read alike (models/base): say both what was looked for and where
+        head = f"{what} folder not found: {local}, and the {what}" if local is not None else f"the {what}"
+        raise BadInput(f"{head} {repo_id}{at} is not in the local Hugging Face cache {cache}"
+                       " (pilotrun never downloads)", where=key,
                        fix=f"fetch it once with `{fetch_command(repo_id, revision)}` (or set HF_HUB_CACHE / HF_HOME "
                            "to the cache that holds it), or point at a local folder")
     snapshot = found.parent

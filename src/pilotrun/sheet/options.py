@@ -28,8 +28,11 @@ from pilotrun.sheet import plan as P
 COUNTS = (1, 2, 4, 8)  # GPUs on one node
 NODES = (2, 4, 8)  # nodes of 8, tried for a GPU only when nothing that keeps the question fits one node
 LORA_R = 16
-BUS_GBS = {"sxm": 150.0, "other": 16.0}  # effective all-reduce bus bandwidth per GPU within a node
-NODE_GBS = 12.5  # between nodes: 100 Gb/s per GPU
+# Defaults where the rates file names no interconnect (its `interconnect:` key, sheet/rates.py):
+BUS_GBS = {"sxm": 150.0, "other": 16.0}  # effective all-reduce bus bandwidth per GPU within a node: NVLink's
+# ring all-reduce on SXM parts measures in the low hundreds of GB/s (nccl-tests busbw), PCIe Gen4 x16 ~16-25
+NODE_GBS = 12.5  # between nodes: 100 Gb/s per GPU, a conservative cloud default; rented H100 nodes often have
+# 400 Gb/s InfiniBand or EFA per GPU (50 GB/s): say yours in the rates file
 HOST_GBS = 16.0  # PCIe to the host, for an offloaded optimizer
 HOST_PARAMS_S = 1.0e9  # parameters per second an optimizer step on the host updates (CPU Adam)
 QLORA_SLOWER = 1.3  # 4-bit weights are dequantized before each matmul
@@ -107,6 +110,7 @@ def options_table(loaded, *, prep=None, rates: dict | None = None, lora_r: int |
     need("written")
     need("lora")
     work = _work(loaded, prep)
+    work["net"] = (rates or {}).get("interconnect") or {}
     effective = c.train.micro_batch * c.train.accumulation * data_parallel_ranks(c.train)
     cache: dict = {}
     args = (traces, cache, work, effective, r, c, adapter is not None, gpus or CATALOGUE)
@@ -132,7 +136,7 @@ def options_table(loaded, *, prep=None, rates: dict | None = None, lora_r: int |
     return {"rows": rows, "shown": shown, "recommended": rec, "cheapest": cheap if cheap is not rec else None,
             "by": by, "currency": (rates or {}).get("currency", ""), "rates": (rates or {}).get("path"),
             "lora_r": r, "meanings": MEANINGS, "params": traces["written"]["params"],
-            "assumptions": _assumptions(pilot), "effective_batch": effective,
+            "assumptions": _assumptions(pilot, work["net"]), "effective_batch": effective,
             "counted": traces["written"].get("counted"), "pilot_run": (pilot or {}).get("run"),
             "skipped": skipped, "left_out": left_out, "wall_s": time.perf_counter() - started}
 
@@ -327,10 +331,13 @@ def _quantized(rows: list[dict], tr: dict, shards: int) -> list[dict]:
     return out
 
 
-def _bus(g, n: int) -> float:
+def _bus(g, n: int, net: dict | None = None) -> float:
+    """GB/s per GPU of the all-reduce over ``n`` GPUs: the rates file's interconnect, else the defaults."""
+    net = net or {}
     if n > 8:
-        return NODE_GBS
-    return BUS_GBS["sxm" if "sxm" in g.key or g.key in ("h200", "b200", "mi300x") else "other"]
+        return net.get("inter_node_gbs") or NODE_GBS
+    return net.get("intra_node_gbs") or BUS_GBS["sxm" if "sxm" in g.key or g.key in ("h200", "b200", "mi300x")
+                                                 else "other"]
 
 
 def _seconds(g, n: int, tr: dict, strategy: str, offload: bool, qlora: bool, work: dict,
@@ -345,7 +352,7 @@ def _seconds(g, n: int, tr: dict, strategy: str, offload: bool, qlora: bool, wor
     bytes_param = tr["param_bytes"]
     comm = 0.0
     if n > 1:
-        ring = (n - 1) / n / (_bus(g, n) * 1e9)
+        ring = (n - 1) / n / (_bus(g, n, work.get("net")) * 1e9)
         comm = (3 * bytes_param if strategy == "fsdp" else 2 * tr["trainable_bytes"]) * ring
     host = 0.0
     if offload:
@@ -359,7 +366,7 @@ def _seconds(g, n: int, tr: dict, strategy: str, offload: bool, qlora: bool, wor
                                     f"+ {work['evals']} validations)")
 
 
-def _assumptions(pilot: dict | None = None) -> list[str]:
+def _assumptions(pilot: dict | None = None, net: dict | None = None) -> list[str]:
     from pilotrun.sheet.gpu_memory import MARGIN_FRACTION
 
     measured = [] if pilot is None else [
@@ -372,8 +379,7 @@ def _assumptions(pilot: dict | None = None) -> list[str]:
             f"{P.ASSUMED_MFU:.0%} of each GPU's dense rate, divided over the GPUs (data parallel); at least "
             f"{P.GPU_FLOOR_S_PER_PASS * 1e3:g} ms per micro-batch and validation batch of a rank (the launch floor)",
             f"communication not overlapped with compute: DDP all-reduces the gradients, FSDP moves 3 × the "
-            f"parameters per update; bus bandwidth {BUS_GBS['sxm']:g} GB/s per GPU on SXM parts (NVLink), "
-            f"{BUS_GBS['other']:g} GB/s on PCIe parts, {NODE_GBS:g} GB/s between nodes",
+            f"parameters per update; bus bandwidth per GPU " + _net_words(net),
             f"optimizer offload: gradients and parameters over PCIe at {HOST_GBS:g} GB/s and a host step at "
             f"{HOST_PARAMS_S:.0e} parameters/s",
             f"QLoRA: {NF4_BYTES * 8:.2f} bits per decoder-layer linear weight, compute {QLORA_SLOWER:g}× slower",
@@ -383,6 +389,17 @@ def _assumptions(pilot: dict | None = None) -> list[str]:
             "every run of the plan on all the GPUs of the row, one after another",
             "cost (with --rates): the row's campaign time in hours × its GPUs × the hourly price, or the shortest "
             "whole-day plan that covers it × its GPUs, whichever is cheaper"]
+
+
+def _net_words(net: dict | None) -> str:
+    net = net or {}
+    intra = (f"{net['intra_node_gbs']:g} GB/s within a node" if net.get("intra_node_gbs") else
+             f"{BUS_GBS['sxm']:g} GB/s on SXM parts (NVLink), {BUS_GBS['other']:g} GB/s on PCIe parts (defaults)")
+    inter = (f"{net['inter_node_gbs']:g} GB/s between nodes" if net.get("inter_node_gbs") else
+             f"{NODE_GBS:g} GB/s between nodes (default: 100 Gb/s per GPU)")
+    src = f" ({net['where']}: interconnect)" if net.get("intra_node_gbs") or net.get("inter_node_gbs") else \
+        "; say yours under `interconnect:` in the rates file"
+    return f"{intra}, {inter}{src}"
 
 
 def _shown(rows: list[dict]) -> list[dict]:

@@ -6,6 +6,9 @@ h100-sxm: 2.49       # catalogue key (or the GPU's name): price per GPU-hour
 a100-80gb:
   hour: 1.29         # per GPU-hour, for plans without their own price
   7: 190.0           # price per GPU for the whole 7-day plan (a reserved-term offer)
+interconnect:        # optional: what you rent; the options' communication time uses it
+  intra_node_gbs: 150   # all-reduce bus bandwidth per GPU inside a node, GB/s
+  inter_node_gbs: 50    # between nodes, GB/s per GPU (400 Gb/s InfiniBand or EFA per GPU = 50)
 ```
 A plan's cost is its price for ``hardware.gpus`` GPUs: the plan's own price when the file gives one,
 else the hourly price × 24 × days. The cheapest plan is the lowest cost over every rated GPU that
@@ -40,6 +43,27 @@ def _price(v, where: str) -> float:
     return float(v)
 
 
+NET_KEYS = ("intra_node_gbs", "inter_node_gbs")
+
+
+def _interconnect(v, where: str) -> dict:
+    """``interconnect: {intra_node_gbs, inter_node_gbs}``: GB/s per GPU, each optional."""
+    fix = "write `interconnect: {intra_node_gbs: 150, inter_node_gbs: 50}` (GB/s per GPU; either may be left out)"
+    if not isinstance(v, dict):
+        raise BadInput(f"interconnect is {v!r}, not a mapping", where=f"{where}: interconnect", fix=fix)
+    unknown = [k for k in v if k not in NET_KEYS]
+    if unknown:
+        raise BadInput(f"unknown key(s) {', '.join(map(repr, unknown))}", where=f"{where}: interconnect", fix=fix)
+    out = {"where": where}
+    for k in NET_KEYS:
+        x = v.get(k)
+        if x is not None and (isinstance(x, bool) or not isinstance(x, (int, float)) or x <= 0):
+            raise BadInput(f"{k} {x!r} is not a bandwidth > 0 (GB/s per GPU)", where=f"{where}: interconnect.{k}",
+                           fix=fix)
+        out[k] = float(x) if x is not None else None
+    return out
+
+
 def read_rates(path: str | Path) -> dict:
     """{"path", "currency", "gpus": {catalogue key: {"hour": float | None, "plans": {days: float}}}}."""
     import yaml
@@ -60,6 +84,8 @@ def read_rates(path: str | Path) -> dict:
         raise BadInput("not a mapping of GPU → price", where=str(p), fix=FORMAT)
     lines = _lines(text)
     out = {"path": str(p), "currency": str(doc.pop("currency", "") or ""), "gpus": {}}
+    if "interconnect" in doc:
+        out["interconnect"] = _interconnect(doc.pop("interconnect"), f"{p}:{lines.get('interconnect', '?')}")
     for name, value in doc.items():
         where = f"{p}:{lines.get(str(name), '?')}: {name}"
         gpu = BY_KEY.get(str(name).lower()) or match_gpu(str(name))

@@ -485,8 +485,8 @@ def lora_targets(model, adapter) -> tuple[list[str], str]:
     bad input listing the model's linear layers."""
     kind = getattr(model.config, "model_type", None)
     layers = linear_layers(model)
-    if adapter.target_modules == "all-linear":  # peft's own choice: every linear layer but the output head
-        return "all-linear", "model.adapter.target_modules: every linear layer but the output head"
+    if adapter.target_modules == "all-linear":  # PEFT's own keyword: every linear layer but the output head
+        return ["all-linear"], "model.adapter.target_modules"
     if adapter.target_modules:
         targets, why = list(adapter.target_modules), "model.adapter.target_modules"
     else:
@@ -510,7 +510,7 @@ def _apply_adapter(model, adapter, kind: str):
 
     targets, _ = lora_targets(model, adapter)
     cfg = LoraConfig(r=adapter.r, lora_alpha=adapter.alpha, lora_dropout=adapter.dropout,
-                     target_modules=targets,
+                     target_modules="all-linear" if targets == ["all-linear"] else targets,
                      task_type=TaskType.CAUSAL_LM if kind == "causal-lm" else TaskType.SEQ_CLS)
     try:
         return get_peft_model(model, cfg)

@@ -28,7 +28,7 @@ def inspect(loaded, n: int = 0, split: str | None = None) -> StageResult:
 
     lora = adapter_choice(loaded)
     if lora is not None:
-        report.checks.insert(0, Check("lora targets", "ok", f"LoRA adapts {lora[0] if isinstance(lora[0], str) else ', '.join(lora[0])} ({lora[1]})"))
+        report.checks.insert(0, Check("lora targets", "ok", f"LoRA adapts {', '.join(lora[0])} ({lora[1]})"))
     shown = [c for c in report.checks if c.verdict != "ok" or c.name in INFO_CHECKS]
     messages = [c.line() for c in shown]
     for s in report.splits.values():
