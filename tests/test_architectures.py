@@ -42,7 +42,7 @@ def _shapes(model) -> dict:
             list(model.named_parameters()) + list(model.named_buffers())}
 
 
-@pytest.mark.parametrize("family,seq_cls", [pytest.param(f, None, marks=() if f in ("roberta", "opt") else
+@pytest.mark.parametrize("family,seq_cls", [pytest.param(f, None, marks=() if f == "roberta" else
                                                         pytest.mark.slow) for f in FAMILIES] + [("qwen2", True)])
 def test_the_estimate_builds_the_model_pilot_loads(folders, tmp_path, family, seq_cls):
     """One builder for both: RoBERTa counts positions from padding_idx, and the estimator's replay of the folder
@@ -216,7 +216,8 @@ def test_pilot_with_lora_on_the_family_names_and_defaults(folders, tmp_path, fam
 
 
 # --- pilot, resume, FSDP, a decoder as a classifier ---------------------------------------------------------
-@pytest.mark.parametrize("family", [f if f == "gpt2" else pytest.param(f, marks=pytest.mark.slow) for f in FAMILIES])
+@pytest.mark.slow  # ~20 s a family (a second process); tests/test_resume.py keeps resume in the default selection
+@pytest.mark.parametrize("family", FAMILIES)
 def test_resume_is_exact(folders, tmp_path, cli, family):
     """Stop at 2, continue in a new process, compare update by update with an uninterrupted run."""
     loaded = _loaded(folders, tmp_path, family)
