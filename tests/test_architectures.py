@@ -42,7 +42,7 @@ def _shapes(model) -> dict:
             list(model.named_parameters()) + list(model.named_buffers())}
 
 
-@pytest.mark.parametrize("family,seq_cls", [pytest.param(f, None, marks=() if f in ("roberta", "opt") else
+@pytest.mark.parametrize("family,seq_cls", [pytest.param(f, None, marks=() if f == "roberta" else
                                                         pytest.mark.slow) for f in FAMILIES] + [("qwen2", True)])
 def test_the_estimate_builds_the_model_pilot_loads(folders, tmp_path, family, seq_cls):
     """One builder for both: RoBERTa counts positions from padding_idx, and the estimator's replay of the folder
@@ -213,3 +213,64 @@ def test_pilot_with_lora_on_the_family_names_and_defaults(folders, tmp_path, fam
     model = _plain(loaded)
     adapted = {n.split(".lora_A")[0].rpartition(".")[2] for n, _ in model.named_parameters() if "lora_A" in n}
     assert adapted == set(ATTENTION[family])
+
+
+# --- pilot, resume, FSDP, a decoder as a classifier ---------------------------------------------------------
+@pytest.mark.slow  # ~20 s a family (a second process); tests/test_resume.py keeps resume in the default selection
+@pytest.mark.parametrize("family", FAMILIES)
+def test_resume_is_exact(folders, tmp_path, cli, family):
+    """Stop at 2, continue in a new process, compare update by update with an uninterrupted run."""
+    loaded = _loaded(folders, tmp_path, family)
+    r = cli("resume", loaded.source, "--home", tmp_path / "home", "--json")
+    assert r.code == 0, r.out + r.err
+    assert r.json["verdict"] == "ok" and r.json["data"]["exact"] is True
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.parametrize("family", ["qwen2", pytest.param("mistral", marks=pytest.mark.xfail(strict=True, reason=(
+    "known: with untied embeddings the estimate adds two decoder blocks' gathers, but FSDP2 keeps the root's "
+    "unsharded embedding and lm_head through forward and backward: the steps read 14-19 % under the pilot at "
+    "64 wide, vocabulary 2048")))])  # tied and untied embeddings
+def test_fsdp_on_two_ranks_matches_the_estimate(folders, tmp_path, family):
+    from pilotrun.rehearsal.memory.estimate import estimate
+    from pilotrun.rehearsal.memory.pilot import pilot
+
+    loaded = _loaded(folders, tmp_path, family, train__strategy="fsdp", train__nproc=2)
+    result = pilot(loaded, tmp_path / "home")
+    assert result.verdict == "ok", result.messages
+    rows = result.data["rows"]
+    assert {r["rank"] for r in rows} == {0, 1}
+    predicted = {r["phase"]: r["peak_allocated"] for r in estimate(loaded, device="cpu").data["phases"]}
+    off = []
+    # save and export (host copies of the gathered state) are left out: at 64 wide their fixed costs read 20 %
+    # over the estimate on Qwen2 (test_fsdp bounds them on a model wide enough for the tensors to dominate)
+    for name, want in ((k, v) for k, v in predicted.items() if k not in ("save", "export")):
+        measured = [r["peak_allocated"] for r in rows if r["phase"] == name]
+        checked = measured if name in ("first_step", "steady_step", "eval_longest") else [max(measured)]
+        off += [(name, got, want) for got in checked if abs(got - want) > 0.10 * want]  # test_fsdp's bound
+    assert not off, off
+
+
+def test_a_decoder_as_a_sequence_classifier_pads_with_eos(folders, tmp_path):
+    """Qwen2 under AutoModelForSequenceClassification finds each row's last token by the pad id: with a
+    tokenizer without a pad token the head gets the eos id, and the pilot and the estimate agree."""
+    from pilotrun.tasks import make_task
+
+    loaded = _loaded(folders, tmp_path, "qwen2", seq_cls=True)
+    task = make_task(loaded)
+    import json
+
+    saved = json.loads((folders("qwen2", 2, True) / "tokenizer_config.json").read_text())
+    assert saved.get("pad_token") is None  # (transformers' Qwen2Tokenizer may name <|endoftext|>, the eos, itself)
+    assert task.build_model().config.pad_token_id == task.tokenizer.eos_token_id
+    off = _estimate_against_pilot(loaded, tmp_path / "home")
+    assert not off, off
+
+
+def test_all_linear_lora_is_left_to_peft(folders, tmp_path, cli):
+    loaded = _loaded(folders, tmp_path, "gpt_neox", model__adapter={"kind": "lora", "r": 4,
+                                                                     "target_modules": "all-linear"})
+    r = cli("inspect", loaded.source)
+    assert r.code == 0, r.err
+    assert "LoRA adapts all-linear (model.adapter.target_modules)" in r.out, r.out
