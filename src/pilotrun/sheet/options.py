@@ -14,8 +14,8 @@ GPU's dense rate, divided over the data-parallel ranks, plus communication at an
 overlapped with compute (the assumptions are returned as words). When the campaign has a pilot, the sheet
 passes its figures (``calibrate``): the campaign as written takes the time plan's seconds (from the pilot's
 measured phases) and, piloted on CUDA, its measured memory; the other options are scaled from it.
-Cost (``--rates``): the row's campaign time × its GPUs × the hourly price, or the shortest whole-day plan
-that covers it. Words and stage results: sheet/options_view.py.
+Cost (``--rates``): the sheet's one rule, ``sheet/rates.rent`` (the row's campaign time × its GPUs × the hourly
+price, or a whole-day plan that holds it less ``hardware.reserve``, whichever is cheaper). Words and stage results: sheet/options_view.py.
 """
 
 from __future__ import annotations
@@ -141,7 +141,7 @@ def options_table(loaded, *, prep=None, rates: dict | None = None, lora_r: int |
         if pilot is not None and ours:
             calibrate(ours, g, pilot)
         for row in ours:
-            _priced(row, rates)
+            _priced(row, rates, loaded.campaign.hardware.reserve)
     shown = _shown(rows)
     rec, cheap, by = _choose(rows, rates)
     left_out = [{"gpu": g.key, "name": g.name, "why": f"no {c.train.precision} tensor rate on it (train.precision)"}
@@ -282,15 +282,17 @@ def calibrate(rows: list[dict], g, pilot: dict) -> None:
         x["time_from"] = f"pilot {pilot['run']} (time plan), scaled by the arithmetic"
 
 
-def _priced(x: dict, rates: dict | None) -> None:
+def _priced(x: dict, rates: dict | None, reserve: float = 0.0) -> None:
     """GPU-hours and, with rates, the cost of the row's campaign time on its GPUs (``cost_how`` says how)."""
     x["gpu_hours"] = x["seconds"] / 3600 * x["count"]
-    x["cost"], x["cost_how"] = row_cost(rates, x["gpu"], x["seconds"], x["count"])
+    x["cost"], x["cost_how"] = row_cost(rates, x["gpu"], x["seconds"], x["count"], reserve)
 
 
-def row_cost(rates: dict | None, key: str, seconds: float, n: int) -> tuple[float | None, str]:
-    """The cheapest way to rent ``n`` GPUs ``key`` for ``seconds`` from a rates file: hours × GPUs × the hourly
-    price, or the shortest whole-day plan long enough × GPUs; None (and why) without a price."""
+def row_cost(rates: dict | None, key: str, seconds: float, n: int, reserve: float = 0.0) -> tuple[float | None, str]:
+    """A row's cost by the sheet's one rule (``sheet/rates.rent``: hourly, or a whole-day plan that holds it);
+    None (and why) without a price."""
+    from pilotrun.sheet.rates import rent
+
     if not rates:
         return None, "no rates: pass --rates FILE"
     rate = (rates.get("gpus") or {}).get(key)
@@ -298,18 +300,8 @@ def row_cost(rates: dict | None, key: str, seconds: float, n: int) -> tuple[floa
         return None, f"no price for {key} in {rates.get('path', 'the rates file')}"
     if not math.isfinite(seconds):
         return None, "no campaign time"
-    hours = seconds / 3600
-    ways = []
-    if rate.get("hour") is not None:
-        ways.append((hours * n * rate["hour"], f"{hours:.3g} h (campaign time) × {n} GPU(s) × {rate['hour']:g}/h"))
-    long_enough = sorted(d for d in (rate.get("plans") or {}) if d * 24 >= hours)
-    if long_enough:
-        d = long_enough[0]
-        ways.append((rate["plans"][d] * n, f"{d}-day plan {rate['plans'][d]:g} × {n} GPU(s) (campaign time "
-                                           f"{hours:.3g} h)"))
-    if not ways:
-        return None, f"no hourly price for {key} and no plan of {hours / 24:.3g} days or more"
-    return min(ways)
+    cost, how, _ = rent(rate, seconds, n, reserve, key)
+    return cost, how
 
 
 def _work(loaded, prep) -> dict:
@@ -478,7 +470,7 @@ def _assumptions(pilot: dict | None = None, net: dict | None = None) -> list[str
             f"(the merged model) are shown, not required",
             "every run of the plan on all the GPUs of the row, one after another",
             "cost (with --rates): the row's campaign time in hours × its GPUs × the hourly price, or the shortest "
-            "whole-day plan that covers it × its GPUs, whichever is cheaper"]
+            "whole-day plan whose days less hardware.reserve hold it × its GPUs, whichever is cheaper (the headline's rule)"]
 
 
 def _net_words(net: dict | None) -> str:

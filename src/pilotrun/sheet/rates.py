@@ -10,9 +10,11 @@ interconnect:        # optional: what you rent; the options' communication time 
   intra_node_gbs: 150   # all-reduce bus bandwidth per GPU inside a node, GB/s
   inter_node_gbs: 50    # between nodes, GB/s per GPU (400 Gb/s InfiniBand or EFA per GPU = 50)
 ```
-A plan's cost is its price for ``hardware.gpus`` GPUs: the plan's own price when the file gives one,
-else the hourly price × 24 × days. The cheapest plan is the lowest cost over every rated GPU that
-fits the campaign and over every rental plan that places every run.
+A whole-day plan's cost is its price for ``hardware.gpus`` GPUs: the plan's own price when the file gives one,
+else the hourly price × 24 × days. One rule (``rent``) prices both the sheet's headline and every row of
+the options table: the campaign's hours × GPUs × the hourly price (the hourly plan), or a whole-day plan
+whose days less ``hardware.reserve`` hold the campaign, whichever is cheapest. The cheapest plan is that
+rule's lowest cost over every rated GPU that fits the campaign.
 """
 
 from __future__ import annotations
@@ -116,20 +118,54 @@ def plan_price(rate: dict, days: int, gpus: int) -> tuple[float | None, str]:
     return None, f"no {days}-day or hourly price"
 
 
-def costs(rates: dict, plans_by_gpu: dict[str, list[dict]], gpus: int) -> dict:
-    """Every rated GPU's plans with their cost, and the cheapest plan that places every run.
+def rent(rate: dict, seconds: float, gpus: int, reserve: float = 0.0, name: str = "") -> tuple[float | None, str, int | None]:
+    """The one costing rule: the cheapest way to rent ``gpus`` GPUs for ``seconds`` of campaign time.
 
-    ``plans_by_gpu``: catalogue key → its packed plans (sheet/plan.py ``pack``), for the GPUs that fit."""
-    rows = []
+    The hourly plan (hours × GPUs × the hourly price), or any whole-day plan the rates file prices whose days
+    less the ``reserve`` share hold the campaign (a plan priced only by the hour is never cheaper than the
+    hourly plan). Returns (cost, how, days): days None for the hourly plan; cost None (and why) without a way."""
+    hours = seconds / 3600
+    ways = []
+    if rate.get("hour") is not None:
+        ways.append((hours * gpus * rate["hour"], 0,
+                     f"{hours:.3g} h (campaign time) × {gpus} GPU(s) × {rate['hour']:g}/h", None))
+    for d, price in sorted((rate.get("plans") or {}).items()):
+        if seconds <= d * 86400 * (1 - reserve):
+            ways.append((price * gpus, d, f"{d}-day plan {price:g} × {gpus} GPU(s) (campaign time {hours:.3g} h)", d))
+    if not ways:
+        return None, (f"no hourly price{' for ' + name if name else ''} and no plan of "
+                      f"{hours / 24 / (1 - reserve):.3g} days or more"), None
+    cost, _, how, d = min(ways)
+    return cost, how, d
+
+
+def costs(rates: dict, plans_by_gpu: dict[str, list[dict]], gpus: int, seconds_by_gpu: dict[str, float],
+          reserve: float) -> dict:
+    """Every rated GPU's plans with their cost (the hourly plan beside the whole-day plans), and the cheapest
+    by ``rent``, the rule the options table's rows are priced by.
+
+    ``plans_by_gpu``: catalogue key → its packed plans (sheet/plan.py ``pack``), for the GPUs that fit;
+    ``seconds_by_gpu``: the campaign's wall time on ``gpus`` GPUs of each (every lane's runs done)."""
+    rows, best = [], []
     for key, rate in rates["gpus"].items():
         if key not in plans_by_gpu:
-            rows.append({"gpu": key, "days": None, "cost": None, "how": "does not fit the campaign",
+            rows.append({"gpu": key, "days": None, "plan": "—", "cost": None, "how": "does not fit the campaign",
                          "fits_all": False, "placed": 0})
             continue
+        seconds = seconds_by_gpu[key]
+        if rate["hour"] is not None:  # the hourly plan: as long as the campaign, by the same rule
+            cost = rent({"hour": rate["hour"]}, seconds, gpus)[0]
+            rows.append({"gpu": key, "days": None, "plan": "hourly", "cost": cost, "fits_all": True,
+                         "how": f"{seconds / 3600:.3g} h × {gpus} GPU(s) × {rate['hour']:g}/h",
+                         "placed": max((len(p["placed"]) + len(p["not_fitting"]) for p in plans_by_gpu[key]),
+                                       default=0)})
         for p in plans_by_gpu[key]:
             cost, how = plan_price(rate, p["days"], gpus)
-            rows.append({"gpu": key, "days": p["days"], "cost": cost, "how": how, "fits_all": p["fits_all"],
-                         "placed": len(p["placed"])})
-    ok = [r for r in rows if r["fits_all"] and r["cost"] is not None]
-    cheapest = min(ok, key=lambda r: (r["cost"], r["days"])) if ok else None
+            rows.append({"gpu": key, "days": p["days"], "plan": f"{p['days']} days", "cost": cost, "how": how,
+                         "fits_all": p["fits_all"], "placed": len(p["placed"])})
+        cost, how, days = rent(rate, seconds, gpus, reserve, key)
+        if cost is not None:
+            best.append({"gpu": key, "days": days, "plan": "hourly" if days is None else f"{days}-day",
+                         "cost": cost, "how": how, "seconds": seconds})
+    cheapest = min(best, key=lambda r: (r["cost"], r["days"] or 0)) if best else None
     return {"currency": rates["currency"], "path": rates["path"], "rows": rows, "cheapest": cheapest}

@@ -145,13 +145,14 @@ def costs(s: dict) -> list[tuple]:
     cur = f" {co['currency']}" if co["currency"] else ""
     out.append(("p", f"From {co['path']}, for {s['hardware']['gpus']} GPU(s); plans per GPU as in the time plan."))
     out.append(("table", ["GPU", "plan", "cost", "how", "places every run"],
-                [[r["gpu"], f"{r['days']} days" if r["days"] else "—",
+                [[r["gpu"], r["plan"],
                   "—" if r["cost"] is None else f"{r['cost']:,.2f}{cur}", r["how"],
-                  "yes" if r["fits_all"] else (f"no ({r['placed']} placed)" if r["days"] else "no")]
+                  "yes" if r["fits_all"] else (f"no ({r['placed']} placed)" if r["cost"] is not None else "no")]
                  for r in co["rows"]]))
     ch = co["cheapest"]
-    out.append(("p", f"Cheapest plan that places every run: {ch['gpu']}, {ch['days']} days, "
-                     f"{ch['cost']:,.2f}{cur}." if ch else "No rated GPU has a plan that places every run."))
+    out.append(("p", f"Cheapest plan that places every run: {ch['gpu']}, the {ch['plan']} plan, "
+                     f"{ch['cost']:,.2f}{cur} ({ch['how']}; the options table's rows are priced by this same rule)."
+                if ch else "No rated GPU has a plan that places every run."))
     return out
 
 

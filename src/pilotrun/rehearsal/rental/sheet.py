@@ -303,10 +303,11 @@ def _time_plan(sheet, c, t, rows, peaks, pilot, fits, target, ranks, rates, batc
             r["note"] = (f"{', '.join(unmeasured)} not piloted: time assumed equal to the control's; pilot it with "
                          f"`pilotrun pilot CAMPAIGN --set ...`")
     plans = P.pack(runs, c.hardware.rental_days, c.hardware.reserve, lanes)
-    plans_by_gpu = {}
+    plans_by_gpu, wall = {}, {}  # wall: the busiest lane's runs one after another, what a rental must hold
     for f, g in zip(fits, CATALOGUE):
         if f["fits"]:
             g_per_run = plan_for(g)[2]
+            wall[g.key] = -(-len(runs) // lanes) * g_per_run
             f["campaign_s"] = g_per_run * len(runs) / lanes
             plans_by_gpu[g.key] = P.pack([dict(r, seconds=g_per_run) for r in runs], c.hardware.rental_days,
                                          c.hardware.reserve, lanes)
@@ -325,7 +326,7 @@ def _time_plan(sheet, c, t, rows, peaks, pilot, fits, target, ranks, rates, batc
     if rates is not None:
         from pilotrun.sheet.rates import costs
 
-        sheet["costs"] = costs(rates, plans_by_gpu, c.hardware.gpus)
+        sheet["costs"] = costs(rates, plans_by_gpu, c.hardware.gpus, wall, c.hardware.reserve)
     if c.hardware.gpus < ranks:
         sheet["problems"].append(f"hardware.gpus={c.hardware.gpus} is fewer than the {ranks} ranks of a run "
                                  f"(train.nproc); set hardware.gpus: {ranks}")
@@ -340,9 +341,12 @@ def _choose_launch(sheet, target, plans, plans_by_gpu) -> dict | None:
     given, else the target GPU's shortest plan that places every run (its longest when none does)."""
     cheapest = (sheet.get("costs") or {}).get("cheapest")
     if cheapest:
-        plan = next(p for p in plans_by_gpu[cheapest["gpu"]] if p["days"] == cheapest["days"])
+        packed = plans_by_gpu[cheapest["gpu"]]
+        plan = next((p for p in packed if p["days"] == cheapest["days"]), None) or \
+            next((p for p in packed if p["fits_all"]), packed[-1])  # the hourly plan: the shortest tier's limit
         return {"gpu": cheapest["gpu"], "days": plan["days"], "plan": plan,
-                "why": f"the cheapest plan that places every run ({sheet['costs']['path']})"}
+                "why": f"the cheapest plan that places every run ({sheet['costs']['path']})" if cheapest["days"]
+                else f"the cheapest is the hourly plan ({sheet['costs']['path']}); its time limit is this plan's"}
     if target is None or not plans:
         return None
     plan = next((p for p in plans if p["fits_all"]), plans[-1])
@@ -423,7 +427,7 @@ def _sheet_stage(loaded, home, *, target_env_path: str | None = None, gpu: str |
         summary += f"; campaign {P.fmt_duration(sheet['time']['total_s'] / sheet['time']['lanes'])}"
     if (sheet.get("costs") or {}).get("cheapest"):
         ch = sheet["costs"]["cheapest"]
-        summary += f"; cheapest {ch['days']}-day plan {ch['gpu']} {ch['cost']:,.2f} {sheet['costs']['currency']}".rstrip()
+        summary += f"; cheapest {ch['plan']} plan {ch['gpu']} {ch['cost']:,.2f} {sheet['costs']['currency']}".rstrip()
     fit_cols = ["gpu", "memory", "need", "verdict", "campaign time"]
     fit_rows = [{"gpu": f["name"], "memory": f"{f['memory_bytes'] / 2**30:g} GiB",
                  "need": size(f["need"]),
