@@ -69,7 +69,7 @@ def test_internal_error_exits_3(cli, tmp_path, monkeypatch):
     """A bug is not bad input: exit 3, a short message, the traceback in a file."""
     import pilotrun.rehearsal.data_checks.validate as v
 
-    def broken(loaded):
+    def broken(loaded, **options):  # validate's own signature (the verb passes home=)
         raise ZeroDivisionError("planted bug")
 
     monkeypatch.setattr(v, "validate", broken)

@@ -375,7 +375,7 @@ def _folder_config(path: Path, trust_remote_code: bool, overrides: dict):
         cfg, _ = PretrainedConfig.get_config_dict(str(path), local_files_only=True)
         cfg = dict(cfg, **overrides)
         if "auto_map" in cfg and trust_remote_code:
-            return AutoConfig.from_pretrained(str(path), local_files_only=True, trust_remote_code=True, **overrides)
+            return AutoConfig.from_pretrained(str(path), local_files_only=True, trust_remote_code=trust_remote_code, **overrides)
         return AutoConfig.for_model(cfg.pop("model_type"), **cfg)
     except Exception as e:
         raise BadInput(f"cannot read {path}/config.json: {e}", where="model.path",
