@@ -148,7 +148,9 @@ def test_resume_and_verify_show_their_workers_counts(setup):
     shown = visible_lines(raw)
     assert code == 0, raw
     text = unwrapped(shown)
-    assert re.search(r"pilotrun resume: reference run \(4 updates\) — update \d/4, loss [\d.]+ \(", text), text
+    # each update's line has its learning rate and rate (the loop's one line, train's and sweep's alike)
+    assert re.search(r"pilotrun resume: reference run \(4 updates\) — update \d/4, loss [\d.]+, lr \S+, [\d.]+ ex/s "
+                     r"\(", text), text
     assert re.search(r"pilotrun resume: resumed run \(a new process, from update 2\) — update \d/4, loss", text), text
     _fits(shown, 160)
     verifying = r"pilotrun verify: reloading the artifact in a new process — artifact 1/\d: \w+, \d+ control inputs"
@@ -207,3 +209,45 @@ def test_the_line_counts_the_time_left(log_stream):
     assert lines[0] == "pilotrun sweep: started"
     assert any(re.fullmatch(r"pilotrun sweep: run 2/4: control seed 1 — update \d+/10, loss 1\.0 "
                             r"\(\d s, about (9\.\d|10\.0) min left\)", ln) for ln in lines), lines
+
+
+def test_sweep_says_the_run_and_its_update_while_it_trains(tmp_path):
+    """The sweep's line followed the data's encoding and then nothing of the run: through the model's build,
+    the first validation and every update it said ``reading and encoding the validation split``. Now each
+    phase of the run is a milestone after the run's head, and each update has its rate."""
+    campaign = tiny_causal_campaign(tmp_path / "c", _records(16), _records(4), train__micro_batch=2,
+                                    train__accumulation=2, train__eval_batch=2, train__updates=4,
+                                    train__eval_every=2, train__save_every=2,
+                                    plan__control={"train.lr": 3e-3}, plan__variants=[{"train.lr": 1e-3}])
+    p = run_cli_process("sweep", campaign, "--home", tmp_path / "home", env={"COLUMNS": "80"})
+    assert p.returncode == 0, p.stderr
+    lines = [ln for ln in p.stderr.splitlines() if ln.startswith("pilotrun sweep: run ")]
+    first = [ln for ln in lines if ln.startswith("pilotrun sweep: run 1/2: control seed 0 — ")]
+    built = next(i for i, ln in enumerate(first) if " — building the model (" in ln)
+    assert not any("reading and encoding" in ln for ln in first[built:]), first
+    assert any(" — validation of 4 examples before update 1 (" in ln for ln in first), first
+    assert any(re.search(r" — update 2/4, loss [\d.]+, lr \S+, [\d.]+ ex/s; validation of 4 examples \(", ln)
+               for ln in first), first
+    assert any("; saving checkpoint update-000002 (" in ln for ln in first), first
+    rates = [float(r) for r in re.findall(r"run 2/2: variant train\.lr=0\.001 seed 0 — update 4/4, loss [\d.]+, "
+                                          r"lr \S+, ([\d.]+) ex/s", p.stderr)]
+    assert rates and all(r > 0 for r in rates), p.stderr
+    code, _, raw = run_pty("sweep", campaign, "--home", tmp_path / "home2", cols=80)
+    assert code == 0, raw
+    shown = visible_lines(raw)
+    assert re.search(r"pilotrun sweep: run 1/2: control seed 0 — update \d/4, loss [\d.]+, lr \S+, [\d.]+ ex/s",
+                     unwrapped(shown)), shown
+    _fits(shown, 80)
+
+
+def test_a_slow_update_has_a_rate_not_rounded_to_nothing():
+    """135M on a CPU: 8 examples in 200 s is 0.04 ex/s, which one decimal place showed as ``0.0 ex/s``."""
+    from types import SimpleNamespace
+
+    from pilotrun.engine.loop import update_line
+
+    state = SimpleNamespace(update=1, total_updates=4)
+    slow = update_line(state, {"loss": 2.5, "lr": 1e-4, "examples": 8, "seconds": 200.0})
+    assert slow == "update 1/4, loss 2.5000, lr 1.00e-04, 0.04 ex/s (25 s/ex)", slow
+    fast = update_line(state, {"loss": 2.5, "lr": 1e-4, "examples": 16, "seconds": 0.08})
+    assert fast.endswith(", 200.0 ex/s"), fast

@@ -26,7 +26,7 @@ def sweep(campaign, continue_id, fixed_id, sets, ray_address, home, as_json):
 
     loaded = load(campaign, sets)
 
-    from pilotrun.report.progress import head, stage_progress
+    from pilotrun.report.progress import head, say, stage_progress
     from pilotrun.sheet.plan import fmt_duration
 
     def on_start(r):
@@ -34,14 +34,14 @@ def sweep(campaign, continue_id, fixed_id, sets, ray_address, home, as_json):
         eta = f" — about {fmt_duration(r['eta_s'])} left for the sweep" if r["eta_s"] else ""
         line = f"run {r['index']}/{r['of']}: {what} seed {r['seed']}"
         head(line, done=r["index"] - 1, total=r["of"], eta_s=r["eta_s"])
-        click.echo(line + eta, err=True)
+        say(line + eta)
 
     def on_run(r):
         again = f" (supersedes {r['supersedes']})" if r["supersedes"] else ""
         node = r.get("node")
         where = f" on node {node['node_id'][:8]} ({node['host']})" if node else ""
-        click.echo(f"run {r['index']}/{r['of']}: {r['arm']} [{r['label']}] seed {r['seed']} → {r['run_id']} "
-                   f"{r['status']}{again}{where}", err=True)
+        say(f"run {r['index']}/{r['of']}: {r['arm']} [{r['label']}] seed {r['seed']} → {r['run_id']} "
+            f"{r['status']}{again}{where}")
 
     with stage_progress("sweep"):
         result = run_sweep(loaded, home_for(home, campaign), continue_id=continue_id, on_run=on_run,

@@ -221,6 +221,21 @@ def evaluate(state: TrainState, task, examples: list, batch_size: int) -> dict:
     return {"val_loss": total / count if count else float("nan"), "targets": int(count), "examples": len(examples)}
 
 
+def rate_text(examples: int, seconds: float) -> str:
+    """Examples per second for a progress line, never ``0.0`` for a rate above zero: a large model on a CPU
+    takes minutes per update (0.04 ex/s), which one decimal place rounded to nothing."""
+    if not seconds or not examples:
+        return "0 ex/s" if seconds else "? ex/s"
+    rate = examples / seconds
+    return f"{rate:.1f} ex/s" if rate >= 1 else f"{rate:.2g} ex/s ({seconds / examples:.3g} s/ex)"
+
+
+def update_line(state, out: dict) -> str:
+    """The progress line of one update: its number, loss, learning rate and examples per second."""
+    return (f"update {state.update}/{state.total_updates}, loss {out['loss']:.4f}, lr {out['lr']:.2e}, "
+            f"{rate_text(out['examples'], out['seconds'])}")
+
+
 def _reshard(model) -> None:
     """FSDP2 keeps the root module's parameters gathered after a forward without backward: free them, so
     what follows a validation (a save, an export) does not hold the root's full weights."""
@@ -299,6 +314,7 @@ def train(state: TrainState, task, train_examples: list, val_examples: list, t, 
     from pilotrun import signals
     from pilotrun.engine.state import retain_checkpoints, save_state
     from pilotrun.report.progress import note
+    from pilotrun.verdicts import plural
 
     hooks = hooks or Hooks()
     watch = hooks.watch or _unwatched
@@ -306,10 +322,19 @@ def train(state: TrainState, task, train_examples: list, val_examples: list, t, 
     result = LoopResult("completed", f"budget of {state.total_updates} updates reached")
     end = state.total_updates if hooks.stop_at is None else min(hooks.stop_at, state.total_updates)
 
+    said = {"line": None}  # the latest update's progress line: what a phase after it (validation, save) extends
+
+    def phase(doing: str) -> None:
+        """Say a phase of the run on the stage's line, after the update it follows (never the stale label of
+        whatever ran before the loop, such as the data's encoding); a milestone, logged at once."""
+        note(f"{said['line']}; {doing}" if said["line"] else doing, log=True)
+
     def do_eval() -> bool:
         """Returns True when the patience rule stops the run."""
         if not val_examples:
             return False
+        phase(f"validation of {plural(len(val_examples), 'example')}" if state.update else
+              f"validation of {plural(len(val_examples), 'example')} before update 1")
         with watch("evaluation", {"update": state.update, "eval_batch": t.eval_batch,
                                   "seq_len": max(e.length for e in val_examples)}):
             ev = evaluate(state, task, val_examples, t.eval_batch)
@@ -354,8 +379,8 @@ def train(state: TrainState, task, train_examples: list, val_examples: list, t, 
                 state.initial_loss = out["loss"]
             if hooks.on_update:
                 hooks.on_update(state, out)
-            note(f"update {state.update}/{state.total_updates}, loss {out['loss']:.4g}", done=state.update,
-                 total=state.total_updates, log=state.update == end)
+            said["line"] = update_line(state, out)
+            note(said["line"], done=state.update, total=state.total_updates, log=state.update == end)
             if progress is not None:
                 progress(state, out)
             if not out["finite"]:
@@ -390,6 +415,7 @@ def train(state: TrainState, task, train_examples: list, val_examples: list, t, 
             asked = signals.pending()  # a SIGTERM under a grace: one more checkpoint, here, then stop
             if checkpoint_dir is not None and ((t.save_every and state.update % t.save_every == 0) or asked):
                 note_best_checkpoint(state, result.evals, plan_metric, goal)
+                phase(f"saving checkpoint update-{state.update:06d}")
                 with watch("save", {"update": state.update}):
                     path = save_state(state, f"{checkpoint_dir}/update-{state.update:06d}")
                 if t.keep_checkpoints and world_rank()[1] == 0:

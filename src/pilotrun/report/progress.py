@@ -3,6 +3,7 @@
     with stage_progress("resume"):                  # the CLI wraps overfit, pilot, resume, fit, verify, train, sweep
         head("reference run")                       # the part of the stage running now (clears what it did)
         note("update 6/12, loss 0.41", done=6, total=12)   # from anywhere in the process (the loop does)
+        say("run 1/3 → 2026… completed")              # a line that stays, above the live line
 
 On a terminal one live line (wrapped at the terminal's width): a bar, the verb, the part, what it is doing
 with its counts, the elapsed time and, where counts allow, the time left. The bar follows the part's count
@@ -53,6 +54,17 @@ def head(part: str, *, done: int | None = None, total: int | None = None, at_mos
          eta_s: float | None = None) -> None:
     """Start a part of the stage (``eta_s``: a time left known from elsewhere, e.g. the sweep's time plan)."""
     _say("head", _count(part, done, total, at_most, eta_s), True)
+
+
+def say(line: str) -> None:
+    """A line that stays, on the stage's stream: above the live line on a terminal (click's own stderr would
+    write past rich's and leave the line's text glued to it), between the heartbeats in a log."""
+    cur = _CURRENT.get("stage")
+    live = cur.get("live") if cur is not None else None
+    if live is not None:
+        live.console.print(line, markup=False, highlight=False, emoji=False, soft_wrap=True)
+    else:
+        _line(cur["stream"] if cur is not None and cur.get("stream") is not None else sys.stderr, line)
 
 
 def _say(level: str, item: dict, log: bool) -> None:

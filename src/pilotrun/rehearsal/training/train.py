@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from pilotrun.engine.loop import Hooks, make_state, train
+from pilotrun.engine.loop import Hooks, make_state, train, update_line
 from pilotrun.journal.files import write_manifest
 from pilotrun.journal.store import Journal
 from pilotrun.rehearsal.prepare import Prepared, prepare, require_weights
@@ -81,6 +81,7 @@ def train_run(loaded, home, *, kind: str = "train", supersedes: str | None = Non
     from pilotrun.engine.launcher import Ranks
 
     from pilotrun import startup
+    from pilotrun.report.progress import note
 
     require_weights(loaded)
     t_start = time.perf_counter() - (prepare_s or 0.0)  # a caller that prepared for us says how long it took
@@ -102,6 +103,8 @@ def train_run(loaded, home, *, kind: str = "train", supersedes: str | None = Non
     t_load = time.perf_counter()
     overhead = {"startup_s": startup_s, "run_overhead_s": t_load - t_release}
     # a model that cannot be built (no weights, a vocabulary too small) is bad input: before the run exists
+    if progress:
+        note("building the model", log=True)  # not the data's encoding, which is done
     built = (prep.task.build_model(), time.perf_counter() - t_load)
     if spawn:
         built = None  # each spawned rank builds its own; this process only proved that it can be built
@@ -171,12 +174,15 @@ def _ranked_run(job: TrainJob, prep: Prepared, rec: RunRecorder | None, hooks: H
     from pilotrun.probe.memory import release_free_memory
     from pilotrun.probe.watch import PeakWatch
     from pilotrun.engine.artifact import export_artifact
+    from pilotrun.report.progress import note
 
     c = prep.c
     arith = prep.arithmetic()
     world, rank = world_rank()
     if built is None:
         release_free_memory()
+        if progress:
+            note("building the model", log=True)
         t_load = time.perf_counter()
         built = (prep.task.build_model(), time.perf_counter() - t_load)
     model, load_s = built
@@ -223,8 +229,15 @@ def _ranked_run(job: TrainJob, prep: Prepared, rec: RunRecorder | None, hooks: H
                        stop_at=user.stop_at, watch=watch)
     result = train(state, prep.task, prep.train, prep.validation, c.train, plan_metric=c.plan.metric,
                    goal=c.plan.goal, checkpoint_dir=run_dir / "checkpoints", hooks=loop_hooks,
-                   progress=_progress if progress else None)
+                   progress=None)
     timing["loop_s"] = result.wall_s
+
+    def phase(doing: str) -> None:  # what follows the loop, on the stage's line after the last update
+        if progress:
+            last = update_line(state, result.history[-1]) if result.history else None
+            note(f"{last}; {doing}" if last else doing, log=True)
+
+    phase("saving checkpoints/final")
     t0 = time.perf_counter()
     with watch("save", {"update": state.update, "path": "checkpoints/final"}):
         save_state(state, run_dir / "checkpoints" / "final")
@@ -232,6 +245,7 @@ def _ranked_run(job: TrainJob, prep: Prepared, rec: RunRecorder | None, hooks: H
     artifact = []
     ran_out = result.status == "failed"  # out of memory: no artifact or predictions a later stage could trust
     if job.save_artifact and not ran_out:
+        phase("exporting the artifact")
         t0 = time.perf_counter()
         with watch("export", {"update": state.update, "path": "artifact"}):
             artifact = export_artifact(prep.task, wrapped, run_dir / "artifact", rank, c.train.strategy)
@@ -239,6 +253,8 @@ def _ranked_run(job: TrainJob, prep: Prepared, rec: RunRecorder | None, hooks: H
     # under FSDP every rank takes part in the forward passes; otherwise rank 0 alone, on the plain module
     predicting = not ran_out and (rank == 0 or c.train.strategy == "fsdp")
     pred_model = wrapped if c.train.strategy == "fsdp" else model
+    if predicting:
+        phase("predicting the control examples" + (" and the validation split" if job.validation_predictions else ""))
     t0 = time.perf_counter()
     computed = control_predictions(prep, pred_model) if predicting else None
     timing["control_s"] = time.perf_counter() - t0
@@ -389,10 +405,3 @@ def _median(xs):
     return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
 
 
-def _progress(state, out) -> None:
-    """The stage's progress line (report/progress.py) with the update's loss, lr and examples per second."""
-    from pilotrun.report.progress import note
-
-    rate = out["examples"] / out["seconds"] if out["seconds"] else 0.0
-    note(f"update {state.update}/{state.total_updates}, loss {out['loss']:.4f}, lr {out['lr']:.2e}, {rate:.1f} ex/s",
-         done=state.update, total=state.total_updates)
