@@ -13,7 +13,7 @@ import pytest
 
 from pilotrun.journal.files import temp_path
 from pilotrun.journal.store import Journal
-from pilotrun.scratch import _host, make_dir
+from pilotrun.scratch import host_tag, make_dir
 
 
 def _dead_pid() -> int:
@@ -55,8 +55,8 @@ def test_archive_removes_a_killed_archives_temporary(cli, tmp_path, live_pid):
     (j.run_dir(run_id) / "config.yaml").write_text("name: x\n")
     out = tmp_path / "out" / "a.tar.gz"
     out.parent.mkdir()
-    dead = temp_path(out).with_name(f".a.tar.gz.tmp-{_host_of_files()}-{_dead_pid()}")
-    live = temp_path(out).with_name(f".a.tar.gz.tmp-{_host_of_files()}-{live_pid}")
+    dead = temp_path(out).with_name(f".a.tar.gz.tmp-{host_tag()}-{_dead_pid()}")
+    live = temp_path(out).with_name(f".a.tar.gz.tmp-{host_tag()}-{live_pid}")
     other = temp_path(out).with_name(".a.tar.gz.tmp-another_host-12345")
     _plant(out.parent, [dead.name, live.name, other.name])
     r = cli("archive", run_id, "--out", out, "--home", home)
@@ -65,35 +65,29 @@ def test_archive_removes_a_killed_archives_temporary(cli, tmp_path, live_pid):
     assert not dead.exists() and live.exists() and other.exists()
 
 
-def _host_of_files() -> str:
-    from pilotrun.journal.files import _host as files_host
-
-    return files_host()
-
-
 def test_a_stage_removes_dead_progress_files(tmpdir_env, live_pid):
     import io
 
     from pilotrun.report.progress import FILE_ENV, stage_progress
 
     dead_pid = _dead_pid()
-    dead = _plant(tmpdir_env, [f"pilotrun-progress-{_host()}-{dead_pid}-ab12cd34",
-                               f"pilotrun-progress-{_host()}-{dead_pid}-ab12cd34.4242.tmp"])
-    kept = _plant(tmpdir_env, [f"pilotrun-progress-{_host()}-{live_pid}-ab12cd34",
+    dead = _plant(tmpdir_env, [f"pilotrun-progress-{host_tag()}-{dead_pid}-ab12cd34",
+                               f"pilotrun-progress-{host_tag()}-{dead_pid}-ab12cd34.4242.tmp"])
+    kept = _plant(tmpdir_env, [f"pilotrun-progress-{host_tag()}-{live_pid}-ab12cd34",
                                f"pilotrun-progress-elsewhere-{dead_pid}-ab12cd34", "pilotrun-progress-odd"])
     with stage_progress("train", stream=io.StringIO()):
         mine = os.environ[FILE_ENV]
-        assert os.path.basename(mine).startswith(f"pilotrun-progress-{_host()}-{os.getpid()}-")
+        assert os.path.basename(mine).startswith(f"pilotrun-progress-{host_tag()}-{os.getpid()}-")
     assert not any(p.exists() for p in dead)
     assert all(p.exists() for p in kept)
 
 
 def test_a_new_rank_folder_removes_the_dead_ones(tmpdir_env, live_pid):
-    dead = tmpdir_env / f"pilotrun-ranks-{_host()}-{_dead_pid()}-0011aabb"
-    live = tmpdir_env / f"pilotrun-ranks-{_host()}-{live_pid}-0011aabb"
+    dead = tmpdir_env / f"pilotrun-ranks-{host_tag()}-{_dead_pid()}-0011aabb"
+    live = tmpdir_env / f"pilotrun-ranks-{host_tag()}-{live_pid}-0011aabb"
     for d in (dead, live):
         d.mkdir()
         (d / "rank0.json").write_text("{}")
     fresh = make_dir("pilotrun-ranks-")
-    assert fresh.is_dir() and fresh.name.startswith(f"pilotrun-ranks-{_host()}-{os.getpid()}-")
+    assert fresh.is_dir() and fresh.name.startswith(f"pilotrun-ranks-{host_tag()}-{os.getpid()}-")
     assert not dead.exists() and live.exists()

@@ -9,6 +9,7 @@ checkpoints remove a killed save's hidden folder (``journal/files.remove_stale_t
 
 from __future__ import annotations
 
+import functools
 import os
 import secrets
 import shutil
@@ -17,16 +18,22 @@ import tempfile
 from pathlib import Path
 
 
-def _host() -> str:
-    return "".join(ch if ch.isalnum() else "_" for ch in socket.gethostname()) or "host"
+@functools.cache
+def host_tag() -> str:
+    """This host's name as it goes into a temporary's name (no ``-``, which separates the PID): the one rule for
+    TMPDIR temporaries here and the hidden temps beside a file (``journal/files.temp_path``)."""
+    return "".join(ch if ch.isalnum() or ch in "._" else "_" for ch in socket.gethostname()) or "host"
 
 
 def owned_name(prefix: str) -> str:
-    return f"{prefix}{_host()}-{os.getpid()}-{secrets.token_hex(4)}"
+    return f"{prefix}{host_tag()}-{os.getpid()}-{secrets.token_hex(4)}"
 
 
-def pid_alive(pid: int) -> bool:
-    """Whether process ``pid`` exists on this host (this process's own counts; another user's too)."""
+def pid_alive(pid: int | None) -> bool:
+    """Whether process ``pid`` exists on this host (this process's own counts; another user's too; no PID, or
+    0, is no process)."""
+    if not pid:
+        return False
     if pid == os.getpid():
         return True
     try:
@@ -49,7 +56,7 @@ def remove_dead(prefix: str, folder: str | Path | None = None) -> list[Path]:
     for p in entries:
         host, _, rest = p.name[len(prefix):].rpartition("-")[0].rpartition("-")
         pid = rest
-        if host != _host() or not pid.isdigit() or pid_alive(int(pid)):
+        if host != host_tag() or not pid.isdigit() or pid_alive(int(pid)):
             continue
         if p.is_dir() and not p.is_symlink():
             shutil.rmtree(p, ignore_errors=True)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import errno
-import functools
 import json
 import os
 import shutil
@@ -16,7 +15,7 @@ from typing import Any, Callable, Iterator, TypeVar
 from pilotrun.errors import BadInput, DiskFull
 
 from pilotrun.provenance import file_sha256
-from pilotrun.scratch import pid_alive
+from pilotrun.scratch import host_tag, pid_alive
 
 MANIFEST = "manifest.json"
 KILL_ENV = "PILOTRUN_TEST_KILL_SAVE_AT"  # test switch only: see kill_point
@@ -135,18 +134,11 @@ def reading_weights(path: str | Path, what: str = "weights") -> Iterator[None]:
                                          "checkpoint or artifact written by pilotrun, or write it again") from None
 
 
-@functools.cache
-def _host() -> str:
-    import socket
-
-    return "".join(ch if ch.isalnum() or ch in "._" else "_" for ch in socket.gethostname()) or "host"
-
-
 def temp_path(path: str | Path) -> Path:
     """Where ``path`` is written before it is renamed into place: hidden, beside it, named after this
     host and process so that ``remove_stale_temps`` can tell a dead writer's leftovers from live work."""
     path = Path(path)
-    return path.with_name(f".{path.name}.tmp-{_host()}-{os.getpid()}")
+    return path.with_name(f".{path.name}.tmp-{host_tag()}-{os.getpid()}")
 
 
 def remove_stale_temps(folder: str | Path) -> list[Path]:
@@ -160,7 +152,7 @@ def remove_stale_temps(folder: str | Path) -> list[Path]:
         if not p.name.startswith(".") or ".tmp-" not in p.name:
             continue
         host, _, pid = p.name.rsplit(".tmp-", 1)[1].rpartition("-")
-        if host != _host() or not pid.isdigit() or pid_alive(int(pid)):
+        if host != host_tag() or not pid.isdigit() or pid_alive(int(pid)):
             continue
         if p.is_dir() and not p.is_symlink():
             shutil.rmtree(p, ignore_errors=True)

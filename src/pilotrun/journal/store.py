@@ -18,6 +18,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator
 
+from pilotrun.scratch import pid_alive
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
     run_id TEXT PRIMARY KEY,
@@ -196,18 +198,6 @@ def resolve_home(home: str | Path | None, campaign_path: str | Path | None = Non
         return Path(os.environ["PILOTRUN_HOME"]).expanduser().resolve()
     base = Path(campaign_path).resolve().parent if campaign_path else Path.cwd()
     return base / ".pilotrun"
-
-
-def _pid_alive(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _wal(db: sqlite3.Connection) -> None:
@@ -402,7 +392,7 @@ class Journal:
                     (now(), json.dumps({"reason": f"its lease lapsed: no heartbeat since {iso(beat)} ({where}; "
                                                   f"the bound is {bound:g}s, {LEASE_ENV})"}),
                      r["run_id"], beat, wall_time() - bound)).rowcount
-            if not lapsed and r["host"] == host and not _pid_alive(r["pid"]):
+            if not lapsed and r["host"] == host and not pid_alive(r["pid"]):
                 self.finish_run(r["run_id"], "interrupted",
                                 {"reason": f"the process ended without finishing the run ({where})"})
 
@@ -515,7 +505,7 @@ class Journal:
             for cell in cells:
                 claim = held.get((cell[0], cell[1]))
                 if claim and claim["owner"] != OWNER and claim["heartbeat_at"] >= wall_time() - bound and not (
-                        claim["host"] == host and not _pid_alive(claim["pid"])):
+                        claim["host"] == host and not pid_alive(claim["pid"])):
                     taken.append(claim)
                     continue
                 db.execute("INSERT OR REPLACE INTO claims VALUES (?,?,?,?,?,?,?,?)",
