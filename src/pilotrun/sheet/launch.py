@@ -134,9 +134,18 @@ def setup_lines(launch: dict, wheel_ref: str | None) -> list[str]:
     lines = [torch_line, "pip install " + " ".join([shlex.quote(p) for p in launch["packages"]] + [ref])]
     for f in launch["inputs"]:
         if f["kind"] == "hub":
-            lines.append(f"[ -d {shlex.quote(f['written'])} ] || hf download {shlex.quote(f['written'])} "
-                         f"--local-dir {shlex.quote(f['written'])}")
+            lines.append(hub_download(f["written"]))
     return lines
+
+
+def hub_download(spec: str) -> str:
+    """The set-up line for a hub id as the campaign writes it (``org/name`` or ``org/name@rev``): huggingface_hub's
+    CLI takes the revision as ``--revision``, never in the id; the folder is the path as written, so the
+    campaign file, unchanged, reads the local folder (a local folder wins over a hub id, campaign/hub.py)."""
+    from pilotrun.campaign.hub import fetch_command, split_id
+
+    repo, rev = split_id(spec)
+    return f"[ -d {shlex.quote(spec)} ] || {fetch_command(repo, rev)} --local-dir {shlex.quote(spec)}"
 
 
 def sky_task(s: dict, launch: dict, wheel: Path | None) -> dict:
