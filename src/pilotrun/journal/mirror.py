@@ -23,7 +23,7 @@ import shutil
 import sqlite3
 from pathlib import Path
 
-from pilotrun.journal.files import MANIFEST, fsync_dir, temp_path
+from pilotrun.journal.files import MANIFEST, atomic_write_via
 
 JOURNAL = "journal.sqlite"
 _SKIP_SUFFIXES = ("-wal", "-shm", "-journal")  # SQLite's own files beside the database: never copied
@@ -31,9 +31,8 @@ _SKIP_SUFFIXES = ("-wal", "-shm", "-journal")  # SQLite's own files beside the d
 
 def snapshot_journal(src: Path, dest: Path) -> None:
     """A consistent copy of the SQLite database ``src`` (WAL included) as ``dest``, whole or not at all."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temp_path(dest)
-    try:
+
+    def backup(tmp: Path) -> None:
         source = sqlite3.connect(src, timeout=30.0)
         try:
             target = sqlite3.connect(tmp)
@@ -43,13 +42,8 @@ def snapshot_journal(src: Path, dest: Path) -> None:
                 target.close()
         finally:
             source.close()
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, dest)
-        fsync_dir(dest.parent)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+
+    atomic_write_via(dest, backup)
 
 
 def _files(root: Path) -> list[Path]:
@@ -76,16 +70,7 @@ def _same(a: Path, b: Path) -> bool:
 
 
 def _copy(src: Path, dest: Path) -> None:
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temp_path(dest)
-    try:
-        shutil.copy2(src, tmp)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, dest)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    atomic_write_via(dest, lambda tmp: shutil.copy2(src, tmp))
 
 
 def mirror(src: str | Path, dest: str | Path, *, journal: bool = True, restore: bool = False) -> dict:
