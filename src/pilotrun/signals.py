@@ -11,6 +11,11 @@ A scheduler that gives a grace period before it kills (SLURM ``--signal=TERM@S``
 ``$PILOTRUN_TERM_GRACE_S`` > 0 a SIGTERM is only noted; the loop ends after the update in progress, saves a
 checkpoint there (``pending``) and raises; if the grace runs out first, it raises wherever it is. SIGINT and
 SIGHUP never wait. A second signal while the first is being handled ends the process at once.
+
+A run the journal reaped while this process could not renew its lease (stopped by SIGSTOP or Ctrl-Z, a frozen
+VM: ``journal.store.Lease``) is fenced: :class:`Reaped`, raised at the next journal write or checkpoint of the
+run, or in the main thread as soon as the lease's thread finds the row gone (``fence``). The process then
+writes nothing more into the run and exits 143, as a preempted run does.
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ GRACE_ENV = "PILOTRUN_TERM_GRACE_S"
 
 _pending: int | None = None  # a SIGTERM noted under a grace, waiting for the loop's next update boundary
 _ending = False  # a Preempted was raised: this process is unwinding
+_installed = False  # install() ran: the main thread has our handlers
+_fenced: str | None = None  # a Reaped waiting for the main thread (fence)
 
 
 class Preempted(KeyboardInterrupt):
@@ -43,6 +50,31 @@ class Preempted(KeyboardInterrupt):
         return what or f"stopped by {self.name} (preempted, or stopped by a scheduler or the user)"
 
 
+class Reaped(KeyboardInterrupt):
+    """The journal interrupted this process's run (its lease lapsed while the process was stopped, SIGSTOP or a
+    frozen VM): the run is another's to judge now, this process stops without writing more into it. Exit 143,
+    as a preempted run: to a scheduler both mean "requeue"."""
+
+    exit_code = 128 + signal.SIGTERM
+    name = "reaped"
+
+    def __init__(self, reason: str):
+        self.reason = reason
+        super().__init__(reason)
+
+
+def fence(reason: str) -> None:
+    """From the lease's thread: raise :class:`Reaped` in the main thread now (where ``install`` ran; elsewhere
+    the run's next journal write raises it)."""
+    global _fenced
+    if not _installed or _ending or threading.current_thread() is threading.main_thread():
+        return
+    import _thread
+
+    _fenced = reason
+    _thread.interrupt_main(signal.SIGINT)  # runs _handler in the main thread, which raises _fenced
+
+
 def grace_s() -> float:
     """``$PILOTRUN_TERM_GRACE_S``: seconds a SIGTERM may wait for the update in progress and one checkpoint."""
     raw = os.environ.get(GRACE_ENV, "").strip()
@@ -59,18 +91,25 @@ def grace_s() -> float:
 
 def install() -> None:
     """Route SIGINT, SIGTERM and SIGHUP to :class:`Preempted` (the main thread of the console script only)."""
-    global _pending, _ending
+    global _pending, _ending, _installed, _fenced
     if threading.current_thread() is not threading.main_thread():
         return
-    _pending, _ending = None, False
+    _pending, _ending, _fenced = None, False, None
     grace_s()  # a malformed grace is bad input before anything starts
     for s in SIGNALS:
         signal.signal(s, _handler)
     signal.signal(signal.SIGALRM, _grace_over)
+    _installed = True
 
 
 def _handler(signum, frame) -> None:
-    global _pending, _ending
+    global _pending, _ending, _fenced
+    if _fenced is not None:  # not a signal: the lease's thread found the run reaped (fence)
+        reason, _fenced = _fenced, None
+        if not _ending:
+            _ending = True
+            raise Reaped(reason)
+        return
     if _ending:  # a second signal while unwinding: stop now, as the signal's default would
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)

@@ -24,6 +24,7 @@ from pilotrun.engine.distributed import all_reduce_sum, world_rank
 from pilotrun.engine.optim import make_optimizer, make_scheduler
 from pilotrun.engine.precision import autocast, make_scaler
 from pilotrun.engine.sampler import UpdateSampler
+from pilotrun.journal.store import check_fence
 
 OOM_ENV = "PILOTRUN_TEST_OOM_AT_UPDATE"  # test switch only: see _planted_oom
 
@@ -414,6 +415,7 @@ def train(state: TrainState, task, train_examples: list, val_examples: list, t, 
                     break
             asked = signals.pending()  # a SIGTERM under a grace: one more checkpoint, here, then stop
             if checkpoint_dir is not None and ((t.save_every and state.update % t.save_every == 0) or asked):
+                check_fence()  # a run the journal reaped while this process was stopped: no checkpoint into it
                 note_best_checkpoint(state, result.evals, plan_metric, goal)
                 phase(f"saving checkpoint update-{state.update:06d}")
                 with watch("save", {"update": state.update}):
