@@ -60,9 +60,13 @@ def create_run(journal: Journal, *, kind: str, name: str, config: dict, seed: in
 
 def ending(exc: BaseException) -> tuple[str, dict]:
     """The status and summary of a run ended by ``exc``: Ctrl-C or a signal (``signals.Preempted``: SIGTERM,
-    SIGHUP) interrupts it, anything else fails it."""
-    if isinstance(exc, KeyboardInterrupt):
-        return "interrupted", {"reason": getattr(exc, "reason", INTERRUPTED)}
+    SIGHUP) interrupts it, and so does an error that is part of such a stop (``signals.interruption``: one after
+    a signal, a peer rank lost in a collective); anything else fails it."""
+    from pilotrun.signals import interruption
+
+    stopped = interruption(exc)
+    if stopped is not None:
+        return "interrupted", {"reason": getattr(stopped, "reason", INTERRUPTED)}
     return "failed", {"reason": f"{type(exc).__name__}: {exc}"}
 
 
