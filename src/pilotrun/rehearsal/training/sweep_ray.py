@@ -144,8 +144,8 @@ def run_remote(todo: list, *, journal, sweep_id: str, plan: dict, sets: tuple, a
     except BaseException as exc:  # Ctrl-C, or the driver's own failure: no run stays "running"
         for ref, job in in_flight.items():
             ray.cancel(ref, force=True)
-            why = ("interrupted by the user (Ctrl-C on the sweep's driver); the remote task was cancelled"
-                   if isinstance(exc, KeyboardInterrupt) else
+            why = (f"{getattr(exc, 'reason', None) or 'interrupted by the user (Ctrl-C)'} on the sweep's driver; "
+                   "the remote task was cancelled" if isinstance(exc, KeyboardInterrupt) else
                    f"the sweep's driver stopped ({type(exc).__name__}: {exc}); the remote task was cancelled")
             job["rec"].finish("interrupted", {"reason": why, "node": job["node"]})
         raise
