@@ -200,3 +200,44 @@ def test_skypilots_own_loader_reads_the_two_node_task(tmp_path, _hub_cache):
     assert task["files"]["~/shared/train.jsonl"] == str(tmp_path / "shared" / "train.jsonl")
     assert task["files"][f"~/pilotrun-wheel/{files[3].name}"] == str(files[3])
     assert f"--id {launch['sweep_id']}" in task["run"] and str(task["workdir"]).endswith("camp")
+
+
+def _hf_download_params(line: str) -> dict:
+    """The `hf download …` part of a set-up line as the installed huggingface_hub CLI parses it (its click
+    command's own parser; nothing is run, nothing contacts the hub)."""
+    import shlex
+
+    import click
+    from huggingface_hub.cli.hf import app
+
+    words = shlex.split(line.split("|| ", 1)[1])
+    assert words[:2] == ["hf", "download"], line
+    cmd = app.get_command(click.Context(app), "download")
+    cmd = cmd.materialize() if hasattr(cmd, "materialize") else cmd  # the CLI loads its commands lazily
+    return cmd.make_context("download", words[2:]).params
+
+
+def test_a_hub_revision_is_downloaded_with_the_clis_own_revision_option(tmp_path):
+    """``org/name@rev``: the installed `hf download` takes the id and ``--revision rev`` (an ``@`` in the id is
+    no revision to it), into the folder the campaign file names; the id without a revision gets none."""
+    import json
+
+    from hubcache import add_model, tokenizer_files
+
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    add_model(tmp_path / "hf-cache", "org-y/model.v3", {"config.json": json.dumps(TINY_LLAMA).encode(),
+                                                        **tokenizer_files()}, commit=commit)
+    loaded = load_campaign(_far_campaign(tmp_path, model_path=f"org-y/model.v3@{commit}"))
+    setup = sky_task({"campaign": "far"}, launch_plan(_sheet(), loaded, BY_KEY["h100-sxm"], None),
+                     tmp_path / "w.whl")["setup"]
+    line = next(x for x in setup.splitlines() if "hf download" in x)
+    assert line == (f"[ -d org-y/model.v3@{commit} ] || hf download org-y/model.v3 --revision {commit} "
+                    f"--local-dir org-y/model.v3@{commit}")
+    params = _hf_download_params(line)
+    assert (params["repo_id"], params["revision"], params["local_dir"]) == \
+        ("org-y/model.v3", commit, f"org-y/model.v3@{commit}")
+    plain = _hf_download_params("[ -d org-x/model.v2 ] || hf download org-x/model.v2 --local-dir org-x/model.v2")
+    assert (plain["repo_id"], plain["revision"]) == ("org-x/model.v2", None)
+    # the line the old set-up wrote: the CLI takes "@rev" as part of the id, and no revision
+    old = _hf_download_params(f"[ -d x ] || hf download org-y/model.v3@{commit} --local-dir x")
+    assert old["repo_id"].endswith(commit) and old["revision"] is None

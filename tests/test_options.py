@@ -103,8 +103,13 @@ def test_70b_sheet_without_pilot_lists_options(tmp_path, cli):
     assert fsdp, [(r["option"], r["need"] / 2**30) for r in h100]
     assert all(r["need"] <= 80 * 2**30 for r in fsdp)
     assert not any(r["fits"] for r in h100 if r["option"] in ("written", "ckpt"))  # as written: 657 GiB per GPU
-    assert table["tp"]["degree"] == 8  # FSDP fits one H100 node: no multi-node row there, TP × FSDP included
-    assert not any(r["count"] > 8 for r in table["rows"] if r["gpu"] == "h100-sxm")
+    assert table["tp"]["degree"] == 8
+    # on one H100 node only optimizer offload fits (host-bound): that does not end the search over nodes, and
+    # over 2 nodes FSDP's 16 data ranks double the effective batch, so only TP × FSDP keeps it there
+    h100_16 = [r for r in table["rows"] if r["gpu"] == "h100-sxm" and r["count"] == 16]
+    assert {r["option"] for r in h100_16 if r["fits"] and r["keeps"]} == {"tp_fsdp", "tp_fsdp_ckpt"}
+    assert all(r["changes"].startswith("effective batch 16, not 8") for r in h100_16 if r["option"] == "fsdp")
+    assert not any(r["count"] > 8 for r in table["rows"] if r["gpu"] == "h200")  # FSDP fits one H200 node
     assert all(r["count"] > 8 and r["nodes"] * 8 == r["count"] for r in table["rows"] if r["option"].startswith("tp"))
     lora = [r for r in table["rows"] if r["option"] in ("lora", "fsdp_lora", "qlora")]
     assert lora and all(not r["keeps"] and "a different experiment" in r["changes"] for r in lora)
@@ -117,6 +122,69 @@ def test_70b_sheet_without_pilot_lists_options(tmp_path, cli):
     text = (tmp_path / "sheet.md").read_text()
     assert "NO PILOT" in text and "FSDP" in text and "cost USD" in text
     assert not [line for line in text.splitlines() if len(line) > 100]
+    # the recommended row is one node of 8 that pilotrun runs: its launch files, no torchrun
+    launch = payload["data"]["launch"]
+    assert launch["why"] == "the recommended row" and launch["row"]["option"] == rec["option"]
+    sbatch = (tmp_path / "sheet.sbatch").read_text()
+    assert f"#SBATCH --nodes=1\n#SBATCH --ntasks-per-node=1\n#SBATCH --gres=gpu:{rec['gpu'][:4]}:8\n" in sbatch
+    assert "torchrun" not in sbatch and "--set train.strategy=fsdp --set train.nproc=8 --set train.accumulation=1" \
+        in sbatch
+    assert "## Launch files" in text and payload["messages"][-1].startswith(f"written to {tmp_path}: sheet.md, ")
+
+
+def test_70b_sheet_without_pilot_writes_two_node_launch_files(tmp_path, cli):
+    """A 70B full fine-tune of effective batch 16 priced on H100s only: one node fits only with optimizer
+    offload, so the table goes over nodes; its recommendation (TP × FSDP) is not one pilotrun runs, so the
+    files are for FSDP on 2 nodes × 8, launched as torchrun over both, the limit from that row's time."""
+    import math
+    import subprocess
+
+    from pilotrun.campaign.arithmetic import examples_per_update
+    from pilotrun.campaign.load import load_campaign, parse_set
+    from pilotrun.sheet.launch import slurm_time
+
+    path = _campaign_70b(tmp_path)
+    c = yaml.safe_load(path.read_text())
+    c["train"]["accumulation"] = 16
+    path.write_text(yaml.safe_dump(c, sort_keys=False))
+    rates = tmp_path / "rates.yaml"
+    rates.write_text("currency: USD\nh100-sxm: 2.49\ninterconnect: {inter_node_gbs: 50}\n")
+    done = cli("sheet", path, "--home", str(tmp_path / "home"), "--out", str(tmp_path / "sheet.md"), "--rates",
+               str(rates), "--json")
+    assert done.code == 0, done.err
+    data = done.json["data"]
+    assert data["options"]["recommended"]["option"].startswith("tp_fsdp")
+    launch = data["launch"]
+    row = launch["row"]
+    assert (row["gpu"], row["count"], row["nodes"]) == ("h100-sxm", 16, 2) and row["option"].startswith("fsdp")
+    assert launch["why"].startswith("the recommended row (tensor parallel ×8 + FSDP across nodes on 16 × H100")
+    assert launch["why"].endswith("is not one pilotrun runs (pilotrun's engine runs single, DDP and FSDP with or "
+                                  "without checkpointing, not optimizer offload, tensor parallelism or a 4-bit "
+                                  "base); the files are for the cheapest row it runs that keeps the experiment")
+    sets = launch["files"]["sets"]
+    assert sets[:3] == ["train.strategy=fsdp", "train.nproc=16", "train.accumulation=1"]
+    # the row's settings keep the experiment's effective batch (16 ranks × 1 × 1)
+    assert examples_per_update(load_campaign(path).with_overrides(parse_set(sets)).campaign.train) == 16
+    sbatch = (tmp_path / "sheet.sbatch").read_text()
+    assert "#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=1\n#SBATCH --gres=gpu:h100:8\n" in sbatch
+    line = next(x for x in sbatch.splitlines() if "torchrun" in x)
+    assert line.startswith('srun --kill-on-bad-exit=1 torchrun --nnodes "$SLURM_NNODES" --nproc_per_node 8 '
+                           '--rdzv-backend c10d --rdzv-endpoint "$HEAD:29500"')
+    assert f"-m pilotrun sweep campaign.yaml --id {launch['files']['sweep_id']} " in line
+    assert " ".join(f"--set {x}" for x in sets) in line
+    limit = math.ceil((row["seconds"] * (1 + 0.5 + 0.2) + 180) / 60) * 60
+    assert f"#SBATCH --time={slurm_time(limit)}\n" in sbatch and "the options row's estimated campaign time" in sbatch
+    sky = yaml.safe_load((tmp_path / "sheet.sky.yaml").read_text())
+    assert sky["num_nodes"] == 2 and sky["resources"]["accelerators"] == "H100:8"
+    assert 'HEAD=$(echo "$SKYPILOT_NODE_IPS" | head -n1)' in sky["run"]
+    assert '--nnodes "$SKYPILOT_NUM_NODES" --nproc_per_node 8 --node_rank "$SKYPILOT_NODE_RANK"' in sky["run"]
+    commands = (tmp_path / "sheet.commands.sh").read_text()
+    assert "torchrun --nnodes 2 --nproc_per_node 8" in commands and "PILOTRUN_HEAD:?" in commands
+    for name in ("sheet.sbatch", "sheet.commands.sh"):
+        assert subprocess.run(["bash", "-n", str(tmp_path / name)]).returncode == 0, name
+    text = (tmp_path / "sheet.md").read_text()
+    assert "## Launch files" in text and "on 2 nodes × 8 × h100-sxm" in text.replace("\n", " ")
+    assert not [x for x in text.splitlines() if len(x) > 100]
 
 
 def test_small_campaign_without_pilot_still_asks_for_one(tmp_path, cli):
@@ -163,6 +231,14 @@ def test_405b_gets_tensor_parallel_across_nodes_that_keeps_the_batch(tmp_path, c
     assert same and all(r["peak"] <= f["peak"] for r, f in same)
     assert data["why_none"] is None
     assert any("tensor parallel" in m for m in done.json["messages"])
+    # no launch file runs TP: the sheet without a pilot says exactly why it writes none
+    from pilotrun.sheet.launch import launch_row
+    from pilotrun.sheet.options_view import pick
+
+    assert launch_row(data) == (None, f"the recommended row ({pick(rec, data)}) is not one pilotrun runs "
+                                      "(pilotrun's engine runs single, DDP and FSDP with or without checkpointing, "
+                                      "not optimizer offload, tensor parallelism or a 4-bit base), and no row it "
+                                      "runs keeps the experiment and fits")
 
 
 def test_heads_tp_cannot_divide_get_no_tp_row_and_the_reason(tmp_path, cli):

@@ -106,8 +106,14 @@ def run(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as e:
         code, error = _interrupted(e)
     except Exception as e:  # anything else is our bug, not the user's input
-        code, path = _internal_error(e)
-        error = {"kind": "internal", "message": f"{type(e).__name__}: {e}", "traceback": path}
+        from pilotrun.signals import interruption
+
+        stopped = interruption(e)  # unless it is part of a stop: after a signal, or a peer rank lost
+        if stopped is not None:
+            code, error = _interrupted(stopped)
+        else:
+            code, path = _internal_error(e)
+            error = {"kind": "internal", "message": f"{type(e).__name__}: {e}", "traceback": path}
     if _wants_json(argv):
         from pilotrun.cli.envelope import envelope, write
 

@@ -25,6 +25,19 @@ def all_reduce_sum(value, device) -> float:
     return float(t.item())
 
 
+def agree_max(value: int, device) -> int:
+    """The largest of every rank's ``value`` (one int64 all-reduce; ``value`` itself on one process): how the
+    ranks agree on a stop, so every one of them stops after the same update."""
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return int(value)
+    t = torch.tensor([int(value)], dtype=torch.int64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
 def default_device():
     import os
 
@@ -172,14 +185,23 @@ def _entry(rank: int, fn, world: int, port: int, args: tuple) -> None:
 
     import torch.distributed as dist
 
-    # a signal ends a rank at once, even inside a collective (a Python handler would wait for it): the
-    # parent sees which signal and ends the run 'interrupted' (``launch``)
-    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(s, signal.SIG_DFL)
+    from pilotrun import signals
+
+    # no grace: a signal ends a rank at once, even inside a collective (a Python handler would wait for it):
+    # the parent sees which signal and ends the run 'interrupted' (``launch``). With a grace the rank notes
+    # a SIGTERM as the console script does; the ranks agree on the update to stop after (engine/loop).
+    if signals.grace_s() > 0:
+        signals.install()
+    else:
+        for s in signals.SIGNALS:
+            signal.signal(s, signal.SIG_DFL)
     init_process_group(rank, world, port)
     try:
         fn(*args)
-    except BaseException:
+    except BaseException as e:
+        stopped = signals.interruption(e)
+        if stopped is not None:  # interrupted: the exit status says by what (torch's spawn would exit 0)
+            exit_rank(signals.exit_code_of(stopped))
         # torch.multiprocessing writes the traceback to the parent's error file, which wins over the
         # exit status however this process then ends
         if dist.is_initialized():
@@ -195,23 +217,31 @@ def launch(fn, nproc: int, args: tuple = ()) -> None:
     parent through the journal. A rank that raises makes this raise, with that rank's traceback. A rank
     ended by a signal (a preempted node, a scheduler's SIGTERM) ends the others and raises
     ``signals.Preempted``: the run is interrupted, not failed; so does a signal to this process, and every
-    rank is then stopped (SIGTERM, SIGKILL after ``STOP_S``).
+    rank is then stopped (SIGTERM, SIGKILL after ``STOP_S``). Under a grace (``$PILOTRUN_TERM_GRACE_S``) a
+    SIGTERM noted here is passed on to the ranks, which checkpoint after the same update and end 143.
     """
+    import os
+
     import torch.multiprocessing as mp
     from torch.multiprocessing.spawn import ProcessExitedException
 
-    from pilotrun.signals import Preempted, signal_of_exit
+    from pilotrun import signals
 
     ctx = mp.start_processes(_entry, args=(fn, nproc, free_port(), args), nprocs=nproc, join=False,
                              start_method="spawn")
+    passed_on = False
     try:
-        while not ctx.join(grace_period=STOP_S):
-            pass
+        while not ctx.join(timeout=0.2, grace_period=STOP_S):
+            if signals.pending() is not None and not passed_on:
+                passed_on = True
+                for p in ctx.processes:
+                    if p.is_alive():
+                        os.kill(p.pid, signals.pending())
     except ProcessExitedException as e:
-        signum = signal_of_exit(e.exit_code)
+        signum = signals.signal_of_exit(e.exit_code)
         if signum is None:
             raise
-        raise Preempted(signum) from None
+        signals.raise_now(signum)
     finally:
         stop_processes(ctx.processes)
 

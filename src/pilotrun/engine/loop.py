@@ -20,10 +20,11 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from pilotrun.engine.distributed import all_reduce_sum, world_rank
+from pilotrun.engine.distributed import agree_max, all_reduce_sum, world_rank
 from pilotrun.engine.optim import make_optimizer, make_scheduler
 from pilotrun.engine.precision import autocast, make_scaler
 from pilotrun.engine.sampler import UpdateSampler
+from pilotrun.journal.store import check_fence
 
 OOM_ENV = "PILOTRUN_TEST_OOM_AT_UPDATE"  # test switch only: see _planted_oom
 
@@ -355,6 +356,7 @@ def train(state: TrainState, task, train_examples: list, val_examples: list, t, 
 
     def loop() -> None:
         in_a_row = 0  # consecutive updates with a non-finite loss
+        several = world_rank()[0] > 1
         if state.update == 0:
             with _out_of_memory_ends_run("the validation before update 1"):
                 do_eval()
@@ -415,7 +417,10 @@ def train(state: TrainState, task, train_examples: list, val_examples: list, t, 
                                      f"(train.stop.patience) at update {state.update}")
                     break
             asked = signals.pending()  # a SIGTERM under a grace: one more checkpoint, here, then stop
+            if several:  # every rank stops after the same update, the one where any rank was asked to
+                asked = agree_max(asked or 0, state.device) or None
             if checkpoint_dir is not None and ((t.save_every and state.update % t.save_every == 0) or asked):
+                check_fence()  # a run the journal reaped while this process was stopped: no checkpoint into it
                 note_best_checkpoint(state, result.evals, plan_metric, goal)
                 phase(f"saving checkpoint update-{state.update:06d}")
                 with watch("save", {"update": state.update}):

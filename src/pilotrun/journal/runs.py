@@ -18,7 +18,7 @@ from pathlib import Path
 from pilotrun.errors import DiskFull
 from pilotrun.journal.files import atomic_write_json, atomic_write_text, dump_yaml
 from pilotrun.journal.files import is_disk_full as disk_full
-from pilotrun.journal.store import Journal
+from pilotrun.journal.store import Journal, Lease, check_fence
 from pilotrun.provenance import (command_line, config_sha256, file_sha256, git_revision, package_versions,
                                  plain_config)
 
@@ -60,9 +60,13 @@ def create_run(journal: Journal, *, kind: str, name: str, config: dict, seed: in
 
 def ending(exc: BaseException) -> tuple[str, dict]:
     """The status and summary of a run ended by ``exc``: Ctrl-C or a signal (``signals.Preempted``: SIGTERM,
-    SIGHUP) interrupts it, anything else fails it."""
-    if isinstance(exc, KeyboardInterrupt):
-        return "interrupted", {"reason": getattr(exc, "reason", INTERRUPTED)}
+    SIGHUP) interrupts it, and so does an error that is part of such a stop (``signals.interruption``: one after
+    a signal, a peer rank lost in a collective); anything else fails it."""
+    from pilotrun.signals import interruption
+
+    stopped = interruption(exc)
+    if stopped is not None:
+        return "interrupted", {"reason": getattr(stopped, "reason", INTERRUPTED)}
     return "failed", {"reason": f"{type(exc).__name__}: {exc}"}
 
 
@@ -136,6 +140,7 @@ class RunRecorder:
         """Journal rows are buffered: written in one transaction at most every ``FLUSH_S`` seconds, at every validation
         and checkpoint (``flush=True`` or ``flush()``) and when the run finishes — a killed run loses
         at most the last second of per-update metrics, never a validation or a checkpoint's."""
+        check_fence(self.run_id)  # a run the journal reaped while this process was stopped gets nothing more
         self._rows += [(split, k, step, float(v), examples_seen, wall_s) for k, v in values.items()]
         self._metrics.write(json.dumps({"split": split, "step": step, "examples_seen": examples_seen,
                                         "wall_s": wall_s, **{k: float(v) for k, v in values.items()}}) + "\n")
@@ -155,6 +160,10 @@ class RunRecorder:
 
     def finish(self, status: str, summary: dict | None = None) -> None:
         if self.finished:
+            return
+        if self.run_id in Lease.reaped:  # fenced (signals.Reaped): its row and files stay as the reaper left them
+            self._rows, self._progress, self.finished = [], None, True
+            self._metrics.close()
             return
         self.flush()
         self._metrics.close()

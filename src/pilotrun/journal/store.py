@@ -224,9 +224,16 @@ OWNER = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
 class Lease(threading.Thread):
     """Renews one running run's ``heartbeat_at`` (or, keyed ``claims:SWEEP``, this process's claims on a sweep's
     cells) while this process lives; stops when nothing is left to renew (the run finished here or was reaped
-    elsewhere, the claims released). A failed renewal (a busy or full disk) is retried at the next beat."""
+    elsewhere, the claims released). A failed renewal (a busy or full disk) is retried at the next beat.
+
+    Fencing: a run reaped while this process was stopped (SIGSTOP, a frozen VM) is no longer its own. The
+    thread that finds the row gone at its next renewal raises ``signals.Reaped`` in the main thread
+    (``signals.fence``), and :func:`check_fence`, at every journal write into the run and before every
+    checkpoint, raises it too: when the last renewal is older than two beats it renews first, in the calling
+    thread, so no write lands between the process's waking and the lease's thread's next beat."""
 
     held: dict[str, "Lease"] = {}  # run_id (or claims:SWEEP_ID) → the lease this process renews
+    reaped: dict[str, str] = {}  # run_id → why the journal interrupted it under this process (fenced)
     RUN = "UPDATE runs SET heartbeat_at=? WHERE run_id=? AND status='running'"
     CLAIMS = "UPDATE claims SET heartbeat_at=? WHERE sweep_id=? AND owner=?"
 
@@ -234,6 +241,8 @@ class Lease(threading.Thread):
         super().__init__(name=f"pilotrun-lease-{key}", daemon=True)
         self.journal, self.run_id, self.stopped = journal, key, threading.Event()
         self.sql, self.args = sql, args
+        self.renewed = time.monotonic()  # the last renewal that found the row still this process's
+        self.lock = threading.Lock()
 
     @classmethod
     def take(cls, journal: "Journal", run_id: str, sql: str = RUN, args: tuple | None = None) -> None:
@@ -248,16 +257,60 @@ class Lease(threading.Thread):
         if lease is not None:
             lease.stopped.set()
 
+    def renew(self) -> bool:
+        """One renewal; False when the row is no longer this process's (reaped, or finished here)."""
+        with self.lock:
+            with self.journal.transaction() as db:
+                alive = db.execute(self.sql, (wall_time(), *self.args)).rowcount
+            if alive:
+                self.renewed = time.monotonic()
+            return bool(alive)
+
     def run(self) -> None:
         while not self.stopped.wait(lease_s() / 8):
             try:
-                with self.journal.transaction() as db:
-                    alive = db.execute(self.sql, (wall_time(), *self.args)).rowcount
+                alive = self.renew()
             except Exception:  # noqa: BLE001 - a renewal that fails is retried; the bound allows several
                 continue
             if not alive:
                 self.held.pop(self.run_id, None)
+                if self.sql == self.RUN and not self.stopped.is_set():  # not finished here: reaped elsewhere
+                    from pilotrun import signals
+
+                    signals.fence(self.fenced())
                 return
+
+    def fenced(self) -> str:
+        """Why the journal took the run from this process (recorded once, from its row)."""
+        if self.run_id not in self.reaped:
+            with self.journal.connect() as db:
+                row = db.execute("SELECT status, summary_json FROM runs WHERE run_id=?", (self.run_id,)).fetchone()
+            status, summary = (row[0], json.loads(row[1] or "{}")) if row else ("gone", {})
+            why = summary.get("reason") or f"its status is {status!r}"
+            self.reaped[self.run_id] = (
+                f"the journal reaped run {self.run_id} while this process was stopped (SIGSTOP, Ctrl-Z or a "
+                f"frozen machine) for longer than its lease: {why}; the run is '{status}' and this process "
+                f"stops without writing more into it (resume from its last checkpoint, or rerun)")
+        return self.reaped[self.run_id]
+
+
+def check_fence(run_id: str | None = None) -> None:
+    """Raise ``signals.Reaped`` when ``run_id`` (None: any run this process holds) was reaped by the journal
+    while this process held it. Free while the lease is fresh; a lease not renewed for two beats (the process
+    was stopped) is renewed here first."""
+    from pilotrun.signals import Reaped
+
+    ids = [run_id] if run_id is not None else [k for k in Lease.held if not k.startswith("claims:")]
+    for key in ids:
+        if key in Lease.reaped:
+            raise Reaped(Lease.reaped[key])
+        lease = Lease.held.get(key)
+        if lease is None or lease.sql != Lease.RUN or time.monotonic() - lease.renewed <= lease_s() / 4:
+            continue
+        if not lease.renew():  # still held, so not finished here: reaped
+            Lease.held.pop(key, None)
+            lease.stopped.set()
+            raise Reaped(lease.fenced())
 
 
 class Journal:
@@ -363,6 +416,7 @@ class Journal:
         raise RuntimeError("could not draw a fresh run id")
 
     def update_progress(self, run_id: str, *, updates_done: int, examples_seen: int) -> None:
+        check_fence(run_id)
         with self.transaction() as db:
             db.execute("UPDATE runs SET updates_done=?, examples_seen=? WHERE run_id=?",
                        (updates_done, examples_seen, run_id))
@@ -429,6 +483,7 @@ class Journal:
                     progress: tuple[int, int] | None = None) -> None:
         """rows of (split, name, step, value, examples_seen, wall_s); ``progress`` (updates_done,
         examples_seen) is written in the same transaction."""
+        check_fence(run_id)
         with self.transaction() as db:
             db.executemany("INSERT OR REPLACE INTO metrics VALUES (?,?,?,?,?,?,?)",
                            [(run_id, *r) for r in rows])
@@ -449,6 +504,7 @@ class Journal:
     def add_phase_rows(self, run_id: str, rows: list[dict]) -> None:
         cols = ("phase", "rank", "device", "counter", "inputs_json", "baseline", "peak_allocated", "peak_reserved",
                 "end_allocated", "end_reserved", "duration_s", "verdict", "note")
+        check_fence(run_id)
         with self.transaction() as db:
             for r in rows:
                 vals = [json.dumps(r.get("inputs", {})) if c == "inputs_json" else r.get(c) for c in cols]
@@ -463,6 +519,7 @@ class Journal:
         return rows
 
     def add_predictions(self, run_id: str, split: str, items: list[tuple[str, Any]]) -> None:
+        check_fence(run_id)
         with self.transaction() as db:
             db.executemany("INSERT OR REPLACE INTO predictions VALUES (?,?,?,?)",
                            [(run_id, split, eid, json.dumps(p)) for eid, p in items])

@@ -52,7 +52,8 @@ def lanes_of(plan: dict | None, labels: list[str], lanes: int) -> tuple[list[lis
     return out, list(plan["not_fitting"])
 
 
-def time_limit(campaign_s: float | None, reserve: float, days: int) -> tuple[int, str]:
+def time_limit(campaign_s: float | None, reserve: float, days: int,
+               what: str = "the time plan's campaign time") -> tuple[int, str]:
     """The scheduler's limit in seconds (whole minutes) and how: the time plan's campaign time × (1 + margin +
     the rental's reserve share) + start-up + the SIGTERM grace; the tier's length when there is no plan."""
     if campaign_s is None or not math.isfinite(campaign_s):
@@ -61,7 +62,7 @@ def time_limit(campaign_s: float | None, reserve: float, days: int) -> tuple[int
     limit = int(math.ceil(s / 60) * 60)
     from pilotrun.sheet.plan import fmt_duration
 
-    return limit, (f"the time plan's campaign time {fmt_duration(campaign_s)} × (1 + {TIME_MARGIN:g} margin + "
+    return limit, (f"{what} {fmt_duration(campaign_s)} × (1 + {TIME_MARGIN:g} margin + "
                    f"{reserve:g} reserve) + {STARTUP_S} s start-up + {GRACE_S} s SIGTERM grace, in whole minutes")
 
 
@@ -82,6 +83,10 @@ def _body(launch: dict, home: str, *, nodes_head: str | None = None, nnodes: str
     the nodes (torchrun, c10d rendezvous on ``nodes_head``)."""
     lines = ["set -u", f'cd "${{PILOTRUN_CAMPAIGN_DIR:-{launch["campaign_dir"]}}}"']
     if launch["nodes"] > 1:
+        if nodes_head is None:  # by hand: the same script on each node, told the first node's address
+            nodes_head = (f'"${{PILOTRUN_HEAD:?run this on each of the {launch["nodes"]} nodes with PILOTRUN_HEAD '
+                          'set to the address of the first}"')
+            nnodes = str(launch["nodes"])
         lines += [f"HEAD={nodes_head}",
                   f"{srun}torchrun --nnodes {nnodes} --nproc_per_node {launch['per_node']}{node_rank} "
                   f"--rdzv-backend c10d --rdzv-endpoint \"$HEAD:{PORT}\" --rdzv-id {launch['sweep_id']} "
@@ -134,9 +139,18 @@ def setup_lines(launch: dict, wheel_ref: str | None) -> list[str]:
     lines = [torch_line, "pip install " + " ".join([shlex.quote(p) for p in launch["packages"]] + [ref])]
     for f in launch["inputs"]:
         if f["kind"] == "hub":
-            lines.append(f"[ -d {shlex.quote(f['written'])} ] || hf download {shlex.quote(f['written'])} "
-                         f"--local-dir {shlex.quote(f['written'])}")
+            lines.append(hub_download(f["written"]))
     return lines
+
+
+def hub_download(spec: str) -> str:
+    """The set-up line for a hub id as the campaign writes it (``org/name`` or ``org/name@rev``): huggingface_hub's
+    CLI takes the revision as ``--revision``, never in the id; the folder is the path as written, so the
+    campaign file, unchanged, reads the local folder (a local folder wins over a hub id, campaign/hub.py)."""
+    from pilotrun.campaign.hub import fetch_command, split_id
+
+    repo, rev = split_id(spec)
+    return f"[ -d {shlex.quote(spec)} ] || {fetch_command(repo, rev)} --local-dir {shlex.quote(spec)}"
 
 
 def sky_task(s: dict, launch: dict, wheel: Path | None) -> dict:
@@ -240,6 +254,7 @@ def write_launch(s: dict, loaded, out: Path, launch: dict) -> list[Path]:
 
     stem = out.with_suffix("")
     launch["stem"] = stem.name
+    out = out.resolve()  # the wheel's path in the files: absolute, wherever the job is submitted from
     wheel = build_wheel(launch["pilotrun"], out.parent) if launch["pilotrun"]["kind"] != "vcs" else None
 
     class Dumper(yaml.SafeDumper):
@@ -259,10 +274,11 @@ def write_launch(s: dict, loaded, out: Path, launch: dict) -> list[Path]:
 
 
 def launch_plan(s: dict, loaded, gpu, plan: dict | None, sets: tuple[str, ...] = (), *, gpus: int | None = None,
-                run_sets: tuple[str, ...] = (), campaign_s: float | None = None) -> dict:
+                run_sets: tuple[str, ...] = (), campaign_s: float | None = None,
+                time_from: str = "the time plan's campaign time") -> dict:
     """What the files need: GPU, count and nodes, plan, the sweep's id, runs and lanes, the time limit, the
     pinned stack, pilotrun's source, the campaign's inputs. ``gpus``/``run_sets``/``campaign_s``: an options
-    row's GPUs, its ``--set`` items and time (the sheet without a pilot)."""
+    row's GPUs, its ``--set`` items and time (the sheet without a pilot, ``options_launch``)."""
     from pilotrun.campaign.load import parse_set
     from pilotrun.rehearsal.training.sweep_runs import launch_sweep_id
     from pilotrun.sheet.ship import campaign_inputs, pilotrun_source, pins
@@ -277,7 +293,7 @@ def launch_plan(s: dict, loaded, gpu, plan: dict | None, sets: tuple[str, ...] =
     days = plan["days"] if plan else max(s["hardware"]["rental_days"])
     if campaign_s is None and plan is not None:
         campaign_s = plan["used_s"]
-    limit, how = time_limit(campaign_s, s["hardware"].get("reserve", 0.0), days)
+    limit, how = time_limit(campaign_s, s["hardware"].get("reserve", 0.0), days, time_from)
     torch, packages, pins_from = pins((s.get("stack") or {}).get("piloted"))
     campaign_dir = str(Path(loaded.source).resolve().parent)
     loaded_sets = loaded.with_overrides(parse_set(list(run_sets))) if run_sets else loaded
@@ -291,3 +307,73 @@ def launch_plan(s: dict, loaded, gpu, plan: dict | None, sets: tuple[str, ...] =
             "home": s.get("home") or f"{campaign_dir}/.pilotrun", "time_limit_s": limit, "time_how": how,
             "torch": torch, "packages": packages, "pins_from": pins_from, "pilotrun": pilotrun_source(),
             "inputs": campaign_inputs(loaded, sets)}
+
+
+# The options table's rows pilotrun's own engine runs (train.strategy single | ddp | fsdp, and
+# model.gradient_checkpointing); optimizer offload, tensor parallelism and a 4-bit base are estimated there for
+# what other tools run, so no launch file runs them.
+ENGINE_RUNS = ("written", "ckpt", "fsdp", "fsdp_ckpt")
+NOT_RUN = "pilotrun's engine runs single, DDP and FSDP with or without checkpointing, not optimizer offload, " \
+          "tensor parallelism or a 4-bit base"
+
+
+def row_sets(row: dict, c) -> tuple[str, ...]:
+    """The ``--set`` items that make campaign ``c`` the options row: its strategy and world (``train.nproc``,
+    every node's ranks), accumulation ÷ the data ranks (same effective batch), checkpointing."""
+    from pilotrun.sheet.options import OPTIONS
+
+    t, n = c.train, row["count"]
+    opt = {o[0]: o for o in OPTIONS}[row["option"]]
+    strategy = "single" if n == 1 else "fsdp" if opt[4] == "fsdp" or (row["option"] == "written"
+                                                                       and t.strategy == "fsdp") else "ddp"
+    out = []
+    if strategy != t.strategy:
+        out.append(f"train.strategy={strategy}")
+    if n != t.nproc:
+        out.append(f"train.nproc={n}")
+    if row["accumulation"] != t.accumulation:
+        out.append(f"train.accumulation={row['accumulation']}")
+    if opt[3] == "ckpt" and not c.model.gradient_checkpointing:
+        out.append("model.gradient_checkpointing=true")
+    return tuple(out)
+
+
+def launch_row(table: dict) -> tuple[dict | None, str]:
+    """The options row the sheet without a pilot writes launch files for, and why: the recommended row when
+    pilotrun's engine runs it, else the cheapest (by the table's own measure) that it runs, keeps the
+    experiment and fits; None and the reason when there is none."""
+    from pilotrun.sheet.options_view import pick
+
+    rec = table["recommended"]
+    if rec is None:
+        return None, "no option that keeps the experiment fits (the reasons per option are above)"
+    if rec["option"] in ENGINE_RUNS:
+        return rec, "the recommended row"
+    by = "cost" if table["by"] == "cost" else "gpu_hours"
+    ours = [x for x in table["rows"] if x["fits"] and x["keeps"] and x["option"] in ENGINE_RUNS
+            and x.get(by) is not None]
+    head = f"the recommended row ({pick(rec, table)}) is not one pilotrun runs ({NOT_RUN})"
+    if not ours:
+        return None, f"{head}, and no row it runs keeps the experiment and fits"
+    best = min(ours, key=lambda x: (x[by], x["seconds"]))
+    return best, f"{head}; the files are for the cheapest row it runs that keeps the experiment"
+
+
+def options_launch(sheet: dict, loaded, sets: tuple[str, ...], home: str) -> dict:
+    """The launch files' plan for the sheet without a pilot (``no_pilot_sheet``'s data): ``launch_row``'s row on
+    its GPUs and nodes, its ``--set`` items, the time limit from its estimated campaign time. Returns
+    {"row", "why", "files"}; ``files`` None (and ``why`` the reason) when no row can be launched."""
+    from pilotrun.sheet.catalogue import BY_KEY
+
+    c = loaded.campaign
+    row, why = launch_row(sheet["options"])
+    if row is None:
+        return {"row": None, "why": why, "files": None}
+    s = {"campaign": c.name, "home": home, "stack": {"piloted": None}, "settings": {"ranks": row["count"]},
+         "hardware": {"gpus": row["count"], "rental_days": c.hardware.rental_days, "reserve": c.hardware.reserve}}
+    files = launch_plan(s, loaded, BY_KEY[row["gpu"]], None, sets, gpus=row["count"], run_sets=row_sets(row, c),
+                        campaign_s=row["seconds"], time_from="the options row's estimated campaign time")
+    from pilotrun.sheet.options_view import pick
+
+    return {"row": {k: row[k] for k in ("gpu", "name", "count", "nodes", "option", "label", "seconds")},
+            "text": pick(row, sheet["options"]), "why": why, "files": files}

@@ -227,7 +227,7 @@ def _rows(traces, cache, work, effective, r, c, has_adapter, gpus) -> list[dict]
                 if row is None:
                     continue
                 rows.append(row)
-                fitted = fitted or (row["fits"] and row["keeps"])
+                fitted = fitted or (row["fits"] and row["keeps"] and not opt[5])
     return rows
 
 

@@ -122,7 +122,27 @@ def to_lines(table: dict, *, with_rows: bool = False) -> list[str]:
 def no_pilot_blocks(sheet: dict) -> list[tuple]:
     """The sheet without a pilot (``no_pilot_sheet``'s data) in the sheet's block form."""
     return [("h", f"Selection sheet — {sheet['campaign']}"), ("p", sheet["head"]),
-            ("p", f"What to pilot instead: {sheet['pilot_instead']}")] + blocks(sheet["options"])
+            ("p", f"What to pilot instead: {sheet['pilot_instead']}")] + blocks(sheet["options"]) + \
+        launch_blocks(sheet.get("launch"))
+
+
+def launch_blocks(launch: dict | None) -> list[tuple]:
+    """What the launch files of the sheet without a pilot are for (``sheet/launch.options_launch``), or why
+    there are none; nothing when no files were asked for (no ``--out``)."""
+    if launch is None:
+        return []
+    if launch["files"] is None:
+        return [("h", "Launch files"), ("p", f"No launch files: {launch['why']}.")]
+    f, row = launch["files"], launch["row"]
+    where = f"{f['nodes']} nodes × {f['per_node']}" if f["nodes"] > 1 else f"{f['gpus']}"
+    sets = " ".join(f"--set {x}" for x in f["sets"]) or "the campaign as written"
+    why = "" if launch["why"] == "the recommended row" else launch["why"][0].upper() + launch["why"][1:] + ". "
+    return [("h", "Launch files"),
+            ("p", f"{why}For {launch['text']}, on {where} × {row['gpu']}: `pilotrun sweep "
+                  f"{f['campaign_file']} --id {f['sweep_id']}` with {sets}, in STEM.commands.sh, STEM.sky.yaml (SkyPilot "
+                  "managed job) and STEM.sbatch (SLURM, --requeue); time limit "
+                  f"{P.fmt_duration(f['time_limit_s'])}: {f['time_how']}. From the estimator, not a pilot: pilot "
+                  "one node of it first.")]
 
 
 def options_result(loaded, *, rates: dict | None = None, lora_r: int | None = None):

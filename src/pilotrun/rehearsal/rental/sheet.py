@@ -403,9 +403,20 @@ def _sheet_stage(loaded, home, *, target_env_path: str | None = None, gpu: str |
         size = too_large_here(loaded)  # the estimator knows the model's size before anything is loaded
         if size is not None:
             result = no_pilot_sheet(loaded, size, rates=rates)
+            if out and loaded.source is not None:
+                from pilotrun.sheet.launch import options_launch
+
+                result.data["launch"] = options_launch(result.data, loaded, sets, str(journal.home))
             result.data["markdown"] = to_markdown({"blocks": no_pilot_blocks(result.data)})
             if out:
                 atomic_write_text(out, result.data["markdown"])
+                written = [Path(out)]
+                if (result.data.get("launch") or {}).get("files"):
+                    from pilotrun.sheet.launch import write_launch
+
+                    written += write_launch(result.data, loaded, Path(out), result.data["launch"]["files"])
+                result.data["written"] = [str(p) for p in written]
+                result.messages.append(f"written to {Path(out).parent}: " + ", ".join(p.name for p in written))
             return result
         return StageResult("sheet", "fail", f"no pilot run for campaign {c.name!r} in {journal.path}",
                            [f"the sheet is built from the pilot's measurements; run `pilotrun pilot "

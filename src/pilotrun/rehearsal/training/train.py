@@ -8,7 +8,7 @@ from pathlib import Path
 
 from pilotrun.engine.loop import Hooks, make_state, train, update_line
 from pilotrun.journal.files import write_manifest
-from pilotrun.journal.store import Journal
+from pilotrun.journal.store import Journal, check_fence
 from pilotrun.rehearsal.prepare import Prepared, prepare, require_weights
 from pilotrun.verdicts import StageResult
 from pilotrun.journal.runs import RunRecorder, write_run_readme
@@ -237,6 +237,7 @@ def _ranked_run(job: TrainJob, prep: Prepared, rec: RunRecorder | None, hooks: H
             last = update_line(state, result.history[-1]) if result.history else None
             note(f"{last}; {doing}" if last else doing, log=True)
 
+    check_fence()  # a run the journal reaped while this process was stopped gets no final checkpoint
     t0 = time.perf_counter()
     if result.saved_last is None:  # final is a checkpoint of its own: a save, timed as every save
         phase("saving checkpoints/final")
