@@ -329,7 +329,7 @@ def train(state: TrainState, task, train_examples: list, val_examples: list, t, 
     def phase(doing: str) -> None:
         """Say a phase of the run on the stage's line, after the update it follows (never the stale label of
         whatever ran before the loop, such as the data's encoding); a milestone, logged at once."""
-        note(f"{said['line']}; {doing}" if said["line"] else doing, log=True)
+        note(f"{said['line']}; {doing}" if said["line"] else doing, log=True, spent="work")
 
     def do_eval() -> bool:
         """Returns True when the patience rule stops the run."""
@@ -384,7 +384,7 @@ def train(state: TrainState, task, train_examples: list, val_examples: list, t, 
             if hooks.on_update:
                 hooks.on_update(state, out)
             said["line"] = update_line(state, out)
-            note(said["line"], done=state.update, total=state.total_updates, log=state.update == end)
+            note(said["line"], done=state.update, total=state.total_updates, log=state.update == end, spent="work")
             if progress is not None:
                 progress(state, out)
             if not out["finite"]:

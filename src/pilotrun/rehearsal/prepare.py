@@ -49,6 +49,13 @@ def require_weights(loaded) -> None:
 
 def prepare(loaded, splits=SPLITS) -> Prepared:
     """Validate, build the task and encode every record of the splits through task.encode."""
+    from pilotrun.report.progress import spending
+
+    with spending("data"):
+        return _prepare(loaded, splits)
+
+
+def _prepare(loaded, splits) -> Prepared:
     from pilotrun.report.progress import note
 
     check_consistency(loaded.campaign, loaded.base_dir)

@@ -317,7 +317,15 @@ def _generic_labels(config) -> bool:
 
 
 def build_model(c, tokenizer, kind: str, labels: list[str] | None = None):
-    """The model for a built-in task: loaded from model.path or initialised from model.config."""
+    """The model for a built-in task: loaded from model.path or initialised from model.config (its time is the
+    stage's model build, ``progress.spending``)."""
+    from pilotrun.report.progress import spending
+
+    with spending("model"):
+        return _build_model(c, tokenizer, kind, labels)
+
+
+def _build_model(c, tokenizer, kind: str, labels: list[str] | None):
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
 

@@ -78,7 +78,7 @@ def verify(home, run_id: str) -> StageResult:
                        fix="verify a run written by `pilotrun train` (control predictions are stored at its end)")
     from pilotrun.report.progress import head
 
-    head("reloading the artifact in a new process")
+    head("reloading the artifact in a new process", spent="startup")  # until the worker's first note
     with tempfile.TemporaryDirectory(prefix="pilotrun-verify-") as tmp:
         out = Path(tmp) / "reloaded.json"
         (Path(tmp) / "control.json").write_text(json.dumps(control))
@@ -139,6 +139,11 @@ def verify_worker(run_dir: str, control_path: str, out_path: str) -> int:
     from pilotrun.tasks import make_task
     from pilotrun.tasks.base import Example
 
+    import transformers  # noqa: F401 - the fresh process's imports are its start-up, not the artifact's load
+
+    from pilotrun.report.progress import spend, spending
+
+    spend("work")  # the fresh process's start-up ends here (the parent's account until now)
     run_dir = Path(run_dir)
     refused = preflight(run_dir)
     if refused:
@@ -153,7 +158,8 @@ def verify_worker(run_dir: str, control_path: str, out_path: str) -> int:
     from pilotrun.engine.precision import autocast
 
     loaded = load_campaign(run_dir / "config.yaml")
-    task, precision = make_task(loaded), loaded.campaign.train.precision
+    with spending("data"):  # the tokenizer
+        task, precision = make_task(loaded), loaded.campaign.train.precision
     stored = load_control(run_dir / CONTROL_FILE) if (run_dir / CONTROL_FILE).is_file() else None
     from pilotrun.report.progress import note
 
@@ -166,7 +172,8 @@ def verify_worker(run_dir: str, control_path: str, out_path: str) -> int:
         if skipped:
             results[sub.name] = {"skipped": skipped}
             continue
-        model = task.load_artifact(sub)
+        with spending("model"):
+            model = task.load_artifact(sub)
         model.eval()
         dtype = str(next(model.parameters()).dtype)
         with torch.no_grad(), autocast(precision, "cpu"):  # as the run computed its control predictions
