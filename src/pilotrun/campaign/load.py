@@ -313,6 +313,13 @@ def _resolve(path: Path) -> Path:
 
 def load_campaign(path: str | Path, overrides: dict[str, Any] | None = None) -> LoadedCampaign:
     """Read, override and validate a campaign file. Raises BadInput naming file, line and key."""
+    from pilotrun.report.progress import spending
+
+    with spending("campaign"):
+        return _load_campaign(path, overrides)
+
+
+def _load_campaign(path: str | Path, overrides: dict[str, Any] | None) -> LoadedCampaign:
     path = _resolve(Path(path))
     raw, lines = _read_yaml(path)
     if overrides:
@@ -323,6 +330,13 @@ def load_campaign(path: str | Path, overrides: dict[str, Any] | None = None) -> 
 
 
 def campaign_from_dict(raw: dict[str, Any], base_dir: Path, overrides: dict[str, Any] | None = None) -> LoadedCampaign:
+    from pilotrun.report.progress import spending
+
+    with spending("campaign"):
+        return _campaign_from_dict(raw, base_dir, overrides)
+
+
+def _campaign_from_dict(raw: dict[str, Any], base_dir: Path, overrides: dict[str, Any] | None) -> LoadedCampaign:
     if overrides:
         raw = apply_overrides(raw, overrides)
     c = _validate(raw, None, {})

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 
 import click
@@ -120,7 +121,8 @@ def _verb() -> str | None:
 
 def emit(results, as_json: bool, *, rendered: bool = False, notes: list[str] | None = None) -> int:
     """Render stage results (human on stdout, or the JSON envelope on stdout and human on stderr);
-    return the exit code. Several results (``all``) end with one summary table (``notes`` under it)."""
+    return the exit code. Several results (``all``) end with one summary table (``notes`` under it; with
+    ``--verbose`` where each stage's time went; the JSON has it always, each stage's ``spent``)."""
     from pilotrun.cli.envelope import for_results, write
     from pilotrun.report.safe import safe
     from pilotrun.report.terminal import render_result, render_summary
@@ -133,7 +135,7 @@ def emit(results, as_json: bool, *, rendered: bool = False, notes: list[str] | N
         for r in shown:
             render_result(r, con)
     if len(results) > 1:
-        render_summary(shown, con, notes)
+        render_summary(shown, con, notes, breakdown=bool(os.environ.get("PILOTRUN_VERBOSE")))
     code = exit_code(results)
     if as_json:
         write(for_results(results, _verb(), code))

@@ -78,3 +78,17 @@ def note(text, run_id, decision, home, as_json):
     data = {"note_id": note_id, "run_id": run_id, "decision": decision, "text": text}
     said = f"{'decision' if decision else 'note'} {note_id} recorded" + (f" for run {run_id}" if run_id else "")
     return emit_data(data, as_json, lambda con, d: con.print(said, markup=False), summary=said)
+
+
+@cli.command(name="_mirror-home", hidden=True)
+@click.argument("src", type=click.Path(file_okay=False))
+@click.argument("dest", type=click.Path(file_okay=False))
+@click.option("--restore", is_flag=True, help="copy only what DEST lacks; the journal only when DEST has none")
+@click.option("--journal/--no-journal", default=True, help="copy the journal's snapshot too (rank 0's node)")
+def mirror_home(src, dest, restore, journal):
+    """Internal: the launch files' copy of a home on the instance's disk to the bucket mount and back
+    (journal/mirror.py says why the journal does not live on the bucket)."""
+    from pilotrun.journal.mirror import mirror
+
+    done = mirror(src, dest, journal=journal, restore=restore)
+    click.echo(f"{src} → {dest}: {len(done['files'])} files" + (", the journal" if done["journal"] else ""))

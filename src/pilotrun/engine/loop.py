@@ -256,6 +256,7 @@ class LoopResult:
     evals: list[dict] = field(default_factory=list)
     wall_s: float = 0.0
     skipped: list[dict] = field(default_factory=list)  # updates whose optimizer step was skipped, and why
+    saved_last: str | None = None  # the numbered checkpoint saved as the loop's last act: it is the end state
 
 
 @dataclass
@@ -328,7 +329,7 @@ def train(state: TrainState, task, train_examples: list, val_examples: list, t, 
     def phase(doing: str) -> None:
         """Say a phase of the run on the stage's line, after the update it follows (never the stale label of
         whatever ran before the loop, such as the data's encoding); a milestone, logged at once."""
-        note(f"{said['line']}; {doing}" if said["line"] else doing, log=True)
+        note(f"{said['line']}; {doing}" if said["line"] else doing, log=True, spent="work")
 
     def do_eval() -> bool:
         """Returns True when the patience rule stops the run."""
@@ -360,6 +361,7 @@ def train(state: TrainState, task, train_examples: list, val_examples: list, t, 
             with _out_of_memory_ends_run("the validation before update 1"):
                 do_eval()
         while state.update < end:
+            result.saved_last = None  # an update follows the last save: the state is no longer that checkpoint's
             micro_batches = [[train_examples[i] for i in mb] for mb in state.sampler.next_update()]
             t0 = time.perf_counter()
             seen = {"update": state.update + 1, "micro_batch": t.micro_batch,
@@ -382,7 +384,7 @@ def train(state: TrainState, task, train_examples: list, val_examples: list, t, 
             if hooks.on_update:
                 hooks.on_update(state, out)
             said["line"] = update_line(state, out)
-            note(said["line"], done=state.update, total=state.total_updates, log=state.update == end)
+            note(said["line"], done=state.update, total=state.total_updates, log=state.update == end, spent="work")
             if progress is not None:
                 progress(state, out)
             if not out["finite"]:
@@ -426,6 +428,7 @@ def train(state: TrainState, task, train_examples: list, val_examples: list, t, 
                 if t.keep_checkpoints and world_rank()[1] == 0:
                     best = state.best_checkpoint["update"] if state.best_checkpoint else None
                     retain_checkpoints(checkpoint_dir, t.keep_checkpoints, best)
+                result.saved_last = str(path)
                 if hooks.on_checkpoint:
                     hooks.on_checkpoint(state, path)
             if asked:

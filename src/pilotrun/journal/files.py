@@ -183,6 +183,20 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     fsync_dir(path.parent)
 
 
+def atomic_write_via(path: str | Path, write: Callable[[Path], object]) -> None:
+    """``write(tmp)`` fills a temp beside ``path``, which is then fsynced and renamed into place: ``path``
+    holds the old file or the new one, never a part (a file copied, a database snapshot)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temp_path(path)
+    with writing(path, tmp):
+        write(tmp)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
 def atomic_write_text(path: str | Path, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 

@@ -80,7 +80,8 @@ def drive(ctx: PhaseContext, measure, names=PHASES, *, traced: bool = False,
         if name not in names:
             continue
         done += 1
-        note(f"{'traced ' if traced else ''}phase {done}/{total}: {name}", done=done - 1, total=total, log=True)
+        note(f"{'traced ' if traced else ''}phase {done}/{total}: {name}", done=done - 1, total=total, log=True,
+             spent="model" if BY_NAME[name].kind == "load" else "work")
         spec = BY_NAME[name]
         inputs = spec.inputs(ctx)
         if not traced and spec.needs and spec.needs not in ctx.done:
@@ -95,7 +96,7 @@ def drive(ctx: PhaseContext, measure, names=PHASES, *, traced: bool = False,
         if after and name in after:
             done += 1
             what = after[name].__name__.replace("_", " ")
-            note(f"phase {done}/{total}: {what}", done=done - 1, total=total, log=True)
+            note(f"phase {done}/{total}: {what}", done=done - 1, total=total, log=True, spent="work")
             after[name](ctx)
         if stop is not None and stop(ctx):
             return

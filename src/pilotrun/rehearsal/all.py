@@ -4,7 +4,8 @@ Stages are (name, function) pairs; a later stage joins by adding itself to STAGE
 A bad input stops the rehearsal (exit 2); a failing verdict does not stop the stages after it.
 Each stage runs inside the one progress line (report/progress.py), labelled ``all 4/9 overfit``: its own
 progress live on a terminal, and in a log a line when it starts and when it ends with its time. Each
-result carries its seconds (the summary's time column). ``Budgets`` bound the long stages (``all
+result carries its seconds (the summary's time column) and where they went (``spent``: start-up, campaign
+load, data, model build, the work itself, from the progress line's accounts; ``--verbose`` prints them). ``Budgets`` bound the long stages (``all
 --quick`` or the budget options); the summary says which budgets were used.
 """
 
@@ -12,6 +13,8 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+
+from pilotrun.report.progress import spending
 
 
 @dataclass(frozen=True)
@@ -50,43 +53,50 @@ class Budgets:
 
 
 def _validate(loaded, home, budgets):
-    from pilotrun.rehearsal.data_checks.validate import validate
+    with spending("startup"):  # the stage's imports
+        from pilotrun.rehearsal.data_checks.validate import validate
 
     return validate(loaded, home)
 
 
 def _inspect(loaded, home, budgets):
-    from pilotrun.rehearsal.data_checks.inspect import inspect
+    with spending("startup"):  # the stage's imports
+        from pilotrun.rehearsal.data_checks.inspect import inspect
 
     return inspect(loaded)
 
 
 def _leakage(loaded, home, budgets):
-    from pilotrun.rehearsal.data_checks.leakage import leakage
+    with spending("startup"):  # the stage's imports
+        from pilotrun.rehearsal.data_checks.leakage import leakage
 
     return leakage(loaded)
 
 
 def _overfit(loaded, home, budgets):
-    from pilotrun.rehearsal.mechanics.overfit import overfit
+    with spending("startup"):  # the stage's imports
+        from pilotrun.rehearsal.mechanics.overfit import overfit
 
     return overfit(loaded, home, examples=budgets.examples, max_updates=budgets.max_updates)
 
 
 def _resume(loaded, home, budgets):
-    from pilotrun.rehearsal.mechanics.resume import resume
+    with spending("startup"):  # the stage's imports
+        from pilotrun.rehearsal.mechanics.resume import resume
 
     return resume(loaded, home, at=budgets.at)
 
 
 def _verify(loaded, home, budgets):
-    from pilotrun.rehearsal.mechanics.verify import verify_latest
+    with spending("startup"):  # the stage's imports
+        from pilotrun.rehearsal.mechanics.verify import verify_latest
 
     return verify_latest(loaded, home)
 
 
 def _train(loaded, home, budgets):
-    from pilotrun.rehearsal.training.train import train_run
+    with spending("startup"):  # the stage's imports
+        from pilotrun.rehearsal.training.train import train_run
 
     return train_run(budgets.for_train(loaded), home)
 
@@ -94,7 +104,8 @@ def _train(loaded, home, budgets):
 def _sheet(loaded, home, budgets):
     from pathlib import Path
 
-    from pilotrun.rehearsal.rental.sheet import sheet_stage
+    with spending("startup"):
+        from pilotrun.rehearsal.rental.sheet import sheet_stage
 
     # `all` said what an imported campaign does not reproduce at its start: the sheet does not repeat it
     return sheet_stage(loaded, home, out=str(Path(home) / "sheet.md"), say_imported=False)
@@ -114,7 +125,8 @@ def _imported(loaded):
 
 
 def _pilot(loaded, home, budgets):
-    from pilotrun.rehearsal.memory.pilot import pilot
+    with spending("startup"):  # the stage's imports
+        from pilotrun.rehearsal.memory.pilot import pilot
 
     return pilot(loaded, home)
 
@@ -136,6 +148,7 @@ STAGES = [
 def run_all(loaded, home, on_result=None, budgets: Budgets | None = None) -> list:
     """Run every stage; ``on_result`` sees each result as soon as its stage ends (the CLI renders it)."""
     from pilotrun import startup
+    from pilotrun.rehearsal.reuse import forget, sharing
     from pilotrun.report.progress import stage_progress
 
     budgets = budgets or Budgets()
@@ -147,12 +160,14 @@ def run_all(loaded, home, on_result=None, budgets: Budgets | None = None) -> lis
             on_result(said)
     for i, (name, fn) in enumerate(STAGES, 1):
         t0 = time.perf_counter()
-        with stage_progress(f"all {i}/{len(STAGES)} {name}") as cur:
+        with sharing(), stage_progress(f"all {i}/{len(STAGES)} {name}") as cur:
             result = fn(loaded, home, budgets)
             cur["outcome"] = result.verdict
         result.seconds = time.perf_counter() - t0
+        result.spent = cur.get("spent")
         startup.discount(result.seconds)  # a later stage's start-up is the process's, not the stages' before it
         results.append(result)
         if on_result is not None:
             on_result(result)
+    forget()  # what the stages shared is not kept past them
     return results

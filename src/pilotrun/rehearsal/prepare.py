@@ -53,9 +53,21 @@ def require_weights(loaded) -> None:
 
 
 def prepare(loaded, splits=SPLITS) -> Prepared:
-    """Validate, build the task and encode every record of the splits through task.encode."""
-    from pilotrun.report.progress import note
+    """Validate, build the task and encode every record of the splits through task.encode (inside ``all``, once
+    per campaign identity and split: ``rehearsal/reuse.encoded``)."""
+    from pilotrun.rehearsal import reuse
+    from pilotrun.report.progress import spending
 
+    with spending("data"):
+        if not reuse.shared():
+            task = _task(loaded)
+            return Prepared(loaded, task, _encoded(task, splits))
+        kept = reuse.encoded(loaded, splits, lambda: _task(loaded, keep=True), _encoded)
+        return Prepared(loaded, kept["task"], {k: list(v) for k, v in kept["splits"].items()  # the stage's own lists
+                                               if k in splits and v})
+
+
+def _task(loaded, keep: bool = False):
     check_consistency(loaded.campaign, loaded.base_dir)
     if loaded.campaign.task in ("causal-lm", "seq-cls"):
         from pilotrun.tasks.loading import check_positions
@@ -63,13 +75,23 @@ def prepare(loaded, splits=SPLITS) -> Prepared:
         check_positions(loaded.campaign)  # with model.config's class defaults, before anything runs
         adapter_choice(loaded)  # LoRA's modules exist in the model (or the family has a default)
     task = make_task(loaded)
+    if keep:
+        from pilotrun.rehearsal import reuse
+
+        reuse.keep_pristine(task, loaded)  # a later stage's build is a fresh copy of the weights read here
+    return task
+
+
+def _encoded(task, splits) -> dict[str, list]:
+    """Each split's records encoded ([] for a split without records: the caller keeps only the others)."""
+    from pilotrun.report.progress import note
+
     examples = {}
     for split in splits:
         note(f"reading and encoding the {split} split", log=True)
         records = task.records(split)
-        if records:
-            examples[split] = [task.encode(r) for r in records]
-    return Prepared(loaded, task, examples)
+        examples[split] = [task.encode(r) for r in records] if records else []
+    return examples
 
 
 def adapter_choice(loaded) -> tuple[list[str], str] | None:

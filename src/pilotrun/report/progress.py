@@ -18,6 +18,12 @@ A process the stage starts (the resume and verify workers, the pilot's ranks) re
 sets ``PILOTRUN_PROGRESS_FILE`` for its children, whose ``note``/``head`` (no stage of their own) write
 their latest state there as one JSON object (atomically, rank 0 only, at most every 0.2 s but always for a
 ``log`` note); the stage polls the file and shows the child's state after its own part.
+
+Where the time went: a ``note``/``head`` may say what its part of the stage spends time on (``spent``: one of
+``SPENT``: start-up, campaign load, data read and encode, model build and weights read, the work itself), and
+``spend(kind)`` switches it without a new text. The times of those switches (a child's too: its state carries
+them, on the same monotonic clock) divide the block's wall into ``SPENT``'s accounts: ``cur["spent"]`` when
+the block ends (``all`` keeps it per stage: ``StageResult.spent``). A block starts on ``work``.
 """
 
 from __future__ import annotations
@@ -37,23 +43,72 @@ PROGRESS_PREFIX = "pilotrun-progress-"  # the stage's file in TMPDIR, named for 
 CHILD_EVERY_S = 0.2
 POLL_S = 0.25
 BAR_WIDTH = 24
+SPENT = ("startup", "campaign", "data", "model", "work")  # what a stage's wall time went on (see the docstring)
 
 
-def _count(text: str, done, total, at_most: bool, eta_s=None) -> dict:
-    return {"text": text, "done": done, "total": total, "at_most": at_most, "eta_s": eta_s, "t": time.monotonic()}
+def _count(text: str, done, total, at_most: bool, eta_s=None, spent: str | None = None) -> dict:
+    if spent is not None and spent not in SPENT:
+        raise ValueError(f"spent={spent!r}: one of {', '.join(SPENT)}")
+    return {"text": text, "done": done, "total": total, "at_most": at_most, "eta_s": eta_s, "t": time.monotonic(),
+            "spent": spent}
 
 
 def note(doing: str, *, done: int | None = None, total: int | None = None, at_most: bool = False,
-         log: bool = False) -> None:
+         log: bool = False, spent: str | None = None) -> None:
     """Say what the running stage is doing now (``done`` of ``total`` when counted; ``at_most``: the total is a
-    bound). A no-op when no stage is shown here or in a parent process."""
-    _say("doing", _count(doing, done, total, at_most), log)
+    bound; ``spent``: what the time from here goes on, else what it went on before). A no-op when no stage is
+    shown here or in a parent process."""
+    _say("doing", _count(doing, done, total, at_most, spent=spent), log)
 
 
 def head(part: str, *, done: int | None = None, total: int | None = None, at_most: bool = False,
-         eta_s: float | None = None) -> None:
-    """Start a part of the stage (``eta_s``: a time left known from elsewhere, e.g. the sweep's time plan)."""
-    _say("head", _count(part, done, total, at_most, eta_s), True)
+         eta_s: float | None = None, spent: str = "work") -> None:
+    """Start a part of the stage (``eta_s``: a time left known from elsewhere, e.g. the sweep's time plan;
+    ``spent``: what the part's time goes on)."""
+    _say("head", _count(part, done, total, at_most, eta_s, spent), True)
+
+
+def spend(kind: str) -> None:
+    """From now, the running stage's time goes on ``kind`` (one of ``SPENT``), with no new text on its line."""
+    _say("spend", _count("", None, None, False, spent=kind), False)
+
+
+@contextmanager
+def spending(kind: str):
+    """The block's time goes on ``kind``; after it, on what it went on before (data read inside a stage's work)."""
+    cur = _CURRENT.get("stage")
+    events = cur["events"] if cur is not None else _CHILD.get("events")
+    before = events[-1][1] if events else "work"
+    spend(kind)
+    try:
+        yield
+    finally:
+        spend(before)
+
+
+def _switch(events: list, item: dict) -> bool:
+    """Record a change of account (``[t, kind]``); True when the account changed."""
+    kind = item.get("spent")
+    if kind is None or (events and events[-1][1] == kind):
+        return False
+    events.append([item["t"], kind])
+    return True
+
+
+def spent_of(cur: dict, end: float | None = None) -> dict[str, float]:
+    """The block's wall from its start to ``end`` (now) divided into ``SPENT``'s accounts: each interval between
+    two switches (this process's and its children's, in time order) goes to the account switched to at its start."""
+    end = time.monotonic() if end is None else end
+    with cur["lock"]:
+        events = [[cur["t0"], "work"]] + list(cur["events"])
+        events += [e for evs in cur["child_events"].values() for e in evs]
+    events.sort(key=lambda e: e[0])
+    out = dict.fromkeys(SPENT, 0.0)
+    for (t, kind), (t_next, _) in zip(events, events[1:] + [[end, None]]):
+        lo, hi = max(t, cur["t0"]), min(t_next, end)
+        if hi > lo and kind in out:
+            out[kind] += hi - lo
+    return out
 
 
 def say(line: str) -> None:
@@ -71,7 +126,12 @@ def _say(level: str, item: dict, log: bool) -> None:
     log = log or (item["total"] is not None and item["done"] == item["total"])  # a finished count is a milestone
     cur = _CURRENT.get("stage")
     if cur is not None:
+        if level == "head":
+            _poll(cur)  # a child's last switches, before its file is forgotten
         with cur["lock"]:
+            _switch(cur["events"], item)
+            if level == "spend":
+                return
             cur[level] = item
             if level == "head":
                 cur["doing"], cur["child"] = None, None
@@ -87,15 +147,18 @@ def _say(level: str, item: dict, log: bool) -> None:
     if not path or os.environ.get("RANK", "0") != "0":
         return
     now = time.monotonic()
+    switched = _switch(_CHILD.setdefault("events", []), item)  # the parent needs every switch: written at once
     if log:
         _CHILD["seq"] += 1
-    elif now - _CHILD["last"] < CHILD_EVERY_S:
+    elif now - _CHILD["last"] < CHILD_EVERY_S and not switched:
         return
     _CHILD["last"] = now
-    _CHILD[level] = item
+    if level != "spend":
+        _CHILD[level] = item
     if level == "head":
         _CHILD.pop("doing", None)
-    state = {k: _CHILD.get(k) for k in ("head", "doing")} | {"seq": _CHILD["seq"], "pid": os.getpid()}
+    state = {k: _CHILD.get(k) for k in ("head", "doing")} | {"seq": _CHILD["seq"], "pid": os.getpid(),
+                                                             "events": _CHILD["events"]}
     try:
         tmp = f"{path}.{os.getpid()}.tmp"
         with open(tmp, "w") as f:
@@ -136,6 +199,8 @@ def _poll(cur: dict) -> None:
     with cur["lock"]:
         cur["child_mtime"] = st.st_mtime_ns
         cur["child"] = state
+        if state.get("events"):
+            cur["child_events"][state.get("pid")] = [list(e) for e in state["events"]]
         for level in ("head", "doing"):
             if state.get(level):
                 _track(cur, "child_" + level, state[level])
@@ -239,7 +304,8 @@ def stage_progress(label: str, *, stream=None):
     remove_dead(PROGRESS_PREFIX)  # what killed stages left in TMPDIR
     path = os.path.join(tempfile.gettempdir(), owned_name(PROGRESS_PREFIX))
     cur = {"label": label, "t0": time.monotonic(), "head": None, "doing": None, "child": None, "seq": 0,
-           "child_seq": 0, "child_mtime": None, "series": {}, "file": path, "lock": threading.Lock()}
+           "child_seq": 0, "child_mtime": None, "series": {}, "file": path, "lock": threading.Lock(),
+           "events": [], "child_events": {}, "spent": None}
     before = os.environ.get(FILE_ENV)
     os.environ[FILE_ENV] = path
     _CURRENT["stage"] = cur
@@ -268,6 +334,8 @@ def stage_progress(label: str, *, stream=None):
         stop.set()
         if thread is not None:
             thread.join(timeout=1.0)
+        _poll(cur)
+        cur["spent"] = spent_of(cur)
         cur["live"] = cur["stream"] = None
         if live is not None:
             live.stop()

@@ -30,8 +30,9 @@ def render_result(r, con) -> None:
         render_table(con, r.columns, r.rows)
 
 
-def render_summary(results, con, notes: list[str] | None = None) -> None:
-    """One row per stage; a time column where the stages were timed; ``notes`` (the budgets used) under it."""
+def render_summary(results, con, notes: list[str] | None = None, breakdown: bool = False) -> None:
+    """One row per stage; a time column where the stages were timed; ``notes`` (the budgets used) under it;
+    ``breakdown``: where each stage's time went (``render_breakdown``)."""
     timed = any(r.seconds is not None for r in results)
     rows = [{"stage": r.stage, "verdict": r.verdict, "time": "" if r.seconds is None else fmt_duration(r.seconds),
              "summary": r.summary} for r in results]
@@ -41,6 +42,32 @@ def render_summary(results, con, notes: list[str] | None = None) -> None:
         print_wrapped(con, f"total {fmt_duration(sum(r.seconds or 0.0 for r in results))}")
     for line in notes or []:
         print_wrapped(con, line)
+    if breakdown:
+        render_breakdown(results, con)
+
+
+SPENT_COLUMNS = {"startup": "start-up", "campaign": "campaign", "data": "data", "model": "model", "work": "work"}
+
+
+def render_breakdown(results, con) -> None:
+    """Where each stage's time went (``all --verbose``): its wall and the accounts of report/progress.SPENT."""
+    from pilotrun.report.progress import SPENT
+
+    timed = [r for r in results if r.spent]
+    if not timed:
+        return
+    def shown(s: float) -> str:
+        return fmt_duration(s) if s >= 0.0005 else ""  # under a millisecond: nothing worth a figure
+
+    rows = [{"stage": r.stage, "wall": fmt_duration(r.seconds or sum(r.spent.values())),
+             **{SPENT_COLUMNS[k]: shown(r.spent.get(k, 0.0)) for k in SPENT}} for r in timed]
+    total = {k: sum(r.spent.get(k, 0.0) for r in timed) for k in SPENT}
+    rows.append({"stage": "total", "wall": fmt_duration(sum(r.seconds or 0.0 for r in timed)),
+                 **{SPENT_COLUMNS[k]: shown(v) for k, v in total.items()}})
+    render_table(con, ["stage", "wall"] + [SPENT_COLUMNS[k] for k in SPENT], rows, title="where the time went")
+    print_wrapped(con, "start-up: the stage's imports and its fresh processes' start; campaign: reading and "
+                       "checking the campaign; data: reading, tokenizing and encoding records; model: building it and "
+                       "reading its weights or a saved state; work: the rest (the checks, updates and traces)")
 
 
 RUN_COLUMNS = ("run_id", "kind", "name", "status", "verdict", "updates", "examples", "final", "overrides", "created_at",

@@ -3,8 +3,9 @@ preemption.
 
 - ``STEM.commands.sh``: the sweep on a machine at hand, ``pilotrun sweep --id ID`` (one process per lane
   the plan placed runs on, each on its own GPUs); the runs' own ``pilotrun train`` commands as comments.
-- ``STEM.sky.yaml``: a SkyPilot managed job (``sky jobs launch``): resources, recovery, the home on a
-  bucket, every file the campaign reads uploaded, set-up installing the checked stack, the sweep.
+- ``STEM.sky.yaml``: a SkyPilot managed job (``sky jobs launch``): resources, recovery, the home on the
+  instance's disk mirrored to a bucket (``mirrored``; journal/mirror.py), every file the campaign reads
+  uploaded, set-up installing the checked stack, the sweep.
 - ``STEM.sbatch``: a SLURM batch script: ``--gres``, ``--time`` from the time plan, ``--signal=TERM@GRACE``,
   ``--requeue``; the home on the shared file system; the same sweep command on every start.
 - ``pilotrun-VERSION-py3-none-any.whl`` beside them unless pilotrun comes from a pushed git revision.
@@ -25,7 +26,9 @@ TIME_MARGIN = 0.5  # the time plan is an estimate: half again on the campaign's 
 GRACE_S = 120  # SIGTERM this long before the limit: the current update and a checkpoint (SLURM --signal)
 STARTUP_S = 60  # python start-up, the journal, reading the data: once per job start
 PORT = 29500  # torchrun's rendezvous port on the first node
-SKY_HOME = "/pilotrun-home"  # the bucket mount the journal lives on
+SKY_HOME = "/pilotrun-home"  # the bucket mount the home is copied to (journal/mirror.py: not where SQLite runs)
+LOCAL_HOME = "$HOME/pilotrun-local"  # the home on the instance's own disk, where the journal is written
+MIRROR_S = 120  # seconds between the copies of the home to the bucket while the sweep runs
 
 
 def sweep_commands(loaded, sets: tuple[str, ...] = ()) -> list[dict]:
@@ -172,12 +175,34 @@ def sky_task(s: dict, launch: dict, wheel: Path | None) -> dict:
     task = {"name": f"pilotrun-{_slug(s['campaign'])}", "resources": resources}
     if launch["nodes"] > 1:
         task["num_nodes"] = launch["nodes"]
-    body = _body(launch, SKY_HOME, nodes_head='$(echo "$SKYPILOT_NODE_IPS" | head -n1)',
+    body = _body(launch, "$PILOTRUN_LOCAL_HOME", nodes_head='$(echo "$SKYPILOT_NODE_IPS" | head -n1)',
                  nnodes='"$SKYPILOT_NUM_NODES"', node_rank=' --node_rank "$SKYPILOT_NODE_RANK"')
     task.update({"workdir": launch["campaign_dir"], "file_mounts": mounts,
                  "setup": "\n".join(setup_lines(launch, wheel_ref)) + "\n",
-                 "run": "\n".join(["export PILOTRUN_CAMPAIGN_DIR=.", *body]) + "\n"})
+                 "run": "\n".join(["export PILOTRUN_CAMPAIGN_DIR=.", *mirrored(body)]) + "\n"})
     return task
+
+
+def mirrored(body: list[str]) -> list[str]:
+    """The job's commands with the home on this instance's disk: restored from the bucket first (a recovered
+    job), copied to it every MIRROR_S seconds and once more at the end; the journal from the first node only
+    (rank 0 writes it), every node's own files (its FSDP shards) from each. journal/mirror.py says why."""
+    to_bucket = f'pilotrun _mirror-home "$PILOTRUN_LOCAL_HOME" {SKY_HOME} $JOURNAL'
+    return ["# SQLite's WAL and locks need a local file system, which a bucket mount is not: the journal lives on",
+            f"# this instance's disk and is copied to the bucket ({SKY_HOME}) as a whole snapshot, with the run",
+            f"# folders, every {MIRROR_S} s and at the end; a recovered job restores it from there first",
+            f'export PILOTRUN_LOCAL_HOME="{LOCAL_HOME}"',
+            'JOURNAL=--journal; [ "${SKYPILOT_NODE_RANK:-0}" = 0 ] || JOURNAL=--no-journal',
+            f'pilotrun _mirror-home {SKY_HOME} "$PILOTRUN_LOCAL_HOME" --restore || exit 1',
+            # the loop's own sleep goes with it (an orphaned sleep would hold the job's output open)
+            f"( trap 'kill $s 2>/dev/null; exit 0' TERM; while :; do sleep {MIRROR_S} & s=$!; wait $s; {to_bucket}; "
+            "done ) &",
+            "MIRROR=$!",
+            "(", *[f"  {x}" for x in body], ")",
+            "rc=$?",
+            'kill "$MIRROR"; wait "$MIRROR"',
+            f"{to_bucket} || rc=1",
+            'exit "$rc"']
 
 
 def sky_header(s: dict, launch: dict) -> str:
@@ -185,8 +210,8 @@ def sky_header(s: dict, launch: dict) -> str:
              "(add --use-spot for spot).",
              f"# A preempted or failed node is recovered (job_recovery) and the run command starts again: sweep "
              f"{launch['sweep_id']}",
-             f"# continues from the journal on the bucket {launch['bucket']} ({SKY_HOME}; rename it if the name "
-             "is taken).",
+             f"# continues from the home restored from the bucket {launch['bucket']} ({SKY_HOME}; rename it if the "
+             "name is taken).",
              f"# Stack: {launch['pins_from']}; pilotrun: {launch['pilotrun']['why']}.",
              "# Uploaded: the workdir (the campaign folder), and in file_mounts the files outside it."]
     lines += [f"#   {x}" for x in _inputs_comments(launch, "mounted at the path the campaign file names")]

@@ -413,8 +413,21 @@ def _generic_labels(config) -> bool:
     return all(str(n).startswith("LABEL_") for n in names)
 
 
+def shape_only() -> bool:
+    """True inside ``architecture_only`` (the estimator's and the adapter check's builds: no weights read)."""
+    return _ARCHITECTURE_ONLY.get() is not None
+
+
 def build_model(c, tokenizer, kind: str, labels: list[str] | None = None):
-    """The model for a built-in task: loaded from model.path or initialised from model.config."""
+    """The model for a built-in task: loaded from model.path or initialised from model.config (its time is the
+    stage's model build, ``progress.spending``)."""
+    from pilotrun.report.progress import spending
+
+    with spending("model"):
+        return _build_model(c, tokenizer, kind, labels)
+
+
+def _build_model(c, tokenizer, kind: str, labels: list[str] | None):
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
 

@@ -94,6 +94,8 @@ def resume_worker(spec_path: str | Path) -> int:
     from pilotrun.journal.files import atomic_write_json
     from pilotrun.rehearsal.prepare import prepare
 
+    import transformers  # noqa: F401 - the fresh process's imports are its start-up (the parent's account)
+
     spec = json.loads(Path(spec_path).read_text())
     if spec.get("ranks", 1) > 1:  # the shards of an FSDP model load into as many new ranks as wrote them
         from pilotrun.rehearsal.mechanics.resume_ranks import work_sharded
@@ -109,7 +111,7 @@ def resume_worker(spec_path: str | Path) -> int:
     state = make_state(model, c.train, n_train=len(train_ex), seed=c.seed, total_updates=spec["total"], device=device)
     from pilotrun.report.progress import note
 
-    note("loading the saved state", log=True)
+    note("loading the saved state", log=True, spent="model")
     restored = load_state(state, spec["state"])
     res = train(state, prep.task, train_ex, [], c.train)
     atomic_write_json(spec["out"], {"restored": restored, "status": res.status, "reason": res.reason,
@@ -265,7 +267,7 @@ def resume(loaded, home, *, at: int | None = None, prep=None) -> StageResult:
         atomic_write_json(rec.dir / "reference_history.json", ref["ref"]["history"])
         worker, proc = None, None
         if ref["ref"]["status"] == "completed":  # no fresh process for a reference that cannot be compared with
-            head(f"resumed run (a new process, from update {at})")
+            head(f"resumed run (a new process, from update {at})", spent="startup")  # until the worker's first note
             proc = subprocess.run([sys.executable, "-m", "pilotrun", "_resume-worker",
                                    str(rec.dir / "resume_spec.json")],
                                   capture_output=True, text=True, env=dict(os.environ), timeout=3600)

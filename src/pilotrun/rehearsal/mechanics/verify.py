@@ -27,6 +27,7 @@ LOW_PRECISION_ATOL = 5e-2  # bf16 keeps ~3 significant digits of logits of order
 
 def preflight(run_dir: Path) -> list[str]:
     """Reasons to refuse loading: pickle-based weights, files that differ from or are missing in the manifest."""
+    from pilotrun.journal.checkpoints import reference, resolve
     from pilotrun.journal.files import MANIFEST, listed_files, verify_manifest
 
     art = run_dir / "artifact"
@@ -46,6 +47,9 @@ def preflight(run_dir: Path) -> list[str]:
                                "never rewrites a manifest over files it cannot vouch for")
         problems += [f"{p.relative_to(run_dir)}: not listed in manifest.json" for p in files
                      if str(p.relative_to(run_dir)) not in listed]
+    final = run_dir / "checkpoints" / "final"
+    if reference(final) is not None:  # the checkpoint final stands for is missing or swapped: said as such
+        problems += [p for p in resolve(final)[1] if p.startswith(f"{final / MANIFEST}: ")]
     return refused + [f"{p} — refused, nothing was loaded" for p in problems]
 
 
@@ -74,7 +78,7 @@ def verify(home, run_id: str) -> StageResult:
                        fix="verify a run written by `pilotrun train` (control predictions are stored at its end)")
     from pilotrun.report.progress import head
 
-    head("reloading the artifact in a new process")
+    head("reloading the artifact in a new process", spent="startup")  # until the worker's first note
     with tempfile.TemporaryDirectory(prefix="pilotrun-verify-") as tmp:
         out = Path(tmp) / "reloaded.json"
         (Path(tmp) / "control.json").write_text(json.dumps(control))
@@ -135,6 +139,11 @@ def verify_worker(run_dir: str, control_path: str, out_path: str) -> int:
     from pilotrun.tasks import make_task
     from pilotrun.tasks.base import Example
 
+    import transformers  # noqa: F401 - the fresh process's imports are its start-up, not the artifact's load
+
+    from pilotrun.report.progress import spend, spending
+
+    spend("work")  # the fresh process's start-up ends here (the parent's account until now)
     run_dir = Path(run_dir)
     refused = preflight(run_dir)
     if refused:
@@ -149,7 +158,8 @@ def verify_worker(run_dir: str, control_path: str, out_path: str) -> int:
     from pilotrun.engine.precision import autocast
 
     loaded = load_campaign(run_dir / "config.yaml")
-    task, precision = make_task(loaded), loaded.campaign.train.precision
+    with spending("data"):  # the tokenizer
+        task, precision = make_task(loaded), loaded.campaign.train.precision
     stored = load_control(run_dir / CONTROL_FILE) if (run_dir / CONTROL_FILE).is_file() else None
     from pilotrun.report.progress import note
 
@@ -162,7 +172,8 @@ def verify_worker(run_dir: str, control_path: str, out_path: str) -> int:
         if skipped:
             results[sub.name] = {"skipped": skipped}
             continue
-        model = task.load_artifact(sub)
+        with spending("model"):
+            model = task.load_artifact(sub)
         model.eval()
         dtype = str(next(model.parameters()).dtype)
         with torch.no_grad(), autocast(precision, "cpu"):  # as the run computed its control predictions
