@@ -66,6 +66,24 @@ class Accountant:
         self.in_optimizer = False
         self.marks: dict[str, tuple[int, int]] = {}
 
+    # --- kept: what ``summary`` reads, as plain data (a trace kept in the journal's home) ----------------
+    def state(self) -> dict:
+        return {"cuda": self.cuda, "timeline": self.timeline, "reserved": self.reserved, "stages": self.stages,
+                "marks": {k: list(v) for k, v in self.marks.items()},
+                "blocks": [[b.nbytes, b.category, b.born, None if b.died == math.inf else b.died, b.in_optimizer]
+                           for b in self.blocks]}
+
+    @classmethod
+    def from_state(cls, state: dict) -> "Accountant":
+        acc = cls("cuda" if state["cuda"] else "cpu")
+        acc.timeline, acc.reserved, acc.stages = state["timeline"], state["reserved"], state["stages"]
+        acc.marks = {k: (v[0], v[1]) for k, v in state["marks"].items()}
+        for nbytes, category, born, died, in_optimizer in state["blocks"]:
+            b = _Block(nbytes, category, born, in_optimizer)
+            b.died = math.inf if died is None else died
+            acc.blocks.append(b)
+        return acc
+
     # --- booking ----------------------------------------------------------------------------------
     def _round(self, nbytes: int) -> int:
         return _ceil(nbytes, MIN_BLOCK) if (self.cuda and nbytes > 0) else nbytes

@@ -148,6 +148,7 @@ STAGES = [
 def run_all(loaded, home, on_result=None, budgets: Budgets | None = None) -> list:
     """Run every stage; ``on_result`` sees each result as soon as its stage ends (the CLI renders it)."""
     from pilotrun import startup
+    from pilotrun.rehearsal.reuse import forget, sharing
     from pilotrun.report.progress import stage_progress
 
     budgets = budgets or Budgets()
@@ -159,7 +160,7 @@ def run_all(loaded, home, on_result=None, budgets: Budgets | None = None) -> lis
             on_result(said)
     for i, (name, fn) in enumerate(STAGES, 1):
         t0 = time.perf_counter()
-        with stage_progress(f"all {i}/{len(STAGES)} {name}") as cur:
+        with sharing(), stage_progress(f"all {i}/{len(STAGES)} {name}") as cur:
             result = fn(loaded, home, budgets)
             cur["outcome"] = result.verdict
         result.seconds = time.perf_counter() - t0
@@ -168,4 +169,5 @@ def run_all(loaded, home, on_result=None, budgets: Budgets | None = None) -> lis
         results.append(result)
         if on_result is not None:
             on_result(result)
+    forget()  # what the stages shared is not kept past them
     return results

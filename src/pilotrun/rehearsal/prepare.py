@@ -36,7 +36,8 @@ class Prepared:
 def require_weights(loaded) -> None:
     """A stage that runs the model (pilot, overfit, train, resume, fit) needs its weights: a hub model whose
     config.json alone is cached is exit 2 here, naming the missing files, before any run is created
-    (``validate``, ``estimate`` and the sheet without a pilot work from the config)."""
+    (``validate``, ``estimate`` and the sheet without a pilot work from the config); so is a folder whose weights'
+    headers disagree with the model its config.json describes (``tasks.loading.check_weights_fit``)."""
     from pathlib import Path
 
     from pilotrun.campaign.hub import snapshot_of
@@ -45,19 +46,28 @@ def require_weights(loaded) -> None:
     path = loaded.campaign.model.path
     if path and snapshot_of(path):
         check_model_dir(Path(path))
+    if path and loaded.campaign.task in ("causal-lm", "seq-cls"):
+        from pilotrun.tasks.loading import check_weights_fit
+
+        check_weights_fit(loaded.campaign, loaded.campaign.task)  # names and shapes against the headers
 
 
 def prepare(loaded, splits=SPLITS) -> Prepared:
-    """Validate, build the task and encode every record of the splits through task.encode."""
+    """Validate, build the task and encode every record of the splits through task.encode (inside ``all``, once
+    per campaign identity and split: ``rehearsal/reuse.encoded``)."""
+    from pilotrun.rehearsal import reuse
     from pilotrun.report.progress import spending
 
     with spending("data"):
-        return _prepare(loaded, splits)
+        if not reuse.shared():
+            task = _task(loaded)
+            return Prepared(loaded, task, _encoded(task, splits))
+        kept = reuse.encoded(loaded, splits, lambda: _task(loaded, keep=True), _encoded)
+        return Prepared(loaded, kept["task"], {k: list(v) for k, v in kept["splits"].items()  # the stage's own lists
+                                               if k in splits and v})
 
 
-def _prepare(loaded, splits) -> Prepared:
-    from pilotrun.report.progress import note
-
+def _task(loaded, keep: bool = False):
     check_consistency(loaded.campaign, loaded.base_dir)
     if loaded.campaign.task in ("causal-lm", "seq-cls"):
         from pilotrun.tasks.loading import check_positions
@@ -65,13 +75,23 @@ def _prepare(loaded, splits) -> Prepared:
         check_positions(loaded.campaign)  # with model.config's class defaults, before anything runs
         adapter_choice(loaded)  # LoRA's modules exist in the model (or the family has a default)
     task = make_task(loaded)
+    if keep:
+        from pilotrun.rehearsal import reuse
+
+        reuse.keep_pristine(task, loaded)  # a later stage's build is a fresh copy of the weights read here
+    return task
+
+
+def _encoded(task, splits) -> dict[str, list]:
+    """Each split's records encoded ([] for a split without records: the caller keeps only the others)."""
+    from pilotrun.report.progress import note
+
     examples = {}
     for split in splits:
         note(f"reading and encoding the {split} split", log=True)
         records = task.records(split)
-        if records:
-            examples[split] = [task.encode(r) for r in records]
-    return Prepared(loaded, task, examples)
+        examples[split] = [task.encode(r) for r in records] if records else []
+    return examples
 
 
 def adapter_choice(loaded) -> tuple[list[str], str] | None:

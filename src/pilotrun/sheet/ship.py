@@ -8,6 +8,7 @@ Nothing here contacts an index or a hub: the wheel is built from the source chec
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -78,12 +79,53 @@ def pilotrun_source() -> dict:
             "why": f"a wheel built from the git checkout {root} ({why}, so no URL an installer can reach)"}
 
 
+WHEEL_KEY = ".pilotrun-wheel.json"  # beside the wheel: the source identity it was built from
+
+
+def source_identity(root: Path) -> str | None:
+    """sha256 of what ``pip wheel`` reads from the checkout ``root``: the package's files, pyproject.toml and the
+    readme; None when the checkout is not laid out as src/pilotrun (then the wheel is built every time)."""
+    import hashlib
+
+    from pilotrun.rehearsal.reuse import package_digest
+
+    pkg = root / "src" / "pilotrun"
+    if not pkg.is_dir():
+        return None
+    h = hashlib.sha256(package_digest(pkg).encode())
+    for name in ("pyproject.toml", "README.md", "setup.cfg", "setup.py", "MANIFEST.in", "LICENSE"):
+        f = root / name
+        if f.is_file():
+            h.update(name.encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def _kept_wheel(folder: Path, key: str | None) -> Path | None:
+    if key is None:
+        return None
+    try:
+        kept = json.loads((folder / WHEEL_KEY).read_text())
+        wheel = folder / kept["wheel"]
+        if kept.get("key") == key and wheel.is_file() and wheel.stat().st_size == kept.get("size"):
+            return wheel
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return None
+
+
 def build_wheel(src: dict, folder: Path) -> Path:
-    """The wheel of ``src`` (``pilotrun_source``) in ``folder``; replaces an older one of the same name."""
+    """The wheel of ``src`` (``pilotrun_source``) in ``folder``; replaces an older one of the same name. A wheel
+    this folder holds from the same source identity (``source_identity``) is reused, not built again."""
     folder.mkdir(parents=True, exist_ok=True)
     if src["kind"] == "wheel":
         import tempfile
 
+        from pilotrun.journal.files import atomic_write_json
+
+        key = source_identity(Path(src["root"]))
+        kept = _kept_wheel(folder, key)
+        if kept is not None:
+            return kept
         with tempfile.TemporaryDirectory(prefix="pilotrun-wheel-", dir=folder) as tmp:
             p = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
                                 "-w", tmp, src["root"]], capture_output=True, text=True, timeout=300)
@@ -92,7 +134,9 @@ def build_wheel(src: dict, folder: Path) -> Path:
                 raise RuntimeError(f"pip wheel {src['root']} failed: {(p.stderr or p.stdout).strip()[-500:]}")
             target = folder / built[0].name
             built[0].replace(target)  # same file system: an atomic rename
-            return target
+        if key is not None:
+            atomic_write_json(folder / WHEEL_KEY, {"key": key, "wheel": target.name, "size": target.stat().st_size})
+        return target
     return _repack(folder)
 
 

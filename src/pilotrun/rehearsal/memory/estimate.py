@@ -111,7 +111,25 @@ def _sharing(tr: dict, other: dict | None) -> dict:
 def _trace_once(loaded, device: str, prep, wc: dict, steps_only: bool = False, overrides: dict | None = None) -> dict:
     """One trace of the registry's phases (``phases.driver``, traced) on one rank's worth of tensors;
     ``steps_only``: load and the two steps only (the rest is shared from another trace); ``overrides``:
-    config keys of the model built (a depth to count from)."""
+    config keys of the model built (a depth to count from). Inside ``reuse.keeping_traces`` (the sheet), a trace
+    of the same campaign, files, pilotrun and question is read from the journal's home instead."""
+    from pilotrun.probe.estimate import Accountant
+    from pilotrun.rehearsal import reuse
+
+    key = reuse.trace_key(loaded, {"device": device, "steps_only": steps_only, "overrides": overrides,
+                                   "micro_batches": len(wc["micro_batches"])})
+    kept = reuse.stored_trace(key)
+    if kept is not None:
+        acc = Accountant.from_state(kept.pop("accountant"))
+        return dict(kept, summarize=lambda name, scale: acc.summary(name, scale, by_stage=True))
+    out = _traced_once(loaded, device, prep, wc, steps_only, overrides)
+    acc = out.pop("accountant")
+    if key is not None:
+        reuse.store_trace(key, dict({k: v for k, v in out.items() if k != "summarize"}, accountant=acc.state()))
+    return out
+
+
+def _traced_once(loaded, device: str, prep, wc: dict, steps_only: bool, overrides: dict | None) -> dict:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from pilotrun.phases.driver import PhaseContext, drive
@@ -146,7 +164,7 @@ def _trace_once(loaded, device: str, prep, wc: dict, steps_only: bool = False, o
             "notes": notes, "params": sum(p.numel() for p in params), "trainable": sum(p.numel() for p in trainable),
             "trainable_bytes": _bytes(trainable), "param_bytes": _bytes(params), **_frozen_linear(model),
             "block": unsharded_block_bytes(model), "device": device,
-            "gradient_checkpointing": c.model.gradient_checkpointing}
+            "gradient_checkpointing": c.model.gradient_checkpointing, "accountant": acc}
 
 
 def _frozen_linear(model) -> dict:

@@ -100,10 +100,14 @@ def _largest(loaded, prep, rows, target, kind, ranks, t, c) -> dict:
     ev = (peaks.get("eval_longest") or {}).get("inputs", {})
     if prep is not None:
         try:
-            return largest_sizes(loaded, prep, reserved_limit(target, "predicted", ranks),
-                                 micro_batch=t.micro_batch, eval_batch=t.eval_batch,
-                                 seq_len=su.get("seq_len") or c.data.max_length,
-                                 eval_seq_len=ev.get("seq_len") or c.data.max_length)
+            from pilotrun.rehearsal.reuse import kept_result
+
+            asked = {"limit": reserved_limit(target, "predicted", ranks), "micro_batch": t.micro_batch,
+                     "eval_batch": t.eval_batch, "seq_len": su.get("seq_len") or c.data.max_length,
+                     "eval_seq_len": ev.get("seq_len") or c.data.max_length}
+            return kept_result(loaded, {"largest_sizes": asked}, lambda: largest_sizes(
+                loaded, prep, asked["limit"], micro_batch=asked["micro_batch"], eval_batch=asked["eval_batch"],
+                seq_len=asked["seq_len"], eval_seq_len=asked["eval_seq_len"]))
         except Exception as e:  # noqa: BLE001 - fall back to the measured growth, saying why
             why = f"{type(e).__name__}: {e}"
     else:
@@ -125,7 +129,16 @@ def build_sheet(cfg: dict, journal, pilot: dict, *, target_env: dict | None = No
 
     ``predict``: run the estimator (GPU memory of a CPU pilot, the largest sizes); the time check,
     which only needs the time plan, passes False. ``options``: add the options table (per GPU and
-    count, what each option changes), from the pilot's figures where they exist."""
+    count, what each option changes), from the pilot's figures where they exist. The estimator's traces are
+    kept in the journal's home and read back for the same campaign, files and pilotrun (``rehearsal/reuse``)."""
+    from pilotrun.rehearsal.reuse import keeping_traces
+
+    with keeping_traces(journal.home):
+        return _build_sheet(cfg, journal, pilot, target_env=target_env, gpu=gpu, rates=rates, predict=predict,
+                            options=options)
+
+
+def _build_sheet(cfg: dict, journal, pilot: dict, *, target_env, gpu, rates, predict: bool, options: bool) -> dict:
     from pilotrun.campaign.arithmetic import batch_arithmetic
     from pilotrun.campaign.load import campaign_from_dict
     from pilotrun.probe.sizes import parse_size

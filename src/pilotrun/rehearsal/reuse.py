@@ -1,0 +1,227 @@
+"""What a stage reuses from an earlier one instead of doing it again, never served stale.
+
+- ``identity(loaded)``: the campaign's config hash and the identity of every file it names (path, size,
+  mtime_ns, and the content's sha256 for files under ``HASHED_BELOW`` bytes; a folder: its files' identities).
+- In one process (``all``): the encoded splits (``encoded``, what ``rehearsal/prepare.prepare`` builds) and a
+  model as its first build left it (``keep_pristine``: a deep copy, never a model a stage trained), keyed by it.
+  A changed file has another identity, so it is read again; ``COUNTS`` says what was served and built.
+- Across processes (the sheet after a pilot or an earlier sheet): the estimator's traces, kept in the journal's
+  home (``traces/``) under the identity, pilotrun's version and its own files' digest (``package_digest``), and
+  what was traced (device, depth, steps only). ``keeping_traces(home)`` turns that on for a block.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import gzip
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+HASHED_BELOW = 4 * 2**20  # a file this small is hashed too (a same-size edit within one mtime tick is caught)
+MAX_ENTRIES = 8  # encoded campaigns (and pristine models) kept in one process
+COUNTS = {"encoded_hits": 0, "encoded_builds": 0, "pristine_hits": 0, "pristine_builds": 0, "trace_hits": 0,
+          "trace_builds": 0}
+
+_SHARING: contextvars.ContextVar[bool] = contextvars.ContextVar("pilotrun_sharing", default=False)
+_ENCODED: dict[str, Any] = {}
+_PRISTINE: dict[str, Any] = {}
+_TRACES: contextvars.ContextVar[Path | None] = contextvars.ContextVar("pilotrun_traces", default=None)
+
+
+def _file_id(path: Path) -> list:
+    st = path.stat()
+    digest = None
+    if st.st_size < HASHED_BELOW:
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    return [str(path), st.st_size, st.st_mtime_ns, digest]
+
+
+def files_of(value: Any, base: Path | None) -> list[list]:
+    """The identities of the existing files and folders named by the strings in ``value`` (a folder's own files,
+    not its subfolders: a model folder's config, tokenizer and weights)."""
+    out: list[list] = []
+    if isinstance(value, dict):
+        for v in value.values():
+            out += files_of(v, base)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            out += files_of(v, base)
+    elif isinstance(value, str) and value and len(value) < 4096 and "\n" not in value:
+        p = Path(value)
+        if not p.is_absolute() and base is not None:
+            p = base / p
+        try:
+            if p.is_file():
+                out.append(_file_id(p))
+            elif p.is_dir() and p != Path("/"):
+                out += [_file_id(f) for f in sorted(p.iterdir()) if f.is_file()]
+        except OSError:
+            pass
+    return out
+
+
+def identity(loaded, what: dict | None = None) -> str:
+    """One key for the campaign as resolved and every file it names (``what``: what else the key holds)."""
+    files = files_of(loaded.resolved_dict(), loaded.base_dir)
+    return hashlib.sha256(json.dumps({"config": loaded.config_sha256(), "files": files, "what": what or {}},
+                                     sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _keep(store: dict, key: str, value) -> None:
+    store[key] = value
+    while len(store) > MAX_ENTRIES:
+        store.pop(next(iter(store)))
+
+
+def encoded(loaded, splits, make_task, encode) -> dict:
+    """The task (``make_task()``) once per identity in this process, and each split encoded once
+    (``encode(task, missing) -> {split: examples}``): ``{"task", "splits"}``, the cache's own (callers copy
+    the lists they hand on)."""
+    key = identity(loaded)
+    kept = _ENCODED.get(key)
+    if kept is None:
+        kept = {"task": make_task(), "splits": {}}
+        _keep(_ENCODED, key, kept)
+    missing = [s for s in splits if s not in kept["splits"]]
+    COUNTS["encoded_hits"] += len(splits) - len(missing)
+    COUNTS["encoded_builds"] += len(missing)
+    if missing:
+        kept["splits"].update(encode(kept["task"], missing))
+    return kept
+
+
+def keep_pristine(task, loaded) -> None:
+    """A built-in task's ``build_model`` reads the weights once per identity; a later call gets a deep copy of the
+    model as that first build left it (before any stage trained it), and the generator state the build left
+    (a build seeds and draws new heads), so what follows the build draws the same numbers."""
+    import copy
+
+    build = task.build_model
+    if not type(task).__module__.startswith("pilotrun.tasks."):
+        return  # a custom task's build is its own
+
+    def build_model():
+        import torch
+
+        from pilotrun.tasks.loading import shape_only
+
+        if shape_only() or str(torch.get_default_device()) != "cpu":  # the estimator's builds, a meta device
+            return build()
+        key = identity(loaded, {"model": type(task).__name__})
+        kept = _PRISTINE.get(key)
+        if kept is None:
+            COUNTS["pristine_builds"] += 1
+            model = build()
+            _keep(_PRISTINE, key, (copy.deepcopy(model), torch.get_rng_state()))
+            return model
+        COUNTS["pristine_hits"] += 1
+        from pilotrun.report.progress import spending
+
+        with spending("model"):
+            model, rng = copy.deepcopy(kept[0]), kept[1]
+            torch.set_rng_state(rng)
+        return model
+
+    task.build_model = build_model
+
+
+@contextlib.contextmanager
+def sharing():
+    """Inside the block (``all``'s stages), ``prepare`` and a built-in task's model build reuse what an earlier
+    call of the same identity made."""
+    token = _SHARING.set(True)
+    try:
+        yield
+    finally:
+        _SHARING.reset(token)
+
+
+def shared() -> bool:
+    return _SHARING.get()
+
+
+def forget() -> None:
+    """Drop what this process keeps (tests; a long process that changed its campaigns)."""
+    _ENCODED.clear()
+    _PRISTINE.clear()
+
+
+def package_digest(root: Path | None = None) -> str:
+    """sha256 of pilotrun's own files (paths and contents, caches left out): the code's identity beside its version."""
+    import pilotrun
+
+    root = root or Path(pilotrun.__file__).parent
+    h = hashlib.sha256()
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d != "__pycache__" and not d.startswith("."))
+        for name in sorted(filenames):
+            if name.endswith((".pyc", ".pyo")) or name.startswith("."):
+                continue
+            p = Path(dirpath) / name
+            h.update(str(p.relative_to(root)).encode() + b"\0" + p.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+@contextlib.contextmanager
+def keeping_traces(home):
+    """Inside the block, the estimator's traces are read from and written to ``home``/traces."""
+    token = _TRACES.set(Path(home) / "traces")
+    try:
+        yield
+    finally:
+        _TRACES.reset(token)
+
+
+def trace_key(loaded, what: dict) -> str | None:
+    """The key of a trace of ``loaded`` (None outside ``keeping_traces``)."""
+    if _TRACES.get() is None:
+        return None
+    from pilotrun import __version__
+
+    return identity(loaded, dict(what, version=__version__, code=package_digest()))
+
+
+def stored_trace(key: str | None) -> dict | None:
+    folder = _TRACES.get()
+    if key is None or folder is None:
+        return None
+    try:
+        data = json.loads(gzip.decompress((folder / f"{key}.json.gz").read_bytes()))
+    except (OSError, ValueError, EOFError):  # none yet, or damaged: traced again
+        return None
+    if data.get("key") != key:
+        return None
+    COUNTS["trace_hits"] += 1
+    return data["trace"]
+
+
+def store_trace(key: str | None, trace: dict) -> None:
+    folder = _TRACES.get()
+    COUNTS["trace_builds"] += 1
+    if key is None or folder is None:
+        return
+    from pilotrun.journal.files import atomic_write_bytes
+
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(folder / f"{key}.json.gz",
+                           gzip.compress(json.dumps({"key": key, "trace": trace}).encode(), compresslevel=3))
+    except OSError:  # a read-only or full home: the trace is only not kept
+        pass
+
+
+def kept_result(loaded, what: dict, compute):
+    """``compute()`` (a JSON value the estimator derives from the campaign alone, such as the largest sizes'
+    bisection) read back from the journal's home under ``trace_key(loaded, what)``, else computed and kept."""
+    key = trace_key(loaded, dict(what, result=True))
+    stored = stored_trace(key)
+    if stored is not None:
+        return stored["value"]
+    value = compute()
+    if key is not None:
+        store_trace(key, {"value": value})
+    return value

@@ -1,0 +1,164 @@
+"""What `all`'s stages reuse in its process, and what the sheet reuses across processes (issue 34): the encoded
+splits and a model's pristine weights keyed by the campaign's identity (config hash, files' path, size,
+mtime_ns, content hash), a changed file read again; the estimator's traces kept in the journal's home, a
+changed config traced again."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from conftest import simple_records, tiny_causal_campaign
+
+from pilotrun.campaign.load import load_campaign
+from pilotrun.rehearsal import reuse
+from pilotrun.rehearsal.prepare import prepare
+
+
+@pytest.fixture(autouse=True)
+def _fresh():
+    reuse.forget()
+    yield
+    reuse.forget()
+
+
+def _counts():
+    return dict(reuse.COUNTS)
+
+
+def test_a_second_stage_gets_the_encoded_splits_without_encoding_again(tmp_path):
+    path = tiny_causal_campaign(tmp_path / "c", simple_records(12), simple_records(4, start=50))
+    loaded = load_campaign(path)
+    before = _counts()
+    with reuse.sharing():
+        first = prepare(loaded, splits=("train", "validation"))
+        second = prepare(load_campaign(path), splits=("train", "validation"))  # the same campaign, loaded again
+    assert reuse.COUNTS["encoded_builds"] - before["encoded_builds"] == 2  # each split once
+    assert reuse.COUNTS["encoded_hits"] - before["encoded_hits"] == 2
+    assert second.task is first.task
+    assert [e.input_ids for e in second.train] == [e.input_ids for e in first.train]
+    second.examples["train"].reverse()  # a stage's own list: the cache's stays whole
+    with reuse.sharing():
+        third = prepare(loaded, splits=("train", "validation"))
+    assert [e.input_ids for e in third.train] == [e.input_ids for e in first.train]
+    with reuse.sharing():
+        only = prepare(loaded, splits=("train",))  # a stage that needs fewer splits is served too
+    assert list(only.examples) == ["train"] and reuse.COUNTS["encoded_hits"] - before["encoded_hits"] == 5
+
+
+def test_outside_all_nothing_is_kept(tmp_path):
+    path = tiny_causal_campaign(tmp_path / "c", simple_records(12), simple_records(4, start=50))
+    before = _counts()
+    prepare(load_campaign(path), splits=("train",))
+    prepare(load_campaign(path), splits=("train",))
+    assert reuse.COUNTS["encoded_hits"] == before["encoded_hits"]
+
+
+@pytest.mark.parametrize("change", ["same size and mtime, other bytes", "appended record"])
+def test_a_file_changed_between_two_uses_is_read_again(tmp_path, change):
+    """The planted staleness: the train file changes between two stages; the second sees the new records."""
+    path = tiny_causal_campaign(tmp_path / "c", simple_records(12), simple_records(4, start=50))
+    train = tmp_path / "c" / "data" / "train.jsonl"
+    before = _counts()
+    with reuse.sharing():
+        first = prepare(load_campaign(path), splits=("train",))
+        text = train.read_text()
+        st = os.stat(train)
+        if change == "appended record":
+            train.write_text(text + json.dumps(simple_records(1, start=90)[0]) + "\n")
+        else:  # a same-length edit restored to the same mtime: only the content hash tells it apart
+            lines = text.splitlines(keepends=True)
+            lines[0], lines[1] = lines[1], lines[0]
+            train.write_text("".join(lines))
+            os.utime(train, ns=(st.st_atime_ns, st.st_mtime_ns))
+        second = prepare(load_campaign(path), splits=("train",))
+    assert reuse.COUNTS["encoded_builds"] - before["encoded_builds"] == 2
+    assert reuse.COUNTS["encoded_hits"] == before["encoded_hits"]
+    ids = lambda p: [e.input_ids for e in p.train]  # noqa: E731
+    assert ids(second) != ids(first), change
+
+
+def test_a_built_model_is_a_fresh_copy_of_the_pristine_weights_never_the_trained_one(tmp_path):
+    import torch
+
+    path = tiny_causal_campaign(tmp_path / "c", simple_records(12), simple_records(4, start=50))
+    before = _counts()
+    with reuse.sharing():
+        prep = prepare(load_campaign(path), splits=("train",))
+        a = prep.task.build_model()
+        after_a = torch.get_rng_state()
+        pristine = {k: v.clone() for k, v in a.state_dict().items()}
+        with torch.no_grad():  # a stage trains its model
+            for p in a.parameters():
+                p.add_(1.0)
+        b = prepare(load_campaign(path), splits=("train",)).task.build_model()
+        after_b = torch.get_rng_state()
+    assert reuse.COUNTS["pristine_builds"] - before["pristine_builds"] == 1
+    assert reuse.COUNTS["pristine_hits"] - before["pristine_hits"] == 1
+    assert b is not a
+    for k, v in b.state_dict().items():
+        assert torch.equal(v, pristine[k]), k
+    assert torch.equal(after_a, after_b)  # the generator continues as after a build: later draws are the same
+
+
+def test_a_trace_is_read_back_from_the_home_and_a_changed_config_traces_again(tmp_path):
+    """The estimator's trace of a campaign kept in the journal's home: read back the same (rows equal), counted
+    as a hit; another config (the planted change: a micro-batch) or pilotrun's code digest is another key."""
+    from pilotrun.rehearsal.memory.estimate import rows_for, traced
+
+    path = tiny_causal_campaign(tmp_path / "c", simple_records(12), simple_records(4, start=50))
+    loaded = load_campaign(path)
+    prep = prepare(loaded, splits=("train", "validation"))
+    home = tmp_path / "home"
+    before = _counts()
+    with reuse.keeping_traces(home):
+        fresh = rows_for(traced(loaded, prep=prep, counted=False))
+        again = rows_for(traced(loaded, prep=prep, counted=False))
+    assert reuse.COUNTS["trace_builds"] - before["trace_builds"] == 1
+    assert reuse.COUNTS["trace_hits"] - before["trace_hits"] == 1
+    assert again == fresh
+    assert len(list((home / "traces").glob("*.json.gz"))) == 1
+    other = loaded.with_overrides({"train.micro_batch": loaded.campaign.train.micro_batch + 1})
+    with reuse.keeping_traces(home):
+        changed = rows_for(traced(other, prep=prepare(other, splits=("train", "validation")), counted=False))
+    assert reuse.COUNTS["trace_builds"] - before["trace_builds"] == 2 and changed != fresh
+    assert reuse.trace_key(loaded, {}) is None  # outside keeping_traces nothing is kept
+    (home / "traces").joinpath("junk.json.gz").write_bytes(b"not gzip")
+    with reuse.keeping_traces(home):  # a damaged file is traced again, never an error
+        assert reuse.stored_trace("junk") is None
+
+
+def test_the_wheel_is_keyed_by_the_source_identity(tmp_path):
+    from pilotrun.sheet import ship
+
+    root = tmp_path / "checkout"
+    (root / "src" / "pilotrun").mkdir(parents=True)
+    (root / "pyproject.toml").write_text('[project]\nname = "pilotrun"\n')
+    (root / "src" / "pilotrun" / "a.py").write_text("x = 1\n")
+    key = ship.source_identity(root)
+    (root / "src" / "pilotrun" / "__pycache__").mkdir()
+    (root / "src" / "pilotrun" / "__pycache__" / "a.pyc").write_bytes(b"cache")
+    assert ship.source_identity(root) == key  # caches are no source
+    (root / "src" / "pilotrun" / "a.py").write_text("x = 2\n")  # the planted change: same size, other bytes
+    assert ship.source_identity(root) != key
+    out = tmp_path / "out"
+    out.mkdir()
+    wheel = out / "pilotrun-0.1.0-py3-none-any.whl"
+    wheel.write_bytes(b"PK wheel")
+    (out / ship.WHEEL_KEY).write_text(json.dumps({"key": key, "wheel": wheel.name, "size": wheel.stat().st_size}))
+    assert ship._kept_wheel(out, key) == wheel
+    assert ship._kept_wheel(out, ship.source_identity(root)) is None  # the source changed: built again
+    wheel.write_bytes(b"PK a truncated")
+    assert ship._kept_wheel(out, key) is None  # not the file that was built
+
+
+@pytest.mark.slow
+def test_a_second_sheet_builds_no_wheel(tmp_path):
+    from pilotrun.sheet.ship import build_wheel, source_root
+
+    src = {"kind": "wheel", "root": str(source_root())}
+    first = build_wheel(src, tmp_path / "w")
+    st = first.stat()
+    again = build_wheel(src, tmp_path / "w")
+    assert again == first and again.stat().st_mtime_ns == st.st_mtime_ns
