@@ -58,6 +58,14 @@ def test_the_arithmetic_sizes_the_kept_checkpoints_from_the_pilots_save_row(cli,
     r = cli("validate", path, "--home", home)
     assert r.code == 0, r.err
     line = next(x for x in r.out.splitlines() if "checkpoints:" in x)
+    # update 100 is saved, so final stands for it (a reference): no fifth copy on disk
+    assert ("checkpoints: 10 saved (train.save_every), at most 4 kept (the last 3, train.keep_checkpoints, and the "
+            "best by plan.metric), plus final (a reference to the last one saved, no second copy); 4 × 3.0 MiB (the "
+            "pilot's save row) = 12.0 MiB on disk per run") in line
+    # a last update no save falls on: final is a copy of its own, one more checkpoint's disk
+    r = cli("validate", path, "--home", home, "--set", "train.updates=105")
+    assert r.code == 0, r.err
+    line = next(x for x in r.out.splitlines() if "checkpoints:" in x)
     assert ("checkpoints: 10 saved (train.save_every), at most 4 kept (the last 3, train.keep_checkpoints, and the "
             "best by plan.metric), plus final; 5 × 3.0 MiB (the pilot's save row) = 15.0 MiB on disk per run") in line
 

@@ -75,6 +75,7 @@ def test_fsdp_trains_with_sharded_checkpoints_and_a_full_artifact(tmp_path):
 
     from pilotrun.engine.loop import make_state
     from pilotrun.engine.state import is_complete, load_state
+    from pilotrun.journal.checkpoints import reference, resolve
     from pilotrun.rehearsal.training.train import train_run
 
     path = _campaign(tmp_path, train__save_every=2)
@@ -84,17 +85,21 @@ def test_fsdp_trains_with_sharded_checkpoints_and_a_full_artifact(tmp_path):
     run_dir = tmp_path / "home" / "runs" / result.data["run_id"]
     final = run_dir / "checkpoints" / "final"
     assert is_complete(final) and is_complete(run_dir / "checkpoints" / "update-000002")
-    manifest = json.loads((final / "manifest.json").read_text())
+    # update 4, the last, was saved: final stands for it (a reference), and the shards are that checkpoint's
+    assert reference(final)["checkpoint"] == "update-000004"
+    held = resolve(final)[0]
+    assert held == run_dir / "checkpoints" / "update-000004"
+    manifest = json.loads((held / "manifest.json").read_text())
     assert manifest["sharded"] == {"world": 2}
     assert {"model.rank0.safetensors", "model.rank1.safetensors", "optimizer.rank0.pt",
             "optimizer.rank1.pt"} <= set(manifest["files"])
-    assert not (final / "model.safetensors").exists()
+    assert not (held / "model.safetensors").exists()
 
     # the artifact is the full model: it reloads, and its weights are the two ranks' shards put together
     from transformers import AutoModelForCausalLM
 
     art = AutoModelForCausalLM.from_pretrained(run_dir / "artifact" / "model")
-    shards = [load_file(str(final / f"model.rank{r}.safetensors")) for r in (0, 1)]
+    shards = [load_file(str(held / f"model.rank{r}.safetensors")) for r in (0, 1)]
     for name, p in art.state_dict().items():
         assert torch.equal(torch.cat([shards[0][name], shards[1][name]]), p), name
 
@@ -108,7 +113,7 @@ def test_fsdp_trains_with_sharded_checkpoints_and_a_full_artifact(tmp_path):
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 
     # one rank's shard changed on disk: the manifest's checksum refuses the whole checkpoint
-    shard = final / "model.rank1.safetensors"
+    shard = held / "model.rank1.safetensors"
     data = bytearray(shard.read_bytes())
     data[-1] ^= 0xFF
     shard.write_bytes(bytes(data))

@@ -81,13 +81,18 @@ def test_note_on_unknown_run_is_bad_input(cli, tmp_path):
 
 def test_run_folder_has_manifest_and_checkpoint(cli, tmp_path):
     from pilotrun.engine.state import latest_checkpoint
+    from pilotrun.journal.checkpoints import reference
     from pilotrun.journal.files import verify_manifest
 
     path = tiny_causal_campaign(tmp_path, simple_records(8), train__updates=4, train__save_every=2)
     run_id = cli("train", path, "--home", tmp_path / "home", "--json").json["data"]["run_id"]
     run_dir = tmp_path / "home" / "runs" / run_id
     assert verify_manifest(run_dir) == []
-    assert latest_checkpoint(run_dir / "checkpoints").name == "final"  # after update-000004, at the same update
+    # update 4 was the loop's last act, so final stands for update-000004 (a reference, its manifest alone) and the
+    # latest checkpoint is the folder holding that state's files
+    final = run_dir / "checkpoints" / "final"
+    assert reference(final)["checkpoint"] == "update-000004" and [p.name for p in final.iterdir()] == ["manifest.json"]
+    assert latest_checkpoint(run_dir / "checkpoints") == run_dir / "checkpoints" / "update-000004"
     assert (run_dir / "checkpoints" / "update-000002" / "model.safetensors").is_file()
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     assert len([ln for ln in lines if '"train"' in ln]) == 4

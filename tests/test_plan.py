@@ -115,25 +115,28 @@ def measured(values=MEASURED):
 
 def test_time_plan_arithmetic_term_by_term():
     counts = P.run_counts(updates=100, eval_every=10, save_every=50, n_val=40, eval_batch=8)
-    assert counts == {"updates": 100, "evals": 11, "eval_batches": 5, "checkpoints": 3, "exports": 1, "reloads": 1,
+    # saves at 50 and 100; final stands for update 100's checkpoint (a reference), no third save
+    assert counts == {"updates": 100, "evals": 11, "eval_batches": 5, "checkpoints": 2, "exports": 1, "reloads": 1,
                       "control_passes": 0}
     h100 = BY_KEY["h100-sxm"]
     u = P.unit_seconds(measured(), source_gpu=h100, target_gpu=h100, precision="bf16-mixed", work=None)
     assert u["scaling"]["ratio"] == 1.0
     terms = {t["term"]: t["seconds"] for t in P.run_terms(counts, u["units"])}
     assert terms == {"load": 10.0, "first update (optimizer state)": 1.0, "updates": 200.0, "validations": 27.5,
-                     "checkpoints": 12.0, "export": 6.0, "reload check": 5.0}
-    assert sum(terms.values()) == 261.5
+                     "checkpoints": 8.0, "export": 6.0, "reload check": 5.0}
+    assert sum(terms.values()) == 257.5
     # a run's start (the pilot's own: memory handed back, journal entry) and 2 passes over 4 control examples
     counts = P.run_counts(updates=100, eval_every=10, save_every=50, n_val=40, eval_batch=8, control=4)
     assert counts["control_passes"] == 1.0
     more = {t["term"]: t["seconds"] for t in P.run_terms(counts, dict(u["units"], run_overhead=0.7))}
     assert more["run start (memory freed, journal entry)"] == 0.7
     assert more["control predictions"] == pytest.approx(27.5 / 55)  # one eval batch's seconds
-    assert sum(more.values()) == pytest.approx(261.5 + 0.7 + 0.5)
+    assert sum(more.values()) == pytest.approx(257.5 + 0.7 + 0.5)
     # a partial last interval adds the final validation
     assert P.run_counts(105, 10, None, 40, 8)["evals"] == 12
     assert P.run_counts(105, 10, None, 40, 8)["checkpoints"] == 1
+    # a last update no save falls on: final is a save of its own
+    assert P.run_counts(105, 10, 50, 40, 8)["checkpoints"] == 3 and P.saves_per_run(100, 50) == 2
 
 
 def test_packing_keeps_the_reserve_and_lists_what_overflows_the_3_day_plan():

@@ -137,10 +137,11 @@ def test_time_plan_from_the_ledger_and_an_overflowing_3_day_plan(tmp_path):
     assert tm["counts"]["updates"] == 30000 and tm["counts"]["evals"] == 31 and tm["counts"]["eval_batches"] == 2
     terms = {t["term"]: t for t in tm["terms"]}
     assert terms["updates"]["seconds"] == 60000.0 and terms["validations"]["seconds"] == 0.5 * 31 * 2
-    assert terms["first update (optimizer state)"]["seconds"] == 1.0 and terms["checkpoints"]["count"] == 4
+    # saves at 10000, 20000, 30000; final stands for the last (a reference), no fourth save
+    assert terms["first update (optimizer state)"]["seconds"] == 1.0 and terms["checkpoints"]["count"] == 3
     # control predictions: 2 passes over 4 examples = one 8-example eval batch, 0.5 s
     assert terms["control predictions"]["count"] == 1.0 and terms["control predictions"]["seconds"] == 0.5
-    assert tm["per_run_s"] == pytest.approx(3 + 1 + 60000 + 31 + 0.5 + 4 * 1 + 2 + 1.5)
+    assert tm["per_run_s"] == pytest.approx(3 + 1 + 60000 + 31 + 0.5 + 3 * 1 + 2 + 1.5)
     assert tm["measured"]["steady_step"]["source"].startswith(f"run {run} phase steady_step")
     assert [x["label"] for x in tm["runs"]] == ["control seed 0", "variant 1 seed 0", "control seed 1",
                                                 "variant 1 seed 1"]

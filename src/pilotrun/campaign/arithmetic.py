@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 from pilotrun.errors import BadInput
+from pilotrun.sheet.plan import saves_per_run
 
 
 def data_parallel_ranks(t) -> int:
@@ -61,7 +62,8 @@ def checkpoint_counts(t, updates: int) -> dict:
     saved = updates // t.save_every if t.save_every else 0
     keep = getattr(t, "keep_checkpoints", None)
     kept = saved if keep is None else min(saved, keep + 1)
-    return {"saved": saved, "kept": kept, "keep_checkpoints": keep, "bytes_each": None}
+    final_copy = saves_per_run(updates, t.save_every) > saved  # else final stands for the last one saved
+    return {"saved": saved, "kept": kept, "keep_checkpoints": keep, "final_copy": final_copy, "bytes_each": None}
 
 
 def checkpoint_line(ck: dict, fmt_bytes=None) -> str:
@@ -70,9 +72,11 @@ def checkpoint_line(ck: dict, fmt_bytes=None) -> str:
     keep = ("all kept (train.keep_checkpoints: null)" if ck["keep_checkpoints"] is None else
             f"at most {ck['kept']} kept (the last {ck['keep_checkpoints']}, train.keep_checkpoints, and the best by "
             "plan.metric)")
-    line = f"checkpoints: {ck['saved']} saved (train.save_every), {keep}, plus final"
+    copy = ck.get("final_copy", True)
+    line = (f"checkpoints: {ck['saved']} saved (train.save_every), {keep}, plus final"
+            + ("" if copy else " (a reference to the last one saved, no second copy)"))
     if ck.get("bytes_each") and fmt_bytes is not None:
-        n = ck["kept"] + 1
+        n = ck["kept"] + copy
         line += (f"; {n} × {fmt_bytes(ck['bytes_each'])} (the pilot's save row) = {fmt_bytes(n * ck['bytes_each'])}"
                  " on disk per run")
     else:

@@ -256,6 +256,7 @@ class LoopResult:
     evals: list[dict] = field(default_factory=list)
     wall_s: float = 0.0
     skipped: list[dict] = field(default_factory=list)  # updates whose optimizer step was skipped, and why
+    saved_last: str | None = None  # the numbered checkpoint saved as the loop's last act: it is the end state
 
 
 @dataclass
@@ -360,6 +361,7 @@ def train(state: TrainState, task, train_examples: list, val_examples: list, t, 
             with _out_of_memory_ends_run("the validation before update 1"):
                 do_eval()
         while state.update < end:
+            result.saved_last = None  # an update follows the last save: the state is no longer that checkpoint's
             micro_batches = [[train_examples[i] for i in mb] for mb in state.sampler.next_update()]
             t0 = time.perf_counter()
             seen = {"update": state.update + 1, "micro_batch": t.micro_batch,
@@ -426,6 +428,7 @@ def train(state: TrainState, task, train_examples: list, val_examples: list, t, 
                 if t.keep_checkpoints and world_rank()[1] == 0:
                     best = state.best_checkpoint["update"] if state.best_checkpoint else None
                     retain_checkpoints(checkpoint_dir, t.keep_checkpoints, best)
+                result.saved_last = str(path)
                 if hooks.on_checkpoint:
                     hooks.on_checkpoint(state, path)
             if asked:

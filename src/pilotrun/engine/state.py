@@ -7,7 +7,9 @@ scheduler, the grad scaler, the sampler position, the counters and Python/NumPy 
 FSDP the model and optimizer are one file pair per rank (``engine/sharded.py``). It is
 written under a temporary name and renamed into place after everything, the manifest last, is on
 disk, so a folder with a final name is always complete. Loading checks every file against the
-manifest (and refuses files it does not list) before anything is read.
+manifest (and refuses files it does not list) before anything is read. ``checkpoints/final`` is a reference
+to the last numbered checkpoint when that is the state the loop ended in (``save_final``); every reader
+resolves it through ``journal/checkpoints.resolve``.
 
 Test switch: ``PILOTRUN_TEST_KILL_SAVE_AT`` (``journal.files.kill_point``) kills the saving process at
 a chosen step, for the tests that prove a killed save never leaves a partial checkpoint in place.
@@ -24,8 +26,9 @@ import numpy as np
 
 from pilotrun.engine.sharded import unshare
 from pilotrun.journal.base_identity import BASE_FILE, base_of, check_base, load_trainable, trainable_state, write_base
-from pilotrun.journal.files import (MANIFEST, commit_dir, kill_point, listed_files, remove_stale_temps, temp_path,
-                                    reading_weights, verify_manifest, write_manifest, writing)
+from pilotrun.journal.checkpoints import named_by, resolve, write_reference
+from pilotrun.journal.files import (MANIFEST, commit_dir, kill_point, remove_stale_temps, temp_path, reading_weights,
+                                    write_manifest, writing)
 
 COMPONENTS = ("model", "optimizer", "scheduler", "scaler", "rng", "sampler", "counters")
 
@@ -120,21 +123,29 @@ def save_state(state, path: str | Path, *, skip: tuple[str, ...] = ()) -> Path:
 
 
 def problems(path: str | Path) -> list[str]:
-    """Why a checkpoint folder cannot be trusted: a file that differs from or is missing in the manifest,
-    or a file the manifest does not list (it would be loaded unchecked). Empty for a complete checkpoint."""
-    path = Path(path)
-    if not path.is_dir():
-        return [f"{path}: not a folder"]
-    found = verify_manifest(path)
-    listed = listed_files(path)
-    if listed is not None:
-        found += [f"{p.relative_to(path).as_posix()}: not listed in manifest.json" for p in sorted(path.rglob("*"))
-                  if p.is_file() and p.name != MANIFEST and p.relative_to(path).as_posix() not in listed]
-    return found
+    """Why a checkpoint cannot be trusted: a file that differs from or is missing in the manifest, a file the
+    manifest does not list (it would be loaded unchecked), or, for ``final`` as a reference, a missing or
+    swapped checkpoint it names (``journal/checkpoints.resolve``). Empty for a complete checkpoint."""
+    return resolve(path)[1]
 
 
 def is_complete(path: str | Path) -> bool:
     return not problems(path)
+
+
+def save_final(state, path: str | Path, saved: str | Path | None) -> bool:
+    """Write ``checkpoints/final``: a reference to ``saved`` when the loop's last act was saving that numbered
+    checkpoint (it is this very state), else a checkpoint of its own (``save_state``). Every rank calls it, as
+    ``save_state``; rank 0 writes. True when it wrote a reference."""
+    from pilotrun.engine.distributed import barrier, world_rank
+
+    if saved is None:
+        save_state(state, path)
+        return False
+    if world_rank()[1] == 0:
+        write_reference(path, saved)
+    barrier()
+    return True
 
 
 def load_state(state, path: str | Path) -> list[str]:
@@ -144,11 +155,11 @@ def load_state(state, path: str | Path) -> list[str]:
 
     from pilotrun.errors import BadInput
 
-    path = Path(path)
-    found = problems(path)
+    asked = Path(path)
+    path, found = resolve(asked)
     if found:
         raise BadInput("checkpoint does not match its manifest: " + "; ".join(found) + "; nothing was loaded",
-                       where=str(path), fix="use an earlier complete checkpoint")
+                       where=str(asked), fix="use an earlier complete checkpoint")
     from pilotrun.engine.distributed import world_rank
     from pilotrun.engine.sharded import check_world, load_shards, read_optimizer_shard, shard_names
 
@@ -219,19 +230,22 @@ def _load_rest(state, path: Path) -> list[str]:
 
 
 def latest_checkpoint(folder: str | Path) -> Path | None:
-    """The complete checkpoint under folder with the most updates (``final`` wins a tie with the
-    ``update-*`` of the same update); partial (temporary) folders are never taken."""
+    """The folder holding the complete checkpoint under folder with the most updates; ``final`` as a reference
+    resolves to the checkpoint it names, an old full copy ``final`` wins a tie with the ``update-*`` of the
+    same update; partial (temporary) folders and a ``final`` whose target is missing or damaged are never taken."""
     folder = Path(folder)
     if not folder.is_dir():
         return None
 
-    def newest(p: Path):
-        counters = p / "counters.json"
+    def newest(found: tuple[Path, Path]):
+        asked, held = found
+        counters = held / "counters.json"
         update = json.loads(counters.read_text()).get("update", -1) if counters.is_file() else -1
-        return (update, p.name == "final", p.name)
+        return (update, held.name == "final", held.name)
 
-    done = [p for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".") and is_complete(p)]
-    return max(done, key=newest) if done else None
+    done = [(p, held) for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")
+            for held, found in [resolve(p)] if not found]
+    return max(done, key=newest)[1] if done else None
 
 
 def numbered_checkpoints(folder: str | Path) -> list[Path]:
@@ -245,18 +259,20 @@ def numbered_checkpoints(folder: str | Path) -> list[Path]:
 
 
 def kept_checkpoints(folder: str | Path, keep: int | None, best_update: int | None = None) -> list[Path]:
-    """What ``train.keep_checkpoints`` keeps of the numbered checkpoints: the last ``keep`` and the one of
-    ``best_update`` (the best by plan.metric among those saved); all of them when ``keep`` is None."""
+    """What ``train.keep_checkpoints`` keeps of the numbered checkpoints: the last ``keep``, the one of
+    ``best_update`` (the best by plan.metric among those saved) and the one ``final`` stands for (a
+    reference); all of them when ``keep`` is None."""
     numbered = numbered_checkpoints(folder)
     if keep is None:
         return numbered
-    return [p for i, p in enumerate(numbered)
-            if i >= len(numbered) - keep or (best_update is not None and p.name == f"update-{best_update:06d}")]
+    final = named_by(Path(folder) / "final")
+    return [p for i, p in enumerate(numbered) if i >= len(numbered) - keep or p == final
+            or (best_update is not None and p.name == f"update-{best_update:06d}")]
 
 
 def retain_checkpoints(folder: str | Path, keep: int | None, best_update: int | None = None) -> list[Path]:
-    """Remove the numbered checkpoints ``kept_checkpoints`` does not keep; ``final``, other names and partial
-    folders stay. Each goes by a rename to a hidden temporary first, so a kill mid-removal never leaves a
+    """Remove the numbered checkpoints ``kept_checkpoints`` does not keep; ``final``, the checkpoint it stands
+    for, other names and partial folders stay. Each goes by a rename to a hidden temporary first, so a kill mid-removal never leaves a
     partial folder under a checkpoint's name (the next save clears the temporary). Returns what was removed."""
     import shutil
 

@@ -1,7 +1,8 @@
 """Pack a run's folder into a .tar.gz for the user's backups, and unpack one without escaping the target.
 
 The archive holds ``RUN_ID/`` with every file of the run folder (artifact, checkpoints, config.yaml,
-revisions.json, metrics.jsonl, control.safetensors, README.md, manifest.json), plus what lives only in
+revisions.json, metrics.jsonl, control.safetensors, README.md, manifest.json; ``checkpoints/final`` as a
+reference travels with the checkpoint it names, checked before packing), plus what lives only in
 the journal: ``run.json`` (the run row: status, summary, command, provenance) and
 ``control_predictions.json``; a README with the exact command is generated when the folder has none.
 """
@@ -18,6 +19,7 @@ import zlib
 from pathlib import Path, PurePosixPath
 
 from pilotrun.errors import BadInput
+from pilotrun.journal.checkpoints import reference, resolve
 from pilotrun.journal.files import remove_stale_temps, temp_path, writing
 
 
@@ -47,6 +49,13 @@ def pack(journal, run_id: str, out: str | Path) -> dict:
     if links:  # pilotrun writes no links; packing one would carry whatever it points at, or an unusable member
         raise BadInput(f"{links[0]} is a link (to {os.readlink(links[0])}); a run folder holds plain files only",
                        where=str(links[0]), fix="replace the link by the file itself, or remove it, then archive")
+    final = run_dir / "checkpoints" / "final"
+    if reference(final) is not None:  # the archive carries the checkpoint final stands for, or it is refused
+        found = resolve(final)[1]
+        if found:
+            raise BadInput(f"{found[0]}; the archive would not hold the state final stands for", where=str(final),
+                           fix="archive the run from a copy that still holds that checkpoint, or resume the run "
+                               "from an earlier checkpoint")
     files = sorted(p for p in run_dir.rglob("*") if p.is_file() and ".tmp-" not in p.name)
     extra = {"run.json": json.dumps(run, indent=2, sort_keys=True, default=str).encode(),
              "control_predictions.json": json.dumps(journal.predictions(run_id, "control"), indent=2).encode()}

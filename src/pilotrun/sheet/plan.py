@@ -79,16 +79,24 @@ def run_list(control: dict, variants: list[dict], seeds: list[int]) -> list[dict
     return runs
 
 
+def saves_per_run(updates: int, save_every: int | None) -> int:
+    """The checkpoints a run of ``updates`` writes: one every ``save_every`` updates, and ``final`` unless the
+    last update saved one (then ``final`` is a reference to it, no second copy)."""
+    saved = updates // save_every if save_every else 0
+    return saved + (0 if save_every and updates and updates % save_every == 0 else 1)
+
+
 def run_counts(updates: int, eval_every: int, save_every: int | None, n_val: int, eval_batch: int,
                ranks: int = 1, has_validation: bool = True, control: int = 0) -> dict:
     """How often each timed phase happens in one run of the training loop (engine/loop.py ``train``):
     a validation before the first update, every ``eval_every`` updates and after the last; a checkpoint
-    every ``save_every`` updates and a final one; one artifact export and one reload check; and the two
+    every ``save_every`` updates and a final one unless the last update saved one (``final`` then stands for
+    it, ``journal/checkpoints.py``); one artifact export and one reload check; and the two
     forward passes over the ``control`` examples whose predictions every run stores, counted in eval batches."""
     evals = (1 + updates // eval_every + (1 if updates % eval_every else 0)) if has_validation else 0
     return {"updates": updates, "evals": evals,
             "eval_batches": math.ceil(n_val / (eval_batch * ranks)) if has_validation else 0,
-            "checkpoints": (updates // save_every if save_every else 0) + 1, "exports": 1, "reloads": 1,
+            "checkpoints": saves_per_run(updates, save_every), "exports": 1, "reloads": 1,
             "control_passes": 2 * min(control, eval_batch) / eval_batch if control else 0}
 
 

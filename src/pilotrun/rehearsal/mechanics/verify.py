@@ -27,6 +27,7 @@ LOW_PRECISION_ATOL = 5e-2  # bf16 keeps ~3 significant digits of logits of order
 
 def preflight(run_dir: Path) -> list[str]:
     """Reasons to refuse loading: pickle-based weights, files that differ from or are missing in the manifest."""
+    from pilotrun.journal.checkpoints import reference, resolve
     from pilotrun.journal.files import MANIFEST, listed_files, verify_manifest
 
     art = run_dir / "artifact"
@@ -46,6 +47,9 @@ def preflight(run_dir: Path) -> list[str]:
                                "never rewrites a manifest over files it cannot vouch for")
         problems += [f"{p.relative_to(run_dir)}: not listed in manifest.json" for p in files
                      if str(p.relative_to(run_dir)) not in listed]
+    final = run_dir / "checkpoints" / "final"
+    if reference(final) is not None:  # the checkpoint final stands for is missing or swapped: said as such
+        problems += [p for p in resolve(final)[1] if p.startswith(f"{final / MANIFEST}: ")]
     return refused + [f"{p} — refused, nothing was loaded" for p in problems]
 
 

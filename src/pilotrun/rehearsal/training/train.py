@@ -170,7 +170,7 @@ def _ranked_run(job: TrainJob, prep: Prepared, rec: RunRecorder | None, hooks: H
     ``built``: the model already built here and the seconds it took. Returns ``{"status", "summary", "evals",
     "control"}``."""
     from pilotrun.engine.distributed import default_device, gather_to_rank0, world_rank, wrap_model
-    from pilotrun.engine.state import save_state
+    from pilotrun.engine.state import save_final
     from pilotrun.probe.memory import release_free_memory
     from pilotrun.probe.watch import PeakWatch
     from pilotrun.engine.artifact import export_artifact
@@ -238,10 +238,14 @@ def _ranked_run(job: TrainJob, prep: Prepared, rec: RunRecorder | None, hooks: H
             note(f"{last}; {doing}" if last else doing, log=True)
 
     check_fence()  # a run the journal reaped while this process was stopped gets no final checkpoint
-    phase("saving checkpoints/final")
     t0 = time.perf_counter()
-    with watch("save", {"update": state.update, "path": "checkpoints/final"}):
-        save_state(state, run_dir / "checkpoints" / "final")
+    if result.saved_last is None:  # final is a checkpoint of its own: a save, timed as every save
+        phase("saving checkpoints/final")
+        with watch("save", {"update": state.update, "path": "checkpoints/final"}):
+            save_final(state, run_dir / "checkpoints" / "final", None)
+    else:  # the loop's last act saved this very state: final stands for that checkpoint, no second copy
+        phase(f"checkpoints/final stands for {Path(result.saved_last).name}")
+        save_final(state, run_dir / "checkpoints" / "final", result.saved_last)
     timing["final_save_s"] = time.perf_counter() - t0
     artifact = []
     ran_out = result.status == "failed"  # out of memory: no artifact or predictions a later stage could trust
@@ -281,7 +285,8 @@ def _ranked_run(job: TrainJob, prep: Prepared, rec: RunRecorder | None, hooks: H
                                              [h["seconds"] for h in result.history]),
                "memory_bound": bound, "timing": timing, "skipped_updates": result.skipped,
                "counts": {"updates": state.update, "evals": len(result.evals),
-                          "checkpoints": (state.update // c.train.save_every if c.train.save_every else 0) + 1,
+                          "checkpoints": (state.update // c.train.save_every if c.train.save_every else 0)
+                          + (result.saved_last is None),  # final is a save only when it is no reference
                           "exports": int(bool(job.save_artifact))}}
     timing["total_s"] = time.perf_counter() - t_start
     write_run_readme(rec.dir, rec.journal.get_run(rec.run_id))
