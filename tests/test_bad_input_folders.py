@@ -76,6 +76,58 @@ def test_damaged_weights_are_exit_2_before_any_run(cli, tmp_path, model_dir, ver
     assert not (home / "runs").exists() or not list((home / "runs").iterdir())  # no run folder
 
 
+def _narrower_config(folder):
+    """config.json says a smaller MLP than the weights hold: the weights parse, their shapes disagree."""
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["intermediate_size"] = cfg["intermediate_size"] // 2
+    (folder / "config.json").write_text(json.dumps(cfg))
+
+
+def _drop_tensor(folder):
+    """A tensor of the model is gone from a file whose header and sizes are all consistent (re-saved without it)."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(folder / "model.safetensors"))
+    del tensors["model.layers.1.self_attn.o_proj.weight"]
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+
+
+@pytest.mark.parametrize("verb, damage, words", [
+    ("pilot", _narrower_config, "tensor 'model.layers.0.mlp.gate_proj.weight' in model.safetensors has shape [128, 64], "
+                                "but the llama model config.json describes needs [64, 64]; nothing was loaded"),
+    ("train", _drop_tensor, "1 tensor of the llama model config.json describes is missing from model.safetensors: "
+                            "'model.layers.1.self_attn.o_proj.weight'; from_pretrained would draw them at random"),
+])
+def test_weights_that_parse_but_disagree_with_the_config_are_exit_2_before_any_run(cli, tmp_path, model_dir, verb,
+                                                                                     damage, words):
+    folder = _copy(model_dir, tmp_path)
+    damage(folder)
+    home = tmp_path / "home"
+    r = cli(verb, _campaign_on(tmp_path, folder), "--home", home)
+    assert r.code == 2, (r.code, r.err)
+    assert f"{folder / 'model.safetensors'}: {words}" in r.err, r.err
+    assert "fix: " in r.err and "internal error" not in r.err
+    assert not (home / "journal.sqlite").exists() or not Journal(home).list_runs()  # no run row, no 'failed' pilot
+    assert not (home / "runs").exists() or not list((home / "runs").iterdir())  # no run folder
+
+
+def test_weights_that_fit_their_config_pass_the_header_check(tmp_path, model_dir):
+    """The clean cases: the tiny Llama as a causal LM; a tied GPT-2 (no lm_head tensor saved); the real MiniLM, a
+    base BERT saved without its head, as a sequence classifier (the new head is not missing, it is drawn)."""
+    from conftest import minilm_path
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from pilotrun.campaign import load_campaign
+    from pilotrun.tasks.loading import check_weights_fit
+
+    gpt2 = tmp_path / "gpt2"
+    GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=300, bos_token_id=0,
+                               eos_token_id=0)).save_pretrained(gpt2)
+    for folder, kind in ((model_dir, "causal-lm"), (gpt2, "causal-lm"), (minilm_path(), "seq-cls")):
+        c = load_campaign(_campaign_on(tmp_path / folder.name, folder)).campaign
+        check_weights_fit(c, kind)  # raises BadInput on a disagreement
+
+
 def test_clean_model_folder_passes(cli, tmp_path, model_dir):
     r = cli("validate", _campaign_on(tmp_path, model_dir), "--home", tmp_path / "home")
     assert r.code == 0, r.err

@@ -47,12 +47,20 @@ def test_a_second_stage_gets_the_encoded_splits_without_encoding_again(tmp_path)
     assert list(only.examples) == ["train"] and reuse.COUNTS["encoded_hits"] - before["encoded_hits"] == 5
 
 
-def test_outside_all_nothing_is_kept(tmp_path):
+def test_outside_all_and_in_the_stages_that_time_themselves_nothing_is_served(tmp_path):
+    """The pilot's prepare and load times are terms of the sheet's plan (a train run's, of the time check):
+    inside ``unshared`` they read, encode and build for themselves."""
     path = tiny_causal_campaign(tmp_path / "c", simple_records(12), simple_records(4, start=50))
     before = _counts()
     prepare(load_campaign(path), splits=("train",))
     prepare(load_campaign(path), splits=("train",))
     assert reuse.COUNTS["encoded_hits"] == before["encoded_hits"]
+    with reuse.sharing():
+        kept = prepare(load_campaign(path), splits=("train",))
+        with reuse.unshared():
+            own = prepare(load_campaign(path), splits=("train",))
+    assert reuse.COUNTS["encoded_hits"] == before["encoded_hits"] and own.task is not kept.task
+    assert not hasattr(own.task.build_model, "__wrapped__") and own.task.build_model.__func__  # the task's own
 
 
 @pytest.mark.parametrize("change", ["same size and mtime, other bytes", "appended record"])

@@ -214,6 +214,60 @@ def test_ctrl_c_on_the_driver_cancels_and_records_interrupted(cluster, demo_dir)
     assert stopped and all("Ctrl-C" in r["summary"]["reason"] for r in stopped)
 
 
+@pytest.mark.slow
+def test_sigterm_on_the_driver_interrupts_releases_the_claims_and_continue_finishes(cluster, demo_dir):
+    """A scheduler's SIGTERM to the driver of `sweep --ray`: exit 143, the runs in flight 'interrupted' naming
+    SIGTERM, the sweep's claims released; `sweep --continue --ray` then finishes the plan and reruns only the
+    cut cells, never a completed one."""
+    from pilotrun.journal.store import Journal
+
+    c, _ = cluster
+    path = demo_dir / "campaign.yaml"
+    campaign = yaml.safe_load(path.read_text())  # 8 cells, 4 at a time on the 2 × 2 CPUs: some end, some wait
+    campaign["plan"].update(control={"train.lr": 3e-3}, variants=[{"train.lr": 1e-3}], seeds=[0, 1, 2, 3])
+    campaign["train"].update(updates=40, eval_every=20, save_every=None)
+    campaign = write_campaign(demo_dir, campaign)
+    home = demo_dir / "home-sigterm"
+    argv = [sys.executable, "-m", "pilotrun", "sweep", str(campaign), "--home", str(home), "--ray", c.address]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and proc.poll() is None:
+            runs = Journal(home).list_runs() if (home / "journal.sqlite").exists() else []
+            if any(r["status"] == "completed" for r in runs) and any(
+                    r["status"] == "running" and r["updates_done"] >= 1 for r in runs):
+                break
+            time.sleep(0.3)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 143, err[-2000:]
+    journal = Journal(home)
+    runs = journal.list_runs()
+    done = {(r["arm"], r["seed"]): r["run_id"] for r in runs if r["status"] == "completed"}
+    cut = [r for r in runs if r["status"] == "interrupted"]
+    assert done and cut and not [r for r in runs if r["status"] == "running"], [(r["arm"], r["status"]) for r in runs]
+    assert all("stopped by SIGTERM" in r["summary"]["reason"] and "on the sweep's driver" in r["summary"]["reason"]
+               for r in cut), [r["summary"] for r in cut]
+    sweep_id = runs[0]["sweep_id"]
+    with journal.connect() as db:
+        assert db.execute("SELECT COUNT(*) FROM claims WHERE sweep_id=?", (sweep_id,)).fetchone()[0] == 0
+    again = subprocess.run([*argv, "--continue", sweep_id], capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-2000:]
+    after = journal.list_runs(sweep_id=sweep_id)
+    finals = {}
+    for r in after:  # the end of each cell's supersedes chain
+        finals[(r["arm"], r["seed"])] = r
+    assert all(r["status"] == "completed" for r in finals.values()) and len(finals) == 8
+    for cell, run_id in done.items():  # a completed cell was not rerun
+        assert finals[cell]["run_id"] == run_id
+        assert not [r for r in after if r["supersedes"] == run_id]
+    assert {r["supersedes"] for r in after if r["supersedes"]} == {r["run_id"] for r in cut}
+
+
 def test_without_ray_the_flag_is_bad_input_naming_the_extra(demo_dir, tmp_path):
     campaign = _campaign(demo_dir)
     code = ("import sys; sys.modules['ray'] = None\n"  # as if Ray were not installed

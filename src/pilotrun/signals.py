@@ -106,6 +106,15 @@ def install() -> None:
     _installed = True
 
 
+def reclaim() -> None:
+    """Put back the handlers ``install`` set, where a library replaced them (``ray.init`` makes a driver's SIGTERM
+    a ``sys.exit``): a stop signal stays an interruption, 128 + N."""
+    if _installed and threading.current_thread() is threading.main_thread():
+        for s in SIGNALS:
+            signal.signal(s, _handler)
+        signal.signal(signal.SIGALRM, _grace_over)
+
+
 def _handler(signum, frame) -> None:
     global _pending, _ending, _fenced, _received
     if _fenced is not None:  # not a signal: the lease's thread found the run reaped (fence)
@@ -160,11 +169,12 @@ def lost_peer(exc: BaseException) -> bool:
 
 
 def interruption(exc: BaseException) -> KeyboardInterrupt | None:
-    """``exc`` as the interruption it is part of, or None (a failure): itself when it is one; a :class:`Preempted`
+    """``exc`` as the interruption it is part of, or None (a failure): itself when it is one (a bare
+    KeyboardInterrupt raised by a library, Ray's ``wait``, in place of ours: the signal received); a :class:`Preempted`
     naming the signal when it came after one (``received``: a stop breaks a peer's collective too); a
     ``Preempted`` as by SIGTERM, the scheduler's stop, when a peer rank was lost in a collective (``lost_peer``)."""
-    if isinstance(exc, KeyboardInterrupt):
-        return exc
+    if isinstance(exc, KeyboardInterrupt):  # a bare one after our signal: a library re-raised it without ours
+        return exc if isinstance(exc, (Preempted, Reaped)) or _received is None else Preempted(_received)
     said = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
     if _received is not None:
         return Preempted(_received, f"{Preempted(_received).reason}; then, while it stopped, {said}")

@@ -128,8 +128,9 @@ def run(argv: list[str] | None = None) -> int:
 def _interrupted(e: KeyboardInterrupt) -> tuple[int, dict]:
     """Ctrl-C, or a signal (pilotrun.signals.Preempted): exit 128 + its number, the reason the run recorded."""
     from pilotrun.journal.runs import INTERRUPTED
-    from pilotrun.signals import exit_code_of
+    from pilotrun.signals import exit_code_of, interruption
 
+    e = interruption(e) or e  # a bare KeyboardInterrupt a library raised for our signal names that signal
     reason = getattr(e, "reason", INTERRUPTED)
     click.echo(f"pilotrun: interrupted: {reason}", err=True)
     return exit_code_of(e), {"kind": "interrupted", "message": reason}

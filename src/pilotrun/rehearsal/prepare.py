@@ -36,7 +36,8 @@ class Prepared:
 def require_weights(loaded) -> None:
     """A stage that runs the model (pilot, overfit, train, resume, fit) needs its weights: a hub model whose
     config.json alone is cached is exit 2 here, naming the missing files, before any run is created
-    (``validate``, ``estimate`` and the sheet without a pilot work from the config)."""
+    (``validate``, ``estimate`` and the sheet without a pilot work from the config); so is a folder whose weights'
+    headers disagree with the model its config.json describes (``tasks.loading.check_weights_fit``)."""
     from pathlib import Path
 
     from pilotrun.campaign.hub import snapshot_of
@@ -45,6 +46,10 @@ def require_weights(loaded) -> None:
     path = loaded.campaign.model.path
     if path and snapshot_of(path):
         check_model_dir(Path(path))
+    if path and loaded.campaign.task in ("causal-lm", "seq-cls"):
+        from pilotrun.tasks.loading import check_weights_fit
+
+        check_weights_fit(loaded.campaign, loaded.campaign.task)  # names and shapes against the headers
 
 
 def prepare(loaded, splits=SPLITS) -> Prepared:

