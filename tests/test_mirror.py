@@ -1,5 +1,5 @@
-"""The home on the instance's disk, mirrored to a bucket mount (a folder here: no FUSE mount on this machine)
-and restored from it: the journal as a consistent SQLite snapshot, a checkpoint copied in part never taken,
+"""The home on the instance's disk, mirrored to a bucket mount (a folder here; and a real rclone VFS mount
+where rclone and fuse3 are installed) and restored from it: the journal as a consistent SQLite snapshot, a checkpoint copied in part never taken,
 and the SkyPilot file's own run script, run twice as a first and a recovered job, continuing the sweep."""
 
 import os
@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 from conftest import simple_records, tiny_causal_campaign
 
@@ -171,3 +172,61 @@ def test_the_skypilot_run_script_restores_the_home_and_continues_the_sweep(tmp_p
     assert len(Journal(local, create=False).list_runs()) == len(before)  # no run created by the second job
     assert [r["run_id"] for r in Journal(bucket, create=False).list_runs()] == \
         [r["run_id"] for r in Journal(local, create=False).list_runs()]  # the end's copy reached the bucket
+
+
+@pytest.mark.slow
+def test_on_an_rclone_vfs_mount_only_the_mirrors_snapshot_reaches_the_bucket(tmp_path):
+    """SkyPilot's MOUNT_CACHED is rclone's VFS cache over the bucket; here over a local folder (the "bucket").
+    The planted defect: the journal written on the mount while a connection stays open (as a sweep's lease
+    thread keeps one) — its commits sit in the WAL, which rclone does not upload while the file is open, so
+    a new instance restoring the bucket finds none of the runs. The mirror's snapshot, written onto the mount,
+    reaches the bucket whole: all of them."""
+    import time
+
+    rclone = shutil.which("rclone")
+    if rclone is None or not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None:
+        pytest.skip("needs rclone, fuse3 and /dev/fuse (Debian: apt-get install rclone fuse3)")
+    bucket, mnt, cache = tmp_path / "bucket", tmp_path / "mnt", tmp_path / "cache"
+    for d in (bucket, mnt, cache):
+        d.mkdir()
+    started = subprocess.run([rclone, "mount", str(bucket), str(mnt), "--vfs-cache-mode", "full", "--cache-dir",
+                              str(cache), "--vfs-write-back", "1s", "--daemon"], capture_output=True, text=True,
+                             timeout=60)
+    deadline = time.monotonic() + 15
+    while started.returncode == 0 and not os.path.ismount(mnt) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if not os.path.ismount(mnt):
+        pytest.skip(f"rclone could not mount here (FUSE not permitted?): {started.stderr[-300:]}")
+
+    def restored(name: str, want: int) -> int:
+        """How many runs a new instance finds in the bucket's copy (polled past rclone's write-back)."""
+        deadline, found = time.monotonic() + 30, -1
+        while time.monotonic() < deadline:
+            time.sleep(1)
+            copy = tmp_path / f"restored-{name}"
+            shutil.rmtree(copy, ignore_errors=True)
+            if (bucket / name / "journal.sqlite").is_file():
+                shutil.copytree(bucket / name, copy)
+                try:
+                    found = sqlite3.connect(copy / "journal.sqlite").execute("SELECT count(*) FROM runs").fetchone()[0]
+                except sqlite3.DatabaseError:
+                    found = -1
+                if found == want:
+                    break
+        return found
+
+    try:
+        on_mount = Journal(mnt / "on-mount")
+        hold = sqlite3.connect(mnt / "on-mount" / "journal.sqlite")
+        hold.execute("SELECT count(*) FROM runs").fetchone()
+        for _ in range(3):
+            on_mount.finish_run(on_mount.create_run(**RUN), "completed", {})
+        assert restored("on-mount", 3) in (0, -1)  # the WAL never left the instance while the journal was open
+        local = Journal(tmp_path / "local")
+        for _ in range(3):
+            local.finish_run(local.create_run(**RUN), "completed", {})
+        mirror(tmp_path / "local", mnt / "mirrored")
+        assert restored("mirrored", 3) == 3
+        hold.close()
+    finally:
+        subprocess.run(["fusermount3", "-u", str(mnt)], capture_output=True, timeout=60)
