@@ -234,7 +234,15 @@ def resume(loaded, home, *, at: int | None = None, prep=None) -> StageResult:
         from pilotrun.engine.distributed import check_strategy
 
         check_strategy(t)
-    ranks = data_parallel_ranks(t) if t.strategy == "fsdp" else 1  # FSDP's state exists only across its ranks
+    launcher = None
+    from pilotrun.engine.distributed import under_launcher
+
+    if under_launcher():  # torchrun started this process as one rank of a world (several nodes): run on it
+        from pilotrun.engine.launcher import Ranks
+
+        launcher = Ranks(data_parallel_ranks(t))  # that world must be the campaign's (train.nproc)
+    # FSDP's state exists only across its ranks; under torchrun every run is on the world it made
+    ranks = data_parallel_ranks(t) if t.strategy == "fsdp" or launcher is not None else 1
     per_update = per_rank_update(t) * ranks
     n, per_epoch = small_train_set(len(prep.train), per_update, at)
     if n < per_update:
@@ -245,16 +253,37 @@ def resume(loaded, home, *, at: int | None = None, prep=None) -> StageResult:
     exact = t.precision == "fp32" and device.type == "cpu"
     setting = (f"{n} training examples ({per_epoch} updates per epoch of {per_update}), reference {total} updates, "
                f"stop at {at}, resume in a new process"
-               + (f" ({ranks} FSDP ranks, each loading its own shards)" if ranks > 1 else "")
+               + (f" ({ranks} FSDP ranks, each loading its own shards)" if ranks > 1 and t.strategy == "fsdp" else
+                  f" ({ranks} {t.strategy.upper()} ranks of the world torchrun made)" if ranks > 1 else "")
                + f"; {t.precision} on {device.type}: "
                + ("identical values required" if exact else f"loss within {LOSS_RTOL:g} relative"))
     msgs = [setting] + ([f"test switch {SKIP_ENV}: left out of the saved state: {', '.join(skip)}"] if skip else [])
+    if launcher is not None and launcher.follower:  # rank 0 owns the run; this rank takes part in its runs
+        from pilotrun.rehearsal.mechanics.resume_ranks import run_joined
+
+        job, spec = launcher.share()
+        run_joined(job, spec)
+        verdict = launcher.share()  # rank 0's, so that every node's torchrun ends as the check did
+        return StageResult("resume", verdict, f"rank {launcher.rank}: joined resume run {job['run_id']}"
+                           + ("" if verdict == "ok" else f" ({verdict}: rank 0 says why)"),
+                           data={"run_id": job["run_id"], "rank": launcher.rank})
     journal = Journal(home)
     with RunRecorder(journal, loaded, kind="resume") as rec:
         ckpt = rec.dir / "checkpoints" / f"update-{at:06d}"
         spec = {"config": str(rec.dir / "config.yaml"), "state": str(ckpt), "n_train": n, "total": total,
-                "out": str(rec.dir / "resumed_history.json"), "ranks": ranks, "keep": list(KEEP)}
-        if ranks > 1:
+                "out": str(rec.dir / "resumed_history.json"), "ranks": ranks, "keep": list(KEEP),
+                "strategy": t.strategy}
+        worker, proc, joined_failed = None, None, None
+        if launcher is not None:
+            from pilotrun.rehearsal.mechanics.resume_ranks import run_joined
+
+            job = dict(spec, at=at, skip=list(skip), run_dir=str(rec.dir), home=str(journal.home),
+                       run_id=rec.run_id, out=str(rec.dir / "ranks_outcome.json"))
+            launcher.share((job, spec))
+            ref, worker, workers = run_joined(job, spec)
+            joined_failed = next((f"rank {r}'s fresh process failed (exit {code}): " + " | ".join(tail)
+                                  for r, (code, tail) in enumerate(workers) if code != 0), None)
+        elif ranks > 1:
             from pilotrun.rehearsal.mechanics.resume_ranks import run_sharded
 
             ref = run_sharded(dict(spec, at=at, skip=list(skip), run_dir=str(rec.dir), home=str(journal.home),
@@ -265,8 +294,8 @@ def resume(loaded, home, *, at: int | None = None, prep=None) -> StageResult:
             rec.log("train", h["update"], {"loss": h["loss"], "lr": h["lr"]}, examples_seen=h["examples_seen"])
         atomic_write_json(rec.dir / "resume_spec.json", spec)
         atomic_write_json(rec.dir / "reference_history.json", ref["ref"]["history"])
-        worker, proc = None, None
-        if ref["ref"]["status"] == "completed":  # no fresh process for a reference that cannot be compared with
+        if launcher is None and ref["ref"]["status"] == "completed":  # no fresh process for a reference that
+            # cannot be compared with (under torchrun the fresh processes ran in run_joined)
             head(f"resumed run (a new process, from update {at})", spent="startup")  # until the worker's first note
             proc = subprocess.run([sys.executable, "-m", "pilotrun", "_resume-worker",
                                    str(rec.dir / "resume_spec.json")],
@@ -283,6 +312,8 @@ def resume(loaded, home, *, at: int | None = None, prep=None) -> StageResult:
         elif problem:
             headline = "the reference run itself is not reproducible"
             problem = not_reproducible(problem, at)
+        elif worker is None and joined_failed:
+            problem = f"the resumed processes failed: {joined_failed}"
         elif worker is None:
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
             problem = f"the resumed process failed (exit {proc.returncode}): " + " | ".join(tail)
@@ -300,6 +331,8 @@ def resume(loaded, home, *, at: int | None = None, prep=None) -> StageResult:
         rec.finish(ref_status, {"verdict": "fail" if problem else "ok", "problem": problem, "at": at,
                                 "total": total, "n_train": n, "skipped": list(skip), "artifact": ref["artifact"],
                                 "ranks": ranks})
+    if launcher is not None:
+        launcher.share("fail" if problem else "ok")
     rows = _rows(ref_h, worker["history"] if worker else [], at)
     epochs = sorted({h["epoch"] for h in ref_h})
     data = {"run_id": rec.run_id, "at": at, "total": total, "n_train": n, "epochs": epochs, "exact": exact,

@@ -15,21 +15,21 @@ import os
 from pathlib import Path
 
 
-def _sharded_model(prep, device):
+def _sharded_model(prep, device, strategy: str = "fsdp"):
     import torch
 
     from pilotrun.engine.distributed import wrap_model
 
     model = prep.task.build_model()
     torch.manual_seed(prep.c.seed)
-    return wrap_model(model, "fsdp", device)
+    return wrap_model(model.to(device) if strategy == "ddp" else model, strategy, device)
 
 
-def _run(prep, train_ex, total: int, stop_at: int | None, device):
+def _run(prep, train_ex, total: int, stop_at: int | None, device, strategy: str = "fsdp"):
     from pilotrun.engine.loop import Hooks, make_state, train
 
     c = prep.c
-    state = make_state(_sharded_model(prep, device), c.train, n_train=len(train_ex), seed=c.seed,
+    state = make_state(_sharded_model(prep, device, strategy), c.train, n_train=len(train_ex), seed=c.seed,
                        total_updates=total, device=device)
     return state, train(state, prep.task, train_ex, [], c.train, hooks=Hooks(stop_at=stop_at))
 
@@ -46,13 +46,13 @@ def runs_rank(job: dict) -> None:
     from pilotrun.rehearsal.prepare import prepare
     from pilotrun.rehearsal.training.train import control_predictions, store_control_predictions
 
-    rank, keep = world_rank()[1], job["keep"]
+    rank, keep, strategy = world_rank()[1], job["keep"], job.get("strategy", "fsdp")
     prep = prepare(load_campaign(job["config"]), splits=("train", "validation"))
     train_ex, device = prep.train[: job["n_train"]], default_device()
-    ref_state, ref = _run(prep, train_ex, job["total"], None, device)
-    stop_state, stopped = _run(prep, train_ex, job["total"], job["at"], device)
+    ref_state, ref = _run(prep, train_ex, job["total"], None, device, strategy)
+    stop_state, stopped = _run(prep, train_ex, job["total"], job["at"], device, strategy)
     save_state(stop_state, job["state"], skip=tuple(job["skip"]))
-    artifact = export_artifact(prep.task, ref_state.model, Path(job["run_dir"]) / "artifact", rank, "fsdp")
+    artifact = export_artifact(prep.task, ref_state.model, Path(job["run_dir"]) / "artifact", rank, strategy)
     computed = control_predictions(prep, ref_state.model)  # every rank takes part in the forward passes
     if rank != 0:
         return
@@ -77,8 +77,8 @@ def worker_rank(spec: dict) -> None:
     prep = prepare(load_campaign(spec["config"]), splits=("train",))
     c, device = prep.c, default_device()
     train_ex = prep.train[: spec["n_train"]]
-    state = make_state(_sharded_model(prep, device), c.train, n_train=len(train_ex), seed=c.seed,
-                       total_updates=spec["total"], device=device)
+    state = make_state(_sharded_model(prep, device, spec.get("strategy", "fsdp")), c.train, n_train=len(train_ex),
+                       seed=c.seed, total_updates=spec["total"], device=device)
     restored = load_state(state, spec["state"])
     res = train(state, prep.task, train_ex, [], c.train)
     if world_rank()[1] == 0:
@@ -96,6 +96,52 @@ def run_sharded(spec: dict, ranks: int) -> dict:
 
 
 def work_sharded(spec: dict) -> None:
-    from pilotrun.engine.distributed import launch
+    """The fresh process's ranks: spawned here, or this process is one of them (``run_joined`` started it
+    with a rank of a new world in its environment)."""
+    from pilotrun.engine.distributed import init_from_launcher, launch, under_launcher
 
+    if under_launcher():
+        from pilotrun.engine.distributed import exit_rank
+
+        init_from_launcher()
+        worker_rank(spec)
+        exit_rank(0)  # gloo's threads can abort an interpreter's finalisation (engine/distributed.exit_rank)
     launch(worker_rank, spec["ranks"], (spec,))
+
+
+def run_joined(job: dict, spec: dict) -> tuple[dict | None, dict | None, list]:
+    """On every rank of a world torchrun started (several nodes): ``runs_rank(job)``, the reference and the
+    stopped run on this world (DDP or FSDP as the campaign says); then the fresh processes — each rank starts
+    one ``_resume-worker`` of ``spec`` holding its own rank of a new world of the same size, at torchrun's
+    MASTER_ADDR (rank 0's node) and a port rank 0 chose. Rank 0 gets (the runs' outcome, the fresh run's or
+    None, every rank's (exit status, output tail) of its fresh process); the others (None, None, [])."""
+    import subprocess
+    import sys
+    import tempfile
+
+    from pilotrun.engine.distributed import barrier, broadcast_from_rank0, free_port, gather_to_rank0, world_rank
+
+    runs_rank(job)
+    barrier()
+    rank = world_rank()[1]
+    port = broadcast_from_rank0(free_port() if rank == 0 else None)
+    with tempfile.TemporaryDirectory(prefix="pilotrun-resume-") as tmp:
+        path = Path(tmp) / "spec.json"
+        path.write_text(json.dumps(spec))
+        proc = subprocess.run([sys.executable, "-m", "pilotrun", "_resume-worker", str(path)],
+                              env=_fresh_world_env(port), capture_output=True, text=True,
+                              timeout=3600)
+    workers = gather_to_rank0((proc.returncode, (proc.stderr or proc.stdout).strip().splitlines()[-5:]))
+    if rank != 0:
+        return None, None, []
+    ok = all(code == 0 for code, _ in workers)
+    return (json.loads(Path(job["out"]).read_text()), json.loads(Path(spec["out"]).read_text()) if ok else None,
+            workers)
+
+
+def _fresh_world_env(port: int) -> dict:
+    """This rank's environment for its fresh process: the same RANK, WORLD_SIZE and MASTER_ADDR, a new port
+    rank 0's fresh process serves the store on (not torchrun's agent store, which that one would wait for)."""
+    env = {k: v for k, v in os.environ.items() if k != "TORCHELASTIC_USE_AGENT_STORE"}
+    env["MASTER_PORT"] = str(port)
+    return env
