@@ -142,8 +142,18 @@ class Runner:
             cmd = re.sub(r"\bsweep-20261202-\d{4}\b", lambda m: self.ids["sweep"][:len(m.group(0))], cmd)
         run_id = self.ids.get("run")
         if run_id:
-            cmd = EXAMPLE_ID.sub(lambda m: run_id[:len(m.group(0))], cmd).replace("RUN_ID", run_id)
+            cmd = EXAMPLE_ID.sub(lambda m: self.unique_prefix(run_id, len(m.group(0))), cmd).replace("RUN_ID", run_id)
         return cmd
+
+    def unique_prefix(self, run_id: str, n: int) -> str:
+        """The README example's prefix length of ``run_id``, longer only where the runs this test made in the same
+        minute share it (``show`` refuses an ambiguous prefix, exit 2, as it should)."""
+        from pilotrun.journal.store import Journal
+
+        ids = [r["run_id"] for r in Journal(self.ws / ".pilotrun", create=False).list_runs()]
+        while n < len(run_id) and sum(i.startswith(run_id[:n]) for i in ids) > 1:
+            n += 1
+        return run_id[:n]
 
     def shell(self, cmd: str, line: int) -> subprocess.CompletedProcess:
         p = subprocess.run(["bash", "-c", self.substitute(cmd)], cwd=self.ws, env=self.env, capture_output=True,
