@@ -62,7 +62,8 @@ TP_OPTIONS = (
      False, False),
 )
 TP_NOTE = ("memory estimated, not measured: parameters, gradients and optimizer state ÷ the TP × FSDP ranks, "
-           "activations ÷ the TP degree (torch's tensor parallelism is not run on this machine)")
+           "activations ÷ the TP degree (pilotrun does not train with TP; transformers' TP plan, run on 2 CPU ranks "
+           "over gloo in tests/test_tp_gloo.py, splits the parameters so, all but the norms)")
 
 MEANINGS = {
     "written": "the campaign as written; over N GPUs data parallel with accumulation ÷ N (same effective batch)",

@@ -189,7 +189,7 @@ def rows_for(tr: dict, *, ranks: int = 1, strategy: str = "single", offload: boo
     temporaries are divided by the ranks and two unsharded blocks are added; ``offload`` keeps the
     optimizer state and its step on the host (what stays on the GPU is counted). ``tp``: tensor parallel
     degree under fsdp (``ranks`` = TP × FSDP ranks): activations and the gathered blocks ÷ ``tp`` as well, an
-    estimate (torch's tensor parallelism is not run here)."""
+    estimate (pilotrun does not train with TP; tests/test_tp_gloo.py checks the parameters' split)."""
     sharded = strategy == "fsdp" and ranks > 1
     scale = {k: 1 / ranks for k in SHARDED + ("optimizer_temporaries",)} if sharded else {}
     if sharded and tp > 1:
