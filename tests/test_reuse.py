@@ -170,3 +170,27 @@ def test_a_second_sheet_builds_no_wheel(tmp_path):
     st = first.stat()
     again = build_wheel(src, tmp_path / "w")
     assert again == first and again.stat().st_mtime_ns == st.st_mtime_ns
+
+
+def test_weights_changed_in_the_model_folder_between_two_builds_are_read_again(tmp_path):
+    """The planted staleness, a second instance: the folder's weights are saved anew (other values) between two
+    stages' builds; the second build reads them, never the copy of the first."""
+    import torch
+    from architectures import campaign as arch_campaign, save_model
+    from transformers import AutoModelForCausalLM
+
+    model_dir = save_model(tmp_path / "m", "qwen2")
+    path = arch_campaign(tmp_path / "c", model_dir, seq_cls=False)
+    before = _counts()
+    with reuse.sharing():
+        first = prepare(load_campaign(path), splits=("train",)).task.build_model()
+        saved = AutoModelForCausalLM.from_pretrained(model_dir)
+        with torch.no_grad():
+            for p in saved.parameters():
+                p.mul_(0.5)
+        saved.save_pretrained(model_dir, safe_serialization=True)
+        second = prepare(load_campaign(path), splits=("train",)).task.build_model()
+    assert reuse.COUNTS["pristine_builds"] - before["pristine_builds"] == 2
+    assert reuse.COUNTS["pristine_hits"] == before["pristine_hits"]
+    name, value = next(iter(second.state_dict().items()))
+    assert torch.allclose(value, first.state_dict()[name] * 0.5), name
