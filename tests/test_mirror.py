@@ -1,6 +1,7 @@
 """The home on the instance's disk, mirrored to a bucket mount (a folder here; and a real rclone VFS mount
-where rclone and fuse3 are installed) and restored from it: the journal as a consistent SQLite snapshot, a checkpoint copied in part never taken,
-and the SkyPilot file's own run script, run twice as a first and a recovered job, continuing the sweep."""
+where rclone and fuse3 are installed) and restored from it: the journal as a consistent SQLite snapshot, a
+checkpoint copied in part never taken, and the SkyPilot file's own run script, run twice as a first and a
+recovered job, continuing the sweep."""
 
 import os
 import shutil
