@@ -114,6 +114,44 @@ def test_a_checkpoint_cut_mid_copy_is_never_taken_and_restore_keeps_what_is_here
     assert not mirror(local, tmp_path / "node1", journal=False)["journal"]  # another node: its files only
 
 
+def test_final_standing_for_a_checkpoint_is_copied_after_it(tmp_path, monkeypatch):
+    """``final`` as a reference is copied after the checkpoint it names: a copy cut just before the last
+    manifest leaves the bucket without ``final`` (the previous checkpoint is taken), never with a ``final``
+    that names a checkpoint the bucket holds only in part."""
+    from pilotrun.engine.state import latest_checkpoint
+    from pilotrun.journal import mirror as M
+    from pilotrun.journal.checkpoints import reference, write_reference
+
+    local, bucket = tmp_path / "local", tmp_path / "bucket"
+    j, run_id = _journal_with_a_run(local)
+    ckpts = j.run_dir(run_id) / "checkpoints"
+    for u in (2, 4):
+        d = ckpts / f"update-{u:06d}"
+        d.mkdir(parents=True)
+        (d / "counters.json").write_text(f'{{"update": {u}}}')
+        (d / "model.safetensors").write_bytes(bytes(64 * u))
+        write_manifest(d, {"kind": "pilotrun-checkpoint"})
+    write_reference(ckpts / "final", ckpts / "update-000004")  # "final" sorts before "update-…" in a walk
+    mirror(local, bucket, journal=False)
+    assert reference(bucket / "runs" / run_id / "checkpoints" / "final")["checkpoint"] == "update-000004"
+    shutil.rmtree(bucket)
+
+    order, real_copy = [], M._copy
+
+    def cut_before_the_last_file(src, dst):
+        order.append(Path(src).relative_to(local).as_posix())
+        if len(order) == len(M._files(local)):
+            raise KeyboardInterrupt
+        real_copy(src, dst)
+
+    monkeypatch.setattr(M, "_copy", cut_before_the_last_file)
+    with pytest.raises(KeyboardInterrupt):
+        mirror(local, bucket, journal=False)
+    assert order[-1] == f"runs/{run_id}/checkpoints/final/manifest.json"
+    assert not (bucket / "runs" / run_id / "checkpoints" / "final").exists()
+    assert latest_checkpoint(bucket / "runs" / run_id / "checkpoints").name == "update-000004"
+
+
 def test_the_skypilot_run_script_restores_the_home_and_continues_the_sweep(tmp_path):
     """The SkyPilot file's `run`, run by bash with the bucket mount a folder: the first job sweeps on the local
     home and leaves it in the bucket; a recovered job on a new instance (an empty home) restores it and

@@ -23,6 +23,7 @@ import shutil
 import sqlite3
 from pathlib import Path
 
+from pilotrun.journal.checkpoints import reference
 from pilotrun.journal.files import MANIFEST, atomic_write_via
 
 JOURNAL = "journal.sqlite"
@@ -59,8 +60,11 @@ def _files(root: Path) -> list[Path]:
                                              and n.endswith(_SKIP_SUFFIXES)):
                 continue
             out.append(rel)
-    # every manifest after every other file, the deepest first: a folder's manifest after all beneath it
-    manifests = sorted((r for r in out if r.name == MANIFEST), key=lambda r: -len(r.parts))
+    # every manifest after every other file, the deepest first: a folder's manifest after all beneath it;
+    # a reference (``final`` standing for a numbered checkpoint) after every checkpoint it could name, so a
+    # copy cut between them never leaves a reference to a checkpoint the bucket does not hold complete
+    manifests = sorted((r for r in out if r.name == MANIFEST),
+                       key=lambda r: (reference(root / r.parent) is not None, -len(r.parts)))
     return [r for r in out if r.name != MANIFEST] + manifests
 
 
