@@ -15,7 +15,7 @@ class BadInput(Exception):
     """The user's input is wrong: the message names the file, line or key and the fix (exit 2)."""
 
     def __init__(self, message: str, *, where: str | None = None, fix: str | None = None):
-        from pilotrun.report.safe import escape_controls  # values from files and arguments: printed escaped
+        from pilotrun.console.safe import escape_controls  # values from files and arguments: printed escaped
 
         where, message, fix = (escape_controls(t) if isinstance(t, str) else t for t in (where, message, fix))
         self.where = where

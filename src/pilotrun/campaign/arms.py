@@ -18,6 +18,9 @@ from pilotrun.errors import BadInput
 
 BATCH_KEYS = ("train.micro_batch", "train.accumulation", "train.nproc", "train.strategy")
 BUDGET_KEYS = ("train.updates", "train.epochs")
+# Keys a variant may change without changing what one update costs (the pilot measured the control).
+COST_FREE = ("train.lr", "train.weight_decay", "train.schedule", "train.warmup", "train.max_grad_norm",
+             "train.optimizer", "train.stop", "seed")
 
 
 @dataclass

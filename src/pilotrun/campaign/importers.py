@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from pilotrun.campaign import yamlsafe
-from pilotrun.campaign.hub import is_hub_id
+from pilotrun.tasks.hub import is_hub_id
 from pilotrun.errors import BadInput, BadInputs
 
 FORMATS = ("axolotl", "hf")
@@ -207,7 +207,7 @@ class _Builder:
         train = self.c["data"].get("train")
         if not train:
             return
-        from pilotrun.data.readers import read_records
+        from pilotrun.records.readers import read_records
 
         try:
             self.examples = len(read_records(self.out.parent / train))

@@ -6,7 +6,7 @@ import click
 
 from pilotrun.cli.common import campaign_argument, common_options, emit, emit_data, home_for, load, set_option
 from pilotrun.cli.main import cli
-from pilotrun.report.progress import stage_progress
+from pilotrun.console.progress import stage_progress
 
 
 @cli.command()

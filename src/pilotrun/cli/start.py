@@ -130,7 +130,7 @@ def train(campaign, sets, seed, supersedes, home, as_json):
     from pilotrun.rehearsal.training.train import train_run
 
     sets = tuple(sets) + ((f"seed={seed}",) if seed is not None else ())
-    from pilotrun.report.progress import stage_progress
+    from pilotrun.console.progress import stage_progress
 
     loaded = load(campaign, sets)
     with stage_progress("train"):

@@ -26,7 +26,7 @@ def sweep(campaign, continue_id, fixed_id, sets, ray_address, home, as_json):
 
     loaded = load(campaign, sets)
 
-    from pilotrun.report.progress import head, say, stage_progress
+    from pilotrun.console.progress import head, say, stage_progress
     from pilotrun.sheet.plan import fmt_duration
 
     def on_start(r):

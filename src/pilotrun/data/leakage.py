@@ -121,7 +121,7 @@ def response_of(c):
 
 def _texts_at(c, split: str, wanted: set[int], text) -> dict[int, str]:
     """The normalised text of the records at these positions of a split (a second read, only for them)."""
-    from pilotrun.data.stream import iter_chunks
+    from pilotrun.records.stream import iter_chunks
 
     out, k = {}, 0
     for records in iter_chunks(getattr(c.data, split)):
@@ -365,7 +365,7 @@ def leakage_checks(loaded, threshold: float = 0.8) -> tuple[list[Check], dict]:
     """Every check across the splits of a campaign; returns the checks and per-split counts."""
     c = loaded.campaign
     units: dict[str, SplitUnits] = {}
-    from pilotrun.data.stream import iter_chunks
+    from pilotrun.records.stream import iter_chunks
 
     for split in common.SPLITS:
         if getattr(c.data, split):

@@ -94,7 +94,7 @@ def split_records(records, by: str, ratios, seed: int = 0, period: str | None = 
 
 def split_file(data: str | Path, by: str, ratios, out: str | Path, seed: int = 0,
                period: str | None = None) -> StageResult:
-    from pilotrun.data.readers import read_records
+    from pilotrun.records.readers import read_records
     from pilotrun.journal.files import atomic_write_text
 
     records = read_records(data)

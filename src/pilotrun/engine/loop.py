@@ -315,7 +315,7 @@ def train(state: TrainState, task, train_examples: list, val_examples: list, t, 
     says what to change (the state stays at the last complete update); any other exception propagates."""
     from pilotrun import signals
     from pilotrun.engine.state import retain_checkpoints, save_state
-    from pilotrun.report.progress import note
+    from pilotrun.console.progress import note
     from pilotrun.verdicts import plural
 
     hooks = hooks or Hooks()

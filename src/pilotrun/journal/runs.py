@@ -90,6 +90,19 @@ def phase_summary(journal: Journal, run_id: str) -> dict:
     return {"phases": len(verdicts), "failing": sum(v != "ok" for v in verdicts)}
 
 
+def find_pilot(journal, name: str, sha: str | None) -> tuple[dict | None, str | None]:
+    """The latest pilot of the campaign with phase rows, preferring the same config sha256."""
+    runs = [r for r in journal.list_runs(kind="pilot", name=name) if journal.phase_rows(r["run_id"])]
+    same = [r for r in runs if r["config_sha256"] == sha]
+    if same:
+        return same[-1], None
+    if runs:
+        return runs[-1], (f"the latest pilot {runs[-1]['run_id']} measured another version of the campaign "
+                          f"(config sha256 {runs[-1]['config_sha256'][:12]} vs {str(sha)[:12]}); rerun "
+                          f"`pilotrun pilot` for numbers of this version")
+    return None, None
+
+
 def user_command() -> str:
     """The command that started this process as the user typed it (``python train_hf.py --lr 3e-4``), for
     runs recorded from the user's own script (callbacks, own loops) rather than from the pilotrun CLI."""

@@ -61,7 +61,7 @@ def _load(ctx, p) -> None:
     ctx.state = make_state(model, c.train, n_train=len(ctx.prep.train), seed=c.seed,
                            total_updates=ctx.prep.arithmetic()["updates"], device=ctx.device)
     if getattr(ctx.device, "type", str(ctx.device)) == "cpu":
-        from pilotrun.probe.tensors import track
+        from pilotrun.engine.tensors import track
 
         track(model)  # tensors a loader made without an operator (safetensors) still count, as in a run
 
@@ -196,7 +196,7 @@ def _reload(ctx, p) -> None:
     for part in ctx.written:
         loaded_model = task.load_artifact(art / part).to(ctx.device)
         if getattr(ctx.device, "type", str(ctx.device)) == "cpu":
-            from pilotrun.probe.tensors import track
+            from pilotrun.engine.tensors import track
 
             track(loaded_model)  # safetensors' tensors come without an operator: counted as at load
         loaded_model.eval()

@@ -12,7 +12,7 @@ At the end, ``bound_rows`` compares each kind with the pilot's rows of the match
     export          export
 
 A ratio above 1 is a warning naming the update and the sequence length. On CPU the bound is judged
-on the exact tensor counter (probe/tensors.py, counter "tensors+rss"), on CUDA on its allocator's
+on the exact tensor counter (engine/tensors.py, counter "tensors+rss"), on CUDA on its allocator's
 counters: both count tensors, so there is no noise allowance. Only rows of the old RSS-only counter
 ("rss") keep the 10% allowance below.
 
@@ -75,9 +75,9 @@ class PeakWatch:
         self._top = (0, 0)  # the longest widest micro-batch and the most padded tokens of one so far
 
     def track(self, *objs) -> None:
-        """Count the model and optimizer built before the loop (probe/tensors.py ``track``); CPU only."""
+        """Count the model and optimizer built before the loop (engine/tensors.py ``track``); CPU only."""
         if isinstance(self.probe, TensorProbe):
-            from pilotrun.probe.tensors import track
+            from pilotrun.engine.tensors import track
 
             track(*objs)
 

@@ -2,7 +2,7 @@
 
 Stages are (name, function) pairs; a later stage joins by adding itself to STAGES in its place.
 A bad input stops the rehearsal (exit 2); a failing verdict does not stop the stages after it.
-Each stage runs inside the one progress line (report/progress.py), labelled ``all 4/9 overfit``: its own
+Each stage runs inside the one progress line (console/progress.py), labelled ``all 4/9 overfit``: its own
 progress live on a terminal, and in a log a line when it starts and when it ends with its time. Each
 result carries its seconds (the summary's time column) and where they went (``spent``: start-up, campaign
 load, data, model build, the work itself, from the progress line's accounts; ``--verbose`` prints them). ``Budgets`` bound the long stages (``all
@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from pilotrun.report.progress import spending
+from pilotrun.console.progress import spending
 
 
 @dataclass(frozen=True)
@@ -97,7 +97,7 @@ def _verify(loaded, home, budgets):
 def _train(loaded, home, budgets):
     with spending("startup"):  # the stage's imports
         from pilotrun.rehearsal.training.train import train_run
-        from pilotrun.rehearsal.reuse import unshared
+        from pilotrun.campaign.reuse import unshared
 
     with unshared():  # its prepare and load times are the run's own (the time check compares them with the plan)
         return train_run(budgets.for_train(loaded), home)
@@ -129,7 +129,7 @@ def _imported(loaded):
 def _pilot(loaded, home, budgets):
     with spending("startup"):  # the stage's imports
         from pilotrun.rehearsal.memory.pilot import pilot
-        from pilotrun.rehearsal.reuse import unshared
+        from pilotrun.campaign.reuse import unshared
 
     with unshared():  # its prepare and load times are terms of the sheet's plan: measured, never served
         return pilot(loaded, home)
@@ -152,8 +152,8 @@ STAGES = [
 def run_all(loaded, home, on_result=None, budgets: Budgets | None = None) -> list:
     """Run every stage; ``on_result`` sees each result as soon as its stage ends (the CLI renders it)."""
     from pilotrun import startup
-    from pilotrun.rehearsal.reuse import forget, sharing
-    from pilotrun.report.progress import stage_progress
+    from pilotrun.campaign.reuse import forget, sharing
+    from pilotrun.console.progress import stage_progress
 
     budgets = budgets or Budgets()
     results = []

@@ -157,7 +157,7 @@ def section_ledger(journal) -> str:
            "so *_reserved stay empty.</p>") if "rss" in counters else ""
     if "tensors+rss" in counters:
         rss += ('<p class="muted">counter tensors+rss (CPU): *_allocated are the bytes held by live tensors, exact '
-                "at every operator (probe/tensors.py); *_reserved are the process's resident memory (RSS).</p>")
+                "at every operator (engine/tensors.py); *_reserved are the process's resident memory (RSS).</p>")
     svg = phase_ledger(rows, title=f"phase ledger of pilot run {run['run_id']}")
     verdict_cls = {"verdict": lambda r: "" if r["verdict"] == "ok" else "verdict-worse"}
     return head + f'<div class="plot">{svg}</div>' + rss + table(LEDGER_COLUMNS, shown, verdict_cls)

@@ -50,8 +50,8 @@ SPENT_COLUMNS = {"startup": "start-up", "campaign": "campaign", "data": "data", 
 
 
 def render_breakdown(results, con) -> None:
-    """Where each stage's time went (``all --verbose``): its wall and the accounts of report/progress.SPENT."""
-    from pilotrun.report.progress import SPENT
+    """Where each stage's time went (``all --verbose``): its wall and the accounts of console/progress.SPENT."""
+    from pilotrun.console.progress import SPENT
 
     timed = [r for r in results if r.spent]
     if not timed:

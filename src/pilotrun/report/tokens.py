@@ -21,7 +21,7 @@ SEP = "│"
 
 
 def _piece(text: str) -> str:
-    from pilotrun.report.safe import escape_controls  # a record's ESC or BEL is shown, never sent
+    from pilotrun.console.safe import escape_controls  # a record's ESC or BEL is shown, never sent
 
     return escape_controls(text.replace("\n", "↵").replace("\t", "⇥").replace(" ", "·")) or "∅"
 
@@ -103,7 +103,7 @@ def render_examples(examples: list[dict], con, split: str) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    from pilotrun.report.safe import safe
+    from pilotrun.console.safe import safe
 
     examples = safe(examples)  # records' text, labels and names: control characters printed escaped
     from pilotrun.verdicts import plural

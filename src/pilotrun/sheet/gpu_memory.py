@@ -93,7 +93,7 @@ def predict_rows(loaded, prep) -> tuple[list[dict], dict]:
     """``estimate``'s rows for CUDA on this campaign (the same phases on fake tensors), and the trace they
     come from (the options table reuses it)."""
     from pilotrun.campaign.arithmetic import data_parallel_ranks
-    from pilotrun.rehearsal.memory.estimate import rows_for, traced
+    from pilotrun.probe.trace import rows_for, traced
 
     tr = traced(loaded, device="cuda", prep=prep)
     t = loaded.campaign.train

@@ -34,7 +34,7 @@ MIRROR_S = 120  # seconds between the copies of the home to the bucket while the
 def sweep_commands(loaded, sets: tuple[str, ...] = ()) -> list[dict]:
     """The sweep's runs in the sheet's order (seeds outer, control then variants), each with its command."""
     from pilotrun.campaign.arms import plan_arms
-    from pilotrun.rehearsal.training.sweep_runs import arm_command
+    from pilotrun.campaign.sweep_runs import arm_command
 
     arms = plan_arms(loaded)
     out = []
@@ -149,8 +149,8 @@ def setup_lines(launch: dict, wheel_ref: str | None) -> list[str]:
 def hub_download(spec: str) -> str:
     """The set-up line for a hub id as the campaign writes it (``org/name`` or ``org/name@rev``): huggingface_hub's
     CLI takes the revision as ``--revision``, never in the id; the folder is the path as written, so the
-    campaign file, unchanged, reads the local folder (a local folder wins over a hub id, campaign/hub.py)."""
-    from pilotrun.campaign.hub import fetch_command, split_id
+    campaign file, unchanged, reads the local folder (a local folder wins over a hub id, tasks/hub.py)."""
+    from pilotrun.tasks.hub import fetch_command, split_id
 
     repo, rev = split_id(spec)
     return f"[ -d {shlex.quote(spec)} ] || {fetch_command(repo, rev)} --local-dir {shlex.quote(spec)}"
@@ -305,7 +305,7 @@ def launch_plan(s: dict, loaded, gpu, plan: dict | None, sets: tuple[str, ...] =
     pinned stack, pilotrun's source, the campaign's inputs. ``gpus``/``run_sets``/``campaign_s``: an options
     row's GPUs, its ``--set`` items and time (the sheet without a pilot, ``options_launch``)."""
     from pilotrun.campaign.load import parse_set
-    from pilotrun.rehearsal.training.sweep_runs import launch_sweep_id
+    from pilotrun.campaign.sweep_runs import launch_sweep_id
     from pilotrun.sheet.ship import campaign_inputs, pilotrun_source, pins
 
     sets = tuple(sets) + tuple(run_sets)

@@ -1,7 +1,7 @@
 """When the campaign does not fit: the options that do, per catalogue GPU and GPU count, and what each
 changes in the experiment.
 
-Memory comes from the estimator (rehearsal/memory/estimate.py): three traces — the campaign as written, with
+Memory comes from the estimator (probe/trace.py): three traces — the campaign as written, with
 activation checkpointing, and with a LoRA adapter plus checkpointing — and from each the rows of one
 rank for any count and strategy (``rows_for``: DDP buckets, FSDP's shards and gathered blocks, an
 offloaded optimizer). QLoRA is the LoRA trace with the decoder layers' linear weights at 4 bits.
@@ -101,8 +101,8 @@ def options_table(loaded, *, prep=None, rates: dict | None = None, lora_r: int |
     figures (``calibrate``), which replace the estimator's where they exist."""
     from pilotrun.campaign.arithmetic import data_parallel_ranks
     from pilotrun.sheet.catalogue import CATALOGUE
-    from pilotrun.rehearsal.memory.estimate import traced
-    from pilotrun.rehearsal.prepare import prepare
+    from pilotrun.probe.trace import traced
+    from pilotrun.campaign.prepare import prepare
 
     started = time.perf_counter()
     c = loaded.campaign
@@ -331,7 +331,7 @@ def _ranks_of(t) -> int:
 
 def _evaluate(opt, g, n, traces, cache, work, effective, r, c, has_adapter, tp: int = 1) -> dict | None:
     from pilotrun.sheet.gpu_memory import need_bytes, overheads
-    from pilotrun.rehearsal.memory.estimate import rows_for
+    from pilotrun.probe.trace import rows_for
 
     key, label, short, trace_key, strategy, offload, qlora = opt
     if strategy == "fsdp" and n == 1:

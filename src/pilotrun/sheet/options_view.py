@@ -168,7 +168,7 @@ def too_large_here(loaded) -> dict | None:
     weights alone under an adapter) when that exceeds its available memory, or when the model's weights are
     not here to pilot with (a hub model whose config.json alone is cached: ``missing`` names the files);
     else None."""
-    from pilotrun.campaign.hub import missing_weights, snapshot_of
+    from pilotrun.tasks.hub import missing_weights, snapshot_of
     from pilotrun.probe.counted import training_need
 
     path = loaded.campaign.model.path
@@ -182,7 +182,7 @@ def too_large_here(loaded) -> dict | None:
 def no_pilot_sheet(loaded, size: dict, *, rates: dict | None = None):
     """The sheet from the estimator alone, for a model this machine cannot pilot: says so at the top and
     what to pilot instead."""
-    from pilotrun.campaign.hub import fetch_command, snapshot_of
+    from pilotrun.tasks.hub import fetch_command, snapshot_of
     from pilotrun.probe.counted import depth_of
     from pilotrun.sheet.options import options_table
     from pilotrun.verdicts import StageResult

@@ -1,6 +1,6 @@
 """The sheet's sections as blocks: ("h", title) | ("p", text) | ("table", columns, rows) | ("list", items).
 
-Each section is a function of the sheet dict (``rehearsal.rental.sheet.build_sheet``); render.py lists them in
+Each section is a function of the sheet dict (``sheet.build.build_sheet``); render.py lists them in
 order (``SECTIONS``) and turns the blocks into Markdown, HTML or terminal lines. Every figure names its
 source: a ledger row (measured), the estimator (predicted), a datasheet, or a stated constant.
 """

@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pilotrun.campaign.hub import is_hub_id
+from pilotrun.tasks.hub import is_hub_id
 
 # pilotrun's own dependencies and what the pilot recorded (provenance.PACKAGES), torch apart
 PINNED = ("transformers", "safetensors", "peft", "numpy", "pyarrow", "pydantic")
@@ -87,7 +87,7 @@ def source_identity(root: Path) -> str | None:
     readme; None when the checkout is not laid out as src/pilotrun (then the wheel is built every time)."""
     import hashlib
 
-    from pilotrun.rehearsal.reuse import package_digest
+    from pilotrun.campaign.reuse import package_digest
 
     pkg = root / "src" / "pilotrun"
     if not pkg.is_dir():
@@ -201,7 +201,7 @@ def campaign_inputs(loaded, sets: tuple[str, ...] = ()) -> list[dict]:
         out.append({"key": key, "written": value, "local": str(p), "kind": kind, "inside": inside})
 
     mp = written("model", "path")
-    # a hub id the campaign loader resolved from the local cache (campaign/hub.py): the rental fetches it
+    # a hub id the campaign loader resolved from the local cache (tasks/hub.py): the rental fetches it
     if "model.path" in getattr(loaded, "hub", {}) or (mp and c.model.path is None and is_hub_id(mp, base)):
         out.append({"key": "model.path", "written": mp, "local": None, "kind": "hub", "inside": True})
     elif c.model.path:

@@ -103,7 +103,7 @@ class Prober:
         import torch
 
         from pilotrun.probe.estimate import Accountant
-        from pilotrun.rehearsal.memory.estimate import SHARDED, with_gathered_blocks
+        from pilotrun.probe.trace import SHARDED, with_gathered_blocks
 
         self.probes += 1
         acc = Accountant("cuda")

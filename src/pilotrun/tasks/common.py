@@ -80,7 +80,7 @@ def pad_batch(examples: list[Example], pad: int) -> dict[str, Any]:
 
 
 def read_split(c, split: str):
-    from pilotrun.data.readers import read_records
+    from pilotrun.records.readers import read_records
 
     path = getattr(c.data, split)
     return read_records(path) if path else []

@@ -288,7 +288,7 @@ def check_model_dir(path: Path, weights: bool = True) -> None:
     check_config_json(path / "config.json")
     if not weights:
         return
-    from pilotrun.campaign.hub import fetch_command, missing_weights, snapshot_of
+    from pilotrun.tasks.hub import fetch_command, missing_weights, snapshot_of
 
     hub = snapshot_of(path)
     lacking = missing_weights(path) if hub else []
@@ -421,7 +421,7 @@ def shape_only() -> bool:
 def build_model(c, tokenizer, kind: str, labels: list[str] | None = None):
     """The model for a built-in task: loaded from model.path or initialised from model.config (its time is the
     stage's model build, ``progress.spending``)."""
-    from pilotrun.report.progress import spending
+    from pilotrun.console.progress import spending
 
     with spending("model"):
         return _build_model(c, tokenizer, kind, labels)

@@ -14,7 +14,7 @@ INFO_CHECKS = ("classes", "chat format", "lora targets")  # ok checks whose mess
 def inspect(loaded, n: int = 0, split: str | None = None) -> StageResult:
     """Run the checks; with ``n`` > 0, also the first n examples of ``split`` token by token in ``data``."""
     from pilotrun.data.checks import run_checks
-    from pilotrun.rehearsal.prepare import prepare
+    from pilotrun.campaign.prepare import prepare
 
     from pilotrun.verdicts import Check
 
@@ -24,7 +24,7 @@ def inspect(loaded, n: int = 0, split: str | None = None) -> StageResult:
     if fmt is not None:
         report.checks.insert(0, fmt)
     report.checks[:0] = pair_checks(task, loaded, Check)
-    from pilotrun.rehearsal.prepare import adapter_choice
+    from pilotrun.campaign.prepare import adapter_choice
 
     lora = adapter_choice(loaded)
     if lora is not None:

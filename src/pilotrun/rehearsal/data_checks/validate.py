@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from pilotrun.campaign.arithmetic import batch_arithmetic, describe
-from pilotrun.campaign.consistency import check_consistency, check_records, vocabulary_problem
+from pilotrun.campaign.arithmetic import describe
+from pilotrun.campaign.consistency import check_campaign
 from pilotrun.verdicts import StageResult
 
 
 def pilot_checkpoint_bytes(loaded, home) -> int | None:
     """The size of one checkpoint as the campaign's latest pilot wrote it (its save row), if the journal has one."""
     from pilotrun.journal.store import Journal, resolve_home
-    from pilotrun.rehearsal.rental.sheet import find_pilot
+    from pilotrun.journal.runs import find_pilot
 
     try:
         h = resolve_home(home, loaded.source)
@@ -28,11 +28,7 @@ def validate(loaded, home=None) -> StageResult:
     from pilotrun.probe.sizes import fmt_bytes
 
     c = loaded.campaign
-    check_consistency(c, loaded.base_dir)
-    for problem in vocabulary_problem(c):  # validate's own: the verbs that build the model refuse it there
-        raise problem
-    counts = check_records(c)
-    arith = batch_arithmetic(c.train, counts.get("train", 0))
+    counts, arith = check_campaign(loaded)
     arith["checkpoints"]["bytes_each"] = pilot_checkpoint_bytes(loaded, home)
     msgs = [f"{split}: {n} records" for split, n in counts.items()] + describe(arith, fmt_bytes)
     if c.plan.variants or c.plan.control:

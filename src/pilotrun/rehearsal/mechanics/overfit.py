@@ -300,13 +300,13 @@ def overfit(loaded, home, *, examples: int = 8, max_updates: int = 150, prep=Non
     from pilotrun.engine.loop import Hooks, make_state, train
     from pilotrun.journal.store import Journal
     from pilotrun.rehearsal.mechanics.plateau import plateau_causes
-    from pilotrun.rehearsal.prepare import prepare, require_weights
+    from pilotrun.campaign.prepare import prepare, require_weights
     from pilotrun.journal.runs import RunRecorder
 
     require_weights(loaded)
     prep = prep or prepare(loaded, splits=("train",))
     c, task = prep.c, prep.task
-    from pilotrun.report.progress import head
+    from pilotrun.console.progress import head
 
     msgs, data = [], {}
     head("accumulation check")

@@ -70,8 +70,8 @@ def _in_process(prep, train_ex, total: int, at: int, device, ckpt, skip, rec) ->
     """The reference and the stopped run here; the stopped one's state saved, the reference's artifact written."""
     from pilotrun.engine.state import save_state
     from pilotrun.journal.files import write_dir_atomically
-    from pilotrun.rehearsal.training.train import store_control_predictions
-    from pilotrun.report.progress import head
+    from pilotrun.engine.control import store_control_predictions
+    from pilotrun.console.progress import head
 
     head(f"reference run ({total} updates)")
     ref_state, ref = _run(prep, train_ex, total, None, device)
@@ -92,7 +92,7 @@ def resume_worker(spec_path: str | Path) -> int:
     from pilotrun.engine.loop import make_state, train
     from pilotrun.engine.state import load_state
     from pilotrun.journal.files import atomic_write_json
-    from pilotrun.rehearsal.prepare import prepare
+    from pilotrun.campaign.prepare import prepare
 
     import transformers  # noqa: F401 - the fresh process's imports are its start-up (the parent's account)
 
@@ -109,7 +109,7 @@ def resume_worker(spec_path: str | Path) -> int:
     device = default_device()
     model.to(device)
     state = make_state(model, c.train, n_train=len(train_ex), seed=c.seed, total_updates=spec["total"], device=device)
-    from pilotrun.report.progress import note
+    from pilotrun.console.progress import note
 
     note("loading the saved state", log=True, spent="model")
     restored = load_state(state, spec["state"])
@@ -217,11 +217,11 @@ def resume(loaded, home, *, at: int | None = None, prep=None) -> StageResult:
     from pilotrun.engine.distributed import default_device
     from pilotrun.journal.files import atomic_write_json, write_manifest
     from pilotrun.journal.store import Journal
-    from pilotrun.rehearsal.prepare import prepare, require_weights
+    from pilotrun.campaign.prepare import prepare, require_weights
     from pilotrun.journal.runs import RunRecorder, write_run_readme
 
     require_weights(loaded)
-    from pilotrun.report.progress import head
+    from pilotrun.console.progress import head
 
     at = DEFAULT_AT if at is None else at
     if at < 2:

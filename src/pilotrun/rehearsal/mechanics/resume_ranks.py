@@ -43,8 +43,8 @@ def runs_rank(job: dict) -> None:
     from pilotrun.journal.files import atomic_write_json
     from pilotrun.journal.runs import RunRecorder
     from pilotrun.journal.store import Journal
-    from pilotrun.rehearsal.prepare import prepare
-    from pilotrun.rehearsal.training.train import control_predictions, store_control_predictions
+    from pilotrun.campaign.prepare import prepare
+    from pilotrun.engine.control import control_predictions, store_control_predictions
 
     rank, keep, strategy = world_rank()[1], job["keep"], job.get("strategy", "fsdp")
     prep = prepare(load_campaign(job["config"]), splits=("train", "validation"))
@@ -72,7 +72,7 @@ def worker_rank(spec: dict) -> None:
     from pilotrun.engine.loop import make_state, train
     from pilotrun.engine.state import load_state
     from pilotrun.journal.files import atomic_write_json
-    from pilotrun.rehearsal.prepare import prepare
+    from pilotrun.campaign.prepare import prepare
 
     prep = prepare(load_campaign(spec["config"]), splits=("train",))
     c, device = prep.c, default_device()

@@ -76,7 +76,7 @@ def verify(home, run_id: str) -> StageResult:
     if not control:
         raise BadInput(f"run {run_id} stored no control predictions", where="RUN_ID",
                        fix="verify a run written by `pilotrun train` (control predictions are stored at its end)")
-    from pilotrun.report.progress import head
+    from pilotrun.console.progress import head
 
     head("reloading the artifact in a new process", spent="startup")  # until the worker's first note
     with tempfile.TemporaryDirectory(prefix="pilotrun-verify-") as tmp:
@@ -135,13 +135,13 @@ def verify_worker(run_dir: str, control_path: str, out_path: str) -> int:
 
     from pilotrun.campaign.load import load_campaign
     from pilotrun.journal.files import atomic_write_json
-    from pilotrun.rehearsal.mechanics.control import CONTROL_FILE, load_control, target_logits
+    from pilotrun.engine.control import CONTROL_FILE, load_control, target_logits
     from pilotrun.tasks import make_task
     from pilotrun.tasks.base import Example
 
     import transformers  # noqa: F401 - the fresh process's imports are its start-up, not the artifact's load
 
-    from pilotrun.report.progress import spend, spending
+    from pilotrun.console.progress import spend, spending
 
     spend("work")  # the fresh process's start-up ends here (the parent's account until now)
     run_dir = Path(run_dir)
@@ -161,7 +161,7 @@ def verify_worker(run_dir: str, control_path: str, out_path: str) -> int:
     with spending("data"):  # the tokenizer
         task, precision = make_task(loaded), loaded.campaign.train.precision
     stored = load_control(run_dir / CONTROL_FILE) if (run_dir / CONTROL_FILE).is_file() else None
-    from pilotrun.report.progress import note
+    from pilotrun.console.progress import note
 
     results = {}
     subs = sorted(p for p in (run_dir / "artifact").iterdir() if p.is_dir())

@@ -44,7 +44,7 @@ class _Fit:
     def variant(self, overrides: dict):
         """The variant prepared: data.* keys re-encode every example through the task; others reuse them."""
         from pilotrun.rehearsal.memory.fit_probe import variant_prep
-        from pilotrun.rehearsal.prepare import prepare
+        from pilotrun.campaign.prepare import prepare
 
         loaded = self.loaded.with_overrides(overrides)
         if any(k.startswith("data.") for k in overrides):
@@ -67,7 +67,7 @@ class _Fit:
         from pilotrun.rehearsal.memory.fit_probe import first_losses
 
         if self._control_losses is None:
-            from pilotrun.report.progress import head
+            from pilotrun.console.progress import head
 
             head(f"the control's first {LOSS_UPDATES} losses")
             self._control_losses = first_losses(self.prep, LOSS_UPDATES, self.device)
@@ -127,7 +127,7 @@ def fit(loaded, home, memory_limit: int, *, write: str | None = None, effective_
     from pilotrun.probe.recorder import describe_inputs, peak_of
     from pilotrun.probe.sizes import fmt_bytes
     from pilotrun.rehearsal.memory import fit_variants
-    from pilotrun.rehearsal.prepare import prepare, require_weights
+    from pilotrun.campaign.prepare import prepare, require_weights
 
     require_weights(loaded)
     device = device or default_device()
@@ -138,7 +138,7 @@ def fit(loaded, home, memory_limit: int, *, write: str | None = None, effective_
     accumulation_for(t, 1, effective)  # the effective batch must be reachable on these ranks at all
     measured_here = pilot_rows is None
     if pilot_rows is None:
-        from pilotrun.report.progress import head
+        from pilotrun.console.progress import head
 
         head("the control's ledger (the latest pilot of this config, else a new one)")
         pilot_rows, pilot_run = fit_variants.control_ledger(loaded, home, memory_limit, prep)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import statistics
 
 from pilotrun.phases import names
-from pilotrun.rehearsal.prepare import Prepared
+from pilotrun.campaign.prepare import Prepared
 
 # On CPU the counter is the process's RSS, which a limit is checked against as a whole. glibc keeps
 # freed memory for reuse, so RSS after one probe would carry into the next; with a fixed mmap

@@ -15,7 +15,7 @@ LENGTH_STEP = 8  # max_length candidates are multiples of this
 
 def _bisect(job, candidates: list, overrides_for, kind: str, prep_for=None):
     """Largest fitting candidate; returns (best, its row or the smallest tried row, [(candidate, fits)])."""
-    from pilotrun.report.progress import head
+    from pilotrun.console.progress import head
 
     rows = {}
     bound = probe_bound(len(candidates))
@@ -33,7 +33,7 @@ def _bisect(job, candidates: list, overrides_for, kind: str, prep_for=None):
 
 
 def _probe_one(job, ov: dict, kind: str) -> dict:
-    from pilotrun.report.progress import head
+    from pilotrun.console.progress import head
 
     head("probe: " + ", ".join(f"{k.split('.')[-1]} {v}" for k, v in ov.items()))
     return probe(job.variant(ov), kind, limit=job.limit, device=job.device)
@@ -43,7 +43,7 @@ def _held_state(job) -> str:
     """Weights, gradients and optimizer state on the device, from the fake-tensor estimate (they do not
     depend on the micro-batch), for the message that accumulation cannot shrink them."""
     from pilotrun.probe.sizes import fmt_bytes
-    from pilotrun.rehearsal.memory.estimate import trace
+    from pilotrun.probe.trace import trace
 
     rows = {r["phase"]: r for r in trace(job.loaded, device=job.device.type, prep=job.prep)["rows"]}
     s = rows["steady_step"]
@@ -177,7 +177,7 @@ def control_ledger(loaded, home, limit: int, prep=None) -> tuple[list[dict], str
     try:
         from pilotrun.rehearsal.memory.pilot import pilot
     except ImportError:
-        from pilotrun.rehearsal.prepare import prepare
+        from pilotrun.campaign.prepare import prepare
 
         prep = prep or prepare(loaded, splits=("train", "validation"))
         rows = [probe(prep, kind, limit=limit) for kind in ("train", "eval")]

@@ -14,7 +14,7 @@ from pilotrun.probe.sizes import fmt_bytes, parse_size
 from pilotrun.phases import PHASES
 from pilotrun.phases.registry import BY_NAME
 from pilotrun.rehearsal.memory.pilot_phases import INJECT_ENV, PilotJob, parse_inject, run_phases
-from pilotrun.rehearsal.prepare import prepare, require_weights
+from pilotrun.campaign.prepare import prepare, require_weights
 from pilotrun.verdicts import StageResult
 from pilotrun.journal.runs import RunRecorder
 

@@ -90,7 +90,7 @@ def run_phases(job: PilotJob, prep=None) -> list[dict]:
     from pilotrun.engine.distributed import barrier, default_device, world_rank
     from pilotrun.phases.driver import PhaseContext, drive
     from pilotrun.phases.worst import worst_case
-    from pilotrun.rehearsal.prepare import prepare
+    from pilotrun.campaign.prepare import prepare
 
     prep = prep or prepare(job.loaded, splits=("train", "validation"))
     world, rank = world_rank()
@@ -163,13 +163,13 @@ def _time_model(job: PilotJob, prep, state, wc: dict, rank: int, world: int) -> 
 
 def _run_extras(prep, state, rank: int) -> tuple[float | None, float | None]:
     """Seconds of two things every run of a sweep does outside its timed blocks, measured here as they run
-    there: the control predictions (rehearsal/training/train.py ``control_predictions``: rank 0 on the
+    there: the control predictions (engine/control.py ``control_predictions``: rank 0 on the
     plain model, every rank under FSDP), and, for a model built from a config, a second, warm build (the
     sweep's later runs build in a process that has imported everything; a pretrained model's warm load is
     a read from disk, which the ``reload`` phase measures)."""
     import time
 
-    from pilotrun.rehearsal.training.train import control_predictions
+    from pilotrun.engine.control import control_predictions
 
     fsdp = prep.c.train.strategy == "fsdp"
     control_s = None

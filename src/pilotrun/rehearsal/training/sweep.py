@@ -23,7 +23,7 @@ from pilotrun.errors import BadInput
 from pilotrun.journal.store import Journal, lease_s
 from pilotrun.provenance import config_sha256
 from pilotrun.rehearsal.training import compare as cmp
-from pilotrun.rehearsal.training.sweep_runs import arm_command, check_sweep_id, encoded_for, launch_sweep_id  # noqa: F401
+from pilotrun.campaign.sweep_runs import arm_command, check_sweep_id, encoded_for, launch_sweep_id  # noqa: F401
 from pilotrun.verdicts import StageResult
 
 DONE = ("completed", "diverged", "stopped")
@@ -56,7 +56,7 @@ def sweep(loaded, home, *, continue_id: str | None = None, progress: bool = True
     for this run and the ones after it: the pilot's time plan per run, then the runs' own mean).
     ``ray_address``: run on that Ray cluster ("auto": the one this machine is attached to), one journal here.
     ``fixed_id``: start the sweep under this id, or continue it if the journal has it (start-or-continue)."""
-    from pilotrun.rehearsal.data_checks.validate import validate
+    from pilotrun.campaign.consistency import check_campaign
 
     if ray_address is not None:
         from pilotrun.rehearsal.training.sweep_ray import require_ray
@@ -68,7 +68,7 @@ def sweep(loaded, home, *, continue_id: str | None = None, progress: bool = True
     arms = plan_arms(loaded)
     for arm in arms:  # ranks this machine cannot run are bad input before the plan is frozen
         check_strategy(arm.loaded.c.train)
-    validate(arms[0].loaded)  # files, fields and batch arithmetic fail here, before anything is frozen
+    check_campaign(arms[0].loaded)  # what validate refuses fails here, before anything is frozen
     plan = frozen_plan(loaded, arms)
     sha = config_sha256(plan)
     journal = Journal(home)
@@ -191,7 +191,8 @@ def _planned_run_s(journal: Journal, loaded) -> float | None:
     """Seconds per run of this campaign (its budget, as ``--set`` left it) by the pilot's measured units: the
     campaign's latest pilot on this machine, if there is one, as the time check at the sweep's end does."""
     try:
-        from pilotrun.rehearsal.rental.sheet import build_sheet, find_pilot
+        from pilotrun.journal.runs import find_pilot
+        from pilotrun.sheet.build import build_sheet
 
         pilot, _ = find_pilot(journal, loaded.campaign.name, None)
         if pilot is None:

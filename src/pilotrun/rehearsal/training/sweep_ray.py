@@ -97,8 +97,8 @@ def run_remote(todo: list, *, journal, sweep_id: str, plan: dict, sets: tuple, a
 
     from pilotrun.campaign.arithmetic import data_parallel_ranks
     from pilotrun.journal.runs import RunRecorder
-    from pilotrun.rehearsal.rental.sheet import find_pilot
-    from pilotrun.rehearsal.training.sweep_runs import arm_command
+    from pilotrun.journal.runs import find_pilot
+    from pilotrun.campaign.sweep_runs import arm_command
 
     ray = connect(address)
     cluster = ray.cluster_resources()
@@ -280,7 +280,7 @@ def train_remote(spec: dict) -> dict:
     from pilotrun.engine.loop import Hooks
     from pilotrun.journal.store import Journal
     from pilotrun.journal.transfer import export_run, import_run, pack_folder
-    from pilotrun.rehearsal.training.sweep_runs import encoded_for
+    from pilotrun.campaign.sweep_runs import encoded_for
     from pilotrun.rehearsal.training.train import train_run
     from pilotrun.campaign.arithmetic import data_parallel_ranks
 

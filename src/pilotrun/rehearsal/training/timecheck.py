@@ -57,7 +57,8 @@ def sweep_time_check(journal, sweep_id: str) -> dict | None:
     """Predicted against actual seconds for every finished run of the sweep, and in total.
 
     None when the sweep's campaign has no pilot with a time plan in the journal."""
-    from pilotrun.rehearsal.rental.sheet import build_sheet, find_pilot
+    from pilotrun.journal.runs import find_pilot
+    from pilotrun.sheet.build import build_sheet
 
     runs = [r for r in journal.list_runs(sweep_id=sweep_id) if (r.get("summary") or {}).get("timing")]
     if not runs:

@@ -9,48 +9,10 @@ from pathlib import Path
 from pilotrun.engine.loop import Hooks, make_state, train, update_line
 from pilotrun.journal.files import write_manifest
 from pilotrun.journal.store import Journal, check_fence
-from pilotrun.rehearsal.prepare import Prepared, prepare, require_weights
+from pilotrun.campaign.prepare import Prepared, prepare, require_weights
 from pilotrun.verdicts import StageResult
 from pilotrun.journal.runs import RunRecorder, write_run_readme
-from pilotrun.rehearsal.mechanics.control import CONTROL_EXAMPLES
-
-
-def control_predictions(prep: Prepared, model) -> tuple[list, list, object]:
-    """The control inputs, the model's predictions on them and its top logits (None for a task without)."""
-    import torch
-
-    from pilotrun.rehearsal.mechanics.control import target_logits
-
-    pool = prep.validation or prep.train
-    control = pool[:CONTROL_EXAMPLES]
-    if not control:
-        return [], [], None
-    from pilotrun.engine.loop import to_device
-    from pilotrun.engine.precision import autocast
-
-    model.eval()
-    device = next(model.parameters()).device
-    with torch.no_grad(), autocast(prep.c.train.precision, device.type):
-        batch = to_device(prep.task.collate(control), device)
-        preds = prep.task.predict(model, batch)
-        logits = target_logits(prep.task, model, batch)
-    return control, preds, logits
-
-
-def store_control_predictions(recorder: RunRecorder, prep: Prepared, model, computed=None) -> list[dict]:
-    """Predictions (journal) and top logits (control.safetensors) on the control inputs; before the manifest."""
-    from pilotrun.rehearsal.mechanics.control import save_control, tokenizer_facts
-
-    control, preds, logits = computed or control_predictions(prep, model)
-    if not control:
-        return []
-    items = [(e.rid, {"input_ids": e.input_ids, "labels": e.labels, "pred": p, **({"meta": e.meta} if e.meta else {})})
-             for e, p in zip(control, preds)]
-    recorder.journal.add_predictions(recorder.run_id, "control", items)
-    if logits is not None:  # verify compares the reloaded artifact's logits with these
-        save_control(recorder.dir, [e.rid for e in control], logits,
-                     {"dtype": str(next(model.parameters()).dtype), "tokenizer": tokenizer_facts(prep.task)})
-    return [{"rid": rid, **v} for rid, v in items]
+from pilotrun.engine.control import control_predictions, store_control_predictions
 
 
 @dataclass
@@ -81,7 +43,7 @@ def train_run(loaded, home, *, kind: str = "train", supersedes: str | None = Non
     from pilotrun.engine.launcher import Ranks
 
     from pilotrun import startup
-    from pilotrun.report.progress import note
+    from pilotrun.console.progress import note
 
     require_weights(loaded)
     t_start = time.perf_counter() - (prepare_s or 0.0)  # a caller that prepared for us says how long it took
@@ -174,7 +136,7 @@ def _ranked_run(job: TrainJob, prep: Prepared, rec: RunRecorder | None, hooks: H
     from pilotrun.probe.memory import release_free_memory
     from pilotrun.probe.watch import PeakWatch
     from pilotrun.engine.artifact import export_artifact
-    from pilotrun.report.progress import note
+    from pilotrun.console.progress import note
 
     c = prep.c
     arith = prep.arithmetic()
@@ -359,7 +321,7 @@ def _flat(d: dict, prefix: str = "") -> dict:
 
 def memory_keys_changed(a: dict, b: dict) -> list[str]:
     """Keys that differ between two resolved configs, except those that cannot change memory per step."""
-    from pilotrun.rehearsal.rental.sheet import COST_FREE
+    from pilotrun.campaign.arms import COST_FREE
 
     fa, fb = _flat(a), _flat(b)
     free = COST_FREE + ("plan", "hardware", "name", "train.updates", "train.epochs", "train.eval_every",
@@ -373,7 +335,7 @@ def record_memory_bound(journal, run_id: str, name: str, sha: str, observed: lis
     """The run's observed peaks (``PeakWatch.rows()``, every rank's) as ledger rows, each against the pilot's
     peak for the same phase kind and rank."""
     from pilotrun.probe.watch import bound_rows
-    from pilotrun.rehearsal.rental.sheet import find_pilot
+    from pilotrun.journal.runs import find_pilot
 
     pilot, stale = find_pilot(journal, name, sha)
     pilot_rows = journal.phase_rows(pilot["run_id"]) if pilot else []

@@ -40,7 +40,7 @@ def require_weights(loaded) -> None:
     headers disagree with the model its config.json describes (``tasks.loading.check_weights_fit``)."""
     from pathlib import Path
 
-    from pilotrun.campaign.hub import snapshot_of
+    from pilotrun.tasks.hub import snapshot_of
     from pilotrun.tasks.loading import check_model_dir
 
     path = loaded.campaign.model.path
@@ -54,9 +54,9 @@ def require_weights(loaded) -> None:
 
 def prepare(loaded, splits=SPLITS) -> Prepared:
     """Validate, build the task and encode every record of the splits through task.encode (inside ``all``, once
-    per campaign identity and split: ``rehearsal/reuse.encoded``)."""
-    from pilotrun.rehearsal import reuse
-    from pilotrun.report.progress import spending
+    per campaign identity and split: ``campaign/reuse.encoded``)."""
+    from pilotrun.campaign import reuse
+    from pilotrun.console.progress import spending
 
     with spending("data"):
         if not reuse.shared():
@@ -76,7 +76,7 @@ def _task(loaded, keep: bool = False):
         adapter_choice(loaded)  # LoRA's modules exist in the model (or the family has a default)
     task = make_task(loaded)
     if keep:
-        from pilotrun.rehearsal import reuse
+        from pilotrun.campaign import reuse
 
         reuse.keep_pristine(task, loaded)  # a later stage's build is a fresh copy of the weights read here
     return task
@@ -84,7 +84,7 @@ def _task(loaded, keep: bool = False):
 
 def _encoded(task, splits) -> dict[str, list]:
     """Each split's records encoded ([] for a split without records: the caller keeps only the others)."""
-    from pilotrun.report.progress import note
+    from pilotrun.console.progress import note
 
     examples = {}
     for split in splits:

@@ -35,6 +35,8 @@ import threading
 import time
 from contextlib import contextmanager
 
+from pilotrun.console.units import fmt_duration
+
 _CURRENT: dict = {}  # the running stage (see stage_progress)
 _CHILD: dict = {"last": 0.0, "seq": 0}  # this process's reports to a parent stage
 DEFAULT_HEARTBEAT_S = 30.0
@@ -210,8 +212,6 @@ def _poll(cur: dict) -> None:
 
 
 def _fmt(seconds: float) -> str:
-    from pilotrun.sheet.plan import fmt_duration
-
     return f"{seconds:.0f} s" if seconds < 120 else fmt_duration(seconds)  # no milliseconds on a progress line
 
 

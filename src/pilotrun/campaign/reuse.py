@@ -2,7 +2,7 @@
 
 - ``identity(loaded)``: the campaign's config hash and the identity of every file it names (path, size,
   mtime_ns, and the content's sha256 for files under ``HASHED_BELOW`` bytes; a folder: its files' identities).
-- In one process (``all``): the encoded splits (``encoded``, what ``rehearsal/prepare.prepare`` builds) and a
+- In one process (``all``): the encoded splits (``encoded``, what ``campaign/prepare.prepare`` builds) and a
   model as its first build left it (``keep_pristine``: a deep copy, never a model a stage trained), keyed by it.
   A changed file has another identity, so it is read again; ``COUNTS`` says what was served and built.
 - Across processes (the sheet after a pilot or an earlier sheet): the estimator's traces, kept in the journal's
@@ -119,7 +119,7 @@ def keep_pristine(task, loaded) -> None:
             _keep(_PRISTINE, key, (copy.deepcopy(model), torch.get_rng_state()))
             return model
         COUNTS["pristine_hits"] += 1
-        from pilotrun.report.progress import spending
+        from pilotrun.console.progress import spending
 
         with spending("model"):
             model, rng = copy.deepcopy(kept[0]), kept[1]

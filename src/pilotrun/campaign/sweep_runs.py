@@ -26,7 +26,7 @@ def encoded_for(loaded, cache: dict):
     """train_run's ``prep`` and ``prepare_s``: the encoded examples of an earlier run with the same task, model and data
     sections (train.*, seed and plan keys do not change encoding), under this run's own task object."""
     from pilotrun.provenance import config_sha256
-    from pilotrun.rehearsal.prepare import Prepared, prepare
+    from pilotrun.campaign.prepare import Prepared, prepare
     from pilotrun.tasks import make_task
 
     import time
