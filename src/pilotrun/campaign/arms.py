@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pilotrun.campaign.arithmetic import data_parallel_ranks
+from pilotrun.campaign.load import line_index
 from pilotrun.errors import BadInput
 
 BATCH_KEYS = ("train.micro_batch", "train.accumulation", "train.nproc", "train.strategy")
@@ -38,8 +39,6 @@ class Arm:
 
 
 def _line_of(loaded, path: tuple) -> int | None:
-    from pilotrun.campaign.load import line_index
-
     if loaded.source is None or not loaded.source.is_file():
         return None
     return line_index(loaded.source.read_text(encoding="utf-8")).get(path)

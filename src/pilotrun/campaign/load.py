@@ -22,6 +22,7 @@ from pilotrun.campaign.schema import Campaign
 from pilotrun.errors import BadInput, BadInputs
 from pilotrun.journal.files import dump_yaml  # noqa: F401  (part of campaign's API)
 from pilotrun.provenance import config_sha256
+from pilotrun.console.progress import spending
 
 PATH_KEYS = ("model.path", "model.tokenizer", "data.train", "data.validation", "data.test")
 
@@ -313,8 +314,6 @@ def _resolve(path: Path) -> Path:
 
 def load_campaign(path: str | Path, overrides: dict[str, Any] | None = None) -> LoadedCampaign:
     """Read, override and validate a campaign file. Raises BadInput naming file, line and key."""
-    from pilotrun.console.progress import spending
-
     with spending("campaign"):
         return _load_campaign(path, overrides)
 
@@ -330,8 +329,6 @@ def _load_campaign(path: str | Path, overrides: dict[str, Any] | None) -> Loaded
 
 
 def campaign_from_dict(raw: dict[str, Any], base_dir: Path, overrides: dict[str, Any] | None = None) -> LoadedCampaign:
-    from pilotrun.console.progress import spending
-
     with spending("campaign"):
         return _campaign_from_dict(raw, base_dir, overrides)
 

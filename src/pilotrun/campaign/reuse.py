@@ -21,6 +21,12 @@ import os
 from pathlib import Path
 from typing import Any
 
+import pilotrun
+from pilotrun import __version__
+from pilotrun.console.progress import spending
+from pilotrun.journal.files import atomic_write_bytes
+from pilotrun.tasks.loading import shape_only
+
 HASHED_BELOW = 4 * 2**20  # a file this small is hashed too (a same-size edit within one mtime tick is caught)
 MAX_ENTRIES = 8  # encoded campaigns (and pristine models) kept in one process
 COUNTS = {"encoded_hits": 0, "encoded_builds": 0, "pristine_hits": 0, "pristine_builds": 0, "trace_hits": 0,
@@ -107,8 +113,6 @@ def keep_pristine(task, loaded) -> None:
     def build_model():
         import torch
 
-        from pilotrun.tasks.loading import shape_only
-
         if shape_only() or str(torch.get_default_device()) != "cpu":  # the estimator's builds, a meta device
             return build()
         key = identity(loaded, {"model": type(task).__name__})
@@ -119,7 +123,6 @@ def keep_pristine(task, loaded) -> None:
             _keep(_PRISTINE, key, (copy.deepcopy(model), torch.get_rng_state()))
             return model
         COUNTS["pristine_hits"] += 1
-        from pilotrun.console.progress import spending
 
         with spending("model"):
             model, rng = copy.deepcopy(kept[0]), kept[1]
@@ -163,8 +166,6 @@ def forget() -> None:
 
 def package_digest(root: Path | None = None) -> str:
     """sha256 of pilotrun's own files (paths and contents, caches left out): the code's identity beside its version."""
-    import pilotrun
-
     root = root or Path(pilotrun.__file__).parent
     h = hashlib.sha256()
     for dirpath, dirnames, filenames in os.walk(root):
@@ -191,7 +192,6 @@ def trace_key(loaded, what: dict) -> str | None:
     """The key of a trace of ``loaded`` (None outside ``keeping_traces``)."""
     if _TRACES.get() is None:
         return None
-    from pilotrun import __version__
 
     return identity(loaded, dict(what, version=__version__, code=package_digest()))
 
@@ -215,7 +215,6 @@ def store_trace(key: str | None, trace: dict) -> None:
     COUNTS["trace_builds"] += 1
     if key is None or folder is None:
         return
-    from pilotrun.journal.files import atomic_write_bytes
 
     try:
         folder.mkdir(parents=True, exist_ok=True)

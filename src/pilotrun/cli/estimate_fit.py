@@ -7,6 +7,7 @@ import click
 from pilotrun.cli.common import campaign_argument, common_options, emit, home_for, load, set_option
 from pilotrun.cli.main import cli
 from pilotrun.console.progress import stage_progress
+# The verbs' work is imported inside each command: `pilotrun --help` imports this module (lazy on purpose).
 
 
 @cli.command()

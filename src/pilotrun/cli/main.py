@@ -10,8 +10,11 @@ import traceback
 
 import click
 
-from pilotrun import __version__
+from pilotrun import __version__, signals, startup
+from pilotrun.cli.common import HOME_SOURCE, home_source
 from pilotrun.errors import EXIT_BAD_INPUT, EXIT_INTERNAL, BadInput
+from pilotrun.signals import exit_code_of, interruption
+# The verbs' work is imported inside each command: `pilotrun --help` imports this module (lazy on purpose).
 
 # Each module registers its verbs on ``cli`` when imported; heavy imports stay inside the verbs.
 COMMAND_MODULES = (
@@ -75,8 +78,6 @@ def _verb_of(argv: list[str]) -> str | None:
 def run(argv: list[str] | None = None) -> int:
     """Run the CLI and return its exit code (tests call this; ``main`` exits with it). Under --json an
     error is also written to stdout as the envelope (cli/envelope.py) with ``ok`` false."""
-    from pilotrun.cli.common import HOME_SOURCE
-
     argv = list(sys.argv[1:] if argv is None else argv)
     HOME_SOURCE.clear()
     error = None
@@ -106,8 +107,6 @@ def run(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as e:
         code, error = _interrupted(e)
     except Exception as e:  # anything else is our bug, not the user's input
-        from pilotrun.signals import interruption
-
         stopped = interruption(e)  # unless it is part of a stop: after a signal, or a peer rank lost
         if stopped is not None:
             code, error = _interrupted(stopped)
@@ -128,7 +127,6 @@ def run(argv: list[str] | None = None) -> int:
 def _interrupted(e: KeyboardInterrupt) -> tuple[int, dict]:
     """Ctrl-C, or a signal (pilotrun.signals.Preempted): exit 128 + its number, the reason the run recorded."""
     from pilotrun.journal.runs import INTERRUPTED
-    from pilotrun.signals import exit_code_of, interruption
 
     e = interruption(e) or e  # a bare KeyboardInterrupt a library raised for our signal names that signal
     reason = getattr(e, "reason", INTERRUPTED)
@@ -138,8 +136,6 @@ def _interrupted(e: KeyboardInterrupt) -> tuple[int, dict]:
 
 def _blame_home_variable(e: BadInput) -> None:
     """A home that came from $PILOTRUN_HOME, not --home: the message names the variable."""
-    from pilotrun.cli.common import home_source
-
     if home_source() != "env" or not isinstance(e.where, str):
         return
     home = os.environ.get("PILOTRUN_HOME", "")
@@ -169,8 +165,6 @@ def _broken_pipe() -> int:
 
 
 def main() -> None:
-    from pilotrun import signals, startup
-
     startup.mark()  # the time plan's start-up term: this process is pilotrun's own
     try:
         signals.install()  # SIGTERM and SIGHUP end a run 'interrupted' as Ctrl-C does

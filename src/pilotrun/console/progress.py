@@ -36,6 +36,7 @@ import time
 from contextlib import contextmanager
 
 from pilotrun.console.units import fmt_duration
+from pilotrun.scratch import owned_name, remove_dead
 
 _CURRENT: dict = {}  # the running stage (see stage_progress)
 _CHILD: dict = {"last": 0.0, "seq": 0}  # this process's reports to a parent stage
@@ -293,8 +294,6 @@ def _is_tty(stream) -> bool:
 def stage_progress(label: str, *, stream=None):
     """Show the stage ``label`` until the block ends (see the module docstring)."""
     import tempfile
-
-    from pilotrun.scratch import owned_name, remove_dead
 
     stream = stream or sys.stderr
     outer = _CURRENT.get("stage")

@@ -13,6 +13,11 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pilotrun.engine.loop import to_device
+from pilotrun.engine.precision import autocast
+from pilotrun.journal.files import reading_weights
+from pilotrun.tasks.base import IGNORE
+
 if TYPE_CHECKING:
     from pilotrun.campaign.prepare import Prepared
     from pilotrun.journal.runs import RunRecorder
@@ -24,8 +29,6 @@ TOPK = 8
 
 def target_logits(task, model, batch) -> list | None:
     """Per example, the logits (float32, CPU) at its target positions; None for a task pilotrun cannot read."""
-    from pilotrun.tasks.base import IGNORE
-
     if task.kind not in ("causal-lm", "seq-cls"):
         return None
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
@@ -57,8 +60,6 @@ def load_control(path) -> dict:
     """{"rids": [...], "meta": {...}, "values": [tensor], "indices": [tensor]} from a control file."""
     from safetensors import safe_open
 
-    from pilotrun.journal.files import reading_weights
-
     with reading_weights(path, "stored control predictions"), safe_open(str(path), framework="pt") as f:
         md = f.metadata() or {}
         rids = json.loads(md.get("rids", "[]"))
@@ -82,8 +83,6 @@ def control_predictions(prep: Prepared, model) -> tuple[list, list, object]:
     control = pool[:CONTROL_EXAMPLES]
     if not control:
         return [], [], None
-    from pilotrun.engine.loop import to_device
-    from pilotrun.engine.precision import autocast
 
     model.eval()
     device = next(model.parameters()).device

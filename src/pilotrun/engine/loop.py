@@ -20,11 +20,16 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from pilotrun import signals
+from pilotrun.console.progress import note
 from pilotrun.engine.distributed import agree_max, all_reduce_sum, world_rank
+from pilotrun.engine.oom import is_oom
 from pilotrun.engine.optim import make_optimizer, make_scheduler
 from pilotrun.engine.precision import autocast, make_scaler
 from pilotrun.engine.sampler import UpdateSampler
+from pilotrun.engine.state import retain_checkpoints, save_state
 from pilotrun.journal.store import check_fence
+from pilotrun.verdicts import plural
 
 OOM_ENV = "PILOTRUN_TEST_OOM_AT_UPDATE"  # test switch only: see _planted_oom
 
@@ -285,8 +290,6 @@ class _RanOut(Exception):
 @contextlib.contextmanager
 def _out_of_memory_ends_run(where: str):
     """An out-of-memory error inside the block ends the run (``train`` catches ``_RanOut`` once); others propagate."""
-    from pilotrun.engine.oom import is_oom
-
     try:
         yield
     except Exception as e:
@@ -313,11 +316,6 @@ def train(state: TrainState, task, train_examples: list, val_examples: list, t, 
 
     An out-of-memory error in an update or a validation ends the run as ``failed`` with a reason that
     says what to change (the state stays at the last complete update); any other exception propagates."""
-    from pilotrun import signals
-    from pilotrun.engine.state import retain_checkpoints, save_state
-    from pilotrun.console.progress import note
-    from pilotrun.verdicts import plural
-
     hooks = hooks or Hooks()
     watch = hooks.watch or _unwatched
     started = time.perf_counter()

@@ -18,7 +18,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator
 
+from pilotrun import signals
+from pilotrun.errors import BadInput
+from pilotrun.journal.versions import as_bad_input, check_home, connect_read_only, open_checked
 from pilotrun.scratch import pid_alive
+from pilotrun.signals import Reaped
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -275,8 +279,6 @@ class Lease(threading.Thread):
             if not alive:
                 self.held.pop(self.run_id, None)
                 if self.sql == self.RUN and not self.stopped.is_set():  # not finished here: reaped elsewhere
-                    from pilotrun import signals
-
                     signals.fence(self.fenced())
                 return
 
@@ -298,8 +300,6 @@ def check_fence(run_id: str | None = None) -> None:
     """Raise ``signals.Reaped`` when ``run_id`` (None: any run this process holds) was reaped by the journal
     while this process held it. Free while the lease is fresh; a lease not renewed for two beats (the process
     was stopped) is renewed here first."""
-    from pilotrun.signals import Reaped
-
     ids = [run_id] if run_id is not None else [k for k in Lease.held if not k.startswith("claims:")]
     for key in ids:
         if key in Lease.reaped:
@@ -319,14 +319,10 @@ class Journal:
     def __init__(self, home: str | Path, *, create: bool = True):
         """``create=False``: a reading verb. The journal must exist; on a home that cannot be written (a
         read-only file system) it is opened read-only. A writing verb there is exit 2."""
-        from pilotrun.journal.versions import check_home, open_checked
-
         self.home = Path(home)
         self.path = self.home / "journal.sqlite"
         self.read_only = False
         if not create and not self.path.exists():
-            from pilotrun.errors import BadInput
-
             raise BadInput(f"no journal at {self.path}", where="--home",
                            fix="pass the --home of an earlier run, or run a stage first")
         writable = check_home(self.home, reading=not create)
@@ -349,8 +345,6 @@ class Journal:
 
     @contextmanager
     def connect(self) -> Iterator[sqlite3.Connection]:
-        from pilotrun.journal.versions import as_bad_input, connect_read_only
-
         if self.read_only:
             db = connect_read_only(self.path)
         else:
@@ -630,8 +624,6 @@ def _run_dict(row: sqlite3.Row) -> dict:
 
 def _resolve_prefix(journal: Journal, table: str, col: str, prefix: str, *, where: str, what: str,
                     extra: str) -> str:
-    from pilotrun.errors import BadInput
-
     prefix = (prefix or "").strip()
     if not prefix:
         raise BadInput(f"an empty {what} id", where=where, fix=f"pass a {what} id (or a unique prefix of one); "

@@ -24,6 +24,8 @@ import os
 import threading
 from pathlib import Path
 
+from pilotrun.engine.distributed import default_device
+
 SAMPLE_INTERVAL_S = 0.002
 
 _STATUS = Path("/proc/self/status")
@@ -159,7 +161,7 @@ class TensorProbe(Probe):
     counter = "tensors+rss"
 
     def __init__(self, device: str = "cpu"):
-        from pilotrun.engine.tensors import TensorCounter
+        from pilotrun.engine.tensors import TensorCounter  # lazy: pulls in torch
 
         super().__init__(device)
         self.tensors = TensorCounter()
@@ -226,8 +228,6 @@ def make_probe(device=None, *, exact: bool = True) -> Probe:
 
     On CPU ``exact=False`` gives RSS alone (no per-operator cost: for blocks the exact counter skips)."""
     if device is None:
-        from pilotrun.engine.distributed import default_device
-
         device = default_device()
     kind = getattr(device, "type", None) or str(device).split(":")[0]
     if kind == "cuda":

@@ -19,8 +19,15 @@ from __future__ import annotations
 import contextlib
 import time
 
+from pilotrun.campaign import reuse
+from pilotrun.campaign.arithmetic import data_parallel_ranks
+from pilotrun.campaign.prepare import prepare
 from pilotrun.phases import PHASES, names
+from pilotrun.phases.driver import PhaseContext, drive
 from pilotrun.phases.registry import BY_NAME
+from pilotrun.phases.worst import worst_case
+from pilotrun.probe import counted as K
+from pilotrun.probe.estimate import Accountant, architecture_config, fake_build, unsharded_block_bytes
 
 SHARDED = ("parameters", "gradients", "optimizer_state")
 BY_KIND = {name: phase.kind for name, phase in BY_NAME.items()}
@@ -36,8 +43,6 @@ def trace(loaded, *, device: str = "cuda", prep=None, counted: bool | None = Non
     ``counted``: count identical decoder layers and micro-batches from two shallow traces
     (probe/counted.py) instead of tracing them all; None: when the model has enough layers of one shape
     or the update more than two micro-batches."""
-    from pilotrun.campaign.arithmetic import data_parallel_ranks
-
     started = time.perf_counter()
     tr = traced(loaded, device=device, prep=prep, counted=counted)
     t = loaded.campaign.train
@@ -53,13 +58,8 @@ def traced(loaded, *, device: str = "cuda", prep=None, counted: bool | None = No
     ``after_steps``: another trace of the same model and optimizer whose phases after the two steps
     (validation, save, export, reload) this one shares (only activation checkpointing differs), so
     only load and the steps are traced."""
-    from pilotrun.phases.worst import worst_case
-    from pilotrun.probe import counted as K
-    from pilotrun.campaign.prepare import prepare
-
     prep = prep or prepare(loaded, splits=("train", "validation"))
     wc = worst_case(prep, 1)
-    from pilotrun.probe.estimate import architecture_config
 
     cfg = architecture_config(loaded)
     depth = K.depth_of(cfg)
@@ -105,9 +105,6 @@ def _trace_once(loaded, device: str, prep, wc: dict, steps_only: bool = False, o
     ``steps_only``: load and the two steps only (the rest is shared from another trace); ``overrides``:
     config keys of the model built (a depth to count from). Inside ``reuse.keeping_traces`` (the sheet), a trace
     of the same campaign, files, pilotrun and question is read from the journal's home instead."""
-    from pilotrun.probe.estimate import Accountant
-    from pilotrun.campaign import reuse
-
     key = reuse.trace_key(loaded, {"device": device, "steps_only": steps_only, "overrides": overrides,
                                    "micro_batches": len(wc["micro_batches"])})
     kept = reuse.stored_trace(key)
@@ -123,9 +120,6 @@ def _trace_once(loaded, device: str, prep, wc: dict, steps_only: bool = False, o
 
 def _traced_once(loaded, device: str, prep, wc: dict, steps_only: bool, overrides: dict | None) -> dict:
     from torch._subclasses.fake_tensor import FakeTensorMode
-
-    from pilotrun.phases.driver import PhaseContext, drive
-    from pilotrun.probe.estimate import Accountant, fake_build, unsharded_block_bytes
 
     c = loaded.campaign
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)

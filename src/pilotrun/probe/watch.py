@@ -30,6 +30,7 @@ from __future__ import annotations
 import time
 from contextlib import contextmanager
 
+from pilotrun.engine.distributed import node_name
 from pilotrun.phases import names
 from pilotrun.probe.memory import TensorProbe, make_probe
 from pilotrun.probe.recorder import peak_of
@@ -77,7 +78,7 @@ class PeakWatch:
     def track(self, *objs) -> None:
         """Count the model and optimizer built before the loop (engine/tensors.py ``track``); CPU only."""
         if isinstance(self.probe, TensorProbe):
-            from pilotrun.engine.tensors import track
+            from pilotrun.engine.tensors import track  # lazy: pulls in torch
 
             track(*objs)
 
@@ -119,8 +120,6 @@ class PeakWatch:
                 self.worst[kind] = row
 
     def rows(self) -> list[dict]:
-        from pilotrun.engine.distributed import node_name
-
         node = node_name()  # ranks on several machines: which one each rank's row came from
         return [dict(r, inputs=dict(r["inputs"], blocks=self.count[k], probed=self.probed[k], node=node))
                 for k, r in self.worst.items()]

@@ -14,7 +14,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from pilotrun.console.progress import spending
+from pilotrun import startup
+from pilotrun.campaign.importers import not_reproduced_lines
+from pilotrun.campaign.reuse import forget, sharing
+from pilotrun.console.progress import spending, stage_progress
+from pilotrun.rehearsal.mechanics.resume import DEFAULT_AT
+from pilotrun.verdicts import StageResult
 
 
 @dataclass(frozen=True)
@@ -33,8 +38,6 @@ class Budgets:
 
     def lines(self, loaded) -> list[str]:
         """What the summary says about the budgets used."""
-        from pilotrun.rehearsal.mechanics.resume import DEFAULT_AT
-
         t = loaded.campaign.train
         own = f"{t.updates} updates" if t.updates is not None else f"{t.epochs:g} epochs"
         train = (f"train ≤ {self.train_updates} updates (the campaign's budget is {own})"
@@ -116,9 +119,6 @@ def _sheet(loaded, home, budgets):
 def _imported(loaded):
     """For a campaign written by `pilotrun import`: the source's settings the rehearsal does not reproduce,
     said once, before the stages (a warning: the figures below are for the campaign as rehearsed)."""
-    from pilotrun.campaign.importers import not_reproduced_lines
-    from pilotrun.verdicts import StageResult
-
     lines = not_reproduced_lines(loaded.campaign)
     if not lines:
         return None
@@ -151,10 +151,6 @@ STAGES = [
 
 def run_all(loaded, home, on_result=None, budgets: Budgets | None = None) -> list:
     """Run every stage; ``on_result`` sees each result as soon as its stage ends (the CLI renders it)."""
-    from pilotrun import startup
-    from pilotrun.campaign.reuse import forget, sharing
-    from pilotrun.console.progress import stage_progress
-
     budgets = budgets or Budgets()
     results = []
     said = _imported(loaded)

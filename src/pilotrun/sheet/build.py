@@ -5,19 +5,28 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pilotrun.campaign.arithmetic import data_parallel_ranks, examples_per_update
-from pilotrun.phases import PHASES
-from pilotrun.sheet import plan as P
-from pilotrun.sheet.catalogue import CATALOGUE, get_gpu, match_gpu
-from pilotrun.sheet.stack import check_stack, needs_bf16, required_stack
+from pilotrun.campaign.arithmetic import batch_arithmetic, data_parallel_ranks, examples_per_update
 from pilotrun.campaign.arms import COST_FREE
+from pilotrun.campaign.load import campaign_from_dict
+from pilotrun.campaign.prepare import prepare
+from pilotrun.campaign.reuse import keeping_traces, kept_result
+from pilotrun.engine.control import CONTROL_EXAMPLES
+from pilotrun.phases import PHASES
+from pilotrun.probe.sizes import parse_size
+from pilotrun.records.readers import read_records
+from pilotrun.sheet import gpu_memory as GM, plan as P
+from pilotrun.sheet.catalogue import CATALOGUE, get_gpu, match_gpu
+from pilotrun.sheet.gpu_memory import phase_needs, reserved_limit
+from pilotrun.sheet.options import TRAINING, options_table
+from pilotrun.sheet.rates import costs
+from pilotrun.sheet.render import to_html
+from pilotrun.sheet.shape import scaled_units
+from pilotrun.sheet.stack import check_stack, needs_bf16, required_stack
 
 def _count_records(path: str | None) -> int | None:
     if not path:
         return None
     try:
-        from pilotrun.records.readers import read_records
-
         return len(read_records(path))
     except Exception:  # noqa: BLE001 - a data file that moved since the pilot: the count is shown as unknown
         return None
@@ -50,8 +59,7 @@ def _rate_key(g, precision):
 def _prediction(loaded, rows: list[dict], sheet: dict):
     """The encoded data (for the size caps and probes) and, for a pilot without CUDA counters, the
     estimate's per-phase rows for CUDA; (None, None) with a problem named when they cannot be had."""
-    from pilotrun.sheet.gpu_memory import predict_rows
-    from pilotrun.campaign.prepare import prepare
+    from pilotrun.sheet.gpu_memory import predict_rows  # lazy: looked up when called: tests replace it
 
     try:
         prep = prepare(loaded, splits=("train", "validation"))
@@ -69,16 +77,13 @@ def _prediction(loaded, rows: list[dict], sheet: dict):
 
 def _largest(loaded, prep, rows, target, kind, ranks, t, c) -> dict:
     """The largest sizes on ``target``: bisection over the estimator, else the measured growth, else why not."""
-    from pilotrun.sheet.gpu_memory import reserved_limit
-    from pilotrun.sheet.sizes import largest_sizes
+    from pilotrun.sheet.sizes import largest_sizes  # lazy: looked up when called: tests replace it
 
     peaks = P.phase_peaks(rows)
     su = (peaks.get("steady_step") or {}).get("inputs", {})
     ev = (peaks.get("eval_longest") or {}).get("inputs", {})
     if prep is not None:
         try:
-            from pilotrun.campaign.reuse import kept_result
-
             asked = {"limit": reserved_limit(target, "predicted", ranks), "micro_batch": t.micro_batch,
                      "eval_batch": t.eval_batch, "seq_len": su.get("seq_len") or c.data.max_length,
                      "eval_seq_len": ev.get("seq_len") or c.data.max_length}
@@ -108,19 +113,12 @@ def build_sheet(cfg: dict, journal, pilot: dict, *, target_env: dict | None = No
     which only needs the time plan, passes False. ``options``: add the options table (per GPU and
     count, what each option changes), from the pilot's figures where they exist. The estimator's traces are
     kept in the journal's home and read back for the same campaign, files and pilotrun (``campaign/reuse``)."""
-    from pilotrun.campaign.reuse import keeping_traces
-
     with keeping_traces(journal.home):
         return _build_sheet(cfg, journal, pilot, target_env=target_env, gpu=gpu, rates=rates, predict=predict,
                             options=options)
 
 
 def _build_sheet(cfg: dict, journal, pilot: dict, *, target_env, gpu, rates, predict: bool, options: bool) -> dict:
-    from pilotrun.campaign.arithmetic import batch_arithmetic
-    from pilotrun.campaign.load import campaign_from_dict
-    from pilotrun.probe.sizes import parse_size
-    from pilotrun.sheet import gpu_memory as GM
-
     loaded = campaign_from_dict(cfg, Path(pilot.get("campaign_path") or ".").parent)
     c = loaded.campaign
     t, precision = c.train, c.train.precision
@@ -196,7 +194,7 @@ def _build_sheet(cfg: dict, journal, pilot: dict, *, target_env, gpu, rates, pre
     sheet["target"] = target.to_json() if target else None
     if target is not None and predict:
         sheet["largest"] = _largest(loaded, prep, rows, target, kind, ranks, t, c)
-    _time_plan(sheet, c, t, rows, peaks, pilot, fits, target, ranks, rates, batch_arithmetic)
+    _time_plan(sheet, c, t, rows, peaks, pilot, fits, target, ranks, rates)
     if options and predict:
         _options(sheet, loaded, prep, rates, gpu_rows, kind, ranks)
     sheet.pop("_trace", None)
@@ -206,9 +204,6 @@ def _build_sheet(cfg: dict, journal, pilot: dict, *, target_env, gpu, rates, pre
 
 def _options(sheet, loaded, prep, rates, gpu_rows, kind, ranks) -> None:
     """The options table, the campaign as written taking the pilot's memory (CUDA) and time plan."""
-    from pilotrun.sheet.gpu_memory import phase_needs
-    from pilotrun.sheet.options import TRAINING, options_table
-
     needs = {}
     for g in CATALOGUE:
         train = [p for p in phase_needs(gpu_rows, kind, g, ranks) if p["phase"] in TRAINING and p["need"] is not None]
@@ -224,9 +219,7 @@ def _options(sheet, loaded, prep, rates, gpu_rows, kind, ranks) -> None:
         sheet["warnings"].append(f"no options table: the estimator could not run ({type(e).__name__}: {e})")
 
 
-def _time_plan(sheet, c, t, rows, peaks, pilot, fits, target, ranks, rates, batch_arithmetic) -> None:
-    from pilotrun.sheet.shape import scaled_units
-
+def _time_plan(sheet, c, t, rows, peaks, pilot, fits, target, ranks, rates) -> None:
     precision = t.precision
     measured = _slowest(rows)
     arith = (pilot.get("summary") or {}).get("arithmetic")
@@ -246,7 +239,6 @@ def _time_plan(sheet, c, t, rows, peaks, pilot, fits, target, ranks, rates, batc
                                  "no time plan: the training data could not be counted")
         return
     updates = batch_arithmetic(t, n_train)["updates"]
-    from pilotrun.engine.control import CONTROL_EXAMPLES
 
     counts = P.run_counts(updates, t.eval_every, t.save_every, n_val or 0, t.eval_batch, ranks, bool(n_val),
                           control=min(CONTROL_EXAMPLES, n_val or n_train))
@@ -314,8 +306,6 @@ def _time_plan(sheet, c, t, rows, peaks, pilot, fits, target, ranks, rates, batc
     u_here, terms_here, per_run_here = plan_for(None)  # the pilot's own machine: nothing scaled
     sheet["time"]["here"] = {"units": u_here["units"], "terms": terms_here, "per_run_s": per_run_here}
     if rates is not None:
-        from pilotrun.sheet.rates import costs
-
         sheet["costs"] = costs(rates, plans_by_gpu, c.hardware.gpus, wall, c.hardware.reserve)
     if c.hardware.gpus < ranks:
         sheet["problems"].append(f"hardware.gpus={c.hardware.gpus} is fewer than the {ranks} ranks of a run "
@@ -350,8 +340,6 @@ def sheet_section_html(journal) -> str:
     """The sheet of each campaign's latest pilot in ``journal``, as an HTML fragment for the report
     (report/html.py wraps it in its own section and title)."""
     import html
-
-    from pilotrun.sheet.render import to_html
 
     latest: dict[str, dict] = {}
     for run in journal.list_runs(kind="pilot"):

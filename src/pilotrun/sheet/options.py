@@ -23,7 +23,14 @@ from __future__ import annotations
 import math
 import time
 
+from pilotrun.campaign.arithmetic import batch_arithmetic, data_parallel_ranks
+from pilotrun.campaign.prepare import prepare
+from pilotrun.probe.trace import rows_for, traced
 from pilotrun.sheet import plan as P
+from pilotrun.sheet.catalogue import CATALOGUE
+from pilotrun.sheet.gpu_memory import MARGIN_FRACTION, need_bytes, overheads
+from pilotrun.sheet.rates import rent
+from pilotrun.sheet.shape import budget_tokens, eval_tokens
 
 COUNTS = (1, 2, 4, 8)  # GPUs on one node
 NODES = (2, 4, 8)  # nodes of 8, tried for a GPU only when nothing that keeps the question fits one node
@@ -99,11 +106,6 @@ def options_table(loaded, *, prep=None, rates: dict | None = None, lora_r: int |
     ``rates``: ``sheet/rates.read_rates``'s dict (cost per row, and "cheapest" by cost). ``written``: the
     campaign's own trace when the caller has it (the sheet's prediction). ``pilot``: the pilot's measured
     figures (``calibrate``), which replace the estimator's where they exist."""
-    from pilotrun.campaign.arithmetic import data_parallel_ranks
-    from pilotrun.sheet.catalogue import CATALOGUE
-    from pilotrun.probe.trace import traced
-    from pilotrun.campaign.prepare import prepare
-
     started = time.perf_counter()
     c = loaded.campaign
     adapter = c.model.adapter
@@ -292,8 +294,6 @@ def _priced(x: dict, rates: dict | None, reserve: float = 0.0) -> None:
 def row_cost(rates: dict | None, key: str, seconds: float, n: int, reserve: float = 0.0) -> tuple[float | None, str]:
     """A row's cost by the sheet's one rule (``sheet/rates.rent``: hourly, or a whole-day plan that holds it);
     None (and why) without a price."""
-    from pilotrun.sheet.rates import rent
-
     if not rates:
         return None, "no rates: pass --rates FILE"
     rate = (rates.get("gpus") or {}).get(key)
@@ -307,9 +307,6 @@ def row_cost(rates: dict | None, key: str, seconds: float, n: int, reserve: floa
 
 def _work(loaded, prep) -> dict:
     """Tokens an update and a validation pass compute on (the budget's mean padded tokens), and how often."""
-    from pilotrun.campaign.arithmetic import batch_arithmetic
-    from pilotrun.sheet.shape import budget_tokens, eval_tokens
-
     c = loaded.campaign
     t = c.train
     updates = batch_arithmetic(t, len(prep.train))["updates"]
@@ -324,15 +321,10 @@ def _work(loaded, prep) -> dict:
 
 
 def _ranks_of(t) -> int:
-    from pilotrun.campaign.arithmetic import data_parallel_ranks
-
     return data_parallel_ranks(t)
 
 
 def _evaluate(opt, g, n, traces, cache, work, effective, r, c, has_adapter, tp: int = 1) -> dict | None:
-    from pilotrun.sheet.gpu_memory import need_bytes, overheads
-    from pilotrun.probe.trace import rows_for
-
     key, label, short, trace_key, strategy, offload, qlora = opt
     if strategy == "fsdp" and n == 1:
         return None
@@ -447,8 +439,6 @@ def _tp_comm(g, n: int, tr: dict, work: dict) -> float:
 
 
 def _assumptions(pilot: dict | None = None, net: dict | None = None) -> list[str]:
-    from pilotrun.sheet.gpu_memory import MARGIN_FRACTION
-
     measured = [] if pilot is None else [
         f"from pilot {pilot['run']}: the campaign as written on {pilot['ranks']} GPU(s) takes the sheet's memory "
         f"figure ({'measured CUDA counters' if pilot.get('kind') == 'measured' else 'the same estimate'}) and the "

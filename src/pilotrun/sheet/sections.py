@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from pilotrun.sheet import gpu_memory as GM
 from pilotrun.sheet import plan as P
+from pilotrun.sheet.catalogue import BY_KEY
+from pilotrun.sheet.options_view import blocks
 
 GiB, MiB = 2**30, 2**20
 
@@ -158,8 +160,6 @@ def costs(s: dict) -> list[tuple]:
 
 def options(s: dict) -> list[tuple]:
     """The options table (sheet/options.py), when the sheet was built with it."""
-    from pilotrun.sheet.options_view import blocks
-
     if "options" not in s:
         return []
     if s["options"] is None:
@@ -173,7 +173,6 @@ def launch(s: dict) -> list[tuple]:
     if not ch:
         return out + [("p", "No launch files: no GPU and plan to launch (see the problems above).")]
     files = ch.get("files")
-    from pilotrun.sheet.catalogue import BY_KEY
 
     text = f"For the {BY_KEY[ch['gpu']].name} on the {ch['days']}-day plan ({ch['why']})."
     if not files:

@@ -6,6 +6,7 @@ import string
 from typing import Any
 
 from pilotrun.errors import BadInput
+from pilotrun.records.readers import read_records
 from pilotrun.tasks.base import IGNORE, Example
 
 SPLITS = ("train", "validation", "test")
@@ -80,7 +81,5 @@ def pad_batch(examples: list[Example], pad: int) -> dict[str, Any]:
 
 
 def read_split(c, split: str):
-    from pilotrun.records.readers import read_records
-
     path = getattr(c.data, split)
     return read_records(path) if path else []

@@ -15,7 +15,15 @@ from __future__ import annotations
 
 import math
 
-from pilotrun.rehearsal.mechanics.plateau import conflict_text, conflicting_inputs
+from pilotrun.campaign.prepare import prepare, require_weights
+from pilotrun.console.progress import head
+from pilotrun.engine.distributed import default_device
+from pilotrun.engine.loop import Hooks, make_state, out_of_memory_reason, run_update, to_device, train
+from pilotrun.engine.oom import is_oom
+from pilotrun.journal.runs import RunRecorder
+from pilotrun.journal.store import Journal
+from pilotrun.rehearsal.mechanics.plateau import conflict_text, conflicting_inputs, plateau_causes
+from pilotrun.tasks.base import IGNORE
 from pilotrun.verdicts import StageResult, headline, plural
 
 TOLERANCE = {"fp32": 1e-5}  # relative gradient difference; rounding alone stays far below 1e-5 in fp32
@@ -93,8 +101,6 @@ def accumulation_check(prep, model=None) -> dict:
 
     import torch
 
-    from pilotrun.engine.loop import make_state, run_update
-
     t = prep.c.train
     batches = accumulation_micro_batches(prep.train, t.micro_batch, t.accumulation)
     tol = TOLERANCE.get(t.precision, LOW_PRECISION_TOLERANCE)
@@ -117,9 +123,6 @@ def accumulation_check(prep, model=None) -> dict:
         try:
             run_update(state, prep.task, micro, max_grad_norm=None, step=False, zero_grad=False)
         except Exception as e:
-            from pilotrun.engine.loop import out_of_memory_reason
-            from pilotrun.engine.oom import is_oom
-
             if not is_oom(e):
                 raise
             return {"verdict": "fail", "tolerance": tol, "micro_batch_targets": targets,
@@ -192,8 +195,6 @@ class BackOff:
 
 
 def _targets(task, batch, examples) -> list[list[int]]:
-    from pilotrun.tasks.base import IGNORE
-
     if hasattr(task, "targets"):
         return task.targets(batch)
     shift = 1 if task.kind == "causal-lm" else 0
@@ -203,8 +204,6 @@ def _targets(task, batch, examples) -> list[list[int]]:
 def prediction_check(task, model, examples, device) -> dict:
     """Teacher-forced argmax at every target; greedy generation for a few causal-lm examples."""
     import torch
-
-    from pilotrun.engine.loop import to_device
 
     model.eval()
     with torch.no_grad():
@@ -239,8 +238,6 @@ def generation_target(e, ends: list[int]) -> tuple[list[int], list[int], bool]:
     targets through its first end id —, what the template trains after that end (ChatML's "\\n" after
     <|im_end|>: generation never reaches it), and whether generation must stop there. A run cut by
     data.max_length before its end is compared as far as it goes."""
-    from pilotrun.tasks.base import IGNORE
-
     start = end = e.prompt_len
     while end < len(e.labels) and e.labels[end] != IGNORE:
         end += 1
@@ -296,17 +293,9 @@ def overfit(loaded, home, *, examples: int = 8, max_updates: int = 150, prep=Non
     """The accumulation check, then memorising ``examples`` training examples in at most ``max_updates``."""
     import torch
 
-    from pilotrun.engine.distributed import default_device
-    from pilotrun.engine.loop import Hooks, make_state, train
-    from pilotrun.journal.store import Journal
-    from pilotrun.rehearsal.mechanics.plateau import plateau_causes
-    from pilotrun.campaign.prepare import prepare, require_weights
-    from pilotrun.journal.runs import RunRecorder
-
     require_weights(loaded)
     prep = prep or prepare(loaded, splits=("train",))
     c, task = prep.c, prep.task
-    from pilotrun.console.progress import head
 
     msgs, data = [], {}
     head("accumulation check")

@@ -21,7 +21,19 @@ import sys
 from pathlib import Path
 
 from pilotrun.campaign.arithmetic import data_parallel_ranks, per_rank_update
+from pilotrun.campaign.load import load_campaign
+from pilotrun.campaign.prepare import prepare, require_weights
+from pilotrun.console.progress import head, note
+from pilotrun.engine.control import store_control_predictions
+from pilotrun.engine.distributed import check_strategy, default_device, under_launcher
+from pilotrun.engine.launcher import Ranks
+from pilotrun.engine.loop import Hooks, make_state, train
+from pilotrun.engine.state import COMPONENTS, load_state, save_state
 from pilotrun.errors import BadInput
+from pilotrun.journal.files import atomic_write_json, write_dir_atomically, write_manifest
+from pilotrun.journal.runs import RunRecorder, write_run_readme
+from pilotrun.journal.store import Journal
+from pilotrun.rehearsal.mechanics.resume_ranks import run_joined, run_sharded, work_sharded
 from pilotrun.verdicts import StageResult
 
 SKIP_ENV = "PILOTRUN_TEST_SKIP_STATE"
@@ -31,8 +43,6 @@ KEEP = ("update", "lr", "loss", "ids", "epoch", "examples_seen", "finite")
 
 
 def skipped_components() -> tuple[str, ...]:
-    from pilotrun.engine.state import COMPONENTS
-
     names = tuple(n.strip() for n in os.environ.get(SKIP_ENV, "").split(",") if n.strip())
     unknown = [n for n in names if n not in COMPONENTS]
     if unknown:
@@ -55,8 +65,6 @@ def _history(res) -> list[dict]:
 def _run(prep, train_ex, total: int, stop_at: int | None, device):
     import torch
 
-    from pilotrun.engine.loop import Hooks, make_state, train
-
     c = prep.c
     model = prep.task.build_model()
     model.to(device)
@@ -68,11 +76,6 @@ def _run(prep, train_ex, total: int, stop_at: int | None, device):
 
 def _in_process(prep, train_ex, total: int, at: int, device, ckpt, skip, rec) -> dict:
     """The reference and the stopped run here; the stopped one's state saved, the reference's artifact written."""
-    from pilotrun.engine.state import save_state
-    from pilotrun.journal.files import write_dir_atomically
-    from pilotrun.engine.control import store_control_predictions
-    from pilotrun.console.progress import head
-
     head(f"reference run ({total} updates)")
     ref_state, ref = _run(prep, train_ex, total, None, device)
     head(f"stopped run (to update {at}, state saved)")
@@ -87,19 +90,10 @@ def _in_process(prep, train_ex, total: int, at: int, device, ckpt, skip, rec) ->
 
 def resume_worker(spec_path: str | Path) -> int:
     """The fresh process: load the saved state and continue to the end; history to spec["out"]."""
-    from pilotrun.campaign.load import load_campaign
-    from pilotrun.engine.distributed import default_device
-    from pilotrun.engine.loop import make_state, train
-    from pilotrun.engine.state import load_state
-    from pilotrun.journal.files import atomic_write_json
-    from pilotrun.campaign.prepare import prepare
-
     import transformers  # noqa: F401 - the fresh process's imports are its start-up (the parent's account)
 
     spec = json.loads(Path(spec_path).read_text())
     if spec.get("ranks", 1) > 1:  # the shards of an FSDP model load into as many new ranks as wrote them
-        from pilotrun.rehearsal.mechanics.resume_ranks import work_sharded
-
         work_sharded(spec)
         return 0
     prep = prepare(load_campaign(spec["config"]), splits=("train",))
@@ -109,7 +103,6 @@ def resume_worker(spec_path: str | Path) -> int:
     device = default_device()
     model.to(device)
     state = make_state(model, c.train, n_train=len(train_ex), seed=c.seed, total_updates=spec["total"], device=device)
-    from pilotrun.console.progress import note
 
     note("loading the saved state", log=True, spent="model")
     restored = load_state(state, spec["state"])
@@ -214,14 +207,7 @@ def not_reproducible(difference: str, at: int) -> str:
 
 def resume(loaded, home, *, at: int | None = None, prep=None) -> StageResult:
     """Reference 2K updates vs stop at K + resume in a new process; also saves the reference's artifact."""
-    from pilotrun.engine.distributed import default_device
-    from pilotrun.journal.files import atomic_write_json, write_manifest
-    from pilotrun.journal.store import Journal
-    from pilotrun.campaign.prepare import prepare, require_weights
-    from pilotrun.journal.runs import RunRecorder, write_run_readme
-
     require_weights(loaded)
-    from pilotrun.console.progress import head
 
     at = DEFAULT_AT if at is None else at
     if at < 2:
@@ -231,15 +217,10 @@ def resume(loaded, home, *, at: int | None = None, prep=None) -> StageResult:
     prep = prep or prepare(loaded, splits=("train", "validation"))
     c, t = prep.c, prep.c.train
     if t.strategy == "fsdp":
-        from pilotrun.engine.distributed import check_strategy
-
         check_strategy(t)
     launcher = None
-    from pilotrun.engine.distributed import under_launcher
 
     if under_launcher():  # torchrun started this process as one rank of a world (several nodes): run on it
-        from pilotrun.engine.launcher import Ranks
-
         launcher = Ranks(data_parallel_ranks(t))  # that world must be the campaign's (train.nproc)
     # FSDP's state exists only across its ranks; under torchrun every run is on the world it made
     ranks = data_parallel_ranks(t) if t.strategy == "fsdp" or launcher is not None else 1
@@ -259,8 +240,6 @@ def resume(loaded, home, *, at: int | None = None, prep=None) -> StageResult:
                + ("identical values required" if exact else f"loss within {LOSS_RTOL:g} relative"))
     msgs = [setting] + ([f"test switch {SKIP_ENV}: left out of the saved state: {', '.join(skip)}"] if skip else [])
     if launcher is not None and launcher.follower:  # rank 0 owns the run; this rank takes part in its runs
-        from pilotrun.rehearsal.mechanics.resume_ranks import run_joined
-
         job, spec = launcher.share()
         run_joined(job, spec)
         verdict = launcher.share()  # rank 0's, so that every node's torchrun ends as the check did
@@ -275,8 +254,6 @@ def resume(loaded, home, *, at: int | None = None, prep=None) -> StageResult:
                 "strategy": t.strategy}
         worker, proc, joined_failed = None, None, None
         if launcher is not None:
-            from pilotrun.rehearsal.mechanics.resume_ranks import run_joined
-
             job = dict(spec, at=at, skip=list(skip), run_dir=str(rec.dir), home=str(journal.home),
                        run_id=rec.run_id, out=str(rec.dir / "ranks_outcome.json"))
             launcher.share((job, spec))
@@ -284,8 +261,6 @@ def resume(loaded, home, *, at: int | None = None, prep=None) -> StageResult:
             joined_failed = next((f"rank {r}'s fresh process failed (exit {code}): " + " | ".join(tail)
                                   for r, (code, tail) in enumerate(workers) if code != 0), None)
         elif ranks > 1:
-            from pilotrun.rehearsal.mechanics.resume_ranks import run_sharded
-
             ref = run_sharded(dict(spec, at=at, skip=list(skip), run_dir=str(rec.dir), home=str(journal.home),
                                    run_id=rec.run_id, out=str(rec.dir / "ranks_outcome.json")), ranks)
         else:
@@ -302,7 +277,7 @@ def resume(loaded, home, *, at: int | None = None, prep=None) -> StageResult:
                                   capture_output=True, text=True, env=dict(os.environ), timeout=3600)
             worker = json.loads(Path(spec["out"]).read_text()) if proc.returncode == 0 else None
         ref_h, ref_status = ref["ref"]["history"], ref["ref"]["status"]
-        note = custom_task_note(c, prep.task)
+        task_note = custom_task_note(c, prep.task)
         problem = first_difference(ref_h[:at], ref["stopped"], 0, exact)
         headline = None
         if ref_status != "completed":  # diverged or out of memory: it cannot show that a resume is exact
@@ -318,7 +293,7 @@ def resume(loaded, home, *, at: int | None = None, prep=None) -> StageResult:
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
             problem = f"the resumed process failed (exit {proc.returncode}): " + " | ".join(tail)
         else:
-            problem = first_difference(ref_h, worker["history"], at, exact, note)
+            problem = first_difference(ref_h, worker["history"], at, exact, task_note)
             if worker["status"] != "completed":
                 headline = f"the resumed run {worker['status']}"
                 problem = f"the resumed process's run {worker['status']}: {worker['reason']}"

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from pilotrun.errors import BadInput
+from pilotrun.probe.counted import training_need
 from pilotrun.probe.estimate import CATEGORIES
+from pilotrun.probe.recorder import describe_inputs, peak_of
+from pilotrun.probe.sizes import fmt_bytes, parse_size
 from pilotrun.probe.trace import trace
 from pilotrun.verdicts import StageResult
 
@@ -18,10 +22,6 @@ CONTEXT_NOTE = ("the CUDA context (about 0.3–0.6 GiB per process) and library 
 def estimate(loaded, *, device: str = "cuda", gpu_memory: int | None = None, prep=None) -> StageResult:
     """Predicted memory per phase on ``device``; rows over ``gpu_memory`` (default hardware.memory_per_gpu
     for cuda) are over-budget and fail the stage."""
-    from pilotrun.errors import BadInput
-    from pilotrun.probe.recorder import describe_inputs, peak_of
-    from pilotrun.probe.sizes import fmt_bytes, parse_size
-
     if device not in ("cuda", "cpu"):
         raise BadInput(f"--device {device!r}: the estimate knows the allocators of cuda and cpu", where="--device",
                        fix="use --device cuda (the rental) or --device cpu (this machine)")
@@ -66,9 +66,6 @@ def estimate(loaded, *, device: str = "cuda", gpu_memory: int | None = None, pre
 
 def display_row(r: dict) -> dict:
     """A ledger row for the terminal: sizes as KiB/MiB/GiB, inputs as one line (raw rows stay in data)."""
-    from pilotrun.probe.recorder import describe_inputs
-    from pilotrun.probe.sizes import fmt_bytes
-
     out = dict(r)
     for k in BYTE_KEYS:
         if k in out:
@@ -82,8 +79,6 @@ def over_budget_advice(loaded, limit: int) -> str:
     so only where this machine can hold the model's training and a ``limit`` of memory; else the options
     table (GPU, count, sharding, offload, adapters), which needs no memory here."""
     import psutil
-
-    from pilotrun.probe.counted import training_need
 
     src = loaded.source or "CAMPAIGN"
     here = psutil.virtual_memory().total

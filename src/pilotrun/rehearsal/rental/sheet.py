@@ -11,10 +11,17 @@ from __future__ import annotations
 from pathlib import Path
 
 from pilotrun.campaign.importers import not_reproduced_lines
+from pilotrun.journal.files import atomic_write_text
 from pilotrun.journal.runs import find_pilot
+from pilotrun.journal.store import Journal
 from pilotrun.sheet import plan as P
 from pilotrun.sheet.build import build_sheet
-from pilotrun.sheet.catalogue import get_gpu
+from pilotrun.sheet.catalogue import BY_KEY, get_gpu
+from pilotrun.sheet.launch import launch_plan, options_launch, write_launch
+from pilotrun.sheet.options_view import no_pilot_blocks, no_pilot_sheet, too_large_here
+from pilotrun.sheet.rates import read_rates
+from pilotrun.sheet.render import to_lines, to_markdown
+from pilotrun.sheet.sections import size
 from pilotrun.sheet.stack import read_target_env
 from pilotrun.verdicts import StageResult, worst
 
@@ -35,8 +42,6 @@ def sheet_stage(loaded, home, *, target_env_path: str | None = None, gpu: str | 
                             [f"- {x.strip()}" for x in lines[1:]]) + "\n\n"
             result.data["markdown"] = md + result.data["markdown"]
             if out:
-                from pilotrun.journal.files import atomic_write_text
-
                 atomic_write_text(out, result.data["markdown"])
     return result
 
@@ -44,39 +49,26 @@ def sheet_stage(loaded, home, *, target_env_path: str | None = None, gpu: str | 
 def _sheet_stage(loaded, home, *, target_env_path: str | None = None, gpu: str | None = None,
                  out: str | None = None, rates_path: str | None = None, sets: tuple[str, ...] = (),
                  options: bool = True) -> StageResult:
-    from pilotrun.journal.files import atomic_write_text
-    from pilotrun.journal.store import Journal
-    from pilotrun.sheet.render import to_lines, to_markdown
-    from pilotrun.sheet.sections import size
-
     target_env = read_target_env(target_env_path) if target_env_path else None
     if gpu:
         get_gpu(gpu)  # a bad --gpu is a bad input before anything else
     rates = None
     if rates_path:
-        from pilotrun.sheet.rates import read_rates
-
         rates = read_rates(rates_path)
     journal = Journal(home)
     c = loaded.campaign
     pilot, stale = find_pilot(journal, c.name, loaded.config_sha256())
     if pilot is None:
-        from pilotrun.sheet.options_view import no_pilot_blocks, no_pilot_sheet, too_large_here
-
-        size = too_large_here(loaded)  # the estimator knows the model's size before anything is loaded
-        if size is not None:
-            result = no_pilot_sheet(loaded, size, rates=rates)
+        too_large = too_large_here(loaded)  # the estimator knows the model's size before anything is loaded
+        if too_large is not None:
+            result = no_pilot_sheet(loaded, too_large, rates=rates)
             if out and loaded.source is not None:
-                from pilotrun.sheet.launch import options_launch
-
                 result.data["launch"] = options_launch(result.data, loaded, sets, str(journal.home))
             result.data["markdown"] = to_markdown({"blocks": no_pilot_blocks(result.data)})
             if out:
                 atomic_write_text(out, result.data["markdown"])
                 written = [Path(out)]
                 if (result.data.get("launch") or {}).get("files"):
-                    from pilotrun.sheet.launch import write_launch
-
                     written += write_launch(result.data, loaded, Path(out), result.data["launch"]["files"])
                 result.data["written"] = [str(p) for p in written]
                 result.messages.append(f"written to {Path(out).parent}: " + ", ".join(p.name for p in written))
@@ -91,7 +83,7 @@ def _sheet_stage(loaded, home, *, target_env_path: str | None = None, gpu: str |
         sheet["warnings"].insert(0, stale)
     written = []
     if out:
-        written = _write(sheet, loaded, Path(out), sets, atomic_write_text, to_markdown)
+        written = _write(sheet, loaded, Path(out), sets)
     verdict = worst(["fail" if sheet["problems"] else "warn" if sheet["warnings"] else "ok"])
     need = sheet["memory"]
     tgt = sheet.get("target")
@@ -112,11 +104,8 @@ def _sheet_stage(loaded, home, *, target_env_path: str | None = None, gpu: str |
     return StageResult("sheet", verdict, summary, lines, sheet, fit_cols, fit_rows)
 
 
-def _write(sheet, loaded, out: Path, sets, atomic_write_text, to_markdown) -> list[Path]:
+def _write(sheet, loaded, out: Path, sets) -> list[Path]:
     """sheet.md and, for the chosen GPU and plan, the launch files next to it."""
-    from pilotrun.sheet.catalogue import BY_KEY
-    from pilotrun.sheet.launch import launch_plan, write_launch
-
     files = []
     ch = sheet.get("launch")
     if ch and loaded.source is not None:

@@ -6,13 +6,25 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from pilotrun.engine.loop import Hooks, make_state, train, update_line
-from pilotrun.journal.files import write_manifest
-from pilotrun.journal.store import Journal, check_fence
+from pilotrun import startup
+from pilotrun.campaign.arithmetic import data_parallel_ranks
+from pilotrun.campaign.arms import COST_FREE
 from pilotrun.campaign.prepare import Prepared, prepare, require_weights
-from pilotrun.verdicts import StageResult
-from pilotrun.journal.runs import RunRecorder, write_run_readme
+from pilotrun.console.progress import note
+from pilotrun.engine.artifact import export_artifact
 from pilotrun.engine.control import control_predictions, store_control_predictions
+from pilotrun.engine.distributed import check_strategy, default_device, gather_to_rank0, launch, world_rank, wrap_model
+from pilotrun.engine.launcher import Ranks
+from pilotrun.engine.loop import Hooks, make_state, train, update_line
+from pilotrun.engine.state import save_final
+from pilotrun.journal.files import atomic_write_text, write_manifest
+from pilotrun.journal.runs import RunRecorder, find_pilot, write_run_readme
+from pilotrun.journal.store import Journal, check_fence
+from pilotrun.probe.memory import release_free_memory
+from pilotrun.probe.watch import PeakWatch, bound_rows
+from pilotrun.rehearsal.training.val_predictions import store_validation_predictions
+from pilotrun.scratch import make_dir
+from pilotrun.verdicts import StageResult
 
 
 @dataclass
@@ -38,13 +50,6 @@ def train_run(loaded, home, *, kind: str = "train", supersedes: str | None = Non
     arithmetic says: spawned here (rank 0 records; this process owns and finishes the run), or, under
     torchrun, this process is one of them (rank 0 creates the run, the others join it).
     """
-    from pilotrun.campaign.arithmetic import data_parallel_ranks
-    from pilotrun.engine.distributed import check_strategy, launch
-    from pilotrun.engine.launcher import Ranks
-
-    from pilotrun import startup
-    from pilotrun.console.progress import note
-
     require_weights(loaded)
     t_start = time.perf_counter() - (prepare_s or 0.0)  # a caller that prepared for us says how long it took
     startup_s = startup.take(t_start)  # the first run of a pilotrun process: its start-up is this run's to plan
@@ -58,7 +63,6 @@ def train_run(loaded, home, *, kind: str = "train", supersedes: str | None = Non
     spawn = ranks.spawn
     if spawn and hooks is not None:
         raise ValueError("hooks cannot follow a run into spawned ranks; run under torchrun to use them")
-    from pilotrun.probe.memory import release_free_memory
 
     t_release = time.perf_counter()
     release_free_memory()  # a sweep's runs share a process: start this one without the last one's leftovers
@@ -87,8 +91,6 @@ def train_run(loaded, home, *, kind: str = "train", supersedes: str | None = Non
             import json
             import shutil
 
-            from pilotrun.scratch import make_dir
-
             tmp = make_dir("pilotrun-ranks-")  # named for this process: a killed parent's is removed next time
             try:
                 job.result_path = str(tmp / "rank0.json")
@@ -107,9 +109,6 @@ def train_run(loaded, home, *, kind: str = "train", supersedes: str | None = Non
 def _spawned_rank(job: TrainJob) -> None:
     """One spawned rank: prepare (each process encodes its own copy), train; rank 0 writes the outcome."""
     import json
-
-    from pilotrun.engine.distributed import world_rank
-    from pilotrun.journal.files import atomic_write_text
 
     t_start = time.perf_counter()
     prep = prepare(job.loaded, splits=("train", "validation"))
@@ -131,13 +130,6 @@ def _ranked_run(job: TrainJob, prep: Prepared, rec: RunRecorder | None, hooks: H
     control predictions, memory bound. Only the process with ``rec`` (rank 0) writes to the journal;
     ``built``: the model already built here and the seconds it took. Returns ``{"status", "summary", "evals",
     "control"}``."""
-    from pilotrun.engine.distributed import default_device, gather_to_rank0, world_rank, wrap_model
-    from pilotrun.engine.state import save_final
-    from pilotrun.probe.memory import release_free_memory
-    from pilotrun.probe.watch import PeakWatch
-    from pilotrun.engine.artifact import export_artifact
-    from pilotrun.console.progress import note
-
     c = prep.c
     arith = prep.arithmetic()
     world, rank = world_rank()
@@ -228,8 +220,6 @@ def _ranked_run(job: TrainJob, prep: Prepared, rec: RunRecorder | None, hooks: H
     t0 = time.perf_counter()
     observed = gather_to_rank0(watch.rows())
     if predicting and job.validation_predictions:  # stored by rank 0 (rec); the others only take part
-        from pilotrun.rehearsal.training.val_predictions import store_validation_predictions
-
         store_validation_predictions(rec, prep, pred_model)
     timing["predictions_s"] = time.perf_counter() - t0
     timing["blocks_s"] = dict(watch.seconds)  # every update, validation, save and export, timed by the watch
@@ -321,8 +311,6 @@ def _flat(d: dict, prefix: str = "") -> dict:
 
 def memory_keys_changed(a: dict, b: dict) -> list[str]:
     """Keys that differ between two resolved configs, except those that cannot change memory per step."""
-    from pilotrun.campaign.arms import COST_FREE
-
     fa, fb = _flat(a), _flat(b)
     free = COST_FREE + ("plan", "hardware", "name", "train.updates", "train.epochs", "train.eval_every",
                         "train.save_every")
@@ -334,9 +322,6 @@ def record_memory_bound(journal, run_id: str, name: str, sha: str, observed: lis
                         run_config: dict | None = None) -> dict:
     """The run's observed peaks (``PeakWatch.rows()``, every rank's) as ledger rows, each against the pilot's
     peak for the same phase kind and rank."""
-    from pilotrun.probe.watch import bound_rows
-    from pilotrun.journal.runs import find_pilot
-
     pilot, stale = find_pilot(journal, name, sha)
     pilot_rows = journal.phase_rows(pilot["run_id"]) if pilot else []
     rows, bound = bound_rows(observed, pilot_rows, pilot["run_id"] if pilot else None)
