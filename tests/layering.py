@@ -112,9 +112,18 @@ def problems(src: Path, layers=LAYERS, top: str = "pilotrun") -> list[str]:
     mods = modules(src, top)
     graph = {m: imports(m, p, set(mods)) for m, p in mods.items()}
     out = []
+    entries = [p for _, prefixes in layers for p in prefixes]
     for m in sorted(mods):
-        if folder_of(m, layers) is None:
+        found = folder_of(m, layers)
+        if found is None:
             out.append(f"{m} is in no layer: add it to LAYERS")
+            continue
+        # a new sub-package of a folder whose sub-packages are folders of their own (a stage) needs its own entry
+        rest = m[len(found[1]) + 1:].split(".") if m != found[1] else []
+        sub = f"{found[1]}.{rest[0]}" if rest else None
+        if sub and any(e.startswith(found[1] + ".") for e in entries) and (
+                len(rest) > 1 or mods[m].name == "__init__.py"):
+            out.append(f"{m} is in no layer: add {sub} to LAYERS")
     folders: dict[str, set[str]] = {}
     for m, targets in sorted(graph.items()):
         fm = folder_of(m, layers)

@@ -102,6 +102,17 @@ def test_a_module_in_no_layer_fails(tmp_path):
     assert layering.problems(root) == ["pilotrun.extras is in no layer: add it to LAYERS"]
 
 
+def test_a_new_stage_folder_must_be_placed(tmp_path):
+    """rehearsal/'s sub-folders are the stages, each its own entry: a new one is not placed by rehearsal/ (all.py)."""
+    root = _copy(tmp_path)
+    (root / "pilotrun" / "rehearsal" / "tuning").mkdir()
+    (root / "pilotrun" / "rehearsal" / "tuning" / "__init__.py").write_text("")
+    (root / "pilotrun" / "rehearsal" / "tuning" / "sweep2.py").write_text("")
+    assert layering.problems(root) == [
+        "pilotrun.rehearsal.tuning is in no layer: add pilotrun.rehearsal.tuning to LAYERS",
+        "pilotrun.rehearsal.tuning.sweep2 is in no layer: add pilotrun.rehearsal.tuning to LAYERS"]
+
+
 def test_relative_imports_are_resolved(tmp_path):
     root = _copy(tmp_path)
     _append(root, "pilotrun.engine.loop", "from ..demo import synth")
