@@ -11,7 +11,7 @@ from pathlib import Path
 
 from pilotrun.campaign.importers import not_reproduced_lines
 from pilotrun.campaign.arithmetic import data_parallel_ranks, examples_per_update
-from pilotrun.phases import PHASES
+from pilotrun.phases import PHASES, REGISTRY
 from pilotrun.sheet import plan as P
 from pilotrun.sheet.catalogue import CATALOGUE, get_gpu, match_gpu
 from pilotrun.sheet.stack import check_stack, needs_bf16, read_target_env, required_stack
@@ -294,8 +294,8 @@ def _time_plan(sheet, c, t, rows, peaks, pilot, fits, target, ranks, rates, batc
         work["tokens_update"] = shape["mean_update_tokens"]
 
     def plan_for(g):
-        u = P.unit_seconds(measured, source_gpu=source_gpu, target_gpu=g, precision=precision, work=work,
-                           shape=shape)
+        u = P.unit_seconds(measured, phases=REGISTRY, source_gpu=source_gpu, target_gpu=g, precision=precision,
+                           work=work, shape=shape)
         if summary.get("run_overhead_s") is not None:  # host work: kept as measured on any GPU
             u["units"]["run_overhead"] = summary["run_overhead_s"]
         if (model or {}).get("control_s") is not None:  # two forward passes: scaled like a validation batch
