@@ -2,7 +2,8 @@
 
 A running run renews its ``heartbeat_at`` from a thread of its process (``Lease``); the journal reaps a run
 whose lease lapsed (``Journal.reap_interrupted``); a process that wakes to find its run reaped is fenced
-(``check_fence``) before it writes into it again.
+(``check_fence``) before it writes into it again. A lease holds the ``store.Journal`` it renews in (not
+imported here: the store imports this module).
 """
 
 from __future__ import annotations
@@ -14,10 +15,6 @@ import socket
 import threading
 import time
 from datetime import datetime
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from pilotrun.journal.store import Journal
 
 LEASE_ENV = "PILOTRUN_LEASE_S"
 LEASE_S = 120.0
@@ -64,7 +61,7 @@ class Lease(threading.Thread):
     RUN = "UPDATE runs SET heartbeat_at=? WHERE run_id=? AND status='running'"
     CLAIMS = "UPDATE claims SET heartbeat_at=? WHERE sweep_id=? AND owner=?"
 
-    def __init__(self, journal: "Journal", key: str, sql: str, args: tuple):
+    def __init__(self, journal, key: str, sql: str, args: tuple):
         super().__init__(name=f"pilotrun-lease-{key}", daemon=True)
         self.journal, self.run_id, self.stopped = journal, key, threading.Event()
         self.sql, self.args = sql, args
@@ -72,7 +69,7 @@ class Lease(threading.Thread):
         self.lock = threading.Lock()
 
     @classmethod
-    def take(cls, journal: "Journal", run_id: str, sql: str = RUN, args: tuple | None = None) -> None:
+    def take(cls, journal, run_id: str, sql: str = RUN, args: tuple | None = None) -> None:
         if run_id in cls.held and cls.held[run_id].is_alive():
             return
         lease = cls.held[run_id] = cls(journal, run_id, sql, args or (run_id,))
