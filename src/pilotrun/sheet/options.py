@@ -1,7 +1,7 @@
 """When the campaign does not fit: the options that do, per catalogue GPU and GPU count, and what each
 changes in the experiment.
 
-Memory comes from the estimator (probe/trace.py): three traces — the campaign as written, with
+Memory comes from the estimator (rehearsal/memory/estimate.py): three traces — the campaign as written, with
 activation checkpointing, and with a LoRA adapter plus checkpointing — and from each the rows of one
 rank for any count and strategy (``rows_for``: DDP buckets, FSDP's shards and gathered blocks, an
 offloaded optimizer). QLoRA is the LoRA trace with the decoder layers' linear weights at 4 bits.
@@ -23,8 +23,9 @@ from __future__ import annotations
 import math
 import time
 
-from pilotrun.campaign.arithmetic import batch_arithmetic, data_parallel_ranks
+from pilotrun.campaign.arithmetic import batch_arithmetic, data_parallel_ranks, examples_per_update
 from pilotrun.campaign.prepare import prepare
+from pilotrun.phases import names
 from pilotrun.probe.trace import rows_for, traced
 from pilotrun.sheet import plan as P
 from pilotrun.sheet.catalogue import CATALOGUE
@@ -37,9 +38,9 @@ COUNTS = (1, 2, 4, 8)  # GPUs on one node
 NODES = (2, 4, 8)  # nodes of 8, tried for a GPU only when nothing that keeps the question fits one node
 LORA_R = 16
 NF4_BYTES = 0.5 + 0.016  # 4 bits per weight plus the double-quantized block constants
-TRAINING = ("load", "first_step", "steady_step", "eval_longest", "save")
+TRAINING = names("load", "train", "eval", "save")  # the training run's phases; export and reload are reported
 KEEPS = "keeps the experiment"
-HOST_UNITS = ("run_overhead", "load", "save", "export", "reload")  # time-plan terms kept as measured on any option
+HOST_UNITS = ("run_overhead",) + P.HOST_KINDS  # time-plan terms kept as measured on any option
 
 # key, label, short label (the sheet's table), trace, strategy at > 1 GPU ("ddp" follows the campaign's own when
 # it shards), offload, qlora
@@ -120,7 +121,7 @@ def options_table(loaded, *, prep=None, rates: dict | None = None, lora_r: int |
     work["net"] = (rates or {}).get("interconnect") or {}
     tp = tp_degree(c.model)
     work["tp"] = tp
-    effective = c.train.micro_batch * c.train.accumulation * data_parallel_ranks(c.train)
+    effective = examples_per_update(c.train)
     cache: dict = {}
     args = (traces, cache, work, effective, r, c, adapter is not None, gpus or CATALOGUE)
     rows = _rows(*args)

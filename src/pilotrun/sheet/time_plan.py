@@ -8,7 +8,7 @@ from __future__ import annotations
 from pilotrun.campaign.arithmetic import batch_arithmetic
 from pilotrun.campaign.arms import COST_FREE
 from pilotrun.engine.control import CONTROL_EXAMPLES
-from pilotrun.phases import PHASES
+from pilotrun.phases import PHASES, REGISTRY
 from pilotrun.records.readers import read_records
 from pilotrun.sheet import plan as P
 from pilotrun.sheet.catalogue import CATALOGUE, match_gpu
@@ -133,8 +133,8 @@ def _unit_plan(c, t, rows, peaks, pilot, measured, counts):
         work["tokens_update"] = shape["mean_update_tokens"]
 
     def plan_for(g):
-        u = P.unit_seconds(measured, source_gpu=source_gpu, target_gpu=g, precision=t.precision, work=work,
-                           shape=shape)
+        u = P.unit_seconds(measured, phases=REGISTRY, source_gpu=source_gpu, target_gpu=g, precision=t.precision,
+                           work=work, shape=shape)
         if summary.get("run_overhead_s") is not None:  # host work: kept as measured on any GPU
             u["units"]["run_overhead"] = summary["run_overhead_s"]
         if (model or {}).get("control_s") is not None:  # two forward passes: scaled like a validation batch
