@@ -109,7 +109,7 @@ def _train(loaded, home, budgets):
 def _sheet(loaded, home, budgets):
     from pathlib import Path
 
-    with spending("startup"):
+    with spending("startup"):  # the stage's imports
         from pilotrun.rehearsal.rental.sheet import sheet_stage
 
     # `all` said what an imported campaign does not reproduce at its start: the sheet does not repeat it
