@@ -116,8 +116,6 @@ def import_(source, fmt, out, force, home, as_json):
 def validate(campaign, sets, home, as_json):
     """Schema, files and consistency; prints the batch arithmetic. Runs nothing."""
     # lazy: looked up when called: tests replace it
-    # lazy: looked up when called: tests replace it
-    # lazy: looked up when called: tests replace it
     from pilotrun.rehearsal.data_checks.validate import validate as run_validate
 
     return emit(run_validate(load(campaign, sets), home=home), as_json)
