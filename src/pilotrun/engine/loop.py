@@ -267,6 +267,8 @@ class Hooks:
     on_eval: Callable[[TrainState, dict], None] | None = None
     on_checkpoint: Callable[[TrainState, Any], None] | None = None
     stop_at: int | None = None  # end the loop after this update (resume tests)
+    stop_when: Callable[[TrainState, dict], bool] | None = None
+    """End the loop after an update for which it returns True (overfit: the loss under its threshold)."""
     watch: Callable[[str, dict], Any] | None = None
     """A context manager factory ``watch(kind, inputs)`` wrapped around every update ("train"),
     validation ("evaluation") and checkpoint ("save"): probe.watch.PeakWatch keeps their peaks."""
@@ -387,6 +389,8 @@ def train(state: TrainState, task, train_examples: list, val_examples: list, t, 
             note(said["line"], done=state.update, total=state.total_updates, log=state.update == end, spent="work")
             if progress is not None:
                 progress(state, out)
+            if hooks.stop_when and out["finite"] and hooks.stop_when(state, out):
+                break
             if not out["finite"]:
                 if t.stop.on_nan:
                     result.status, result.reason = "diverged", (
