@@ -5,7 +5,8 @@ import pytest
 
 from pilotrun.errors import BadInput
 from pilotrun.sheet.catalogue import BY_KEY
-from pilotrun.sheet.options import NODE_GBS, _assumptions, _seconds
+from pilotrun.sheet.option_time import NODE_GBS, campaign_seconds as _seconds
+from pilotrun.sheet.options import _assumptions
 from pilotrun.sheet.rates import read_rates
 
 # a 70B model's figures as the estimator reports them (bf16 weights), one update of 16 × 4096 tokens

@@ -351,3 +351,49 @@ def test_an_mi300x_target_needs_a_rocm_build_of_torch(tmp_path):
     assert {c["check"]: c["verdict"] for c in ok.data["stack"]["checks"]}["rocm"] == "ok"
     assert "rocm" not in {c["check"] for c in sheet_stage(load_campaign(path), home, target_env_path=str(
         target_env(tmp_path, "NVIDIA H100 80GB HBM3", "9.0", 80, True)), options=False).data["stack"]["checks"]}
+
+
+SHEET_IN_A_PROCESS = (
+    "import json, sys\n"
+    "from pilotrun.campaign.load import load_campaign\n"
+    "from pilotrun.rehearsal.rental.sheet import sheet_stage\n"
+    "r = sheet_stage(load_campaign(sys.argv[1]), sys.argv[2])\n"
+    "print(json.dumps({'imported': sorted(m for m in ('torch', 'transformers') if m in sys.modules),\n"
+    "                  'data': r.data}, default=str))\n")
+
+
+def _without_walls(value):
+    if isinstance(value, dict):
+        return {k: _without_walls(v) for k, v in value.items() if k != "wall_s"}
+    if isinstance(value, list):
+        return [_without_walls(v) for v in value]
+    return value
+
+
+def test_the_next_sheet_reads_its_estimates_from_the_home_without_importing_torch(tmp_path):
+    """A CPU pilot's sheet estimates GPU memory, the largest sizes and the options table, and keeps them in the
+    home: the next sheet of the same campaign, files and pilotrun, in a fresh process, reads them back without
+    reading the data or importing torch or transformers, and is the same sheet; a changed data file (the planted
+    change) is another key, estimated again."""
+    import subprocess
+    import sys
+
+    path = campaign(tmp_path)
+    home = tmp_path / "home"
+    record_pilot(path, home, {"first_step": 1.5}, device="cpu")
+
+    def sheet() -> dict:
+        p = subprocess.run([sys.executable, "-c", SHEET_IN_A_PROCESS, str(path), str(home)], capture_output=True,
+                           text=True, timeout=600)
+        assert p.returncode == 0, p.stderr[-3000:]
+        return json.loads(p.stdout)
+
+    first, second = sheet(), sheet()
+    assert first["imported"] == ["torch", "transformers"]  # the first sheet traced the estimator
+    assert first["data"]["options"] and first["data"]["largest"]["micro_batch"]["value"]
+    assert second["imported"] == []
+    assert _without_walls(second["data"]) == _without_walls(first["data"])
+    assert len(list((home / "traces").glob("*.json.gz"))) >= 3  # the traces and the three results kept
+    train = path.parent / "data" / "train.jsonl"
+    train.write_text(train.read_text() + train.read_text().splitlines()[0] + "\n")
+    assert sheet()["imported"] == ["torch", "transformers"]  # another data file: estimated again

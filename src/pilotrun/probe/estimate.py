@@ -37,6 +37,14 @@ def _ceil(n: int, k: int) -> int:
 STAGES = ("forward", "backward", "optimizer")
 
 
+def _first_max(values, mask) -> int:
+    """The index of the first highest of ``values`` where ``mask`` holds."""
+    import numpy as np
+
+    at = np.flatnonzero(mask)
+    return int(at[values[at].argmax()])
+
+
 class _Block:
     __slots__ = ("nbytes", "category", "born", "died", "in_optimizer")
 
@@ -65,6 +73,8 @@ class Accountant:
         self._known = None                   # storage -> (block, weakref), weakly keyed
         self.in_optimizer = False
         self.marks: dict[str, tuple[int, int]] = {}
+        self._retags = 0                     # category changes: a kept ``_phase`` is stale after one
+        self._phases: dict = {}
 
     # --- kept: what ``summary`` reads, as plain data (a trace kept in the journal's home) ----------------
     def state(self) -> dict:
@@ -137,8 +147,9 @@ class Accountant:
             return
         hit = self._known.get(storage)
         if hit is not None:
-            if retag:
+            if retag and hit[0].category != category:
                 hit[0].category = category
+                self._retags += 1
             return
         block = self.allocate(storage.nbytes(), category)
         self._known[storage] = (block, weakref.ref(storage, lambda _r, b=block: self.release(b)))
@@ -157,6 +168,37 @@ class Accountant:
 
         return _Mark()
 
+    def _phase(self, start: int, end: int, by_stage: bool):
+        """The live bytes per category (``summary``'s keys) after each event of a phase, as int64 rows, the
+        stage of each event as a code, the stages in the order they first came, and the highest live bytes
+        in the phase and up to its end; kept per phase until the ledger changes (an event or a retag), so
+        ``rows_for``'s many weightings of one trace share them."""
+        import numpy as np
+
+        stamp = (len(self.timeline), self._retags)
+        if self._phases.get("stamp") != stamp:
+            self._phases = {"stamp": stamp}
+        key = (start, end, by_stage)
+        if key in self._phases:
+            return self._phases[key]
+        keys = CATEGORIES + ("optimizer_temporaries",)
+        n = end - start + 1
+        delta = np.zeros((len(keys), n + 1), dtype=np.int64)
+        for b in self.blocks:
+            if b.born <= end and b.died > start:
+                c = keys.index("optimizer_temporaries" if (b.category == "temporaries" and b.in_optimizer)
+                               else b.category)
+                delta[c, max(b.born, start) - start] += b.nbytes
+                if b.died <= end:
+                    delta[c, b.died - start] -= b.nbytes
+        live = np.cumsum(delta[:, :n], axis=1)
+        stages = self.stages[start: end + 1] if by_stage else ["all"] * n
+        order = list(dict.fromkeys(stages))
+        codes = np.array([order.index(x) for x in stages]) if len(order) > 1 else np.zeros(n, dtype=np.int64)
+        highest = (max(self.timeline[start: end + 1]), max(self.timeline[: end + 1]))
+        self._phases[key] = (live, codes, order, highest)
+        return self._phases[key]
+
     def summary(self, name: str, scale: dict | None = None, *, by_stage: bool = False) -> dict:
         """Counters of a marked phase: baseline, peak, end, reserved, and what the peak is made of.
 
@@ -166,40 +208,28 @@ class Accountant:
         unweighted. ``by_stage`` adds ``stages``: the same peak and parts at the highest moment of each
         stage (forward, backward, optimizer), so a caller can follow each one as the model grows."""
         start, end = self.marks[name]
-        n = end - start + 1
         keys = CATEGORIES + ("optimizer_temporaries",)
-        delta = {c: [0] * (n + 1) for c in keys}
-        for b in self.blocks:
-            if b.born <= end and b.died > start:
-                c = "optimizer_temporaries" if (b.category == "temporaries" and b.in_optimizer) else b.category
-                delta[c][max(b.born, start) - start] += b.nbytes
-                if b.died <= end:
-                    delta[c][b.died - start] -= b.nbytes
+        live, codes, order, (highest, highest_yet) = self._phase(start, end, by_stage)
         scale = dict(scale or {})
         scale.setdefault("optimizer_temporaries", scale.get("temporaries", 1.0))
         weight = {c: scale.get(c, 1.0) for c in keys}
-        live = dict.fromkeys(keys, 0)
-        totals = []
+        total = sum(live[j] * weight[c] for j, c in enumerate(keys))  # the same float sum, term by term
+        totals = total.astype("int64") if total.dtype.kind == "f" else total
         best: dict[str, tuple[int, dict]] = {}
-        for i in range(n):
-            for c in keys:
-                live[c] += delta[c][i]
-            total = int(sum(live[c] * weight[c] for c in keys))
-            totals.append(total)
-            stage = self.stages[start + i] if by_stage else "all"
-            if stage not in best or total > best[stage][0]:
-                parts = {c: int(live[c] * weight[c]) for c in CATEGORIES}
-                parts["temporaries"] += int(live["optimizer_temporaries"] * weight["optimizer_temporaries"])
-                best[stage] = (total, parts)
+        for code, stage in enumerate(order):  # each stage's first highest moment, in the order they came
+            at = _first_max(totals, codes == code) if len(order) > 1 else int(totals.argmax())
+            parts = {c: int(int(live[j][at]) * weight[c]) for j, c in enumerate(CATEGORIES)}
+            parts["temporaries"] += int(int(live[-1][at]) * weight["optimizer_temporaries"])
+            best[stage] = (int(totals[at]), parts)
         top, top_parts = max(best.values(), key=lambda v: v[0])
         reserved = overhead = None
         if self.cuda:
             # what the weighting saved at the peak is not reserved either
-            reserved = max(top, self.reserved[end] - (max(self.timeline[start: end + 1]) - top))
+            reserved = max(top, self.reserved[end] - (highest - top))
             # the segments' rounding above the highest allocation so far: the cache never shrinks, so a
             # caller that weighs every phase adds this to the highest weighted peak up to this one
-            overhead = self.reserved[end] - max(self.timeline[: end + 1])
-        out = {"baseline": totals[0], "peak_allocated": top, "end_allocated": totals[-1],
+            overhead = self.reserved[end] - highest_yet
+        out = {"baseline": int(totals[0]), "peak_allocated": top, "end_allocated": int(totals[-1]),
                "peak_reserved": reserved, "end_reserved": reserved, "reserve_overhead": overhead, **top_parts}
         if by_stage:
             out["stages"] = {k: {"peak_allocated": v[0], **v[1]} for k, v in best.items()}

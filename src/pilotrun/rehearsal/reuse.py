@@ -161,11 +161,23 @@ def forget() -> None:
     _PRISTINE.clear()
 
 
+_OWN_DIGEST: list[str] = []
+
+
 def package_digest(root: Path | None = None) -> str:
-    """sha256 of pilotrun's own files (paths and contents, caches left out): the code's identity beside its version."""
+    """sha256 of pilotrun's own files (paths and contents, caches left out): the code's identity beside its version.
+    Without ``root`` (the package this process runs) read once per process: its code is what it imported; a
+    ``root`` given (a checkout a wheel is built from) is read every time."""
     import pilotrun
 
-    root = root or Path(pilotrun.__file__).parent
+    if root is not None:
+        return _digest(root)
+    if not _OWN_DIGEST:
+        _OWN_DIGEST.append(_digest(Path(pilotrun.__file__).parent))
+    return _OWN_DIGEST[0]
+
+
+def _digest(root: Path) -> str:
     h = hashlib.sha256()
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if d != "__pycache__" and not d.startswith("."))
@@ -226,13 +238,14 @@ def store_trace(key: str | None, trace: dict) -> None:
 
 
 def kept_result(loaded, what: dict, compute):
-    """``compute()`` (a JSON value the estimator derives from the campaign alone, such as the largest sizes'
-    bisection) read back from the journal's home under ``trace_key(loaded, what)``, else computed and kept."""
+    """``compute()`` (a JSON value the estimator derives from the campaign alone and ``what``, such as the largest
+    sizes' bisection, the predicted rows or the options table) read back from the journal's home under
+    ``trace_key(loaded, what)``, else computed and kept; the same value either way (a JSON round trip)."""
     key = trace_key(loaded, dict(what, result=True))
     stored = stored_trace(key)
     if stored is not None:
         return stored["value"]
-    value = compute()
+    value = json.loads(json.dumps(compute()))  # as a later read gives it back (lists, string keys)
     if key is not None:
         store_trace(key, {"value": value})
     return value

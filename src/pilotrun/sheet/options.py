@@ -9,7 +9,7 @@ The memory checked is the training run's phases (load, both steps, validation, c
 artifact export and its reload check load the whole merged model and can run on the host, so they
 are reported, not required.
 
-Time is the plan's arithmetic: FLOPs per update (``plan.flops_per_update``) at ``plan.ASSUMED_MFU`` of the
+Time is the plan's arithmetic (sheet/option_time.py): FLOPs per update (``plan.flops_per_update``) at ``plan.ASSUMED_MFU`` of the
 GPU's dense rate, divided over the data-parallel ranks, plus communication at an assumed bus bandwidth, not
 overlapped with compute (the assumptions are returned as words). When the campaign has a pilot, the sheet
 passes its figures (``calibrate``): the campaign as written takes the time plan's seconds (from the pilot's
@@ -24,18 +24,11 @@ import math
 import time
 
 from pilotrun.sheet import plan as P
+from pilotrun.sheet.option_time import BUS_GBS, HOST_GBS, HOST_PARAMS_S, NODE_GBS, QLORA_SLOWER, campaign_seconds
 
 COUNTS = (1, 2, 4, 8)  # GPUs on one node
 NODES = (2, 4, 8)  # nodes of 8, tried for a GPU only when nothing that keeps the question fits one node
 LORA_R = 16
-# Defaults where the rates file names no interconnect (its `interconnect:` key, sheet/rates.py):
-BUS_GBS = {"sxm": 150.0, "other": 16.0}  # effective all-reduce bus bandwidth per GPU within a node: NVLink's
-# ring all-reduce on SXM parts measures in the low hundreds of GB/s (nccl-tests busbw), PCIe Gen4 x16 ~16-25
-NODE_GBS = 12.5  # between nodes: 100 Gb/s per GPU, a conservative cloud default; rented H100 nodes often have
-# 400 Gb/s InfiniBand or EFA per GPU (50 GB/s): say yours in the rates file
-HOST_GBS = 16.0  # PCIe to the host, for an offloaded optimizer
-HOST_PARAMS_S = 1.0e9  # parameters per second an optimizer step on the host updates (CPU Adam)
-QLORA_SLOWER = 1.3  # 4-bit weights are dequantized before each matmul
 NF4_BYTES = 0.5 + 0.016  # 4 bits per weight plus the double-quantized block constants
 TRAINING = ("load", "first_step", "steady_step", "eval_longest", "save")
 KEEPS = "keeps the experiment"
@@ -330,51 +323,76 @@ def _ranks_of(t) -> int:
 
 
 def _evaluate(opt, g, n, traces, cache, work, effective, r, c, has_adapter, tp: int = 1) -> dict | None:
+    """One row: the option at ``n`` GPUs (``_at_count``, computed once per option and count whatever the GPU)
+    priced on ``g``: its memory need with g's overheads, its time at g's rate and bus."""
     from pilotrun.sheet.gpu_memory import need_bytes, overheads
-    from pilotrun.rehearsal.memory.estimate import rows_for
 
+    at = _at_count(opt, n, traces, cache, effective, c, has_adapter, tp)
+    if at is None:
+        return None
+    need = need_bytes(at["peak"], sum(o["bytes"] for o in overheads(g, n, False)))
+    seconds, how = campaign_seconds(g, n, at["tr"], at["strategy"] if n > 1 else "single", at["offload"],
+                                    at["qlora"], work, math.ceil(at["acc_n"]))
+    precision_ok = g.bf16 or work["precision"] not in ("bf16-mixed", "bf16-true")
+    fits = need <= g.memory_bytes and precision_ok
+    extra = {"tp": tp, "note": TP_NOTE} if tp > 1 else {}
+    return {"gpu": g.key, "name": g.name, "count": n, "nodes": at["data"] if tp > 1 else max(1, n // 8),
+            "option": at["key"], "label": at["label"].format(r=r, t=tp), "short": at["short"],
+            "gpu_memory": g.memory_bytes, **extra, "trace": at["trace_key"], "peak": at["peak"], "need": need,
+            "phase": at["phase"], "fits": fits, "precision_ok": precision_ok,
+            "export_peak": at["export_peak"], "export_phase": at["export_phase"],
+            "keeps": not at["changes"], "changes": "; ".join(at["changes"]) or KEEPS, "seconds": seconds,
+            "time_how": how, "time_from": "the plan's arithmetic",
+            "memory_from": "predicted: the estimator (fake tensors)", "accumulation": max(1, round(at["acc_n"]))}
+
+
+def _at_count(opt, n, traces, cache, effective, c, has_adapter, tp: int = 1) -> dict | None:
+    """What an option is at ``n`` GPUs whatever the GPU: one rank's memory rows (``rows_for``; QLoRA's weights at
+    4 bits), the training phases' peak, the export's, the accumulation that keeps the effective batch and what
+    the option changes in the experiment; None where the option does not apply. Kept in ``cache``."""
     key, label, short, trace_key, strategy, offload, qlora = opt
     if strategy == "fsdp" and n == 1:
         return None
     if has_adapter and key in ("lora", "fsdp_lora"):
         return None  # the campaign is already an adapter: "as written" is that row
+    if ("option", key, n, tp) in cache:
+        return cache[("option", key, n, tp)]
     if strategy == "ddp" and c.train.strategy == "fsdp" and key == "written":
         strategy = "fsdp"
     tr = traces[trace_key]
+    rows = _memory_rows(tr, cache, trace_key, n, strategy, offload, qlora, tp)
+    train = [x for x in rows if x["phase"] in TRAINING]
+    top = max(train, key=lambda x: P.row_peak(x) or 0)
+    after = max((x for x in rows if x["phase"] not in TRAINING), key=lambda x: P.row_peak(x) or 0)
     data = n // tp  # data-parallel ranks: one per node under TP × FSDP
+    acc_n = effective / (c.train.micro_batch * data)
+    changes = []
+    if qlora:
+        changes.append("trains an adapter on a 4-bit copy of the base: a different experiment")
+    elif trace_key == "lora" and not has_adapter:
+        changes.append(MEANINGS["lora"])
+    if not (acc_n >= 1 and acc_n == int(acc_n)):
+        changes.append(f"effective batch {c.train.micro_batch * max(1, round(acc_n)) * data}, not {effective}: a "
+                       f"different experiment")
+    cache[("option", key, n, tp)] = {
+        "key": key, "label": label, "short": short, "trace_key": trace_key, "strategy": strategy,
+        "offload": offload, "qlora": qlora, "tr": tr, "data": data, "acc_n": acc_n, "changes": changes,
+        "peak": P.row_peak(top), "phase": top["phase"], "export_peak": P.row_peak(after),
+        "export_phase": after["phase"]}
+    return cache[("option", key, n, tp)]
+
+
+def _memory_rows(tr, cache, trace_key, n, strategy, offload, qlora, tp) -> list[dict]:
+    """One rank's rows of a trace at ``n`` GPUs under a strategy (kept in ``cache``: options share them)."""
+    from pilotrun.rehearsal.memory.estimate import rows_for
+
     ck = (trace_key, n, strategy if n > 1 else "single", offload, qlora)
     if ck not in cache:
         rows = rows_for(tr, ranks=n, strategy="fsdp" if tp > 1 else ck[2], offload=offload, tp=tp)
         if qlora:
             rows = _quantized(rows, tr, n if ck[2] == "fsdp" else 1)
         cache[ck] = rows
-    rows = cache[ck]
-    train = [x for x in rows if x["phase"] in TRAINING]
-    top = max(train, key=lambda x: P.row_peak(x) or 0)
-    peak = P.row_peak(top)
-    need = need_bytes(peak, sum(o["bytes"] for o in overheads(g, n, False)))
-    after = max((x for x in rows if x["phase"] not in TRAINING), key=lambda x: P.row_peak(x) or 0)
-    acc_n = effective / (c.train.micro_batch * data)
-    batch_kept = acc_n >= 1 and acc_n == int(acc_n)
-    changes = []
-    if qlora:
-        changes.append("trains an adapter on a 4-bit copy of the base: a different experiment")
-    elif trace_key == "lora" and not has_adapter:
-        changes.append(MEANINGS["lora"])
-    if not batch_kept:
-        changes.append(f"effective batch {c.train.micro_batch * max(1, round(acc_n)) * data}, not {effective}: a "
-                       f"different experiment")
-    seconds, how = _seconds(g, n, tr, strategy if n > 1 else "single", offload, qlora, work, math.ceil(acc_n))
-    precision_ok = g.bf16 or work["precision"] not in ("bf16-mixed", "bf16-true")
-    fits = need <= g.memory_bytes and precision_ok
-    extra = {"tp": tp, "note": TP_NOTE} if tp > 1 else {}
-    return {"gpu": g.key, "name": g.name, "count": n, "nodes": data if tp > 1 else max(1, n // 8), "option": key,
-            "label": label.format(r=r, t=tp), "short": short, "gpu_memory": g.memory_bytes, **extra, "trace": trace_key, "peak": peak, "need": need,
-            "phase": top["phase"], "fits": fits, "precision_ok": precision_ok,
-            "export_peak": P.row_peak(after), "export_phase": after["phase"],
-            "keeps": not changes, "changes": "; ".join(changes) or KEEPS, "seconds": seconds, "time_how": how,
-            "time_from": "the plan's arithmetic", "memory_from": "predicted: the estimator (fake tensors)",
-            "accumulation": max(1, round(acc_n))}
+    return cache[ck]
 
 
 def _quantized(rows: list[dict], tr: dict, shards: int) -> list[dict]:
@@ -392,58 +410,6 @@ def _quantized(rows: list[dict], tr: dict, shards: int) -> list[dict]:
                 y[k] = max(0, y[k] - saved)
         out.append(y)
     return out
-
-
-def _bus(g, n: int, net: dict | None = None) -> float:
-    """GB/s per GPU of the all-reduce over ``n`` GPUs: the rates file's interconnect, else the defaults."""
-    net = net or {}
-    if n > 8:
-        return net.get("inter_node_gbs") or NODE_GBS
-    return net.get("intra_node_gbs") or BUS_GBS["sxm" if "sxm" in g.key or g.key in ("h200", "b200", "mi300x")
-                                                 else "other"]
-
-
-def _seconds(g, n: int, tr: dict, strategy: str, offload: bool, qlora: bool, work: dict,
-             passes: int) -> tuple[float, str]:
-    """Campaign seconds on ``n`` GPUs of ``g``: every run one after another, each run on all n; a rank's
-    ``passes`` (micro-batches per update) and validation batches take at least the launch floor each."""
-    rate = g.rate_tflops(work["precision"]) * 1e12 * P.ASSUMED_MFU
-    if rate <= 0:
-        return math.inf, "no rate for this precision"
-    f_up = P.flops_per_update(tr["params"], tr["trainable"], work["tokens_update"], tr["gradient_checkpointing"])
-    compute = max(f_up / n / rate * (QLORA_SLOWER if qlora else 1.0), P.GPU_FLOOR_S_PER_PASS * max(1, passes))
-    bytes_param = tr["param_bytes"]
-    comm = 0.0
-    if strategy == "tp_fsdp":
-        comm = _tp_comm(g, n, tr, work)
-    elif n > 1:
-        ring = (n - 1) / n / (_bus(g, n, work.get("net")) * 1e9)
-        comm = (3 * bytes_param if strategy == "fsdp" else 2 * tr["trainable_bytes"]) * ring
-    host = 0.0
-    if offload:
-        share = tr["trainable_bytes"] / (n if strategy == "fsdp" else 1)
-        host = 2 * share / (HOST_GBS * 1e9) + tr["trainable"] / (n if strategy == "fsdp" else 1) / HOST_PARAMS_S
-    update = compute + comm + host
-    evals = work["evals"] * max(2 * tr["params"] * work["tokens_val"] / n / rate,
-                                P.GPU_FLOOR_S_PER_PASS * math.ceil(work["eval_batches"] / n))
-    per_run = work["updates"] * update + evals
-    return per_run * work["runs"], (f"{work['runs']} run(s) × ({work['updates']} updates × {P.fmt_duration(update)} "
-                                    f"+ {work['evals']} validations)")
-
-
-def _tp_comm(g, n: int, tr: dict, work: dict) -> float:
-    """Seconds of communication per update under TP × FSDP: within each node, 4 all-reduces of a layer's
-    activations (tokens × hidden, 6 with checkpointing's recomputed forward) per decoder layer at the intra-node
-    rate; across the nodes, FSDP's 3 × the TP shard of the parameters at the inter-node rate."""
-    tp = work["tp"]
-    t, nodes = tp["degree"], n // tp["degree"]
-    net = work.get("net") or {}
-    elem = 2 if work["precision"].startswith(("bf16", "fp16")) else 4
-    per_layer = 6 if tr["gradient_checkpointing"] else 4
-    acts = per_layer * (tp.get("layers") or 0) * work["tokens_update"] / nodes * (tp.get("hidden") or 0) * elem
-    within = acts * 2 * (t - 1) / t / (_bus(g, t, net) * 1e9)
-    across = 3 * tr["param_bytes"] / t * (nodes - 1) / nodes / (_bus(g, 16, net) * 1e9) if nodes > 1 else 0.0
-    return within + across
 
 
 def _assumptions(pilot: dict | None = None, net: dict | None = None) -> list[str]:

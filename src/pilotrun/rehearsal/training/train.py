@@ -359,7 +359,7 @@ def _flat(d: dict, prefix: str = "") -> dict:
 
 def memory_keys_changed(a: dict, b: dict) -> list[str]:
     """Keys that differ between two resolved configs, except those that cannot change memory per step."""
-    from pilotrun.rehearsal.rental.sheet import COST_FREE
+    from pilotrun.rehearsal.rental.time_plan import COST_FREE
 
     fa, fb = _flat(a), _flat(b)
     free = COST_FREE + ("plan", "hardware", "name", "train.updates", "train.epochs", "train.eval_every",

@@ -1,0 +1,113 @@
+"""What the sheet asks the estimator (rehearsal/memory/estimate.py) for a pilot: the GPU memory a CPU pilot's phases
+would take on CUDA, the largest sizes that fit the target GPU, and the options table; each kept in the journal's
+home (``rehearsal/reuse.kept_result``) and read back by the next sheet of the same campaign, files, pilotrun and
+inputs, which then neither reads the data nor imports torch."""
+
+from __future__ import annotations
+
+from pilotrun.sheet import plan as P
+from pilotrun.sheet.catalogue import CATALOGUE
+
+
+class _Prepared:
+    """The encoded data (``rehearsal/prepare.prepare``), read on first use: a sheet whose estimator results are
+    all kept in the journal's home (``rehearsal/reuse``) never reads or encodes the data, nor imports torch.
+    Calling it returns the prepared data or raises what stopped it (kept in ``error``)."""
+
+    def __init__(self, loaded):
+        self.loaded, self.prep, self.error = loaded, None, None
+
+    def __call__(self):
+        if self.prep is None and self.error is None:
+            from pilotrun.rehearsal.prepare import prepare
+
+            try:
+                self.prep = prepare(self.loaded, splits=("train", "validation"))
+            except Exception as e:  # noqa: BLE001 - each caller names it in its own words
+                self.error = e
+        if self.error is not None:
+            raise self.error
+        return self.prep
+
+
+def prediction(loaded, rows: list[dict], sheet: dict):
+    """The encoded data, prepared when first used (for the size caps and probes), and, for a pilot without CUDA
+    counters, the estimate's per-phase rows for CUDA, kept in the home; (prepared, None) with a problem named
+    when they cannot be had."""
+    from pilotrun.rehearsal.reuse import kept_result
+    from pilotrun.sheet.gpu_memory import predict_rows
+
+    prep = _Prepared(loaded)
+    if rows[0].get("counter") == "cuda":
+        return prep, None
+
+    def predicted():
+        out, sheet["_trace"] = predict_rows(loaded, prep())
+        return out
+
+    try:
+        return prep, kept_result(loaded, {"predicted_rows": "cuda"}, predicted)
+    except Exception as e:  # noqa: BLE001 - a campaign fake tensors cannot build is named, not fatal
+        sheet["problems"].append(
+            f"no GPU memory figure: the pilot ran on CPU (its RSS is not GPU memory) and `pilotrun estimate` "
+            f"could not predict it ({type(e).__name__}: {e}); pilot on one GPU, or fix what stops the estimate")
+        return prep, None
+
+
+def largest(loaded, prep, rows, target, kind, ranks, t, c) -> dict:
+    """The largest sizes on ``target``: bisection over the estimator, else the measured growth, else why not."""
+    from pilotrun.sheet.gpu_memory import reserved_limit
+    from pilotrun.sheet.sizes import largest_sizes
+
+    peaks = P.phase_peaks(rows)
+    su = (peaks.get("steady_step") or {}).get("inputs", {})
+    ev = (peaks.get("eval_longest") or {}).get("inputs", {})
+    if prep is not None and prep.error is None:
+        try:
+            from pilotrun.rehearsal.reuse import kept_result
+
+            asked = {"limit": reserved_limit(target, "predicted", ranks), "micro_batch": t.micro_batch,
+                     "eval_batch": t.eval_batch, "seq_len": su.get("seq_len") or c.data.max_length,
+                     "eval_seq_len": ev.get("seq_len") or c.data.max_length}
+            return kept_result(loaded, {"largest_sizes": asked}, lambda: largest_sizes(
+                loaded, prep(), asked["limit"], micro_batch=asked["micro_batch"], eval_batch=asked["eval_batch"],
+                seq_len=asked["seq_len"], eval_seq_len=asked["eval_seq_len"]))
+        except Exception as e:  # noqa: BLE001 - fall back to the measured growth, saying why
+            why = "the data could not be prepared" if prep.error is e else f"{type(e).__name__}: {e}"
+    else:
+        why = "the data could not be prepared"
+    limit = reserved_limit(target, "measured", ranks)
+    out = {}
+    for name, phase, key in (("micro_batch", "steady_step", "micro_batch"), ("eval_batch", "eval_longest",
+                                                                            "eval_batch"),
+                             ("seq_len", "steady_step", "seq_len")):
+        r = peaks.get(phase)
+        out[name] = P.largest_by_growth(r, limit, key) if r else {"value": None, "source": f"no {phase} row"}
+        out[name]["fallback"] = f"the estimator could not run ({why})"
+    return out
+
+
+def options(sheet, loaded, prep, rates, gpu_rows, kind, ranks) -> None:
+    """The options table, the campaign as written taking the pilot's memory (CUDA) and time plan."""
+    import time
+
+    from pilotrun.rehearsal.reuse import kept_result
+    from pilotrun.sheet.gpu_memory import phase_needs
+    from pilotrun.sheet.options import TRAINING, options_table
+
+    needs = {}
+    for g in CATALOGUE:
+        train = [p for p in phase_needs(gpu_rows, kind, g, ranks) if p["phase"] in TRAINING and p["need"] is not None]
+        if train:
+            needs[g.key] = max(train, key=lambda p: p["need"])
+    tm = sheet.get("time") or {}
+    pilot = {"run": sheet["pilot_run"], "ranks": ranks, "runs": len(tm.get("runs") or []) or 1, "kind": kind,
+             "needs": needs, "terms": tm.get("_terms") or {}}
+    started = time.perf_counter()
+    try:  # kept in the home: the same campaign, files, pilotrun, pilot figures and rates give the same table
+        sheet["options"] = kept_result(loaded, {"options_table": {"rates": rates, "pilot": pilot}}, lambda: options_table(
+            loaded, prep=prep(), rates=rates, written=sheet.get("_trace"), pilot=pilot))
+        sheet["options"]["wall_s"] = time.perf_counter() - started  # this sheet's, a kept table's read included
+    except Exception as e:  # noqa: BLE001 - the sheet stands without its options table; say why
+        sheet["options"] = None
+        sheet["warnings"].append(f"no options table: the estimator could not run ({type(e).__name__}: {e})")
