@@ -231,7 +231,8 @@ def test_budget_that_cut_the_run_is_named_with_its_fix(cli, demo_campaign, tmp_p
     assert r.code == 1
     assert r.json["data"]["updates"] == 2 and r.json["data"]["budget"]["updates"] == 2
     text = "\n".join(r.json["messages"])
-    assert "in 2 updates (its budget, sized to 0 s at " in text and "--max-updates 150 gives it the whole ceiling" in text
+    assert "in 2 updates (its budget, sized to 0 s at " in text
+    assert "--max-updates 150 gives it the whole ceiling" in text
     given = cli("overfit", demo_campaign, "--home", tmp_path / "home", "--json", "--max-updates", "3")
     assert given.json["data"]["budget"] == {**given.json["data"]["budget"], "updates": 3, "sized": False,
                                             "source": "--max-updates"}
