@@ -270,3 +270,18 @@ def test_a_family_without_a_tp_plan_says_so():
                                               "num_key_value_heads": 2, "num_hidden_layers": 4,
                                               "hidden_size": 768}, path=None))
     assert qwen["degree"] == 2 and qwen["why"] is None
+
+
+def test_training_phases_and_host_terms_are_read_from_the_registry_kinds():
+    """A train or eval phase added to phases/registry.py is in the memory the options check and in the time they
+    scale, with no edit here: the sets are the registry's kinds, not names written again."""
+    from pilotrun.phases.registry import KINDS, PHASES, names
+    from pilotrun.sheet import options as O
+    from pilotrun.sheet import plan as P
+
+    assert O.TRAINING == names("load", "train", "eval", "save")
+    assert set(PHASES) - set(O.TRAINING) == set(names("export", "reload"))  # reported, not required
+    host = {u for k in P.HOST_KINDS for u in P.KIND_UNITS[k]}
+    assert set(O.HOST_UNITS) == {"run_overhead"} | host
+    scaled = {u for k in KINDS if k not in P.HOST_KINDS for u in P.KIND_UNITS[k]}
+    assert scaled == {"first_extra", "update", "eval_batch"} and not scaled & set(O.HOST_UNITS)

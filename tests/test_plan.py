@@ -4,6 +4,7 @@ import math
 
 import pytest
 
+from pilotrun.phases.registry import KINDS, REGISTRY, Phase
 from pilotrun.sheet import gpu_memory as GM
 from pilotrun.sheet import plan as P
 from pilotrun.sheet.catalogue import BY_KEY, CATALOGUE, match_gpu
@@ -119,7 +120,7 @@ def test_time_plan_arithmetic_term_by_term():
     assert counts == {"updates": 100, "evals": 11, "eval_batches": 5, "checkpoints": 2, "exports": 1, "reloads": 1,
                       "control_passes": 0}
     h100 = BY_KEY["h100-sxm"]
-    u = P.unit_seconds(measured(), source_gpu=h100, target_gpu=h100, precision="bf16-mixed", work=None)
+    u = P.unit_seconds(measured(), phases=REGISTRY, source_gpu=h100, target_gpu=h100, precision="bf16-mixed", work=None)
     assert u["scaling"]["ratio"] == 1.0
     terms = {t["term"]: t["seconds"] for t in P.run_terms(counts, u["units"])}
     assert terms == {"load": 10.0, "first update (optimizer state)": 1.0, "updates": 200.0, "validations": 27.5,
@@ -139,6 +140,29 @@ def test_time_plan_arithmetic_term_by_term():
     assert P.run_counts(105, 10, 50, 40, 8)["checkpoints"] == 3 and P.saves_per_run(100, 50) == 2
 
 
+
+def _phase(name: str, kind: str) -> Phase:
+    return Phase(name, kind, inputs=dict, run=lambda ctx, p: None, trace=lambda ctx: None, needs="load")
+
+
+def test_time_plan_units_follow_the_registry_kinds():
+    """A train, eval or host phase added to the registry is timed by its kind's unit, with no other change."""
+    assert set(P.KIND_UNITS) == set(KINDS) and set(P.HOST_KINDS) <= set(KINDS)
+    h100 = BY_KEY["h100-sxm"]
+    extra = REGISTRY + (_phase("third_step", "train"), _phase("eval_shortest", "eval"), _phase("save_adapter", "save"))
+    m = measured(dict(MEASURED, third_step=2.5, eval_shortest=0.75, save_adapter=1.0))
+    units = P.unit_seconds(m, phases=extra, source_gpu=h100, target_gpu=h100, precision="bf16-mixed",
+                           work=None)["units"]
+    # the slowest update after the first, the slowest validation batch, a save of both checkpoints
+    assert units["update"] == 2.5 and units["first_extra"] == 0.5
+    assert units["eval_batch"] == 0.75 and units["save"] == 5.0
+    plain = P.unit_seconds(measured(), phases=REGISTRY, source_gpu=h100, target_gpu=h100, precision="bf16-mixed",
+                           work=None)["units"]
+    assert plain == {"load": 10.0, "update": 2.0, "first_extra": 1.0, "eval_batch": 0.5, "save": 4.0, "export": 6.0,
+                     "reload": 5.0}
+    with pytest.raises(KeyError):  # a registered phase the pilot did not time is not silently left out
+        P.unit_seconds(measured(), phases=extra, source_gpu=h100, target_gpu=h100, precision="bf16-mixed", work=None)
+
 def test_packing_keeps_the_reserve_and_lists_what_overflows_the_3_day_plan():
     runs = [{"label": f"run {i}", "seconds": 1.0 * P.DAY_S} for i in range(5)]
     plans = {p["days"]: p for p in P.pack(runs, [7, 3, 30], reserve=0.2)}
@@ -156,7 +180,7 @@ def test_packing_keeps_the_reserve_and_lists_what_overflows_the_3_day_plan():
 
 def test_gpu_to_gpu_scaling_takes_the_smaller_speed_up():
     a100, h100 = BY_KEY["a100-80gb"], BY_KEY["h100-sxm"]
-    u = P.unit_seconds(measured(), source_gpu=a100, target_gpu=h100, precision="bf16-mixed", work=None)
+    u = P.unit_seconds(measured(), phases=REGISTRY, source_gpu=a100, target_gpu=h100, precision="bf16-mixed", work=None)
     s = u["scaling"]
     assert s["compute_ratio"] == pytest.approx(312 / 989.5) and s["bandwidth_ratio"] == pytest.approx(2039 / 3350)
     assert s["ratio"] == pytest.approx(2039 / 3350) and s["kind"] == "estimate" and "ESTIMATE" in s["text"]
@@ -169,7 +193,7 @@ def test_cpu_measurement_is_an_extrapolation_with_its_ratio():
     work = {"params": 1_000_000_000, "trainable": 1_000_000_000, "tokens_update": 32 * 2048, "tokens_eval": 8 * 2048,
             "passes_update": 4, "checkpointing": False}
     m = measured(dict(MEASURED, steady_step=4000.0))
-    u = P.unit_seconds(m, source_gpu="cpu", target_gpu=h100, precision="bf16-mixed", work=work)
+    u = P.unit_seconds(m, phases=REGISTRY, source_gpu="cpu", target_gpu=h100, precision="bf16-mixed", work=work)
     flops = 6 * 1e9 * 32 * 2048
     expect = flops / (989.5e12 * P.ASSUMED_MFU)
     assert u["units"]["update"] == pytest.approx(expect)
@@ -177,10 +201,10 @@ def test_cpu_measurement_is_an_extrapolation_with_its_ratio():
     assert u["scaling"]["text"].startswith("EXTRAPOLATION from a CPU measurement")
     # a tiny model is bound by the per-pass floor, not by FLOPs
     tiny = dict(work, params=1000, trainable=1000)
-    assert P.unit_seconds(m, source_gpu="cpu", target_gpu=h100, precision="bf16-mixed",
+    assert P.unit_seconds(m, phases=REGISTRY, source_gpu="cpu", target_gpu=h100, precision="bf16-mixed",
                           work=tiny)["units"]["update"] == pytest.approx(4 * P.GPU_FLOOR_S_PER_PASS)
     # an unidentified CUDA device is not scaled, and says so
-    plain = P.unit_seconds(m, source_gpu=None, target_gpu=h100, precision="bf16-mixed", work=work)
+    plain = P.unit_seconds(m, phases=REGISTRY, source_gpu=None, target_gpu=h100, precision="bf16-mixed", work=work)
     assert plain["scaling"]["kind"] == "not scaled" and plain["units"]["update"] == 4000.0
 
 
@@ -215,7 +239,7 @@ def test_gpu_pilot_calibrates_on_its_measured_seconds_and_keeps_the_launch_floor
     a100, h100 = BY_KEY["a100-80gb"], BY_KEY["h100-sxm"]
     work = {"params": 1_000_000_000, "trainable": 1_000_000_000, "tokens_update": 32 * 2048, "tokens_eval": 8 * 2048,
             "passes_update": 4, "checkpointing": False}
-    u = P.unit_seconds(measured(), source_gpu=a100, target_gpu=h100, precision="bf16-mixed", work=work)
+    u = P.unit_seconds(measured(), phases=REGISTRY, source_gpu=a100, target_gpu=h100, precision="bf16-mixed", work=work)
     s = u["scaling"]
     fixed = 4 * P.GPU_FLOOR_S_PER_PASS
     assert s["fixed_s"] == fixed and u["units"]["update"] == pytest.approx(fixed + (2.0 - fixed) * s["ratio"])
@@ -224,8 +248,8 @@ def test_gpu_pilot_calibrates_on_its_measured_seconds_and_keeps_the_launch_floor
     assert "calibrated on the A100 80GB SXM's measured 2 s per update" in s["text"]
     assert "bf16 tensor-core dense rate" in s["text"] and not s["latency_bound"]
     # a pilot update at the launch floor is latency-bound: a faster card does not shorten it
-    fast = P.unit_seconds(measured(dict(MEASURED, steady_step=fixed)), source_gpu=a100, target_gpu=h100,
-                          precision="bf16-mixed", work=work)
+    fast = P.unit_seconds(measured(dict(MEASURED, steady_step=fixed)), phases=REGISTRY, source_gpu=a100,
+                          target_gpu=h100, precision="bf16-mixed", work=work)
     assert fast["scaling"]["latency_bound"] and fast["units"]["update"] == pytest.approx(fixed)
 
 
@@ -234,7 +258,7 @@ def test_time_reasons_name_the_floor_only_when_it_dominates():
     counts = P.run_counts(updates=100, eval_every=10, save_every=50, n_val=40, eval_batch=8)
     tiny = {"params": 1000, "trainable": 1000, "tokens_update": 4 * 64, "tokens_eval": 64, "passes_update": 4,
             "checkpointing": False}
-    u = P.unit_seconds(measured(dict(MEASURED, steady_step=4000.0)), source_gpu="cpu", target_gpu=h100,
+    u = P.unit_seconds(measured(dict(MEASURED, steady_step=4000.0)), phases=REGISTRY, source_gpu="cpu", target_gpu=h100,
                        precision="bf16-mixed", work=tiny)
     why = P.time_reasons(u["scaling"], P.run_terms(counts, u["units"]), [100.0, 100.0])
     assert why[0].startswith("This campaign is latency-bound: an update takes the launch floor (20 ms")
@@ -242,7 +266,7 @@ def test_time_reasons_name_the_floor_only_when_it_dominates():
     assert P.time_reasons(u["scaling"], P.run_terms(counts, u["units"]), [100.0, 150.0])[0].endswith(
         "a faster GPU shortens it little.")
     big = dict(tiny, params=7_000_000_000, trainable=7_000_000_000, tokens_update=64 * 4096)
-    u = P.unit_seconds(measured(dict(MEASURED, steady_step=4000.0)), source_gpu="cpu", target_gpu=h100,
+    u = P.unit_seconds(measured(dict(MEASURED, steady_step=4000.0)), phases=REGISTRY, source_gpu="cpu", target_gpu=h100,
                        precision="bf16-mixed", work=big)
     assert not u["scaling"]["latency_bound"]
     assert not [w for w in P.time_reasons(u["scaling"], P.run_terms(counts, u["units"]), [1.0, 2.0])

@@ -222,3 +222,23 @@ def test_the_sweeps_eta_counts_the_sweeps_own_budget_not_the_pilots(piloted_swee
     base, four = _planned_run_s(Journal(home), as_piloted), _planned_run_s(Journal(home), longer)
     # at least the 3 × updates more updates at the pilot's seconds each (more validations and checkpoints too)
     assert base and four and four - base >= 3 * updates * result.data["time_check"]["units"]["update"] * 0.999
+
+
+def test_every_term_of_a_runs_prediction_has_its_group():
+    """The breakdown's groups take the plan's units per phase kind (``plan.KIND_UNITS``): every term a run's
+    prediction can hold lands in one group, so a phase added to the registry is compared, never dropped."""
+    from pilotrun.phases.registry import KINDS
+    from pilotrun.rehearsal.training.timecheck import GROUPS, run_prediction
+    from pilotrun.sheet import plan as P
+
+    units = {u: 1.0 for k in KINDS for u in P.KIND_UNITS[k]}
+    counts = {"updates": 3, "evals": 2, "checkpoints": 1, "exports": 1}
+    for first in (True, False):
+        for extra in ({}, {"run_overhead": 0.5, "control": 0.25}):
+            terms = run_prediction(dict(units, **extra), counts, 2, True, first=first, prepare_s=1.0,
+                                   startup_s=1.0, control_passes=1.0)
+            for t in terms:
+                homes = [g for g, us, _ in GROUPS if t["unit"] in us or f"{t['unit']}:{t['term']}" in us]
+                assert len(homes) == 1, (t, homes)
+    grouped = {u.split(":")[0] for _, us, _ in GROUPS for u in us}
+    assert {u for k in KINDS if k != "reload" for u in P.KIND_UNITS[k]} <= grouped  # a sweep run reloads nothing

@@ -13,7 +13,7 @@ checkpoint there (``pending``) and raises; if the grace runs out first, it raise
 SIGHUP never wait. A second signal while the first is being handled ends the process at once.
 
 A run the journal reaped while this process could not renew its lease (stopped by SIGSTOP or Ctrl-Z, a frozen
-VM: ``journal.store.Lease``) is fenced: :class:`Reaped`, raised at the next journal write or checkpoint of the
+VM: ``journal.leases.Lease``) is fenced: :class:`Reaped`, raised at the next journal write or checkpoint of the
 run, or in the main thread as soon as the lease's thread finds the row gone (``fence``). The process then
 writes nothing more into the run and exits 143, as a preempted run does.
 """

@@ -23,6 +23,13 @@ def examples_per_update(t) -> int:
     return per_rank_update(t) * data_parallel_ranks(t)
 
 
+def updates_per_epoch(n: int, per_update: int, drop_last: bool) -> int:
+    """Updates one pass over ``n`` examples makes: the full ones, plus a smaller last one of the rest unless
+    ``drop_last`` skips it."""
+    full, rest = divmod(n, per_update)
+    return full if (drop_last or rest == 0) else full + 1
+
+
 def batch_arithmetic(t, n_train: int) -> dict:
     ranks = data_parallel_ranks(t)
     per_update = examples_per_update(t)
@@ -32,7 +39,7 @@ def batch_arithmetic(t, n_train: int) -> dict:
                        f"(train.micro_batch={t.micro_batch} × train.accumulation={t.accumulation} × {ranks} ranks)",
                        where="train.micro_batch",
                        fix="lower train.micro_batch or train.accumulation, or add training examples")
-    per_epoch = full if (t.drop_last or rest == 0) else full + 1
+    per_epoch = updates_per_epoch(n_train, per_update, t.drop_last)
     if t.epochs is not None:
         updates = max(1, math.ceil(t.epochs * per_epoch))
     else:

@@ -31,20 +31,24 @@ def common_options(f=None, *, home: bool = True):
     return decorate(f) if f is not None else decorate
 
 
-HOME_SOURCE: dict = {}  # set by home_for, cleared by cli.main.run for each command
+HOME_SOURCE = "pilotrun.home_source"  # the key in click's context ``meta``, which a command's contexts share
 
 
-def home_source() -> str | None:
-    """Where the running verb's --home came from: "option", "env" ($PILOTRUN_HOME) or None (the default)."""
-    return HOME_SOURCE.get("source")
+def home_source(ctx: click.Context | None = None) -> str | None:
+    """Where the running verb's --home came from: "option", "env" ($PILOTRUN_HOME) or None (the default, or no
+    journal resolved yet). ``ctx``: the command's click context or any context of its chain; the current one
+    by default."""
+    ctx = ctx or click.get_current_context(silent=True)
+    return None if ctx is None else ctx.meta.get(HOME_SOURCE)
 
 
 def _record_home_source() -> None:
     from click.core import ParameterSource
 
     ctx = click.get_current_context(silent=True)
-    source = ctx.get_parameter_source("home") if ctx is not None else None
-    HOME_SOURCE["source"] = {ParameterSource.COMMANDLINE: "option", ParameterSource.ENVIRONMENT: "env"}.get(source)
+    if ctx is not None:
+        source = ctx.get_parameter_source("home")
+        ctx.meta[HOME_SOURCE] = {ParameterSource.COMMANDLINE: "option", ParameterSource.ENVIRONMENT: "env"}.get(source)
 
 
 campaign_argument = click.argument("campaign", type=click.Path(dir_okay=False))

@@ -11,6 +11,7 @@ import traceback
 import click
 
 from pilotrun import __version__
+from pilotrun.cli.common import home_source
 from pilotrun.errors import EXIT_BAD_INPUT, EXIT_INTERNAL, BadInput
 
 # Each module registers its verbs on ``cli`` when imported; heavy imports stay inside the verbs.
@@ -35,6 +36,15 @@ class RehearsalOrder(click.Group):
     def list_commands(self, ctx):
         known = [v for v in VERB_ORDER if v in self.commands]
         return known + sorted(set(self.commands) - set(known))
+
+    def invoke(self, ctx):
+        """The verb, run; bad input in a home taken from $PILOTRUN_HOME names the variable. Read here, where the
+        verb's click context (``meta``, shared with this one) still says where its home came from."""
+        try:
+            return super().invoke(ctx)
+        except BadInput as e:
+            _blame_home_variable(e, home_source(ctx))
+            raise
 
 
 @click.group(cls=RehearsalOrder,
@@ -75,10 +85,7 @@ def _verb_of(argv: list[str]) -> str | None:
 def run(argv: list[str] | None = None) -> int:
     """Run the CLI and return its exit code (tests call this; ``main`` exits with it). Under --json an
     error is also written to stdout as the envelope (cli/envelope.py) with ``ok`` false."""
-    from pilotrun.cli.common import HOME_SOURCE
-
     argv = list(sys.argv[1:] if argv is None else argv)
-    HOME_SOURCE.clear()
     error = None
     try:
         rv = cli.main(args=argv, prog_name="pilotrun", standalone_mode=False)
@@ -98,7 +105,6 @@ def run(argv: list[str] | None = None) -> int:
         code, error = EXIT_BAD_INPUT, {"kind": "usage", "message": e.format_message(), "where": None, "file": None,
                                        "line": None, "key": _usage_key(e), "fix": "see `pilotrun --help`"}
     except BadInput as e:
-        _blame_home_variable(e)
         click.echo(f"pilotrun: error: {e}", err=True)
         from pilotrun.cli.envelope import error_info
 
@@ -136,11 +142,9 @@ def _interrupted(e: KeyboardInterrupt) -> tuple[int, dict]:
     return exit_code_of(e), {"kind": "interrupted", "message": reason}
 
 
-def _blame_home_variable(e: BadInput) -> None:
-    """A home that came from $PILOTRUN_HOME, not --home: the message names the variable."""
-    from pilotrun.cli.common import home_source
-
-    if home_source() != "env" or not isinstance(e.where, str):
+def _blame_home_variable(e: BadInput, source: str | None) -> None:
+    """A home that came from $PILOTRUN_HOME (``source`` "env"), not --home: the message names the variable."""
+    if source != "env" or not isinstance(e.where, str):
         return
     home = os.environ.get("PILOTRUN_HOME", "")
     if e.where == "--home" or (home and (e.where.startswith(home) or home.startswith(e.where))):

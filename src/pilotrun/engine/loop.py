@@ -315,39 +315,164 @@ def train(state: TrainState, task, train_examples: list, val_examples: list, t, 
 
     An out-of-memory error in an update or a validation ends the run as ``failed`` with a reason that
     says what to change (the state stays at the last complete update); any other exception propagates."""
-    from pilotrun import signals
-    from pilotrun.engine.state import retain_checkpoints, save_state
-    from pilotrun.report.progress import note
-    from pilotrun.verdicts import plural
+    run = _Loop(state, task, train_examples, val_examples, t, plan_metric=plan_metric, goal=goal,
+                checkpoint_dir=checkpoint_dir, hooks=hooks or Hooks(), progress=progress)
+    result = run.result
+    try:
+        run.loop()
+    except _RanOut as r:
+        result.status, result.reason = "failed", out_of_memory_reason(state, r.where, r.exc)
+        result.wall_s = time.perf_counter() - run.started
+        return result
+    if result.status == "completed" and run.hooks.stop_at is not None and state.update < state.total_updates:
+        result.reason = f"stopped at update {state.update} as asked"
+    result.wall_s = time.perf_counter() - run.started
+    return result
 
-    hooks = hooks or Hooks()
-    watch = hooks.watch or _unwatched
-    started = time.perf_counter()
-    result = LoopResult("completed", f"budget of {state.total_updates} updates reached")
-    end = state.total_updates if hooks.stop_at is None else min(hooks.stop_at, state.total_updates)
 
-    said = {"line": None}  # the latest update's progress line: what a phase after it (validation, save) extends
+class _Loop:
+    """One call of ``train``: sample → update → log → stop rules → validation → checkpoint, each a method."""
 
-    def phase(doing: str) -> None:
+    def __init__(self, state: TrainState, task, train_examples: list, val_examples: list, t, *, plan_metric: str,
+                 goal: str, checkpoint_dir, hooks: Hooks, progress):
+        self.state, self.task, self.t = state, task, t
+        self.train_examples, self.val_examples = train_examples, val_examples
+        self.plan_metric, self.goal, self.checkpoint_dir = plan_metric, goal, checkpoint_dir
+        self.hooks, self.progress = hooks, progress
+        self.watch = hooks.watch or _unwatched
+        self.started = time.perf_counter()
+        self.result = LoopResult("completed", f"budget of {state.total_updates} updates reached")
+        self.end = state.total_updates if hooks.stop_at is None else min(hooks.stop_at, state.total_updates)
+        self.said: str | None = None  # the latest update's progress line: what a phase after it extends
+
+    def phase(self, doing: str) -> None:
         """Say a phase of the run on the stage's line, after the update it follows (never the stale label of
         whatever ran before the loop, such as the data's encoding); a milestone, logged at once."""
-        note(f"{said['line']}; {doing}" if said["line"] else doing, log=True, spent="work")
+        from pilotrun.report.progress import note
 
-    def do_eval() -> bool:
-        """Returns True when the patience rule stops the run."""
-        if not val_examples:
+        note(f"{self.said}; {doing}" if self.said else doing, log=True, spent="work")
+
+    def loop(self) -> None:
+        from pilotrun import signals
+
+        state, t, result = self.state, self.t, self.result
+        in_a_row = 0  # consecutive updates with a non-finite loss
+        several = world_rank()[0] > 1
+        if state.update == 0:
+            with _out_of_memory_ends_run("the validation before update 1"):
+                self.validate()
+        while state.update < self.end:
+            out = self.update()
+            if out["finite"] and self.hooks.stop_when and self.hooks.stop_when(state, out):
+                break
+            if not out["finite"]:
+                in_a_row += 1
+                why = self.non_finite(out, in_a_row)
+                if why:
+                    result.status, result.reason = "diverged", why
+                    break
+                continue
+            in_a_row = 0
+            why = self.grew(out)
+            if why:
+                result.status, result.reason = "diverged", why
+                break
+            why = self.validation_stops()
+            if why:
+                result.status, result.reason = "stopped", why
+                break
+            asked = signals.pending()  # a SIGTERM under a grace: one more checkpoint, here, then stop
+            if several:  # every rank stops after the same update, the one where any rank was asked to
+                asked = agree_max(asked or 0, state.device) or None
+            if self.checkpoint_dir is not None and ((t.save_every and state.update % t.save_every == 0) or asked):
+                self.save()
+            if asked:
+                signals.raise_now(asked)
+
+    def update(self) -> dict:
+        """The next update, run and told: its record in the history, the hooks, the stage's line."""
+        from pilotrun.report.progress import note
+
+        state, t, result = self.state, self.t, self.result
+        result.saved_last = None  # an update follows the last save: the state is no longer that checkpoint's
+        micro_batches = [[self.train_examples[i] for i in mb] for mb in state.sampler.next_update()]
+        t0 = time.perf_counter()
+        seen = {"update": state.update + 1, "micro_batch": t.micro_batch,
+                "seq_len": max(e.length for mb in micro_batches for e in mb),
+                "tokens": max(len(mb) * max(e.length for e in mb) for mb in micro_batches if mb)}
+        with _out_of_memory_ends_run(f"update {state.update + 1}"), self.watch("train", seen):
+            out = run_update(state, self.task, micro_batches, max_grad_norm=t.max_grad_norm)
+            seen["targets"] = out["targets"]
+        out.update(update=state.update if out["finite"] else state.update + 1, examples_seen=state.examples_seen,
+                   seconds=time.perf_counter() - t0, wall_s=time.perf_counter() - self.started,
+                   ids=[[e.rid for e in mb] for mb in micro_batches],
+                   epoch=state.sampler.epoch)
+        result.history.append(out)
+        if out["skipped"]:
+            result.skipped.append({"attempt": out["attempt"], "update": out["update"], "loss": out["loss"],
+                                   "kind": "non-finite" if not out["finite"] else "overflow",
+                                   "reason": out["skipped"], "ids": [i for mb in out["ids"] for i in mb]})
+        if state.initial_loss is None and out["finite"]:
+            state.initial_loss = out["loss"]
+        if self.hooks.on_update:
+            self.hooks.on_update(state, out)
+        self.said = update_line(state, out)
+        note(self.said, done=state.update, total=state.total_updates, log=state.update == self.end, spent="work")
+        if self.progress is not None:
+            self.progress(state, out)
+        return out
+
+    def non_finite(self, out: dict, in_a_row: int) -> str | None:
+        """Why a non-finite update ends the run (train.stop.on_nan, or an epoch of them in a row), else None:
+        the update is skipped and the loop goes on."""
+        if self.t.stop.on_nan:
+            return (f"loss is {out['loss']} at update {out['update']}" if not math.isfinite(out["loss"])
+                    else f"gradient norm is {out['grad_norm']} at update {out['update']} (loss {out['loss']:.4g})")
+        if in_a_row >= max(self.state.sampler.updates_per_epoch, 2):  # never a hang on data that is all inf
+            return (f"{in_a_row} updates in a row (an epoch) had a non-finite loss, the last at "
+                    f"update {out['update']}; train.stop.on_nan=false skips such updates one at a time")
+        return None
+
+    def grew(self, out: dict) -> str | None:
+        """Why the loss counts as diverged (train.stop.diverge_factor × the first update's), else None."""
+        factor, state = self.t.stop.diverge_factor, self.state
+        if factor and state.initial_loss and out["loss"] > factor * state.initial_loss:
+            return (f"loss {out['loss']:.4g} at update {state.update} is above {factor} × the first "
+                    f"update's {state.initial_loss:.4g} (train.stop.diverge_factor)")
+        return None
+
+    def validation_stops(self) -> str | None:
+        """The validation due after this update (every train.eval_every, and after the budget's last); why the
+        patience rule stops the run after it, else None."""
+        state, t = self.state, self.t
+        last = state.update == self.end
+        if not (state.update % t.eval_every == 0 or (last and state.update == state.total_updates)):
+            return None
+        with _out_of_memory_ends_run(f"the validation after update {state.update}"):
+            patience_stop = self.validate()
+        if patience_stop:
+            return (f"{t.stop.patience} validations without improvement of {self.plan_metric} "
+                    f"(train.stop.patience) at update {state.update}")
+        return None
+
+    def validate(self) -> bool:
+        """A validation, logged and told to the hooks; True when the patience rule stops the run."""
+        from pilotrun.verdicts import plural
+
+        state, t, val = self.state, self.t, self.val_examples
+        if not val:
             return False
-        phase(f"validation of {plural(len(val_examples), 'example')}" if state.update else
-              f"validation of {plural(len(val_examples), 'example')} before update 1")
-        with watch("evaluation", {"update": state.update, "eval_batch": t.eval_batch,
-                                  "seq_len": max(e.length for e in val_examples)}):
-            ev = evaluate(state, task, val_examples, t.eval_batch)
-        ev.update(update=state.update, examples_seen=state.examples_seen, wall_s=time.perf_counter() - started)
-        result.evals.append(ev)
-        if hooks.on_eval:
-            hooks.on_eval(state, ev)
-        value = ev.get(plan_metric, ev["val_loss"])
-        better = state.best_metric is None or (value < state.best_metric if goal == "minimize"
+        self.phase(f"validation of {plural(len(val), 'example')}" if state.update else
+                   f"validation of {plural(len(val), 'example')} before update 1")
+        with self.watch("evaluation", {"update": state.update, "eval_batch": t.eval_batch,
+                                       "seq_len": max(e.length for e in val)}):
+            ev = evaluate(state, self.task, val, t.eval_batch)
+        ev.update(update=state.update, examples_seen=state.examples_seen, wall_s=time.perf_counter() - self.started)
+        self.result.evals.append(ev)
+        if self.hooks.on_eval:
+            self.hooks.on_eval(state, ev)
+        value = ev.get(self.plan_metric, ev["val_loss"])
+        better = state.best_metric is None or (value < state.best_metric if self.goal == "minimize"
                                                else value > state.best_metric)
         if better:
             state.best_metric, state.evals_without_improvement = value, 0
@@ -356,95 +481,19 @@ def train(state: TrainState, task, train_examples: list, val_examples: list, t, 
         patience = t.stop.patience
         return bool(patience and state.evals_without_improvement >= patience)
 
-    def loop() -> None:
-        in_a_row = 0  # consecutive updates with a non-finite loss
-        several = world_rank()[0] > 1
-        if state.update == 0:
-            with _out_of_memory_ends_run("the validation before update 1"):
-                do_eval()
-        while state.update < end:
-            result.saved_last = None  # an update follows the last save: the state is no longer that checkpoint's
-            micro_batches = [[train_examples[i] for i in mb] for mb in state.sampler.next_update()]
-            t0 = time.perf_counter()
-            seen = {"update": state.update + 1, "micro_batch": t.micro_batch,
-                    "seq_len": max(e.length for mb in micro_batches for e in mb),
-                    "tokens": max(len(mb) * max(e.length for e in mb) for mb in micro_batches if mb)}
-            with _out_of_memory_ends_run(f"update {state.update + 1}"), watch("train", seen):
-                out = run_update(state, task, micro_batches, max_grad_norm=t.max_grad_norm)
-                seen["targets"] = out["targets"]
-            out.update(update=state.update if out["finite"] else state.update + 1, examples_seen=state.examples_seen,
-                       seconds=time.perf_counter() - t0, wall_s=time.perf_counter() - started,
-                       ids=[[e.rid for e in mb] for mb in micro_batches],
-                       epoch=state.sampler.epoch)
-            result.history.append(out)
-            if out["skipped"]:
-                result.skipped.append({"attempt": out["attempt"], "update": out["update"], "loss": out["loss"],
-                                       "kind": "non-finite" if not out["finite"] else "overflow",
-                                       "reason": out["skipped"], "ids": [i for mb in out["ids"] for i in mb]})
-            if state.initial_loss is None and out["finite"]:
-                state.initial_loss = out["loss"]
-            if hooks.on_update:
-                hooks.on_update(state, out)
-            said["line"] = update_line(state, out)
-            note(said["line"], done=state.update, total=state.total_updates, log=state.update == end, spent="work")
-            if progress is not None:
-                progress(state, out)
-            if hooks.stop_when and out["finite"] and hooks.stop_when(state, out):
-                break
-            if not out["finite"]:
-                if t.stop.on_nan:
-                    result.status, result.reason = "diverged", (
-                        f"loss is {out['loss']} at update {out['update']}" if not math.isfinite(out["loss"])
-                        else f"gradient norm is {out['grad_norm']} at update {out['update']} (loss {out['loss']:.4g})")
-                    break
-                in_a_row += 1
-                if in_a_row >= max(state.sampler.updates_per_epoch, 2):  # never a hang on data that is all inf
-                    result.status = "diverged"
-                    result.reason = (f"{in_a_row} updates in a row (an epoch) had a non-finite loss, the last at "
-                                     f"update {out['update']}; train.stop.on_nan=false skips such updates one at a time")
-                    break
-                continue
-            in_a_row = 0
-            factor = t.stop.diverge_factor
-            if factor and state.initial_loss and out["loss"] > factor * state.initial_loss:
-                result.status = "diverged"
-                result.reason = (f"loss {out['loss']:.4g} at update {state.update} is above {factor} × the first "
-                                 f"update's {state.initial_loss:.4g} (train.stop.diverge_factor)")
-                break
-            last = state.update == end
-            if state.update % t.eval_every == 0 or (last and state.update == state.total_updates):
-                with _out_of_memory_ends_run(f"the validation after update {state.update}"):
-                    patience_stop = do_eval()
-                if patience_stop:
-                    result.status = "stopped"
-                    result.reason = (f"{t.stop.patience} validations without improvement of {plan_metric} "
-                                     f"(train.stop.patience) at update {state.update}")
-                    break
-            asked = signals.pending()  # a SIGTERM under a grace: one more checkpoint, here, then stop
-            if several:  # every rank stops after the same update, the one where any rank was asked to
-                asked = agree_max(asked or 0, state.device) or None
-            if checkpoint_dir is not None and ((t.save_every and state.update % t.save_every == 0) or asked):
-                check_fence()  # a run the journal reaped while this process was stopped: no checkpoint into it
-                note_best_checkpoint(state, result.evals, plan_metric, goal)
-                phase(f"saving checkpoint update-{state.update:06d}")
-                with watch("save", {"update": state.update}):
-                    path = save_state(state, f"{checkpoint_dir}/update-{state.update:06d}")
-                if t.keep_checkpoints and world_rank()[1] == 0:
-                    best = state.best_checkpoint["update"] if state.best_checkpoint else None
-                    retain_checkpoints(checkpoint_dir, t.keep_checkpoints, best)
-                result.saved_last = str(path)
-                if hooks.on_checkpoint:
-                    hooks.on_checkpoint(state, path)
-            if asked:
-                signals.raise_now(asked)
+    def save(self) -> None:
+        """A numbered checkpoint of this update (the best one kept by train.keep_checkpoints)."""
+        from pilotrun.engine.state import retain_checkpoints, save_state
 
-    try:
-        loop()
-    except _RanOut as r:
-        result.status, result.reason = "failed", out_of_memory_reason(state, r.where, r.exc)
-        result.wall_s = time.perf_counter() - started
-        return result
-    if result.status == "completed" and hooks.stop_at is not None and state.update < state.total_updates:
-        result.reason = f"stopped at update {state.update} as asked"
-    result.wall_s = time.perf_counter() - started
-    return result
+        state, t = self.state, self.t
+        check_fence()  # a run the journal reaped while this process was stopped: no checkpoint into it
+        note_best_checkpoint(state, self.result.evals, self.plan_metric, self.goal)
+        self.phase(f"saving checkpoint update-{state.update:06d}")
+        with self.watch("save", {"update": state.update}):
+            path = save_state(state, f"{self.checkpoint_dir}/update-{state.update:06d}")
+        if t.keep_checkpoints and world_rank()[1] == 0:
+            best = state.best_checkpoint["update"] if state.best_checkpoint else None
+            retain_checkpoints(self.checkpoint_dir, t.keep_checkpoints, best)
+        self.result.saved_last = str(path)
+        if self.hooks.on_checkpoint:
+            self.hooks.on_checkpoint(state, path)

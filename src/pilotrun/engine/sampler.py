@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pilotrun.campaign.arithmetic import updates_per_epoch
+
 
 @dataclass
 class UpdateSampler:
@@ -37,8 +39,7 @@ class UpdateSampler:
 
     @property
     def updates_per_epoch(self) -> int:
-        full, rest = divmod(self.n, self.per_update)
-        return full if (self.drop_last or rest == 0) else full + 1
+        return updates_per_epoch(self.n, self.per_update, self.drop_last)
 
     def permutation(self, epoch: int) -> np.ndarray:
         return np.random.default_rng([self.seed, epoch]).permutation(self.n)

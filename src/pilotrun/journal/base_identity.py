@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 
 from pilotrun.errors import BadInput
+from pilotrun.provenance import file_sha256
 
 ATTR = "pilotrun_base"  # set by tasks/loading.build_model on an adapted model
 BASE_FILE = "base.json"
@@ -32,11 +33,7 @@ def _sha256(p: Path) -> str:
     st = p.stat()
     key = (str(p), st.st_size, st.st_mtime_ns)
     if key not in _HASHES:
-        h = hashlib.sha256()
-        with open(p, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 22), b""):
-                h.update(chunk)
-        _HASHES[key] = h.hexdigest()
+        _HASHES[key] = file_sha256(p)
     return _HASHES[key]
 
 

@@ -1,7 +1,10 @@
 """The SQLite journal (WAL): runs, phase rows, metrics, predictions, notes, decisions, sweeps.
 
 A run id is never reused and a run row is never deleted; its identity and resolved config are
-immutable (triggers enforce it). Only its status and progress counters move forward.
+immutable (triggers enforce it). Only its status and progress counters move forward. The tables and
+their migrations are in ``schema.py``; the leases a running run and a sweep's claims renew, and the
+fence that stops a reaped process, in ``leases.py`` (their names are imported here too: this module
+is the journal's one entry point).
 """
 
 from __future__ import annotations
@@ -11,172 +14,23 @@ import os
 import secrets
 import socket
 import sqlite3
-import threading
 import time
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator
 
+from pilotrun.journal.leases import LEASE_ENV, OWNER, Lease, check_fence, last_heartbeat, lease_s, wall_time
+from pilotrun.journal.schema import MIGRATIONS, SCHEMA, SCHEMA_VERSION
 from pilotrun.scratch import pid_alive
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS runs (
-    run_id TEXT PRIMARY KEY,
-    kind TEXT NOT NULL,
-    name TEXT NOT NULL,
-    created_at TEXT NOT NULL,
-    campaign_path TEXT,
-    config_json TEXT NOT NULL,
-    config_sha256 TEXT NOT NULL,
-    seed INTEGER,
-    git_rev TEXT,
-    packages_json TEXT,
-    data_json TEXT,
-    trust_remote_code INTEGER NOT NULL DEFAULT 0,
-    supersedes TEXT REFERENCES runs(run_id),
-    sweep_id TEXT,
-    arm TEXT,
-    command TEXT,
-    host TEXT,
-    pid INTEGER,
-    status TEXT NOT NULL,
-    started_at TEXT,
-    ended_at TEXT,
-    updates_done INTEGER NOT NULL DEFAULT 0,
-    examples_seen INTEGER NOT NULL DEFAULT 0,
-    summary_json TEXT,
-    seq INTEGER,
-    heartbeat_at REAL
-);
-CREATE UNIQUE INDEX IF NOT EXISTS runs_by_seq ON runs(seq);
-CREATE TRIGGER IF NOT EXISTS runs_seq_immutable BEFORE UPDATE OF seq ON runs
-BEGIN SELECT RAISE(ABORT, 'a run''s sequence number is immutable'); END;
-CREATE TRIGGER IF NOT EXISTS runs_no_delete BEFORE DELETE ON runs
-BEGIN SELECT RAISE(ABORT, 'runs are never deleted'); END;
-CREATE TRIGGER IF NOT EXISTS runs_immutable
-BEFORE UPDATE OF run_id, kind, name, created_at, campaign_path, config_json, config_sha256, seed, git_rev,
-    packages_json, data_json, trust_remote_code, supersedes, sweep_id, arm, command ON runs
-BEGIN SELECT RAISE(ABORT, 'a run''s identity and config are immutable'); END;
-CREATE TRIGGER IF NOT EXISTS runs_final_status BEFORE UPDATE OF status ON runs
-WHEN OLD.status NOT IN ('created', 'running')
-BEGIN SELECT RAISE(ABORT, 'a finished run keeps its status'); END;
-
-CREATE TABLE IF NOT EXISTS phases (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    run_id TEXT NOT NULL REFERENCES runs(run_id),
-    phase TEXT NOT NULL,
-    rank INTEGER NOT NULL DEFAULT 0,
-    device TEXT,
-    counter TEXT,
-    inputs_json TEXT,
-    baseline INTEGER,
-    peak_allocated INTEGER,
-    peak_reserved INTEGER,
-    end_allocated INTEGER,
-    end_reserved INTEGER,
-    duration_s REAL,
-    verdict TEXT NOT NULL,
-    note TEXT,
-    created_at TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS metrics (
-    run_id TEXT NOT NULL REFERENCES runs(run_id),
-    split TEXT NOT NULL,
-    name TEXT NOT NULL,
-    step INTEGER NOT NULL,
-    value REAL,
-    examples_seen INTEGER,
-    wall_s REAL,
-    PRIMARY KEY (run_id, split, name, step)
-);
-CREATE TABLE IF NOT EXISTS predictions (
-    run_id TEXT NOT NULL REFERENCES runs(run_id),
-    split TEXT NOT NULL,
-    example_id TEXT NOT NULL,
-    payload_json TEXT NOT NULL,
-    PRIMARY KEY (run_id, split, example_id)
-);
-CREATE TABLE IF NOT EXISTS notes (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    run_id TEXT REFERENCES runs(run_id),
-    text TEXT NOT NULL,
-    decision INTEGER NOT NULL DEFAULT 0,
-    created_at TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS sweeps (
-    sweep_id TEXT PRIMARY KEY,
-    created_at TEXT NOT NULL,
-    campaign_path TEXT,
-    plan_json TEXT NOT NULL,
-    plan_sha256 TEXT NOT NULL,
-    seq INTEGER
-);
-CREATE TRIGGER IF NOT EXISTS sweeps_immutable BEFORE UPDATE ON sweeps
-BEGIN SELECT RAISE(ABORT, 'a sweep plan is frozen'); END;
-CREATE TABLE IF NOT EXISTS claims (
-    sweep_id TEXT NOT NULL REFERENCES sweeps(sweep_id),
-    arm TEXT NOT NULL,
-    seed INTEGER NOT NULL,
-    owner TEXT NOT NULL,
-    host TEXT,
-    pid INTEGER,
-    claimed_at TEXT NOT NULL,
-    heartbeat_at REAL NOT NULL,
-    PRIMARY KEY (sweep_id, arm, seed)
-);
-"""
-
-SCHEMA_VERSION = 3
-"""Stamped in the file as ``PRAGMA user_version``; bump it (and add a step to MIGRATIONS) with any change
-to SCHEMA. A journal stamped higher is refused before anything is written to it."""
-
-
-def _to_v2(db: sqlite3.Connection) -> str:
-    """Version 2: the journal's sequence (``seq``: runs and sweeps in the order they were created, whatever
-    the clocks said) and each run's lease (``heartbeat_at``). Existing rows take their insertion order."""
-    have = {t: {r[1] for r in db.execute(f"PRAGMA table_info({t})")} for t in ("runs", "sweeps")}
-    steps = ["DROP TRIGGER IF EXISTS sweeps_immutable;"]
-    for table, col, kind in (("runs", "seq", "INTEGER"), ("runs", "heartbeat_at", "REAL"), ("sweeps", "seq", "INTEGER")):
-        if col not in have[table]:
-            steps.append(f"ALTER TABLE {table} ADD COLUMN {col} {kind};")
-    steps += ["UPDATE runs SET seq=rowid WHERE seq IS NULL;", "UPDATE sweeps SET seq=rowid WHERE seq IS NULL;"]
-    return "\n".join(steps)
-
-
-MIGRATIONS: dict[int, object] = {
-    0: "",  # journals written before the stamp: the schema is the same, only the stamp is new
-    1: _to_v2,  # a step is SQL, or a function of the open connection that returns it
-    2: "",  # version 3: the sweep cells' claims (a new table, created by SCHEMA)
-}
-
-LEASE_ENV = "PILOTRUN_LEASE_S"
-LEASE_S = 120.0
-"""A running run renews its lease (``heartbeat_at``) every ``lease_s() / 8`` seconds; a run whose last renewal
-is older than ``lease_s()`` is interrupted, whatever host or PID it claims. Eight renewals per bound: one
-renewal may wait SQLite's 30 s busy timeout behind a writer and a loaded machine may stall a thread for
-seconds, and a run reaped by mistake cannot be revived; two minutes is short beside any requeue, so a
-preempted run blocks ``sweep --continue`` briefly. ``$PILOTRUN_LEASE_S`` overrides it (tests use ~1 s).
-Hosts that share a home must keep their clocks within the bound of each other (NTP does)."""
-
-CLOCK_ENV = "PILOTRUN_TEST_CLOCK_SHIFT_S"  # test switch only: seconds added to this process's wall clock
-
-
-def lease_s() -> float:
-    try:
-        return max(0.05, float(os.environ.get(LEASE_ENV) or LEASE_S))
-    except ValueError:
-        return LEASE_S
-
-
-def wall_time() -> float:
-    """The one wall clock of the journal (shown, and used for leases; never for order). Test switch:
-    ``$PILOTRUN_TEST_CLOCK_SHIFT_S`` moves it, as a clock stepped by NTP would. Never set it outside tests."""
-    return time.time() + float(os.environ.get(CLOCK_ENV) or 0.0)
+__all__ = ["FINAL", "SCHEMA", "SCHEMA_VERSION", "Journal", "Lease", "check_fence", "iso", "last_heartbeat", "lease_s",
+           "new_run_id", "now", "resolve_home", "wall_time"]
 
 
 def iso(t: float) -> str:
     return datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="milliseconds")
+
 
 FINAL = ("completed", "diverged", "stopped", "failed", "interrupted")
 
@@ -215,102 +69,6 @@ def _wal(db: sqlite3.Connection) -> None:
             if "locked" not in str(e) or attempt == 99:
                 raise
             time.sleep(min(0.01 * (attempt + 1), 0.2))
-
-
-OWNER = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
-"""This process, as the owner of sweep cells it claimed (``Journal.claim_cells``)."""
-
-
-class Lease(threading.Thread):
-    """Renews one running run's ``heartbeat_at`` (or, keyed ``claims:SWEEP``, this process's claims on a sweep's
-    cells) while this process lives; stops when nothing is left to renew (the run finished here or was reaped
-    elsewhere, the claims released). A failed renewal (a busy or full disk) is retried at the next beat.
-
-    Fencing: a run reaped while this process was stopped (SIGSTOP, a frozen VM) is no longer its own. The
-    thread that finds the row gone at its next renewal raises ``signals.Reaped`` in the main thread
-    (``signals.fence``), and :func:`check_fence`, at every journal write into the run and before every
-    checkpoint, raises it too: when the last renewal is older than two beats it renews first, in the calling
-    thread, so no write lands between the process's waking and the lease's thread's next beat."""
-
-    held: dict[str, "Lease"] = {}  # run_id (or claims:SWEEP_ID) → the lease this process renews
-    reaped: dict[str, str] = {}  # run_id → why the journal interrupted it under this process (fenced)
-    RUN = "UPDATE runs SET heartbeat_at=? WHERE run_id=? AND status='running'"
-    CLAIMS = "UPDATE claims SET heartbeat_at=? WHERE sweep_id=? AND owner=?"
-
-    def __init__(self, journal: "Journal", key: str, sql: str, args: tuple):
-        super().__init__(name=f"pilotrun-lease-{key}", daemon=True)
-        self.journal, self.run_id, self.stopped = journal, key, threading.Event()
-        self.sql, self.args = sql, args
-        self.renewed = time.monotonic()  # the last renewal that found the row still this process's
-        self.lock = threading.Lock()
-
-    @classmethod
-    def take(cls, journal: "Journal", run_id: str, sql: str = RUN, args: tuple | None = None) -> None:
-        if run_id in cls.held and cls.held[run_id].is_alive():
-            return
-        lease = cls.held[run_id] = cls(journal, run_id, sql, args or (run_id,))
-        lease.start()
-
-    @classmethod
-    def release(cls, run_id: str) -> None:
-        lease = cls.held.pop(run_id, None)
-        if lease is not None:
-            lease.stopped.set()
-
-    def renew(self) -> bool:
-        """One renewal; False when the row is no longer this process's (reaped, or finished here)."""
-        with self.lock:
-            with self.journal.transaction() as db:
-                alive = db.execute(self.sql, (wall_time(), *self.args)).rowcount
-            if alive:
-                self.renewed = time.monotonic()
-            return bool(alive)
-
-    def run(self) -> None:
-        while not self.stopped.wait(lease_s() / 8):
-            try:
-                alive = self.renew()
-            except Exception:  # noqa: BLE001 - a renewal that fails is retried; the bound allows several
-                continue
-            if not alive:
-                self.held.pop(self.run_id, None)
-                if self.sql == self.RUN and not self.stopped.is_set():  # not finished here: reaped elsewhere
-                    from pilotrun import signals
-
-                    signals.fence(self.fenced())
-                return
-
-    def fenced(self) -> str:
-        """Why the journal took the run from this process (recorded once, from its row)."""
-        if self.run_id not in self.reaped:
-            with self.journal.connect() as db:
-                row = db.execute("SELECT status, summary_json FROM runs WHERE run_id=?", (self.run_id,)).fetchone()
-            status, summary = (row[0], json.loads(row[1] or "{}")) if row else ("gone", {})
-            why = summary.get("reason") or f"its status is {status!r}"
-            self.reaped[self.run_id] = (
-                f"the journal reaped run {self.run_id} while this process was stopped (SIGSTOP, Ctrl-Z or a "
-                f"frozen machine) for longer than its lease: {why}; the run is '{status}' and this process "
-                f"stops without writing more into it (resume from its last checkpoint, or rerun)")
-        return self.reaped[self.run_id]
-
-
-def check_fence(run_id: str | None = None) -> None:
-    """Raise ``signals.Reaped`` when ``run_id`` (None: any run this process holds) was reaped by the journal
-    while this process held it. Free while the lease is fresh; a lease not renewed for two beats (the process
-    was stopped) is renewed here first."""
-    from pilotrun.signals import Reaped
-
-    ids = [run_id] if run_id is not None else [k for k in Lease.held if not k.startswith("claims:")]
-    for key in ids:
-        if key in Lease.reaped:
-            raise Reaped(Lease.reaped[key])
-        lease = Lease.held.get(key)
-        if lease is None or lease.sql != Lease.RUN or time.monotonic() - lease.renewed <= lease_s() / 4:
-            continue
-        if not lease.renew():  # still held, so not finished here: reaped
-            Lease.held.pop(key, None)
-            lease.stopped.set()
-            raise Reaped(lease.fenced())
 
 
 class Journal:
@@ -608,16 +366,6 @@ class Journal:
             row = db.execute(f"SELECT sweep_id FROM sweeps WHERE plan_sha256=? ORDER BY {self.order} DESC LIMIT 1",
                              (plan_sha256,)).fetchone()
         return self.get_sweep(row["sweep_id"]) if row else None
-
-
-def last_heartbeat(run: dict) -> float:
-    """When the run last renewed its lease (its start for a journal written before leases)."""
-    if run.get("heartbeat_at") is not None:
-        return float(run["heartbeat_at"])
-    try:
-        return datetime.fromisoformat(run["started_at"]).timestamp()
-    except (TypeError, ValueError):
-        return 0.0
 
 
 def _run_dict(row: sqlite3.Row) -> dict:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 import time
 
+from pilotrun.phases import names
 from pilotrun.sheet import plan as P
 from pilotrun.sheet.option_time import BUS_GBS, HOST_GBS, HOST_PARAMS_S, NODE_GBS, QLORA_SLOWER, campaign_seconds
 
@@ -30,9 +31,9 @@ COUNTS = (1, 2, 4, 8)  # GPUs on one node
 NODES = (2, 4, 8)  # nodes of 8, tried for a GPU only when nothing that keeps the question fits one node
 LORA_R = 16
 NF4_BYTES = 0.5 + 0.016  # 4 bits per weight plus the double-quantized block constants
-TRAINING = ("load", "first_step", "steady_step", "eval_longest", "save")
+TRAINING = names("load", "train", "eval", "save")  # the training run's phases; export and reload are reported
 KEEPS = "keeps the experiment"
-HOST_UNITS = ("run_overhead", "load", "save", "export", "reload")  # time-plan terms kept as measured on any option
+HOST_UNITS = ("run_overhead",) + P.HOST_KINDS  # time-plan terms kept as measured on any option
 
 # key, label, short label (the sheet's table), trace, strategy at > 1 GPU ("ddp" follows the campaign's own when
 # it shards), offload, qlora
@@ -92,7 +93,7 @@ def options_table(loaded, *, prep=None, rates: dict | None = None, lora_r: int |
     ``rates``: ``sheet/rates.read_rates``'s dict (cost per row, and "cheapest" by cost). ``written``: the
     campaign's own trace when the caller has it (the sheet's prediction). ``pilot``: the pilot's measured
     figures (``calibrate``), which replace the estimator's where they exist."""
-    from pilotrun.campaign.arithmetic import data_parallel_ranks
+    from pilotrun.campaign.arithmetic import examples_per_update
     from pilotrun.sheet.catalogue import CATALOGUE
     from pilotrun.rehearsal.memory.estimate import traced
     from pilotrun.rehearsal.prepare import prepare
@@ -118,7 +119,7 @@ def options_table(loaded, *, prep=None, rates: dict | None = None, lora_r: int |
     work["net"] = (rates or {}).get("interconnect") or {}
     tp = tp_degree(c.model)
     work["tp"] = tp
-    effective = c.train.micro_batch * c.train.accumulation * data_parallel_ranks(c.train)
+    effective = examples_per_update(c.train)
     cache: dict = {}
     args = (traces, cache, work, effective, r, c, adapter is not None, gpus or CATALOGUE)
     rows = _rows(*args)

@@ -23,6 +23,14 @@ GPU_FLOOR_S_PER_PASS = 0.005
 
 NOT_MEASURED = ("oom", "error")
 
+# The time plan's units by phase kind (phases/registry.py ``KINDS``): a train phase times an update (the first train
+# phase's extra over the others is the optimizer state it allocates), an eval phase one validation batch; the host
+# kinds are disk and host work, each its own unit, kept as measured on any GPU. A phase added to the registry with
+# one of these kinds is timed without a change here.
+KIND_UNITS = {"load": ("load",), "train": ("first_extra", "update"), "eval": ("eval_batch",), "save": ("save",),
+              "export": ("export",), "reload": ("reload",)}
+HOST_KINDS = ("load", "save", "export", "reload")
+
 
 def row_peak(row: dict) -> int | None:
     """The peak a GPU must hold: reserved when the counter has it (CUDA), else allocated (RSS on CPU)."""
@@ -106,21 +114,33 @@ def flops_per_update(params: int, trainable: int, tokens: int, checkpointing: bo
     return (2 * params * (3 if checkpointing else 2) + 2 * trainable) * tokens
 
 
-def unit_seconds(measured: dict[str, dict], *, source_gpu, target_gpu, precision: str, work: dict | None,
-                 shape: dict | None = None) -> dict:
-    """Seconds per occurrence of each phase on the target, from the measured ones.
+def kind_seconds(measured: dict[str, dict], phases) -> dict[str, list[float]]:
+    """The measured seconds of each kind's phases, in the registry's order. ``phases``: the phase registry
+    (``phases.registry.REGISTRY``, anything with ``name`` and ``kind``)."""
+    out: dict[str, list[float]] = {}
+    for p in phases:
+        out.setdefault(p.kind, []).append(measured[p.name]["seconds"])
+    return out
 
-    ``measured``: phase -> {"seconds", "source"} (slowest rank). ``source_gpu``: the catalogue GPU it was
-    measured on, "cpu", or None (a CUDA device not in the catalogue). ``work``: params, trainable,
-    tokens_update, tokens_eval, passes_update, checkpointing (needed for a CPU extrapolation).
-    Only compute phases are scaled; load/save/export/reload are disk and host work, kept as measured.
+
+def unit_seconds(measured: dict[str, dict], *, phases, source_gpu, target_gpu, precision: str, work: dict | None,
+                 shape: dict | None = None) -> dict:
+    """Seconds per occurrence of each unit of the time plan on the target, from the measured phases.
+
+    ``measured``: phase -> {"seconds", "source"} (slowest rank). ``phases``: the phase registry, whose kinds say
+    which unit a phase times (``KIND_UNITS``): the first train phase pays the optimizer state, the slowest of the
+    others is an update, the slowest eval phase a validation batch, a host kind's phases add up.
+    ``source_gpu``: the catalogue GPU it was measured on, "cpu", or None (a CUDA device not in the catalogue).
+    ``work``: params, trainable, tokens_update, tokens_eval, passes_update, checkpointing (needed for a CPU
+    extrapolation). Only compute phases are scaled; load/save/export/reload are disk and host work, kept as measured.
     ``shape`` (sheet/shape.py ``scaled_units``): seconds per update and per validation batch at the
     campaign's mean batch shapes instead of the worst case's.
     """
-    first, steady = measured["first_step"]["seconds"], measured["steady_step"]["seconds"]
-    units = {"load": measured["load"]["seconds"], "update": steady, "first_extra": max(0.0, first - steady),
-             "eval_batch": measured["eval_longest"]["seconds"], "save": measured["save"]["seconds"],
-             "export": measured["export"]["seconds"], "reload": measured["reload"]["seconds"]}
+    s = kind_seconds(measured, phases)
+    first, steady = s["train"][0], max(s["train"][1:] or s["train"])
+    units = {"load": sum(s["load"]), "update": steady, "first_extra": max(0.0, first - steady),
+             "eval_batch": max(s["eval"]), "save": sum(s["save"]), "export": sum(s["export"]),
+             "reload": sum(s["reload"])}
     if shape:
         units.update(update=shape["update"], eval_batch=shape["eval_batch"])
         steady = shape["update"]

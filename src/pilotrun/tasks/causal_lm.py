@@ -11,31 +11,21 @@ from typing import Any
 from pilotrun.errors import BadInput
 from pilotrun.tasks import chat, common
 from pilotrun.tasks.base import IGNORE, Example
-from pilotrun.tasks.loading import (build_model, eos_id, leading_specials, load_hf_artifact, load_tokenizer, pad_id,
-                                    save_hf_artifact)
+from pilotrun.tasks.loading import build_model, eos_id, leading_specials, load_hf_artifact, save_hf_artifact
 
 
-class CausalLMTask:
+class CausalLMTask(common.CampaignTask):
     kind = "causal-lm"
 
     def __init__(self, campaign, tokenizer=None):
-        self.campaign = campaign
-        self.c = campaign.campaign if hasattr(campaign, "campaign") else campaign
-        self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(self.c)
+        super().__init__(campaign, tokenizer)
         self.eos = eos_id(self.tokenizer)
-        self.pad = pad_id(self.tokenizer)
         self.lead = leading_specials(self.tokenizer)  # what tokenizer(text) puts before the text (a BOS, or none)
         self.bos = self.lead[0] if self.lead else None
         self.chat_format, self.chat_template = chat.resolve(self.c, self.tokenizer, getattr(campaign, "base_dir", None))
         self._cache: dict[str, list[int]] = {}
 
     # --- data -------------------------------------------------------------------------------------
-    def records(self, split: str):
-        return common.read_split(self.c, split)
-
-    def group_key(self, record) -> str | None:
-        return common.group_of(record, self.c)
-
     def tokenize_kwargs(self) -> dict:
         return {"add_special_tokens": False}
 

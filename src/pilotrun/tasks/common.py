@@ -1,4 +1,5 @@
-"""Pieces both built-in tasks use: field access with record locations, padding, split records."""
+"""Pieces both built-in tasks use: how they start (``CampaignTask``), field access with record locations,
+padding, split records."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Any
 
 from pilotrun.errors import BadInput
 from pilotrun.tasks.base import IGNORE, Example
+from pilotrun.tasks.loading import load_tokenizer, pad_id
 
 SPLITS = ("train", "validation", "test")
 
@@ -84,3 +86,21 @@ def read_split(c, split: str):
 
     path = getattr(c.data, split)
     return read_records(path) if path else []
+
+
+class CampaignTask:
+    """How a built-in task starts: the loaded campaign (``campaign``), its typed model (``c``), the tokenizer (the
+    one given, else the campaign's) and its pad id; its records are the campaign's splits, grouped by its
+    ``data.group_by``."""
+
+    def __init__(self, campaign, tokenizer=None):
+        self.campaign = campaign
+        self.c = campaign.campaign if hasattr(campaign, "campaign") else campaign
+        self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(self.c)
+        self.pad = pad_id(self.tokenizer)
+
+    def records(self, split: str):
+        return read_split(self.c, split)
+
+    def group_key(self, record) -> str | None:
+        return group_of(record, self.c)

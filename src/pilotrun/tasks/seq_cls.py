@@ -8,7 +8,7 @@ from typing import Any
 from pilotrun.errors import BadInput
 from pilotrun.tasks import common
 from pilotrun.tasks.base import Example
-from pilotrun.tasks.loading import build_model, load_hf_artifact, load_tokenizer, pad_id, save_hf_artifact
+from pilotrun.tasks.loading import build_model, load_hf_artifact, save_hf_artifact
 
 
 _ID = re.compile(r"-?[0-9]+")
@@ -26,22 +26,13 @@ def as_id(value) -> int | None:
     return None
 
 
-class SeqClsTask:
+class SeqClsTask(common.CampaignTask):
     kind = "seq-cls"
 
     def __init__(self, campaign, tokenizer=None):
-        self.campaign = campaign
-        self.c = campaign.campaign if hasattr(campaign, "campaign") else campaign
+        super().__init__(campaign, tokenizer)
         self.labels = list(self.c.data.labels or [])
         self.label2id = {n: i for i, n in enumerate(self.labels)}
-        self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(self.c)
-        self.pad = pad_id(self.tokenizer)
-
-    def records(self, split: str):
-        return common.read_split(self.c, split)
-
-    def group_key(self, record) -> str | None:
-        return common.group_of(record, self.c)
 
     def label_id(self, record) -> int:
         """A class name of data.labels, else an id: an int or a string of ASCII digits ("2", " 2", "-1");

@@ -18,6 +18,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from pilotrun.campaign.arithmetic import data_parallel_ranks, per_rank_update
@@ -212,17 +213,37 @@ def not_reproducible(difference: str, at: int) -> str:
             "building the model) and run resume again")
 
 
+@dataclass
+class _Setting:
+    """What the check runs: the cut training set, the reference's length, the ranks and how exact a match must be."""
+
+    n: int  # training examples
+    per_epoch: int  # updates per epoch
+    per_update: int
+    ranks: int
+    at: int
+    total: int  # the reference's updates: 2 × at
+    device: object
+    exact: bool  # fp32 on the CPU: identical values; else a loss within LOSS_RTOL
+
+    def words(self, t) -> str:
+        return (f"{self.n} training examples ({self.per_epoch} updates per epoch of {self.per_update}), reference "
+                f"{self.total} updates, stop at {self.at}, resume in a new process"
+                + (f" ({self.ranks} FSDP ranks, each loading its own shards)" if self.ranks > 1 and t.strategy == "fsdp"
+                   else f" ({self.ranks} {t.strategy.upper()} ranks of the world torchrun made)" if self.ranks > 1
+                   else "")
+                + f"; {t.precision} on {self.device.type}: "
+                + ("identical values required" if self.exact else f"loss within {LOSS_RTOL:g} relative"))
+
+
 def resume(loaded, home, *, at: int | None = None, prep=None) -> StageResult:
     """Reference 2K updates vs stop at K + resume in a new process; also saves the reference's artifact."""
-    from pilotrun.engine.distributed import default_device
     from pilotrun.journal.files import atomic_write_json, write_manifest
+    from pilotrun.journal.runs import RunRecorder, write_run_readme
     from pilotrun.journal.store import Journal
     from pilotrun.rehearsal.prepare import prepare, require_weights
-    from pilotrun.journal.runs import RunRecorder, write_run_readme
 
     require_weights(loaded)
-    from pilotrun.report.progress import head
-
     at = DEFAULT_AT if at is None else at
     if at < 2:
         raise BadInput(f"--at {at}: the resume point must be at least update 2", where="--at",
@@ -230,17 +251,56 @@ def resume(loaded, home, *, at: int | None = None, prep=None) -> StageResult:
     skip = skipped_components()
     prep = prep or prepare(loaded, splits=("train", "validation"))
     c, t = prep.c, prep.c.train
+    launcher = _launcher(t)
+    s = _setting(prep, at, launcher)
+    msgs = [s.words(t)] + ([f"test switch {SKIP_ENV}: left out of the saved state: {', '.join(skip)}"] if skip else [])
+    if launcher is not None and launcher.follower:  # rank 0 owns the run; this rank takes part in its runs
+        return _joined(launcher)
+    journal = Journal(home)
+    with RunRecorder(journal, loaded, kind="resume") as rec:
+        spec = {"config": str(rec.dir / "config.yaml"), "state": str(rec.dir / "checkpoints" / f"update-{at:06d}"),
+                "n_train": s.n, "total": s.total, "out": str(rec.dir / "resumed_history.json"), "ranks": s.ranks,
+                "keep": list(KEEP), "strategy": t.strategy}
+        ref, worker, joined_failed = _reference(prep, s, spec, skip, rec, launcher)
+        for h in ref["ref"]["history"]:
+            rec.log("train", h["update"], {"loss": h["loss"], "lr": h["lr"]}, examples_seen=h["examples_seen"])
+        atomic_write_json(rec.dir / "resume_spec.json", spec)
+        atomic_write_json(rec.dir / "reference_history.json", ref["ref"]["history"])
+        proc = None
+        if launcher is None and ref["ref"]["status"] == "completed":  # no fresh process for a reference that
+            # cannot be compared with (under torchrun the fresh processes ran in run_joined)
+            worker, proc = _fresh_process(rec, spec, at)
+        headline, problem = _judged(rec, ref, worker, proc, joined_failed, s, custom_task_note(c, prep.task))
+        write_run_readme(rec.dir, journal.get_run(rec.run_id),
+                         ["", f"A resume check: the artifact is the reference run's model after {s.total} updates."])
+        write_manifest(rec.dir, {"kind": "pilotrun-run", "run_id": rec.run_id})
+        rec.progress(ref["update"], ref["examples_seen"])
+        rec.finish(ref["ref"]["status"], {"verdict": "fail" if problem else "ok", "problem": problem, "at": at,
+                                          "total": s.total, "n_train": s.n, "skipped": list(skip),
+                                          "artifact": ref["artifact"], "ranks": s.ranks})
+    if launcher is not None:
+        launcher.share("fail" if problem else "ok")
+    return _verdict(rec.run_id, ref["ref"]["history"], worker, s, skip, msgs, headline, problem)
+
+
+def _launcher(t):
+    """Under torchrun (several nodes) this process is one rank of a world that must be the campaign's
+    (train.nproc): its ``Ranks``; else None. FSDP's strategy is checked first."""
+    from pilotrun.engine.distributed import check_strategy, under_launcher
+
     if t.strategy == "fsdp":
-        from pilotrun.engine.distributed import check_strategy
-
         check_strategy(t)
-    launcher = None
-    from pilotrun.engine.distributed import under_launcher
+    if not under_launcher():
+        return None
+    from pilotrun.engine.launcher import Ranks
 
-    if under_launcher():  # torchrun started this process as one rank of a world (several nodes): run on it
-        from pilotrun.engine.launcher import Ranks
+    return Ranks(data_parallel_ranks(t))
 
-        launcher = Ranks(data_parallel_ranks(t))  # that world must be the campaign's (train.nproc)
+
+def _setting(prep, at: int, launcher) -> _Setting:
+    from pilotrun.engine.distributed import default_device
+
+    t = prep.c.train
     # FSDP's state exists only across its ranks; under torchrun every run is on the world it made
     ranks = data_parallel_ranks(t) if t.strategy == "fsdp" or launcher is not None else 1
     per_update = per_rank_update(t) * ranks
@@ -248,104 +308,97 @@ def resume(loaded, home, *, at: int | None = None, prep=None) -> StageResult:
     if n < per_update:
         raise BadInput(f"{len(prep.train)} training examples are fewer than one update of {per_update}",
                        where="train.micro_batch", fix="lower train.micro_batch or train.accumulation")
-    train_ex, total = prep.train[:n], 2 * at
     device = default_device()
-    exact = t.precision == "fp32" and device.type == "cpu"
-    setting = (f"{n} training examples ({per_epoch} updates per epoch of {per_update}), reference {total} updates, "
-               f"stop at {at}, resume in a new process"
-               + (f" ({ranks} FSDP ranks, each loading its own shards)" if ranks > 1 and t.strategy == "fsdp" else
-                  f" ({ranks} {t.strategy.upper()} ranks of the world torchrun made)" if ranks > 1 else "")
-               + f"; {t.precision} on {device.type}: "
-               + ("identical values required" if exact else f"loss within {LOSS_RTOL:g} relative"))
-    msgs = [setting] + ([f"test switch {SKIP_ENV}: left out of the saved state: {', '.join(skip)}"] if skip else [])
-    if launcher is not None and launcher.follower:  # rank 0 owns the run; this rank takes part in its runs
+    return _Setting(n, per_epoch, per_update, ranks, at, 2 * at, device,
+                    exact=t.precision == "fp32" and device.type == "cpu")
+
+
+def _joined(launcher) -> StageResult:
+    """A rank other than 0 under torchrun: takes part in rank 0's runs, then ends with rank 0's verdict."""
+    from pilotrun.rehearsal.mechanics.resume_ranks import run_joined
+
+    job, spec = launcher.share()
+    run_joined(job, spec)
+    verdict = launcher.share()  # rank 0's, so that every node's torchrun ends as the check did
+    return StageResult("resume", verdict, f"rank {launcher.rank}: joined resume run {job['run_id']}"
+                       + ("" if verdict == "ok" else f" ({verdict}: rank 0 says why)"),
+                       data={"run_id": job["run_id"], "rank": launcher.rank})
+
+
+def _reference(prep, s: _Setting, spec: dict, skip, rec, launcher) -> tuple[dict, dict | None, str | None]:
+    """The reference run and the run stopped at K: on the torchrun world (whose fresh processes also resume:
+    their outcome and why any failed come back), on FSDP ranks spawned here, or in this process.
+    ``(ref, worker, joined_failed)``."""
+    job = dict(spec, at=s.at, skip=list(skip), run_dir=str(rec.dir), home=str(rec.journal.home),
+               run_id=rec.run_id, out=str(rec.dir / "ranks_outcome.json"))
+    if launcher is not None:
         from pilotrun.rehearsal.mechanics.resume_ranks import run_joined
 
-        job, spec = launcher.share()
-        run_joined(job, spec)
-        verdict = launcher.share()  # rank 0's, so that every node's torchrun ends as the check did
-        return StageResult("resume", verdict, f"rank {launcher.rank}: joined resume run {job['run_id']}"
-                           + ("" if verdict == "ok" else f" ({verdict}: rank 0 says why)"),
-                           data={"run_id": job["run_id"], "rank": launcher.rank})
-    journal = Journal(home)
-    with RunRecorder(journal, loaded, kind="resume") as rec:
-        ckpt = rec.dir / "checkpoints" / f"update-{at:06d}"
-        spec = {"config": str(rec.dir / "config.yaml"), "state": str(ckpt), "n_train": n, "total": total,
-                "out": str(rec.dir / "resumed_history.json"), "ranks": ranks, "keep": list(KEEP),
-                "strategy": t.strategy}
-        worker, proc, joined_failed = None, None, None
-        if launcher is not None:
-            from pilotrun.rehearsal.mechanics.resume_ranks import run_joined
+        launcher.share((job, spec))
+        ref, worker, workers = run_joined(job, spec)
+        joined_failed = next((f"rank {r}'s fresh process failed (exit {code}): " + " | ".join(tail)
+                              for r, (code, tail) in enumerate(workers) if code != 0), None)
+        return ref, worker, joined_failed
+    if s.ranks > 1:
+        from pilotrun.rehearsal.mechanics.resume_ranks import run_sharded
 
-            job = dict(spec, at=at, skip=list(skip), run_dir=str(rec.dir), home=str(journal.home),
-                       run_id=rec.run_id, out=str(rec.dir / "ranks_outcome.json"))
-            launcher.share((job, spec))
-            ref, worker, workers = run_joined(job, spec)
-            joined_failed = next((f"rank {r}'s fresh process failed (exit {code}): " + " | ".join(tail)
-                                  for r, (code, tail) in enumerate(workers) if code != 0), None)
-        elif ranks > 1:
-            from pilotrun.rehearsal.mechanics.resume_ranks import run_sharded
+        return run_sharded(job, s.ranks), None, None
+    return _in_process(prep, prep.train[:s.n], s.total, s.at, s.device, Path(spec["state"]), skip, rec), None, None
 
-            ref = run_sharded(dict(spec, at=at, skip=list(skip), run_dir=str(rec.dir), home=str(journal.home),
-                                   run_id=rec.run_id, out=str(rec.dir / "ranks_outcome.json")), ranks)
-        else:
-            ref = _in_process(prep, train_ex, total, at, device, ckpt, skip, rec)
-        for h in ref["ref"]["history"]:
-            rec.log("train", h["update"], {"loss": h["loss"], "lr": h["lr"]}, examples_seen=h["examples_seen"])
-        atomic_write_json(rec.dir / "resume_spec.json", spec)
-        atomic_write_json(rec.dir / "reference_history.json", ref["ref"]["history"])
-        if launcher is None and ref["ref"]["status"] == "completed":  # no fresh process for a reference that
-            # cannot be compared with (under torchrun the fresh processes ran in run_joined)
-            head(f"resumed run (a new process, from update {at})", spent="startup")  # until the worker's first note
-            proc = subprocess.run([sys.executable, "-m", "pilotrun", "_resume-worker",
-                                   str(rec.dir / "resume_spec.json")],
-                                  capture_output=True, text=True, env=dict(os.environ), timeout=3600)
-            worker = json.loads(Path(spec["out"]).read_text()) if proc.returncode == 0 else None
-        ref_h, ref_status = ref["ref"]["history"], ref["ref"]["status"]
-        note = custom_task_note(c, prep.task)
-        problem = first_difference(ref_h[:at], ref["stopped"], 0, exact)
-        headline = None
-        if ref_status != "completed":  # diverged or out of memory: it cannot show that a resume is exact
-            headline = f"the reference run {ref_status}"
-            problem = (f"the reference run {ref_status} before update {total}: {ref['ref']['reason']}; "
-                       "the resume check needs a run that trains for 2 × K updates")
-        elif problem:
-            headline = "the reference run itself is not reproducible"
-            problem = not_reproducible(problem, at)
-        elif worker is None and joined_failed:
-            problem = f"the resumed processes failed: {joined_failed}"
-        elif worker is None:
-            tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
-            problem = f"the resumed process failed (exit {proc.returncode}): " + " | ".join(tail)
-        else:
-            problem = first_difference(ref_h, worker["history"], at, exact, note)
-            if worker["status"] != "completed":
-                headline = f"the resumed run {worker['status']}"
-                problem = f"the resumed process's run {worker['status']}: {worker['reason']}"
-            for h in worker["history"]:
-                rec.log("resumed", h["update"], {"loss": h["loss"], "lr": h["lr"]}, examples_seen=h["examples_seen"])
-        write_run_readme(rec.dir, journal.get_run(rec.run_id),
-                         ["", f"A resume check: the artifact is the reference run's model after {total} updates."])
-        write_manifest(rec.dir, {"kind": "pilotrun-run", "run_id": rec.run_id})
-        rec.progress(ref["update"], ref["examples_seen"])
-        rec.finish(ref_status, {"verdict": "fail" if problem else "ok", "problem": problem, "at": at,
-                                "total": total, "n_train": n, "skipped": list(skip), "artifact": ref["artifact"],
-                                "ranks": ranks})
-    if launcher is not None:
-        launcher.share("fail" if problem else "ok")
-    rows = _rows(ref_h, worker["history"] if worker else [], at)
+
+def _fresh_process(rec, spec: dict, at: int):
+    """``python -m pilotrun _resume-worker``: loads the state saved at K and continues; ``(its outcome or None,
+    the finished process)``."""
+    from pilotrun.report.progress import head
+
+    head(f"resumed run (a new process, from update {at})", spent="startup")  # until the worker's first note
+    proc = subprocess.run([sys.executable, "-m", "pilotrun", "_resume-worker", str(rec.dir / "resume_spec.json")],
+                          capture_output=True, text=True, env=dict(os.environ), timeout=3600)
+    return (json.loads(Path(spec["out"]).read_text()) if proc.returncode == 0 else None), proc
+
+
+def _judged(rec, ref: dict, worker: dict | None, proc, joined_failed: str | None, s: _Setting,
+            note: str | None) -> tuple[str | None, str | None]:
+    """``(headline, problem)``: the reference's own failures first (not completed, not reproducible up to K),
+    then the resumed process's; the resumed updates are logged when they were compared."""
+    ref_h, ref_status, at = ref["ref"]["history"], ref["ref"]["status"], s.at
+    problem = first_difference(ref_h[:at], ref["stopped"], 0, s.exact)
+    if ref_status != "completed":  # diverged or out of memory: it cannot show that a resume is exact
+        return (f"the reference run {ref_status}",
+                f"the reference run {ref_status} before update {s.total}: {ref['ref']['reason']}; "
+                "the resume check needs a run that trains for 2 × K updates")
+    if problem:
+        return "the reference run itself is not reproducible", not_reproducible(problem, at)
+    if worker is None and joined_failed:
+        return None, f"the resumed processes failed: {joined_failed}"
+    if worker is None:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
+        return None, f"the resumed process failed (exit {proc.returncode}): " + " | ".join(tail)
+    headline, problem = None, first_difference(ref_h, worker["history"], at, s.exact, note)
+    if worker["status"] != "completed":
+        headline = f"the resumed run {worker['status']}"
+        problem = f"the resumed process's run {worker['status']}: {worker['reason']}"
+    for h in worker["history"]:
+        rec.log("resumed", h["update"], {"loss": h["loss"], "lr": h["lr"]}, examples_seen=h["examples_seen"])
+    return headline, problem
+
+
+def _verdict(run_id: str, ref_h: list[dict], worker: dict | None, s: _Setting, skip, msgs: list[str],
+             headline: str | None, problem: str | None) -> StageResult:
+    rows = _rows(ref_h, worker["history"] if worker else [], s.at)
     epochs = sorted({h["epoch"] for h in ref_h})
-    data = {"run_id": rec.run_id, "at": at, "total": total, "n_train": n, "epochs": epochs, "exact": exact,
+    data = {"run_id": run_id, "at": s.at, "total": s.total, "n_train": s.n, "epochs": epochs, "exact": s.exact,
             "restored": worker["restored"] if worker else None, "problem": problem, "skipped": list(skip)}
+    columns = ["update", "epoch", "lr", "ref_lr", "loss", "ref_loss", "same_examples"]
     if problem:
         return StageResult("resume", "fail", headline or problem.split(":")[-1].strip() or "resume differs",
-                           msgs + [problem, f"run {rec.run_id} (kind resume)"], data,
-                           columns=["update", "epoch", "lr", "ref_lr", "loss", "ref_loss", "same_examples"], rows=rows)
-    msgs += [f"updates {at + 1}..{total} in the new process match the reference: counter, lr, examples "
-             f"(epochs {epochs[0]}..{epochs[-1]}) and loss; restored {', '.join(worker['restored'])}",
-             f"run {rec.run_id} (kind resume)"]
-    return StageResult("resume", "ok", f"resumes exactly at update {at} in a new process", msgs, data,
-                       columns=["update", "epoch", "lr", "ref_lr", "loss", "ref_loss", "same_examples"], rows=rows)
+                           msgs + [problem, f"run {run_id} (kind resume)"], data, columns=columns, rows=rows)
+    msgs = msgs + [f"updates {s.at + 1}..{s.total} in the new process match the reference: counter, lr, examples "
+                   f"(epochs {epochs[0]}..{epochs[-1]}) and loss; restored {', '.join(worker['restored'])}",
+                   f"run {run_id} (kind resume)"]
+    return StageResult("resume", "ok", f"resumes exactly at update {s.at} in a new process", msgs, data,
+                       columns=columns, rows=rows)
+
 
 
 def _rows(ref: list[dict], resumed: list[dict], at: int) -> list[dict]:

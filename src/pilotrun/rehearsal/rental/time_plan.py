@@ -5,7 +5,7 @@ catalogue GPU that fits, and the launch's choice of GPU and plan (rehearsal/rent
 
 from __future__ import annotations
 
-from pilotrun.phases import PHASES
+from pilotrun.phases import PHASES, REGISTRY
 from pilotrun.sheet import plan as P
 from pilotrun.sheet.catalogue import CATALOGUE, match_gpu
 
@@ -140,8 +140,8 @@ def _unit_plan(c, t, rows, peaks, pilot, measured, counts):
         work["tokens_update"] = shape["mean_update_tokens"]
 
     def plan_for(g):
-        u = P.unit_seconds(measured, source_gpu=source_gpu, target_gpu=g, precision=t.precision, work=work,
-                           shape=shape)
+        u = P.unit_seconds(measured, phases=REGISTRY, source_gpu=source_gpu, target_gpu=g, precision=t.precision,
+                           work=work, shape=shape)
         if summary.get("run_overhead_s") is not None:  # host work: kept as measured on any GPU
             u["units"]["run_overhead"] = summary["run_overhead_s"]
         if (model or {}).get("control_s") is not None:  # two forward passes: scaled like a validation batch

@@ -93,15 +93,17 @@ def sweep_time_check(journal, sweep_id: str) -> dict | None:
 # The plan's terms against what the run timed itself (rehearsal/training/train.py ``timing``; "blocks_s" from the watch
 # around every update, validation, save and export): (group, plan units, the run's measured keys). The first
 # run's start-up, data and cold load are one group: where an import happens (the pilot's load, the sweep's
-# checks) moves time between them, not in or out of the plan.
+# checks) moves time between them, not in or out of the plan. The units of a phase kind are the plan's
+# (``plan.KIND_UNITS``), so a train or eval phase added to the registry lands in its group; a validation batch is
+# counted apart from the control and validation predictions, which are timed in eval batches too.
 GROUPS = (("start-up, data and cold load (1st run)",
            ("startup", "prepare", "load_cold"), ("startup_s", "prepare_s", "load_s:cold")),
           ("run start (memory freed, journal entry)", ("run_overhead",), ("run_overhead_s",)),
-          ("load the model (warm)", ("load",), ("load_s:warm",)),
-          ("updates (the first's optimizer state)", ("first_extra", "update"), ("blocks_s.train",)),
-          ("validations", ("eval_batch:validations",), ("blocks_s.evaluation",)),
-          ("checkpoints", ("save",), ("blocks_s.save",)),
-          ("export", ("export",), ("blocks_s.export",)),
+          ("load the model (warm)", P.KIND_UNITS["load"], ("load_s:warm",)),
+          ("updates (the first's optimizer state)", P.KIND_UNITS["train"], ("blocks_s.train",)),
+          ("validations", tuple(f"{u}:validations" for u in P.KIND_UNITS["eval"]), ("blocks_s.evaluation",)),
+          ("checkpoints", P.KIND_UNITS["save"], ("blocks_s.save",)),
+          ("export", P.KIND_UNITS["export"], ("blocks_s.export",)),
           ("control predictions", ("control", "eval_batch:control predictions"), ("control_s",)),
           ("validation predictions", ("eval_batch:validation predictions",), ("predictions_s",)))
 OTHER = "not planned (records, between blocks)"  # per-update journal and metrics, batches drawn

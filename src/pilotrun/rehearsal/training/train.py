@@ -169,16 +169,73 @@ def _ranked_run(job: TrainJob, prep: Prepared, rec: RunRecorder | None, hooks: H
     control predictions, memory bound. Only the process with ``rec`` (rank 0) writes to the journal;
     ``built``: the model already built here and the seconds it took. Returns ``{"status", "summary", "evals",
     "control"}``."""
-    from pilotrun.engine.distributed import default_device, gather_to_rank0, world_rank, wrap_model
-    from pilotrun.engine.state import save_final
-    from pilotrun.probe.memory import release_free_memory
+    from pilotrun.engine.distributed import gather_to_rank0, world_rank
     from pilotrun.probe.watch import PeakWatch
-    from pilotrun.engine.artifact import export_artifact
     from pilotrun.report.progress import note
 
     c = prep.c
     arith = prep.arithmetic()
     world, rank = world_rank()
+    model, wrapped, state, load_s = _placed(prep, arith, built, progress)
+    timing = {"prepare_s": t_prepared - t_start, "load_s": load_s, **(overhead or {})}
+    watch = PeakWatch(state.device, rank=rank)
+    watch.track(wrapped, state.optimizer)
+    run_dir = Journal(job.home).run_dir(job.run_id)
+    user = hooks or Hooks()
+    result = train(state, prep.task, prep.train, prep.validation, c.train, plan_metric=c.plan.metric,
+                   goal=c.plan.goal, checkpoint_dir=run_dir / "checkpoints", hooks=_journal_hooks(rec, user, watch),
+                   progress=None)
+    timing["loop_s"] = result.wall_s
+
+    def phase(doing: str) -> None:  # what follows the loop, on the stage's line after the last update
+        if progress:
+            last = update_line(state, result.history[-1]) if result.history else None
+            note(f"{last}; {doing}" if last else doing, log=True)
+
+    check_fence()  # a run the journal reaped while this process was stopped gets no final checkpoint
+    _save_final(state, result, run_dir, watch, phase, timing)
+    ran_out = result.status == "failed"  # out of memory: no artifact or predictions a later stage could trust
+    artifact = _export(job, prep, wrapped, state, run_dir, rank, watch, phase, timing) if not ran_out else []
+    # under FSDP every rank takes part in the forward passes; otherwise rank 0 alone, on the plain module
+    predicting = not ran_out and (rank == 0 or c.train.strategy == "fsdp")
+    pred_model = wrapped if c.train.strategy == "fsdp" else model
+    if predicting:
+        phase("predicting the control examples" + (" and the validation split" if job.validation_predictions else ""))
+    t0 = time.perf_counter()
+    computed = control_predictions(prep, pred_model) if predicting else None
+    timing["control_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    observed = gather_to_rank0(watch.rows())
+    if predicting and job.validation_predictions:  # stored by rank 0 (rec); the others only take part
+        from pilotrun.rehearsal.training.val_predictions import store_validation_predictions
+
+        store_validation_predictions(rec, prep, pred_model)
+    timing["predictions_s"] = time.perf_counter() - t0
+    timing["blocks_s"] = dict(watch.seconds)  # every update, validation, save and export, timed by the watch
+    if rec is None:
+        return {}
+    control = store_control_predictions(rec, prep, model, computed) if computed else []
+    loaded = job.loaded
+    bound = record_memory_bound(rec.journal, rec.run_id, c.name, loaded.config_sha256(),
+                                [row for rows in observed for row in rows], loaded.resolved_dict())
+    summary = _summary(job, prep.c.train, state, result, world, arith=arith, artifact=artifact, bound=bound,
+                       timing=timing)
+    timing["total_s"] = time.perf_counter() - t_start
+    write_run_readme(rec.dir, rec.journal.get_run(rec.run_id))
+    write_manifest(rec.dir, {"kind": "pilotrun-run", "run_id": rec.run_id})
+    evals = [{"update": e["update"], "val_loss": e["val_loss"], "examples_seen": e["examples_seen"]}
+             for e in result.evals]
+    return {"status": result.status, "summary": summary, "evals": evals, "control": len(control)}
+
+
+def _placed(prep: Prepared, arith: dict, built: tuple | None, progress: bool):
+    """The model built (unless ``built`` brings it), on the device, wrapped for the strategy, and its training
+    state: ``(model, wrapped, state, load_s)``, the load timed from the build to the state."""
+    from pilotrun.engine.distributed import default_device, wrap_model
+    from pilotrun.probe.memory import release_free_memory
+    from pilotrun.report.progress import note
+
+    c = prep.c
     if built is None:
         release_free_memory()
         if progress:
@@ -191,13 +248,14 @@ def _ranked_run(job: TrainJob, prep: Prepared, rec: RunRecorder | None, hooks: H
     if c.train.strategy != "fsdp":  # fully_shard moves each block to the device as it cuts it
         model.to(device)
     wrapped = wrap_model(model, c.train.strategy, device)
-    state = make_state(wrapped, c.train, n_train=len(prep.train), seed=c.seed, total_updates=arith["updates"],
-                       device=device)
-    timing = {"prepare_s": t_prepared - t_start, "load_s": load_s + time.perf_counter() - t_load, **(overhead or {})}
-    watch = PeakWatch(device, rank=rank)
-    watch.track(wrapped, state.optimizer)
-    run_dir = Journal(job.home).run_dir(job.run_id)
-    user = hooks or Hooks()
+    state = make_state(wrapped, c.train, n_train=len(prep.train), seed=c.seed,
+                       total_updates=arith["updates"], device=device)
+    return model, wrapped, state, load_s + time.perf_counter() - t_load
+
+
+def _journal_hooks(rec: RunRecorder | None, user: Hooks, watch) -> Hooks:
+    """The loop's hooks: each update, validation and checkpoint logged to the journal (rank 0, ``rec``), then the
+    caller's own hooks; the caller's stop and the memory watch passed on."""
 
     def on_update(st, out):
         if rec is not None:
@@ -225,75 +283,57 @@ def _ranked_run(job: TrainJob, prep: Prepared, rec: RunRecorder | None, hooks: H
         if user.on_checkpoint:
             user.on_checkpoint(st, path)
 
-    loop_hooks = Hooks(on_update=on_update, on_eval=on_eval, on_checkpoint=on_checkpoint,
-                       stop_at=user.stop_at, watch=watch)
-    result = train(state, prep.task, prep.train, prep.validation, c.train, plan_metric=c.plan.metric,
-                   goal=c.plan.goal, checkpoint_dir=run_dir / "checkpoints", hooks=loop_hooks,
-                   progress=None)
-    timing["loop_s"] = result.wall_s
+    return Hooks(on_update=on_update, on_eval=on_eval, on_checkpoint=on_checkpoint, stop_at=user.stop_at,
+                 watch=watch)
 
-    def phase(doing: str) -> None:  # what follows the loop, on the stage's line after the last update
-        if progress:
-            last = update_line(state, result.history[-1]) if result.history else None
-            note(f"{last}; {doing}" if last else doing, log=True)
 
-    check_fence()  # a run the journal reaped while this process was stopped gets no final checkpoint
+def _save_final(state, result, run_dir: Path, watch, phase, timing: dict) -> None:
+    """``checkpoints/final``: a save of its own, timed as every save, unless the loop's last act saved this very
+    state (then final stands for that checkpoint, no second copy)."""
+    from pilotrun.engine.state import save_final
+
     t0 = time.perf_counter()
-    if result.saved_last is None:  # final is a checkpoint of its own: a save, timed as every save
+    if result.saved_last is None:
         phase("saving checkpoints/final")
         with watch("save", {"update": state.update, "path": "checkpoints/final"}):
             save_final(state, run_dir / "checkpoints" / "final", None)
-    else:  # the loop's last act saved this very state: final stands for that checkpoint, no second copy
+    else:
         phase(f"checkpoints/final stands for {Path(result.saved_last).name}")
         save_final(state, run_dir / "checkpoints" / "final", result.saved_last)
     timing["final_save_s"] = time.perf_counter() - t0
-    artifact = []
-    ran_out = result.status == "failed"  # out of memory: no artifact or predictions a later stage could trust
-    if job.save_artifact and not ran_out:
-        phase("exporting the artifact")
-        t0 = time.perf_counter()
-        with watch("export", {"update": state.update, "path": "artifact"}):
-            artifact = export_artifact(prep.task, wrapped, run_dir / "artifact", rank, c.train.strategy)
-        timing["export_s"] = time.perf_counter() - t0
-    # under FSDP every rank takes part in the forward passes; otherwise rank 0 alone, on the plain module
-    predicting = not ran_out and (rank == 0 or c.train.strategy == "fsdp")
-    pred_model = wrapped if c.train.strategy == "fsdp" else model
-    if predicting:
-        phase("predicting the control examples" + (" and the validation split" if job.validation_predictions else ""))
-    t0 = time.perf_counter()
-    computed = control_predictions(prep, pred_model) if predicting else None
-    timing["control_s"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    observed = gather_to_rank0(watch.rows())
-    if predicting and job.validation_predictions:  # stored by rank 0 (rec); the others only take part
-        from pilotrun.rehearsal.training.val_predictions import store_validation_predictions
 
-        store_validation_predictions(rec, prep, pred_model)
-    timing["predictions_s"] = time.perf_counter() - t0
-    timing["blocks_s"] = dict(watch.seconds)  # every update, validation, save and export, timed by the watch
-    if rec is None:
-        return {}
-    control = store_control_predictions(rec, prep, model, computed) if computed else []
-    loaded = job.loaded
-    bound = record_memory_bound(rec.journal, rec.run_id, c.name, loaded.config_sha256(),
-                                [row for rows in observed for row in rows], loaded.resolved_dict())
-    summary = {"reason": result.reason, "updates": state.update, "examples_seen": state.examples_seen,
-               "wall_s": result.wall_s, "final_val_loss": result.evals[-1]["val_loss"] if result.evals else None,
-               "first_val_loss": result.evals[0]["val_loss"] if result.evals else None,
-               "best_metric": state.best_metric, "artifact": artifact, "arithmetic": arith, "ranks": world,
-               "seconds_per_update": _median([h["seconds"] for h in result.history[1:]] or
-                                             [h["seconds"] for h in result.history]),
-               "memory_bound": bound, "timing": timing, "skipped_updates": result.skipped,
-               "counts": {"updates": state.update, "evals": len(result.evals),
-                          "checkpoints": (state.update // c.train.save_every if c.train.save_every else 0)
-                          + (result.saved_last is None),  # final is a save only when it is no reference
-                          "exports": int(bool(job.save_artifact))}}
-    timing["total_s"] = time.perf_counter() - t_start
-    write_run_readme(rec.dir, rec.journal.get_run(rec.run_id))
-    write_manifest(rec.dir, {"kind": "pilotrun-run", "run_id": rec.run_id})
-    evals = [{"update": e["update"], "val_loss": e["val_loss"], "examples_seen": e["examples_seen"]}
-             for e in result.evals]
-    return {"status": result.status, "summary": summary, "evals": evals, "control": len(control)}
+
+def _export(job: TrainJob, prep: Prepared, wrapped, state, run_dir: Path, rank: int, watch, phase,
+            timing: dict) -> list:
+    """The artifact, when the job saves one: the parts written (timed as ``export_s``)."""
+    from pilotrun.engine.artifact import export_artifact
+
+    if not job.save_artifact:
+        return []
+    phase("exporting the artifact")
+    t0 = time.perf_counter()
+    with watch("export", {"update": state.update, "path": "artifact"}):
+        artifact = export_artifact(prep.task, wrapped, run_dir / "artifact", rank, prep.c.train.strategy)
+    timing["export_s"] = time.perf_counter() - t0
+    return artifact
+
+
+def _summary(job: TrainJob, t, state, result, world: int, *, arith: dict, artifact: list, bound,
+             timing: dict) -> dict:
+    """The run's summary in the journal: its outcome, arithmetic, timing and the counts the time check reads
+    (``t``: the campaign's train section)."""
+    return {"reason": result.reason, "updates": state.update, "examples_seen": state.examples_seen,
+            "wall_s": result.wall_s, "final_val_loss": result.evals[-1]["val_loss"] if result.evals else None,
+            "first_val_loss": result.evals[0]["val_loss"] if result.evals else None,
+            "best_metric": state.best_metric, "artifact": artifact, "arithmetic": arith, "ranks": world,
+            "seconds_per_update": _median([h["seconds"] for h in result.history[1:]] or
+                                          [h["seconds"] for h in result.history]),
+            "memory_bound": bound, "timing": timing, "skipped_updates": result.skipped,
+            "counts": {"updates": state.update, "evals": len(result.evals),
+                       "checkpoints": (state.update // t.save_every if t.save_every else 0)
+                       + (result.saved_last is None),  # final is a save only when it is no reference
+                       "exports": int(bool(job.save_artifact))}}
+
 
 
 def _result(kind: str, run_id: str, run_dir: str, out: dict, world: int) -> StageResult:
