@@ -183,3 +183,58 @@ def test_accumulation_check_shares_the_one_build_and_says_its_cost(cli, tmp_path
     assert f"accumulation check cost: {acc['cost']}, about " in text and f"in {acc['seconds']:.1f} s" in acc["cost"]
     assert " examples' forward and backward (" in acc["cost"]
     assert " memorising updates (" in text and " s each)" in text
+
+
+def test_memorising_run_stops_at_the_first_update_under_the_threshold(cli, demo_campaign, tmp_path):
+    """The loop hands back as soon as the loss is under LOSS_THRESHOLD (Hooks.stop_when), not at the end of a chunk
+    of updates; without a pilot in the journal the budget is sized from the run's own updates, and it says so."""
+    from pilotrun.rehearsal.mechanics.overfit import LOSS_THRESHOLD
+
+    r = cli("overfit", demo_campaign, "--home", tmp_path / "home", "--json")
+    assert r.code == 0, r.out + r.err
+    losses, budget = r.json["data"]["losses"], r.json["data"]["budget"]
+    first_under = next(i for i, x in enumerate(losses) if x < LOSS_THRESHOLD) + 1
+    assert r.json["data"]["updates"] == first_under == len(losses)  # the first check reproduced every target
+    assert budget["sized"] and budget["source"].startswith("the median of its own updates 2..4: no pilot")
+    assert 40 <= budget["updates"] <= 150
+    text = "\n".join(r.json["messages"])
+    assert f"update budget: {budget['updates']} — 120 s at " in text and "no pilot of this campaign's config" in text
+
+
+def test_budget_sized_from_a_pilot_of_the_same_config_only(cli, demo_campaign, tmp_path):
+    """A pilot of the campaign's config in the journal sizes the budget (its time model read at the memorising
+    batch's padded tokens); a changed config does not use it."""
+    home = tmp_path / "home"
+    p = cli("pilot", demo_campaign, "--home", home, "--json")
+    assert p.code == 0, p.out + p.err
+    r = cli("overfit", demo_campaign, "--home", home, "--json")
+    assert r.code == 0, r.out + r.err
+    budget = r.json["data"]["budget"]
+    assert budget["source"].startswith(f"pilot {p.json['data']['run_id']}: ")
+    assert budget["updates"] == max(40, min(150, int(120 // budget["seconds_per_update"])))
+    text = "\n".join(r.json["messages"])
+    assert f"update budget: {budget['updates']} — 120 s at" in text and f"pilot {p.json['data']['run_id']}" in text
+    other = cli("overfit", demo_campaign, "--home", home, "--json", "--set", "seed=1")
+    assert other.code == 0, other.out + other.err
+    assert other.json["data"]["budget"]["source"].startswith("the median of its own updates")
+
+
+def test_budget_that_cut_the_run_is_named_with_its_fix(cli, demo_campaign, tmp_path, monkeypatch):
+    """Planted: a time budget that holds 2 updates. The failure says the budget was sized, not given, and how to
+    lift it; --max-updates is taken as given (no sizing)."""
+    import pilotrun.rehearsal.mechanics.overfit as of
+
+    monkeypatch.setattr(of, "BUDGET_SECONDS", 0.0)
+    monkeypatch.setattr(of, "MIN_UPDATES", 2)
+    monkeypatch.setattr(of, "SIZE_AFTER", 1)
+    r = cli("overfit", demo_campaign, "--home", tmp_path / "home", "--json")
+    assert r.code == 1
+    assert r.json["data"]["updates"] == 2 and r.json["data"]["budget"]["updates"] == 2
+    text = "\n".join(r.json["messages"])
+    assert "in 2 updates (its budget, sized to 0 s at " in text
+    assert "--max-updates 150 gives it the whole ceiling" in text
+    given = cli("overfit", demo_campaign, "--home", tmp_path / "home", "--json", "--max-updates", "3")
+    assert given.json["data"]["budget"] == {**given.json["data"]["budget"], "updates": 3, "sized": False,
+                                            "source": "--max-updates"}
+    assert "update budget: 3 (--max-updates)" in given.json["messages"] and "its budget, sized" not in \
+        "\n".join(given.json["messages"])

@@ -13,8 +13,9 @@ from pilotrun.report.progress import stage_progress
 @campaign_argument
 @click.option("--examples", type=click.IntRange(min=1), default=8, show_default=True,
               help="training examples to memorise")
-@click.option("--max-updates", type=click.IntRange(min=1), default=150, show_default=True,
-              help="the most updates the memorising run may take")
+@click.option("--max-updates", type=click.IntRange(min=1), default=None,
+              show_default="as many as 120 s hold at a pilot's seconds per update, 40..150",
+              help="the most updates the memorising run may take (it stops as soon as it memorises)")
 @set_option
 @common_options
 def overfit(campaign, examples, max_updates, sets, home, as_json):
@@ -23,7 +24,8 @@ def overfit(campaign, examples, max_updates, sets, home, as_json):
 
     loaded = load(campaign, sets)
     with stage_progress("overfit"):
-        result = run_overfit(loaded, home_for(home, campaign), examples=examples, max_updates=max_updates)
+        result = run_overfit(loaded, home_for(home, campaign), examples=examples, max_updates=max_updates or 150,
+                             sized=max_updates is None)
     return emit(result, as_json)
 
 

@@ -18,7 +18,8 @@ def budget_options(f):
                                                        "update 2, train ≤ 8 updates (the options below override)"),
             click.option("--examples", type=click.IntRange(min=1), default=None, show_default="8",
                          help="overfit: training examples to memorise"),
-            click.option("--max-updates", type=click.IntRange(min=1), default=None, show_default="150",
+            click.option("--max-updates", type=click.IntRange(min=1), default=None,
+                         show_default="150, fewer when its time budget holds fewer",
                          help="overfit: the most updates the memorising run may take"),
             click.option("--at", type=click.IntRange(min=2), default=None, show_default="4",
                          help="resume: stop at this update and resume (the reference runs 2 × K)"),
@@ -35,7 +36,8 @@ def _budgets(quick, examples, max_updates, at, train_updates):
 
     base = Budgets.quick() if quick else Budgets()
     given = {"examples": examples, "max_updates": max_updates, "at": at, "train_updates": train_updates}
-    return replace(base, **{k: v for k, v in given.items() if v is not None})
+    return replace(base, **{k: v for k, v in given.items() if v is not None},
+                   **({"sized": False} if max_updates is not None else {}))
 
 
 def _run_all(loaded, home, as_json, budgets) -> int:

@@ -267,6 +267,8 @@ class Hooks:
     on_eval: Callable[[TrainState, dict], None] | None = None
     on_checkpoint: Callable[[TrainState, Any], None] | None = None
     stop_at: int | None = None  # end the loop after this update (resume tests)
+    stop_when: Callable[[TrainState, dict], bool] | None = None
+    """End the loop after an update for which it returns True (overfit: the loss under its threshold)."""
     watch: Callable[[str, dict], Any] | None = None
     """A context manager factory ``watch(kind, inputs)`` wrapped around every update ("train"),
     validation ("evaluation") and checkpoint ("save"): probe.watch.PeakWatch keeps their peaks."""
@@ -361,6 +363,8 @@ class _Loop:
                 self.validate()
         while state.update < self.end:
             out = self.update()
+            if out["finite"] and self.hooks.stop_when and self.hooks.stop_when(state, out):
+                break
             if not out["finite"]:
                 in_a_row += 1
                 why = self.non_finite(out, in_a_row)

@@ -20,12 +20,14 @@ from pilotrun.report.progress import spending
 @dataclass(frozen=True)
 class Budgets:
     """How much the long stages of ``all`` may do: overfit's examples and updates, the resume point, the
-    train stage's updates (None: the campaign's own budget)."""
+    train stage's updates (None: the campaign's own budget). ``sized``: overfit may take fewer updates than
+    ``max_updates``, as many as its time budget holds (mechanics/overfit.UpdateBudget); off when given."""
 
     examples: int = 8
     max_updates: int = 150
     at: int | None = None
     train_updates: int | None = None
+    sized: bool = True
 
     @classmethod
     def quick(cls) -> "Budgets":
@@ -77,7 +79,7 @@ def _overfit(loaded, home, budgets):
     with spending("startup"):  # the stage's imports
         from pilotrun.rehearsal.mechanics.overfit import overfit
 
-    return overfit(loaded, home, examples=budgets.examples, max_updates=budgets.max_updates)
+    return overfit(loaded, home, examples=budgets.examples, max_updates=budgets.max_updates, sized=budgets.sized)
 
 
 def _resume(loaded, home, budgets):

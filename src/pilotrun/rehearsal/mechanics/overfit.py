@@ -5,10 +5,12 @@
    the task's loss is a sum over targets (the loop divides by the update's target count); a task
    that averages per micro-batch weights short batches' tokens more and fails here.
 2. Memorise N examples: a setting that should drive the loss to ~0 (all N in one micro-batch, no
-   accumulation, lr raised, constant schedule, no weight decay, no dropout), run in chunks of the
-   one loop (``train`` with ``Hooks(stop_at=...)``) until the loss is under the threshold and the
-   predictions reproduce the targets — argmax at every target under teacher forcing, then greedy
-   generation for a few examples (causal-lm) or the class ids (seq-cls).
+   accumulation, lr raised, constant schedule, no weight decay, no dropout), run through the one loop
+   (``train`` with ``Hooks(stop_when=...)``), which hands back as soon as the loss is under the threshold;
+   the predictions are checked then, and the run ends when they reproduce the targets — argmax at every
+   target under teacher forcing, then greedy generation for a few examples (causal-lm) or the class ids
+   (seq-cls). The update budget bounds only a run that does not memorise: ``--max-updates`` when given,
+   else sized to BUDGET_SECONDS from a pilot's seconds per update (UpdateBudget).
 """
 
 from __future__ import annotations
@@ -23,7 +25,11 @@ LOW_PRECISION_TOLERANCE = 2e-2  # bf16/fp16 round each micro-batch's gradients t
 LOSS_THRESHOLD = 0.05  # nats per target: memorised examples sit far below, an unlearned byte model near 5
 FLAT_RELATIVE = 0.02  # a loss within 2% of its start after the whole budget has not moved
 MAX_LR = 5e-3  # 10 × a fine-tuning lr memorises quickly; above ~1e-2 AdamW spikes on small models
-CHUNK = 10  # updates between prediction checks
+CHUNK = 10  # the most updates between two prediction checks once the loss is under LOSS_THRESHOLD
+MAX_UPDATES = 150  # the most updates of a memorising run (--max-updates)
+BUDGET_SECONDS = 120.0  # a sized run's time: as many updates as fit, MIN_UPDATES..MAX_UPDATES (UpdateBudget)
+MIN_UPDATES = 40  # a sized run never takes fewer, however slow its updates: the demo memorises its 8 examples in 37
+SIZE_AFTER = 3  # without a pilot, the median of the run's updates 2..SIZE_AFTER+1 sizes it (1: a warm-up)
 SPIKE = 10.0  # a loss 10× the best so far (and over the threshold) is a bounce of too high an lr, not noise
 BACK_OFF = 0.5  # the lr is halved on each spike, down to train.lr
 SPIKE_GAP = 3  # updates after a back-off before another: the loss needs a few to come down
@@ -292,55 +298,139 @@ def _generation_check(task, model, examples, device) -> tuple[list, int]:
     return wrong, done
 
 
-def overfit(loaded, home, *, examples: int = 8, max_updates: int = 150, prep=None) -> StageResult:
-    """The accumulation check, then memorising ``examples`` training examples in at most ``max_updates``."""
+class UpdateBudget:
+    """How many updates the memorising run may take, and where that number comes from.
+
+    Given (``--max-updates``): that many. Sized (the default): as many as BUDGET_SECONDS hold at the seconds one
+    memorising update takes — estimated from the time model of a pilot of the same campaign in the journal, else
+    measured on the run's own first updates —, never fewer than MIN_UPDATES nor more than ``ceiling``. A run that
+    memorises stops at once either way: the budget only bounds a run that does not."""
+
+    def __init__(self, ceiling: int, sized: bool):
+        self.ceiling, self.sized, self.updates = ceiling, sized, ceiling
+        self.per_update: float | None = None
+        self.source = "" if sized else "--max-updates"
+
+    def size(self, per_update: float, source: str) -> None:
+        self.per_update, self.source = per_update, source
+        fits = int(BUDGET_SECONDS // max(per_update, 1e-9))
+        self.updates = max(min(MIN_UPDATES, self.ceiling), min(self.ceiling, fits))
+
+    def text(self) -> str:
+        if not self.sized:
+            return f"update budget: {self.updates} (--max-updates)"
+        if self.per_update is None:
+            return (f"update budget: to be sized from the run's own updates {2}..{SIZE_AFTER + 1} (no pilot of this "
+                    f"campaign's config in the journal); at most {self.ceiling}")
+        return (f"update budget: {self.updates} — {BUDGET_SECONDS:g} s at {self.per_update:.3g} s per update "
+                f"({self.source}), at least {min(MIN_UPDATES, self.ceiling)}, at most {self.ceiling}; "
+                "--max-updates sets it")
+
+    def data(self) -> dict:
+        return {"updates": self.updates, "ceiling": self.ceiling, "sized": self.sized,
+                "seconds_per_update": self.per_update, "source": self.source, "seconds": BUDGET_SECONDS}
+
+
+def pilot_update_seconds(home, loaded, chosen: list) -> tuple[float, str] | None:
+    """(seconds, where from) of one memorising update — every chosen example in one micro-batch — from the time
+    model of the latest pilot of this campaign's config (its sha256) in the journal: a line through the pilot's
+    timed updates (seconds against padded tokens: a fixed cost, the optimizer's step, and a cost per token),
+    read at the memorising batch's padded tokens. None when no such pilot measured its updates."""
+    from pilotrun.journal.store import Journal
+    from pilotrun.sheet.shape import padded_tokens
+
+    sha = loaded.config_sha256()
+    runs = [r for r in Journal(home).list_runs(kind="pilot", name=loaded.campaign.name)
+            if r["config_sha256"] == sha and ((r.get("summary") or {}).get("time_model") or {}).get("typical")]
+    if not runs:
+        return None
+    run, model = runs[-1], runs[-1]["summary"]["time_model"]
+    points = [(p["tokens"], p["seconds"]) for p in model["typical"]]
+    if model.get("worst_update_s") and model.get("worst_update_tokens"):
+        points.append((model["worst_update_tokens"], model["worst_update_s"]))
+    tokens = padded_tokens([chosen])
+    n, mx, my = len(points), sum(x for x, _ in points) / len(points), sum(y for _, y in points) / len(points)
+    var = sum((x - mx) ** 2 for x, _ in points)
+    slope = sum((x - mx) * (y - my) for x, y in points) / var if var else 0.0
+    if slope <= 0 or my - slope * mx < 0:  # one size of update, or noise: proportional to tokens
+        slope, fixed = (my / mx if mx else 0.0), 0.0
+    else:
+        fixed = my - slope * mx
+    seconds = fixed + slope * tokens
+    return seconds, (f"pilot {run['run_id']}: {n} timed updates, read at this run's {tokens} padded tokens")
+
+
+class _StopRule:
+    """When the loop hands back to ``overfit``: the loss under LOSS_THRESHOLD (the predictions are checked at once;
+    after a miss, the next check waits 1, 2, 4 … up to CHUNK updates), a zero gradient at the first update, or the
+    budget spent."""
+
+    def __init__(self, budget: UpdateBudget):
+        self.budget, self.check_from, self.gap = budget, 0, 1
+
+    def __call__(self, state, out) -> bool:
+        return (state.update >= self.budget.updates or (out["update"] == 1 and out["grad_norm"] == 0)
+                or (out["loss"] < LOSS_THRESHOLD and state.update >= self.check_from))
+
+    def due(self, state, history) -> bool:
+        return bool(history) and history[-1]["loss"] < LOSS_THRESHOLD and state.update >= self.check_from
+
+    def missed(self, state) -> None:
+        self.check_from, self.gap = state.update + self.gap, min(2 * self.gap, CHUNK)
+
+
+def _memorised(checks: dict, chosen: list) -> bool:
+    """Stop checking: reproduced; or what no further update mends (no end id to stop at, one input with two targets)."""
+    if not (checks["teacher_forced_wrong"] or checks["generation_wrong"]):
+        return True
+    return (not checks["teacher_forced_wrong"] and all(w["never_stops"] for w in checks["generation_wrong"])) \
+        or bool(conflicting_inputs(chosen))
+
+
+def _checked_model(prep):
+    """The model both checks share (one build: the accumulation check leaves the weights as built) and the
+    accumulation check's result; the memorising run draws the random numbers it drew before they shared it."""
     import torch
 
-    from pilotrun.engine.distributed import default_device
-    from pilotrun.engine.loop import Hooks, make_state, train
-    from pilotrun.journal.store import Journal
-    from pilotrun.rehearsal.mechanics.plateau import plateau_causes
-    from pilotrun.rehearsal.prepare import prepare, require_weights
-    from pilotrun.journal.runs import RunRecorder
-
-    require_weights(loaded)
-    prep = prep or prepare(loaded, splits=("train",))
-    c, task = prep.c, prep.task
     from pilotrun.report.progress import head
 
-    msgs, data = [], {}
     head("accumulation check")
-    torch.manual_seed(c.seed)
-    model = task.build_model()  # one build for both checks: the accumulation check leaves the weights as built
+    torch.manual_seed(prep.c.seed)
+    model = prep.task.build_model()
     rng = torch.get_rng_state()
     acc = accumulation_check(prep, model)
-    torch.set_rng_state(rng)  # the memorising run draws what it drew before the check shared its model
-    msgs.append(acc["message"])
-    data["accumulation"] = acc
-    pool = prep.train[:examples]
-    chosen = [e for e in pool if e.n_targets > 0]
-    mt, setting = memorise_setting(c.train, len(chosen) or examples, max_updates)
-    msgs.append(f"memorise setting: {setting}")
-    data["setting"] = setting
-    failed = []
+    torch.set_rng_state(rng)
+    return model, acc
+
+
+def _cannot_memorise(pool: list, chosen: list, model) -> list[str]:
+    """Why no run can memorise the chosen examples, before one starts; empty when one can."""
     if not chosen:
-        failed.append(f"every label of the first {len(pool)} training examples is masked (no target tokens): "
-                      "nothing reaches the loss — check data.response / data.messages (assistant turns) and "
-                      "data.max_length (a prompt longer than it truncates the whole response away)")
-        return _result(acc, msgs + failed, data, failed)
-    if len(chosen) < len(pool):
-        msgs.append(f"{len(pool) - len(chosen)} of the first {len(pool)} examples have every label masked; "
-                    f"memorising the other {len(chosen)}")
+        return [f"every label of the first {len(pool)} training examples is masked (no target tokens): "
+                "nothing reaches the loss — check data.response / data.messages (assistant turns) and "
+                "data.max_length (a prompt longer than it truncates the whole response away)"]
     if not any(p.requires_grad for p in model.parameters()):
-        failed.append("no trainable parameters: every parameter has requires_grad=False — check "
-                      "model.adapter.target_modules, or unfreeze the model")
-        return _result(acc, msgs + failed, data, failed)
-    data["dropout_zeroed"] = _no_dropout(model)
+        return ["no trainable parameters: every parameter has requires_grad=False — check "
+                "model.adapter.target_modules, or unfreeze the model"]
+    return []
+
+
+def _memorise(loaded, home, prep, model, chosen: list, mt, budget: UpdateBudget, acc: dict, setting: str) -> dict:
+    """The memorising run, journalled as a run of kind overfit: chunks of the one loop, each ended by _StopRule,
+    until the predictions reproduce the targets or the budget is spent. Returns what it learnt."""
+    from pilotrun.engine.distributed import default_device
+    from pilotrun.engine.loop import Hooks, make_state, train
+    from pilotrun.journal.runs import RunRecorder
+    from pilotrun.journal.store import Journal
+    from pilotrun.rehearsal.mechanics.plateau import plateau_causes
+    from pilotrun.report.progress import head
+
+    c, task = prep.c, prep.task
+    zeroed = _no_dropout(model)
     device = default_device()
     model.to(device)
-    state = make_state(model, mt, n_train=len(chosen), seed=c.seed, total_updates=max_updates, device=device)
-    history, checks = [], {}
-    back_off = BackOff(c.train.lr)
+    state = make_state(model, mt, n_train=len(chosen), seed=c.seed, total_updates=budget.ceiling, device=device)
+    history, checks, back_off, stop = [], {}, BackOff(c.train.lr), _StopRule(budget)
     head(f"memorising {plural(len(chosen), 'example')}")
     with RunRecorder(Journal(home), loaded, kind="overfit") as rec:
         def on_update(st, out):
@@ -348,49 +438,95 @@ def overfit(loaded, home, *, examples: int = 8, max_updates: int = 150, prep=Non
             back_off(st, out)
             rec.log("train", out["update"], {"loss": out["loss"], "lr": out["lr"], "grad_norm": out["grad_norm"]},
                     examples_seen=out["examples_seen"], wall_s=out["wall_s"])
+            if budget.sized and budget.per_update is None and len(history) == SIZE_AFTER + 1:
+                seconds = sorted(h["seconds"] for h in history[1:])[SIZE_AFTER // 2]  # the first: a warm-up
+                budget.size(seconds, f"the median of its own updates 2..{SIZE_AFTER + 1}: no pilot of this "
+                                     "campaign's config in the journal")
+                st.total_updates = budget.updates  # the progress line's total
 
-        status = "completed"
-        while state.update < max_updates:
-            res = train(state, task, chosen, [], mt, hooks=Hooks(on_update=on_update,
-                                                                   stop_at=min(state.update + CHUNK, max_updates)))
+        status, res = "completed", None
+        while state.update < budget.updates:
+            res = train(state, task, chosen, [], mt,
+                        hooks=Hooks(on_update=on_update, stop_at=budget.ceiling, stop_when=stop))
             if res.status != "completed" or not history or history[0]["grad_norm"] == 0:
                 status = res.status
                 break
-            if history[-1]["loss"] < LOSS_THRESHOLD:
+            if stop.due(state, history):
                 checks = prediction_check(task, model, chosen, device)
-                missed = checks["teacher_forced_wrong"] or checks["generation_wrong"]
-                if not missed or (not checks["teacher_forced_wrong"] and all(
-                        w["never_stops"] for w in checks["generation_wrong"])) or conflicting_inputs(chosen):
-                    break  # memorised; or what no further update mends: no end id, one input with two targets
-        failed = [res.reason] if status == "failed" else _diagnose(history, checks, state, mt,
-                                                                   causes=lambda: plateau_causes(task, chosen, model),
-                                                                   examples=chosen)
+                if _memorised(checks, chosen):
+                    break
+                stop.missed(state)
+        failed = [res.reason] if status == "failed" else _diagnose(
+            history, checks, state, mt, causes=lambda: plateau_causes(task, chosen, model), examples=chosen,
+            budget=budget)
         summary = {"verdict": "fail" if failed or acc["verdict"] == "fail" else acc["verdict"],
-                   "accumulation": acc, "setting": setting, "updates": state.update,
+                   "accumulation": acc, "setting": setting, "updates": state.update, "budget": budget.data(),
                    "first_loss": history[0]["loss"] if history else None,
                    "last_loss": history[-1]["loss"] if history else None, "failed": failed}
         rec.progress(state.update, state.examples_seen)
         rec.finish(status, summary)
-    data.update(run_id=rec.run_id, updates=state.update, losses=[h["loss"] for h in history], checks=checks,
-                back_offs=back_off.events)
-    msgs += back_off.events
-    if not failed and history:
-        n_gen = checks.get("generated", 0)
+    return {"run_id": rec.run_id, "updates": state.update, "history": history, "checks": checks,
+            "back_offs": back_off.events, "failed": failed, "dropout_zeroed": zeroed}
+
+
+def _closing_lines(task, chosen: list, run: dict, acc: dict, budget: UpdateBudget) -> list[str]:
+    """What the run showed: memorised in how many updates, the budget it was sized to, the check's cost."""
+    history, lines = run["history"], []
+    if not run["failed"] and history:
+        n_gen = run["checks"].get("generated", 0)
         reproduced = (f"argmax reproduces every target; greedy generation reproduces {n_gen} of {n_gen} examples"
                       if task.kind == "causal-lm" else "the predicted ids reproduce every target")
-        msgs.append(f"memorised {plural(len(chosen), 'example')} in {plural(state.update, 'update')}: loss "
-                    f"{history[0]['loss']:.3f} → {history[-1]['loss']:.4f} < {LOSS_THRESHOLD}; {reproduced}")
+        lines.append(f"memorised {plural(len(chosen), 'example')} in {plural(run['updates'], 'update')}: loss "
+                     f"{history[0]['loss']:.3f} → {history[-1]['loss']:.4f} < {LOSS_THRESHOLD}; {reproduced}")
+    if budget.sized and budget.source.startswith("the median"):
+        lines.append(budget.text())  # sized during the run: said once it was
     if "seconds" in acc and history:
         per_update = sum(h.get("seconds", 0.0) for h in history) / len(history)
-        msgs.append(f"accumulation check cost: {acc['cost']}, about {acc['seconds'] / max(per_update, 1e-9):.1f} "
-                    f"memorising updates ({per_update:.2f} s each)")
-    msgs.append(f"run {rec.run_id} (kind overfit)")
+        lines.append(f"accumulation check cost: {acc['cost']}, about {acc['seconds'] / max(per_update, 1e-9):.1f} "
+                     f"memorising updates ({per_update:.2f} s each)")
+    lines.append(f"run {run['run_id']} (kind overfit)")
+    return lines
+
+
+def overfit(loaded, home, *, examples: int = 8, max_updates: int = MAX_UPDATES, sized: bool = True,
+            prep=None) -> StageResult:
+    """The accumulation check, then memorising ``examples`` training examples: at most ``max_updates`` updates,
+    fewer when ``sized`` and BUDGET_SECONDS hold fewer (UpdateBudget); the run stops as soon as they are memorised."""
+    from pilotrun.rehearsal.prepare import prepare, require_weights
+
+    require_weights(loaded)
+    prep = prep or prepare(loaded, splits=("train",))
+    model, acc = _checked_model(prep)
+    pool = prep.train[:examples]
+    chosen = [e for e in pool if e.n_targets > 0]
+    budget = UpdateBudget(max_updates, sized)
+    if sized and chosen:
+        found = pilot_update_seconds(home, loaded, chosen)
+        if found:
+            budget.size(*found)
+    mt, setting = memorise_setting(prep.c.train, len(chosen) or examples, budget.updates)
+    msgs, data = [acc["message"], f"memorise setting: {setting}"], {"accumulation": acc, "setting": setting}
+    if budget.per_update is not None or not sized:
+        msgs.append(budget.text())
+    refused = _cannot_memorise(pool, chosen, model)
+    if refused:
+        return _result(acc, msgs + refused, data, refused)
+    if len(chosen) < len(pool):
+        msgs.append(f"{len(pool) - len(chosen)} of the first {len(pool)} examples have every label masked; "
+                    f"memorising the other {len(chosen)}")
+    run = _memorise(loaded, home, prep, model, chosen, mt, budget, acc, setting)
+    history = run["history"]
+    data.update(run_id=run["run_id"], updates=run["updates"], losses=[h["loss"] for h in history],
+                checks=run["checks"], back_offs=run["back_offs"], dropout_zeroed=run["dropout_zeroed"],
+                budget=budget.data())
+    msgs += run["back_offs"] + _closing_lines(prep.task, chosen, run, acc, budget)
     rows = [{"update": h["update"], "loss": h["loss"], "grad_norm": h["grad_norm"], "lr": h["lr"]}
             for h in history if h["update"] % CHUNK == 0 or h is history[-1]]
-    return _result(acc, msgs + failed, data, failed, rows)
+    return _result(acc, msgs + run["failed"], data, run["failed"], rows)
 
 
-def _diagnose(history: list[dict], checks: dict, state, mt, causes=None, examples=None) -> list[str]:
+def _diagnose(history: list[dict], checks: dict, state, mt, causes=None, examples=None,
+              budget: UpdateBudget | None = None) -> list[str]:
     """Why the loop did not memorise, from what it recorded; empty when it did."""
     if not history:
         return ["no update ran"]
@@ -408,9 +544,12 @@ def _diagnose(history: list[dict], checks: dict, state, mt, causes=None, example
         return [f"loss flat at its start value: {first:.4f} → {last:.4f} over {state.update} updates; {why}"]
     if last >= LOSS_THRESHOLD:
         listed = causes() if causes else ["capacity: raise --max-updates, check the model's size and data.max_length"]
-        return [f"loss fell from {first:.4f} to {last:.4f} in {state.update} updates but not under {LOSS_THRESHOLD}: "
-                f"the model cannot memorise these examples at this setting; likely causes, most evidence first: "
-                + "; ".join(listed)]
+        cut = (f" (its budget, sized to {BUDGET_SECONDS:g} s at {budget.per_update:.3g} s per update: "
+               f"--max-updates {budget.ceiling} gives it the whole ceiling)"
+               if budget and budget.sized and budget.updates < budget.ceiling else "")
+        return [f"loss fell from {first:.4f} to {last:.4f} in {state.update} updates{cut} but not under "
+                f"{LOSS_THRESHOLD}: the model cannot memorise these examples at this setting; likely causes, most "
+                "evidence first: " + "; ".join(listed)]
     if checks.get("teacher_forced_wrong") or checks.get("generation_wrong"):
         clash = conflicting_inputs(examples or [])
         if clash:  # measured before any position or format is blamed: no model reproduces both targets
