@@ -28,7 +28,7 @@ def build_sheet(cfg: dict, journal, pilot: dict, *, target_env: dict | None = No
     ``predict``: run the estimator (GPU memory of a CPU pilot, the largest sizes); the time check,
     which only needs the time plan, passes False. ``options``: add the options table (per GPU and
     count, what each option changes), from the pilot's figures where they exist. The estimator's traces are
-    kept in the journal's home and read back for the same campaign, files and pilotrun (``rehearsal/reuse``)."""
+    kept in the journal's home and read back for the same campaign, files and pilotrun (``campaign/reuse``)."""
     with keeping_traces(journal.home):
         return _build_sheet(cfg, journal, pilot, target_env=target_env, gpu=gpu, rates=rates, predict=predict,
                             options=options)

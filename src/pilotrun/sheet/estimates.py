@@ -1,6 +1,6 @@
-"""What the sheet asks the estimator (rehearsal/memory/estimate.py) for a pilot: the GPU memory a CPU pilot's phases
+"""What the sheet asks the estimator (probe/trace.py) for a pilot: the GPU memory a CPU pilot's phases
 would take on CUDA, the largest sizes that fit the target GPU, and the options table; each kept in the journal's
-home (``rehearsal/reuse.kept_result``) and read back by the next sheet of the same campaign, files, pilotrun and
+home (``campaign/reuse.kept_result``) and read back by the next sheet of the same campaign, files, pilotrun and
 inputs, which then neither reads the data nor imports torch."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from pilotrun.sheet.options import TRAINING, options_table
 
 
 class _Prepared:
-    """The encoded data (``rehearsal/prepare.prepare``), read on first use: a sheet whose estimator results are
-    all kept in the journal's home (``rehearsal/reuse``) never reads or encodes the data, nor imports torch.
+    """The encoded data (``campaign/prepare.prepare``), read on first use: a sheet whose estimator results are
+    all kept in the journal's home (``campaign/reuse``) never reads or encodes the data, nor imports torch.
     Calling it returns the prepared data or raises what stopped it (kept in ``error``)."""
 
     def __init__(self, loaded):

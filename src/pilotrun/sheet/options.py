@@ -1,7 +1,7 @@
 """When the campaign does not fit: the options that do, per catalogue GPU and GPU count, and what each
 changes in the experiment.
 
-Memory comes from the estimator (rehearsal/memory/estimate.py): three traces — the campaign as written, with
+Memory comes from the estimator (probe/trace.py): three traces — the campaign as written, with
 activation checkpointing, and with a LoRA adapter plus checkpointing — and from each the rows of one
 rank for any count and strategy (``rows_for``: DDP buckets, FSDP's shards and gathered blocks, an
 offloaded optimizer). QLoRA is the LoRA trace with the decoder layers' linear weights at 4 bits.
