@@ -65,7 +65,7 @@ def bench_checks(tmp: Path, copies: int = 40, reps: int = 5) -> dict:
 
     from pilotrun.campaign import load_campaign
     from pilotrun.data.checks import run_checks
-    from pilotrun.rehearsal.prepare import prepare
+    from pilotrun.campaign.prepare import prepare
 
     tok = PreTrainedTokenizerFast(tokenizer_file=str(BPE), eos_token="<|endoftext|>")
     tok.save_pretrained(tmp / "bpe")

@@ -34,7 +34,7 @@ from pilotrun.campaign.load import load_campaign
 from pilotrun.engine.loop import evaluate, make_state, run_update
 from pilotrun.probe.memory import make_probe
 from pilotrun.phases.worst import worst_case
-from pilotrun.rehearsal.prepare import prepare
+from pilotrun.campaign.prepare import prepare
 
 def phases(path):
     prep = prepare(load_campaign(path), splits=("train", "validation"))

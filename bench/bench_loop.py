@@ -181,7 +181,7 @@ def bench_loop_overhead(tmp: Path, quick: bool) -> list[dict]:
     import torch
 
     from pilotrun.campaign.load import load_campaign
-    from pilotrun.rehearsal.prepare import prepare
+    from pilotrun.campaign.prepare import prepare
 
     torch.set_num_threads(1)  # the cores are shared; one thread keeps A and B comparable
     updates, reps = (10, 5) if quick else (20, 7)

@@ -3,7 +3,7 @@
 1. Memory bound: the largest ratio, over every run of the sweep and every phase kind (train,
    evaluation, save, export), of the run's observed peak to the pilot's peak for that kind (the runs
    record it: probe/watch.py). Goal ≤ 1.00 with no allowance: on CPU both sides are the exact count of
-   live tensor bytes (probe/tensors.py), on CUDA the allocator's counters.
+   live tensor bytes (engine/tensors.py), on CUDA the allocator's counters.
 2. Time: the sheet's plan on this machine (the pilot's measured seconds per update, per validation
    batch, per checkpoint, per load, per run start, and the pilot process's own start-up;
    rehearsal/training/timecheck.py) for the work the sweep's runs did, ÷ the runs' wall time (the first

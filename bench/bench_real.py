@@ -34,7 +34,7 @@ def _overfit_parts(campaign: Path, home: Path) -> tuple[float, float]:
     """(overfit wall, accumulation check wall), in this process, on one prepared campaign."""
     from pilotrun.campaign import load_campaign
     from pilotrun.rehearsal.mechanics.overfit import accumulation_check, overfit
-    from pilotrun.rehearsal.prepare import prepare
+    from pilotrun.campaign.prepare import prepare
 
     loaded = load_campaign(campaign)
     prep = prepare(loaded, splits=("train", "validation"))

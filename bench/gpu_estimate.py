@@ -39,7 +39,7 @@ def measured(loaded) -> dict:
     from pilotrun.engine.loop import evaluate, make_state, run_update
     from pilotrun.probe.memory import make_probe
     from pilotrun.phases.worst import worst_case
-    from pilotrun.rehearsal.prepare import prepare
+    from pilotrun.campaign.prepare import prepare
 
     device = torch.device("cuda", 0)
     gc.collect()

@@ -1,10 +1,13 @@
-"""The package's layers, bottom to top, and a checker that walks every import with ``ast``.
+"""The package's layers, bottom to top, as folders, and a checker that walks every import with ``ast``.
 
-A module may import from its own layer or any layer below it, never from one above; and no two
-modules may import each other, directly or round a circle. Lazy imports inside functions count: they
-are the same dependency, only paid later. A helper one module takes from another is public (no
-leading underscore). A module's layer is the longest entry of ``LAYERS`` that
-names it or a package above it; a module no entry names is itself an error (place it when you add it).
+A folder (a package of src/pilotrun, or one of the few files of the ground floor) sits wholly in one layer.
+It may import from itself or from a layer below it, never from one above, and never from another folder of
+its own layer (the stages do not import each other; ``rehearsal/all.py``, a layer up, runs them) — except on
+the ground floor, whose files lean on one another. No two folders import each other round a circle, and no
+two modules do either. Lazy imports inside functions count: they are the same dependency, only paid later.
+A helper one module takes from another is public (no leading underscore). A module's folder is the longest
+entry of ``LAYERS`` that names it or a package above it; a module no entry names is itself an error (place it
+when you add it).
 """
 
 from __future__ import annotations
@@ -12,29 +15,31 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+GROUND = "ground"
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # the package root is imported before any of its modules: the ground. Its ``__getattr__`` hands out the
-    # public names (pilotrun.Task, pilotrun.phase) lazily: the one import allowed to point up.
-    ("ground", ("pilotrun", "pilotrun.errors", "pilotrun.verdicts", "pilotrun.provenance", "pilotrun.report.safe",
-                "pilotrun.startup", "pilotrun.signals", "pilotrun.scratch")),
-    # helpers that import nothing of pilotrun but the ground, used from low layers: placed by module
-    ("helpers", ("pilotrun.probe.tensors", "pilotrun.sheet.plan", "pilotrun.report.progress",
-                 "pilotrun.campaign.hub")),
+    # public names (pilotrun.Task, pilotrun.phase) lazily: the one import allowed to point up. console/ is how
+    # every layer speaks to the user: terminal-safe text, durations, the progress line.
+    (GROUND, ("pilotrun", "pilotrun.errors", "pilotrun.verdicts", "pilotrun.provenance", "pilotrun.startup",
+              "pilotrun.signals", "pilotrun.scratch", "pilotrun.console")),
     ("journal", ("pilotrun.journal",)),
-    ("records", ("pilotrun.data.readers", "pilotrun.data.stream")),
+    ("records", ("pilotrun.records",)),
     ("tasks", ("pilotrun.tasks",)),
     ("data", ("pilotrun.data",)),
     ("campaign", ("pilotrun.campaign",)),
     ("engine", ("pilotrun.engine",)),
     ("phases", ("pilotrun.phases",)),
     ("probe", ("pilotrun.probe",)),
-    # the sheet (plan, catalogue, sizes, launch) is the rental's part of the rehearsal: it runs the estimate
-    # and reads the sweep's arms, and only stages and above use it
-    ("rehearsal", ("pilotrun.rehearsal", "pilotrun.sheet")),
-    ("integrations", ("pilotrun.integrations",)),
+    ("sheet", ("pilotrun.sheet",)),
+    # each stage folder is its own; none imports another
+    ("stages", ("pilotrun.rehearsal.data_checks", "pilotrun.rehearsal.mechanics", "pilotrun.rehearsal.memory",
+                "pilotrun.rehearsal.rental", "pilotrun.rehearsal.training")),
+    ("rehearsal", ("pilotrun.rehearsal",)),  # all.py: the stages in order
     ("report", ("pilotrun.report",)),
+    ("integrations", ("pilotrun.integrations",)),
     ("demo", ("pilotrun.demo",)),
-    ("front", ("pilotrun.cli", "pilotrun.__main__")),
+    ("front", ("pilotrun.cli",)),
+    ("entry", ("pilotrun.__main__",)),  # python -m pilotrun
 ]
 
 
@@ -85,30 +90,55 @@ def private_imports(name: str, path: Path) -> list[str]:
     return out
 
 
-def layer_of(name: str, layers=LAYERS) -> int | None:
+def folder_of(name: str, layers=LAYERS) -> tuple[int, str] | None:
+    """The layer and the folder (the longest entry naming ``name`` or a package above it), or None."""
     best, best_len = None, -1
     for i, (_, prefixes) in enumerate(layers):
         for p in prefixes:
             inside = name.startswith(p + ".") and "." in p  # the root names only itself
             if (name == p or inside) and len(p) > best_len:
-                best, best_len = i, len(p)
+                best, best_len = (i, p), len(p)
     return best
 
 
+def layer_of(name: str, layers=LAYERS) -> int | None:
+    found = folder_of(name, layers)
+    return None if found is None else found[0]
+
+
 def problems(src: Path, layers=LAYERS, top: str = "pilotrun") -> list[str]:
-    """Every upward import, unplaced module, private import and import circle, as sentences."""
+    """Every upward or sideways folder import, folder circle, unplaced module, private import and module import
+    circle, as sentences."""
     mods = modules(src, top)
     graph = {m: imports(m, p, set(mods)) for m, p in mods.items()}
     out = []
+    entries = [p for _, prefixes in layers for p in prefixes]
     for m in sorted(mods):
-        if layer_of(m, layers) is None:
+        found = folder_of(m, layers)
+        if found is None:
             out.append(f"{m} is in no layer: add it to LAYERS")
+            continue
+        # a new sub-package of a folder whose sub-packages are folders of their own (a stage) needs its own entry
+        rest = m[len(found[1]) + 1:].split(".") if m != found[1] else []
+        sub = f"{found[1]}.{rest[0]}" if rest else None
+        if sub and any(e.startswith(found[1] + ".") for e in entries) and (
+                len(rest) > 1 or mods[m].name == "__init__.py"):
+            out.append(f"{m} is in no layer: add {sub} to LAYERS")
+    folders: dict[str, set[str]] = {}
     for m, targets in sorted(graph.items()):
-        lm = layer_of(m, layers)
+        fm = folder_of(m, layers)
         for t in sorted(targets):
-            lt = layer_of(t, layers)
-            if lm is not None and lt is not None and lt > lm:
+            ft = folder_of(t, layers)
+            if fm is None or ft is None or fm[1] == ft[1]:
+                continue
+            (lm, a), (lt, b) = fm, ft
+            if lt > lm:
                 out.append(f"{m} ({layers[lm][0]}) imports {t} ({layers[lt][0]}), a layer above it")
+            elif lt == lm and layers[lm][0] != GROUND:
+                out.append(f"{m} ({a}) imports {t} ({b}), another folder of its layer ({layers[lm][0]})")
+            else:
+                folders.setdefault(a, set()).add(b)
+    out += [f"folder circle: {' -> '.join(c)}" for c in cycles(folders)]
     for m, p in sorted(mods.items()):
         out += private_imports(m, p)
     out += [f"import circle: {' -> '.join(c)}" for c in cycles(graph)]

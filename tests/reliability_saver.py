@@ -80,7 +80,7 @@ def main(campaign: str, direct: list[str] | None = None) -> None:
     torch.set_num_threads(1)
     from pilotrun.campaign import load_campaign
     from pilotrun.engine.loop import make_state, run_update
-    from pilotrun.rehearsal.prepare import prepare
+    from pilotrun.campaign.prepare import prepare
 
     prep = prepare(load_campaign(campaign), splits=("train",))
     torch.manual_seed(0)

@@ -1,5 +1,5 @@
 """Where `all`'s time goes (issue 34): each stage's wall divided into start-up, campaign load, data, model build
-and the work itself, from the progress line's accounts (report/progress.py ``spent``), a fresh process's
+and the work itself, from the progress line's accounts (console/progress.py ``spent``), a fresh process's
 accounts included; in the JSON always, in the text with --verbose, at 80 columns."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import time
 import pytest
 from conftest import simple_records, tiny_causal_campaign
 
-from pilotrun.report import progress
-from pilotrun.report.progress import SPENT
+from pilotrun.console import progress
+from pilotrun.console.progress import SPENT
 
 
 def test_all_json_and_verbose_text_say_where_each_stage_time_went(cli, tmp_path, monkeypatch):
@@ -58,7 +58,7 @@ def test_all_text_has_no_breakdown_without_verbose(cli, tmp_path, monkeypatch):
 
 CHILD = textwrap.dedent("""
     import time
-    from pilotrun.report.progress import note, spend, spending
+    from pilotrun.console.progress import note, spend, spending
     with spending("data"):
         note("reading", log=True)
         time.sleep(0.4)

@@ -171,7 +171,7 @@ def test_rotary_families_are_not_held_to_max_position_embeddings(tmp_path, cli):
 def test_lora_default_is_the_family_attention_projections(folders, tmp_path, family):
     """No target_modules: PEFT's own mapping for the family (Phi-3 and DistilBERT, which it lacks, by their real
     names), checked on the architecture before anything runs; inspect prints the choice."""
-    from pilotrun.rehearsal.prepare import adapter_choice
+    from pilotrun.campaign.prepare import adapter_choice
 
     loaded = _loaded(folders, tmp_path, family, model__adapter={"kind": "lora", "r": 4, "alpha": 8})
     targets, why = adapter_choice(loaded)

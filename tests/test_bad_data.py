@@ -45,7 +45,7 @@ def test_json_list_and_parquet_are_read(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from pilotrun.data.readers import read_records
+    from pilotrun.records.readers import read_records
 
     recs = simple_records(3)
     (tmp_path / "a.json").write_text(json.dumps(recs))
@@ -58,7 +58,7 @@ def test_json_list_and_parquet_are_read(tmp_path):
 def test_shared_alpaca_and_stack_exchange_read(tmp_path):
     from conftest import SHARED_DATA
 
-    from pilotrun.data.readers import read_records
+    from pilotrun.records.readers import read_records
 
     alpaca = read_records(SHARED_DATA / "alpaca_tiny.json")
     assert len(alpaca) == 100 and {"instruction", "input", "output"} <= set(alpaca[0].fields)

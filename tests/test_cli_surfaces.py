@@ -276,7 +276,7 @@ def test_a_long_stage_writes_a_plain_progress_line_to_a_log(tmp_path):
 def test_heartbeat_names_what_the_stage_is_doing(log_stream):
     import time
 
-    from pilotrun.report.progress import note, stage_progress
+    from pilotrun.console.progress import note, stage_progress
 
     with stage_progress("pilot", stream=log_stream):
         note("phase steady_step")

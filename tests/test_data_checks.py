@@ -10,7 +10,7 @@ from conftest import SHARED_DATA, TINY_LLAMA, simple_records, tiny_causal_campai
 from pilotrun.campaign import load_campaign
 from pilotrun.data.checks import run_checks
 from pilotrun.rehearsal.data_checks.inspect import inspect
-from pilotrun.rehearsal.prepare import prepare
+from pilotrun.campaign.prepare import prepare
 from pilotrun.tasks import IGNORE
 
 PLANTED_TASKS = '''

@@ -26,7 +26,7 @@ def _rank_work(campaign_path: str, out: str, home: str, run_id: str) -> None:
     from pilotrun.engine.loop import make_state, run_update
     from pilotrun.engine.state import save_state
     from pilotrun.probe.recorder import phase
-    from pilotrun.rehearsal.prepare import prepare
+    from pilotrun.campaign.prepare import prepare
 
     world, rank = world_rank()
     prep = prepare(load_campaign(campaign_path), splits=("train",))
@@ -52,7 +52,7 @@ def test_two_ranks_equal_one_process_with_the_whole_update(tmp_path):
     from pilotrun.engine.state import is_complete
     from pilotrun.journal import Journal
     from pilotrun.probe.recorder import own_run
-    from pilotrun.rehearsal.prepare import prepare
+    from pilotrun.campaign.prepare import prepare
 
     # lengths differ across examples, so a per-rank mean would not equal the global token mean
     records = [{"instruction": "x" * (3 + 5 * i), "output": "y" * (1 + 3 * i)} for i in range(8)]

@@ -44,7 +44,7 @@ def test_parameters_gradients_and_optimizer_state_are_exact(tmp_path):
     from pilotrun.engine.loop import make_state, run_update
     from pilotrun.rehearsal.memory.estimate import estimate
     from pilotrun.phases.worst import worst_case
-    from pilotrun.rehearsal.prepare import prepare
+    from pilotrun.campaign.prepare import prepare
 
     loaded = load_campaign(_campaign(tmp_path))
     rows = _rows(estimate(loaded, device="cpu"))
@@ -71,7 +71,7 @@ MEASURE = textwrap.dedent("""
     from pilotrun.engine.loop import evaluate, make_state, run_update
     from pilotrun.probe.memory import make_probe
     from pilotrun.phases.worst import worst_case
-    from pilotrun.rehearsal.prepare import prepare
+    from pilotrun.campaign.prepare import prepare
 
     def phases(path):
         prep = prepare(load_campaign(path), splits=("train", "validation"))

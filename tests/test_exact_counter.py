@@ -1,4 +1,4 @@
-"""The exact CPU counter (probe/tensors.py): live tensor bytes with a true peak, deterministic, blind to
+"""The exact CPU counter (engine/tensors.py): live tensor bytes with a true peak, deterministic, blind to
 the heap; and the watch's choice of the updates it probes (probe/watch.py)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import torch
 
 from conftest import TINY_LLAMA
 from pilotrun.probe.memory import RssProbe, TensorProbe, _rss_now, make_probe
-from pilotrun.probe.tensors import track
+from pilotrun.engine.tensors import track
 from pilotrun.probe.watch import SPOT_EVERY, PeakWatch
 
 MiB = 2**20

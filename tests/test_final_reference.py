@@ -48,7 +48,7 @@ def home(trained, tmp_path):
 def _state(path):
     from pilotrun.campaign import load_campaign
     from pilotrun.engine.loop import make_state
-    from pilotrun.rehearsal.prepare import prepare
+    from pilotrun.campaign.prepare import prepare
 
     prep = prepare(load_campaign(path))
     torch.manual_seed(123)  # other weights than any checkpoint's until one is loaded

@@ -59,7 +59,7 @@ def _loaded(tmp_path, name="c", n_val=8, **overrides):
 
 def _measure(loaded, kind, **overrides):
     from pilotrun.rehearsal.memory.fit_probe import probe, variant_prep
-    from pilotrun.rehearsal.prepare import prepare
+    from pilotrun.campaign.prepare import prepare
 
     prep = prepare(loaded, splits=("train", "validation"))
     return probe(variant_prep(prep, loaded.with_overrides(overrides)) if overrides else prep, kind)
@@ -136,7 +136,7 @@ def _eval_bound(tmp_path):
 @pytest.mark.slow  # RSS gap between two lengths is noisy when the 2 cores are shared
 def test_shorter_max_length_is_flagged_when_it_cuts_targets(tmp_path):
     from pilotrun.rehearsal.memory.fit import fit
-    from pilotrun.rehearsal.prepare import prepare
+    from pilotrun.campaign.prepare import prepare
 
     # micro_batch 1: no smaller micro-batch; a wider vocabulary so that the length moves the peak
     loaded = _loaded(tmp_path, train__micro_batch=1, train__accumulation=2, data__max_length=96,
@@ -160,7 +160,7 @@ def test_shorter_max_length_is_flagged_when_it_cuts_targets(tmp_path):
 def test_targets_cut_is_zero_for_a_length_that_cuts_nothing(tmp_path):
     from pilotrun.rehearsal.memory.fit import _Fit
     from pilotrun.rehearsal.memory.fit_variants import _targets_cut
-    from pilotrun.rehearsal.prepare import prepare
+    from pilotrun.campaign.prepare import prepare
 
     loaded = _loaded(tmp_path, data__max_length=96)
     job = _Fit(loaded, prepare(loaded, splits=("train", "validation")), 2**30, 16, None)

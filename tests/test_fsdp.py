@@ -65,7 +65,7 @@ def test_fsdp_pilot_rows_per_rank_match_the_estimate_within_ten_percent(tmp_path
 
 
 def _plain_model(loaded):
-    from pilotrun.rehearsal.prepare import prepare
+    from pilotrun.campaign.prepare import prepare
 
     return prepare(loaded, splits=("train",)).task.build_model()
 

@@ -39,7 +39,7 @@ def _state(path, **overrides):
 
     from pilotrun.campaign.load import load_campaign
     from pilotrun.engine.loop import make_state
-    from pilotrun.rehearsal.prepare import prepare
+    from pilotrun.campaign.prepare import prepare
 
     loaded = load_campaign(path, overrides or None)
     prep = prepare(loaded, splits=("train",))

@@ -399,7 +399,7 @@ def hub_campaign(tmp_path, data, path, **train):
 def test_hub_id_resolved_from_the_cache_and_recorded(tmp_path, data, cache):
     from huggingface_hub import scan_cache_dir
 
-    from pilotrun.campaign.hub import is_hub_id, snapshot_of
+    from pilotrun.tasks.hub import is_hub_id, snapshot_of
     from pilotrun.journal.runs import RunRecorder
     from pilotrun.journal.store import Journal
     from pilotrun.tasks.loading import build_model, load_tokenizer

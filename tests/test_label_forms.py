@@ -9,7 +9,7 @@ from conftest import TINY_LLAMA, write_campaign, write_jsonl
 
 from pilotrun.campaign import load_campaign
 from pilotrun.data.checks import run_checks
-from pilotrun.rehearsal.prepare import prepare
+from pilotrun.campaign.prepare import prepare
 
 
 def _seqcls(tmp_path, train, validation, labels):

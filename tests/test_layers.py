@@ -1,5 +1,6 @@
-"""Layers that only point down (tests/layering.py): the package passes, and a planted upward import, a
-planted circle, a private helper taken across modules and an unplaced module each fail, named."""
+"""Folders that only point down (tests/layering.py): the package passes, and a planted upward folder import, a
+stage importing another stage, a folder circle, a module circle, a private helper taken across modules and an
+unplaced module each fail, named."""
 
 from __future__ import annotations
 
@@ -42,6 +43,45 @@ def test_a_planted_upward_import_fails_naming_both_modules(tmp_path):
     assert found == ["pilotrun.journal.archive (journal) imports pilotrun.report.terminal (report), a layer above it"]
 
 
+def test_the_sheet_importing_a_stage_fails_as_an_upward_folder_import(tmp_path):
+    root = _copy(tmp_path)
+    _append(root, "pilotrun.sheet.options", "from pilotrun.rehearsal.memory.estimate import estimate")
+    assert layering.problems(root) == [
+        "pilotrun.sheet.options (sheet) imports pilotrun.rehearsal.memory.estimate (stages), a layer above it"]
+
+
+def test_a_stage_importing_another_stage_fails(tmp_path):
+    root = _copy(tmp_path)
+    _append(root, "pilotrun.rehearsal.training.train", "from pilotrun.rehearsal.rental.sheet import sheet_stage")
+    assert layering.problems(root) == [
+        "pilotrun.rehearsal.training.train (pilotrun.rehearsal.training) imports pilotrun.rehearsal.rental.sheet "
+        "(pilotrun.rehearsal.rental), another folder of its layer (stages)"]
+
+
+def test_a_planted_folder_circle_fails_naming_its_folders(tmp_path):
+    """On the ground floor files may lean on each other, but not round a circle: errors.py already speaks
+    through console/safe.py, so console/progress.py importing errors closes one (no module circle)."""
+    root = _copy(tmp_path)
+    _append(root, "pilotrun.console.progress", "from pilotrun.errors import BadInput")
+    assert layering.problems(root) == ["folder circle: pilotrun.console -> pilotrun.errors -> pilotrun.console"]
+
+
+def test_every_folder_sits_in_one_layer():
+    """No folder entry is split across layers: each package of src/pilotrun is one entry (or inside one)."""
+    mods = layering.modules(SRC)
+    for m in mods:
+        folder = layering.folder_of(m)
+        assert folder is not None, m
+        assert m == folder[1] or m.startswith(folder[1] + "."), m
+    entries = [p for _, prefixes in layering.LAYERS for p in prefixes]
+    assert len(entries) == len(set(entries))
+    # a package's modules all share its entry unless a deeper entry names a whole sub-package
+    for p in entries:
+        for q in entries:
+            if q.startswith(p + ".") and "." in p:
+                assert (SRC / q.replace(".", "/") / "__init__.py").is_file(), f"{q} splits {p} below package level"
+
+
 def test_a_planted_circle_fails_naming_its_modules(tmp_path):
     root = _copy(tmp_path)
     _append(root, "pilotrun.data.labels", "from pilotrun.data.checks import data_checks")
@@ -60,6 +100,17 @@ def test_a_module_in_no_layer_fails(tmp_path):
     (root / "pilotrun" / "extras").mkdir()
     (root / "pilotrun" / "extras" / "__init__.py").write_text("")
     assert layering.problems(root) == ["pilotrun.extras is in no layer: add it to LAYERS"]
+
+
+def test_a_new_stage_folder_must_be_placed(tmp_path):
+    """rehearsal/'s sub-folders are the stages, each its own entry: a new one is not placed by rehearsal/ (all.py)."""
+    root = _copy(tmp_path)
+    (root / "pilotrun" / "rehearsal" / "tuning").mkdir()
+    (root / "pilotrun" / "rehearsal" / "tuning" / "__init__.py").write_text("")
+    (root / "pilotrun" / "rehearsal" / "tuning" / "sweep2.py").write_text("")
+    assert layering.problems(root) == [
+        "pilotrun.rehearsal.tuning is in no layer: add pilotrun.rehearsal.tuning to LAYERS",
+        "pilotrun.rehearsal.tuning.sweep2 is in no layer: add pilotrun.rehearsal.tuning to LAYERS"]
 
 
 def test_relative_imports_are_resolved(tmp_path):

@@ -133,7 +133,7 @@ def test_unit_signature_does_not_depend_on_where_the_units_records_lie(tmp_path)
     """A unit's records together or scattered through the file (the sorted fast path and the reordering
     path) give the same unit hashes and signatures, and the unit is reported at its first record."""
     from pilotrun.data.leakage import reduce_split
-    from pilotrun.data.stream import iter_chunks
+    from pilotrun.records.stream import iter_chunks
 
     turns = [{"conv": f"c{k}", "instruction": f"{LONG} {k} {t}", "output": f"a{t}"} for k in range(5) for t in range(3)]
     scattered = sorted(turns, key=lambda r: (r["output"], r["conv"]))  # c0 c1 ... c4, then again

@@ -10,7 +10,7 @@ from pilotrun.campaign import load_campaign
 from pilotrun.engine.loop import make_state, run_update
 from pilotrun.engine.optim import lr_factor
 from pilotrun.engine.sampler import UpdateSampler
-from pilotrun.rehearsal.prepare import prepare
+from pilotrun.campaign.prepare import prepare
 
 
 def _grads(model):

@@ -11,7 +11,7 @@ from conftest import SHARED_DATA, tiny_causal_campaign, write_campaign
 
 from pilotrun.campaign import load_campaign
 from pilotrun.data.checks import run_checks
-from pilotrun.rehearsal.prepare import prepare
+from pilotrun.campaign.prepare import prepare
 
 
 def _checks(path):

@@ -22,7 +22,7 @@ def test_counted_layers_and_micro_batches_match_the_full_trace(tmp_path):
     same allocated bytes, per phase and category, as tracing all of them."""
     from pilotrun.campaign.load import load_campaign
     from pilotrun.probe.estimate import MID_SEGMENT
-    from pilotrun.rehearsal.memory.estimate import trace
+    from pilotrun.probe.trace import trace
 
     cfg = dict(TINY_LLAMA, num_hidden_layers=6, hidden_size=128, intermediate_size=256)
     path = tiny_causal_campaign(tmp_path, _records(40), _records(16, 100), model__config=cfg,

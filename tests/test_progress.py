@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from conftest import TINY_LLAMA, run_cli_process, tiny_causal_campaign
-from pilotrun.report.progress import BAR_WIDTH
+from pilotrun.console.progress import BAR_WIDTH
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
 
@@ -198,7 +198,7 @@ def test_train_shows_the_shared_line_with_counts(setup):
 def test_the_line_counts_the_time_left(log_stream):
     import time
 
-    from pilotrun.report.progress import head, note, stage_progress
+    from pilotrun.console.progress import head, note, stage_progress
 
     with stage_progress("sweep", stream=log_stream):
         head("run 2/4: control seed 1", done=1, total=4, eta_s=600)

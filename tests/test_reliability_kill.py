@@ -20,7 +20,7 @@ from pilotrun.campaign import load_campaign
 from pilotrun.engine.loop import make_state
 from pilotrun.engine.state import COMPONENTS, is_complete, latest_checkpoint, load_state, problems
 from pilotrun.journal.files import KILL_ENV
-from pilotrun.rehearsal.prepare import prepare
+from pilotrun.campaign.prepare import prepare
 
 SAVER = Path(__file__).with_name("reliability_saver.py")
 # every step of save_state at which a kill point exists (fp32 on the CPU: no grad scaler to save)

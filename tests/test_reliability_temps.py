@@ -68,7 +68,7 @@ def test_archive_removes_a_killed_archives_temporary(cli, tmp_path, live_pid):
 def test_a_stage_removes_dead_progress_files(tmpdir_env, live_pid):
     import io
 
-    from pilotrun.report.progress import FILE_ENV, stage_progress
+    from pilotrun.console.progress import FILE_ENV, stage_progress
 
     dead_pid = _dead_pid()
     dead = _plant(tmpdir_env, [f"pilotrun-progress-{host_tag()}-{dead_pid}-ab12cd34",

@@ -27,7 +27,7 @@ from pilotrun.engine.state import is_complete, load_state, save_state
 from pilotrun.errors import BadInput
 from pilotrun.journal.archive import extract
 from pilotrun.journal.files import write_manifest
-from pilotrun.rehearsal.prepare import prepare
+from pilotrun.campaign.prepare import prepare
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "pilotrun"
 

@@ -12,8 +12,8 @@ import pytest
 from conftest import simple_records, tiny_causal_campaign
 
 from pilotrun.campaign.load import load_campaign
-from pilotrun.rehearsal import reuse
-from pilotrun.rehearsal.prepare import prepare
+from pilotrun.campaign import reuse
+from pilotrun.campaign.prepare import prepare
 
 
 @pytest.fixture(autouse=True)
@@ -113,7 +113,7 @@ def test_a_built_model_is_a_fresh_copy_of_the_pristine_weights_never_the_trained
 def test_a_trace_is_read_back_from_the_home_and_a_changed_config_traces_again(tmp_path):
     """The estimator's trace of a campaign kept in the journal's home: read back the same (rows equal), counted
     as a hit; another config (the planted change: a micro-batch) or pilotrun's code digest is another key."""
-    from pilotrun.rehearsal.memory.estimate import rows_for, traced
+    from pilotrun.probe.trace import rows_for, traced
 
     path = tiny_causal_campaign(tmp_path / "c", simple_records(12), simple_records(4, start=50))
     loaded = load_campaign(path)

@@ -12,7 +12,9 @@ from pilotrun.campaign.load import load_campaign
 from pilotrun.journal.store import Journal
 from pilotrun.rehearsal.rental.env import collect_env
 from pilotrun.journal.runs import run_provenance
-from pilotrun.rehearsal.rental.sheet import find_pilot, sheet_section_html, sheet_stage
+from pilotrun.journal.runs import find_pilot
+from pilotrun.rehearsal.rental.sheet import sheet_stage
+from pilotrun.sheet.build import sheet_section_html
 
 GiB = 2**30
 PHASES = ("load", "first_step", "steady_step", "eval_longest", "save", "export", "reload")

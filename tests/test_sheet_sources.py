@@ -13,7 +13,7 @@ from conftest import TINY_LLAMA, run_cli_process, tiny_causal_campaign
 from pilotrun.campaign.load import load_campaign
 from pilotrun.sheet import gpu_memory as GM
 from pilotrun.sheet.sizes import Prober, largest, largest_sizes, longest_record
-from pilotrun.rehearsal.prepare import prepare
+from pilotrun.campaign.prepare import prepare
 from pilotrun.rehearsal.rental.sheet import sheet_stage
 
 MAX_POSITIONS = 96
@@ -95,7 +95,7 @@ def test_no_size_above_what_can_exist(sheets, name):
 
 @pytest.mark.parametrize("name", ["demo", "uneven"])
 def test_memory_is_the_cuda_prediction_with_its_constants_never_cpu_rss(sheets, name):
-    from pilotrun.rehearsal.memory.estimate import trace
+    from pilotrun.probe.trace import trace
 
     loaded, r = sheets[name]
     m = r.data["memory"]
@@ -147,7 +147,7 @@ def test_sheet_md_reads_in_100_columns_and_without_rates_names_the_missing_input
 
 def test_launch_files_parse_and_hold_the_sweep_in_order(sheets):
     from pilotrun.rehearsal.training.sweep import launch_sweep_id, plan_arms
-    from pilotrun.rehearsal.training.sweep_runs import arm_command
+    from pilotrun.campaign.sweep_runs import arm_command
 
     loaded, r = sheets["uneven"]
     folder = loaded.source.parent

@@ -9,7 +9,7 @@ from conftest import simple_records, tiny_causal_campaign
 from pilotrun.campaign import load_campaign
 from pilotrun.engine.loop import make_state, run_update
 from pilotrun.engine.state import COMPONENTS, is_complete, latest_checkpoint, load_state, save_state
-from pilotrun.rehearsal.prepare import prepare
+from pilotrun.campaign.prepare import prepare
 
 
 def _state(path, seed=0):

@@ -7,7 +7,7 @@ import pytest
 from conftest import simple_records, tiny_causal_campaign
 
 from pilotrun.journal import Journal
-from pilotrun.report.safe import escape_controls
+from pilotrun.console.safe import escape_controls
 
 EVIL = "\x1b]0;PWNED\x07\x1b[2J\x1b[H\rgone\x08\x9b31m\u202eevil"
 

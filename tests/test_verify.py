@@ -8,7 +8,7 @@ import yaml
 from conftest import TINY_LLAMA, write_campaign
 
 from pilotrun.journal.files import write_manifest
-from pilotrun.rehearsal.mechanics.control import CONTROL_FILE, load_control
+from pilotrun.engine.control import CONTROL_FILE, load_control
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,7 @@ __all__ = ["__version__", "Task", "phase", "own_run"]
 
 
 def __getattr__(name):
+    # lazy: the public names come on first use, so `import pilotrun` (and --help) loads none of their modules
     if name == "Task":
         from pilotrun.tasks.base import Task
 

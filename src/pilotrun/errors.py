@@ -5,6 +5,8 @@ A check that gives a failing verdict is not an exception: stages return verdicts
 
 from __future__ import annotations
 
+from pilotrun.console.safe import escape_controls
+
 EXIT_OK = 0
 EXIT_CHECK_FAILED = 1
 EXIT_BAD_INPUT = 2
@@ -15,8 +17,6 @@ class BadInput(Exception):
     """The user's input is wrong: the message names the file, line or key and the fix (exit 2)."""
 
     def __init__(self, message: str, *, where: str | None = None, fix: str | None = None):
-        from pilotrun.report.safe import escape_controls  # values from files and arguments: printed escaped
-
         where, message, fix = (escape_controls(t) if isinstance(t, str) else t for t in (where, message, fix))
         self.where = where
         self.fix = fix

@@ -3,7 +3,7 @@
 ``owned_name(prefix)`` is ``PREFIX<host>-<pid>-<random>``; ``remove_dead(prefix)`` removes every entry of
 TMPDIR with that prefix whose host is this one and whose process is gone (a killed parent's progress file,
 a killed train's rank folder). A live owner's (its PID exists, even reused) and another host's stay. Each
-writer calls it when it starts (``report/progress.stage_progress``, ``rehearsal/training/train``), as
+writer calls it when it starts (``console/progress.stage_progress``, ``rehearsal/training/train``), as
 checkpoints remove a killed save's hidden folder (``journal/files.remove_stale_temps``).
 """
 

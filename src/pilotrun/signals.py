@@ -25,6 +25,8 @@ import signal
 import sys
 import threading
 
+from pilotrun.errors import BadInput
+
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 GRACE_ENV = "PILOTRUN_TERM_GRACE_S"
 
@@ -87,8 +89,6 @@ def grace_s() -> float:
     try:
         return max(0.0, float(raw))
     except ValueError:
-        from pilotrun.errors import BadInput
-
         raise BadInput(f"{GRACE_ENV}={raw!r} is not a number of seconds", where=f"${GRACE_ENV}",
                        fix=f"set {GRACE_ENV} to seconds (e.g. 60), or unset it to stop at once") from None
 

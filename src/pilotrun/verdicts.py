@@ -22,7 +22,7 @@ class StageResult:
     columns: list[str] = field(default_factory=list)
     rows: list[dict[str, Any]] = field(default_factory=list)
     seconds: float | None = None  # the stage's wall time, where a caller timed it (``all``)
-    spent: dict[str, float] | None = None  # where ``seconds`` went (``all``: report/progress.SPENT's accounts)
+    spent: dict[str, float] | None = None  # where ``seconds`` went (``all``: console/progress.SPENT's accounts)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

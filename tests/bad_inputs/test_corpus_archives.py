@@ -118,7 +118,7 @@ def _copy(src: Path, dest: Path) -> Path:
 @pytest.mark.parametrize("damage", ["pickle", "truncated"])
 def test_artifact_that_is_not_safetensors(trained, tmp_path, damage):
     from pilotrun.campaign.load import load_campaign
-    from pilotrun.rehearsal.prepare import prepare
+    from pilotrun.campaign.prepare import prepare
 
     path, run_dir = trained
     art = _copy(run_dir / "artifact" / "model", tmp_path / "model")
@@ -138,7 +138,7 @@ def test_checkpoint_file_that_is_not_safetensors(trained, tmp_path, component):
     from pilotrun.campaign.load import load_campaign
     from pilotrun.engine.loop import make_state
     from pilotrun.engine.state import latest_checkpoint, load_state
-    from pilotrun.rehearsal.prepare import prepare
+    from pilotrun.campaign.prepare import prepare
 
     path, run_dir = trained
     ckpt = _copy(latest_checkpoint(run_dir / "checkpoints"), tmp_path / "ckpt")
@@ -153,7 +153,7 @@ def test_checkpoint_file_that_is_not_safetensors(trained, tmp_path, component):
 
 
 def test_stored_control_predictions_that_are_not_safetensors(trained, tmp_path):
-    from pilotrun.rehearsal.mechanics.control import CONTROL_FILE, load_control
+    from pilotrun.engine.control import CONTROL_FILE, load_control
 
     bad = tmp_path / CONTROL_FILE
     bad.write_bytes(PICKLE)

@@ -102,7 +102,7 @@ def test_jsonl_strings_holding_line_separators_are_read(cli, tmp_path):
     text = (tmp_path / "data" / "train.jsonl").read_text()
     (tmp_path / "data" / "train.jsonl").write_text(text.replace("\\u2028", "\u2028").replace("\\u0085", "\u0085"))
     assert "\u2028" in (tmp_path / "data" / "train.jsonl").read_text()
-    from pilotrun.data.readers import read_records
+    from pilotrun.records.readers import read_records
 
     recs = read_records(tmp_path / "data" / "train.jsonl")
     assert len(recs) == 8 and recs[2].fields["output"] == records[2]["output"] and recs[3].where.endswith(":4")
@@ -121,7 +121,7 @@ def test_csv_fields_over_the_default_limit_are_read(cli, tmp_path):
         for i in range(8):
             w.writerow([long if i == 1 else f"reverse word{i}", f"{i}drow"])
     _edit(path, _set("data", train="data/train.csv"))
-    from pilotrun.data.readers import read_records
+    from pilotrun.records.readers import read_records
 
     assert read_records(tmp_path / "data" / "train.csv")[1].fields["instruction"] == long
     r = cli("validate", path, "--home", tmp_path / "home")

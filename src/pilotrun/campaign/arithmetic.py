@@ -6,7 +6,13 @@ from __future__ import annotations
 import math
 
 from pilotrun.errors import BadInput
-from pilotrun.sheet.plan import saves_per_run
+
+
+def saves_per_run(updates: int, save_every: int | None) -> int:
+    """The checkpoints a run of ``updates`` writes: one every ``save_every`` updates, and ``final`` unless the
+    last update saved one (then ``final`` is a reference to it, no second copy)."""
+    saved = updates // save_every if save_every else 0
+    return saved + (0 if save_every and updates and updates % save_every == 0 else 1)
 
 
 def data_parallel_ranks(t) -> int:

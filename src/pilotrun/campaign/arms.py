@@ -14,10 +14,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from pilotrun.campaign.arithmetic import data_parallel_ranks
+from pilotrun.campaign.load import line_index
 from pilotrun.errors import BadInput
 
 BATCH_KEYS = ("train.micro_batch", "train.accumulation", "train.nproc", "train.strategy")
 BUDGET_KEYS = ("train.updates", "train.epochs")
+# Keys a variant may change without changing what one update costs (the pilot measured the control).
+COST_FREE = ("train.lr", "train.weight_decay", "train.schedule", "train.warmup", "train.max_grad_norm",
+             "train.optimizer", "train.stop", "seed")
 
 
 @dataclass
@@ -35,8 +39,6 @@ class Arm:
 
 
 def _line_of(loaded, path: tuple) -> int | None:
-    from pilotrun.campaign.load import line_index
-
     if loaded.source is None or not loaded.source.is_file():
         return None
     return line_index(loaded.source.read_text(encoding="utf-8")).get(path)

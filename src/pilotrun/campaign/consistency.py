@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from pilotrun.campaign.arithmetic import batch_arithmetic
 from pilotrun.errors import BadInput, BadInputs
+from pilotrun.records.readers import read_records
 from pilotrun.tasks.common import SPLITS, template_fields
+from pilotrun.tasks.hub import snapshot_of
+from pilotrun.tasks.loading import check_model_dir, check_positions
 
 
 def task_needs(c, base_dir=None) -> list[BadInput]:
@@ -38,8 +42,6 @@ def task_needs(c, base_dir=None) -> list[BadInput]:
         problems.append(BadInput("model.config needs a tokenizer", where="model.tokenizer",
                                  fix="set model.tokenizer: byte, or a local tokenizer folder"))
     if c.task in ("causal-lm", "seq-cls"):
-        from pilotrun.tasks.loading import check_positions
-
         try:
             check_positions(c, defaults=False)  # config.json or model.config as written: no torch here
         except BadInput as e:
@@ -71,8 +73,6 @@ def fields_named(c) -> list[tuple[str, str]]:
 
 def check_records(c) -> dict[str, int]:
     """Read every data file and check each record has the named fields. Returns records per split."""
-    from pilotrun.data.readers import read_records
-
     counts, problems = {}, []
     need = fields_named(c) if c.task in ("causal-lm", "seq-cls") else []
     for split in SPLITS:
@@ -116,9 +116,6 @@ def _task_and_model_files(c, base_dir=None) -> list[BadInput]:
     """The task name, model folder, tokenizer folder and model_type, checked without importing torch."""
     import importlib.util
     from pathlib import Path
-
-    from pilotrun.campaign.hub import snapshot_of
-    from pilotrun.tasks.loading import check_model_dir
 
     problems = []
     if c.task not in ("causal-lm", "seq-cls"):
@@ -214,3 +211,14 @@ def vocabulary_problem(c) -> list[BadInput]:
                      "embedding row", where=where,
                      fix=f"set the model's vocab_size to at least {tok[0]}, or use the tokenizer the model was "
                          "trained with (or resize the embeddings and save the model)")]
+
+
+def check_campaign(loaded) -> tuple[dict[str, int], dict]:
+    """What ``validate`` refuses, raised as BadInput: schema-level consistency, the vocabulary, every record, the
+    batch arithmetic. Returns the records per split and the arithmetic (``sweep`` calls it before freezing a plan)."""
+    c = loaded.campaign
+    check_consistency(c, loaded.base_dir)
+    for problem in vocabulary_problem(c):  # validate's own: the verbs that build the model refuse it there
+        raise problem
+    counts = check_records(c)
+    return counts, batch_arithmetic(c.train, counts.get("train", 0))

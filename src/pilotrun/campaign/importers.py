@@ -21,8 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from pilotrun.campaign import yamlsafe
-from pilotrun.campaign.hub import is_hub_id
+from pilotrun.campaign.schema import Campaign
 from pilotrun.errors import BadInput, BadInputs
+from pilotrun.journal.files import atomic_write_text
+from pilotrun.records.readers import read_records
+from pilotrun.tasks.hub import is_hub_id
 
 FORMATS = ("axolotl", "hf")
 MAX_BYTES = 1 << 20
@@ -207,7 +210,6 @@ class _Builder:
         train = self.c["data"].get("train")
         if not train:
             return
-        from pilotrun.data.readers import read_records
 
         try:
             self.examples = len(read_records(self.out.parent / train))
@@ -982,9 +984,6 @@ def import_config(source: str | Path, fmt: str | None = None, out: str | Path | 
                   force: bool = False) -> Imported:
     """Read ``source``, map it to a campaign and write it to ``out`` (default: campaign.yaml beside the source).
     Nothing is written when anything is bad input (exit 2)."""
-    from pilotrun.campaign.schema import Campaign
-    from pilotrun.journal.files import atomic_write_text
-
     source = Path(source).expanduser().resolve()
     if fmt is not None and fmt not in FORMATS:
         raise BadInput(f"--from {fmt}: unknown format", where="--from", fix="use --from axolotl or --from hf")

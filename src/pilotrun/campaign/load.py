@@ -17,11 +17,12 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from pilotrun.campaign import yamlsafe
-from pilotrun.campaign.hub import is_hub_id, resolve
+from pilotrun.tasks.hub import is_hub_id, resolve
 from pilotrun.campaign.schema import Campaign
 from pilotrun.errors import BadInput, BadInputs
 from pilotrun.journal.files import dump_yaml  # noqa: F401  (part of campaign's API)
 from pilotrun.provenance import config_sha256
+from pilotrun.console.progress import spending
 
 PATH_KEYS = ("model.path", "model.tokenizer", "data.train", "data.validation", "data.test")
 
@@ -34,7 +35,7 @@ class LoadedCampaign:
     source: Path | None
     base_dir: Path
     hub: dict[str, Any] = field(default_factory=dict)
-    """model.path / model.tokenizer given as hub ids: key -> campaign.hub.HubModel (what each resolved to)."""
+    """model.path / model.tokenizer given as hub ids: key -> tasks.hub.HubModel (what each resolved to)."""
 
     @property
     def c(self) -> Campaign:
@@ -313,8 +314,6 @@ def _resolve(path: Path) -> Path:
 
 def load_campaign(path: str | Path, overrides: dict[str, Any] | None = None) -> LoadedCampaign:
     """Read, override and validate a campaign file. Raises BadInput naming file, line and key."""
-    from pilotrun.report.progress import spending
-
     with spending("campaign"):
         return _load_campaign(path, overrides)
 
@@ -330,8 +329,6 @@ def _load_campaign(path: str | Path, overrides: dict[str, Any] | None) -> Loaded
 
 
 def campaign_from_dict(raw: dict[str, Any], base_dir: Path, overrides: dict[str, Any] | None = None) -> LoadedCampaign:
-    from pilotrun.report.progress import spending
-
     with spending("campaign"):
         return _campaign_from_dict(raw, base_dir, overrides)
 

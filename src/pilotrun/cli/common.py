@@ -9,7 +9,10 @@ import sys
 
 import click
 
+from pilotrun.console.safe import safe
 from pilotrun.errors import EXIT_OK
+from pilotrun.verdicts import exit_code
+# The verbs' work is imported inside each command: `pilotrun --help` imports this module (lazy on purpose).
 
 
 def common_options(f=None, *, home: bool = True):
@@ -112,8 +115,6 @@ def live_renderer(as_json: bool):
     """A callback that renders each stage result as soon as it is ready."""
     from pilotrun.report.terminal import render_result
 
-    from pilotrun.report.safe import safe
-
     con = console(as_json)
     return lambda r: render_result(safe(r), con)
 
@@ -128,9 +129,7 @@ def emit(results, as_json: bool, *, rendered: bool = False, notes: list[str] | N
     return the exit code. Several results (``all``) end with one summary table (``notes`` under it; with
     ``--verbose`` where each stage's time went; the JSON has it always, each stage's ``spent``)."""
     from pilotrun.cli.envelope import for_results, write
-    from pilotrun.report.safe import safe
     from pilotrun.report.terminal import render_result, render_summary
-    from pilotrun.verdicts import exit_code
 
     results = results if isinstance(results, list) else [results]
     con = console(as_json)
@@ -149,8 +148,6 @@ def emit(results, as_json: bool, *, rendered: bool = False, notes: list[str] | N
 def emit_data(data, as_json: bool, render, summary: str = "") -> int:
     """For journal verbs: the envelope with ``data`` (and a human rendering on stderr), or the rendering."""
     from pilotrun.cli.envelope import envelope, write
-
-    from pilotrun.report.safe import safe
 
     render(console(as_json), safe(data))  # notes, run names ... printed with control characters escaped
     if as_json:

@@ -6,6 +6,7 @@ import click
 
 from pilotrun.cli.common import campaign_argument, common_options, console, emit, load, set_option
 from pilotrun.cli.main import cli
+# The verbs' work is imported inside each command: `pilotrun --help` imports this module (lazy on purpose).
 
 _SPLITS = click.Choice(["train", "validation", "test"])
 

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import click
 
+from pilotrun.verdicts import worst
+
 _FILE_SUFFIXES = {".yaml", ".yml", ".json", ".jsonl", ".csv", ".parquet", ".txt", ".md", ".gz", ".py"}
 _FILE_LINE = re.compile(r"^(?P<file>.+?):(?P<line>\d+)(?::\d+)?(?:\s+(?P<key>\S+))?$")
 
@@ -34,8 +36,6 @@ def write(payload: dict) -> None:
 
 
 def for_results(results, verb: str | None, exit_code: int) -> dict:
-    from pilotrun.verdicts import worst
-
     stages = [r.to_json() for r in results]
     if len(results) == 1:
         r = results[0]

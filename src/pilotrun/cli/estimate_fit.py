@@ -6,7 +6,8 @@ import click
 
 from pilotrun.cli.common import campaign_argument, common_options, emit, home_for, load, set_option
 from pilotrun.cli.main import cli
-from pilotrun.report.progress import stage_progress
+from pilotrun.console.progress import stage_progress
+# The verbs' work is imported inside each command: `pilotrun --help` imports this module (lazy on purpose).
 
 
 @cli.command()

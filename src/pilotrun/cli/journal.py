@@ -6,6 +6,7 @@ import click
 
 from pilotrun.cli.common import common_options, emit_data, home_for
 from pilotrun.cli.main import cli
+# The verbs' work is imported inside each command: `pilotrun --help` imports this module (lazy on purpose).
 
 
 def _journal(home):

@@ -10,9 +10,11 @@ import traceback
 
 import click
 
-from pilotrun import __version__
+from pilotrun import __version__, signals, startup
 from pilotrun.cli.common import home_source
 from pilotrun.errors import EXIT_BAD_INPUT, EXIT_INTERNAL, BadInput
+from pilotrun.signals import exit_code_of, interruption
+# The verbs' work is imported inside each command: `pilotrun --help` imports this module (lazy on purpose).
 
 # Each module registers its verbs on ``cli`` when imported; heavy imports stay inside the verbs.
 COMMAND_MODULES = (
@@ -112,8 +114,6 @@ def run(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as e:
         code, error = _interrupted(e)
     except Exception as e:  # anything else is our bug, not the user's input
-        from pilotrun.signals import interruption
-
         stopped = interruption(e)  # unless it is part of a stop: after a signal, or a peer rank lost
         if stopped is not None:
             code, error = _interrupted(stopped)
@@ -134,7 +134,6 @@ def run(argv: list[str] | None = None) -> int:
 def _interrupted(e: KeyboardInterrupt) -> tuple[int, dict]:
     """Ctrl-C, or a signal (pilotrun.signals.Preempted): exit 128 + its number, the reason the run recorded."""
     from pilotrun.journal.runs import INTERRUPTED
-    from pilotrun.signals import exit_code_of, interruption
 
     e = interruption(e) or e  # a bare KeyboardInterrupt a library raised for our signal names that signal
     reason = getattr(e, "reason", INTERRUPTED)
@@ -173,8 +172,6 @@ def _broken_pipe() -> int:
 
 
 def main() -> None:
-    from pilotrun import signals, startup
-
     startup.mark()  # the time plan's start-up term: this process is pilotrun's own
     try:
         signals.install()  # SIGTERM and SIGHUP end a run 'interrupted' as Ctrl-C does

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import click
 
-from pilotrun.cli.common import campaign_argument, common_options, emit, home_for, load, set_option
+from pilotrun.cli.common import campaign_argument, common_options, console, emit, home_for, load, set_option
 from pilotrun.cli.main import cli
 from pilotrun.sheet.catalogue import BY_KEY
+# The verbs' work is imported inside each command: `pilotrun --help` imports this module (lazy on purpose).
 
 
 @cli.command()
 @common_options(home=False)
 def env(home, as_json):
     """Software stack: Python, torch, CUDA/cuDNN/NCCL, devices, bf16, attention kernels, key packages."""
-    from pilotrun.cli.common import console
     from pilotrun.rehearsal.rental.env import env_markdown, env_stage
 
     result = env_stage()

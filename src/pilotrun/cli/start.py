@@ -8,7 +8,10 @@ import click
 
 from pilotrun.cli.common import campaign_argument, common_options, emit, home_for, live_renderer, load, set_option
 from pilotrun.cli.main import cli
+from pilotrun.console.progress import stage_progress
 from pilotrun.errors import BadInput
+from pilotrun.verdicts import StageResult
+# The verbs' work is imported inside each command: `pilotrun --help` imports this module (lazy on purpose).
 
 
 def budget_options(f):
@@ -71,7 +74,6 @@ def init(folder, task, force, home, as_json):
     """Write a commented starter campaign.yaml for a task into FOLDER."""
     from pilotrun.campaign.templates import starter
     from pilotrun.journal.files import atomic_write_text
-    from pilotrun.verdicts import StageResult
 
     path = Path(folder) / "campaign.yaml"
     if path.exists() and not force:
@@ -94,7 +96,6 @@ def import_(source, fmt, out, force, home, as_json):
     setting carried, or named with what leaving it out does to the rehearsal. A pickled training_args.bin is
     refused, never loaded."""
     from pilotrun.campaign.importers import import_config
-    from pilotrun.verdicts import StageResult
 
     imp = import_config(source, fmt, out, force=force)
     tool = {"axolotl": "Axolotl", "hf": "TrainingArguments/SFTConfig"}[imp.fmt]
@@ -116,6 +117,7 @@ def import_(source, fmt, out, force, home, as_json):
 @common_options(home=False)
 def validate(campaign, sets, home, as_json):
     """Schema, files and consistency; prints the batch arithmetic. Runs nothing."""
+    # lazy: looked up when called: tests replace it
     from pilotrun.rehearsal.data_checks.validate import validate as run_validate
 
     return emit(run_validate(load(campaign, sets), home=home), as_json)
@@ -132,7 +134,6 @@ def train(campaign, sets, seed, supersedes, home, as_json):
     from pilotrun.rehearsal.training.train import train_run
 
     sets = tuple(sets) + ((f"seed={seed}",) if seed is not None else ())
-    from pilotrun.report.progress import stage_progress
 
     loaded = load(campaign, sets)
     with stage_progress("train"):

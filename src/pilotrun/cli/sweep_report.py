@@ -6,6 +6,9 @@ import click
 
 from pilotrun.cli.common import campaign_argument, common_options, emit, home_for, load
 from pilotrun.cli.main import cli
+from pilotrun.console.progress import head, say, stage_progress
+from pilotrun.verdicts import StageResult
+# The verbs' work is imported inside each command: `pilotrun --help` imports this module (lazy on purpose).
 
 
 @cli.command()
@@ -26,7 +29,6 @@ def sweep(campaign, continue_id, fixed_id, sets, ray_address, home, as_json):
 
     loaded = load(campaign, sets)
 
-    from pilotrun.report.progress import head, say, stage_progress
     from pilotrun.sheet.plan import fmt_duration
 
     def on_start(r):
@@ -60,7 +62,6 @@ def report(out, home, as_json):
 
     from pilotrun.journal.store import Journal
     from pilotrun.report.html import write_report
-    from pilotrun.verdicts import StageResult
 
     journal = Journal(home_for(home), create=False)
     path = write_report(journal, Path(out) if out else journal.home / "report.html")

@@ -15,9 +15,14 @@ from typing import Any
 
 import numpy as np
 
-from pilotrun.verdicts import FEW, Check, worst
+from pilotrun.data.labels import label_checks, label_forms, scan_labels
+from pilotrun.data.mixup import MixupScan
+from pilotrun.data.prefetch import batched
+from pilotrun.data.unknown import UnknownScan
+from pilotrun.tasks import make_task
 from pilotrun.tasks.base import IGNORE
 from pilotrun.tasks.common import SPLITS, template_fields
+from pilotrun.verdicts import FEW, Check, worst
 
 CHUNK = 1024  # records tokenized per batch
 BARS = "▁▂▃▄▅▆▇█"
@@ -229,11 +234,6 @@ def split_checks(split: str, s: SplitScan, c) -> tuple[list[Check], dict[str, An
 
 def run_checks(task, loaded, splits=SPLITS) -> Report:
     """Encode every record of every split through ``task.encode`` and check what the loss sees."""
-    from pilotrun.data.labels import label_checks, label_forms, scan_labels
-    from pilotrun.data.mixup import MixupScan
-    from pilotrun.data.prefetch import batched
-    from pilotrun.data.unknown import UnknownScan
-
     c = loaded.campaign
     records = {s: task.records(s) for s in splits}
     records = {s: r for s, r in records.items() if r}
@@ -265,8 +265,6 @@ def run_checks(task, loaded, splits=SPLITS) -> Report:
 
 def _untruncated(task, loaded):
     """The same task with no truncation, to measure how long the cut examples really are."""
-    from pilotrun.tasks import make_task
-
     big = loaded.with_overrides({"data.max_length": 1 << 30})
     try:
         return type(task)(big, tokenizer=task.tokenizer)

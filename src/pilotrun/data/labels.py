@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 
 from pilotrun.errors import BadInput
+from pilotrun.tasks.seq_cls import as_id
+from pilotrun.verdicts import Check
 
 FEW = 3
 
@@ -36,9 +38,6 @@ def label_forms(task, records: dict[str, list]) -> list:
     A warning — unless a value reads as two different classes, a name whose digits are another class's id
     (data.labels ["1", "2", "3"]: the name "1" is id 0, the id 1 is "2"), with both forms in the data:
     then the splits disagree about what a class is, and it fails."""
-    from pilotrun.verdicts import Check
-    from pilotrun.tasks.seq_cls import as_id
-
     if getattr(task, "kind", None) != "seq-cls" or not hasattr(task, "label2id"):
         return []
     name, label2id = task.c.data.label, task.label2id
@@ -101,8 +100,6 @@ def head_name(c, class_id: int) -> str | None:
 
 
 def label_checks(task, loaded, scans) -> list:
-    from pilotrun.verdicts import Check
-
     if getattr(task, "kind", None) != "seq-cls":
         return []
     c = loaded.campaign

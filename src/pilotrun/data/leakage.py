@@ -20,9 +20,10 @@ from datetime import date, datetime
 import numpy as np
 
 from pilotrun.data import minhash
-from pilotrun.verdicts import Check
 from pilotrun.errors import BadInput
+from pilotrun.records.stream import iter_chunks
 from pilotrun.tasks import common
+from pilotrun.verdicts import Check
 
 FEW = 3
 CHUNK = 4096
@@ -121,8 +122,6 @@ def response_of(c):
 
 def _texts_at(c, split: str, wanted: set[int], text) -> dict[int, str]:
     """The normalised text of the records at these positions of a split (a second read, only for them)."""
-    from pilotrun.data.stream import iter_chunks
-
     out, k = {}, 0
     for records in iter_chunks(getattr(c.data, split)):
         for r in records:
@@ -365,7 +364,6 @@ def leakage_checks(loaded, threshold: float = 0.8) -> tuple[list[Check], dict]:
     """Every check across the splits of a campaign; returns the checks and per-split counts."""
     c = loaded.campaign
     units: dict[str, SplitUnits] = {}
-    from pilotrun.data.stream import iter_chunks
 
     for split in common.SPLITS:
         if getattr(c.data, split):

@@ -13,7 +13,10 @@ import hashlib
 import json
 from pathlib import Path
 
+from pilotrun.data.leakage import period_key
 from pilotrun.errors import BadInput
+from pilotrun.journal.files import atomic_write_text
+from pilotrun.records.readers import read_records
 from pilotrun.verdicts import StageResult
 
 SPLITS = ("train", "validation", "test")
@@ -60,8 +63,6 @@ def _assign(sizes: list[int], ratios) -> list[int]:
 
 def split_records(records, by: str, ratios, seed: int = 0, period: str | None = None):
     """{split: [records]} and the number of units whose records span more than one period block."""
-    from pilotrun.data.leakage import period_key
-
     units: dict[str, list] = {}
     for r in records:
         units.setdefault(str(r.fields[by]), []).append(r)
@@ -94,9 +95,6 @@ def split_records(records, by: str, ratios, seed: int = 0, period: str | None = 
 
 def split_file(data: str | Path, by: str, ratios, out: str | Path, seed: int = 0,
                period: str | None = None) -> StageResult:
-    from pilotrun.data.readers import read_records
-    from pilotrun.journal.files import atomic_write_text
-
     records = read_records(data)
     _require(records, by, "--by", data)
     if period:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pilotrun.engine.distributed import barrier, broadcast_from_rank0
+from pilotrun.journal.files import write_dir_atomically
+
 
 def _unwrap(model):
     return getattr(model, "module", model)
@@ -12,9 +15,6 @@ def _unwrap(model):
 def export_artifact(task, model, out_dir: Path, rank: int, strategy: str) -> list[str]:
     """Rank 0 writes the artifact (into a temporary folder renamed when complete); under FSDP every rank
     first helps gather the full weights."""
-    from pilotrun.engine.distributed import barrier, broadcast_from_rank0
-    from pilotrun.journal.files import write_dir_atomically
-
     if strategy == "fsdp":
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import NoReturn
 
+from pilotrun import signals
+from pilotrun.errors import BadInput
+
 
 def world_rank() -> tuple[int, int]:
     import torch.distributed as dist
@@ -82,8 +85,6 @@ def backend_for_device() -> str:
 def check_strategy(t) -> None:
     """Refuse what cannot run here before any process starts, with the key to change."""
     import torch
-
-    from pilotrun.errors import BadInput
 
     if t.strategy == "fsdp" and t.nproc < 2:
         raise BadInput(f"train.strategy=fsdp with train.nproc={t.nproc}: FSDP shards the parameters, gradients and "
@@ -185,8 +186,6 @@ def _entry(rank: int, fn, world: int, port: int, args: tuple) -> None:
 
     import torch.distributed as dist
 
-    from pilotrun import signals
-
     # no grace: a signal ends a rank at once, even inside a collective (a Python handler would wait for it):
     # the parent sees which signal and ends the run 'interrupted' (``launch``). With a grace the rank notes
     # a SIGTERM as the console script does; the ranks agree on the update to stop after (engine/loop).
@@ -224,8 +223,6 @@ def launch(fn, nproc: int, args: tuple = ()) -> None:
 
     import torch.multiprocessing as mp
     from torch.multiprocessing.spawn import ProcessExitedException
-
-    from pilotrun import signals
 
     ctx = mp.start_processes(_entry, args=(fn, nproc, free_port(), args), nprocs=nproc, join=False,
                              start_method="spawn")

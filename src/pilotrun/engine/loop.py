@@ -20,11 +20,16 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from pilotrun import signals
+from pilotrun.console.progress import note
 from pilotrun.engine.distributed import agree_max, all_reduce_sum, world_rank
+from pilotrun.engine.oom import is_oom
 from pilotrun.engine.optim import make_optimizer, make_scheduler
 from pilotrun.engine.precision import autocast, make_scaler
 from pilotrun.engine.sampler import UpdateSampler
+from pilotrun.engine.state import retain_checkpoints, save_state
 from pilotrun.journal.store import check_fence
+from pilotrun.verdicts import plural
 
 OOM_ENV = "PILOTRUN_TEST_OOM_AT_UPDATE"  # test switch only: see _planted_oom
 
@@ -287,8 +292,6 @@ class _RanOut(Exception):
 @contextlib.contextmanager
 def _out_of_memory_ends_run(where: str):
     """An out-of-memory error inside the block ends the run (``train`` catches ``_RanOut`` once); others propagate."""
-    from pilotrun.engine.oom import is_oom
-
     try:
         yield
     except Exception as e:
@@ -348,13 +351,9 @@ class _Loop:
     def phase(self, doing: str) -> None:
         """Say a phase of the run on the stage's line, after the update it follows (never the stale label of
         whatever ran before the loop, such as the data's encoding); a milestone, logged at once."""
-        from pilotrun.report.progress import note
-
         note(f"{self.said}; {doing}" if self.said else doing, log=True, spent="work")
 
     def loop(self) -> None:
-        from pilotrun import signals
-
         state, t, result = self.state, self.t, self.result
         in_a_row = 0  # consecutive updates with a non-finite loss
         several = world_rank()[0] > 1
@@ -391,8 +390,6 @@ class _Loop:
 
     def update(self) -> dict:
         """The next update, run and told: its record in the history, the hooks, the stage's line."""
-        from pilotrun.report.progress import note
-
         state, t, result = self.state, self.t, self.result
         result.saved_last = None  # an update follows the last save: the state is no longer that checkpoint's
         micro_batches = [[self.train_examples[i] for i in mb] for mb in state.sampler.next_update()]
@@ -457,8 +454,6 @@ class _Loop:
 
     def validate(self) -> bool:
         """A validation, logged and told to the hooks; True when the patience rule stops the run."""
-        from pilotrun.verdicts import plural
-
         state, t, val = self.state, self.t, self.val_examples
         if not val:
             return False
@@ -483,8 +478,6 @@ class _Loop:
 
     def save(self) -> None:
         """A numbered checkpoint of this update (the best one kept by train.keep_checkpoints)."""
-        from pilotrun.engine.state import retain_checkpoints, save_state
-
         state, t = self.state, self.t
         check_fence()  # a run the journal reaped while this process was stopped: no checkpoint into it
         note_best_checkpoint(state, self.result.evals, self.plan_metric, self.goal)

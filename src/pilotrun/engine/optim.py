@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import math
 
+from pilotrun.errors import BadInput
+
 
 def make_optimizer(model, t):
     import torch
 
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
-        from pilotrun.errors import BadInput
-
         raise BadInput("the model has no trainable parameters", where="model.adapter",
                        fix="check model.adapter.target_modules, or unfreeze the model")
     if t.optimizer == "adamw":

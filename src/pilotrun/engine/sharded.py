@@ -14,6 +14,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pilotrun.engine.distributed import world_rank
+from pilotrun.errors import BadInput
+from pilotrun.journal.files import kill_point, reading_weights
+
 
 def is_sharded(model) -> bool:
     """True when the model's parameters are FSDP2 DTensors."""
@@ -51,8 +55,6 @@ def save_shards(state, tmp: Path, rank: int, *, model: bool = True, optimizer: b
     from torch.distributed.checkpoint.state_dict import get_state_dict
     from torch.distributed.tensor import DTensor
 
-    from pilotrun.journal.files import kill_point
-
     msd, osd = get_state_dict(state.model, state.optimizer)
     model_file, opt_file = shard_names(rank)
     if model:
@@ -69,9 +71,6 @@ def save_shards(state, tmp: Path, rank: int, *, model: bool = True, optimizer: b
 
 def check_world(path: Path, manifest: dict, model) -> int | None:
     """The world size that wrote a sharded checkpoint (None for a full one), refusing one this run cannot load."""
-    from pilotrun.engine.distributed import world_rank
-    from pilotrun.errors import BadInput
-
     written = (manifest.get("sharded") or {}).get("world")
     world = world_rank()[0]
     if written is None:
@@ -93,8 +92,6 @@ def read_optimizer_shard(path: Path, rank: int) -> dict:
 
     import torch
 
-    from pilotrun.errors import BadInput
-
     file = path / shard_names(rank)[1]
     try:
         return torch.load(file, weights_only=True, map_location="cpu")
@@ -111,8 +108,6 @@ def load_shards(state, path: Path, rank: int, opt: dict | None) -> list[str]:
     from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_state_dict, set_model_state_dict,
                                                          set_state_dict)
     from torch.distributed.tensor import DTensor
-
-    from pilotrun.journal.files import reading_weights
 
     template, _ = get_state_dict(state.model, state.optimizer)
 

@@ -24,7 +24,10 @@ from pathlib import Path
 
 import numpy as np
 
-from pilotrun.engine.sharded import unshare
+from pilotrun.engine.distributed import barrier, broadcast_from_rank0, world_rank
+from pilotrun.engine.sharded import (check_world, is_sharded, load_shards, read_optimizer_shard, save_shards,
+    shard_names, unshare)
+from pilotrun.errors import BadInput
 from pilotrun.journal.base_identity import BASE_FILE, base_of, check_base, load_trainable, trainable_state, write_base
 from pilotrun.journal.checkpoints import named_by, resolve, write_reference
 from pilotrun.journal.files import (MANIFEST, commit_dir, kill_point, remove_stale_temps, temp_path, reading_weights,
@@ -51,9 +54,6 @@ def save_state(state, path: str | Path, *, skip: tuple[str, ...] = ()) -> Path:
     """
     import torch
     from safetensors.torch import save_file, save_model
-
-    from pilotrun.engine.distributed import barrier, broadcast_from_rank0, world_rank
-    from pilotrun.engine.sharded import is_sharded, save_shards
 
     path = Path(path)
     world, rank = world_rank()
@@ -137,8 +137,6 @@ def save_final(state, path: str | Path, saved: str | Path | None) -> bool:
     """Write ``checkpoints/final``: a reference to ``saved`` when the loop's last act was saving that numbered
     checkpoint (it is this very state), else a checkpoint of its own (``save_state``). Every rank calls it, as
     ``save_state``; rank 0 writes. True when it wrote a reference."""
-    from pilotrun.engine.distributed import barrier, world_rank
-
     if saved is None:
         save_state(state, path)
         return False
@@ -153,15 +151,11 @@ def load_state(state, path: str | Path) -> list[str]:
     import torch
     from safetensors.torch import load_file, load_model
 
-    from pilotrun.errors import BadInput
-
     asked = Path(path)
     path, found = resolve(asked)
     if found:
         raise BadInput("checkpoint does not match its manifest: " + "; ".join(found) + "; nothing was loaded",
                        where=str(asked), fix="use an earlier complete checkpoint")
-    from pilotrun.engine.distributed import world_rank
-    from pilotrun.engine.sharded import check_world, load_shards, read_optimizer_shard, shard_names
 
     rank = world_rank()[1]
     written_by = check_world(path, json.loads((path / MANIFEST).read_text()), state.model)

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import math
 
+from pilotrun.journal.runs import create_run, end_run, phase_summary, user_command
+from pilotrun.journal.store import Journal, resolve_home
 from pilotrun.phases import names
 from pilotrun.probe.recorder import Phase
 
@@ -26,8 +28,6 @@ class Recorder:
     """The journal run and the open phase of one process (one rank)."""
 
     def __init__(self, home, *, kind: str, name: str, memory_limit: int | None = None):
-        from pilotrun.journal.store import Journal, resolve_home
-
         self.journal = Journal(resolve_home(home))  # None: $PILOTRUN_HOME, else ./.pilotrun
         self.kind, self.name, self.memory_limit = kind, name, memory_limit
         self.run_id: str | None = None
@@ -40,8 +40,6 @@ class Recorder:
     # --- the run ------------------------------------------------------------------------------------
     def create_run(self, config: dict, *, seed: int | None, is_rank0: bool, broadcast) -> str | None:
         """Rank 0 creates the run; ``broadcast(obj)`` hands its id to every rank (identity on one process)."""
-        from pilotrun.journal.runs import create_run, user_command
-
         run_id = None
         if is_rank0:
             run_id = create_run(self.journal, kind=self.kind, name=self.name, config=config, seed=seed,
@@ -56,7 +54,6 @@ class Recorder:
             barrier()
         if not (self.run_id and is_rank0):
             return
-        from pilotrun.journal.runs import phase_summary
 
         summary = {"updates": updates, **phase_summary(self.journal, self.run_id)}
         if self.diverged:
@@ -72,8 +69,6 @@ class Recorder:
             phase.barrier = False  # the other ranks may not come to this boundary
             phase.__exit__(type(exc), exc, exc.__traceback__)
         if self.run_id and is_rank0 and not self.ended:
-            from pilotrun.journal.runs import end_run
-
             end_run(self.journal, self.run_id, exc)
             self.ended = True
 

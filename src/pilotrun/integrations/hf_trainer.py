@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from transformers import TrainerCallback
 
-from pilotrun.engine.distributed import broadcast_from_rank0
+from pilotrun.engine.distributed import barrier, broadcast_from_rank0, world_rank
 from pilotrun.integrations._common import STEP_NAMES, Recorder, is_number
 
 KIND = "hf-trainer"
@@ -110,8 +110,6 @@ class PilotrunTrainerCallback(TrainerCallback):
     def failed(self, exc: BaseException) -> None:
         """``trainer.train()`` raised ``exc`` and this process goes on: the open phase gets its error row and
         the run ends "failed" (or "interrupted" for Ctrl-C) now, not at exit."""
-        from pilotrun.engine.distributed import world_rank
-
         self.rec.fail(exc, is_rank0=world_rank()[1] == 0)
 
 
@@ -119,14 +117,10 @@ PilotrunCallback = PilotrunTrainerCallback  # the earlier name, kept for scripts
 
 
 def _rank() -> int:
-    from pilotrun.engine.distributed import world_rank
-
     return world_rank()[1]
 
 
 def _barrier() -> None:
-    from pilotrun.engine.distributed import barrier
-
     barrier()
 
 

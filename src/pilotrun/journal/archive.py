@@ -21,6 +21,7 @@ from pathlib import Path, PurePosixPath
 from pilotrun.errors import BadInput
 from pilotrun.journal.checkpoints import reference, resolve
 from pilotrun.journal.files import remove_stale_temps, temp_path, writing
+from pilotrun.journal.runs import missing_run_folder, write_run_readme
 
 
 def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
@@ -31,14 +32,10 @@ def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
 
 def pack(journal, run_id: str, out: str | Path) -> dict:
     """Write ``out`` (atomically: a temporary name, renamed when complete); returns what went in."""
-    from pilotrun.journal.runs import write_run_readme
-
     run = journal.require_run(run_id)
     run_id = run["run_id"]
     run_dir = journal.run_dir(run_id)
     if not run_dir.is_dir():
-        from pilotrun.journal.runs import missing_run_folder
-
         raise missing_run_folder(journal, run_id)
     out = Path(out).resolve()
     if run_dir.resolve() in out.parents:

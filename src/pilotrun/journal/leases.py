@@ -16,6 +16,9 @@ import threading
 import time
 from datetime import datetime
 
+from pilotrun import signals
+from pilotrun.signals import Reaped
+
 LEASE_ENV = "PILOTRUN_LEASE_S"
 LEASE_S = 120.0
 """A running run renews its lease (``heartbeat_at``) every ``lease_s() / 8`` seconds; a run whose last renewal
@@ -99,8 +102,6 @@ class Lease(threading.Thread):
             if not alive:
                 self.held.pop(self.run_id, None)
                 if self.sql == self.RUN and not self.stopped.is_set():  # not finished here: reaped elsewhere
-                    from pilotrun import signals
-
                     signals.fence(self.fenced())
                 return
 
@@ -122,8 +123,6 @@ def check_fence(run_id: str | None = None) -> None:
     """Raise ``signals.Reaped`` when ``run_id`` (None: any run this process holds) was reaped by the journal
     while this process held it. Free while the lease is fresh; a lease not renewed for two beats (the process
     was stopped) is renewed here first."""
-    from pilotrun.signals import Reaped
-
     ids = [run_id] if run_id is not None else [k for k in Lease.held if not k.startswith("claims:")]
     for key in ids:
         if key in Lease.reaped:

@@ -15,12 +15,13 @@ import sys
 import time
 from pathlib import Path
 
-from pilotrun.errors import DiskFull
+from pilotrun.errors import BadInput, DiskFull
 from pilotrun.journal.files import atomic_write_json, atomic_write_text, dump_yaml
 from pilotrun.journal.files import is_disk_full as disk_full
 from pilotrun.journal.store import Journal, Lease, check_fence
 from pilotrun.provenance import (command_line, config_sha256, file_sha256, git_revision, package_versions,
                                  plain_config)
+from pilotrun.signals import interruption
 
 FLUSH_S = 1.0  # the longest per-update metrics wait in memory before they reach the journal
 SPLITS = ("train", "validation", "test")
@@ -62,8 +63,6 @@ def ending(exc: BaseException) -> tuple[str, dict]:
     """The status and summary of a run ended by ``exc``: Ctrl-C or a signal (``signals.Preempted``: SIGTERM,
     SIGHUP) interrupts it, and so does an error that is part of such a stop (``signals.interruption``: one after
     a signal, a peer rank lost in a collective); anything else fails it."""
-    from pilotrun.signals import interruption
-
     stopped = interruption(exc)
     if stopped is not None:
         return "interrupted", {"reason": getattr(stopped, "reason", INTERRUPTED)}
@@ -76,8 +75,6 @@ def end_run(journal: Journal, run_id: str, exc: BaseException) -> None:
 
 def missing_run_folder(journal: Journal, run_id: str) -> "BadInput":
     """A run whose folder is gone (deleted or moved by hand): what it means and how to get it back."""
-    from pilotrun.errors import BadInput
-
     run_dir = journal.run_dir(run_id)
     return BadInput(f"the folder of run {run_id} does not exist: {run_dir} (deleted or moved); the journal keeps the "
                     "run's rows, its checkpoints, artifact and files are gone", where=str(run_dir),
@@ -88,6 +85,19 @@ def missing_run_folder(journal: Journal, run_id: str) -> "BadInput":
 def phase_summary(journal: Journal, run_id: str) -> dict:
     verdicts = [r["verdict"] for r in journal.phase_rows(run_id)]
     return {"phases": len(verdicts), "failing": sum(v != "ok" for v in verdicts)}
+
+
+def find_pilot(journal, name: str, sha: str | None) -> tuple[dict | None, str | None]:
+    """The latest pilot of the campaign with phase rows, preferring the same config sha256."""
+    runs = [r for r in journal.list_runs(kind="pilot", name=name) if journal.phase_rows(r["run_id"])]
+    same = [r for r in runs if r["config_sha256"] == sha]
+    if same:
+        return same[-1], None
+    if runs:
+        return runs[-1], (f"the latest pilot {runs[-1]['run_id']} measured another version of the campaign "
+                          f"(config sha256 {runs[-1]['config_sha256'][:12]} vs {str(sha)[:12]}); rerun "
+                          f"`pilotrun pilot` for numbers of this version")
+    return None, None
 
 
 def user_command() -> str:

@@ -20,8 +20,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator
 
+from pilotrun.errors import BadInput
 from pilotrun.journal.leases import LEASE_ENV, OWNER, Lease, check_fence, last_heartbeat, lease_s, wall_time
 from pilotrun.journal.schema import MIGRATIONS, SCHEMA, SCHEMA_VERSION
+from pilotrun.journal.versions import as_bad_input, check_home, connect_read_only, open_checked
 from pilotrun.scratch import pid_alive
 
 __all__ = ["FINAL", "SCHEMA", "SCHEMA_VERSION", "Journal", "Lease", "check_fence", "iso", "last_heartbeat", "lease_s",
@@ -77,14 +79,10 @@ class Journal:
     def __init__(self, home: str | Path, *, create: bool = True):
         """``create=False``: a reading verb. The journal must exist; on a home that cannot be written (a
         read-only file system) it is opened read-only. A writing verb there is exit 2."""
-        from pilotrun.journal.versions import check_home, open_checked
-
         self.home = Path(home)
         self.path = self.home / "journal.sqlite"
         self.read_only = False
         if not create and not self.path.exists():
-            from pilotrun.errors import BadInput
-
             raise BadInput(f"no journal at {self.path}", where="--home",
                            fix="pass the --home of an earlier run, or run a stage first")
         writable = check_home(self.home, reading=not create)
@@ -107,8 +105,6 @@ class Journal:
 
     @contextmanager
     def connect(self) -> Iterator[sqlite3.Connection]:
-        from pilotrun.journal.versions import as_bad_input, connect_read_only
-
         if self.read_only:
             db = connect_read_only(self.path)
         else:
@@ -378,8 +374,6 @@ def _run_dict(row: sqlite3.Row) -> dict:
 
 def _resolve_prefix(journal: Journal, table: str, col: str, prefix: str, *, where: str, what: str,
                     extra: str) -> str:
-    from pilotrun.errors import BadInput
-
     prefix = (prefix or "").strip()
     if not prefix:
         raise BadInput(f"an empty {what} id", where=where, fix=f"pass a {what} id (or a unique prefix of one); "

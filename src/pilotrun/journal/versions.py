@@ -14,6 +14,7 @@ import sqlite3
 from pathlib import Path
 
 from pilotrun.errors import BadInput, DiskFull
+from pilotrun.journal.files import temp_path
 
 _MAGIC = b"SQLite format 3\x00"
 RECOVER = ("restore a backup (journal.sqlite.bak-*) if there is one, or salvage it with "
@@ -134,8 +135,6 @@ def open_checked(journal, schema: str, version: int, migrations: dict[int, str])
 
 def _backup(journal, old: int) -> Path:
     """A consistent copy of the journal before it is migrated: journal.sqlite.bak-vOLD."""
-    from pilotrun.journal.files import temp_path
-
     dest = journal.path.with_name(f"{journal.path.name}.bak-v{old}")
     if dest.exists():
         return dest

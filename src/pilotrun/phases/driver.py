@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from pilotrun.console.progress import note
 from pilotrun.phases.registry import BY_NAME, PHASES
 
 
@@ -70,8 +71,6 @@ def drive(ctx: PhaseContext, measure, names=PHASES, *, traced: bool = False,
           after: dict[str, Callable] | None = None, stop: Callable[[PhaseContext], bool] | None = None) -> None:
     """Run ``names`` (registry order) on ``ctx``; ``traced``: their fake-tensor versions. ``after[name](ctx)``
     runs once that phase is over; ``stop(ctx)`` true after a phase ends the sequence there."""
-    from pilotrun.report.progress import note
-
     steps = [n for n in PHASES if n in names]
     steps += [f"{n}+" for n in steps if after and n in after]  # an after-hook is a step of its own
     total = len(steps)

@@ -15,6 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from pilotrun.engine.artifact import export_artifact
+from pilotrun.engine.distributed import wrap_model
+from pilotrun.engine.loop import evaluate, make_state, run_update, to_device
+from pilotrun.engine.precision import autocast
+from pilotrun.engine.state import save_state
+from pilotrun.phases.worst import by_length
+
 KINDS = ("load", "train", "eval", "save", "export", "reload")
 
 
@@ -49,9 +56,6 @@ def _load_inputs(ctx) -> dict:
 
 
 def _load(ctx, p) -> None:
-    from pilotrun.engine.distributed import wrap_model
-    from pilotrun.engine.loop import make_state
-
     c, task = ctx.prep.c, ctx.task_for("load")
     model = task.build_model()
     p.inputs["params"], p.inputs["trainable"] = _count(model)
@@ -61,15 +65,13 @@ def _load(ctx, p) -> None:
     ctx.state = make_state(model, c.train, n_train=len(ctx.prep.train), seed=c.seed,
                            total_updates=ctx.prep.arithmetic()["updates"], device=ctx.device)
     if getattr(ctx.device, "type", str(ctx.device)) == "cpu":
-        from pilotrun.probe.tensors import track
+        from pilotrun.engine.tensors import track  # lazy: pulls in torch
 
         track(model)  # tensors a loader made without an operator (safetensors) still count, as in a run
 
 
 def _load_traced(ctx) -> None:
     import torch
-
-    from pilotrun.engine.loop import make_state
 
     c, t, fake, acc = ctx.prep.c, ctx.prep.c.train, ctx.fake, ctx.fake["acc"]
     model = fake["model"]
@@ -94,8 +96,6 @@ def _train_inputs(ctx) -> dict:
 
 def _step(name: str):
     def run(ctx, p) -> None:
-        from pilotrun.engine.loop import run_update
-
         c = ctx.prep.c
         out = run_update(ctx.state, ctx.task_for(name), ctx.worst["micro_batches"],
                          max_grad_norm=c.train.max_grad_norm)
@@ -107,8 +107,6 @@ def _step(name: str):
 
 
 def _step_traced(ctx) -> None:
-    from pilotrun.engine.loop import run_update
-
     run_update(ctx.state, ctx.task, ctx.worst["micro_batches"], max_grad_norm=ctx.prep.c.train.max_grad_norm)
 
 
@@ -118,22 +116,16 @@ def _eval_inputs(ctx) -> dict:
 
 
 def _eval(ctx, p) -> None:
-    from pilotrun.engine.loop import evaluate
-
     ev = evaluate(ctx.state, ctx.task_for("eval_longest"), ctx.worst["eval"], ctx.prep.c.train.eval_batch)
     p.check_finite(ev["val_loss"], "the validation loss")
 
 
 def _eval_traced(ctx) -> None:
-    from pilotrun.engine.loop import evaluate
-
     evaluate(ctx.state, ctx.task, ctx.worst["eval"], ctx.prep.c.train.eval_batch)
 
 
 # --- save ----------------------------------------------------------------------------------------------
 def _save(ctx, p) -> None:
-    from pilotrun.engine.state import save_state
-
     ctx.task_for("save")
     ckpt = Path(ctx.run_dir) / "checkpoints" / "pilot"
     save_state(ctx.state, ckpt)  # every rank calls it; rank 0 writes
@@ -148,8 +140,6 @@ def _save_traced(ctx) -> None:
 
 # --- export --------------------------------------------------------------------------------------------
 def _export(ctx, p) -> None:
-    from pilotrun.engine.artifact import export_artifact
-
     task = ctx.task_for("export")
     art = Path(ctx.run_dir) / "artifact"
     ctx.written = export_artifact(task, ctx.state.model, art, ctx.rank, ctx.prep.c.train.strategy)
@@ -169,8 +159,6 @@ def _export_traced(ctx) -> None:
 
 # --- reload: the artifact loaded back, one loss on the longest example ----------------------------------
 def _sample(ctx) -> list:
-    from pilotrun.phases.worst import by_length
-
     return by_length(ctx.prep.validation or ctx.prep.train)[:1]
 
 
@@ -186,9 +174,6 @@ def _reload_inputs(ctx) -> dict:
 def _reload(ctx, p) -> None:
     import torch
 
-    from pilotrun.engine.loop import to_device
-    from pilotrun.engine.precision import autocast
-
     task, reload_task = ctx.task, ctx.task_for("reload")
     if ctx.rank != 0:
         return
@@ -196,7 +181,7 @@ def _reload(ctx, p) -> None:
     for part in ctx.written:
         loaded_model = task.load_artifact(art / part).to(ctx.device)
         if getattr(ctx.device, "type", str(ctx.device)) == "cpu":
-            from pilotrun.probe.tensors import track
+            from pilotrun.engine.tensors import track  # lazy: pulls in torch
 
             track(loaded_model)  # safetensors' tensors come without an operator: counted as at load
         loaded_model.eval()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pilotrun.campaign.arithmetic import per_rank_update
+
 
 def by_length(examples: list) -> list:
     """Longest first (ties: more targets first), so the first micro-batch is the widest padded one."""
@@ -26,8 +28,6 @@ def worst_case(prep, world: int, short: str | None = None) -> dict:
     The widest micro-batch comes last, when the gradients of the earlier ones are already held (the
     heaviest moment of any update), and holds padding when the data can pad it (``padded``).
     ``short`` ("train" or "eval", the test switch only) takes the shortest instead."""
-    from pilotrun.campaign.arithmetic import per_rank_update
-
     t = prep.c.train
     per_rank = per_rank_update(t)
     order = by_length(prep.train)

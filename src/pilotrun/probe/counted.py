@@ -23,6 +23,8 @@ lists) are traced whole.
 
 from __future__ import annotations
 
+from pilotrun.probe.estimate import architecture_config, fake_build
+
 DEPTH_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
 # per-layer lists or switches that make layers differ from one another: trace those configs whole
 UNEVEN_KEYS = ("first_k_dense_replace", "moe_layer_freq", "mlp_only_layers", "decoder_sparse_step",
@@ -117,8 +119,6 @@ def parameter_bytes(loaded) -> int:
     """Bytes of the model's parameters and buffers, from fake builds (of 2 and 3 layers when counted):
     known before anything is loaded."""
     from torch._subclasses.fake_tensor import FakeTensorMode
-
-    from pilotrun.probe.estimate import architecture_config, fake_build
 
     cfg = architecture_config(loaded)
     depth = depth_of(cfg)

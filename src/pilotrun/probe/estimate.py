@@ -23,6 +23,10 @@ import contextlib
 import math
 import weakref
 
+from pilotrun.errors import BadInput
+from pilotrun.tasks import make_task
+from pilotrun.tasks.loading import architecture_only, check_model_dir, torch_dtype
+
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "temporaries")
 MIN_BLOCK = 512
 SMALL_BLOCK, SMALL_SEGMENT = 2**20, 2 * 2**20
@@ -333,8 +337,6 @@ def _conversions_are_noops(allowed: set):
     itself, and refuse any other conversion."""
     import torch
 
-    from pilotrun.errors import BadInput
-
     original = torch.nn.Module.to
 
     def to(self, *args, **kwargs):
@@ -392,7 +394,6 @@ def architecture_config(loaded) -> dict | None:
         return None
     if not c.model.path:
         return dict(c.model.config) if isinstance(c.model.config, dict) else None
-    from pilotrun.tasks.loading import check_model_dir
 
     path = Path(c.model.path)
     check_model_dir(path, weights=False)  # the architecture is all the estimate needs
@@ -404,9 +405,6 @@ def fake_build(loaded, fake_mode, overrides: dict | None = None):
     and train use (``tasks.loading.architecture_only``: the same config, no weights read), with
     ``overrides`` (a depth) in the config's keys."""
     import torch
-
-    from pilotrun.tasks import make_task
-    from pilotrun.tasks.loading import architecture_only, torch_dtype
 
     c = loaded.campaign
     dtype = torch.bfloat16 if c.train.precision == "bf16-true" else torch_dtype(c.model.dtype)

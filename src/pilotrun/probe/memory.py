@@ -6,7 +6,7 @@
 - CUDA (counter "cuda"): torch's allocated and reserved bytes of that device; peaks are reset at
   start, and every reading follows a ``synchronize`` so queued kernels have allocated what they will.
 - CPU (counter "tensors+rss", the default): ``*_allocated`` are the bytes held by live tensors, exact
-  at every operator (probe/tensors.py): deterministic, blind to the heap glibc keeps, with a true
+  at every operator (engine/tensors.py): deterministic, blind to the heap glibc keeps, with a true
   peak; ``*_reserved`` are the process's resident set (RSS), read as below: what the process holds
   from the system, as CUDA's reserved is what its allocator holds from the card.
 - CPU (counter "rss", ``make_probe("cpu", exact=False)``): the process's resident set only. ``peak_allocated`` is the peak RSS inside the
@@ -23,6 +23,8 @@ from __future__ import annotations
 import os
 import threading
 from pathlib import Path
+
+from pilotrun.engine.distributed import default_device
 
 SAMPLE_INTERVAL_S = 0.002
 
@@ -154,12 +156,12 @@ class RssProbe(Probe):
 
 
 class TensorProbe(Probe):
-    """CPU: live tensor bytes (exact, probe/tensors.py) as allocated, RSS as reserved."""
+    """CPU: live tensor bytes (exact, engine/tensors.py) as allocated, RSS as reserved."""
 
     counter = "tensors+rss"
 
     def __init__(self, device: str = "cpu"):
-        from pilotrun.probe.tensors import TensorCounter
+        from pilotrun.engine.tensors import TensorCounter  # lazy: pulls in torch
 
         super().__init__(device)
         self.tensors = TensorCounter()
@@ -226,8 +228,6 @@ def make_probe(device=None, *, exact: bool = True) -> Probe:
 
     On CPU ``exact=False`` gives RSS alone (no per-operator cost: for blocks the exact counter skips)."""
     if device is None:
-        from pilotrun.engine.distributed import default_device
-
         device = default_device()
     kind = getattr(device, "type", None) or str(device).split(":")[0]
     if kind == "cuda":

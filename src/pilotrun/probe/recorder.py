@@ -19,7 +19,11 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from pilotrun.engine.distributed import world_rank
 from pilotrun.engine.oom import is_oom
+from pilotrun.errors import BadInput
+from pilotrun.journal.runs import create_run, end_run, user_command
+from pilotrun.journal.store import Journal, resolve_home
 from pilotrun.probe.memory import make_probe
 from pilotrun.probe.sizes import fmt_bytes
 
@@ -53,7 +57,6 @@ def _barrier() -> None:
 def _journal(journal):
     if journal is None or hasattr(journal, "add_phase_rows"):
         return journal
-    from pilotrun.journal.store import Journal
 
     return Journal(Path(journal))
 
@@ -65,14 +68,10 @@ class Phase:
                  rank: int | None = None, rows: list | None = None, device=None, memory_limit: int | None = None,
                  catch_errors: bool = False, barrier: bool = True):
         if journal is not None and run_id is None:
-            from pilotrun.errors import BadInput
-
             raise BadInput("phase(journal=...) needs the run_id the rows belong to", where="pilotrun.phase",
                            fix="open a run first: `with pilotrun.probe.recorder.own_run(home) as run:` and pass "
                                "journal=run.journal, run_id=run.run_id")
         if rank is None:
-            from pilotrun.engine.distributed import world_rank
-
             rank = world_rank()[1]
         self.name, self.inputs, self.rank = name, dict(inputs or {}), int(rank)
         self.journal, self.run_id, self.rows = _journal(journal), run_id, rows
@@ -199,9 +198,6 @@ def own_run(home=None, name: str = "own-loop", config: dict | None = None):
     """A journal run of kind "phases" for rows recorded from a user's own loop; finished on exit:
     "completed", or "diverged" when a phase ended "nan" or a logged training loss was not finite.
     ``home``: default $PILOTRUN_HOME, else ./.pilotrun."""
-    from pilotrun.journal.runs import create_run, end_run, user_command
-    from pilotrun.journal.store import Journal, resolve_home
-
     journal = Journal(resolve_home(home))
     run_id = create_run(journal, kind="phases", name=name, config=dict(config or {}), command=user_command())
     run = OwnRun(journal, run_id)

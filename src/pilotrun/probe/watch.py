@@ -12,7 +12,7 @@ At the end, ``bound_rows`` compares each kind with the pilot's rows of the match
     export          export
 
 A ratio above 1 is a warning naming the update and the sequence length. On CPU the bound is judged
-on the exact tensor counter (probe/tensors.py, counter "tensors+rss"), on CUDA on its allocator's
+on the exact tensor counter (engine/tensors.py, counter "tensors+rss"), on CUDA on its allocator's
 counters: both count tensors, so there is no noise allowance. Only rows of the old RSS-only counter
 ("rss") keep the 10% allowance below.
 
@@ -30,6 +30,7 @@ from __future__ import annotations
 import time
 from contextlib import contextmanager
 
+from pilotrun.engine.distributed import node_name
 from pilotrun.phases import names
 from pilotrun.probe.memory import TensorProbe, make_probe
 from pilotrun.probe.recorder import peak_of
@@ -75,9 +76,9 @@ class PeakWatch:
         self._top = (0, 0)  # the longest widest micro-batch and the most padded tokens of one so far
 
     def track(self, *objs) -> None:
-        """Count the model and optimizer built before the loop (probe/tensors.py ``track``); CPU only."""
+        """Count the model and optimizer built before the loop (engine/tensors.py ``track``); CPU only."""
         if isinstance(self.probe, TensorProbe):
-            from pilotrun.probe.tensors import track
+            from pilotrun.engine.tensors import track  # lazy: pulls in torch
 
             track(*objs)
 
@@ -119,8 +120,6 @@ class PeakWatch:
                 self.worst[kind] = row
 
     def rows(self) -> list[dict]:
-        from pilotrun.engine.distributed import node_name
-
         node = node_name()  # ranks on several machines: which one each rank's row came from
         return [dict(r, inputs=dict(r["inputs"], blocks=self.count[k], probed=self.probed[k], node=node))
                 for k, r in self.worst.items()]

@@ -2,7 +2,7 @@
 
 Stages are (name, function) pairs; a later stage joins by adding itself to STAGES in its place.
 A bad input stops the rehearsal (exit 2); a failing verdict does not stop the stages after it.
-Each stage runs inside the one progress line (report/progress.py), labelled ``all 4/9 overfit``: its own
+Each stage runs inside the one progress line (console/progress.py), labelled ``all 4/9 overfit``: its own
 progress live on a terminal, and in a log a line when it starts and when it ends with its time. Each
 result carries its seconds (the summary's time column) and where they went (``spent``: start-up, campaign
 load, data, model build, the work itself, from the progress line's accounts; ``--verbose`` prints them). ``Budgets`` bound the long stages (``all
@@ -14,7 +14,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from pilotrun.report.progress import spending
+from pilotrun import startup
+from pilotrun.campaign.importers import not_reproduced_lines
+from pilotrun.campaign.reuse import forget, sharing
+from pilotrun.console.progress import spending, stage_progress
+from pilotrun.rehearsal.mechanics.resume import DEFAULT_AT
+from pilotrun.verdicts import StageResult
 
 
 @dataclass(frozen=True)
@@ -35,8 +40,6 @@ class Budgets:
 
     def lines(self, loaded) -> list[str]:
         """What the summary says about the budgets used."""
-        from pilotrun.rehearsal.mechanics.resume import DEFAULT_AT
-
         t = loaded.campaign.train
         own = f"{t.updates} updates" if t.updates is not None else f"{t.epochs:g} epochs"
         train = (f"train ≤ {self.train_updates} updates (the campaign's budget is {own})"
@@ -99,7 +102,7 @@ def _verify(loaded, home, budgets):
 def _train(loaded, home, budgets):
     with spending("startup"):  # the stage's imports
         from pilotrun.rehearsal.training.train import train_run
-        from pilotrun.rehearsal.reuse import unshared
+        from pilotrun.campaign.reuse import unshared
 
     with unshared():  # its prepare and load times are the run's own (the time check compares them with the plan)
         return train_run(budgets.for_train(loaded), home)
@@ -108,7 +111,7 @@ def _train(loaded, home, budgets):
 def _sheet(loaded, home, budgets):
     from pathlib import Path
 
-    with spending("startup"):
+    with spending("startup"):  # the stage's imports
         from pilotrun.rehearsal.rental.sheet import sheet_stage
 
     # `all` said what an imported campaign does not reproduce at its start: the sheet does not repeat it
@@ -118,9 +121,6 @@ def _sheet(loaded, home, budgets):
 def _imported(loaded):
     """For a campaign written by `pilotrun import`: the source's settings the rehearsal does not reproduce,
     said once, before the stages (a warning: the figures below are for the campaign as rehearsed)."""
-    from pilotrun.campaign.importers import not_reproduced_lines
-    from pilotrun.verdicts import StageResult
-
     lines = not_reproduced_lines(loaded.campaign)
     if not lines:
         return None
@@ -131,7 +131,7 @@ def _imported(loaded):
 def _pilot(loaded, home, budgets):
     with spending("startup"):  # the stage's imports
         from pilotrun.rehearsal.memory.pilot import pilot
-        from pilotrun.rehearsal.reuse import unshared
+        from pilotrun.campaign.reuse import unshared
 
     with unshared():  # its prepare and load times are terms of the sheet's plan: measured, never served
         return pilot(loaded, home)
@@ -153,10 +153,6 @@ STAGES = [
 
 def run_all(loaded, home, on_result=None, budgets: Budgets | None = None) -> list:
     """Run every stage; ``on_result`` sees each result as soon as its stage ends (the CLI renders it)."""
-    from pilotrun import startup
-    from pilotrun.rehearsal.reuse import forget, sharing
-    from pilotrun.report.progress import stage_progress
-
     budgets = budgets or Budgets()
     results = []
     said = _imported(loaded)

@@ -15,6 +15,14 @@ from pathlib import Path
 from typing import Callable
 
 from pilotrun.journal.files import atomic_write_text
+from pilotrun.journal.runs import run_table_rows, shown_status
+from pilotrun.probe.recorder import peak_of
+from pilotrun.probe.sizes import fmt_bytes
+from pilotrun.rehearsal.training.compare import TABLE_COLUMNS
+from pilotrun.rehearsal.training.sweep import sweep_comparison
+from pilotrun.rehearsal.training.timecheck import sweep_time_check
+from pilotrun.report.plots import loss_curves, paired_bars, phase_ledger
+from pilotrun.sheet.plan import fmt_duration
 
 Section = tuple[str, Callable[..., str]]
 
@@ -62,8 +70,6 @@ def latest_sweep_id(journal) -> str | None:
 
 
 def _sweep_data(journal) -> dict | None:
-    from pilotrun.rehearsal.training.sweep import sweep_comparison
-
     sid = latest_sweep_id(journal)
     return sweep_comparison(journal, sid) if sid else None
 
@@ -72,8 +78,6 @@ NO_SWEEP = '<p class="muted">no sweep in this journal yet: run <code>pilotrun sw
 
 
 def section_curves(journal) -> str:
-    from pilotrun.report.plots import loss_curves
-
     data = _sweep_data(journal)
     if data is None:
         return NO_SWEEP
@@ -102,8 +106,6 @@ _STATUS_CLASS = {"status": lambda r: f"status-{r.get('status')}"}
 
 
 def section_comparison(journal) -> str:
-    from pilotrun.rehearsal.training.compare import TABLE_COLUMNS
-
     data = _sweep_data(journal)
     if data is None:
         return NO_SWEEP
@@ -133,9 +135,6 @@ LEDGER_COLUMNS = ["phase", "rank", "counter", "inputs", "baseline", "peak_alloca
 
 
 def section_ledger(journal) -> str:
-    from pilotrun.probe.sizes import fmt_bytes
-    from pilotrun.report.plots import phase_ledger
-
     pilots = journal.list_runs(kind="pilot")
     if not pilots:
         return '<p class="muted">no pilot run in this journal yet: run <code>pilotrun pilot CAMPAIGN</code>.</p>'
@@ -157,7 +156,7 @@ def section_ledger(journal) -> str:
            "so *_reserved stay empty.</p>") if "rss" in counters else ""
     if "tensors+rss" in counters:
         rss += ('<p class="muted">counter tensors+rss (CPU): *_allocated are the bytes held by live tensors, exact '
-                "at every operator (probe/tensors.py); *_reserved are the process's resident memory (RSS).</p>")
+                "at every operator (engine/tensors.py); *_reserved are the process's resident memory (RSS).</p>")
     svg = phase_ledger(rows, title=f"phase ledger of pilot run {run['run_id']}")
     verdict_cls = {"verdict": lambda r: "" if r["verdict"] == "ok" else "verdict-worse"}
     return head + f'<div class="plot">{svg}</div>' + rss + table(LEDGER_COLUMNS, shown, verdict_cls)
@@ -175,10 +174,6 @@ def section_notes(journal) -> str:
 
 def section_promises(journal) -> str:
     """The pilot's two promises checked by the latest sweep: its peaks bound the runs', its plan their time."""
-    from pilotrun.probe.sizes import fmt_bytes
-    from pilotrun.sheet.plan import fmt_duration
-    from pilotrun.rehearsal.training.timecheck import sweep_time_check
-
     sid = latest_sweep_id(journal)
     if sid is None:
         return NO_SWEEP
@@ -198,8 +193,6 @@ def section_promises(journal) -> str:
              for m["kind"], k in ((run.get("summary") or {}).get("memory_bound") or {}).get("kinds", {}).items()
              if k.get("peak") and k.get("pilot_peak")]
     if drawn:
-        from pilotrun.report.plots import paired_bars
-
         out.append('<div class="plot">' + paired_bars(
             [d[0] for d in drawn], [d[1]["pilot_peak"] / 2**20 for d in drawn], [d[1]["peak"] / 2**20 for d in drawn],
             ("pilot peak", "observed peak"), unit="MiB", band=(0.0, 1.10),
@@ -225,7 +218,6 @@ def section_promises(journal) -> str:
                      "predicted ÷ actual": f"{check['ratio']:.2f}"})
         out.append(table(["run_id", "arm", "seed", "status", "updates", "predicted", "actual", "predicted ÷ actual"],
                          rows))
-        from pilotrun.report.plots import paired_bars
 
         out.append('<div class="plot">' + paired_bars(
             [f"{r['arm']} seed {r['seed']}" for r in check["runs"]], [r["actual_s"] for r in check["runs"]],
@@ -251,8 +243,6 @@ RUNS_OPEN = 3  # the latest runs shown unfolded; every other run is one click aw
 def section_runs(journal) -> str:
     """Every run in the journal: a table linking to each, then each run folded (the latest few open) with
     its loss curve, its ledger and its memory bound. Sweeps and pilots also have their own sections below."""
-    from pilotrun.journal.runs import run_table_rows
-
     runs = run_table_rows(journal, journal.list_runs())
     if not runs:
         return '<p class="muted">no run yet.</p>'
@@ -273,17 +263,11 @@ def section_runs(journal) -> str:
 
 def _status(run: dict) -> str:
     """A run's status as runs and show print it (journal.runs.shown_status), styled by it."""
-    from pilotrun.journal.runs import shown_status
-
     shown = shown_status(run)
     return f'<span class="status-{esc(shown.replace(" ", "-"))}">{esc(shown)}</span>'
 
 
 def _one_run(journal, run) -> str:
-    from pilotrun.probe.recorder import peak_of
-    from pilotrun.probe.sizes import fmt_bytes
-    from pilotrun.report.plots import loss_curves, phase_ledger
-
     rid = run["run_id"]
     reason = (run.get("summary") or {}).get("reason")
     parts = [f'<summary id="run-{esc(rid)}"><code>{esc(rid)}</code> {esc(run["kind"])} · {esc(run["name"])} · '

@@ -11,6 +11,8 @@ import itertools
 import math
 import re
 
+from pilotrun.sheet.plan import fmt_duration
+
 _salt = itertools.count()
 
 
@@ -169,8 +171,6 @@ def _increase_ledger(rows: list[dict], title: str) -> str:
 
 
 def _duration(s: float) -> str:
-    from pilotrun.sheet.plan import fmt_duration
-
     return fmt_duration(s)
 
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from pilotrun.console.progress import SPENT
 from pilotrun.probe.sizes import fmt_bytes
-from pilotrun.sheet.plan import fmt_duration
 from pilotrun.report.table import cell, print_wrapped, render_table, wrap
+from pilotrun.sheet.plan import fmt_duration
 
 STYLE = {"ok": "bold green", "warn": "bold yellow", "fail": "bold red"}
 
@@ -50,9 +51,7 @@ SPENT_COLUMNS = {"startup": "start-up", "campaign": "campaign", "data": "data", 
 
 
 def render_breakdown(results, con) -> None:
-    """Where each stage's time went (``all --verbose``): its wall and the accounts of report/progress.SPENT."""
-    from pilotrun.report.progress import SPENT
-
+    """Where each stage's time went (``all --verbose``): its wall and the accounts of console/progress.SPENT."""
     timed = [r for r in results if r.spent]
     if not timed:
         return
@@ -116,7 +115,7 @@ def render_run(con, data) -> None:
         print_wrapped(con, "timing: " + ", ".join(f"{k.removesuffix('_s')} {fmt_duration(v)}" for k, v in flat.items()),
                       "  ")
     if summary.get("memory_bound"):
-        from pilotrun.rehearsal.training.train import bound_lines
+        from pilotrun.rehearsal.training.train import bound_lines  # lazy: pulls in numpy, which `validate` does without
 
         for line in bound_lines(summary["memory_bound"]):
             con.print(f"  {line}", style="yellow" if line.startswith("WARNING") else None, markup=False)

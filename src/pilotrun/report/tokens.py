@@ -9,6 +9,9 @@ is no wider than the strip above it.
 
 from __future__ import annotations
 
+from pilotrun.console.safe import escape_controls, safe
+from pilotrun.verdicts import plural
+
 # two shades per kind, alternating, so neighbouring tokens stay apart
 STYLES = {"trained": ("black on green3", "black on spring_green2"),
           "masked": ("grey85 on grey27", "grey85 on grey39"),
@@ -21,8 +24,6 @@ SEP = "│"
 
 
 def _piece(text: str) -> str:
-    from pilotrun.report.safe import escape_controls  # a record's ESC or BEL is shown, never sent
-
     return escape_controls(text.replace("\n", "↵").replace("\t", "⇥").replace(" ", "·")) or "∅"
 
 
@@ -103,10 +104,7 @@ def render_examples(examples: list[dict], con, split: str) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    from pilotrun.report.safe import safe
-
     examples = safe(examples)  # records' text, labels and names: control characters printed escaped
-    from pilotrun.verdicts import plural
 
     con.print(f"[bold]{escape(plural(len(examples), split + ' example'))} as the loss sees them[/]")
     plain = con.no_color or con.color_system is None  # a log file: no shades, so a mark between tokens

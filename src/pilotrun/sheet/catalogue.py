@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from pilotrun.errors import BadInput
+
 GiB = 2**30
 
 
@@ -114,8 +116,6 @@ BY_KEY = {g.key: g for g in CATALOGUE}
 
 
 def get_gpu(key: str) -> GPU:
-    from pilotrun.errors import BadInput
-
     gpu = BY_KEY.get(key.lower())
     if gpu is None:
         raise BadInput(f"no GPU {key!r} in the built-in catalogue", where="--gpu",

@@ -17,6 +17,10 @@ from __future__ import annotations
 
 import math
 
+from pilotrun.campaign.arithmetic import data_parallel_ranks
+from pilotrun.probe.trace import rows_for, traced
+from pilotrun.sheet.plan import source
+
 GiB, MiB = 2**30, 2**20
 MARGIN_FRACTION = 0.10
 
@@ -69,8 +73,6 @@ def gpu_rows(rows: list[dict], predicted: list[dict] | None) -> tuple[list[dict]
 
 def phase_needs(rows: list[dict], kind: str, gpu, ranks: int, not_measured=("oom", "error")) -> list[dict]:
     """Per phase: the worst rank's reserved and allocated, what the GPU needs for it, and the source."""
-    from pilotrun.sheet.plan import source
-
     extra = sum(o["bytes"] for o in overheads(gpu, ranks, kind == "measured"))
     out: dict[str, dict] = {}
     for r in rows:
@@ -92,9 +94,6 @@ def phase_needs(rows: list[dict], kind: str, gpu, ranks: int, not_measured=("oom
 def predict_rows(loaded, prep) -> tuple[list[dict], dict]:
     """``estimate``'s rows for CUDA on this campaign (the same phases on fake tensors), and the trace they
     come from (the options table reuses it)."""
-    from pilotrun.campaign.arithmetic import data_parallel_ranks
-    from pilotrun.rehearsal.memory.estimate import rows_for, traced
-
     tr = traced(loaded, device="cuda", prep=prep)
     t = loaded.campaign.train
     return rows_for(tr, ranks=data_parallel_ranks(t), strategy=t.strategy), tr

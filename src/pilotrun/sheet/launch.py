@@ -22,6 +22,17 @@ import math
 import shlex
 from pathlib import Path
 
+from pilotrun.campaign.arms import plan_arms
+from pilotrun.campaign.load import parse_set
+from pilotrun.campaign.sweep_runs import arm_command, launch_sweep_id
+from pilotrun.journal.files import atomic_write_text
+from pilotrun.sheet.catalogue import BY_KEY
+from pilotrun.sheet.options import OPTIONS
+from pilotrun.sheet.options_view import pick
+from pilotrun.sheet.plan import fmt_duration
+from pilotrun.sheet.ship import build_wheel, campaign_inputs, pilotrun_source, pins, remote_path
+from pilotrun.tasks.hub import fetch_command, split_id
+
 TIME_MARGIN = 0.5  # the time plan is an estimate: half again on the campaign's time
 GRACE_S = 120  # SIGTERM this long before the limit: the current update and a checkpoint (SLURM --signal)
 STARTUP_S = 60  # python start-up, the journal, reading the data: once per job start
@@ -33,9 +44,6 @@ MIRROR_S = 120  # seconds between the copies of the home to the bucket while the
 
 def sweep_commands(loaded, sets: tuple[str, ...] = ()) -> list[dict]:
     """The sweep's runs in the sheet's order (seeds outer, control then variants), each with its command."""
-    from pilotrun.campaign.arms import plan_arms
-    from pilotrun.rehearsal.training.sweep_runs import arm_command
-
     arms = plan_arms(loaded)
     out = []
     for seed in loaded.campaign.plan.seeds or [0]:
@@ -63,7 +71,6 @@ def time_limit(campaign_s: float | None, reserve: float, days: int,
         return days * 86400, f"the {days}-day plan (no campaign time in the time plan)"
     s = campaign_s * (1 + TIME_MARGIN + reserve) + STARTUP_S + GRACE_S
     limit = int(math.ceil(s / 60) * 60)
-    from pilotrun.sheet.plan import fmt_duration
 
     return limit, (f"{what} {fmt_duration(campaign_s)} × (1 + {TIME_MARGIN:g} margin + "
                    f"{reserve:g} reserve) + {STARTUP_S} s start-up + {GRACE_S} s SIGTERM grace, in whole minutes")
@@ -149,9 +156,7 @@ def setup_lines(launch: dict, wheel_ref: str | None) -> list[str]:
 def hub_download(spec: str) -> str:
     """The set-up line for a hub id as the campaign writes it (``org/name`` or ``org/name@rev``): huggingface_hub's
     CLI takes the revision as ``--revision``, never in the id; the folder is the path as written, so the
-    campaign file, unchanged, reads the local folder (a local folder wins over a hub id, campaign/hub.py)."""
-    from pilotrun.campaign.hub import fetch_command, split_id
-
+    campaign file, unchanged, reads the local folder (a local folder wins over a hub id, tasks/hub.py)."""
     repo, rev = split_id(spec)
     return f"[ -d {shlex.quote(spec)} ] || {fetch_command(repo, rev)} --local-dir {shlex.quote(spec)}"
 
@@ -165,7 +170,6 @@ def sky_task(s: dict, launch: dict, wheel: Path | None) -> dict:
     for f in launch["inputs"]:
         if f["kind"] in ("hub", "installed") or f["inside"]:
             continue
-        from pilotrun.sheet.ship import remote_path
 
         dest = remote_path(f)
         if dest is not None:
@@ -222,8 +226,6 @@ def sky_header(s: dict, launch: dict) -> str:
 
 
 def _remote(f):
-    from pilotrun.sheet.ship import remote_path
-
     return remote_path(f)
 
 
@@ -274,9 +276,6 @@ def write_launch(s: dict, loaded, out: Path, launch: dict) -> list[Path]:
     ships as one; returns their paths."""
     import yaml
 
-    from pilotrun.journal.files import atomic_write_text
-    from pilotrun.sheet.ship import build_wheel
-
     stem = out.with_suffix("")
     launch["stem"] = stem.name
     out = out.resolve()  # the wheel's path in the files: absolute, wherever the job is submitted from
@@ -304,10 +303,6 @@ def launch_plan(s: dict, loaded, gpu, plan: dict | None, sets: tuple[str, ...] =
     """What the files need: GPU, count and nodes, plan, the sweep's id, runs and lanes, the time limit, the
     pinned stack, pilotrun's source, the campaign's inputs. ``gpus``/``run_sets``/``campaign_s``: an options
     row's GPUs, its ``--set`` items and time (the sheet without a pilot, ``options_launch``)."""
-    from pilotrun.campaign.load import parse_set
-    from pilotrun.rehearsal.training.sweep_runs import launch_sweep_id
-    from pilotrun.sheet.ship import campaign_inputs, pilotrun_source, pins
-
     sets = tuple(sets) + tuple(run_sets)
     runs = sweep_commands(loaded, sets)
     tm = s.get("time") or {}
@@ -345,8 +340,6 @@ NOT_RUN = "pilotrun's engine runs single, DDP and FSDP with or without checkpoin
 def row_sets(row: dict, c) -> tuple[str, ...]:
     """The ``--set`` items that make campaign ``c`` the options row: its strategy and world (``train.nproc``,
     every node's ranks), accumulation ÷ the data ranks (same effective batch), checkpointing."""
-    from pilotrun.sheet.options import OPTIONS
-
     t, n = c.train, row["count"]
     opt = {o[0]: o for o in OPTIONS}[row["option"]]
     strategy = "single" if n == 1 else "fsdp" if opt[4] == "fsdp" or (row["option"] == "written"
@@ -367,8 +360,6 @@ def launch_row(table: dict) -> tuple[dict | None, str]:
     """The options row the sheet without a pilot writes launch files for, and why: the recommended row when
     pilotrun's engine runs it, else the cheapest (by the table's own measure) that it runs, keeps the
     experiment and fits; None and the reason when there is none."""
-    from pilotrun.sheet.options_view import pick
-
     rec = table["recommended"]
     if rec is None:
         return None, "no option that keeps the experiment fits (the reasons per option are above)"
@@ -388,8 +379,6 @@ def options_launch(sheet: dict, loaded, sets: tuple[str, ...], home: str) -> dic
     """The launch files' plan for the sheet without a pilot (``no_pilot_sheet``'s data): ``launch_row``'s row on
     its GPUs and nodes, its ``--set`` items, the time limit from its estimated campaign time. Returns
     {"row", "why", "files"}; ``files`` None (and ``why`` the reason) when no row can be launched."""
-    from pilotrun.sheet.catalogue import BY_KEY
-
     c = loaded.campaign
     row, why = launch_row(sheet["options"])
     if row is None:
@@ -398,7 +387,6 @@ def options_launch(sheet: dict, loaded, sets: tuple[str, ...], home: str) -> dic
          "hardware": {"gpus": row["count"], "rental_days": c.hardware.rental_days, "reserve": c.hardware.reserve}}
     files = launch_plan(s, loaded, BY_KEY[row["gpu"]], None, sets, gpus=row["count"], run_sets=row_sets(row, c),
                         campaign_s=row["seconds"], time_from="the options row's estimated campaign time")
-    from pilotrun.sheet.options_view import pick
 
     return {"row": {k: row[k] for k in ("gpu", "name", "count", "nodes", "option", "label", "seconds")},
             "text": pick(row, sheet["options"]), "why": why, "files": files}

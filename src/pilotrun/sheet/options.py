@@ -23,9 +23,16 @@ from __future__ import annotations
 import math
 import time
 
+from pilotrun.campaign.arithmetic import batch_arithmetic, data_parallel_ranks, examples_per_update
+from pilotrun.campaign.prepare import prepare
 from pilotrun.phases import names
+from pilotrun.probe.trace import rows_for, traced
 from pilotrun.sheet import plan as P
+from pilotrun.sheet.catalogue import CATALOGUE
+from pilotrun.sheet.gpu_memory import MARGIN_FRACTION, need_bytes, overheads
 from pilotrun.sheet.option_time import BUS_GBS, HOST_GBS, HOST_PARAMS_S, NODE_GBS, QLORA_SLOWER, campaign_seconds
+from pilotrun.sheet.rates import rent
+from pilotrun.sheet.shape import budget_tokens, eval_tokens
 
 COUNTS = (1, 2, 4, 8)  # GPUs on one node
 NODES = (2, 4, 8)  # nodes of 8, tried for a GPU only when nothing that keeps the question fits one node
@@ -93,11 +100,6 @@ def options_table(loaded, *, prep=None, rates: dict | None = None, lora_r: int |
     ``rates``: ``sheet/rates.read_rates``'s dict (cost per row, and "cheapest" by cost). ``written``: the
     campaign's own trace when the caller has it (the sheet's prediction). ``pilot``: the pilot's measured
     figures (``calibrate``), which replace the estimator's where they exist."""
-    from pilotrun.campaign.arithmetic import examples_per_update
-    from pilotrun.sheet.catalogue import CATALOGUE
-    from pilotrun.rehearsal.memory.estimate import traced
-    from pilotrun.rehearsal.prepare import prepare
-
     started = time.perf_counter()
     c = loaded.campaign
     adapter = c.model.adapter
@@ -286,8 +288,6 @@ def _priced(x: dict, rates: dict | None, reserve: float = 0.0) -> None:
 def row_cost(rates: dict | None, key: str, seconds: float, n: int, reserve: float = 0.0) -> tuple[float | None, str]:
     """A row's cost by the sheet's one rule (``sheet/rates.rent``: hourly, or a whole-day plan that holds it);
     None (and why) without a price."""
-    from pilotrun.sheet.rates import rent
-
     if not rates:
         return None, "no rates: pass --rates FILE"
     rate = (rates.get("gpus") or {}).get(key)
@@ -301,9 +301,6 @@ def row_cost(rates: dict | None, key: str, seconds: float, n: int, reserve: floa
 
 def _work(loaded, prep) -> dict:
     """Tokens an update and a validation pass compute on (the budget's mean padded tokens), and how often."""
-    from pilotrun.campaign.arithmetic import batch_arithmetic
-    from pilotrun.sheet.shape import budget_tokens, eval_tokens
-
     c = loaded.campaign
     t = c.train
     updates = batch_arithmetic(t, len(prep.train))["updates"]
@@ -318,16 +315,12 @@ def _work(loaded, prep) -> dict:
 
 
 def _ranks_of(t) -> int:
-    from pilotrun.campaign.arithmetic import data_parallel_ranks
-
     return data_parallel_ranks(t)
 
 
 def _evaluate(opt, g, n, traces, cache, work, effective, r, c, has_adapter, tp: int = 1) -> dict | None:
     """One row: the option at ``n`` GPUs (``_at_count``, computed once per option and count whatever the GPU)
     priced on ``g``: its memory need with g's overheads, its time at g's rate and bus."""
-    from pilotrun.sheet.gpu_memory import need_bytes, overheads
-
     at = _at_count(opt, n, traces, cache, effective, c, has_adapter, tp)
     if at is None:
         return None
@@ -385,8 +378,6 @@ def _at_count(opt, n, traces, cache, effective, c, has_adapter, tp: int = 1) -> 
 
 def _memory_rows(tr, cache, trace_key, n, strategy, offload, qlora, tp) -> list[dict]:
     """One rank's rows of a trace at ``n`` GPUs under a strategy (kept in ``cache``: options share them)."""
-    from pilotrun.rehearsal.memory.estimate import rows_for
-
     ck = (trace_key, n, strategy if n > 1 else "single", offload, qlora)
     if ck not in cache:
         rows = rows_for(tr, ranks=n, strategy="fsdp" if tp > 1 else ck[2], offload=offload, tp=tp)
@@ -414,8 +405,6 @@ def _quantized(rows: list[dict], tr: dict, shards: int) -> list[dict]:
 
 
 def _assumptions(pilot: dict | None = None, net: dict | None = None) -> list[str]:
-    from pilotrun.sheet.gpu_memory import MARGIN_FRACTION
-
     measured = [] if pilot is None else [
         f"from pilot {pilot['run']}: the campaign as written on {pilot['ranks']} GPU(s) takes the sheet's memory "
         f"figure ({'measured CUDA counters' if pilot.get('kind') == 'measured' else 'the same estimate'}) and the "

@@ -3,7 +3,11 @@
 
 from __future__ import annotations
 
+from pilotrun.probe.counted import depth_of, training_need
 from pilotrun.sheet import plan as P
+from pilotrun.sheet.options import options_table
+from pilotrun.tasks.hub import fetch_command, missing_weights, snapshot_of
+from pilotrun.verdicts import StageResult
 
 COLUMNS = ["GPU", "GPUs", "option", "per-GPU peak (phase)", "campaign time", "cost", "experiment"]
 
@@ -147,9 +151,6 @@ def launch_blocks(launch: dict | None) -> list[tuple]:
 
 def options_result(loaded, *, rates: dict | None = None, lora_r: int | None = None):
     """``estimate --options``: the table as a stage result (verdict fail when no option keeps the question)."""
-    from pilotrun.sheet.options import options_table
-    from pilotrun.verdicts import StageResult
-
     table = options_table(loaded, rates=rates, lora_r=lora_r)
     rec = table["recommended"]
     verdict = "ok" if rec else "fail"
@@ -168,9 +169,6 @@ def too_large_here(loaded) -> dict | None:
     weights alone under an adapter) when that exceeds its available memory, or when the model's weights are
     not here to pilot with (a hub model whose config.json alone is cached: ``missing`` names the files);
     else None."""
-    from pilotrun.campaign.hub import missing_weights, snapshot_of
-    from pilotrun.probe.counted import training_need
-
     path = loaded.campaign.model.path
     missing = missing_weights(path) if path and snapshot_of(path) else []
     size = training_need(loaded)
@@ -182,11 +180,6 @@ def too_large_here(loaded) -> dict | None:
 def no_pilot_sheet(loaded, size: dict, *, rates: dict | None = None):
     """The sheet from the estimator alone, for a model this machine cannot pilot: says so at the top and
     what to pilot instead."""
-    from pilotrun.campaign.hub import fetch_command, snapshot_of
-    from pilotrun.probe.counted import depth_of
-    from pilotrun.sheet.options import options_table
-    from pilotrun.verdicts import StageResult
-
     c = loaded.campaign
     src = loaded.source or "CAMPAIGN"
     depth = depth_of(c.model.config) if isinstance(c.model.config, dict) else None

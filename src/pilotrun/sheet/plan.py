@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import math
 
+from pilotrun.campaign.arithmetic import saves_per_run
+from pilotrun.console.units import fmt_duration
+
 GiB = 2**30
 DAY_S = 86400.0
 
@@ -85,13 +88,6 @@ def run_list(control: dict, variants: list[dict], seeds: list[int]) -> list[dict
             runs.append({"label": f"{arm} seed {seed}", "arm": arm, "seed": seed, "overrides": overrides,
                          "extra_seed": k > 0})
     return runs
-
-
-def saves_per_run(updates: int, save_every: int | None) -> int:
-    """The checkpoints a run of ``updates`` writes: one every ``save_every`` updates, and ``final`` unless the
-    last update saved one (then ``final`` is a reference to it, no second copy)."""
-    saved = updates // save_every if save_every else 0
-    return saved + (0 if save_every and updates and updates % save_every == 0 else 1)
 
 
 def run_counts(updates: int, eval_every: int, save_every: int | None, n_val: int, eval_batch: int,
@@ -256,20 +252,6 @@ def size(n) -> str:
     if n is None:
         return "n/a"
     return f"{n / GiB:.2f} GiB" if n >= GiB else f"{n / 2**20:.1f} MiB"
-
-
-def fmt_duration(s: float | None) -> str:
-    if s is None:
-        return "n/a"
-    if s < 1:
-        return f"{s * 1e3:.3g} ms"
-    if s < 120:
-        return f"{s:.3g} s"
-    if s < 7200:
-        return f"{s / 60:.1f} min"
-    if s < 2 * DAY_S:
-        return f"{s / 3600:.1f} h"
-    return f"{s / DAY_S:.2f} days"
 
 
 HOST_TERMS = ("load", "checkpoints", "export", "reload check")

@@ -22,6 +22,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pilotrun.errors import BadInput
+from pilotrun.sheet.catalogue import BY_KEY, match_gpu
 
 FORMAT = ("a YAML mapping of GPU → price per GPU-hour, or GPU → {hour: PRICE, DAYS: PRICE of the whole "
           "plan per GPU}; e.g. `h100-sxm: 2.49`")
@@ -69,8 +70,6 @@ def _interconnect(v, where: str) -> dict:
 def read_rates(path: str | Path) -> dict:
     """{"path", "currency", "gpus": {catalogue key: {"hour": float | None, "plans": {days: float}}}}."""
     import yaml
-
-    from pilotrun.sheet.catalogue import BY_KEY, match_gpu
 
     p = Path(path)
     if not p.is_file():

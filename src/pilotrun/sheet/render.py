@@ -1,4 +1,4 @@
-"""The sheet (a dict from ``rehearsal.rental.sheet.build_sheet``) as Markdown, HTML or terminal lines.
+"""The sheet (a dict from ``sheet.build.build_sheet``) as Markdown, HTML or terminal lines.
 
 ``SECTIONS`` lists the sheet's sections in order, each a function of the sheet dict returning blocks
 (sheet/sections.py); a new section is one more function in that list. One list of blocks feeds all

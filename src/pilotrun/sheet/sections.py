@@ -1,6 +1,6 @@
 """The sheet's sections as blocks: ("h", title) | ("p", text) | ("table", columns, rows) | ("list", items).
 
-Each section is a function of the sheet dict (``rehearsal.rental.sheet.build_sheet``); render.py lists them in
+Each section is a function of the sheet dict (``sheet.build.build_sheet``); render.py lists them in
 order (``SECTIONS``) and turns the blocks into Markdown, HTML or terminal lines. Every figure names its
 source: a ledger row (measured), the estimator (predicted), a datasheet, or a stated constant.
 """
@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from pilotrun.sheet import gpu_memory as GM
 from pilotrun.sheet import plan as P
+from pilotrun.sheet.catalogue import BY_KEY
+from pilotrun.sheet.options_view import blocks
 
 GiB, MiB = 2**30, 2**20
 
@@ -158,8 +160,6 @@ def costs(s: dict) -> list[tuple]:
 
 def options(s: dict) -> list[tuple]:
     """The options table (sheet/options.py), when the sheet was built with it."""
-    from pilotrun.sheet.options_view import blocks
-
     if "options" not in s:
         return []
     if s["options"] is None:
@@ -173,7 +173,6 @@ def launch(s: dict) -> list[tuple]:
     if not ch:
         return out + [("p", "No launch files: no GPU and plan to launch (see the problems above).")]
     files = ch.get("files")
-    from pilotrun.sheet.catalogue import BY_KEY
 
     text = f"For the {BY_KEY[ch['gpu']].name} on the {ch['days']}-day plan ({ch['why']})."
     if not files:

@@ -14,6 +14,8 @@ Pure functions; the pilot (rehearsal/memory/pilot_phases.py) measures, the sheet
 
 from __future__ import annotations
 
+from pilotrun.engine.sampler import UpdateSampler
+
 TYPICAL_UPDATES = 3
 TYPICAL_MAX = 10
 TYPICAL_BUDGET_S = 1.0
@@ -34,8 +36,6 @@ def padded_tokens(micro_batches: list[list]) -> int:
 
 def budget_tokens(examples: list, t, seed: int, updates: int, rank: int = 0, world: int = 1) -> list[int]:
     """Padded tokens of every update of the budget, from the campaign's sampler (this rank's share)."""
-    from pilotrun.engine.sampler import UpdateSampler
-
     s = UpdateSampler.for_train(t, len(examples), seed, rank, world)
     return [padded_tokens([[examples[i] for i in mb] for mb in s.next_update()]) for _ in range(updates)]
 

@@ -14,7 +14,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pilotrun.campaign.hub import is_hub_id
+import pilotrun
+from pilotrun.campaign.load import apply_overrides, parse_set
+from pilotrun.campaign.reuse import package_digest
+from pilotrun.journal.files import atomic_write_json
+from pilotrun.provenance import package_versions
+from pilotrun.tasks.hub import is_hub_id
 
 # pilotrun's own dependencies and what the pilot recorded (provenance.PACKAGES), torch apart
 PINNED = ("transformers", "safetensors", "peft", "numpy", "pyarrow", "pydantic")
@@ -23,8 +28,6 @@ PINNED = ("transformers", "safetensors", "peft", "numpy", "pyarrow", "pydantic")
 def pins(piloted: dict | None) -> tuple[str, list[str], str]:
     """``torch==X`` (the local tag, e.g. +cpu, dropped: the rental's index has its own build), the other
     packages ``name==version``, and where the versions come from."""
-    from pilotrun.provenance import package_versions
-
     source = "the versions the pilot ran with (its run's packages)"
     if not piloted or not piloted.get("torch"):
         piloted, source = package_versions(), "the versions installed here (no pilot recorded them)"
@@ -34,8 +37,6 @@ def pins(piloted: dict | None) -> tuple[str, list[str], str]:
 
 def source_root() -> Path | None:
     """The source checkout the running pilotrun comes from (its pyproject.toml), if it is one."""
-    import pilotrun
-
     for parent in Path(pilotrun.__file__).resolve().parents[1:4]:
         py = parent / "pyproject.toml"
         if py.is_file() and re.search(r'^name\s*=\s*"pilotrun"', py.read_text(encoding="utf-8"), re.M):
@@ -87,8 +88,6 @@ def source_identity(root: Path) -> str | None:
     readme; None when the checkout is not laid out as src/pilotrun (then the wheel is built every time)."""
     import hashlib
 
-    from pilotrun.rehearsal.reuse import package_digest
-
     pkg = root / "src" / "pilotrun"
     if not pkg.is_dir():
         return None
@@ -119,8 +118,6 @@ def build_wheel(src: dict, folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     if src["kind"] == "wheel":
         import tempfile
-
-        from pilotrun.journal.files import atomic_write_json
 
         key = source_identity(Path(src["root"]))
         kept = _kept_wheel(folder, key)
@@ -182,8 +179,6 @@ def campaign_inputs(loaded, sets: tuple[str, ...] = ()) -> list[dict]:
 
     import yaml
 
-    from pilotrun.campaign.load import apply_overrides, parse_set
-
     c = loaded.campaign
     base = Path(loaded.source).resolve().parent
     raw = yaml.safe_load(Path(loaded.source).read_text(encoding="utf-8")) or {}
@@ -201,7 +196,7 @@ def campaign_inputs(loaded, sets: tuple[str, ...] = ()) -> list[dict]:
         out.append({"key": key, "written": value, "local": str(p), "kind": kind, "inside": inside})
 
     mp = written("model", "path")
-    # a hub id the campaign loader resolved from the local cache (campaign/hub.py): the rental fetches it
+    # a hub id the campaign loader resolved from the local cache (tasks/hub.py): the rental fetches it
     if "model.path" in getattr(loaded, "hub", {}) or (mp and c.model.path is None and is_hub_id(mp, base)):
         out.append({"key": "model.path", "written": mp, "local": None, "kind": "hub", "inside": True})
     elif c.model.path:

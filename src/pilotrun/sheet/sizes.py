@@ -15,6 +15,11 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from pilotrun.campaign.arithmetic import data_parallel_ranks
+from pilotrun.engine.loop import evaluate, make_state, run_update
+from pilotrun.phases.worst import by_length
+from pilotrun.probe.estimate import Accountant, fake_build, unsharded_block_bytes
+from pilotrun.probe.trace import SHARDED, with_gathered_blocks
 from pilotrun.tasks.loading import POSITION_KEYS, positions_of
 
 
@@ -71,11 +76,6 @@ class Prober:
         import torch
         from torch._subclasses.fake_tensor import FakeTensorMode
 
-        from pilotrun.campaign.arithmetic import data_parallel_ranks
-        from pilotrun.engine.loop import make_state
-        from pilotrun.probe.estimate import fake_build, unsharded_block_bytes
-        from pilotrun.phases.worst import by_length
-
         self.t, self.task = prep.c.train, prep.task
         self.ranks = data_parallel_ranks(self.t)
         self.fake = FakeTensorMode(allow_non_fake_inputs=True)
@@ -101,9 +101,6 @@ class Prober:
 
     def _measure(self, work, batch: dict, grads_live: bool = False) -> int:
         import torch
-
-        from pilotrun.probe.estimate import Accountant
-        from pilotrun.rehearsal.memory.estimate import SHARDED, with_gathered_blocks
 
         self.probes += 1
         acc = Accountant("cuda")
@@ -134,8 +131,6 @@ class Prober:
 
     def update(self, micro_batch: int, seq_len: int) -> int:
         """Predicted reserved bytes of one steady update at this shape."""
-        from pilotrun.engine.loop import run_update
-
         batch = self._batch(self.train_example, seq_len, micro_batch)
         # accumulating, a pass after the first runs with every gradient already held: one such pass
         # has the update's peak, at half the probe's cost of running two
@@ -143,8 +138,6 @@ class Prober:
                              batch, grads_live=self.t.accumulation > 1)
 
     def evaluation(self, eval_batch: int, seq_len: int) -> int:
-        from pilotrun.engine.loop import evaluate
-
         batch = self._batch(self.eval_example, seq_len, eval_batch)
         return self._measure(lambda task: evaluate(self.state, task, [None] * eval_batch, eval_batch), batch)
 

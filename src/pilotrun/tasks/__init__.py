@@ -6,6 +6,8 @@ import importlib
 
 from pilotrun.errors import BadInput
 from pilotrun.tasks.base import IGNORE, REQUIRED_METHODS, Example, Task
+from pilotrun.tasks.causal_lm import CausalLMTask
+from pilotrun.tasks.seq_cls import SeqClsTask
 
 __all__ = ["IGNORE", "Example", "Task", "make_task"]
 
@@ -14,12 +16,8 @@ def make_task(loaded):
     """The task of a campaign: built-in by name, or ``package.module:Class`` constructed with the campaign."""
     name = loaded.campaign.task
     if name == "causal-lm":
-        from pilotrun.tasks.causal_lm import CausalLMTask
-
         return CausalLMTask(loaded)
     if name == "seq-cls":
-        from pilotrun.tasks.seq_cls import SeqClsTask
-
         return SeqClsTask(loaded)
     if ":" not in name:
         raise BadInput(f"unknown task '{name}'", where="task",

@@ -7,6 +7,7 @@ import string
 from typing import Any
 
 from pilotrun.errors import BadInput
+from pilotrun.records.readers import read_records
 from pilotrun.tasks.base import IGNORE, Example
 from pilotrun.tasks.loading import load_tokenizer, pad_id
 
@@ -82,8 +83,6 @@ def pad_batch(examples: list[Example], pad: int) -> dict[str, Any]:
 
 
 def read_split(c, split: str):
-    from pilotrun.data.readers import read_records
-
     path = getattr(c.data, split)
     return read_records(path) if path else []
 

@@ -8,7 +8,11 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
+from pilotrun.console.progress import spending
 from pilotrun.errors import BadInput
+from pilotrun.journal.base_identity import ATTR, describe_base
+from pilotrun.journal.files import reading_weights
+from pilotrun.tasks.hub import fetch_command, missing_weights, snapshot_of
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
@@ -288,7 +292,6 @@ def check_model_dir(path: Path, weights: bool = True) -> None:
     check_config_json(path / "config.json")
     if not weights:
         return
-    from pilotrun.campaign.hub import fetch_command, missing_weights, snapshot_of
 
     hub = snapshot_of(path)
     lacking = missing_weights(path) if hub else []
@@ -421,8 +424,6 @@ def shape_only() -> bool:
 def build_model(c, tokenizer, kind: str, labels: list[str] | None = None):
     """The model for a built-in task: loaded from model.path or initialised from model.config (its time is the
     stage's model build, ``progress.spending``)."""
-    from pilotrun.report.progress import spending
-
     with spending("model"):
         return _build_model(c, tokenizer, kind, labels)
 
@@ -532,8 +533,6 @@ def _finish(model, c, tokenizer, kind: str):
             if hasattr(model.config, "use_cache"):
                 model.config.use_cache = False
         if c.model.adapter is not None:
-            from pilotrun.journal.base_identity import ATTR, describe_base
-
             torch.manual_seed(c.seed)  # the adapter's A matrices: two builds of one campaign are bitwise equal
             model = _apply_adapter(model, c.model.adapter, kind)
             setattr(model, ATTR, describe_base(c))  # checkpoints hold the adapter and name this base
@@ -635,8 +634,6 @@ def load_hf_artifact(c, tokenizer, kind: str, path, labels: list[str] | None = N
     import json
 
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
-
-    from pilotrun.journal.files import reading_weights
 
     path = Path(path)
     with quiet_transformers(), reading_weights(path, "artifact"):

@@ -4,27 +4,26 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
+from pilotrun.campaign.prepare import adapter_choice, prepare
+from pilotrun.data.checks import run_checks
+from pilotrun.data.labels import head_name
 from pilotrun.errors import BadInput
-from pilotrun.verdicts import StageResult, plural
+from pilotrun.tasks import common
 from pilotrun.tasks.base import IGNORE
+from pilotrun.tasks.chat import FIX_FORMAT
+from pilotrun.verdicts import Check, StageResult, plural
 
 INFO_CHECKS = ("classes", "chat format", "lora targets")  # ok checks whose message is worth printing
 
 
 def inspect(loaded, n: int = 0, split: str | None = None) -> StageResult:
     """Run the checks; with ``n`` > 0, also the first n examples of ``split`` token by token in ``data``."""
-    from pilotrun.data.checks import run_checks
-    from pilotrun.rehearsal.prepare import prepare
-
-    from pilotrun.verdicts import Check
-
     task = prepare(loaded, splits=()).task
     report = run_checks(task, loaded)
-    fmt = format_check(task, loaded, Check)
+    fmt = format_check(task, loaded)
     if fmt is not None:
         report.checks.insert(0, fmt)
-    report.checks[:0] = pair_checks(task, loaded, Check)
-    from pilotrun.rehearsal.prepare import adapter_choice
+    report.checks[:0] = pair_checks(task, loaded)
 
     lora = adapter_choice(loaded)
     if lora is not None:
@@ -55,11 +54,9 @@ PAIR_FIX = ("give the records as conversations (data.messages), or set data.chat
 SEPARATOR_SAMPLE = 2000  # records read for the separator check: the format is the campaign's, one record shows it
 
 
-def pair_checks(task, loaded, Check) -> list:
+def pair_checks(task, loaded) -> list:
     """Plain prompt/response: a warning when the model ships a chat template, and when prompt and response
     meet with no separator, a letter running into a letter (the model cannot tell where its answer starts)."""
-    from pilotrun.tasks import common
-
     d = loaded.campaign.data
     if d.messages or getattr(task, "kind", None) != "causal-lm" or not hasattr(task, "format_problem"):
         return []
@@ -87,15 +84,13 @@ def pair_checks(task, loaded, Check) -> list:
     return out
 
 
-def format_check(task, loaded, Check):
+def format_check(task, loaded):
     """Which chat format the conversations are trained in; fails when the model ships another one."""
     fmt = getattr(task, "chat_format", None)
     if not loaded.campaign.data.messages or fmt is None:
         return None
     problem = task.format_problem() if hasattr(task, "format_problem") else None
     if problem:
-        from pilotrun.tasks.chat import FIX_FORMAT
-
         return Check("chat format", "fail", f"{problem}; fix: {FIX_FORMAT}")
     what = {"model": "the tokenizer's own chat template", "explicit": "the template of data.chat_template",
             "plain": "plain 'role: content' lines (the tokenizer has no chat template)"}[fmt]
@@ -104,8 +99,6 @@ def format_check(task, loaded, Check):
 
 def view_examples(task, loaded, split: str, n: int) -> list[dict]:
     """The first n examples of a split: each token with what the loss does with it, from task.collate."""
-    from pilotrun.data.labels import head_name
-
     records = task.records(split)
     if not records:
         raise BadInput(f"the campaign has no {split} split", where=f"data.{split}",

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
+from pilotrun.campaign.consistency import check_consistency
+from pilotrun.data.leakage import leakage_checks
 from pilotrun.errors import BadInput
 from pilotrun.verdicts import StageResult, worst
 
@@ -11,9 +13,6 @@ DEFAULT_THRESHOLD = 0.8
 
 
 def leakage(loaded, threshold: float = DEFAULT_THRESHOLD) -> StageResult:
-    from pilotrun.campaign.consistency import check_consistency
-    from pilotrun.data.leakage import leakage_checks
-
     if not 0.0 < threshold <= 1.0:
         raise BadInput(f"near-duplicate threshold {threshold} is not in (0, 1]", where="--near-threshold",
                        fix="give an estimated Jaccard similarity such as 0.8")

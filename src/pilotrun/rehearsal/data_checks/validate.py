@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-from pilotrun.campaign.arithmetic import batch_arithmetic, describe
-from pilotrun.campaign.consistency import check_consistency, check_records, vocabulary_problem
+from pilotrun.campaign.arithmetic import describe
+from pilotrun.campaign.arms import plan_arms
+from pilotrun.campaign.consistency import check_campaign
+from pilotrun.journal.runs import find_pilot
+from pilotrun.journal.store import Journal, resolve_home
+from pilotrun.probe.sizes import fmt_bytes
 from pilotrun.verdicts import StageResult
 
 
 def pilot_checkpoint_bytes(loaded, home) -> int | None:
     """The size of one checkpoint as the campaign's latest pilot wrote it (its save row), if the journal has one."""
-    from pilotrun.journal.store import Journal, resolve_home
-    from pilotrun.rehearsal.rental.sheet import find_pilot
-
     try:
         h = resolve_home(home, loaded.source)
         if not (h / "journal.sqlite").is_file():
@@ -25,19 +26,11 @@ def pilot_checkpoint_bytes(loaded, home) -> int | None:
 
 
 def validate(loaded, home=None) -> StageResult:
-    from pilotrun.probe.sizes import fmt_bytes
-
     c = loaded.campaign
-    check_consistency(c, loaded.base_dir)
-    for problem in vocabulary_problem(c):  # validate's own: the verbs that build the model refuse it there
-        raise problem
-    counts = check_records(c)
-    arith = batch_arithmetic(c.train, counts.get("train", 0))
+    counts, arith = check_campaign(loaded)
     arith["checkpoints"]["bytes_each"] = pilot_checkpoint_bytes(loaded, home)
     msgs = [f"{split}: {n} records" for split, n in counts.items()] + describe(arith, fmt_bytes)
     if c.plan.variants or c.plan.control:
-        from pilotrun.campaign.arms import plan_arms
-
         arms = plan_arms(loaded)  # a sweep's refusals (exit 2) before any rental, as `sweep` would give them
         msgs.append(f"plan: control and {len(arms) - 1} variant{'s' if len(arms) != 2 else ''}, "
                     f"{len(c.plan.seeds)} seed(s); every arm encodes validation as the control does")

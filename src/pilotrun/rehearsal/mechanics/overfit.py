@@ -17,7 +17,16 @@ from __future__ import annotations
 
 import math
 
-from pilotrun.rehearsal.mechanics.plateau import conflict_text, conflicting_inputs
+from pilotrun.campaign.prepare import prepare, require_weights
+from pilotrun.console.progress import head
+from pilotrun.engine.distributed import default_device
+from pilotrun.engine.loop import Hooks, make_state, out_of_memory_reason, run_update, to_device, train
+from pilotrun.engine.oom import is_oom
+from pilotrun.journal.runs import RunRecorder
+from pilotrun.journal.store import Journal
+from pilotrun.rehearsal.mechanics.plateau import conflict_text, conflicting_inputs, plateau_causes
+from pilotrun.sheet.shape import padded_tokens
+from pilotrun.tasks.base import IGNORE
 from pilotrun.verdicts import StageResult, headline, plural
 
 TOLERANCE = {"fp32": 1e-5}  # relative gradient difference; rounding alone stays far below 1e-5 in fp32
@@ -99,8 +108,6 @@ def accumulation_check(prep, model=None) -> dict:
 
     import torch
 
-    from pilotrun.engine.loop import make_state, run_update
-
     t = prep.c.train
     batches = accumulation_micro_batches(prep.train, t.micro_batch, t.accumulation)
     tol = TOLERANCE.get(t.precision, LOW_PRECISION_TOLERANCE)
@@ -123,9 +130,6 @@ def accumulation_check(prep, model=None) -> dict:
         try:
             run_update(state, prep.task, micro, max_grad_norm=None, step=False, zero_grad=False)
         except Exception as e:
-            from pilotrun.engine.loop import out_of_memory_reason
-            from pilotrun.engine.oom import is_oom
-
             if not is_oom(e):
                 raise
             return {"verdict": "fail", "tolerance": tol, "micro_batch_targets": targets,
@@ -198,8 +202,6 @@ class BackOff:
 
 
 def _targets(task, batch, examples) -> list[list[int]]:
-    from pilotrun.tasks.base import IGNORE
-
     if hasattr(task, "targets"):
         return task.targets(batch)
     shift = 1 if task.kind == "causal-lm" else 0
@@ -209,8 +211,6 @@ def _targets(task, batch, examples) -> list[list[int]]:
 def prediction_check(task, model, examples, device) -> dict:
     """Teacher-forced argmax at every target; greedy generation for a few causal-lm examples."""
     import torch
-
-    from pilotrun.engine.loop import to_device
 
     model.eval()
     with torch.no_grad():
@@ -245,8 +245,6 @@ def generation_target(e, ends: list[int]) -> tuple[list[int], list[int], bool]:
     targets through its first end id —, what the template trains after that end (ChatML's "\\n" after
     <|im_end|>: generation never reaches it), and whether generation must stop there. A run cut by
     data.max_length before its end is compared as far as it goes."""
-    from pilotrun.tasks.base import IGNORE
-
     start = end = e.prompt_len
     while end < len(e.labels) and e.labels[end] != IGNORE:
         end += 1
@@ -336,9 +334,6 @@ def pilot_update_seconds(home, loaded, chosen: list) -> tuple[float, str] | None
     model of the latest pilot of this campaign's config (its sha256) in the journal: a line through the pilot's
     timed updates (seconds against padded tokens: a fixed cost, the optimizer's step, and a cost per token),
     read at the memorising batch's padded tokens. None when no such pilot measured its updates."""
-    from pilotrun.journal.store import Journal
-    from pilotrun.sheet.shape import padded_tokens
-
     sha = loaded.config_sha256()
     runs = [r for r in Journal(home).list_runs(kind="pilot", name=loaded.campaign.name)
             if r["config_sha256"] == sha and ((r.get("summary") or {}).get("time_model") or {}).get("typical")]
@@ -392,8 +387,6 @@ def _checked_model(prep):
     accumulation check's result; the memorising run draws the random numbers it drew before they shared it."""
     import torch
 
-    from pilotrun.report.progress import head
-
     head("accumulation check")
     torch.manual_seed(prep.c.seed)
     model = prep.task.build_model()
@@ -418,13 +411,6 @@ def _cannot_memorise(pool: list, chosen: list, model) -> list[str]:
 def _memorise(loaded, home, prep, model, chosen: list, mt, budget: UpdateBudget, acc: dict, setting: str) -> dict:
     """The memorising run, journalled as a run of kind overfit: chunks of the one loop, each ended by _StopRule,
     until the predictions reproduce the targets or the budget is spent. Returns what it learnt."""
-    from pilotrun.engine.distributed import default_device
-    from pilotrun.engine.loop import Hooks, make_state, train
-    from pilotrun.journal.runs import RunRecorder
-    from pilotrun.journal.store import Journal
-    from pilotrun.rehearsal.mechanics.plateau import plateau_causes
-    from pilotrun.report.progress import head
-
     c, task = prep.c, prep.task
     zeroed = _no_dropout(model)
     device = default_device()
@@ -492,8 +478,6 @@ def overfit(loaded, home, *, examples: int = 8, max_updates: int = MAX_UPDATES, 
             prep=None) -> StageResult:
     """The accumulation check, then memorising ``examples`` training examples: at most ``max_updates`` updates,
     fewer when ``sized`` and BUDGET_SECONDS hold fewer (UpdateBudget); the run stops as soon as they are memorised."""
-    from pilotrun.rehearsal.prepare import prepare, require_weights
-
     require_weights(loaded)
     prep = prep or prepare(loaded, splits=("train",))
     model, acc = _checked_model(prep)

@@ -22,7 +22,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pilotrun.campaign.arithmetic import data_parallel_ranks, per_rank_update
+from pilotrun.campaign.load import load_campaign
+from pilotrun.campaign.prepare import prepare, require_weights
+from pilotrun.console.progress import head, note
+from pilotrun.engine.control import store_control_predictions
+from pilotrun.engine.distributed import check_strategy, default_device, under_launcher
+from pilotrun.engine.launcher import Ranks
+from pilotrun.engine.loop import Hooks, make_state, train
+from pilotrun.engine.state import COMPONENTS, load_state, save_state
 from pilotrun.errors import BadInput
+from pilotrun.journal.files import atomic_write_json, write_dir_atomically, write_manifest
+from pilotrun.journal.runs import RunRecorder, write_run_readme
+from pilotrun.journal.store import Journal
+from pilotrun.rehearsal.mechanics.resume_ranks import run_joined, run_sharded, work_sharded
 from pilotrun.verdicts import StageResult
 
 SKIP_ENV = "PILOTRUN_TEST_SKIP_STATE"
@@ -32,8 +44,6 @@ KEEP = ("update", "lr", "loss", "ids", "epoch", "examples_seen", "finite")
 
 
 def skipped_components() -> tuple[str, ...]:
-    from pilotrun.engine.state import COMPONENTS
-
     names = tuple(n.strip() for n in os.environ.get(SKIP_ENV, "").split(",") if n.strip())
     unknown = [n for n in names if n not in COMPONENTS]
     if unknown:
@@ -56,8 +66,6 @@ def _history(res) -> list[dict]:
 def _run(prep, train_ex, total: int, stop_at: int | None, device):
     import torch
 
-    from pilotrun.engine.loop import Hooks, make_state, train
-
     c = prep.c
     model = prep.task.build_model()
     model.to(device)
@@ -69,11 +77,6 @@ def _run(prep, train_ex, total: int, stop_at: int | None, device):
 
 def _in_process(prep, train_ex, total: int, at: int, device, ckpt, skip, rec) -> dict:
     """The reference and the stopped run here; the stopped one's state saved, the reference's artifact written."""
-    from pilotrun.engine.state import save_state
-    from pilotrun.journal.files import write_dir_atomically
-    from pilotrun.rehearsal.training.train import store_control_predictions
-    from pilotrun.report.progress import head
-
     head(f"reference run ({total} updates)")
     ref_state, ref = _run(prep, train_ex, total, None, device)
     head(f"stopped run (to update {at}, state saved)")
@@ -88,19 +91,10 @@ def _in_process(prep, train_ex, total: int, at: int, device, ckpt, skip, rec) ->
 
 def resume_worker(spec_path: str | Path) -> int:
     """The fresh process: load the saved state and continue to the end; history to spec["out"]."""
-    from pilotrun.campaign.load import load_campaign
-    from pilotrun.engine.distributed import default_device
-    from pilotrun.engine.loop import make_state, train
-    from pilotrun.engine.state import load_state
-    from pilotrun.journal.files import atomic_write_json
-    from pilotrun.rehearsal.prepare import prepare
-
     import transformers  # noqa: F401 - the fresh process's imports are its start-up (the parent's account)
 
     spec = json.loads(Path(spec_path).read_text())
     if spec.get("ranks", 1) > 1:  # the shards of an FSDP model load into as many new ranks as wrote them
-        from pilotrun.rehearsal.mechanics.resume_ranks import work_sharded
-
         work_sharded(spec)
         return 0
     prep = prepare(load_campaign(spec["config"]), splits=("train",))
@@ -110,7 +104,6 @@ def resume_worker(spec_path: str | Path) -> int:
     device = default_device()
     model.to(device)
     state = make_state(model, c.train, n_train=len(train_ex), seed=c.seed, total_updates=spec["total"], device=device)
-    from pilotrun.report.progress import note
 
     note("loading the saved state", log=True, spent="model")
     restored = load_state(state, spec["state"])
@@ -238,11 +231,6 @@ class _Setting:
 
 def resume(loaded, home, *, at: int | None = None, prep=None) -> StageResult:
     """Reference 2K updates vs stop at K + resume in a new process; also saves the reference's artifact."""
-    from pilotrun.journal.files import atomic_write_json, write_manifest
-    from pilotrun.journal.runs import RunRecorder, write_run_readme
-    from pilotrun.journal.store import Journal
-    from pilotrun.rehearsal.prepare import prepare, require_weights
-
     require_weights(loaded)
     at = DEFAULT_AT if at is None else at
     if at < 2:
@@ -286,20 +274,15 @@ def resume(loaded, home, *, at: int | None = None, prep=None) -> StageResult:
 def _launcher(t):
     """Under torchrun (several nodes) this process is one rank of a world that must be the campaign's
     (train.nproc): its ``Ranks``; else None. FSDP's strategy is checked first."""
-    from pilotrun.engine.distributed import check_strategy, under_launcher
-
     if t.strategy == "fsdp":
         check_strategy(t)
     if not under_launcher():
         return None
-    from pilotrun.engine.launcher import Ranks
 
     return Ranks(data_parallel_ranks(t))
 
 
 def _setting(prep, at: int, launcher) -> _Setting:
-    from pilotrun.engine.distributed import default_device
-
     t = prep.c.train
     # FSDP's state exists only across its ranks; under torchrun every run is on the world it made
     ranks = data_parallel_ranks(t) if t.strategy == "fsdp" or launcher is not None else 1
@@ -315,8 +298,6 @@ def _setting(prep, at: int, launcher) -> _Setting:
 
 def _joined(launcher) -> StageResult:
     """A rank other than 0 under torchrun: takes part in rank 0's runs, then ends with rank 0's verdict."""
-    from pilotrun.rehearsal.mechanics.resume_ranks import run_joined
-
     job, spec = launcher.share()
     run_joined(job, spec)
     verdict = launcher.share()  # rank 0's, so that every node's torchrun ends as the check did
@@ -332,16 +313,12 @@ def _reference(prep, s: _Setting, spec: dict, skip, rec, launcher) -> tuple[dict
     job = dict(spec, at=s.at, skip=list(skip), run_dir=str(rec.dir), home=str(rec.journal.home),
                run_id=rec.run_id, out=str(rec.dir / "ranks_outcome.json"))
     if launcher is not None:
-        from pilotrun.rehearsal.mechanics.resume_ranks import run_joined
-
         launcher.share((job, spec))
         ref, worker, workers = run_joined(job, spec)
         joined_failed = next((f"rank {r}'s fresh process failed (exit {code}): " + " | ".join(tail)
                               for r, (code, tail) in enumerate(workers) if code != 0), None)
         return ref, worker, joined_failed
     if s.ranks > 1:
-        from pilotrun.rehearsal.mechanics.resume_ranks import run_sharded
-
         return run_sharded(job, s.ranks), None, None
     return _in_process(prep, prep.train[:s.n], s.total, s.at, s.device, Path(spec["state"]), skip, rec), None, None
 
@@ -349,8 +326,6 @@ def _reference(prep, s: _Setting, spec: dict, skip, rec, launcher) -> tuple[dict
 def _fresh_process(rec, spec: dict, at: int):
     """``python -m pilotrun _resume-worker``: loads the state saved at K and continues; ``(its outcome or None,
     the finished process)``."""
-    from pilotrun.report.progress import head
-
     head(f"resumed run (a new process, from update {at})", spent="startup")  # until the worker's first note
     proc = subprocess.run([sys.executable, "-m", "pilotrun", "_resume-worker", str(rec.dir / "resume_spec.json")],
                           capture_output=True, text=True, env=dict(os.environ), timeout=3600)
@@ -358,7 +333,7 @@ def _fresh_process(rec, spec: dict, at: int):
 
 
 def _judged(rec, ref: dict, worker: dict | None, proc, joined_failed: str | None, s: _Setting,
-            note: str | None) -> tuple[str | None, str | None]:
+            task_note: str | None) -> tuple[str | None, str | None]:
     """``(headline, problem)``: the reference's own failures first (not completed, not reproducible up to K),
     then the resumed process's; the resumed updates are logged when they were compared."""
     ref_h, ref_status, at = ref["ref"]["history"], ref["ref"]["status"], s.at
@@ -374,7 +349,7 @@ def _judged(rec, ref: dict, worker: dict | None, proc, joined_failed: str | None
     if worker is None:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
         return None, f"the resumed process failed (exit {proc.returncode}): " + " | ".join(tail)
-    headline, problem = None, first_difference(ref_h, worker["history"], at, s.exact, note)
+    headline, problem = None, first_difference(ref_h, worker["history"], at, s.exact, task_note)
     if worker["status"] != "completed":
         headline = f"the resumed run {worker['status']}"
         problem = f"the resumed process's run {worker['status']}: {worker['reason']}"

@@ -14,11 +14,21 @@ import json
 import os
 from pathlib import Path
 
+from pilotrun.campaign.load import load_campaign
+from pilotrun.campaign.prepare import prepare
+from pilotrun.engine.artifact import export_artifact
+from pilotrun.engine.control import control_predictions, store_control_predictions
+from pilotrun.engine.distributed import (barrier, broadcast_from_rank0, default_device, exit_rank, free_port,
+    gather_to_rank0, init_from_launcher, launch, under_launcher, world_rank, wrap_model)
+from pilotrun.engine.loop import Hooks, make_state, train
+from pilotrun.engine.state import load_state, save_state
+from pilotrun.journal.files import atomic_write_json
+from pilotrun.journal.runs import RunRecorder
+from pilotrun.journal.store import Journal
+
 
 def _sharded_model(prep, device, strategy: str = "fsdp"):
     import torch
-
-    from pilotrun.engine.distributed import wrap_model
 
     model = prep.task.build_model()
     torch.manual_seed(prep.c.seed)
@@ -26,8 +36,6 @@ def _sharded_model(prep, device, strategy: str = "fsdp"):
 
 
 def _run(prep, train_ex, total: int, stop_at: int | None, device, strategy: str = "fsdp"):
-    from pilotrun.engine.loop import Hooks, make_state, train
-
     c = prep.c
     state = make_state(_sharded_model(prep, device, strategy), c.train, n_train=len(train_ex), seed=c.seed,
                        total_updates=total, device=device)
@@ -36,16 +44,6 @@ def _run(prep, train_ex, total: int, stop_at: int | None, device, strategy: str 
 
 def runs_rank(job: dict) -> None:
     """One rank of the reference and the stopped run (module level: pickled into spawned processes)."""
-    from pilotrun.campaign.load import load_campaign
-    from pilotrun.engine.artifact import export_artifact
-    from pilotrun.engine.distributed import default_device, world_rank
-    from pilotrun.engine.state import save_state
-    from pilotrun.journal.files import atomic_write_json
-    from pilotrun.journal.runs import RunRecorder
-    from pilotrun.journal.store import Journal
-    from pilotrun.rehearsal.prepare import prepare
-    from pilotrun.rehearsal.training.train import control_predictions, store_control_predictions
-
     rank, keep, strategy = world_rank()[1], job["keep"], job.get("strategy", "fsdp")
     prep = prepare(load_campaign(job["config"]), splits=("train", "validation"))
     train_ex, device = prep.train[: job["n_train"]], default_device()
@@ -67,13 +65,6 @@ def runs_rank(job: dict) -> None:
 
 def worker_rank(spec: dict) -> None:
     """One rank of the fresh process's run: its shards loaded into a new sharded model, then on to 2K."""
-    from pilotrun.campaign.load import load_campaign
-    from pilotrun.engine.distributed import default_device, world_rank
-    from pilotrun.engine.loop import make_state, train
-    from pilotrun.engine.state import load_state
-    from pilotrun.journal.files import atomic_write_json
-    from pilotrun.rehearsal.prepare import prepare
-
     prep = prepare(load_campaign(spec["config"]), splits=("train",))
     c, device = prep.c, default_device()
     train_ex = prep.train[: spec["n_train"]]
@@ -89,8 +80,6 @@ def worker_rank(spec: dict) -> None:
 
 def run_sharded(spec: dict, ranks: int) -> dict:
     """Launch the reference and stopped runs on ``ranks`` ranks; returns rank 0's outcome."""
-    from pilotrun.engine.distributed import launch
-
     launch(runs_rank, ranks, (spec,))
     return json.loads(Path(spec["out"]).read_text())
 
@@ -98,11 +87,7 @@ def run_sharded(spec: dict, ranks: int) -> dict:
 def work_sharded(spec: dict) -> None:
     """The fresh process's ranks: spawned here, or this process is one of them (``run_joined`` started it
     with a rank of a new world in its environment)."""
-    from pilotrun.engine.distributed import init_from_launcher, launch, under_launcher
-
     if under_launcher():
-        from pilotrun.engine.distributed import exit_rank
-
         init_from_launcher()
         worker_rank(spec)
         exit_rank(0)  # gloo's threads can abort an interpreter's finalisation (engine/distributed.exit_rank)
@@ -118,8 +103,6 @@ def run_joined(job: dict, spec: dict) -> tuple[dict | None, dict | None, list]:
     import subprocess
     import sys
     import tempfile
-
-    from pilotrun.engine.distributed import barrier, broadcast_from_rank0, free_port, gather_to_rank0, world_rank
 
     runs_rank(job)
     barrier()

@@ -17,7 +17,17 @@ import sys
 import tempfile
 from pathlib import Path
 
+from pilotrun.campaign.load import load_campaign
+from pilotrun.console.progress import head, note, spend, spending
+from pilotrun.engine.control import CONTROL_FILE, load_control, target_logits
+from pilotrun.engine.precision import autocast
 from pilotrun.errors import BadInput
+from pilotrun.journal.checkpoints import reference, resolve
+from pilotrun.journal.files import MANIFEST, atomic_write_json, listed_files, verify_manifest
+from pilotrun.journal.runs import missing_run_folder
+from pilotrun.journal.store import Journal
+from pilotrun.tasks import make_task
+from pilotrun.tasks.base import Example
 from pilotrun.verdicts import StageResult
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
@@ -27,9 +37,6 @@ LOW_PRECISION_ATOL = 5e-2  # bf16 keeps ~3 significant digits of logits of order
 
 def preflight(run_dir: Path) -> list[str]:
     """Reasons to refuse loading: pickle-based weights, files that differ from or are missing in the manifest."""
-    from pilotrun.journal.checkpoints import reference, resolve
-    from pilotrun.journal.files import MANIFEST, listed_files, verify_manifest
-
     art = run_dir / "artifact"
     refused = []
     files = sorted(p for p in art.rglob("*") if p.is_file()) if art.is_dir() else []
@@ -55,15 +62,11 @@ def preflight(run_dir: Path) -> list[str]:
 
 def verify(home, run_id: str) -> StageResult:
     """Check hashes here, then reload and predict in a fresh process, then compare."""
-    from pilotrun.journal.store import Journal
-
     journal = Journal(home, create=False)
     run = journal.require_run(run_id)
     run_id = run["run_id"]
     run_dir = journal.run_dir(run_id)
     if not run_dir.is_dir():
-        from pilotrun.journal.runs import missing_run_folder
-
         raise missing_run_folder(journal, run_id)
     if not (run_dir / "artifact").is_dir():
         raise BadInput(f"run {run_id} (kind {run['kind']}) has no artifact folder in {run_dir}", where="RUN_ID",
@@ -76,7 +79,6 @@ def verify(home, run_id: str) -> StageResult:
     if not control:
         raise BadInput(f"run {run_id} stored no control predictions", where="RUN_ID",
                        fix="verify a run written by `pilotrun train` (control predictions are stored at its end)")
-    from pilotrun.report.progress import head
 
     head("reloading the artifact in a new process", spent="startup")  # until the worker's first note
     with tempfile.TemporaryDirectory(prefix="pilotrun-verify-") as tmp:
@@ -133,15 +135,7 @@ def verify_worker(run_dir: str, control_path: str, out_path: str) -> int:
     """The fresh process: hashes again, then load each artifact folder and predict the control inputs."""
     import torch
 
-    from pilotrun.campaign.load import load_campaign
-    from pilotrun.journal.files import atomic_write_json
-    from pilotrun.rehearsal.mechanics.control import CONTROL_FILE, load_control, target_logits
-    from pilotrun.tasks import make_task
-    from pilotrun.tasks.base import Example
-
     import transformers  # noqa: F401 - the fresh process's imports are its start-up, not the artifact's load
-
-    from pilotrun.report.progress import spend, spending
 
     spend("work")  # the fresh process's start-up ends here (the parent's account until now)
     run_dir = Path(run_dir)
@@ -155,13 +149,11 @@ def verify_worker(run_dir: str, control_path: str, out_path: str) -> int:
                        fix="train the run again to verify it")
     examples = [Example(control[r]["input_ids"], control[r]["labels"], r, meta=control[r].get("meta") or {})
                 for r in rids]
-    from pilotrun.engine.precision import autocast
 
     loaded = load_campaign(run_dir / "config.yaml")
     with spending("data"):  # the tokenizer
         task, precision = make_task(loaded), loaded.campaign.train.precision
     stored = load_control(run_dir / CONTROL_FILE) if (run_dir / CONTROL_FILE).is_file() else None
-    from pilotrun.report.progress import note
 
     results = {}
     subs = sorted(p for p in (run_dir / "artifact").iterdir() if p.is_dir())
@@ -232,8 +224,6 @@ def verify_latest(loaded, home) -> StageResult:
 
     Within `all` that is the resume check's reference run (verify comes before train in SPEC order).
     """
-    from pilotrun.journal.store import Journal
-
     journal = Journal(home)
     runs = [r for r in journal.list_runs(name=loaded.campaign.name)
             if r["status"] == "completed" and (journal.run_dir(r["run_id"]) / "artifact").is_dir()]

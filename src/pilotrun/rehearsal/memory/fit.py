@@ -15,6 +15,13 @@ offered for memory the weights and optimizer state take: it only divides activat
 from __future__ import annotations
 
 from pilotrun.campaign.arithmetic import batch_arithmetic, examples_per_update
+from pilotrun.campaign.prepare import prepare, require_weights
+from pilotrun.console.progress import head
+from pilotrun.engine.distributed import default_device
+from pilotrun.probe.recorder import describe_inputs, peak_of
+from pilotrun.probe.sizes import fmt_bytes
+from pilotrun.rehearsal.memory import fit_variants
+from pilotrun.rehearsal.memory.fit_probe import first_losses, losses_match, probe, variant_prep
 from pilotrun.rehearsal.memory.fit_rules import LOSS_UPDATES, accumulation_for
 from pilotrun.verdicts import StageResult
 
@@ -43,9 +50,6 @@ class _Fit:
 
     def variant(self, overrides: dict):
         """The variant prepared: data.* keys re-encode every example through the task; others reuse them."""
-        from pilotrun.rehearsal.memory.fit_probe import variant_prep
-        from pilotrun.rehearsal.prepare import prepare
-
         loaded = self.loaded.with_overrides(overrides)
         if any(k.startswith("data.") for k in overrides):
             key = tuple(sorted(overrides.items()))
@@ -55,8 +59,6 @@ class _Fit:
         return variant_prep(self.prep, loaded)
 
     def measure(self, overrides: dict, kind: str) -> dict:
-        from pilotrun.rehearsal.memory.fit_probe import probe
-
         return probe(self.variant(overrides), kind, limit=self.limit, device=self.device)
 
     def done(self) -> bool:
@@ -64,11 +66,7 @@ class _Fit:
         return not self.all_variants and any(r["fits"] and not r["changes_experiment"] for r in self.rows)
 
     def control_losses(self) -> dict:
-        from pilotrun.rehearsal.memory.fit_probe import first_losses
-
         if self._control_losses is None:
-            from pilotrun.report.progress import head
-
             head(f"the control's first {LOSS_UPDATES} losses")
             self._control_losses = first_losses(self.prep, LOSS_UPDATES, self.device)
         return self._control_losses
@@ -76,10 +74,6 @@ class _Fit:
     def add(self, label: str, overrides: dict, measured: dict | None, tried: list, bound: int | None,
             rtol: float | None, why_not: str | None = None) -> dict:
         """One variant row; ``rtol`` None means the training is untouched (eval-only) and needs no loss check."""
-        from pilotrun.probe.recorder import peak_of
-        from pilotrun.probe.sizes import fmt_bytes
-        from pilotrun.rehearsal.memory.fit_probe import first_losses, losses_match
-
         row = {"variant": label, "change": overrides, "overrides": overrides, "probes": len(tried),
                "probe_bound": bound, "tried": tried, "fits": bool(measured and measured["fits"]),
                "counters": measured, "peak": fmt_bytes(peak_of(measured)) if measured else "",
@@ -123,12 +117,6 @@ def fit(loaded, home, memory_limit: int, *, write: str | None = None, effective_
         all_variants: bool = False, pilot_rows: list[dict] | None = None, device=None) -> StageResult:
     """The fit stage. ``pilot_rows`` (the control's ledger) default to the pilot's, run or reused.
     The search stops at the first variant that fits and keeps the experiment unless ``all_variants``."""
-    from pilotrun.engine.distributed import default_device
-    from pilotrun.probe.recorder import describe_inputs, peak_of
-    from pilotrun.probe.sizes import fmt_bytes
-    from pilotrun.rehearsal.memory import fit_variants
-    from pilotrun.rehearsal.prepare import prepare, require_weights
-
     require_weights(loaded)
     device = device or default_device()
     prep = prepare(loaded, splits=("train", "validation"))
@@ -138,8 +126,6 @@ def fit(loaded, home, memory_limit: int, *, write: str | None = None, effective_
     accumulation_for(t, 1, effective)  # the effective batch must be reachable on these ranks at all
     measured_here = pilot_rows is None
     if pilot_rows is None:
-        from pilotrun.report.progress import head
-
         head("the control's ledger (the latest pilot of this config, else a new one)")
         pilot_rows, pilot_run = fit_variants.control_ledger(loaded, home, memory_limit, prep)
     else:

@@ -12,8 +12,15 @@ from __future__ import annotations
 
 import statistics
 
+from pilotrun.campaign.prepare import Prepared
+from pilotrun.engine.distributed import default_device
+from pilotrun.engine.loop import Hooks, make_state, train
 from pilotrun.phases import names
-from pilotrun.rehearsal.prepare import Prepared
+from pilotrun.phases.driver import PhaseContext, drive, quiet
+from pilotrun.phases.worst import worst_case
+from pilotrun.probe.memory import release_free_memory
+from pilotrun.probe.recorder import peak_of, phase
+from pilotrun.tasks import make_task
 
 # On CPU the counter is the process's RSS, which a limit is checked against as a whole. glibc keeps
 # freed memory for reuse, so RSS after one probe would carry into the next; with a fixed mmap
@@ -31,8 +38,6 @@ def margin(limit: int, device_kind: str) -> int:
 
 def quiet_allocator() -> None:
     """Large blocks straight from mmap (so RSS follows what is held), then ``release_free_memory``."""
-    from pilotrun.probe.memory import release_free_memory
-
     try:
         import ctypes
 
@@ -44,15 +49,11 @@ def quiet_allocator() -> None:
 
 def variant_prep(prep: Prepared, loaded) -> Prepared:
     """The variant's task on the control's encoded examples (train.* and model.* keys do not change encoding)."""
-    from pilotrun.tasks import make_task
-
     return Prepared(loaded, make_task(loaded), prep.examples)
 
 
 def _fresh_state(prep: Prepared, device):
     import torch
-
-    from pilotrun.engine.loop import make_state
 
     torch.manual_seed(prep.c.seed)
     model = prep.task.build_model().to(device)
@@ -65,11 +66,6 @@ def probe(prep: Prepared, kind: str, *, limit: int | None = None, device=None) -
 
     Returns the row of the largest phase (ledger row shape), with ``fits`` against ``limit`` minus margin.
     """
-    from pilotrun.engine.distributed import default_device
-    from pilotrun.phases.driver import PhaseContext, drive, quiet
-    from pilotrun.phases.worst import worst_case
-    from pilotrun.probe.recorder import peak_of, phase
-
     device = device or default_device()
     measured = names("train") if kind == "train" else names("eval")
     ctx = PhaseContext(prep, worst_case(prep, 1), device=device, done={"load"})
@@ -113,9 +109,6 @@ def largest_fitting(candidates: list, fits) -> tuple:
 
 def first_losses(prep: Prepared, k: int, device=None) -> dict:
     """The first k updates through ``train``: their losses and the median seconds of an update after the first."""
-    from pilotrun.engine.distributed import default_device
-    from pilotrun.engine.loop import Hooks, train
-
     device = device or default_device()
     quiet_allocator()
     state = _fresh_state(prep, device)

@@ -5,7 +5,14 @@ from __future__ import annotations
 import datetime as _dt
 from pathlib import Path
 
+from pilotrun.campaign.load import PATH_KEYS, apply_overrides, load_campaign
+from pilotrun.console.progress import head
 from pilotrun.errors import BadInput
+from pilotrun.journal.files import atomic_write_text
+from pilotrun.journal.store import Journal
+from pilotrun.probe.recorder import describe_inputs, peak_of
+from pilotrun.probe.sizes import fmt_bytes
+from pilotrun.probe.trace import trace
 from pilotrun.rehearsal.memory.fit_probe import largest_fitting, probe
 from pilotrun.rehearsal.memory.fit_rules import (EVAL_BOUND, FP32_RTOL, MIXED_RTOL, TRAIN_BOUND, accumulation_for,
                                       micro_batch_candidates, probe_bound)
@@ -15,8 +22,6 @@ LENGTH_STEP = 8  # max_length candidates are multiples of this
 
 def _bisect(job, candidates: list, overrides_for, kind: str, prep_for=None):
     """Largest fitting candidate; returns (best, its row or the smallest tried row, [(candidate, fits)])."""
-    from pilotrun.report.progress import head
-
     rows = {}
     bound = probe_bound(len(candidates))
 
@@ -33,8 +38,6 @@ def _bisect(job, candidates: list, overrides_for, kind: str, prep_for=None):
 
 
 def _probe_one(job, ov: dict, kind: str) -> dict:
-    from pilotrun.report.progress import head
-
     head("probe: " + ", ".join(f"{k.split('.')[-1]} {v}" for k, v in ov.items()))
     return probe(job.variant(ov), kind, limit=job.limit, device=job.device)
 
@@ -42,9 +45,6 @@ def _probe_one(job, ov: dict, kind: str) -> dict:
 def _held_state(job) -> str:
     """Weights, gradients and optimizer state on the device, from the fake-tensor estimate (they do not
     depend on the micro-batch), for the message that accumulation cannot shrink them."""
-    from pilotrun.probe.sizes import fmt_bytes
-    from pilotrun.rehearsal.memory.estimate import trace
-
     rows = {r["phase"]: r for r in trace(job.loaded, device=job.device.type, prep=job.prep)["rows"]}
     s = rows["steady_step"]
     return (f"parameters {fmt_bytes(s['parameters'])}, gradients {fmt_bytes(s['gradients'])} and optimizer state "
@@ -148,8 +148,6 @@ def _targets_cut(job, shorter) -> tuple[int, int]:
 
 def _reverdict(rows: list[dict], limit: int) -> list[dict]:
     """The pilot's rows judged against this limit (the pilot may have run with another or none)."""
-    from pilotrun.probe.recorder import peak_of
-
     out = []
     for r in rows:
         r = dict(r)
@@ -165,8 +163,6 @@ def control_ledger(loaded, home, limit: int, prep=None) -> tuple[list[dict], str
 
     Without the pilot stage (``pilotrun.rehearsal.memory.pilot``) the control is measured with fit's own probes
     (training and evaluation phases only), and the run id is None."""
-    from pilotrun.journal.store import Journal
-
     journal = Journal(Path(home))
     sha = loaded.config_sha256()
     for run in reversed(journal.list_runs(kind="pilot")):
@@ -175,9 +171,9 @@ def control_ledger(loaded, home, limit: int, prep=None) -> tuple[list[dict], str
             if rows:
                 return _reverdict(rows, limit), run["run_id"]
     try:
-        from pilotrun.rehearsal.memory.pilot import pilot
+        from pilotrun.rehearsal.memory.pilot import pilot  # lazy: inside the fallback that catches its failure
     except ImportError:
-        from pilotrun.rehearsal.prepare import prepare
+        from pilotrun.campaign.prepare import prepare  # lazy: inside the fallback that catches its failure
 
         prep = prep or prepare(loaded, splits=("train", "validation"))
         rows = [probe(prep, kind, limit=limit) for kind in ("train", "eval")]
@@ -195,11 +191,6 @@ def control_ledger(loaded, home, limit: int, prep=None) -> tuple[list[dict], str
 def write_campaign(loaded, chosen: dict, path, over: dict, limit: int) -> Path:
     """The campaign file with the chosen variant's keys changed, and a comment saying what and why."""
     import yaml
-
-    from pilotrun.campaign.load import PATH_KEYS, apply_overrides, load_campaign
-    from pilotrun.journal.files import atomic_write_text
-    from pilotrun.probe.recorder import describe_inputs, peak_of
-    from pilotrun.probe.sizes import fmt_bytes
 
     path = Path(path).resolve()
     if loaded.source is None:

@@ -9,14 +9,19 @@ from __future__ import annotations
 
 import time
 
+from pilotrun import startup
+from pilotrun.campaign.arithmetic import data_parallel_ranks
+from pilotrun.campaign.prepare import prepare, require_weights
+from pilotrun.engine.distributed import check_strategy, gather_to_rank0
+from pilotrun.engine.launcher import Ranks
+from pilotrun.journal.runs import RunRecorder
 from pilotrun.journal.store import Journal
-from pilotrun.probe.sizes import fmt_bytes, parse_size
 from pilotrun.phases import PHASES
 from pilotrun.phases.registry import BY_NAME
+from pilotrun.probe.memory import release_free_memory
+from pilotrun.probe.sizes import fmt_bytes, parse_size
 from pilotrun.rehearsal.memory.pilot_phases import INJECT_ENV, PilotJob, parse_inject, run_phases
-from pilotrun.rehearsal.prepare import prepare, require_weights
 from pilotrun.verdicts import StageResult
-from pilotrun.journal.runs import RunRecorder
 
 COLUMNS = ["phase", "rank", "counter", "baseline", "peak_allocated", "peak_reserved", "end_allocated",
            "end_reserved", "duration_s", "verdict", "inputs"]
@@ -25,8 +30,6 @@ FAILING = ("over-budget", "oom", "nan", "error")
 
 def _rank_main(job: PilotJob, prep=None) -> None:
     """One rank of a distributed pilot: run the phases, gather the rows, rank 0 writes them."""
-    from pilotrun.engine.distributed import gather_to_rank0
-
     rows = run_phases(job, prep)
     gathered = gather_to_rank0(rows)
     if gathered is not None:
@@ -61,17 +64,12 @@ def _show_inputs(inputs: dict) -> str:
 
 def pilot(loaded, home, *, memory_limit=None, inject=None) -> StageResult:
     """Run the pilot; ``inject`` plants faults for tests ({"oom": "eval_longest"}; see pilot_phases)."""
-    from pilotrun import startup
-
     require_weights(loaded)
     t0 = time.perf_counter()
     startup_s = startup.take(t0)  # the process's start, imports and checks: a term of the time plan
     prep = prepare(loaded, splits=("train", "validation"))
     prepare_s = time.perf_counter() - t0
     c = prep.c
-    from pilotrun.campaign.arithmetic import data_parallel_ranks
-    from pilotrun.engine.distributed import check_strategy
-    from pilotrun.engine.launcher import Ranks
 
     check_strategy(c.train)
     limit = (parse_size(memory_limit) if isinstance(memory_limit, str) else memory_limit) \
@@ -81,7 +79,6 @@ def pilot(loaded, home, *, memory_limit=None, inject=None) -> StageResult:
     ranks = Ranks(data_parallel_ranks(c.train))
     if ranks.follower:  # torchrun started this process as one rank: rank 0 owns the run
         return _follower(prep, ranks)
-    from pilotrun.probe.memory import release_free_memory
 
     t_run = time.perf_counter()
     release_free_memory()  # as every run does before its model is built (rehearsal/training/train.py)

@@ -16,9 +16,19 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pilotrun.campaign.prepare import prepare
+from pilotrun.engine.control import control_predictions
+from pilotrun.engine.distributed import barrier, default_device, world_rank
+from pilotrun.engine.loop import evaluate, run_update
+from pilotrun.engine.sampler import UpdateSampler
+from pilotrun.errors import BadInput
+from pilotrun.journal.files import atomic_write_json
 from pilotrun.phases import PHASES, names
+from pilotrun.phases.driver import PhaseContext, drive
 from pilotrun.phases.registry import BY_NAME
+from pilotrun.phases.worst import worst_case
 from pilotrun.probe.recorder import phase
+from pilotrun.sheet import shape
 
 INJECT_KINDS = ("oom", "nan", "error", "short")
 # Test switch: "oom:eval_longest,nan:first_step". "short:steady_step" (or first_step) feeds the train
@@ -41,8 +51,6 @@ class PilotJob:
 
 def parse_inject(inject: dict | str | None) -> dict:
     """{"oom": "eval_longest"} or "oom:eval_longest,nan:first_step" (also from $PILOTRUN_PILOT_INJECT)."""
-    from pilotrun.errors import BadInput
-
     if inject is None:
         inject = os.environ.get(INJECT_ENV) or {}
     if isinstance(inject, str):
@@ -87,11 +95,6 @@ def _plant(job: PilotJob, name: str, task):
 def run_phases(job: PilotJob, prep=None) -> list[dict]:
     """Every phase of the registry on this rank (``phases.driver``); returns this rank's rows (rank 0
     writes everyone's to the journal)."""
-    from pilotrun.engine.distributed import barrier, default_device, world_rank
-    from pilotrun.phases.driver import PhaseContext, drive
-    from pilotrun.phases.worst import worst_case
-    from pilotrun.rehearsal.prepare import prepare
-
     prep = prep or prepare(job.loaded, splits=("train", "validation"))
     world, rank = world_rank()
     device = default_device()
@@ -117,14 +120,6 @@ def _time_model(job: PilotJob, prep, state, wc: dict, rank: int, world: int) -> 
     """Time the first updates the campaign's sampler draws and count the budget's padded tokens (sheet/shape.py);
     rank 0 writes ``time_model.json`` into the run folder. Not a ledger row: the worst case stays the bound."""
     import time
-
-    from pilotrun.engine.distributed import barrier, default_device
-    from pilotrun.engine.loop import run_update
-    from pilotrun.engine.sampler import UpdateSampler
-    from pilotrun.journal.files import atomic_write_json
-    from pilotrun.sheet import shape
-
-    from pilotrun.engine.loop import evaluate
 
     c, t = prep.c, prep.c.train
     # the worst case once more without the exact memory counter, whose dispatch slows the measured phases
@@ -163,13 +158,11 @@ def _time_model(job: PilotJob, prep, state, wc: dict, rank: int, world: int) -> 
 
 def _run_extras(prep, state, rank: int) -> tuple[float | None, float | None]:
     """Seconds of two things every run of a sweep does outside its timed blocks, measured here as they run
-    there: the control predictions (rehearsal/training/train.py ``control_predictions``: rank 0 on the
+    there: the control predictions (engine/control.py ``control_predictions``: rank 0 on the
     plain model, every rank under FSDP), and, for a model built from a config, a second, warm build (the
     sweep's later runs build in a process that has imported everything; a pretrained model's warm load is
     a read from disk, which the ``reload`` phase measures)."""
     import time
-
-    from pilotrun.rehearsal.training.train import control_predictions
 
     fsdp = prep.c.train.strategy == "fsdp"
     control_s = None

@@ -20,11 +20,19 @@ from typing import Callable
 
 from pilotrun.campaign.arms import Arm, effective_batch, plan_arms  # noqa: F401  (plan_arms: validate shares it)
 from pilotrun.errors import BadInput
-from pilotrun.journal.store import Journal, lease_s
+from pilotrun.journal.store import Journal, iso, last_heartbeat, lease_s, wall_time
 from pilotrun.provenance import config_sha256
 from pilotrun.rehearsal.training import compare as cmp
-from pilotrun.rehearsal.training.sweep_runs import arm_command, check_sweep_id, encoded_for, launch_sweep_id  # noqa: F401
+from pilotrun.campaign.sweep_runs import arm_command, check_sweep_id, encoded_for, launch_sweep_id  # noqa: F401
 from pilotrun.verdicts import StageResult
+from pilotrun.campaign.consistency import check_campaign
+from pilotrun.engine.distributed import (broadcast_from_rank0, check_strategy, init_from_launcher, under_launcher,
+    world_rank)
+from pilotrun.journal.runs import find_pilot
+from pilotrun.rehearsal.training.sweep_ray import require_ray, run_remote
+from pilotrun.rehearsal.training.timecheck import sweep_time_check, time_lines, time_plan_warning
+from pilotrun.rehearsal.training.train import train_run
+from pilotrun.sheet.build import build_sheet
 
 DONE = ("completed", "diverged", "stopped")
 
@@ -56,26 +64,18 @@ def sweep(loaded, home, *, continue_id: str | None = None, progress: bool = True
     for this run and the ones after it: the pilot's time plan per run, then the runs' own mean).
     ``ray_address``: run on that Ray cluster ("auto": the one this machine is attached to), one journal here.
     ``fixed_id``: start the sweep under this id, or continue it if the journal has it (start-or-continue)."""
-    from pilotrun.rehearsal.data_checks.validate import validate
-
     if ray_address is not None:
-        from pilotrun.rehearsal.training.sweep_ray import require_ray
-
         require_ray()  # before anything is frozen: without Ray the plan would sit in the journal, never run
-
-    from pilotrun.engine.distributed import check_strategy
 
     arms = plan_arms(loaded)
     for arm in arms:  # ranks this machine cannot run are bad input before the plan is frozen
         check_strategy(arm.loaded.c.train)
-    validate(arms[0].loaded)  # files, fields and batch arithmetic fail here, before anything is frozen
+    check_campaign(arms[0].loaded)  # what validate refuses fails here, before anything is frozen
     plan = frozen_plan(loaded, arms)
     sha = config_sha256(plan)
     journal = Journal(home)
     sweep_id, todo, taken, follower = _started(journal, loaded, arms, plan, sha, continue_id, fixed_id)
     if follower:  # one rank of several under torchrun: it joins each run rank 0 starts
-        from pilotrun.rehearsal.training.train import train_run
-
         for arm, seed, supersedes in todo:
             run_loaded = arm.loaded.with_overrides({"seed": seed})
             train_run(run_loaded, home, kind="sweep", sweep_id=sweep_id, arm=arm.name, supersedes=supersedes,
@@ -95,8 +95,6 @@ def sweep(loaded, home, *, continue_id: str | None = None, progress: bool = True
 def _run_todo(todo, *, journal, home, loaded, sweep_id, plan, sets, total, progress, on_run, on_start,
               ray_address) -> None:
     if ray_address is not None:
-        from pilotrun.rehearsal.training.sweep_ray import run_remote
-
         run_remote(todo, journal=journal, sweep_id=sweep_id, plan=plan, sets=sets, address=ray_address,
                    progress=progress, on_run=on_run, total=total)
         return
@@ -105,8 +103,6 @@ def _run_todo(todo, *, journal, home, loaded, sweep_id, plan, sets, total, progr
     took: list[float] = []
     for i, (arm, seed, supersedes) in enumerate(todo):
         import time
-
-        from pilotrun.rehearsal.training.train import train_run
 
         each = sum(took) / len(took) if took else planned
         if on_start is not None:
@@ -158,8 +154,6 @@ def _started(journal: Journal, loaded, arms: list[Arm], plan: dict, sha: str, co
     follower rank. Under torchrun (a sweep over several processes or nodes, each run on all of them) rank 0
     alone creates or continues the sweep and claims its runs, and hands its list to the others, who raise
     its bad input as their own."""
-    from pilotrun.engine.distributed import broadcast_from_rank0, init_from_launcher, under_launcher, world_rank
-
     joined = under_launcher()
     if joined:
         init_from_launcher()
@@ -191,8 +185,6 @@ def _planned_run_s(journal: Journal, loaded) -> float | None:
     """Seconds per run of this campaign (its budget, as ``--set`` left it) by the pilot's measured units: the
     campaign's latest pilot on this machine, if there is one, as the time check at the sweep's end does."""
     try:
-        from pilotrun.rehearsal.rental.sheet import build_sheet, find_pilot
-
         pilot, _ = find_pilot(journal, loaded.campaign.name, None)
         if pilot is None:
             return None
@@ -252,8 +244,6 @@ def claim_todo(journal: Journal, sweep_id: str, arms: list[Arm], seeds: list[int
 
 def taken_lines(taken: list[dict]) -> list[str]:
     """What a sweep says about cells another process took."""
-    from pilotrun.journal.store import wall_time
-
     return [f"  {c['arm']:<10} seed {c['seed']}: taken by another sweep process (pid {c['pid']} on host {c['host']}, "
             f"claimed {c['claimed_at']}, heartbeat {wall_time() - c['heartbeat_at']:.0f}s ago): not run here"
             for c in taken]
@@ -261,8 +251,6 @@ def taken_lines(taken: list[dict]) -> list[str]:
 
 def still_alive(run: dict) -> str:
     """Where a running run lives and when it last renewed its lease (the journal's wall clock)."""
-    from pilotrun.journal.store import iso, last_heartbeat, wall_time
-
     beat = last_heartbeat(run)
     return f"pid {run['pid']} on host {run['host']}, last heartbeat {iso(beat)} ({wall_time() - beat:.0f}s ago)"
 
@@ -349,7 +337,6 @@ def sweep_result(journal: Journal, sweep_id: str, ran: int, taken: list[dict] = 
                     "in every table and plot")
     else:
         verdict = "ok"
-    from pilotrun.rehearsal.training.timecheck import sweep_time_check, time_lines, time_plan_warning
 
     data["time_check"] = sweep_time_check(journal, sweep_id)
     msgs += time_lines(data["time_check"])

@@ -20,7 +20,18 @@ import socket
 import time
 from typing import Any, Callable
 
+import pilotrun
+from pilotrun import signals
+from pilotrun.campaign.arithmetic import data_parallel_ranks
+from pilotrun.campaign.sweep_runs import arm_command, encoded_for
+from pilotrun.engine.loop import Hooks
 from pilotrun.errors import BadInput
+from pilotrun.journal.files import write_manifest
+from pilotrun.journal.runs import RunRecorder, data_fingerprints, find_pilot, write_run_readme
+from pilotrun.journal.store import Journal
+from pilotrun.journal.transfer import check_arrived, export_run, import_run, pack_folder, unpack_folder
+from pilotrun.rehearsal.training.train import train_run
+from pilotrun.signals import interruption
 
 PROGRESS_S = 1.0  # the shortest interval between a worker's progress reports
 
@@ -41,7 +52,6 @@ def connect(address: str):
         return ray
     try:
         ray.init(address=address, log_to_driver=False, logging_level="WARNING")
-        from pilotrun import signals
 
         signals.reclaim()  # ray.init made SIGTERM a sys.exit on the driver: it is an interruption (143)
     except (ConnectionError, ValueError, RuntimeError) as e:
@@ -95,11 +105,6 @@ def run_remote(todo: list, *, journal, sweep_id: str, plan: dict, sets: tuple, a
     status in ``journal``."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    from pilotrun.campaign.arithmetic import data_parallel_ranks
-    from pilotrun.journal.runs import RunRecorder
-    from pilotrun.rehearsal.rental.sheet import find_pilot
-    from pilotrun.rehearsal.training.sweep_runs import arm_command
-
     ray = connect(address)
     cluster = ray.cluster_resources()
     here = ray.get_runtime_context().get_node_id()
@@ -145,8 +150,6 @@ def run_remote(todo: list, *, journal, sweep_id: str, plan: dict, sets: tuple, a
                             "status": status, "reason": (run.get("summary") or {}).get("reason"),
                             "supersedes": job["supersedes"], "node": (run.get("summary") or {}).get("node")})
     except BaseException as exc:  # Ctrl-C, or the driver's own failure: no run stays "running"
-        from pilotrun.signals import interruption
-
         exc = interruption(exc) or exc  # ray.wait raises a bare KeyboardInterrupt for our SIGTERM
         for ref, job in in_flight.items():
             ray.cancel(ref, force=True)
@@ -160,16 +163,12 @@ def run_remote(todo: list, *, journal, sweep_id: str, plan: dict, sets: tuple, a
 
 
 def _pilot_bundle(journal, pilot: dict | None) -> dict | None:
-    from pilotrun.journal.transfer import export_run
-
     return export_run(journal, pilot["run_id"], with_run_row=True) if pilot else None
 
 
 def _expectations(journal, run_id: str) -> dict:
     """What the worker must match: the driver's torch and pilotrun versions and its data files' sha256."""
     import torch
-
-    import pilotrun
 
     run = journal.get_run(run_id)
     return {"torch": torch.__version__, "pilotrun": pilotrun.__version__, "data": run.get("data") or {}}
@@ -218,10 +217,6 @@ def _node_words(node: dict | None) -> str:
 
 def land_outcome(journal, rec, out: dict) -> None:
     """A worker's rows and files into the driver's journal and run folder, then the run's final status."""
-    from pilotrun.journal.files import write_manifest
-    from pilotrun.journal.transfer import check_arrived, import_run, unpack_folder
-    from pilotrun.journal.runs import write_run_readme
-
     import_run(journal, out["rows"], as_run_id=rec.run_id)
     journal.update_progress(rec.run_id, updates_done=out["progress"][0], examples_seen=out["progress"][1])
     written = unpack_folder(out["files"], rec.dir)
@@ -251,9 +246,6 @@ def check_node(expect: dict, loaded) -> None:
     """The run's inputs on this node are the driver's: same torch and pilotrun, same data files."""
     import torch
 
-    import pilotrun
-    from pilotrun.journal.runs import data_fingerprints
-
     node = socket.gethostname()
     for name, mine in (("torch", torch.__version__), ("pilotrun", pilotrun.__version__)):
         if expect.get(name) and expect[name] != mine:
@@ -276,13 +268,6 @@ def check_node(expect: dict, loaded) -> None:
 def train_remote(spec: dict) -> dict:
     """One run on a worker: train into a scratch journal, send back its rows and folder."""
     import tempfile
-
-    from pilotrun.engine.loop import Hooks
-    from pilotrun.journal.store import Journal
-    from pilotrun.journal.transfer import export_run, import_run, pack_folder
-    from pilotrun.rehearsal.training.sweep_runs import encoded_for
-    from pilotrun.rehearsal.training.train import train_run
-    from pilotrun.campaign.arithmetic import data_parallel_ranks
 
     tracker, run_id, loaded = spec["tracker"], spec["run_id"], spec["loaded"]
     node = node_facts()

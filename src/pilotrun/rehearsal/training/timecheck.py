@@ -11,7 +11,9 @@ its cold start is not predicted.
 
 from __future__ import annotations
 
+from pilotrun.journal.runs import find_pilot
 from pilotrun.sheet import plan as P
+from pilotrun.sheet.build import build_sheet
 
 
 def run_prediction(units: dict, counts: dict, n_val_batches: int, validation_predictions: bool, *,
@@ -57,8 +59,6 @@ def sweep_time_check(journal, sweep_id: str) -> dict | None:
     """Predicted against actual seconds for every finished run of the sweep, and in total.
 
     None when the sweep's campaign has no pilot with a time plan in the journal."""
-    from pilotrun.rehearsal.rental.sheet import build_sheet, find_pilot
-
     runs = [r for r in journal.list_runs(sweep_id=sweep_id) if (r.get("summary") or {}).get("timing")]
     if not runs:
         return None

@@ -6,51 +6,25 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from pilotrun import startup
+from pilotrun.campaign.arithmetic import data_parallel_ranks
+from pilotrun.campaign.arms import COST_FREE
+from pilotrun.campaign.prepare import Prepared, prepare, require_weights
+from pilotrun.console.progress import note
+from pilotrun.engine.artifact import export_artifact
+from pilotrun.engine.control import control_predictions, store_control_predictions
+from pilotrun.engine.distributed import check_strategy, default_device, gather_to_rank0, launch, world_rank, wrap_model
+from pilotrun.engine.launcher import Ranks
 from pilotrun.engine.loop import Hooks, make_state, train, update_line
-from pilotrun.journal.files import write_manifest
+from pilotrun.engine.state import save_final
+from pilotrun.journal.files import atomic_write_text, write_manifest
+from pilotrun.journal.runs import RunRecorder, find_pilot, write_run_readme
 from pilotrun.journal.store import Journal, check_fence
-from pilotrun.rehearsal.prepare import Prepared, prepare, require_weights
+from pilotrun.probe.memory import release_free_memory
+from pilotrun.probe.watch import PeakWatch, bound_rows
+from pilotrun.rehearsal.training.val_predictions import store_validation_predictions
+from pilotrun.scratch import make_dir
 from pilotrun.verdicts import StageResult
-from pilotrun.journal.runs import RunRecorder, write_run_readme
-from pilotrun.rehearsal.mechanics.control import CONTROL_EXAMPLES
-
-
-def control_predictions(prep: Prepared, model) -> tuple[list, list, object]:
-    """The control inputs, the model's predictions on them and its top logits (None for a task without)."""
-    import torch
-
-    from pilotrun.rehearsal.mechanics.control import target_logits
-
-    pool = prep.validation or prep.train
-    control = pool[:CONTROL_EXAMPLES]
-    if not control:
-        return [], [], None
-    from pilotrun.engine.loop import to_device
-    from pilotrun.engine.precision import autocast
-
-    model.eval()
-    device = next(model.parameters()).device
-    with torch.no_grad(), autocast(prep.c.train.precision, device.type):
-        batch = to_device(prep.task.collate(control), device)
-        preds = prep.task.predict(model, batch)
-        logits = target_logits(prep.task, model, batch)
-    return control, preds, logits
-
-
-def store_control_predictions(recorder: RunRecorder, prep: Prepared, model, computed=None) -> list[dict]:
-    """Predictions (journal) and top logits (control.safetensors) on the control inputs; before the manifest."""
-    from pilotrun.rehearsal.mechanics.control import save_control, tokenizer_facts
-
-    control, preds, logits = computed or control_predictions(prep, model)
-    if not control:
-        return []
-    items = [(e.rid, {"input_ids": e.input_ids, "labels": e.labels, "pred": p, **({"meta": e.meta} if e.meta else {})})
-             for e, p in zip(control, preds)]
-    recorder.journal.add_predictions(recorder.run_id, "control", items)
-    if logits is not None:  # verify compares the reloaded artifact's logits with these
-        save_control(recorder.dir, [e.rid for e in control], logits,
-                     {"dtype": str(next(model.parameters()).dtype), "tokenizer": tokenizer_facts(prep.task)})
-    return [{"rid": rid, **v} for rid, v in items]
 
 
 @dataclass
@@ -76,13 +50,6 @@ def train_run(loaded, home, *, kind: str = "train", supersedes: str | None = Non
     arithmetic says: spawned here (rank 0 records; this process owns and finishes the run), or, under
     torchrun, this process is one of them (rank 0 creates the run, the others join it).
     """
-    from pilotrun.campaign.arithmetic import data_parallel_ranks
-    from pilotrun.engine.distributed import check_strategy, launch
-    from pilotrun.engine.launcher import Ranks
-
-    from pilotrun import startup
-    from pilotrun.report.progress import note
-
     require_weights(loaded)
     t_start = time.perf_counter() - (prepare_s or 0.0)  # a caller that prepared for us says how long it took
     startup_s = startup.take(t_start)  # the first run of a pilotrun process: its start-up is this run's to plan
@@ -96,7 +63,6 @@ def train_run(loaded, home, *, kind: str = "train", supersedes: str | None = Non
     spawn = ranks.spawn
     if spawn and hooks is not None:
         raise ValueError("hooks cannot follow a run into spawned ranks; run under torchrun to use them")
-    from pilotrun.probe.memory import release_free_memory
 
     t_release = time.perf_counter()
     release_free_memory()  # a sweep's runs share a process: start this one without the last one's leftovers
@@ -125,8 +91,6 @@ def train_run(loaded, home, *, kind: str = "train", supersedes: str | None = Non
             import json
             import shutil
 
-            from pilotrun.scratch import make_dir
-
             tmp = make_dir("pilotrun-ranks-")  # named for this process: a killed parent's is removed next time
             try:
                 job.result_path = str(tmp / "rank0.json")
@@ -145,9 +109,6 @@ def train_run(loaded, home, *, kind: str = "train", supersedes: str | None = Non
 def _spawned_rank(job: TrainJob) -> None:
     """One spawned rank: prepare (each process encodes its own copy), train; rank 0 writes the outcome."""
     import json
-
-    from pilotrun.engine.distributed import world_rank
-    from pilotrun.journal.files import atomic_write_text
 
     t_start = time.perf_counter()
     prep = prepare(job.loaded, splits=("train", "validation"))
@@ -169,10 +130,6 @@ def _ranked_run(job: TrainJob, prep: Prepared, rec: RunRecorder | None, hooks: H
     control predictions, memory bound. Only the process with ``rec`` (rank 0) writes to the journal;
     ``built``: the model already built here and the seconds it took. Returns ``{"status", "summary", "evals",
     "control"}``."""
-    from pilotrun.engine.distributed import gather_to_rank0, world_rank
-    from pilotrun.probe.watch import PeakWatch
-    from pilotrun.report.progress import note
-
     c = prep.c
     arith = prep.arithmetic()
     world, rank = world_rank()
@@ -207,8 +164,6 @@ def _ranked_run(job: TrainJob, prep: Prepared, rec: RunRecorder | None, hooks: H
     t0 = time.perf_counter()
     observed = gather_to_rank0(watch.rows())
     if predicting and job.validation_predictions:  # stored by rank 0 (rec); the others only take part
-        from pilotrun.rehearsal.training.val_predictions import store_validation_predictions
-
         store_validation_predictions(rec, prep, pred_model)
     timing["predictions_s"] = time.perf_counter() - t0
     timing["blocks_s"] = dict(watch.seconds)  # every update, validation, save and export, timed by the watch
@@ -231,10 +186,6 @@ def _ranked_run(job: TrainJob, prep: Prepared, rec: RunRecorder | None, hooks: H
 def _placed(prep: Prepared, arith: dict, built: tuple | None, progress: bool):
     """The model built (unless ``built`` brings it), on the device, wrapped for the strategy, and its training
     state: ``(model, wrapped, state, load_s)``, the load timed from the build to the state."""
-    from pilotrun.engine.distributed import default_device, wrap_model
-    from pilotrun.probe.memory import release_free_memory
-    from pilotrun.report.progress import note
-
     c = prep.c
     if built is None:
         release_free_memory()
@@ -290,8 +241,6 @@ def _journal_hooks(rec: RunRecorder | None, user: Hooks, watch) -> Hooks:
 def _save_final(state, result, run_dir: Path, watch, phase, timing: dict) -> None:
     """``checkpoints/final``: a save of its own, timed as every save, unless the loop's last act saved this very
     state (then final stands for that checkpoint, no second copy)."""
-    from pilotrun.engine.state import save_final
-
     t0 = time.perf_counter()
     if result.saved_last is None:
         phase("saving checkpoints/final")
@@ -306,8 +255,6 @@ def _save_final(state, result, run_dir: Path, watch, phase, timing: dict) -> Non
 def _export(job: TrainJob, prep: Prepared, wrapped, state, run_dir: Path, rank: int, watch, phase,
             timing: dict) -> list:
     """The artifact, when the job saves one: the parts written (timed as ``export_s``)."""
-    from pilotrun.engine.artifact import export_artifact
-
     if not job.save_artifact:
         return []
     phase("exporting the artifact")
@@ -399,8 +346,6 @@ def _flat(d: dict, prefix: str = "") -> dict:
 
 def memory_keys_changed(a: dict, b: dict) -> list[str]:
     """Keys that differ between two resolved configs, except those that cannot change memory per step."""
-    from pilotrun.rehearsal.rental.time_plan import COST_FREE
-
     fa, fb = _flat(a), _flat(b)
     free = COST_FREE + ("plan", "hardware", "name", "train.updates", "train.epochs", "train.eval_every",
                         "train.save_every")
@@ -412,9 +357,6 @@ def record_memory_bound(journal, run_id: str, name: str, sha: str, observed: lis
                         run_config: dict | None = None) -> dict:
     """The run's observed peaks (``PeakWatch.rows()``, every rank's) as ledger rows, each against the pilot's
     peak for the same phase kind and rank."""
-    from pilotrun.probe.watch import bound_rows
-    from pilotrun.rehearsal.rental.sheet import find_pilot
-
     pilot, stale = find_pilot(journal, name, sha)
     pilot_rows = journal.phase_rows(pilot["run_id"]) if pilot else []
     rows, bound = bound_rows(observed, pilot_rows, pilot["run_id"] if pilot else None)

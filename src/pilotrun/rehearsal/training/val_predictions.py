@@ -5,6 +5,8 @@ A sweep keeps them per run so arms can be compared example by example later, not
 
 from __future__ import annotations
 
+from pilotrun.engine.loop import to_device
+from pilotrun.engine.precision import autocast
 from pilotrun.tasks.base import IGNORE
 
 
@@ -18,9 +20,6 @@ def store_validation_predictions(recorder, prep, model) -> int:
     """Greedy predictions at the targets of every validation example; returns how many were stored.
     ``recorder=None``: a rank that only takes part in the forward passes (FSDP) stores nothing."""
     import torch
-
-    from pilotrun.engine.loop import to_device
-    from pilotrun.engine.precision import autocast
 
     examples = prep.validation
     if not examples:

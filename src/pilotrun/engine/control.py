@@ -1,4 +1,5 @@
-"""Control predictions: a few fixed inputs whose predictions and logits are stored with a run's artifact.
+"""Control predictions: a few fixed inputs whose predictions and logits are stored with a run's artifact
+(by train, the pilot's ranks and resume's reference run; read back by verify).
 
 ``verify`` reloads the artifact in a fresh process and reproduces them. The logits kept are, at each
 target position, the TOPK largest of the training-time model and their ids (``control.safetensors``
@@ -10,6 +11,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pilotrun.engine.loop import to_device
+from pilotrun.engine.precision import autocast
+from pilotrun.journal.files import reading_weights
+from pilotrun.tasks.base import IGNORE
+
+if TYPE_CHECKING:
+    from pilotrun.campaign.prepare import Prepared
+    from pilotrun.journal.runs import RunRecorder
 
 CONTROL_FILE = "control.safetensors"
 CONTROL_EXAMPLES = 4  # validation examples whose predictions are stored with every run
@@ -18,8 +29,6 @@ TOPK = 8
 
 def target_logits(task, model, batch) -> list | None:
     """Per example, the logits (float32, CPU) at its target positions; None for a task pilotrun cannot read."""
-    from pilotrun.tasks.base import IGNORE
-
     if task.kind not in ("causal-lm", "seq-cls"):
         return None
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
@@ -51,8 +60,6 @@ def load_control(path) -> dict:
     """{"rids": [...], "meta": {...}, "values": [tensor], "indices": [tensor]} from a control file."""
     from safetensors import safe_open
 
-    from pilotrun.journal.files import reading_weights
-
     with reading_weights(path, "stored control predictions"), safe_open(str(path), framework="pt") as f:
         md = f.metadata() or {}
         rids = json.loads(md.get("rids", "[]"))
@@ -66,3 +73,35 @@ def tokenizer_facts(task) -> dict:
     if tok is None:
         return {}
     return {"vocab": len(tok), "eos": tok.eos_token_id, "pad": tok.pad_token_id}
+
+
+def control_predictions(prep: Prepared, model) -> tuple[list, list, object]:
+    """The control inputs, the model's predictions on them and its top logits (None for a task without)."""
+    import torch
+
+    pool = prep.validation or prep.train
+    control = pool[:CONTROL_EXAMPLES]
+    if not control:
+        return [], [], None
+
+    model.eval()
+    device = next(model.parameters()).device
+    with torch.no_grad(), autocast(prep.c.train.precision, device.type):
+        batch = to_device(prep.task.collate(control), device)
+        preds = prep.task.predict(model, batch)
+        logits = target_logits(prep.task, model, batch)
+    return control, preds, logits
+
+
+def store_control_predictions(recorder: RunRecorder, prep: Prepared, model, computed=None) -> list[dict]:
+    """Predictions (journal) and top logits (control.safetensors) on the control inputs; before the manifest."""
+    control, preds, logits = computed or control_predictions(prep, model)
+    if not control:
+        return []
+    items = [(e.rid, {"input_ids": e.input_ids, "labels": e.labels, "pred": p, **({"meta": e.meta} if e.meta else {})})
+             for e, p in zip(control, preds)]
+    recorder.journal.add_predictions(recorder.run_id, "control", items)
+    if logits is not None:  # verify compares the reloaded artifact's logits with these
+        save_control(recorder.dir, [e.rid for e in control], logits,
+                     {"dtype": str(next(model.parameters()).dtype), "tokenizer": tokenizer_facts(prep.task)})
+    return [{"rid": rid, **v} for rid, v in items]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pilotrun.data.readers import Record, read_records
+from pilotrun.records.readers import Record, read_records
 from pilotrun.errors import BadInput
 
 CHUNK = 8192

@@ -4,8 +4,11 @@
 from __future__ import annotations
 
 from pilotrun.campaign.arms import Arm
+from pilotrun.campaign.prepare import Prepared, prepare
 from pilotrun.errors import BadInput
+from pilotrun.journal.runs import command_line
 from pilotrun.provenance import config_sha256
+from pilotrun.tasks import make_task
 
 
 def arm_command(campaign_path, arm: Arm, seed: int, sets: tuple[str, ...] = ()) -> str | None:
@@ -13,8 +16,6 @@ def arm_command(campaign_path, arm: Arm, seed: int, sets: tuple[str, ...] = ()) 
     the sweep's own ``--set`` items, then the arm's overrides, then the seed."""
     import json
     import shlex
-
-    from pilotrun.journal.runs import command_line
 
     if campaign_path is None:
         return command_line()
@@ -25,10 +26,6 @@ def arm_command(campaign_path, arm: Arm, seed: int, sets: tuple[str, ...] = ()) 
 def encoded_for(loaded, cache: dict):
     """train_run's ``prep`` and ``prepare_s``: the encoded examples of an earlier run with the same task, model and data
     sections (train.*, seed and plan keys do not change encoding), under this run's own task object."""
-    from pilotrun.provenance import config_sha256
-    from pilotrun.rehearsal.prepare import Prepared, prepare
-    from pilotrun.tasks import make_task
-
     import time
 
     d = loaded.resolved_dict()

@@ -5,8 +5,12 @@ inputs, which then neither reads the data nor imports torch."""
 
 from __future__ import annotations
 
+from pilotrun.campaign.prepare import prepare
+from pilotrun.campaign.reuse import kept_result
 from pilotrun.sheet import plan as P
 from pilotrun.sheet.catalogue import CATALOGUE
+from pilotrun.sheet.gpu_memory import phase_needs, reserved_limit
+from pilotrun.sheet.options import TRAINING, options_table
 
 
 class _Prepared:
@@ -19,8 +23,6 @@ class _Prepared:
 
     def __call__(self):
         if self.prep is None and self.error is None:
-            from pilotrun.rehearsal.prepare import prepare
-
             try:
                 self.prep = prepare(self.loaded, splits=("train", "validation"))
             except Exception as e:  # noqa: BLE001 - each caller names it in its own words
@@ -34,8 +36,7 @@ def prediction(loaded, rows: list[dict], sheet: dict):
     """The encoded data, prepared when first used (for the size caps and probes), and, for a pilot without CUDA
     counters, the estimate's per-phase rows for CUDA, kept in the home; (prepared, None) with a problem named
     when they cannot be had."""
-    from pilotrun.rehearsal.reuse import kept_result
-    from pilotrun.sheet.gpu_memory import predict_rows
+    from pilotrun.sheet.gpu_memory import predict_rows  # lazy: looked up when called: tests replace it
 
     prep = _Prepared(loaded)
     if rows[0].get("counter") == "cuda":
@@ -56,16 +57,13 @@ def prediction(loaded, rows: list[dict], sheet: dict):
 
 def largest(loaded, prep, rows, target, kind, ranks, t, c) -> dict:
     """The largest sizes on ``target``: bisection over the estimator, else the measured growth, else why not."""
-    from pilotrun.sheet.gpu_memory import reserved_limit
-    from pilotrun.sheet.sizes import largest_sizes
+    from pilotrun.sheet.sizes import largest_sizes  # lazy: looked up when called: tests replace it
 
     peaks = P.phase_peaks(rows)
     su = (peaks.get("steady_step") or {}).get("inputs", {})
     ev = (peaks.get("eval_longest") or {}).get("inputs", {})
     if prep is not None and prep.error is None:
         try:
-            from pilotrun.rehearsal.reuse import kept_result
-
             asked = {"limit": reserved_limit(target, "predicted", ranks), "micro_batch": t.micro_batch,
                      "eval_batch": t.eval_batch, "seq_len": su.get("seq_len") or c.data.max_length,
                      "eval_seq_len": ev.get("seq_len") or c.data.max_length}
@@ -90,10 +88,6 @@ def largest(loaded, prep, rows, target, kind, ranks, t, c) -> dict:
 def options(sheet, loaded, prep, rates, gpu_rows, kind, ranks) -> None:
     """The options table, the campaign as written taking the pilot's memory (CUDA) and time plan."""
     import time
-
-    from pilotrun.rehearsal.reuse import kept_result
-    from pilotrun.sheet.gpu_memory import phase_needs
-    from pilotrun.sheet.options import TRAINING, options_table
 
     needs = {}
     for g in CATALOGUE:

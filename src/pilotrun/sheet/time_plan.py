@@ -1,25 +1,25 @@
 """The sheet's time plan: each phase's slowest measured duration in the pilot's ledger, scaled to a GPU
 (``sheet/plan.unit_seconds``), counted over the campaign's updates, validations and checkpoints
 (``plan.run_counts``), times every run of the plan, packed into the rental's day plans (``plan.pack``); per
-catalogue GPU that fits, and the launch's choice of GPU and plan (rehearsal/rental/sheet.py builds the rest)."""
+catalogue GPU that fits, and the launch's choice of GPU and plan (sheet/build.py builds the rest)."""
 
 from __future__ import annotations
 
+from pilotrun.campaign.arithmetic import batch_arithmetic
+from pilotrun.campaign.arms import COST_FREE
+from pilotrun.engine.control import CONTROL_EXAMPLES
 from pilotrun.phases import PHASES, REGISTRY
+from pilotrun.records.readers import read_records
 from pilotrun.sheet import plan as P
 from pilotrun.sheet.catalogue import CATALOGUE, match_gpu
-
-# Keys a variant may change without changing what one update costs (the pilot measured the control).
-COST_FREE = ("train.lr", "train.weight_decay", "train.schedule", "train.warmup", "train.max_grad_norm",
-             "train.optimizer", "train.stop", "seed")
+from pilotrun.sheet.rates import costs
+from pilotrun.sheet.shape import scaled_units
 
 
 def _count_records(path: str | None) -> int | None:
     if not path:
         return None
     try:
-        from pilotrun.data.readers import read_records
-
         return len(read_records(path))
     except Exception:  # noqa: BLE001 - a data file that moved since the pilot: the count is shown as unknown
         return None
@@ -90,8 +90,6 @@ def time_plan(sheet, c, t, rows, peaks, pilot, fits, target, ranks, rates) -> No
     u_here, terms_here, per_run_here = plan_for(None)  # the pilot's own machine: nothing scaled
     sheet["time"]["here"] = {"units": u_here["units"], "terms": terms_here, "per_run_s": per_run_here}
     if rates is not None:
-        from pilotrun.sheet.rates import costs
-
         sheet["costs"] = costs(rates, plans_by_gpu, c.hardware.gpus, wall, c.hardware.reserve)
     if c.hardware.gpus < ranks:
         sheet["problems"].append(f"hardware.gpus={c.hardware.gpus} is fewer than the {ranks} ranks of a run "
@@ -104,9 +102,6 @@ def time_plan(sheet, c, t, rows, peaks, pilot, fits, target, ranks, rates) -> No
 
 def _counts(c, t, n_train: int, n_val: int | None, ranks: int) -> dict:
     """Updates, validations, checkpoints and control passes of one run, and where they come from."""
-    from pilotrun.campaign.arithmetic import batch_arithmetic
-    from pilotrun.rehearsal.mechanics.control import CONTROL_EXAMPLES
-
     updates = batch_arithmetic(t, n_train)["updates"]
     counts = P.run_counts(updates, t.eval_every, t.save_every, n_val or 0, t.eval_batch, ranks, bool(n_val),
                           control=min(CONTROL_EXAMPLES, n_val or n_train))
@@ -120,8 +115,6 @@ def _unit_plan(c, t, rows, peaks, pilot, measured, counts):
     """``plan_for(gpu)`` -> (unit seconds, the run's terms, seconds per run) on a GPU (None: the pilot's own
     machine), the work an update and a validation compute, and the pilot's time model's shape of its worst case
     (None without one)."""
-    from pilotrun.sheet.shape import scaled_units
-
     load_in = peaks["load"].get("inputs", {})
     su = peaks["steady_step"].get("inputs", {})
     ev = peaks["eval_longest"].get("inputs", {})

@@ -5,10 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from pilotrun.campaign import reuse
 from pilotrun.campaign.arithmetic import batch_arithmetic
 from pilotrun.campaign.consistency import check_consistency
+from pilotrun.console.progress import note, spending
 from pilotrun.tasks import make_task
 from pilotrun.tasks.common import SPLITS
+from pilotrun.tasks.hub import snapshot_of
+from pilotrun.tasks.loading import architecture_only, check_model_dir, check_positions, check_weights_fit, lora_targets
 
 
 @dataclass
@@ -40,24 +44,16 @@ def require_weights(loaded) -> None:
     headers disagree with the model its config.json describes (``tasks.loading.check_weights_fit``)."""
     from pathlib import Path
 
-    from pilotrun.campaign.hub import snapshot_of
-    from pilotrun.tasks.loading import check_model_dir
-
     path = loaded.campaign.model.path
     if path and snapshot_of(path):
         check_model_dir(Path(path))
     if path and loaded.campaign.task in ("causal-lm", "seq-cls"):
-        from pilotrun.tasks.loading import check_weights_fit
-
         check_weights_fit(loaded.campaign, loaded.campaign.task)  # names and shapes against the headers
 
 
 def prepare(loaded, splits=SPLITS) -> Prepared:
     """Validate, build the task and encode every record of the splits through task.encode (inside ``all``, once
-    per campaign identity and split: ``rehearsal/reuse.encoded``)."""
-    from pilotrun.rehearsal import reuse
-    from pilotrun.report.progress import spending
-
+    per campaign identity and split: ``campaign/reuse.encoded``)."""
     with spending("data"):
         if not reuse.shared():
             task = _task(loaded)
@@ -70,22 +66,16 @@ def prepare(loaded, splits=SPLITS) -> Prepared:
 def _task(loaded, keep: bool = False):
     check_consistency(loaded.campaign, loaded.base_dir)
     if loaded.campaign.task in ("causal-lm", "seq-cls"):
-        from pilotrun.tasks.loading import check_positions
-
         check_positions(loaded.campaign)  # with model.config's class defaults, before anything runs
         adapter_choice(loaded)  # LoRA's modules exist in the model (or the family has a default)
     task = make_task(loaded)
     if keep:
-        from pilotrun.rehearsal import reuse
-
         reuse.keep_pristine(task, loaded)  # a later stage's build is a fresh copy of the weights read here
     return task
 
 
 def _encoded(task, splits) -> dict[str, list]:
     """Each split's records encoded ([] for a split without records: the caller keeps only the others)."""
-    from pilotrun.report.progress import note
-
     examples = {}
     for split in splits:
         note(f"reading and encoding the {split} split", log=True)
@@ -101,8 +91,6 @@ def adapter_choice(loaded) -> tuple[list[str], str] | None:
     if c.model.adapter is None or c.task not in ("causal-lm", "seq-cls"):
         return None
     import torch
-
-    from pilotrun.tasks.loading import architecture_only, lora_targets
 
     plain = loaded.with_overrides({"model.adapter": None, "model.gradient_checkpointing": False})
     with torch.device("meta"), architecture_only():

@@ -35,6 +35,9 @@ import threading
 import time
 from contextlib import contextmanager
 
+from pilotrun.console.units import fmt_duration
+from pilotrun.scratch import owned_name, remove_dead
+
 _CURRENT: dict = {}  # the running stage (see stage_progress)
 _CHILD: dict = {"last": 0.0, "seq": 0}  # this process's reports to a parent stage
 DEFAULT_HEARTBEAT_S = 30.0
@@ -210,8 +213,6 @@ def _poll(cur: dict) -> None:
 
 
 def _fmt(seconds: float) -> str:
-    from pilotrun.sheet.plan import fmt_duration
-
     return f"{seconds:.0f} s" if seconds < 120 else fmt_duration(seconds)  # no milliseconds on a progress line
 
 
@@ -293,8 +294,6 @@ def _is_tty(stream) -> bool:
 def stage_progress(label: str, *, stream=None):
     """Show the stage ``label`` until the block ends (see the module docstring)."""
     import tempfile
-
-    from pilotrun.scratch import owned_name, remove_dead
 
     stream = stream or sys.stderr
     outer = _CURRENT.get("stage")

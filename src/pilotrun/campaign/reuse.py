@@ -2,7 +2,7 @@
 
 - ``identity(loaded)``: the campaign's config hash and the identity of every file it names (path, size,
   mtime_ns, and the content's sha256 for files under ``HASHED_BELOW`` bytes; a folder: its files' identities).
-- In one process (``all``): the encoded splits (``encoded``, what ``rehearsal/prepare.prepare`` builds) and a
+- In one process (``all``): the encoded splits (``encoded``, what ``campaign/prepare.prepare`` builds) and a
   model as its first build left it (``keep_pristine``: a deep copy, never a model a stage trained), keyed by it.
   A changed file has another identity, so it is read again; ``COUNTS`` says what was served and built.
 - Across processes (the sheet after a pilot or an earlier sheet): the estimator's traces, kept in the journal's
@@ -20,6 +20,12 @@ import json
 import os
 from pathlib import Path
 from typing import Any
+
+import pilotrun
+from pilotrun import __version__
+from pilotrun.console.progress import spending
+from pilotrun.journal.files import atomic_write_bytes
+from pilotrun.tasks.loading import shape_only
 
 HASHED_BELOW = 4 * 2**20  # a file this small is hashed too (a same-size edit within one mtime tick is caught)
 MAX_ENTRIES = 8  # encoded campaigns (and pristine models) kept in one process
@@ -107,8 +113,6 @@ def keep_pristine(task, loaded) -> None:
     def build_model():
         import torch
 
-        from pilotrun.tasks.loading import shape_only
-
         if shape_only() or str(torch.get_default_device()) != "cpu":  # the estimator's builds, a meta device
             return build()
         key = identity(loaded, {"model": type(task).__name__})
@@ -119,7 +123,6 @@ def keep_pristine(task, loaded) -> None:
             _keep(_PRISTINE, key, (copy.deepcopy(model), torch.get_rng_state()))
             return model
         COUNTS["pristine_hits"] += 1
-        from pilotrun.report.progress import spending
 
         with spending("model"):
             model, rng = copy.deepcopy(kept[0]), kept[1]
@@ -168,8 +171,6 @@ def package_digest(root: Path | None = None) -> str:
     """sha256 of pilotrun's own files (paths and contents, caches left out): the code's identity beside its version.
     Without ``root`` (the package this process runs) read once per process: its code is what it imported; a
     ``root`` given (a checkout a wheel is built from) is read every time."""
-    import pilotrun
-
     if root is not None:
         return _digest(root)
     if not _OWN_DIGEST:
@@ -203,7 +204,6 @@ def trace_key(loaded, what: dict) -> str | None:
     """The key of a trace of ``loaded`` (None outside ``keeping_traces``)."""
     if _TRACES.get() is None:
         return None
-    from pilotrun import __version__
 
     return identity(loaded, dict(what, version=__version__, code=package_digest()))
 
@@ -227,7 +227,6 @@ def store_trace(key: str | None, trace: dict) -> None:
     COUNTS["trace_builds"] += 1
     if key is None or folder is None:
         return
-    from pilotrun.journal.files import atomic_write_bytes
 
     try:
         folder.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,1 @@
+"""The ground floor's voice: terminal-safe text and the progress line, usable from every layer."""

@@ -1,0 +1,241 @@
+"""The trace: the pilot's phases on fake tensors, for a device that is not here (the estimate stage, the sheet and fit
+read it).
+
+The same functions as the pilot run — ``task.build_model``, ``make_state`` (the optimizer of
+engine/optim.py), ``run_update`` (``task.loss`` + backward + clip + step), ``evaluate`` — on the
+same worst-case inputs (``phases.worst``): each phase's traced version from the registry, driven by
+``phases.driver`` under ``probe.estimate.Accountant``. Nothing is allocated; one row per phase, shaped like the pilot's ledger rows and labelled as estimates.
+
+Ranks: under ddp every rank holds everything, plus DDP's gradient buckets (one more copy of the
+trainable parameters' gradients). Under fsdp the parameters, gradients and optimizer state are
+divided by the ranks, activations are not, and two unsharded blocks (the one computing and the one
+prefetched) are added as temporaries to the steps and the validation; load, export and reload add
+what is held unsharded there (``_with_host_copies``). Checked against the exact counter on two CPU
+ranks (tests/test_fsdp.py); on a GPU the load's one block moved whole is an assumption.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+from pilotrun.campaign import reuse
+from pilotrun.campaign.arithmetic import data_parallel_ranks
+from pilotrun.campaign.prepare import prepare
+from pilotrun.phases import PHASES, names
+from pilotrun.phases.driver import PhaseContext, drive
+from pilotrun.phases.registry import BY_NAME
+from pilotrun.phases.worst import worst_case
+from pilotrun.probe import counted as K
+from pilotrun.probe.estimate import Accountant, architecture_config, fake_build, unsharded_block_bytes
+
+SHARDED = ("parameters", "gradients", "optimizer_state")
+BY_KIND = {name: phase.kind for name, phase in BY_NAME.items()}
+
+
+def _bytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def trace(loaded, *, device: str = "cuda", prep=None, counted: bool | None = None) -> dict:
+    """Run every phase on fake tensors; returns {"rows": [...], "params": n, "trainable": n, "wall_s": s}.
+
+    ``counted``: count identical decoder layers and micro-batches from two shallow traces
+    (probe/counted.py) instead of tracing them all; None: when the model has enough layers of one shape
+    or the update more than two micro-batches."""
+    started = time.perf_counter()
+    tr = traced(loaded, device=device, prep=prep, counted=counted)
+    t = loaded.campaign.train
+    ranks = data_parallel_ranks(t)
+    rows = rows_for(tr, ranks=ranks, strategy=t.strategy)
+    return {"rows": rows, "params": tr["params"], "trainable": tr["trainable"], "ranks": ranks,
+            "counted": tr["counted"], "wall_s": time.perf_counter() - started}
+
+
+def traced(loaded, *, device: str = "cuda", prep=None, counted: bool | None = None, after_steps=None) -> dict:
+    """The phases' summaries (per stage, unscaled) and the facts ``rows_for`` needs, traced or counted.
+
+    ``after_steps``: another trace of the same model and optimizer whose phases after the two steps
+    (validation, save, export, reload) this one shares (only activation checkpointing differs), so
+    only load and the steps are traced."""
+    prep = prep or prepare(loaded, splits=("train", "validation"))
+    wc = worst_case(prep, 1)
+
+    cfg = architecture_config(loaded)
+    depth = K.depth_of(cfg)
+    mbs = wc["micro_batches"]
+    if counted is None:
+        counted = depth is not None or len(mbs) > K.TRACED_MICRO_BATCHES
+    steps_only = after_steps is not None
+    if not counted:
+        return _sharing(dict(_trace_once(loaded, device, prep, wc, steps_only), counted=None), after_steps)
+    # the first micro-batch (it allocates the gradients) and the widest, which the worst case puts last: the
+    # ones between repeat the widest's allocations on shorter inputs, so only their input tensors are added
+    kept = mbs if len(mbs) <= K.TRACED_MICRO_BATCHES else [mbs[0], mbs[-1]]
+    extra = K.input_bytes(prep.task, mbs[1:-1] if len(mbs) > K.TRACED_MICRO_BATCHES else [], device == "cuda")
+    wc = dict(wc, micro_batches=kept)
+    if depth is None:
+        out = _trace_once(loaded, device, prep, wc, steps_only)
+        layers = None
+    else:
+        key, layers = depth
+        low, high = (_trace_once(loaded, device, prep, wc, steps_only, K.with_depth(cfg, key, d)) for d in K.DEPTHS)
+        per_layer = {k: high[k] - low[k] for k in ("params", "trainable", "trainable_bytes", "param_bytes",
+                                                   "linear_bytes", "linear_numel")}
+        out = dict(high, **{k: high[k] + (layers - K.DEPTHS[1]) * v for k, v in per_layer.items()},
+                   summarize=lambda name, scale, f1=low["summarize"], f2=high["summarize"], n=layers:
+                   K.count(f1(name, scale), f2(name, scale), n))
+    summarize = out["summarize"]
+    out["summarize"] = lambda name, scale: K.with_inputs(summarize(name, scale), extra if name in names(
+        "train") else 0)
+    return _sharing(dict(out, counted={"layers": layers, "micro_batches": len(mbs),
+                                       "micro_batches_traced": min(len(mbs), K.TRACED_MICRO_BATCHES)}), after_steps)
+
+
+def _sharing(tr: dict, other: dict | None) -> dict:
+    if other is None:
+        return tr
+    own, mine = tr["summarize"], ("load",) + names("train")
+    return dict(tr, summarize=lambda name, scale: (own if name in mine else other["summarize"])(name, scale),
+                inputs={**other["inputs"], **tr["inputs"]}, notes={**other["notes"], **tr["notes"]})
+
+
+def _trace_once(loaded, device: str, prep, wc: dict, steps_only: bool = False, overrides: dict | None = None) -> dict:
+    """One trace of the registry's phases (``phases.driver``, traced) on one rank's worth of tensors;
+    ``steps_only``: load and the two steps only (the rest is shared from another trace); ``overrides``:
+    config keys of the model built (a depth to count from). Inside ``reuse.keeping_traces`` (the sheet), a trace
+    of the same campaign, files, pilotrun and question is read from the journal's home instead."""
+    key = reuse.trace_key(loaded, {"device": device, "steps_only": steps_only, "overrides": overrides,
+                                   "micro_batches": len(wc["micro_batches"])})
+    kept = reuse.stored_trace(key)
+    if kept is not None:
+        acc = Accountant.from_state(kept.pop("accountant"))
+        return dict(kept, summarize=lambda name, scale: acc.summary(name, scale, by_stage=True))
+    out = _traced_once(loaded, device, prep, wc, steps_only, overrides)
+    acc = out.pop("accountant")
+    if key is not None:
+        reuse.store_trace(key, dict({k: v for k, v in out.items() if k != "summarize"}, accountant=acc.state()))
+    return out
+
+
+def _traced_once(loaded, device: str, prep, wc: dict, steps_only: bool, overrides: dict | None) -> dict:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    c = loaded.campaign
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+    model = fake_build(loaded, fake_mode, overrides)
+    plain = loaded.with_overrides({"model.adapter": None, "model.gradient_checkpointing": False})
+    reloaded = None if steps_only else fake_build(plain, fake_mode, overrides)  # what `reload` loads: the merged model
+    params = list(model.parameters())
+    trainable = [p for p in params if p.requires_grad]
+    acc = Accountant(device)
+    notes: dict = {}
+    # ranks 1: DDP's buckets and FSDP's shards are added per rank count by ``rows_for``
+    ctx = PhaseContext(prep, wc, fake={"acc": acc, "model": model, "reloaded": reloaded, "ranks": 1,
+                                       "device": device, "notes": notes})
+    del reloaded
+    inputs: dict = {}
+
+    @contextlib.contextmanager
+    def mark(name: str, phase_inputs: dict):
+        inputs[name] = phase_inputs
+        with acc.mark(name):
+            yield None
+
+    with fake_mode, acc.tracking(model):
+        drive(ctx, mark, names("load", "train") if steps_only else PHASES, traced=True)
+    for name in names("train"):
+        inputs[name] = dict(inputs[name], micro_batch=c.train.micro_batch, accumulation=c.train.accumulation)
+    return {"summarize": lambda name, scale: acc.summary(name, scale, by_stage=True), "inputs": inputs,
+            "notes": notes, "params": sum(p.numel() for p in params), "trainable": sum(p.numel() for p in trainable),
+            "trainable_bytes": _bytes(trainable), "param_bytes": _bytes(params), **_frozen_linear(model),
+            "block": unsharded_block_bytes(model), "device": device,
+            "gradient_checkpointing": c.model.gradient_checkpointing, "accountant": acc}
+
+
+def _frozen_linear(model) -> dict:
+    """Bytes and count of the frozen linear weights inside the decoder layers (what QLoRA holds in 4 bits)."""
+    import torch
+
+    names = set(getattr(model, "_no_split_modules", None) or [])
+    nbytes = numel = 0
+    for block in model.modules():
+        if type(block).__name__ in names:
+            for m in block.modules():
+                if isinstance(m, torch.nn.Linear) and not m.weight.requires_grad:
+                    nbytes += m.weight.numel() * m.weight.element_size()
+                    numel += m.weight.numel()
+    return {"linear_bytes": nbytes, "linear_numel": numel}
+
+
+def rows_for(tr: dict, *, ranks: int = 1, strategy: str = "single", offload: bool = False,
+             tp: int = 1) -> list[dict]:
+    """Ledger-shaped rows per phase for one rank of ``ranks``: under ddp every rank holds everything plus
+    DDP's gradient buckets; under fsdp parameters, gradients, optimizer state and the optimizer's
+    temporaries are divided by the ranks and two unsharded blocks are added; ``offload`` keeps the
+    optimizer state and its step on the host (what stays on the GPU is counted). ``tp``: tensor parallel
+    degree under fsdp (``ranks`` = TP × FSDP ranks): activations and the gathered blocks ÷ ``tp`` as well, an
+    estimate (pilotrun does not train with TP; tests/test_tp_gloo.py checks the parameters' split)."""
+    sharded = strategy == "fsdp" and ranks > 1
+    scale = {k: 1 / ranks for k in SHARDED + ("optimizer_temporaries",)} if sharded else {}
+    if sharded and tp > 1:
+        scale["activations"] = 1 / tp
+    if offload:
+        scale.update(optimizer_state=0.0, optimizer_temporaries=0.0)
+    bucket = tr["trainable_bytes"] if strategy == "ddp" and ranks > 1 else 0
+    rows = []
+    highest = 0
+    for name in PHASES:
+        s = tr["summarize"](name, scale or None)
+        s.pop("stages", None)
+        overhead = s.pop("reserve_overhead", None)
+        if bucket:  # DDP's buckets, allocated with the wrapper and alive from then on
+            s = _with_resident(s, bucket, name != "load")
+        if sharded and name in names("train", "eval"):
+            s = with_gathered_blocks(s, 2 * tr["block"] // tp)
+        elif sharded:
+            s = _with_host_copies(s, name, tr, ranks)
+        highest = max(highest, s["peak_allocated"])
+        if overhead is not None:  # reserved never shrinks: the highest (weighted) peak so far
+            s["peak_reserved"] = s["end_reserved"] = max(s["peak_allocated"], highest + overhead)
+        inputs = dict(tr["inputs"][name])
+        if name in names("train"):
+            inputs.update(ranks=ranks, gradient_checkpointing=tr["gradient_checkpointing"])
+        rows.append({"phase": name, "rank": "each" if ranks > 1 else 0, "device": f"{tr['device']} (estimate)",
+                     "counter": "estimate", "inputs": inputs, "duration_s": None, "verdict": "ok",
+                     "note": tr["notes"].get(name), **s})
+    return rows
+
+
+def _with_resident(s: dict, nbytes: int, before: bool = True) -> dict:
+    out = dict(s, gradients=s["gradients"] + nbytes)
+    for k in ("baseline",) * before + ("peak_allocated", "end_allocated", "peak_reserved", "end_reserved"):
+        if out[k] is not None:
+            out[k] += nbytes
+    return out
+
+
+def _with_host_copies(s: dict, name: str, tr: dict, ranks: int) -> dict:
+    """What FSDP holds unsharded outside the steps: at load, the model built whole on the host (the device
+    itself on CPU) while each block is cut into shards, or on a GPU one block moved whole before it is
+    cut; at export, rank 0's gathered full weights and the plain model they are loaded into, both on the
+    host; at reload, the artifact read whole (booked as parameters, which ``scale`` divided)."""
+    full, block, on_host = tr["param_bytes"], tr["block"], tr["device"] == "cpu"
+    kind = BY_KIND.get(name)
+    if kind == "load":
+        extra = full - full // ranks + block // ranks if on_host else block + block // ranks
+    elif kind == "export":
+        extra = 2 * full if on_host else 0
+    elif kind == "reload":
+        extra = full - full // ranks
+    else:
+        extra = 0
+    return with_gathered_blocks(s, extra) if extra else s
+
+
+def with_gathered_blocks(s: dict, nbytes: int) -> dict:
+    """FSDP holds the block computing and the one prefetched unsharded while it runs: add them to the peak."""
+    out = dict(s, temporaries=s["temporaries"] + nbytes, peak_allocated=s["peak_allocated"] + nbytes)
+    if out["peak_reserved"] is not None:
+        out["peak_reserved"] = out["end_reserved"] = max(out["peak_reserved"], out["peak_allocated"])
+    return out

@@ -1,0 +1,1 @@
+"""Records read from data files (JSONL, JSON, CSV, Parquet), whole or in chunks: below tasks and data."""
