@@ -152,3 +152,44 @@ def test_a_train_reaped_while_stopped_ends_at_sigcont_with_its_checkpoints_uncha
     assert "internal error" not in out
     assert _snapshot(home, run_id, run_dir) == reaped
     assert not [p for p in (run_dir / "checkpoints").iterdir() if ".tmp-" in p.name]
+
+
+def test_a_write_that_passed_the_check_before_the_reap_is_refused_inside_its_transaction(tmp_path, monkeypatch):
+    """The stop lands between ``check_fence`` (the lease still fresh) and the write: the reap happens there.
+    The write's own transaction sees the row no longer 'running', raises Reaped and writes nothing."""
+    from pilotrun.journal.leases import Lease
+    from pilotrun.signals import Reaped
+
+    monkeypatch.setenv("PILOTRUN_LEASE_S", "60")  # the lease stays fresh: check_fence alone lets the write through
+    home = tmp_path / "home"
+    j = Journal(home)
+    run_id = j.create_run(kind="train", name="fenced", config={}, config_sha256="x", campaign_path=None, seed=0,
+                          git_rev=None, packages={}, data={}, trust_remote_code=False)
+    try:
+        j.add_metrics(run_id, [("train", "loss", 0, 1.0, 0, None)], progress=(1, 1))
+        with sqlite3.connect(home / "journal.sqlite") as db:  # what the reaper of another process writes
+            db.execute("UPDATE runs SET status='interrupted', summary_json='{\"reason\": \"its lease lapsed\"}' "
+                       "WHERE run_id=?", (run_id,))
+        before = _snapshot(home, run_id)
+        for write in (lambda: j.add_metrics(run_id, [("train", "loss", 1, 0.5, 1, None)], progress=(2, 2)),
+                      lambda: j.update_progress(run_id, updates_done=3, examples_seen=3),
+                      lambda: j.add_predictions(run_id, "validation", [("e0", [1, 2])]),
+                      lambda: j.add_phase_rows(run_id, [{"phase": "save", "rank": 0}])):
+            with pytest.raises(Reaped, match="its lease lapsed"):
+                write()
+        assert _snapshot(home, run_id) == before
+        assert run_id not in Lease.held
+    finally:
+        Lease.release(run_id)
+        Lease.reaped.pop(run_id, None)
+
+
+def test_a_signal_after_commit_inside_a_transaction_is_the_signal_not_an_internal_error(tmp_path):
+    """SIGTERM or the fence raise between two bytecodes; landing after COMMIT returned, still inside the
+    transaction's block, it must surface as itself (an interruption), not as a failed ROLLBACK (exit 3)."""
+    j = Journal(tmp_path / "home")
+    with pytest.raises(KeyboardInterrupt):
+        with j.transaction() as db:
+            db.execute("INSERT INTO notes (run_id, text, decision, created_at) VALUES (NULL, 'x', 0, 'now')")
+            db.execute("COMMIT")  # where the signal's exception can land: the work is committed
+            raise KeyboardInterrupt

@@ -32,6 +32,7 @@ from pilotrun.journal.base_identity import BASE_FILE, base_of, check_base, load_
 from pilotrun.journal.checkpoints import named_by, resolve, write_reference
 from pilotrun.journal.files import (MANIFEST, commit_dir, kill_point, remove_stale_temps, temp_path, reading_weights,
                                     write_manifest, writing)
+from pilotrun.journal.leases import check_fence
 
 COMPONENTS = ("model", "optimizer", "scheduler", "scaler", "rng", "sampler", "counters")
 
@@ -117,6 +118,9 @@ def save_state(state, path: str | Path, *, skip: tuple[str, ...] = ()) -> Path:
                              "trainable parameters (adapter-only; base in base.json)" if adapted else "all weights",
                              **({"sharded": {"world": world}} if sharded else {})})
         kill_point("manifest")
+        # the save's commit point: a process stopped mid-save (SIGSTOP) whose run the journal reaped meanwhile
+        # must not add this checkpoint at SIGCONT (the loop's check before the save passed before the stop)
+        check_fence()
         commit_dir(tmp, path)
     barrier()
     return path

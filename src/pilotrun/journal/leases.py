@@ -100,9 +100,12 @@ class Lease(threading.Thread):
             except Exception:  # noqa: BLE001 - a renewal that fails is retried; the bound allows several
                 continue
             if not alive:
-                self.held.pop(self.run_id, None)
                 if self.sql == self.RUN and not self.stopped.is_set():  # not finished here: reaped elsewhere
-                    signals.fence(self.fenced())
+                    reason = self.fenced()  # in ``reaped`` before it leaves ``held``: a write between sees one
+                    self.held.pop(self.run_id, None)
+                    signals.fence(reason)
+                else:
+                    self.held.pop(self.run_id, None)
                 return
 
     def fenced(self) -> str:
@@ -144,3 +147,22 @@ def last_heartbeat(run: dict) -> float:
         return datetime.fromisoformat(run["started_at"]).timestamp()
     except (TypeError, ValueError):
         return 0.0
+
+
+def fence_inside(db, run_id: str) -> None:
+    """The fence at the write itself, as its transaction's first statement: ``BEGIN IMMEDIATE`` holds the
+    journal's write lock, so no reaper interleaves. A run this process holds whose row is no longer 'running'
+    was reaped after :func:`check_fence` passed (the process was stopped between the check and the write):
+    raise ``signals.Reaped``, and the transaction rolls back with nothing written."""
+    if run_id in Lease.reaped:
+        raise Reaped(Lease.reaped[run_id])
+    lease = Lease.held.get(run_id)
+    if lease is None or lease.sql != Lease.RUN:
+        return
+    row = db.execute("SELECT status FROM runs WHERE run_id=?", (run_id,)).fetchone()
+    if row is not None and row[0] == "running":
+        return
+    reason = lease.fenced()
+    Lease.held.pop(run_id, None)
+    lease.stopped.set()
+    raise Reaped(reason)

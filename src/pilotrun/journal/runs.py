@@ -141,6 +141,7 @@ class RunRecorder:
     def _open_metrics(self) -> None:
         self._metrics = open(self.dir / "metrics.jsonl", "a", encoding="utf-8")
         self._rows: list[tuple] = []
+        self._lines: list[str] = []  # metrics.jsonl's lines wait with the journal's rows (see flush)
         self._progress: tuple[int, int] | None = None
         self._flushed = time.monotonic()
         self.finished = False
@@ -152,9 +153,8 @@ class RunRecorder:
         at most the last second of per-update metrics, never a validation or a checkpoint's."""
         check_fence(self.run_id)  # a run the journal reaped while this process was stopped gets nothing more
         self._rows += [(split, k, step, float(v), examples_seen, wall_s) for k, v in values.items()]
-        self._metrics.write(json.dumps({"split": split, "step": step, "examples_seen": examples_seen,
-                                        "wall_s": wall_s, **{k: float(v) for k, v in values.items()}}) + "\n")
-        self._metrics.flush()  # the file is whole whenever a manifest hashes it; only the journal batches
+        self._lines.append(json.dumps({"split": split, "step": step, "examples_seen": examples_seen,
+                                       "wall_s": wall_s, **{k: float(v) for k, v in values.items()}}) + "\n")
         if flush or time.monotonic() - self._flushed >= FLUSH_S:
             self.flush()
 
@@ -162,17 +162,23 @@ class RunRecorder:
         self._progress = (updates_done, examples_seen)
 
     def flush(self) -> None:
-        self._metrics.flush()
+        """The journal's rows first, in a transaction that is fenced (a run reaped while this process was stopped
+        refuses it), then the same lines into metrics.jsonl: the file never gains a line the journal refused.
+        Called before anything hashes the run folder (a checkpoint, the run's manifest) and at the end."""
         if self._rows or self._progress is not None:
             self.journal.add_metrics(self.run_id, self._rows, progress=self._progress)
             self._rows, self._progress = [], None
+        if self._lines:
+            self._metrics.write("".join(self._lines))
+            self._lines = []
+        self._metrics.flush()
         self._flushed = time.monotonic()
 
     def finish(self, status: str, summary: dict | None = None) -> None:
         if self.finished:
             return
         if self.run_id in Lease.reaped:  # fenced (signals.Reaped): its row and files stay as the reaper left them
-            self._rows, self._progress, self.finished = [], None, True
+            self._rows, self._lines, self._progress, self.finished = [], [], None, True
             self._metrics.close()
             return
         self.flush()

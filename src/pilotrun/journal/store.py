@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from pilotrun.errors import BadInput
-from pilotrun.journal.leases import LEASE_ENV, OWNER, Lease, check_fence, last_heartbeat, lease_s, wall_time
+from pilotrun.journal.leases import (LEASE_ENV, OWNER, Lease, check_fence, fence_inside, last_heartbeat, lease_s,
+                                     wall_time)
 from pilotrun.journal.schema import MIGRATIONS, SCHEMA, SCHEMA_VERSION
 from pilotrun.journal.versions import as_bad_input, check_home, connect_read_only, open_checked
 from pilotrun.scratch import pid_alive
@@ -140,7 +141,9 @@ class Journal:
                 yield db
                 db.execute("COMMIT")
             except BaseException:
-                db.execute("ROLLBACK")
+                # a signal's exception (SIGTERM, the fence) can land after COMMIT returned, still inside this block
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
                 raise
 
     # --- runs -------------------------------------------------------------------------------------
@@ -172,6 +175,7 @@ class Journal:
     def update_progress(self, run_id: str, *, updates_done: int, examples_seen: int) -> None:
         check_fence(run_id)
         with self.transaction() as db:
+            fence_inside(db, run_id)
             db.execute("UPDATE runs SET updates_done=?, examples_seen=? WHERE run_id=?",
                        (updates_done, examples_seen, run_id))
 
@@ -239,6 +243,7 @@ class Journal:
         examples_seen) is written in the same transaction."""
         check_fence(run_id)
         with self.transaction() as db:
+            fence_inside(db, run_id)
             db.executemany("INSERT OR REPLACE INTO metrics VALUES (?,?,?,?,?,?,?)",
                            [(run_id, *r) for r in rows])
             if progress is not None:
@@ -260,6 +265,7 @@ class Journal:
                 "end_allocated", "end_reserved", "duration_s", "verdict", "note")
         check_fence(run_id)
         with self.transaction() as db:
+            fence_inside(db, run_id)
             for r in rows:
                 vals = [json.dumps(r.get("inputs", {})) if c == "inputs_json" else r.get(c) for c in cols]
                 db.execute(f"INSERT INTO phases (run_id, {', '.join(cols)}, created_at) VALUES "
@@ -275,6 +281,7 @@ class Journal:
     def add_predictions(self, run_id: str, split: str, items: list[tuple[str, Any]]) -> None:
         check_fence(run_id)
         with self.transaction() as db:
+            fence_inside(db, run_id)
             db.executemany("INSERT OR REPLACE INTO predictions VALUES (?,?,?,?)",
                            [(run_id, split, eid, json.dumps(p)) for eid, p in items])
 

@@ -261,6 +261,7 @@ def resume(loaded, home, *, at: int | None = None, prep=None) -> StageResult:
         headline, problem = _judged(rec, ref, worker, proc, joined_failed, s, custom_task_note(c, prep.task))
         write_run_readme(rec.dir, journal.get_run(rec.run_id),
                          ["", f"A resume check: the artifact is the reference run's model after {s.total} updates."])
+        rec.flush()  # metrics.jsonl whole before the manifest hashes it
         write_manifest(rec.dir, {"kind": "pilotrun-run", "run_id": rec.run_id})
         rec.progress(ref["update"], ref["examples_seen"])
         rec.finish(ref["ref"]["status"], {"verdict": "fail" if problem else "ok", "problem": problem, "at": at,

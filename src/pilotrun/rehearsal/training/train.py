@@ -177,6 +177,7 @@ def _ranked_run(job: TrainJob, prep: Prepared, rec: RunRecorder | None, hooks: H
                        timing=timing)
     timing["total_s"] = time.perf_counter() - t_start
     write_run_readme(rec.dir, rec.journal.get_run(rec.run_id))
+    rec.flush()  # metrics.jsonl whole before the manifest hashes it
     write_manifest(rec.dir, {"kind": "pilotrun-run", "run_id": rec.run_id})
     evals = [{"update": e["update"], "val_loss": e["val_loss"], "examples_seen": e["examples_seen"]}
              for e in result.evals]
