@@ -101,12 +101,18 @@ class Lease(threading.Thread):
                 continue
             if not alive:
                 if self.sql == self.RUN and not self.stopped.is_set():  # not finished here: reaped elsewhere
-                    reason = self.fenced()  # in ``reaped`` before it leaves ``held``: a write between sees one
-                    self.held.pop(self.run_id, None)
-                    signals.fence(reason)
+                    signals.fence(self.lose())
                 else:
                     self.held.pop(self.run_id, None)
                 return
+
+    def lose(self) -> str:
+        """The run was reaped elsewhere: record why (in ``reaped`` before it leaves ``held``, so a write in
+        between sees one of them), let go of it, and return why."""
+        reason = self.fenced()
+        self.held.pop(self.run_id, None)
+        self.stopped.set()
+        return reason
 
     def fenced(self) -> str:
         """Why the journal took the run from this process (recorded once, from its row)."""
@@ -134,9 +140,7 @@ def check_fence(run_id: str | None = None) -> None:
         if lease is None or lease.sql != Lease.RUN or time.monotonic() - lease.renewed <= lease_s() / 4:
             continue
         if not lease.renew():  # still held, so not finished here: reaped
-            Lease.held.pop(key, None)
-            lease.stopped.set()
-            raise Reaped(lease.fenced())
+            raise Reaped(lease.lose())
 
 
 def last_heartbeat(run: dict) -> float:
@@ -162,7 +166,4 @@ def fence_inside(db, run_id: str) -> None:
     row = db.execute("SELECT status FROM runs WHERE run_id=?", (run_id,)).fetchone()
     if row is not None and row[0] == "running":
         return
-    reason = lease.fenced()
-    Lease.held.pop(run_id, None)
-    lease.stopped.set()
-    raise Reaped(reason)
+    raise Reaped(lease.lose())
