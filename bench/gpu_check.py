@@ -274,9 +274,13 @@ def main() -> int:
 
     write_demo(work / "demo")
     write_demo(work / "demo-all")
-    write_campaign(work / "wide", campaign("wide512", WIDE, 512, 8, 16), 1000)
-    wider = dict(WIDER, hidden_size=256, intermediate_size=688, num_hidden_layers=2) if args.cpu else WIDER
-    write_campaign(work / "wider", campaign("wider1024", wider, 1024, 4, 8), 2000)
+    # the dry run (--cpu) shrinks the larger models: the same commands, at a size a CPU pilots in seconds
+    small = dict(hidden_size=128, intermediate_size=344, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=4)
+    write_campaign(work / "wide", campaign("wide512", dict(WIDE, **small) if args.cpu else WIDE, 512, 8, 16),
+                   200 if args.cpu else 1000)
+    write_campaign(work / "wider", campaign("wider1024", dict(WIDER, **small) if args.cpu else WIDER, 1024, 4, 8),
+                   300 if args.cpu else 2000)
 
     smi = r.step("nvidia-smi", ["nvidia-smi"], 20)
     report["nvidia_smi"] = smi.get("stdout_tail")
