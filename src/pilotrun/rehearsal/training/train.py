@@ -378,7 +378,8 @@ def bound_lines(bound: dict) -> list[str]:
         return ["memory bound: no pilot of this campaign in the journal to compare the run's peaks with"]
     ratio = bound.get("max_ratio")
     counter = next((k.get("counter") for k in (bound.get("kinds") or {}).values()), None)
-    what = {"tensors+rss": " (live tensor bytes, exact)", "rss": " (RSS, 10% allowance)"}.get(counter, "")
+    what = {"tensors+rss": " (live tensor bytes, exact)", "cuda": " (CUDA allocated bytes)",
+            "rss": " (RSS, 10% allowance)"}.get(counter, "")
     verdict = " — exceeded: the pilot did not see the worst case" if bound.get("warnings") else " — held"
     head = (f"memory bound{what}: observed peak / pilot {bound['pilot_run']} peak ≤ {ratio:.3f}{verdict}"
             if ratio is not None else f"memory bound: nothing comparable with pilot {bound['pilot_run']}")
