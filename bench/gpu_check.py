@@ -203,12 +203,34 @@ print(json.dumps(out))
 """
 
 
-def lane_measure(r: Runner, py: str, cpu: bool, base: Path) -> dict:
-    res: dict = {"campaigns": {}}
-    r.step("gpu-tests", [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu", "-rA",
-                         "tests/test_probe.py"], 90, cwd=ROOT, keep="tests_gpu.txt")
+def lane_gpu_tests(r: Runner, py: str) -> None:
+    r.step("gpu-tests", [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu", "-rA", "--continue-on-collection-errors", "tests/"], 200,
+           cwd=ROOT, keep="tests_gpu.txt")
     r.step("env-tests", [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rA", "tests/test_env.py"], 90,
            cwd=ROOT, keep="tests_gpu.txt")
+
+
+CONTEXT_AFTER_PILOT = r"""
+import contextlib, json, sys, torch
+from pilotrun.cli.main import run
+with contextlib.redirect_stdout(sys.stderr):
+    rc = run(["pilot", sys.argv[1], "--home", sys.argv[2]])
+out = {"pilot_rc": rc, "cuda": torch.cuda.is_available()}
+if torch.cuda.is_available():
+    torch.cuda.synchronize()
+    free, total = torch.cuda.mem_get_info()
+    out.update(used=total - free, reserved=torch.cuda.memory_reserved(), allocated=torch.cuda.memory_allocated())
+    out["context_bytes"] = out["used"] - out["reserved"]
+    torch.cuda.empty_cache()
+    free, total = torch.cuda.mem_get_info()
+    out["context_bytes_after_empty_cache"] = (total - free) - torch.cuda.memory_reserved()
+print(json.dumps(out))
+"""
+
+
+def lane_measure(r: Runner, py: str, cpu: bool, base: Path) -> dict:
+    res: dict = {"campaigns": {}}
+    lane_gpu_tests(r, py)
     cases = [("demo-fp32", base / "demo", []), ("demo-bf16", base / "demo", ["--set", "train.precision=bf16-mixed"]),
              ("wide512-fp32", base / "wide", []), ("wide512-bf16", base / "wide", ["--set", "train.precision=bf16-mixed"]),
              ("wider1024-bf16", base / "wider", ["--set", "train.precision=bf16-mixed"])]
@@ -254,13 +276,16 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--cpu", action="store_true", help="dry run: hide CUDA, small budgets, tests only collected")
     ap.add_argument("--budget", type=float, default=400.0, help="seconds for the whole check")
-    ap.add_argument("--only", default="measure,tests,all", help="lanes to run")
+    ap.add_argument("--only", default="measure,tests,all",
+                    help="lanes: measure (gpu tests + pilot vs estimate), gpu (the gpu tests alone), tests, all, "
+                         "context (the CUDA context after a whole pilot, before the lanes)")
     args = ap.parse_args()
     out = Path(os.environ.get("OUT") or ROOT / "gpu-check-out")
     out.mkdir(parents=True, exist_ok=True)
     work = Path(os.environ.get("GPU_CHECK_WORK", "/tmp/pilotrun-gpu-check"))
     work.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, PYTHONUNBUFFERED="1", PILOTRUN_HOME=str(work / "home-default"))
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env.pop("PILOTRUN_HOME", None)  # every command names its --home; the tests make their own
     env["PYTHONPATH"] = os.pathsep.join(p for p in [env.get("PYTHONPATH", ""), str(ROOT / "src")] if p)
     if args.cpu:
         env["CUDA_VISIBLE_DEVICES"] = ""
@@ -288,6 +313,11 @@ def main() -> int:
     report["env"] = (envr.get("json") or {}).get("data")
     ctx = r.step("context+workspace", [py, "-c", CONTEXT_SNIPPET], 60)
     report["context"] = ctx.get("json")
+    lanes = [x.strip() for x in args.only.split(",")]
+    if "context" in lanes:  # the context once a whole pilot's kernels are loaded (alone on the device)
+        c = str(work / "wide" / "campaign.yaml")
+        after = r.step("context after a pilot", [py, "-c", CONTEXT_AFTER_PILOT, c, str(work / "home-context")], 120)
+        report["context_after_pilot"] = after.get("json")
 
     def guarded(fn):
         def inner():
@@ -300,9 +330,10 @@ def main() -> int:
                 results.setdefault("lane_errors", []).append(repr(e))
         return inner
 
-    lanes = [x.strip() for x in args.only.split(",")]
     results: dict = {}
     threads = []
+    if "gpu" in lanes:
+        threads.append(threading.Thread(target=guarded(lambda: lane_gpu_tests(r, py))))
     if "measure" in lanes:
         threads.append(threading.Thread(target=guarded(lambda: results.update(measure=lane_measure(r, py, args.cpu, work)))))
     if "tests" in lanes:
@@ -337,6 +368,11 @@ def render(report: dict) -> str:
                   f"matmul extra allocated fp32 {_mib(ctx.get('matmul_float32_extra_allocated'))} MiB, bf16 "
                   f"{_mib(ctx.get('matmul_bfloat16_extra_allocated'))} MiB, backward extra "
                   f"{_mib(ctx.get('backward_extra_allocated'))} MiB", ""]
+    after = report.get("context_after_pilot") or {}
+    if after.get("cuda"):
+        lines += [f"after a whole pilot (wide512, in-process): context {_mib(after.get('context_bytes'))} MiB, "
+                  f"{_mib(after.get('context_bytes_after_empty_cache'))} MiB after empty_cache "
+                  f"(device used − torch reserved)", ""]
     lines += ["## Steps", "", "| step | status | wall s |", "| --- | --- | --- |"]
     for s in report.get("steps", []):
         lines.append(f"| {s['name']} | {s['status']} | {s.get('wall_s', '—')} |")
