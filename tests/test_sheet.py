@@ -88,7 +88,7 @@ def test_eval_over_24gib_fails_a_24gib_rental_and_fits_80gib(tmp_path):
     assert fit["a100-80gb"]["fits"] and fit["h100-sxm"]["fits"]
     assert r.verdict == "fail"
     msg = next(p for p in r.data["problems"] if "hardware.memory_per_gpu" in p)
-    assert "needs 33.50 GiB per GPU (phase eval_longest" in msg and f"run {run} phase eval_longest" in msg
+    assert "needs 33.75 GiB per GPU (phase eval_longest" in msg and f"run {run} phase eval_longest" in msg
     assert r.data["memory"]["source"].startswith(f"measured: run {run} phase eval_longest rank 0")
     assert r.data["memory"]["kind"] == "measured"
     # the terminal table is the fit table

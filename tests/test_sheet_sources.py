@@ -105,14 +105,14 @@ def test_memory_is_the_cuda_prediction_with_its_constants_never_cpu_rss(sheets, 
     for p in m["phases"]:
         assert p["reserved"] == predicted[p["phase"]] and p["source"].startswith("predicted: `pilotrun estimate`")
     top = max(predicted.values())
-    assert m["need"] == math.ceil(top * 1.1) + GM.CUDA_CONTEXT_BYTES + 32 * 2**20
+    assert m["need"] == math.ceil(top * 1.1) + GM.CUDA_CONTEXT_BYTES + 2 * 32 * 2**20
     assert [o["what"] for o in m["overheads"]] == ["CUDA context", "cuBLAS workspace"]
     # the CPU ledger is kept as proof, beside, never as the figure
     rss = [row["rss_peak"] for row in m["proof"]]
     assert [row["phase"] for row in m["proof"]] == list(predicted) and m["need"] not in rss
     assert all(row["verdict"] == "ok" for row in m["proof"])
     md = r.data["markdown"]
-    assert "RSS peak (CPU)" in md and "never the GPU figure" in md and "CUDA context: 512.0 MiB —" in md
+    assert "RSS peak (CPU)" in md and "never the GPU figure" in md and "CUDA context: 768.0 MiB —" in md
     # every time figure names its source
     tm = r.data["time"]
     assert all(v["source"].startswith(f"run {r.data['pilot_run']} phase ") for v in tm["measured"].values())

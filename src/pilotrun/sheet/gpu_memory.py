@@ -25,17 +25,25 @@ GiB, MiB = 2**30, 2**20
 MARGIN_FRACTION = 0.10
 
 # The CUDA context (driver state, the kernels of torch/cuBLAS/cuDNN loaded lazily) lives outside the
-# caching allocator: nvidia-smi's "used" minus torch.cuda.memory_reserved() right after the first
-# kernels run. With lazy module loading (CUDA_MODULE_LOADING=LAZY, PyTorch's default since 1.13 on
-# CUDA >= 11.7) it is typically 300-500 MiB per process; 512 MiB is the round upper figure.
-CUDA_CONTEXT_BYTES = 512 * MiB
-CUDA_CONTEXT_SOURCE = ("CUDA context per process with lazy module loading (PyTorch's default): typically "
-                       "300-500 MiB (nvidia-smi used minus torch reserved); 512 MiB assumed")
+# caching allocator: the device's used memory minus torch.cuda.memory_reserved() once the kernels ran.
+# With lazy module loading (CUDA_MODULE_LOADING=LAZY, PyTorch's default since 1.13 on CUDA >= 11.7) it
+# was 300-500 MiB per process on CUDA 11/12 stacks; on an H200 (driver 580.159, torch 2.11.0+cu130) it
+# measured 527 MiB at creation and 753 MiB after a whole pilot (bench/gpu_check.py, bench/RESULTS.md
+# "On a GPU"), which the old 512 MiB figure understated by 241 MiB. 768 MiB is the round upper figure.
+CUDA_CONTEXT_BYTES = 768 * MiB
+CUDA_CONTEXT_SOURCE = ("CUDA context per process with lazy module loading (PyTorch's default): 753 MiB "
+                       "measured after a whole pilot on an H200 with torch 2.11+cu130 (device used minus torch "
+                       "reserved), 300-500 MiB on CUDA 11/12 stacks; 768 MiB assumed")
 # PyTorch's cuBLAS workspace per handle and stream (aten/src/ATen/cuda/CublasHandlePool.cpp defaults:
 # CUBLAS_WORKSPACE_CONFIG ":4096:8" = 32 MiB on compute capability 9.0+, ":4096:2:16:8" = 8.125 MiB
-# before; cuBLAS's documentation recommends 32 MiB on Hopper). The fake-tensor trace cannot see it.
+# before; cuBLAS's documentation recommends 32 MiB on Hopper). Handles are per thread: a training step
+# holds two, the forward's (the main thread) and the backward's (autograd's device thread) — an H200
+# pilot's allocated bytes stayed 64 MiB above the fake-tensor trace's from first_step on (bench/RESULTS.md
+# "On a GPU"; a matmul and a backward each added 32 MiB). The fake-tensor trace cannot see them.
+CUBLAS_HANDLES = 2
 CUBLAS_WORKSPACE_SOURCE = ("PyTorch's default CUBLAS_WORKSPACE_CONFIG (CublasHandlePool.cpp): 32 MiB on "
-                           "compute capability >= 9.0 and on ROCm, 8.125 MiB before")
+                           "compute capability >= 9.0 and on ROCm, 8.125 MiB before, per handle; 2 handles "
+                           "(the forward's thread, autograd's backward thread), as measured on an H200")
 # NCCL's buffers for ranks > 1: NCCL_BUFFSIZE (4 MiB by default, NCCL environment documentation) per
 # channel and peer, send and receive; a 2-GPU ring with its default channels stays under 256 MiB.
 NCCL_BYTES = 256 * MiB
@@ -44,8 +52,8 @@ NCCL_SOURCE = "NCCL_BUFFSIZE 4 MiB (NCCL docs) × channels × send/recv; 256 MiB
 
 def cublas_workspace_bytes(gpu) -> int:
     if gpu is None or gpu.vendor == "amd" or float(gpu.compute_capability) >= 9.0:
-        return 32 * MiB
-    return 4 * MiB * 2 + 16 * 1024 * 8
+        return CUBLAS_HANDLES * 32 * MiB
+    return CUBLAS_HANDLES * (4 * MiB * 2 + 16 * 1024 * 8)
 
 
 def overheads(gpu, ranks: int, counted_in_reserved: bool) -> list[dict]:

@@ -15,7 +15,7 @@ LEDGER_KEYS = ("phase", "rank", "device", "counter", "inputs", "baseline", "peak
 BYTE_KEYS = ("baseline", "peak_allocated", "peak_reserved", "end_allocated", "end_reserved", *CATEGORIES)
 COLUMNS = ["phase", "rank", "device", "inputs", "baseline", "peak_allocated", "peak_reserved", "end_allocated",
            "verdict", *CATEGORIES]
-CONTEXT_NOTE = ("the CUDA context (about 0.3–0.6 GiB per process) and library workspaces are not tensors and "
+CONTEXT_NOTE = ("the CUDA context (about 0.3–0.75 GiB per process) and library workspaces are not tensors and "
                 "are not counted; reserved assumes no fragmentation (a floor)")
 
 
