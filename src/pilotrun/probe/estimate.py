@@ -112,10 +112,10 @@ class Accountant:
         need = _ceil(self._small, SMALL_SEGMENT) + _ceil(self._mid, MID_SEGMENT) + self._large
         self._max_reserved = max(self._max_reserved, need)
 
-    def _event(self, delta: int) -> int:
+    def _event(self, delta: int, stage: str | None = None) -> int:
         self.timeline.append(self.timeline[-1] + delta)
         self.reserved.append(self._max_reserved if self.cuda else 0)
-        self.stages.append(self._stage())
+        self.stages.append(stage or self._stage())
         return len(self.timeline) - 1
 
     def _stage(self) -> str:
@@ -134,10 +134,48 @@ class Accountant:
         self.blocks.append(block)
         return block
 
-    def release(self, block: _Block) -> None:
+    def release(self, block: _Block, stage: str | None = None) -> None:
         if block.died == math.inf:
             self._pool(block.nbytes, -1)
-            block.died = self._event(-block.nbytes)
+            block.died = self._event(-block.nbytes, stage)
+
+    # --- replay: a phase whose events are another's, booked again without dispatching an op ---------------
+    def _events(self, name: str) -> list[tuple[str, _Block]]:
+        """The marked phase's events in order: ("+", block) at a birth, ("-", block) at a death."""
+        start, end = self.marks[name]
+        at: dict[int, tuple[str, _Block]] = {}
+        for b in self.blocks:
+            if start < b.born <= end:
+                at[b.born] = ("+", b)
+            if start < b.died <= end:
+                at[b.died] = ("-", b)
+        return [at[i] for i in range(start + 1, end + 1)]
+
+    def replayable(self, name: str, kept: str) -> bool:
+        """Whether the marked phase ``name`` is closed but for its ``kept`` births: every block it allocated
+        died inside it unless its category is ``kept`` (what the phase leaves behind for the next: the optimizer
+        state of a first update), and no block allocated before it died inside it."""
+        start, end = self.marks[name]
+        return all((b.died <= end or b.category == kept) if kind == "+" else b.born > start
+                   for kind, b in self._events(name))
+
+    def replay(self, name: str, kept: str) -> None:
+        """Book the events of the marked phase ``name`` again, in order, at their sizes, categories and stages,
+        leaving out the births of category ``kept`` (alive already): the ledger a second run of the same code
+        on the same shapes would write when only ``kept`` differs (``replayable`` says when that holds)."""
+        copies: dict[int, _Block] = {}
+        events = self._events(name)
+        start = self.marks[name][0]
+        for i, (kind, b) in enumerate(events, start + 1):
+            stage = self.stages[i]
+            if kind == "-":
+                self.release(copies[id(b)], stage)
+            elif b.category != kept or b.died <= self.marks[name][1]:
+                copy = _Block(b.nbytes, b.category, 0, b.in_optimizer)
+                self._pool(b.nbytes, +1)
+                copy.born = self._event(b.nbytes, stage)
+                self.blocks.append(copy)
+                copies[id(b)] = copy
 
     def book(self, tensor, category: str, *, retag: bool = False) -> None:
         """Book the tensor's storage if new; with ``retag`` also say what an already booked one is."""
