@@ -240,11 +240,13 @@ def _ledger(loaded, monkeypatch, replay: bool) -> tuple[list, list, int]:
     monkeypatch.setattr(E.Accountant, "replay", lambda self, *a: replays.append(a) or real(self, *a))
     prep = prepare(loaded, splits=("train", "validation"))
     out = _traced_once(loaded, "cuda", prep, worst_case(prep, 1), False, None)
-    acc = out["accountant"]
-    ledger = [acc.timeline, acc.reserved, acc.stages, sorted(acc.marks.items()),
-              [(b.nbytes, b.category, b.born, b.died, b.in_optimizer) for b in acc.blocks]]
     rows = rows_for(dict(out, counted=None), ranks=1)
-    return ledger, rows, len(replays)
+    return _whole(out["accountant"]), rows, len(replays)
+
+
+def _whole(acc) -> list:
+    return [acc.timeline, acc.reserved, acc.stages, sorted(acc.marks.items()),
+            [(b.nbytes, b.category, b.born, b.died, b.in_optimizer) for b in acc.blocks]]
 
 
 @pytest.mark.parametrize("kind", ["adamw", "sgd", "lora+ckpt", "seq-cls"])
@@ -310,3 +312,36 @@ def test_a_step_that_differs_from_the_first_is_dispatched_not_replayed(tmp_path,
     assert n == 0
     by = {r["phase"]: r for r in rows}
     assert by["steady_step"]["optimizer_state"] > 0  # dispatched: the step ran on the state the first allocated
+
+
+def test_a_reload_replayed_from_another_trace_is_the_one_dispatched(tmp_path, monkeypatch):
+    """The LoRA variant reloads the same merged model as the campaign as written: its reload replays the written
+    trace's (same plain campaign, depth, device and prepared sample), and its ledger is the dispatched one; another
+    depth or other prepared data is traced again."""
+    from pilotrun.campaign.load import load_campaign
+    from pilotrun.campaign.prepare import prepare
+    from pilotrun.phases import registry
+    from pilotrun.phases.worst import worst_case
+    from pilotrun.probe import estimate as E
+    from pilotrun.probe.trace import _traced_once
+
+    loaded = load_campaign(_campaign(tmp_path, model__config=dict(TINY_LLAMA), data__max_length=64))
+    lora = loaded.with_overrides({"model.adapter": {"kind": "lora", "r": 4}})
+    replays = []
+    real = E.Accountant.replay
+    monkeypatch.setattr(E.Accountant, "replay", lambda self, events: replays.append(events) or real(self, events))
+    got = {}
+    for replay in (True, False):
+        monkeypatch.setattr(registry, "REPLAY", replay)
+        prep = prepare(loaded, splits=("train", "validation"))
+        wc = worst_case(prep, 1)
+        _traced_once(loaded, "cuda", prep, wc, False, None)  # the campaign as written: its reload recorded
+        replays.clear()
+        got[replay] = _whole(_traced_once(lora, "cuda", prep, wc, False, None)["accountant"]), len(replays)
+        if replay:  # another depth, other prepared data: nothing recorded for them, traced
+            replays.clear()
+            _traced_once(lora, "cuda", prep, wc, False, {"num_hidden_layers": 1})
+            _traced_once(lora, "cuda", prepare(loaded, splits=("train", "validation")), wc, False, None)
+            assert len(replays) == 2  # the steady steps only
+    assert got[True][1] == 2 and got[False][1] == 0  # the steady step and the reload / neither
+    assert got[True][0] == got[False][0]

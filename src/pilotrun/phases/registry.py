@@ -110,7 +110,7 @@ def _step_traced(ctx) -> None:
     run_update(ctx.state, ctx.task, ctx.worst["micro_batches"], max_grad_norm=ctx.prep.c.train.max_grad_norm)
 
 
-REPLAY = True  # tests switch it off to compare the replayed steady step with the one dispatched
+REPLAY = True  # tests switch it off to compare the replayed steady step and reload with the ones dispatched
 
 
 def _steady_traced(ctx) -> None:
@@ -128,7 +128,7 @@ def _steady_traced(ctx) -> None:
             and type(state.optimizer) in (torch.optim.AdamW, torch.optim.SGD)
             and "first_step" in acc.marks and all(p.grad is None for p in state.model.parameters())
             and acc.replayable("first_step", "optimizer_state")):
-        acc.replay("first_step", "optimizer_state")
+        acc.replay(acc.recorded("first_step", "optimizer_state"))
         return
     _step_traced(ctx)
 
@@ -219,9 +219,15 @@ def _reload(ctx, p) -> None:
 
 
 def _reload_traced(ctx) -> None:
+    """The merged model built whole and one loss on the longest example; where another trace of this process
+    reloaded the same model (the same plain campaign, depth, device and prepared sample: ``probe/trace``), its
+    events replayed instead: the same code on the same shapes, its phase closed (``Accountant.replayable``)."""
     import torch
 
     reloaded, acc = ctx.fake.pop("reloaded"), ctx.fake["acc"]
+    if ctx.fake.get("reload") is not None:
+        acc.replay(ctx.fake["reload"])
+        return
     for p in list(reloaded.parameters()) + list(reloaded.buffers()):
         acc.book(p, "parameters")
     reloaded.eval()

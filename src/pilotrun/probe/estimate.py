@@ -151,7 +151,7 @@ class Accountant:
                 at[b.died] = ("-", b)
         return [at[i] for i in range(start + 1, end + 1)]
 
-    def replayable(self, name: str, kept: str) -> bool:
+    def replayable(self, name: str, kept: str | None = None) -> bool:
         """Whether the marked phase ``name`` is closed but for its ``kept`` births: every block it allocated
         died inside it unless its category is ``kept`` (what the phase leaves behind for the next: the optimizer
         state of a first update), and no block allocated before it died inside it."""
@@ -159,23 +159,35 @@ class Accountant:
         return all((b.died <= end or b.category == kept) if kind == "+" else b.born > start
                    for kind, b in self._events(name))
 
-    def replay(self, name: str, kept: str) -> None:
-        """Book the events of the marked phase ``name`` again, in order, at their sizes, categories and stages,
-        leaving out the births of category ``kept`` (alive already): the ledger a second run of the same code
-        on the same shapes would write when only ``kept`` differs (``replayable`` says when that holds)."""
-        copies: dict[int, _Block] = {}
-        events = self._events(name)
-        start = self.marks[name][0]
-        for i, (kind, b) in enumerate(events, start + 1):
-            stage = self.stages[i]
+    def recorded(self, name: str, kept: str | None = None) -> list[tuple]:
+        """The events of a marked phase that ``replayable`` passed, as plain data in order: ("+", bytes, category,
+        in_optimizer, stage) at a birth, less the births of category ``kept`` that outlive the phase; ("-", i,
+        stage) at the death of the phase's i-th booked birth."""
+        start, end = self.marks[name]
+        out: list[tuple] = []
+        index: dict[int, int] = {}
+        for i, (kind, b) in enumerate(self._events(name), start + 1):
             if kind == "-":
-                self.release(copies[id(b)], stage)
-            elif b.category != kept or b.died <= self.marks[name][1]:
-                copy = _Block(b.nbytes, b.category, 0, b.in_optimizer)
-                self._pool(b.nbytes, +1)
-                copy.born = self._event(b.nbytes, stage)
-                self.blocks.append(copy)
-                copies[id(b)] = copy
+                out.append(("-", index[id(b)], self.stages[i]))
+            elif b.category != kept or b.died <= end:
+                index[id(b)] = len(index)
+                out.append(("+", b.nbytes, b.category, b.in_optimizer, self.stages[i]))
+        return out
+
+    def replay(self, events: list[tuple]) -> None:
+        """Book ``recorded`` events again, in order, at their sizes, categories and stages, without an op: the
+        ledger a second run of the same code on the same shapes writes (the callers say when that holds)."""
+        born: list[_Block] = []
+        for event in events:
+            if event[0] == "-":
+                self.release(born[event[1]], event[2])
+                continue
+            _, nbytes, category, in_optimizer, stage = event
+            block = _Block(nbytes, category, 0, in_optimizer)
+            self._pool(nbytes, +1)
+            block.born = self._event(nbytes, stage)
+            self.blocks.append(block)
+            born.append(block)
 
     def book(self, tensor, category: str, *, retag: bool = False) -> None:
         """Book the tensor's storage if new; with ``retag`` also say what an already booked one is."""
