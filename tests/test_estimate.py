@@ -222,3 +222,126 @@ def test_a_fake_build_never_reads_a_fake_tensors_data_pointer(tmp_path):
         model = fake_build(loaded, FakeTensorMode(allow_non_fake_inputs=True))
     saved = [p for n, p in model.named_parameters() if "modules_to_save" in n]
     assert saved and all(is_fake(p) and p.requires_grad for p in saved)
+
+
+# --- the steady step replayed (phases/registry._steady_traced): the ledger dispatching it would write --------------
+def _ledger(loaded, monkeypatch, replay: bool) -> tuple[list, list, int]:
+    """The whole ledger of one trace (every event's live and reserved bytes and stage, every block's size,
+    category and life) with the steady step replayed or dispatched, its rows, and how often it was replayed."""
+    from pilotrun.campaign.prepare import prepare
+    from pilotrun.phases import registry
+    from pilotrun.phases.worst import worst_case
+    from pilotrun.probe import estimate as E
+    from pilotrun.probe.trace import _traced_once, rows_for
+
+    monkeypatch.setattr(registry, "REPLAY", replay)
+    replays = []
+    real = E.Accountant.replay
+    monkeypatch.setattr(E.Accountant, "replay", lambda self, *a: replays.append(a) or real(self, *a))
+    prep = prepare(loaded, splits=("train", "validation"))
+    out = _traced_once(loaded, "cuda", prep, worst_case(prep, 1), False, None)
+    rows = rows_for(dict(out, counted=None), ranks=1)
+    return _whole(out["accountant"]), rows, len(replays)
+
+
+def _whole(acc) -> list:
+    return [acc.timeline, acc.reserved, acc.stages, sorted(acc.marks.items()),
+            [(b.nbytes, b.category, b.born, b.died, b.in_optimizer) for b in acc.blocks]]
+
+
+@pytest.mark.parametrize("kind", ["adamw", "sgd", "lora+ckpt", "seq-cls"])
+def test_the_steady_step_replayed_is_the_one_dispatched_event_by_event(tmp_path, monkeypatch, kind):
+    from conftest import write_campaign, write_jsonl
+    from pilotrun.campaign.load import load_campaign
+
+    if kind == "seq-cls":
+        write_jsonl(tmp_path / "data" / "train.jsonl",
+                    [{"text": "word " * (3 + i % 7), "label": ("neg", "pos")[i % 2]} for i in range(24)])
+        path = write_campaign(tmp_path, {
+            "name": "cls", "task": "seq-cls", "model": {"config": dict(TINY_LLAMA), "tokenizer": "byte"},
+            "data": {"train": "data/train.jsonl", "text": "text", "label": "label", "labels": ["neg", "pos"],
+                     "max_length": 32}, "train": {"micro_batch": 2, "accumulation": 2, "updates": 2}})
+    else:
+        extra = {"sgd": dict(train__optimizer="sgd"),
+                 "lora+ckpt": dict(model__gradient_checkpointing=True, model__adapter={"kind": "lora", "r": 4})}
+        path = _campaign(tmp_path, model__config=dict(TINY_LLAMA), data__max_length=64, **extra.get(kind, {}))
+    loaded = load_campaign(path)
+    replayed, rows, n = _ledger(loaded, monkeypatch, True)
+    dispatched, rows_dispatched, none = _ledger(loaded, monkeypatch, False)
+    assert (n, none) == (1, 0)
+    assert replayed == dispatched  # every event, its live and reserved bytes, its stage; every block's life
+    assert rows == rows_dispatched
+
+
+def test_a_step_that_differs_from_the_first_is_dispatched_not_replayed(tmp_path, monkeypatch):
+    """Planted: a custom task whose second update computes on a longer tensor than its first (its model keeps a
+    count between calls), and an fp16 campaign whose grad scaler allocates its scale at the first update: the
+    steady step is dispatched, so its ledger shows what the step really books (the custom task's longer tensor)."""
+    import shutil
+
+    from pilotrun.campaign.load import load_campaign
+
+    examples = __import__("pathlib").Path(__file__).resolve().parents[1] / "examples"
+    folder = tmp_path / "tab"
+    shutil.copytree(examples, folder, ignore=shutil.ignore_patterns("__pycache__"))
+    (folder / "growing_task.py").write_text(textwrap.dedent("""
+        import torch
+        from tabular_task import TabularTask
+
+        class Growing(TabularTask):
+            calls = 0
+
+            def loss(self, model, batch):
+                Growing.calls += 1
+                wide = torch.ones(batch["x"].shape[0], 4096 * Growing.calls, device=batch["x"].device)
+                s, n = super().loss(model, batch)
+                return s + (wide * 0).sum(), n
+    """))
+    text = (folder / "tabular_campaign.yaml").read_text().replace("tabular_task:TabularTask", "growing_task:Growing")
+    (folder / "growing.yaml").write_text(text)
+    monkeypatch.syspath_prepend(str(folder))
+    loaded = load_campaign(folder / "growing.yaml")
+    ledger, rows, n = _ledger(loaded, monkeypatch, True)
+    assert n == 0
+    by = {r["phase"]: r for r in rows}
+    assert by["steady_step"]["activations"] > by["first_step"]["activations"]  # the longer tensor, booked
+
+    fp16 = load_campaign(_campaign(tmp_path, "fp16", model__config=dict(TINY_LLAMA), data__max_length=64,
+                                   train__precision="fp16-mixed"))
+    _, rows, n = _ledger(fp16, monkeypatch, True)
+    assert n == 0
+    by = {r["phase"]: r for r in rows}
+    assert by["steady_step"]["optimizer_state"] > 0  # dispatched: the step ran on the state the first allocated
+
+
+def test_a_reload_replayed_from_another_trace_is_the_one_dispatched(tmp_path, monkeypatch):
+    """The LoRA variant reloads the same merged model as the campaign as written: its reload replays the written
+    trace's (same plain campaign, depth, device and prepared sample), and its ledger is the dispatched one; another
+    depth or other prepared data is traced again."""
+    from pilotrun.campaign.load import load_campaign
+    from pilotrun.campaign.prepare import prepare
+    from pilotrun.phases import registry
+    from pilotrun.phases.worst import worst_case
+    from pilotrun.probe import estimate as E
+    from pilotrun.probe.trace import _traced_once
+
+    loaded = load_campaign(_campaign(tmp_path, model__config=dict(TINY_LLAMA), data__max_length=64))
+    lora = loaded.with_overrides({"model.adapter": {"kind": "lora", "r": 4}})
+    replays = []
+    real = E.Accountant.replay
+    monkeypatch.setattr(E.Accountant, "replay", lambda self, events: replays.append(events) or real(self, events))
+    got = {}
+    for replay in (True, False):
+        monkeypatch.setattr(registry, "REPLAY", replay)
+        prep = prepare(loaded, splits=("train", "validation"))
+        wc = worst_case(prep, 1)
+        _traced_once(loaded, "cuda", prep, wc, False, None)  # the campaign as written: its reload recorded
+        replays.clear()
+        got[replay] = _whole(_traced_once(lora, "cuda", prep, wc, False, None)["accountant"]), len(replays)
+        if replay:  # another depth, other prepared data: nothing recorded for them, traced
+            replays.clear()
+            _traced_once(lora, "cuda", prep, wc, False, {"num_hidden_layers": 1})
+            _traced_once(lora, "cuda", prepare(loaded, splits=("train", "validation")), wc, False, None)
+            assert len(replays) == 2  # the steady steps only
+    assert got[True][1] == 2 and got[False][1] == 0  # the steady step and the reload / neither
+    assert got[True][0] == got[False][0]

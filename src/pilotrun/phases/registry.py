@@ -110,6 +110,29 @@ def _step_traced(ctx) -> None:
     run_update(ctx.state, ctx.task, ctx.worst["micro_batches"], max_grad_norm=ctx.prep.c.train.max_grad_norm)
 
 
+REPLAY = True  # tests switch it off to compare the replayed steady step and reload with the ones dispatched
+
+
+def _steady_traced(ctx) -> None:
+    """The steady update on fake tensors: the first update's events booked again less its optimizer state's
+    births (``Accountant.replay``), without dispatching an op, where that is what dispatching it again books: a
+    built-in task (a transformers model, whose second update runs the first's code on the same micro-batches;
+    a custom task's model may keep state between calls), torch's AdamW or SGD (whose first step only adds the
+    state the second finds), no grad scaler (it allocates its scale at the first update), no gradient held,
+    and the first update closed but for its optimizer state (``replayable``). Else it is dispatched op by op.
+    tests/test_estimate.py checks the two ledgers agree event by event."""
+    import torch
+
+    acc, state = ctx.fake["acc"], ctx.state
+    if (REPLAY and ctx.prep.c.task in ("causal-lm", "seq-cls") and state.scaler is None
+            and type(state.optimizer) in (torch.optim.AdamW, torch.optim.SGD)
+            and "first_step" in acc.marks and all(p.grad is None for p in state.model.parameters())
+            and acc.replayable("first_step", "optimizer_state")):
+        acc.replay(acc.recorded("first_step", "optimizer_state"))
+        return
+    _step_traced(ctx)
+
+
 # --- eval_longest ---------------------------------------------------------------------------------------
 def _eval_inputs(ctx) -> dict:
     return dict(ctx.worst["eval_inputs"])
@@ -196,9 +219,15 @@ def _reload(ctx, p) -> None:
 
 
 def _reload_traced(ctx) -> None:
+    """The merged model built whole and one loss on the longest example; where another trace of this process
+    reloaded the same model (the same plain campaign, depth, device and prepared sample: ``probe/trace``), its
+    events replayed instead: the same code on the same shapes, its phase closed (``Accountant.replayable``)."""
     import torch
 
     reloaded, acc = ctx.fake.pop("reloaded"), ctx.fake["acc"]
+    if ctx.fake.get("reload") is not None:
+        acc.replay(ctx.fake["reload"])
+        return
     for p in list(reloaded.parameters()) + list(reloaded.buffers()):
         acc.book(p, "parameters")
     reloaded.eval()
@@ -210,7 +239,7 @@ def _reload_traced(ctx) -> None:
 REGISTRY: tuple[Phase, ...] = (
     Phase("load", "load", _load_inputs, _load, _load_traced),
     Phase("first_step", "train", _train_inputs, _step("first_step"), _step_traced, needs="load"),
-    Phase("steady_step", "train", _train_inputs, _step("steady_step"), _step_traced, needs="load"),
+    Phase("steady_step", "train", _train_inputs, _step("steady_step"), _steady_traced, needs="load"),
     Phase("eval_longest", "eval", _eval_inputs, _eval, _eval_traced, needs="load"),
     Phase("save", "save", lambda ctx: {"path": "checkpoints/pilot"}, _save, _save_traced, needs="load"),
     Phase("export", "export", lambda ctx: {"path": "artifact"}, _export, _export_traced, needs="load"),

@@ -112,10 +112,10 @@ class Accountant:
         need = _ceil(self._small, SMALL_SEGMENT) + _ceil(self._mid, MID_SEGMENT) + self._large
         self._max_reserved = max(self._max_reserved, need)
 
-    def _event(self, delta: int) -> int:
+    def _event(self, delta: int, stage: str | None = None) -> int:
         self.timeline.append(self.timeline[-1] + delta)
         self.reserved.append(self._max_reserved if self.cuda else 0)
-        self.stages.append(self._stage())
+        self.stages.append(stage or self._stage())
         return len(self.timeline) - 1
 
     def _stage(self) -> str:
@@ -134,10 +134,60 @@ class Accountant:
         self.blocks.append(block)
         return block
 
-    def release(self, block: _Block) -> None:
+    def release(self, block: _Block, stage: str | None = None) -> None:
         if block.died == math.inf:
             self._pool(block.nbytes, -1)
-            block.died = self._event(-block.nbytes)
+            block.died = self._event(-block.nbytes, stage)
+
+    # --- replay: a phase whose events are another's, booked again without dispatching an op ---------------
+    def _events(self, name: str) -> list[tuple[str, _Block]]:
+        """The marked phase's events in order: ("+", block) at a birth, ("-", block) at a death."""
+        start, end = self.marks[name]
+        at: dict[int, tuple[str, _Block]] = {}
+        for b in self.blocks:
+            if start < b.born <= end:
+                at[b.born] = ("+", b)
+            if start < b.died <= end:
+                at[b.died] = ("-", b)
+        return [at[i] for i in range(start + 1, end + 1)]
+
+    def replayable(self, name: str, kept: str | None = None) -> bool:
+        """Whether the marked phase ``name`` is closed but for its ``kept`` births: every block it allocated
+        died inside it unless its category is ``kept`` (what the phase leaves behind for the next: the optimizer
+        state of a first update), and no block allocated before it died inside it."""
+        start, end = self.marks[name]
+        return all((b.died <= end or b.category == kept) if kind == "+" else b.born > start
+                   for kind, b in self._events(name))
+
+    def recorded(self, name: str, kept: str | None = None) -> list[tuple]:
+        """The events of a marked phase that ``replayable`` passed, as plain data in order: ("+", bytes, category,
+        in_optimizer, stage) at a birth, less the births of category ``kept`` that outlive the phase; ("-", i,
+        stage) at the death of the phase's i-th booked birth."""
+        start, end = self.marks[name]
+        out: list[tuple] = []
+        index: dict[int, int] = {}
+        for i, (kind, b) in enumerate(self._events(name), start + 1):
+            if kind == "-":
+                out.append(("-", index[id(b)], self.stages[i]))
+            elif b.category != kept or b.died <= end:
+                index[id(b)] = len(index)
+                out.append(("+", b.nbytes, b.category, b.in_optimizer, self.stages[i]))
+        return out
+
+    def replay(self, events: list[tuple]) -> None:
+        """Book ``recorded`` events again, in order, at their sizes, categories and stages, without an op: the
+        ledger a second run of the same code on the same shapes writes (the callers say when that holds)."""
+        born: list[_Block] = []
+        for event in events:
+            if event[0] == "-":
+                self.release(born[event[1]], event[2])
+                continue
+            _, nbytes, category, in_optimizer, stage = event
+            block = _Block(nbytes, category, 0, in_optimizer)
+            self._pool(nbytes, +1)
+            block.born = self._event(nbytes, stage)
+            self.blocks.append(block)
+            born.append(block)
 
     def book(self, tensor, category: str, *, retag: bool = False) -> None:
         """Book the tensor's storage if new; with ``retag`` also say what an already booked one is."""

@@ -22,7 +22,7 @@ import time
 from pilotrun.campaign import reuse
 from pilotrun.campaign.arithmetic import data_parallel_ranks
 from pilotrun.campaign.prepare import prepare
-from pilotrun.phases import PHASES, names
+from pilotrun.phases import PHASES, names, registry
 from pilotrun.phases.driver import PhaseContext, drive
 from pilotrun.phases.registry import BY_NAME
 from pilotrun.phases.worst import worst_case
@@ -118,6 +118,11 @@ def _trace_once(loaded, device: str, prep, wc: dict, steps_only: bool = False, o
     return out
 
 
+# the reload phase's events per merged model, depth and device, with the prepared data whose sample it ran on:
+# the written campaign's trace and its LoRA variant's reload the same plain model (``_reload_traced`` replays)
+_RELOADS: dict[str, tuple] = {}
+
+
 def _traced_once(loaded, device: str, prep, wc: dict, steps_only: bool, overrides: dict | None) -> dict:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -125,14 +130,18 @@ def _traced_once(loaded, device: str, prep, wc: dict, steps_only: bool, override
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     model = fake_build(loaded, fake_mode, overrides)
     plain = loaded.with_overrides({"model.adapter": None, "model.gradient_checkpointing": False})
-    reloaded = None if steps_only else fake_build(plain, fake_mode, overrides)  # what `reload` loads: the merged model
+    key = None if steps_only else reuse.identity(plain, {"device": device, "overrides": overrides})
+    reload = _RELOADS.get(key)
+    reload = reload[1] if reload is not None and reload[0] is prep and registry.REPLAY else None
+    # what `reload` loads: the merged model; not built where another trace's reload of it is replayed
+    reloaded = None if steps_only or reload is not None else fake_build(plain, fake_mode, overrides)
     params = list(model.parameters())
     trainable = [p for p in params if p.requires_grad]
     acc = Accountant(device)
     notes: dict = {}
     # ranks 1: DDP's buckets and FSDP's shards are added per rank count by ``rows_for``
-    ctx = PhaseContext(prep, wc, fake={"acc": acc, "model": model, "reloaded": reloaded, "ranks": 1,
-                                       "device": device, "notes": notes})
+    ctx = PhaseContext(prep, wc, fake={"acc": acc, "model": model, "reloaded": reloaded, "reload": reload,
+                                       "ranks": 1, "device": device, "notes": notes})
     del reloaded
     inputs: dict = {}
 
@@ -144,6 +153,10 @@ def _traced_once(loaded, device: str, prep, wc: dict, steps_only: bool, override
 
     with fake_mode, acc.tracking(model):
         drive(ctx, mark, names("load", "train") if steps_only else PHASES, traced=True)
+    if key is not None and reload is None and "reload" in acc.marks and acc.replayable("reload"):
+        _RELOADS[key] = (prep, acc.recorded("reload"))
+        while len(_RELOADS) > 4:
+            _RELOADS.pop(next(iter(_RELOADS)))
     for name in names("train"):
         inputs[name] = dict(inputs[name], micro_batch=c.train.micro_batch, accumulation=c.train.accumulation)
     return {"summarize": lambda name, scale: acc.summary(name, scale, by_stage=True), "inputs": inputs,
