@@ -221,13 +221,19 @@ def _reload(ctx, p) -> None:
 def _reload_traced(ctx) -> None:
     """The merged model built whole and one loss on the longest example; where another trace of this process
     reloaded the same model (the same plain campaign, depth, device and prepared sample: ``probe/trace``), its
-    events replayed instead: the same code on the same shapes, its phase closed (``Accountant.replayable``)."""
+    events replayed instead: the same code on the same shapes, its phase closed (``Accountant.replayable``), and
+    this trace's steps and evaluation closed too (nothing of theirs left for the reload to free)."""
     import torch
 
     reloaded, acc = ctx.fake.pop("reloaded"), ctx.fake["acc"]
     if ctx.fake.get("reload") is not None:
-        acc.replay(ctx.fake["reload"])
-        return
+        if all(acc.replayable(n, "optimizer_state") for n in names("train", "eval") if n in acc.marks):
+            acc.replay(ctx.fake["reload"])
+            return
+        from torch.utils._python_dispatch import _disable_current_modes
+
+        with _disable_current_modes():  # built as the others are, outside the accountant (its own fake mode)
+            reloaded = ctx.fake["rebuild"]()  # not built on the chance of a replay: built now
     for p in list(reloaded.parameters()) + list(reloaded.buffers()):
         acc.book(p, "parameters")
     reloaded.eval()
