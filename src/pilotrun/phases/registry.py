@@ -230,10 +230,8 @@ def _reload_traced(ctx) -> None:
         if all(acc.replayable(n, "optimizer_state") for n in names("train", "eval") if n in acc.marks):
             acc.replay(ctx.fake["reload"])
             return
-        from torch.utils._python_dispatch import _disable_current_modes
-
-        with _disable_current_modes():  # built as the others are, outside the accountant (its own fake mode)
-            reloaded = ctx.fake["rebuild"]()  # not built on the chance of a replay: built now
+        with acc.paused():  # not built on the chance of a replay: built now, booked from the phase as before
+            reloaded = ctx.fake["rebuild"]()
     for p in list(reloaded.parameters()) + list(reloaded.buffers()):
         acc.book(p, "parameters")
     reloaded.eval()
