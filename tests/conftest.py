@@ -45,9 +45,14 @@ def write_campaign(folder: Path, campaign: dict, name: str = "campaign.yaml") ->
 @pytest.fixture
 def demo_dir(tmp_path) -> Path:
     """The demo campaign and data, written by the real demo writer, with a small fast budget."""
+    return write_demo_dir(tmp_path)
+
+
+def write_demo_dir(folder: Path) -> Path:
+    """``folder/demo``: what the ``demo_dir`` fixture holds, for fixtures of a wider scope."""
     from pilotrun.demo.synth import write_demo
 
-    path = write_demo(tmp_path / "demo", n_conversations=120)
+    path = write_demo(folder / "demo", n_conversations=120)
     c = yaml.safe_load(path.read_text())
     c["model"]["config"] = dict(TINY_LLAMA)
     c["train"].update(updates=12, eval_every=6, save_every=6, micro_batch=4, accumulation=2)

@@ -120,3 +120,42 @@ def test_watch_probes_first_updates_records_and_spot_checks_only():
         with every("train", {"seq_len": n, "tokens": n}):
             pass
     assert every.probed["train"] == 3
+
+
+def test_the_seed_counts_tensors_that_release_free_memory_froze():
+    """release_free_memory freezes what survives its collection (gc.freeze), and gc.get_objects skips frozen
+    objects: the seed counts them too, or a baseline would miss a tensor alive before the run's model."""
+    import gc
+
+    from pilotrun.engine.tensors import LiveTensors
+    from pilotrun.probe.memory import release_free_memory
+
+    held = torch.ones(8 * MiB // 4)
+    release_free_memory()
+    assert gc.get_freeze_count() > 0 and not any(o is held for o in gc.get_objects())
+    live = LiveTensors()
+    live.seed()
+    assert live.table[held.untyped_storage()._cdata][0] == 8 * MiB
+    assert gc.get_freeze_count() > 0  # what was frozen stays frozen
+
+
+def test_release_free_memory_collects_a_cycle_it_froze_the_time_before():
+    """A cycle alive at one call and garbage after it is left alone by ordinary collections (frozen) and
+    collected by the next call, which unfreezes before it collects."""
+    import gc
+    import weakref
+
+    from pilotrun.probe.memory import release_free_memory
+
+    class Node:
+        pass
+
+    a, b = Node(), Node()
+    a.other, b.other = b, a
+    gone = weakref.ref(a)
+    release_free_memory()
+    del a, b
+    gc.collect()
+    assert gone() is not None
+    release_free_memory()
+    assert gone() is None

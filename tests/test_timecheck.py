@@ -5,16 +5,19 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from conftest import write_campaign
+from conftest import write_campaign, write_demo_dir
 from pilotrun.sheet import shape
 
 
-@pytest.fixture
-def piloted_sweep(demo_dir):
+@pytest.fixture(scope="module")
+def piloted_sweep(tmp_path_factory):
+    """(home, sweep result): one pilot and its two-run sweep of the demo, shared by the tests that only read
+    them (the campaign is ``home.parent / "campaign.yaml"``)."""
     from pilotrun.campaign.load import load_campaign
     from pilotrun.rehearsal.memory.pilot import pilot
     from pilotrun.rehearsal.training.sweep import sweep
 
+    demo_dir = write_demo_dir(tmp_path_factory.mktemp("timecheck"))
     path = demo_dir / "campaign.yaml"
     c = yaml.safe_load(path.read_text())
     c["plan"].update(control={"train.lr": 3e-3}, variants=[{"train.lr": 1e-3}], seeds=[0])
@@ -189,7 +192,7 @@ def test_the_pilot_times_more_typical_updates_while_cheap_and_the_minimum_across
     assert not more_typical([0.05] * TYPICAL_UPDATES, world=2)  # ranks must time the same count
 
 
-def test_the_sweeps_eta_reads_the_time_plan_without_tracing(piloted_sweep, demo_dir, monkeypatch):
+def test_the_sweeps_eta_reads_the_time_plan_without_tracing(piloted_sweep, monkeypatch):
     """The sweep's progress ETA comes from the pilot's time plan alone: the estimator's traces (GPU memory,
     largest sizes) once took ~10 s of every sweep's start-up, seconds no term of the plan holds."""
     import pilotrun.sheet.gpu_memory as GM
@@ -199,6 +202,7 @@ def test_the_sweeps_eta_reads_the_time_plan_without_tracing(piloted_sweep, demo_
     from pilotrun.rehearsal.training.sweep import _planned_run_s
 
     home, result = piloted_sweep
+    demo_dir = home.parent
     calls = []
     monkeypatch.setattr(GM, "predict_rows", lambda *a, **k: calls.append("predict_rows"))
     monkeypatch.setattr(SZ, "largest_sizes", lambda *a, **k: calls.append("largest_sizes"))
@@ -207,7 +211,7 @@ def test_the_sweeps_eta_reads_the_time_plan_without_tracing(piloted_sweep, demo_
     assert per_run == pytest.approx(result.data["time_check"]["runs"][0]["predicted_s"], rel=0.5)
 
 
-def test_the_sweeps_eta_counts_the_sweeps_own_budget_not_the_pilots(piloted_sweep, demo_dir):
+def test_the_sweeps_eta_counts_the_sweeps_own_budget_not_the_pilots(piloted_sweep):
     """A sweep run with another budget than its pilot's (``--set train.updates=…``) is timed by the pilot's
     units for its own updates: the ETA of a 12-update sweep once said
     the minutes of the pilot's 200 updates."""
@@ -216,6 +220,7 @@ def test_the_sweeps_eta_counts_the_sweeps_own_budget_not_the_pilots(piloted_swee
     from pilotrun.rehearsal.training.sweep import _planned_run_s
 
     home, result = piloted_sweep
+    demo_dir = home.parent
     as_piloted = load_campaign(demo_dir / "campaign.yaml")
     updates = as_piloted.campaign.train.updates
     longer = load_campaign(demo_dir / "campaign.yaml", {"train.updates": updates * 4})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import importlib
 import os
 import sys
@@ -184,4 +185,8 @@ def main() -> None:
 
         if is_initialized():
             exit_rank(code)
+    # The work is done and written: the interpreter's collections at exit need not walk every object left
+    # (~10⁶ once torch and transformers are imported: ~0.5 s of CPU on 2 cores). Freed by reference count
+    # as before; only the cyclic collector's passes skip them.
+    gc.freeze()
     sys.exit(code)

@@ -105,7 +105,7 @@ class LiveTensors:
         if self.seeded:
             return
         self.seeded = True
-        for o in gc.get_objects():
+        for o in _all_objects():
             if type(o) in _PLAIN:
                 self.add(o)
 
@@ -117,6 +117,18 @@ class LiveTensors:
 
 
 LIVE = LiveTensors()
+
+
+def _all_objects() -> list:
+    """Every object the garbage collector tracks, those ``gc.freeze`` moved out of its generations included
+    (``probe.memory.release_free_memory`` freezes what is alive before a run; ``gc.get_objects`` skips them)."""
+    if not gc.get_freeze_count():
+        return gc.get_objects()
+    gc.unfreeze()
+    try:
+        return gc.get_objects()
+    finally:
+        gc.freeze()
 
 
 def _gather_buffers(module) -> list[torch.Tensor]:
