@@ -305,6 +305,16 @@ def test_a_step_that_differs_from_the_first_is_dispatched_not_replayed(tmp_path,
     assert n == 0
     by = {r["phase"]: r for r in rows}
     assert by["steady_step"]["activations"] > by["first_step"]["activations"]  # the longer tensor, booked
+    # traced again on the same prepared data, its reload (a longer tensor again) is not replayed either
+    from pilotrun.campaign.prepare import prepare
+    from pilotrun.phases.worst import worst_case
+    from pilotrun.probe.trace import _traced_once
+
+    prep = prepare(loaded, splits=("train", "validation"))
+    first = _traced_once(loaded, "cuda", prep, worst_case(prep, 1), False, None)["accountant"]
+    again = _traced_once(loaded, "cuda", prep, worst_case(prep, 1), False, None)["accountant"]
+    grown = [max(a.timeline[slice(*a.marks["reload"])]) - a.timeline[a.marks["reload"][0]] for a in (first, again)]
+    assert grown[1] > grown[0]
 
     fp16 = load_campaign(_campaign(tmp_path, "fp16", model__config=dict(TINY_LLAMA), data__max_length=64,
                                    train__precision="fp16-mixed"))
@@ -345,3 +355,16 @@ def test_a_reload_replayed_from_another_trace_is_the_one_dispatched(tmp_path, mo
             assert len(replays) == 2  # the steady steps only
     assert got[True][1] == 2 and got[False][1] == 0  # the steady step and the reload / neither
     assert got[True][0] == got[False][0]
+
+    # planted: this trace's evaluation left a block behind (which the reload could free): the reload is dispatched,
+    # on the merged model built then, and its ledger is still the dispatched one
+    real_replayable = E.Accountant.replayable
+    monkeypatch.setattr(E.Accountant, "replayable",
+                        lambda self, name, kept=None: name != "eval_longest" and real_replayable(self, name, kept))
+    monkeypatch.setattr(registry, "REPLAY", True)
+    prep = prepare(loaded, splits=("train", "validation"))
+    wc = worst_case(prep, 1)
+    _traced_once(loaded, "cuda", prep, wc, False, None)
+    replays.clear()
+    assert _whole(_traced_once(lora, "cuda", prep, wc, False, None)["accountant"]) == got[False][0]
+    assert len(replays) == 1  # the steady step only

@@ -221,13 +221,17 @@ def _reload(ctx, p) -> None:
 def _reload_traced(ctx) -> None:
     """The merged model built whole and one loss on the longest example; where another trace of this process
     reloaded the same model (the same plain campaign, depth, device and prepared sample: ``probe/trace``), its
-    events replayed instead: the same code on the same shapes, its phase closed (``Accountant.replayable``)."""
+    events replayed instead: the same code on the same shapes, its phase closed (``Accountant.replayable``), and
+    this trace's steps and evaluation closed too (nothing of theirs left for the reload to free)."""
     import torch
 
     reloaded, acc = ctx.fake.pop("reloaded"), ctx.fake["acc"]
     if ctx.fake.get("reload") is not None:
-        acc.replay(ctx.fake["reload"])
-        return
+        if all(acc.replayable(n, "optimizer_state") for n in names("train", "eval") if n in acc.marks):
+            acc.replay(ctx.fake["reload"])
+            return
+        with acc.paused():  # not built on the chance of a replay: built now, booked from the phase as before
+            reloaded = ctx.fake["rebuild"]()
     for p in list(reloaded.parameters()) + list(reloaded.buffers()):
         acc.book(p, "parameters")
     reloaded.eval()

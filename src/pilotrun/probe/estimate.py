@@ -78,6 +78,7 @@ class Accountant:
         self.in_optimizer = False
         self.marks: dict[str, tuple[int, int]] = {}
         self._retags = 0                     # category changes: a kept ``_phase`` is stale after one
+        self._paused = False                 # ``paused``: ops pass through unbooked
         self._phases: dict = {}
 
     # --- kept: what ``summary`` reads, as plain data (a trace kept in the journal's home) ----------------
@@ -289,6 +290,15 @@ class Accountant:
             out["stages"] = {k: {"peak_allocated": v[0], **v[1]} for k, v in best.items()}
         return out
 
+    @contextlib.contextmanager
+    def paused(self):
+        """Inside, ops pass through ``tracking`` as if it were not there (a model built mid-trace, booked later)."""
+        self._paused = True
+        try:
+            yield self
+        finally:
+            self._paused = False
+
     # --- the dispatch mode ------------------------------------------------------------------------
     @contextlib.contextmanager
     def tracking(self, model=None):
@@ -318,6 +328,8 @@ class Accountant:
 
         class Mode(_dispatch_base()):
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                if acc._paused:
+                    return func(*args, **(kwargs or {}))
                 if func is torch.ops.aten._local_scalar_dense.default:
                     return _placeholder(args[0])
                 out = func(*args, **(kwargs or {}))

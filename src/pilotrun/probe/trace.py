@@ -130,7 +130,8 @@ def _traced_once(loaded, device: str, prep, wc: dict, steps_only: bool, override
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     model = fake_build(loaded, fake_mode, overrides)
     plain = loaded.with_overrides({"model.adapter": None, "model.gradient_checkpointing": False})
-    key = None if steps_only else reuse.identity(plain, {"device": device, "overrides": overrides})
+    builtin = c.task in ("causal-lm", "seq-cls")  # a custom task's model may keep state between calls
+    key = None if steps_only or not builtin else reuse.identity(plain, {"device": device, "overrides": overrides})
     reload = _RELOADS.get(key)
     reload = reload[1] if reload is not None and reload[0] is prep and registry.REPLAY else None
     # what `reload` loads: the merged model; not built where another trace's reload of it is replayed
@@ -141,7 +142,8 @@ def _traced_once(loaded, device: str, prep, wc: dict, steps_only: bool, override
     notes: dict = {}
     # ranks 1: DDP's buckets and FSDP's shards are added per rank count by ``rows_for``
     ctx = PhaseContext(prep, wc, fake={"acc": acc, "model": model, "reloaded": reloaded, "reload": reload,
-                                       "ranks": 1, "device": device, "notes": notes})
+                                       "rebuild": lambda: fake_build(plain, fake_mode, overrides), "ranks": 1,
+                                       "device": device, "notes": notes})
     del reloaded
     inputs: dict = {}
 

@@ -20,7 +20,7 @@ from pilotrun.engine.loop import evaluate, make_state, run_update
 from pilotrun.phases.worst import by_length
 from pilotrun.probe.estimate import Accountant, fake_build, unsharded_block_bytes
 from pilotrun.probe.trace import SHARDED, with_gathered_blocks
-from pilotrun.tasks.loading import POSITION_KEYS, positions_of
+from pilotrun.tasks.loading import positions_of
 
 
 def model_max_positions(model) -> int | None:

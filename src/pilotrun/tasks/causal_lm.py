@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from pilotrun.errors import BadInput
 from pilotrun.tasks import chat, common
 from pilotrun.tasks.base import IGNORE, Example
 from pilotrun.tasks.loading import build_model, eos_id, leading_specials, load_hf_artifact, save_hf_artifact
