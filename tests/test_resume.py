@@ -5,7 +5,7 @@ import os
 import re
 
 from pilotrun.journal.store import Journal
-from pilotrun.rehearsal.mechanics.resume import SKIP_ENV, first_difference
+from pilotrun.rehearsal.mechanics.resume import LOSS_RTOL, SKIP_ENV, first_difference
 
 
 def test_clean_demo_resumes_exactly_across_epochs(cli, demo_campaign, tmp_path):
@@ -69,3 +69,19 @@ def test_first_difference_names_the_component():
     assert "counters not restored" in first_difference(ref, [_h(1), _h(2)], 2, exact=True)
     msg = first_difference(ref, [_h(3, lr=9.5e-5, loss=1.5), _h(4)], 2, exact=True)
     assert msg == "lr at update 3 is 9.5e-05, reference 1.0e-03: scheduler state not restored"
+
+
+def test_a_resume_matched_within_tolerance_does_not_say_exactly():
+    """bf16/fp16 or CUDA compare the loss within LOSS_RTOL, not bit for bit: the headline says so (an H200's
+    `all` said "resumes exactly" of a CUDA resume), and an fp32 CPU resume still says "exactly"."""
+    import torch
+
+    from pilotrun.rehearsal.mechanics.resume import _Setting, _verdict
+
+    ref = [_h(1), _h(2), _h(3, loss=1.5), _h(4, loss=1.2)]
+    worker = {"history": [_h(3, loss=1.5 * (1 + 1e-5)), _h(4, loss=1.2)], "restored": ["model", "optimizer"]}
+    for exact, headline in ((False, f"resumes with its loss within {LOSS_RTOL:g} relative at update 2 in a new process"),
+                            (True, "resumes exactly at update 2 in a new process")):
+        s = _Setting(n=8, per_epoch=4, per_update=2, ranks=1, at=2, total=4, device=torch.device("cpu"), exact=exact)
+        r = _verdict("run-x", ref, worker, s, (), [], None, None)
+        assert r.verdict == "ok" and r.summary == headline and r.data["exact"] is exact

@@ -372,7 +372,8 @@ def _verdict(run_id: str, ref_h: list[dict], worker: dict | None, s: _Setting, s
     msgs = msgs + [f"updates {s.at + 1}..{s.total} in the new process match the reference: counter, lr, examples "
                    f"(epochs {epochs[0]}..{epochs[-1]}) and loss; restored {', '.join(worker['restored'])}",
                    f"run {run_id} (kind resume)"]
-    return StageResult("resume", "ok", f"resumes exactly at update {s.at} in a new process", msgs, data,
+    how = "exactly" if s.exact else f"with its loss within {LOSS_RTOL:g} relative"  # bf16, fp16, CUDA: not bitwise
+    return StageResult("resume", "ok", f"resumes {how} at update {s.at} in a new process", msgs, data,
                        columns=columns, rows=rows)
 
 
