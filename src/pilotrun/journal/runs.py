@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from pilotrun.errors import BadInput, DiskFull
-from pilotrun.journal.files import atomic_write_json, atomic_write_text, dump_yaml
+from pilotrun.journal.files import atomic_write_json, atomic_write_text, dump_yaml, write_manifest
 from pilotrun.journal.files import is_disk_full as disk_full
 from pilotrun.journal.store import Journal, Lease, check_fence
 from pilotrun.provenance import (command_line, config_sha256, file_sha256, git_revision, package_versions,
@@ -173,6 +173,14 @@ class RunRecorder:
             self._lines = []
         self._metrics.flush()
         self._flushed = time.monotonic()
+
+    def seal(self, extra: list[str] | None = None) -> None:
+        """The run folder's README (``extra`` lines appended) and its manifest, metrics.jsonl made whole before
+        the manifest hashes it (a finished recorder flushed it when it closed it)."""
+        write_run_readme(self.dir, self.journal.get_run(self.run_id), extra)
+        if not self.finished:
+            self.flush()
+        write_manifest(self.dir, {"kind": "pilotrun-run", "run_id": self.run_id})
 
     def finish(self, status: str, summary: dict | None = None) -> None:
         if self.finished:

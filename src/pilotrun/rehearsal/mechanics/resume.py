@@ -31,8 +31,8 @@ from pilotrun.engine.launcher import Ranks
 from pilotrun.engine.loop import Hooks, make_state, train
 from pilotrun.engine.state import COMPONENTS, load_state, save_state
 from pilotrun.errors import BadInput
-from pilotrun.journal.files import atomic_write_json, write_dir_atomically, write_manifest
-from pilotrun.journal.runs import RunRecorder, write_run_readme
+from pilotrun.journal.files import atomic_write_json, write_dir_atomically
+from pilotrun.journal.runs import RunRecorder
 from pilotrun.journal.store import Journal
 from pilotrun.rehearsal.mechanics.resume_ranks import run_joined, run_sharded, work_sharded
 from pilotrun.verdicts import StageResult
@@ -259,10 +259,7 @@ def resume(loaded, home, *, at: int | None = None, prep=None) -> StageResult:
             # cannot be compared with (under torchrun the fresh processes ran in run_joined)
             worker, proc = _fresh_process(rec, spec, at)
         headline, problem = _judged(rec, ref, worker, proc, joined_failed, s, custom_task_note(c, prep.task))
-        write_run_readme(rec.dir, journal.get_run(rec.run_id),
-                         ["", f"A resume check: the artifact is the reference run's model after {s.total} updates."])
-        rec.flush()  # metrics.jsonl whole before the manifest hashes it
-        write_manifest(rec.dir, {"kind": "pilotrun-run", "run_id": rec.run_id})
+        rec.seal(["", f"A resume check: the artifact is the reference run's model after {s.total} updates."])
         rec.progress(ref["update"], ref["examples_seen"])
         rec.finish(ref["ref"]["status"], {"verdict": "fail" if problem else "ok", "problem": problem, "at": at,
                                           "total": s.total, "n_train": s.n, "skipped": list(skip),

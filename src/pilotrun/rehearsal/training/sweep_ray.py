@@ -26,8 +26,7 @@ from pilotrun.campaign.arithmetic import data_parallel_ranks
 from pilotrun.campaign.sweep_runs import arm_command, encoded_for
 from pilotrun.engine.loop import Hooks
 from pilotrun.errors import BadInput
-from pilotrun.journal.files import write_manifest
-from pilotrun.journal.runs import RunRecorder, data_fingerprints, find_pilot, write_run_readme
+from pilotrun.journal.runs import RunRecorder, data_fingerprints, find_pilot
 from pilotrun.journal.store import Journal
 from pilotrun.journal.transfer import check_arrived, export_run, import_run, pack_folder, unpack_folder
 from pilotrun.rehearsal.training.train import train_run
@@ -226,8 +225,7 @@ def land_outcome(journal, rec, out: dict) -> None:
     if damaged:
         status, summary["reason"] = "failed", f"the run folder arrived damaged from the worker: {damaged[:3]}"
     rec.finish(status, summary)
-    write_run_readme(rec.dir, journal.get_run(rec.run_id))
-    write_manifest(rec.dir, {"kind": "pilotrun-run", "run_id": rec.run_id})
+    rec.seal()
 
 
 # --- on the worker --------------------------------------------------------------------------------------

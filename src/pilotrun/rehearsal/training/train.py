@@ -17,8 +17,8 @@ from pilotrun.engine.distributed import check_strategy, default_device, gather_t
 from pilotrun.engine.launcher import Ranks
 from pilotrun.engine.loop import Hooks, make_state, train, update_line
 from pilotrun.engine.state import save_final
-from pilotrun.journal.files import atomic_write_text, write_manifest
-from pilotrun.journal.runs import RunRecorder, find_pilot, write_run_readme
+from pilotrun.journal.files import atomic_write_text
+from pilotrun.journal.runs import RunRecorder, find_pilot
 from pilotrun.journal.store import Journal, check_fence
 from pilotrun.probe.memory import release_free_memory
 from pilotrun.probe.watch import PeakWatch, bound_rows
@@ -176,9 +176,7 @@ def _ranked_run(job: TrainJob, prep: Prepared, rec: RunRecorder | None, hooks: H
     summary = _summary(job, prep.c.train, state, result, world, arith=arith, artifact=artifact, bound=bound,
                        timing=timing)
     timing["total_s"] = time.perf_counter() - t_start
-    write_run_readme(rec.dir, rec.journal.get_run(rec.run_id))
-    rec.flush()  # metrics.jsonl whole before the manifest hashes it
-    write_manifest(rec.dir, {"kind": "pilotrun-run", "run_id": rec.run_id})
+    rec.seal()
     evals = [{"update": e["update"], "val_loss": e["val_loss"], "examples_seen": e["examples_seen"]}
              for e in result.evals]
     return {"status": result.status, "summary": summary, "evals": evals, "control": len(control)}
