@@ -8,6 +8,7 @@ from pilotrun.records.readers import read_records
 from pilotrun.tasks.common import SPLITS, template_fields
 from pilotrun.tasks.hub import snapshot_of
 from pilotrun.tasks.loading import check_model_dir, check_positions
+from pilotrun.tasks.base import BUILTIN_TASKS
 
 
 def task_needs(c, base_dir=None) -> list[BadInput]:
@@ -33,7 +34,7 @@ def task_needs(c, base_dir=None) -> list[BadInput]:
         if d.labels is not None and len(set(d.labels)) != len(d.labels):
             problems.append(BadInput("data.labels has repeated names", where="data.labels", fix="list each class once"))
     problems += _task_and_model_files(c, base_dir)
-    if c.task in ("causal-lm", "seq-cls") and c.model.path is None and c.model.config is None:
+    if c.task in BUILTIN_TASKS and c.model.path is None and c.model.config is None:
         problems.append(BadInput("no model", where="model", fix="set model.path (local folder) or model.config"))
     if c.model.path is not None and c.model.config is not None:
         problems.append(BadInput("model.path and model.config both set", where="model.config",
@@ -41,7 +42,7 @@ def task_needs(c, base_dir=None) -> list[BadInput]:
     if c.model.config is not None and c.model.tokenizer is None:
         problems.append(BadInput("model.config needs a tokenizer", where="model.tokenizer",
                                  fix="set model.tokenizer: byte, or a local tokenizer folder"))
-    if c.task in ("causal-lm", "seq-cls"):
+    if c.task in BUILTIN_TASKS:
         try:
             check_positions(c, defaults=False)  # config.json or model.config as written: no torch here
         except BadInput as e:
@@ -74,7 +75,7 @@ def fields_named(c) -> list[tuple[str, str]]:
 def check_records(c) -> dict[str, int]:
     """Read every data file and check each record has the named fields. Returns records per split."""
     counts, problems = {}, []
-    need = fields_named(c) if c.task in ("causal-lm", "seq-cls") else []
+    need = fields_named(c) if c.task in BUILTIN_TASKS else []
     for split in SPLITS:
         path = getattr(c.data, split)
         if path is None:
@@ -118,7 +119,7 @@ def _task_and_model_files(c, base_dir=None) -> list[BadInput]:
     from pathlib import Path
 
     problems = []
-    if c.task not in ("causal-lm", "seq-cls"):
+    if c.task not in BUILTIN_TASKS:
         module, sep, cls = c.task.partition(":")
         if not sep or not module or not cls:
             problems.append(BadInput(f"unknown task '{c.task}'", where="task",

@@ -13,6 +13,7 @@ from pilotrun.tasks import make_task
 from pilotrun.tasks.common import SPLITS
 from pilotrun.tasks.hub import snapshot_of
 from pilotrun.tasks.loading import architecture_only, check_model_dir, check_positions, check_weights_fit, lora_targets
+from pilotrun.tasks.base import BUILTIN_TASKS
 
 
 @dataclass
@@ -47,7 +48,7 @@ def require_weights(loaded) -> None:
     path = loaded.campaign.model.path
     if path and snapshot_of(path):
         check_model_dir(Path(path))
-    if path and loaded.campaign.task in ("causal-lm", "seq-cls"):
+    if path and loaded.campaign.task in BUILTIN_TASKS:
         check_weights_fit(loaded.campaign, loaded.campaign.task)  # names and shapes against the headers
 
 
@@ -65,7 +66,7 @@ def prepare(loaded, splits=SPLITS) -> Prepared:
 
 def _task(loaded, keep: bool = False):
     check_consistency(loaded.campaign, loaded.base_dir)
-    if loaded.campaign.task in ("causal-lm", "seq-cls"):
+    if loaded.campaign.task in BUILTIN_TASKS:
         check_positions(loaded.campaign)  # with model.config's class defaults, before anything runs
         adapter_choice(loaded)  # LoRA's modules exist in the model (or the family has a default)
     task = make_task(loaded)
@@ -88,7 +89,7 @@ def adapter_choice(loaded) -> tuple[list[str], str] | None:
     """The LoRA modules a built-in task's campaign adapts and why (``lora_targets``), checked on the architecture
     built on the meta device (no memory, no weights read) before anything runs; None without an adapter."""
     c = loaded.campaign
-    if c.model.adapter is None or c.task not in ("causal-lm", "seq-cls"):
+    if c.model.adapter is None or c.task not in BUILTIN_TASKS:
         return None
     import torch
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from pilotrun.engine.loop import to_device
 from pilotrun.engine.precision import autocast
 from pilotrun.journal.files import reading_weights
-from pilotrun.tasks.base import IGNORE
+from pilotrun.tasks.base import BUILTIN_TASKS, IGNORE
 
 if TYPE_CHECKING:
     from pilotrun.campaign.prepare import Prepared
@@ -29,7 +29,7 @@ TOPK = 8
 
 def target_logits(task, model, batch) -> list | None:
     """Per example, the logits (float32, CPU) at its target positions; None for a task pilotrun cannot read."""
-    if task.kind not in ("causal-lm", "seq-cls"):
+    if task.kind not in BUILTIN_TASKS:
         return None
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
     if task.kind == "seq-cls":

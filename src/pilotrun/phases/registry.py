@@ -21,6 +21,7 @@ from pilotrun.engine.loop import evaluate, make_state, run_update, to_device
 from pilotrun.engine.precision import autocast
 from pilotrun.engine.state import save_state
 from pilotrun.phases.worst import by_length
+from pilotrun.tasks.base import BUILTIN_TASKS
 
 KINDS = ("load", "train", "eval", "save", "export", "reload")
 
@@ -124,7 +125,7 @@ def _steady_traced(ctx) -> None:
     import torch
 
     acc, state = ctx.fake["acc"], ctx.state
-    if (REPLAY and ctx.prep.c.task in ("causal-lm", "seq-cls") and state.scaler is None
+    if (REPLAY and ctx.prep.c.task in BUILTIN_TASKS and state.scaler is None
             and type(state.optimizer) in (torch.optim.AdamW, torch.optim.SGD)
             and "first_step" in acc.marks and all(p.grad is None for p in state.model.parameters())
             and acc.replayable("first_step", "optimizer_state")):

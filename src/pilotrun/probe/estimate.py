@@ -25,6 +25,7 @@ import weakref
 
 from pilotrun.errors import BadInput
 from pilotrun.tasks import make_task
+from pilotrun.tasks.base import BUILTIN_TASKS
 from pilotrun.tasks.loading import architecture_only, check_model_dir, torch_dtype
 
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "temporaries")
@@ -452,7 +453,7 @@ def architecture_config(loaded) -> dict | None:
     from pathlib import Path
 
     c = loaded.campaign
-    if c.task not in ("causal-lm", "seq-cls"):
+    if c.task not in BUILTIN_TASKS:
         return None
     if not c.model.path:
         return dict(c.model.config) if isinstance(c.model.config, dict) else None

@@ -28,6 +28,7 @@ from pilotrun.phases.registry import BY_NAME
 from pilotrun.phases.worst import worst_case
 from pilotrun.probe import counted as K
 from pilotrun.probe.estimate import Accountant, architecture_config, fake_build, unsharded_block_bytes
+from pilotrun.tasks.base import BUILTIN_TASKS
 
 SHARDED = ("parameters", "gradients", "optimizer_state")
 BY_KIND = {name: phase.kind for name, phase in BY_NAME.items()}
@@ -130,7 +131,7 @@ def _traced_once(loaded, device: str, prep, wc: dict, steps_only: bool, override
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     model = fake_build(loaded, fake_mode, overrides)
     plain = loaded.with_overrides({"model.adapter": None, "model.gradient_checkpointing": False})
-    builtin = c.task in ("causal-lm", "seq-cls")  # a custom task's model may keep state between calls
+    builtin = c.task in BUILTIN_TASKS  # a custom task's model may keep state between calls
     key = None if steps_only or not builtin else reuse.identity(plain, {"device": device, "overrides": overrides})
     reload = _RELOADS.get(key)
     reload = reload[1] if reload is not None and reload[0] is prep and registry.REPLAY else None

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 IGNORE = -100  # the label value cross-entropy skips (torch's default ignore_index)
+BUILTIN_TASKS = ("causal-lm", "seq-cls")  # the tasks pilotrun builds itself; any other is package.module:Class
 
 
 @dataclass

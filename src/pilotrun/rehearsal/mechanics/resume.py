@@ -35,6 +35,7 @@ from pilotrun.journal.files import atomic_write_json, write_dir_atomically
 from pilotrun.journal.runs import RunRecorder
 from pilotrun.journal.store import Journal
 from pilotrun.rehearsal.mechanics.resume_ranks import run_joined, run_sharded, work_sharded
+from pilotrun.tasks.base import BUILTIN_TASKS
 from pilotrun.verdicts import StageResult
 
 SKIP_ENV = "PILOTRUN_TEST_SKIP_STATE"
@@ -155,7 +156,7 @@ def task_random_state(task) -> list[str]:
 
 def custom_task_note(c, task) -> str | None:
     """For a custom Python task, the candidate a loss difference also implicates: its own random state."""
-    if c.task in ("causal-lm", "seq-cls"):
+    if c.task in BUILTIN_TASKS:
         return None
     found = task_random_state(task)
     what = (", ".join(found) if found else
