@@ -15,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pilotrun.engine.distributed import world_rank
+from pilotrun.engine.optim import load_keeping_kernel
 from pilotrun.errors import BadInput
 from pilotrun.journal.files import kill_point, reading_weights
 
@@ -127,6 +128,6 @@ def load_shards(state, path: Path, rank: int, opt: dict | None) -> list[str]:
         return ["model"]
     for name, key in opt.pop("dtensors"):
         opt["state"][name][key] = like(name, opt["state"][name][key])
-    set_state_dict(state.model, state.optimizer, model_state_dict=msd, optim_state_dict=opt,
-                   options=StateDictOptions(strict=True))
+    load_keeping_kernel(state.optimizer, lambda: set_state_dict(
+        state.model, state.optimizer, model_state_dict=msd, optim_state_dict=opt, options=StateDictOptions(strict=True)))
     return ["model", "optimizer"]

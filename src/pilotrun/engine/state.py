@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from pilotrun.engine.distributed import barrier, broadcast_from_rank0, world_rank
+from pilotrun.engine.optim import load_keeping_kernel
 from pilotrun.engine.sharded import (check_world, is_sharded, load_shards, read_optimizer_shard, save_shards,
     shard_names, unshare)
 from pilotrun.errors import BadInput
@@ -190,7 +191,7 @@ def load_state(state, path: str | Path) -> list[str]:
                 load_model(_unwrap(state.model), str(path / "model.safetensors"))
         restored.append("model")
     if opt_state is not None:
-        state.optimizer.load_state_dict(opt_state)
+        load_keeping_kernel(state.optimizer, lambda: state.optimizer.load_state_dict(opt_state))
         restored.append("optimizer")
     return restored + _load_rest(state, path)
 

@@ -82,12 +82,11 @@ def _load_traced(ctx) -> None:
         acc.book(b, "parameters")
     if t.strategy == "ddp" and fake["ranks"] > 1:
         acc.allocate(_bytes(p for p in model.parameters() if p.requires_grad), "gradients")  # DDP's buckets
+    # the optimizer kernel of the device estimated (optim.kernel): on CUDA torch's default, the foreach
+    # kernels, whose temporaries differ; on CPU the fused kernel pilotrun steps with, which has none
     ctx.state = make_state(model, t, n_train=len(ctx.prep.train), seed=c.seed,
-                           total_updates=ctx.prep.arithmetic()["updates"], device=torch.device("cpu"))
-    if fake["device"] == "cuda":
-        # on CUDA tensors torch's optimizers default to the foreach kernels, whose temporaries differ
-        for group in ctx.state.optimizer.param_groups:
-            group["foreach"] = True
+                           total_updates=ctx.prep.arithmetic()["updates"], device=torch.device("cpu"),
+                           kernel_device=fake["device"])
 
 
 # --- train: first_step (the optimizer state is allocated in it), steady_step (everything lives at once) --

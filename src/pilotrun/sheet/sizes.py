@@ -82,9 +82,8 @@ class Prober:
         self.model = fake_build(loaded, self.fake)
         self.max_positions = model_max_positions(self.model)
         self.state = make_state(self.model, self.t, n_train=len(prep.train), seed=prep.c.seed,
-                                total_updates=prep.arithmetic()["updates"], device=torch.device("cpu"))
-        for group in self.state.optimizer.param_groups:
-            group["foreach"] = True  # the CUDA default, as in estimate
+                                total_updates=prep.arithmetic()["updates"], device=torch.device("cpu"),
+                                kernel_device="cuda")  # the CUDA default (foreach), as in estimate
         self.sharded = self.t.strategy == "fsdp" and self.ranks > 1
         self.block = unsharded_block_bytes(self.model) if self.sharded else 0
         self.train_example = by_length(prep.train)[0]
