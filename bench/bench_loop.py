@@ -2,11 +2,12 @@
 
 (a) loop overhead: seconds per update of pilotrun's loop (``rehearsal.training.train.train_run``: the one loop,
     with the journal and metrics.jsonl written every update) over a bare PyTorch loop written here
-    (same tiny Llama, same micro-batches, AdamW, accumulation, loss summed over targets and divided by
-    the update's target count, gradient clipping); target <= 1.03. Beside it the Hugging Face
-    ``Trainer`` on the same work. Steady state: the interval between consecutive updates' ends, so model
-    building, the first update and the final save are outside the figure. A and B alternate order
-    in each repetition, one warm-up repetition first; the median of the per-repetition ratios.
+    (same tiny Llama, same micro-batches, AdamW on the kernel pilotrun picks, ``engine.optim.kernel``: fused
+    on CPU, accumulation, loss summed over targets and divided by the update's target count, gradient
+    clipping); target <= 1.03. Beside it the Hugging Face ``Trainer`` on the same work (``adamw_torch_fused``).
+    Steady state: the interval between consecutive updates' ends, so model building, the first update and the
+    final save are outside the figure. A and B alternate order in each repetition, one warm-up repetition
+    first; the median of the per-repetition ratios.
 (b) rehearsal against its floor: ``pilotrun pilot`` in a fresh process over the same work done bare
     in a fresh process (load, first update, steady update, longest eval batch, save, export, reload);
     target <= 1.25 (issue 34; 1.5 before). Measured only when ``src/pilotrun/rehearsal/memory/pilot.py`` exists.
@@ -114,7 +115,11 @@ def bare_loop(prep, plan) -> tuple[float, float]:
 
     t = prep.c.train
     model = prep.task.build_model()
-    opt = torch.optim.AdamW(model.parameters(), lr=t.lr, weight_decay=t.weight_decay)
+    from pilotrun.engine.optim import kernel
+
+    params = list(model.parameters())
+    # torch's AdamW on the kernel pilotrun steps with (fused on CPU): a slower one here would flatter pilotrun
+    opt = torch.optim.AdamW(params, lr=t.lr, weight_decay=t.weight_decay, **kernel(params))
     pad = prep.task.pad
     model.train()
     stamps = []
@@ -151,7 +156,8 @@ def hf_trainer(prep, plan, out: Path) -> tuple[float, float]:
         output_dir=str(out), per_device_train_batch_size=t.micro_batch, gradient_accumulation_steps=t.accumulation,
         max_steps=len(plan), learning_rate=t.lr, weight_decay=t.weight_decay, max_grad_norm=t.max_grad_norm,
         lr_scheduler_type="constant", warmup_steps=0, save_strategy="no", eval_strategy="no", report_to=[],
-        logging_steps=1, disable_tqdm=True, use_cpu=True, dataloader_num_workers=0, seed=prep.c.seed)
+        logging_steps=1, disable_tqdm=True, use_cpu=True, dataloader_num_workers=0, seed=prep.c.seed,
+        optim="adamw_torch_fused")  # torch's fused AdamW, the kernel pilotrun and the bare loop step with on CPU
 
     def collate(items):
         return {k: v for k, v in _pad([_Ex(r) for r in items], pad).items() if k != "rids"}
@@ -241,7 +247,8 @@ def bench_loop_overhead(tmp: Path, quick: bool) -> list[dict]:
         rows.append(_row("HF Trainer ÷ bare PyTorch loop, s/update (for comparison)", tr, "informative",
                          lambda m: True, note=f"{shape}; median s/update Trainer "
                                               f"{statistics.median(spu['trainer']):.4f}; Trainer shuffles its "
-                                              "own batches from the same examples"))
+                                              "own batches from the same examples; all three step with torch's "
+                                              "fused AdamW"))
     return rows
 
 
@@ -273,7 +280,8 @@ def pad(exs):
     return ids, (lab != -100) | (ids != 0), lab
 lap("imports_data")
 model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**cfg))
-opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+from pilotrun.engine.optim import kernel  # the optimizer kernel pilotrun steps with (fused on CPU), ~2 ms
+opt = torch.optim.AdamW(model.parameters(), lr=1e-4, **kernel(model.parameters()))
 lap("load")
 def step():
     bs = [pad(train[i:i + 4]) for i in (0, 4)]
