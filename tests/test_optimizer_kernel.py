@@ -85,6 +85,9 @@ def test_other_tensors_and_devices_keep_torch_default():
     assert kernel([]) == {}
     # the estimator's fake CUDA trace: parameters on the host standing for CUDA ones get CUDA's default, foreach
     assert kernel([p], "cuda") == {"foreach": True}
+    # standing for FSDP's DTensor shards: torch's default for them, foreach on CUDA, one tensor at a time on CPU
+    assert kernel([p], "cuda", sharded=True) == {"foreach": True}
+    assert kernel([p], "cpu", sharded=True) == {"foreach": False}
 
     class Wrapped(torch.Tensor):  # a tensor subclass (as DTensor is) is left to torch's default
         pass
@@ -108,12 +111,15 @@ def test_a_checkpoint_written_with_another_kernel_loads_keeping_this_runs(tmp_pa
 
 
 def test_the_cpu_estimate_traces_the_fused_kernel_and_the_cuda_one_foreach(tmp_path):
-    """Fused has no per-parameter temporaries; the foreach kernels' are on CUDA's rows."""
+    """Fused has no per-parameter temporaries; the foreach kernels' are on CUDA's rows, and the single-tensor
+    loop's on CPU under FSDP over 2 ranks (torch steps DTensor shards one at a time there, as the run does)."""
     from pilotrun.rehearsal.memory.estimate import estimate
 
-    path = tiny_causal_campaign(tmp_path, simple_records(12))
-    rows = {d: {r["phase"]: r for r in estimate(load_campaign(path), device=d).data["phases"]}
-            for d in ("cpu", "cuda")}
-    first = {d: rows[d]["first_step"] for d in rows}
-    assert first["cpu"]["temporaries"] == 0
-    assert first["cuda"]["temporaries"] > 0
+    def first_step(path, device):
+        return {r["phase"]: r for r in estimate(load_campaign(path), device=device).data["phases"]}["first_step"]
+
+    plain = tiny_causal_campaign(tmp_path / "plain", simple_records(12))
+    fsdp = tiny_causal_campaign(tmp_path / "fsdp", simple_records(12), train__strategy="fsdp", train__nproc=2)
+    assert first_step(plain, "cpu")["temporaries"] == 0
+    assert first_step(plain, "cuda")["temporaries"] > 0
+    assert first_step(fsdp, "cpu")["temporaries"] > 0

@@ -96,15 +96,15 @@ class TrainState:
 
 
 def make_state(model, t, *, n_train: int, seed: int, total_updates: int, device=None,
-               kernel_device: str | None = None) -> TrainState:
+               kernel_device: str | None = None, sharded: bool = False) -> TrainState:
     """A fresh state for a model: optimizer, schedule, scaler and sampler from the train section ``t``.
-    ``kernel_device``: the device whose optimizer kernel to step with (``optim.kernel``), where it is not the
-    parameters' own (the estimator's fake CUDA trace)."""
+    ``kernel_device`` and ``sharded``: the device whose optimizer kernel to step with (``optim.kernel``) and
+    whether its parameters would be FSDP's shards, where fake parameters stand for them (the estimator)."""
     import torch
 
     world, rank = world_rank()
     device = device or torch.device("cpu")
-    optimizer = make_optimizer(model, t, kernel_device)
+    optimizer = make_optimizer(model, t, kernel_device, sharded)
     return TrainState(model=model, optimizer=optimizer, scheduler=make_scheduler(optimizer, t, total_updates),
                       scaler=make_scaler(t.precision, device.type),
                       sampler=UpdateSampler.for_train(t, n_train, seed, rank, world),

@@ -21,15 +21,18 @@ def _fusable(p, optimizer: str) -> bool:
     return plain and p.device.type == "cpu" and p.dtype in dtypes
 
 
-def kernel(params, device_type: str | None = None, optimizer: str = "adamw") -> dict:
+def kernel(params, device_type: str | None = None, optimizer: str = "adamw", sharded: bool = False) -> dict:
     """The keyword that picks torch's optimizer kernel pilotrun steps with (``optimizer``: "adamw" or "sgd"),
     for ``device_type`` (the device the run stands for; by default the parameters' own). On CPU torch's fused
     kernel: one pass over each tensor, no per-parameter temporaries; per step on the 22.7M-parameter MiniLM
     classifier ~8× less CPU time for AdamW and ~5× for SGD than torch's CPU default (the single-tensor loop).
     On CUDA torch's default, the foreach kernels, which the estimator's fake CUDA trace names (fake tensors
-    sit on the CPU, where the default would be the single-tensor loop)."""
+    sit on the CPU, where the default would be the single-tensor loop). ``sharded``: fake parameters standing
+    for FSDP's DTensors, whose torch default is foreach on CUDA and the single-tensor loop on CPU."""
     params = list(params)
     device_type = device_type or (params[0].device.type if params else "cpu")
+    if sharded:
+        return {"foreach": device_type == "cuda"}
     if device_type == "cpu" and params and all(_fusable(p, optimizer) for p in params):
         return {"fused": True}
     if device_type == "cuda" and any(p.device.type != "cuda" for p in params):
@@ -37,7 +40,7 @@ def kernel(params, device_type: str | None = None, optimizer: str = "adamw") -> 
     return {}
 
 
-def make_optimizer(model, t, device_type: str | None = None):
+def make_optimizer(model, t, device_type: str | None = None, sharded: bool = False):
     """The campaign's optimizer over the trainable parameters, on the kernel ``kernel`` picks: pilot, train
     and the estimator build it here (the bench's bare loop asks ``kernel``), so they step with one kernel."""
     import torch
@@ -47,7 +50,7 @@ def make_optimizer(model, t, device_type: str | None = None):
         raise BadInput("the model has no trainable parameters", where="model.adapter",
                        fix="check model.adapter.target_modules, or unfreeze the model")
     cls = torch.optim.AdamW if t.optimizer == "adamw" else torch.optim.SGD
-    return cls(params, lr=t.lr, weight_decay=t.weight_decay, **kernel(params, device_type, t.optimizer))
+    return cls(params, lr=t.lr, weight_decay=t.weight_decay, **kernel(params, device_type, t.optimizer, sharded))
 
 
 def load_keeping_kernel(optimizer, load) -> None:

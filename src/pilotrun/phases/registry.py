@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from pilotrun.campaign.arithmetic import data_parallel_ranks
 from pilotrun.engine.artifact import export_artifact
 from pilotrun.engine.distributed import wrap_model
 from pilotrun.engine.loop import evaluate, make_state, run_update, to_device
@@ -83,10 +84,12 @@ def _load_traced(ctx) -> None:
     if t.strategy == "ddp" and fake["ranks"] > 1:
         acc.allocate(_bytes(p for p in model.parameters() if p.requires_grad), "gradients")  # DDP's buckets
     # the optimizer kernel of the device estimated (optim.kernel): on CUDA torch's default, the foreach
-    # kernels, whose temporaries differ; on CPU the fused kernel pilotrun steps with, which has none
+    # kernels, whose temporaries differ; on CPU the fused kernel pilotrun steps with, which has none, but for
+    # FSDP's DTensor shards, which torch steps one tensor at a time there
     ctx.state = make_state(model, t, n_train=len(ctx.prep.train), seed=c.seed,
                            total_updates=ctx.prep.arithmetic()["updates"], device=torch.device("cpu"),
-                           kernel_device=fake["device"])
+                           kernel_device=fake["device"],
+                           sharded=t.strategy == "fsdp" and data_parallel_ranks(t) > 1)
 
 
 # --- train: first_step (the optimizer state is allocated in it), steady_step (everything lives at once) --
