@@ -11,6 +11,9 @@
 (b) rehearsal against its floor: ``pilotrun pilot`` in a fresh process over the same work done bare
     in a fresh process (load, first update, steady update, longest eval batch, save, export, reload);
     target <= 1.25 (issue 34; 1.5 before). Measured only when ``src/pilotrun/rehearsal/memory/pilot.py`` exists.
+    Beside it, informative: the same ``pilot`` with its time model patched out (``pilot_phases._time_model``:
+    the worst update again, >= 3 typical updates, control predictions, a warm build: the time plan's samples,
+    work the floor does not do), the three alternated in each repetition: what the rest of the pilot costs.
 
 Run: ``python bench/bench_loop.py [--quick]`` (prints a Markdown table).
 """
@@ -308,6 +311,17 @@ print(json.dumps(phases))
 """
 
 
+# `pilotrun pilot` with the time model patched out: only for the decomposition of the figure above
+NO_TIME_MODEL = """
+import sys
+from pilotrun.rehearsal.memory import pilot_phases
+pilot_phases._time_model = lambda *a, **k: None
+from pilotrun.cli.main import main
+sys.argv = ["pilotrun"] + sys.argv[1:]
+main()
+"""
+
+
 def bench_rehearsal(tmp: Path, quick: bool) -> list[dict]:
     figure = "rehearsal: `pilotrun pilot` wall time ÷ the same work done bare, fresh processes"
     if not (REPO / "src" / "pilotrun" / "rehearsal" / "memory" / "pilot.py").exists():
@@ -316,14 +330,18 @@ def bench_rehearsal(tmp: Path, quick: bool) -> list[dict]:
     path = campaign(tmp / "pilot", 4)
     script = tmp / "floor.py"
     script.write_text(FLOOR)
+    bare = tmp / "no_time_model.py"
+    bare.write_text(NO_TIME_MODEL)
     pilotrun = Path(sys.executable).with_name("pilotrun")
     env_cmd = {"pilot": lambda i: [str(pilotrun), "pilot", str(path), "--home", str(tmp / f"ph{i}")],
                "floor": lambda i: [sys.executable, str(script), str(_mk(tmp / f"fl{i}")), json.dumps(MODEL),
-                                   str(path.parent / "train.jsonl"), str(path.parent / "validation.jsonl")]}
-    wall: dict[str, list[float]] = {"pilot": [], "floor": []}
+                                   str(path.parent / "train.jsonl"), str(path.parent / "validation.jsonl")],
+               "untimed": lambda i: [sys.executable, str(bare), "pilot", str(path), "--home", str(tmp / f"pu{i}")]}
+    wall: dict[str, list[float]] = {"pilot": [], "floor": [], "untimed": []}
     breakdown: list[dict] = []
+    orders = (("pilot", "floor", "untimed"), ("floor", "untimed", "pilot"), ("untimed", "pilot", "floor"))
     for rep in range(reps + 1):
-        for name in (("pilot", "floor") if rep % 2 == 0 else ("floor", "pilot")):
+        for name in orders[rep % 3]:
             t0 = time.perf_counter()
             done = subprocess.run(env_cmd[name](rep), capture_output=True, text=True, timeout=600,
                                   env=dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1"))
@@ -336,10 +354,17 @@ def bench_rehearsal(tmp: Path, quick: bool) -> list[dict]:
                 if name == "floor":
                     breakdown.append(json.loads(done.stdout.strip().splitlines()[-1]))
     ratio = [a / b for a, b in zip(wall["pilot"], wall["floor"])]
+    untimed = [a / b for a, b in zip(wall["untimed"], wall["floor"])]
     parts = "; ".join(f"{k} {statistics.median(b[k] for b in breakdown):.2f}s" for k in breakdown[0])
+    model_s = statistics.median(a - b for a, b in zip(wall["pilot"], wall["untimed"]))
     return [_row(figure, ratio, "<= 1.25", lambda m: m <= 1.25,
                  note=f"median wall pilot {statistics.median(wall['pilot']):.2f}s, floor "
-                      f"{statistics.median(wall['floor']):.2f}s; floor breakdown: {parts}")]
+                      f"{statistics.median(wall['floor']):.2f}s; floor breakdown: {parts}"),
+            _row("the same `pilotrun pilot` with its time model patched out ÷ the floor (what the pilot costs "
+                 "besides the time plan's samples)", untimed, "informative", lambda m: True,
+                 note=f"median wall {statistics.median(wall['untimed']):.2f}s; the time model (the worst update "
+                      f"again, >= 3 typical updates, control predictions, a warm build) {model_s:.2f}s of the "
+                      f"pilot's wall (median of the per-repetition differences); the three alternated")]
 
 
 def _mk(p: Path) -> Path:

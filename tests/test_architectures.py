@@ -68,14 +68,14 @@ def test_the_counted_depth_is_built_from_the_folder(folders, tmp_path, family):
     """The counted path builds the folder's architecture at 2 and 3 layers through the same builder."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from pilotrun.probe.counted import depth_of, with_depth
+    from pilotrun.probe.counted import COUNT_FROM, depth_of, with_depth
     from pilotrun.probe.estimate import architecture_config, fake_build
     from pilotrun.tasks import make_task
 
-    loaded = _loaded(folders, tmp_path, family, layers=4)
+    loaded = _loaded(folders, tmp_path, family, layers=COUNT_FROM)
     cfg = architecture_config(loaded)
     key, layers = depth_of(cfg)
-    assert layers == 4
+    assert layers == COUNT_FROM
     real = _shapes(make_task(loaded).build_model())
     two = _shapes(fake_build(loaded, FakeTensorMode(allow_non_fake_inputs=True), with_depth(cfg, key, 2)))
     assert set(two) < set(real) and all(real[n] == two[n] for n in two)  # the first two layers and the rest
@@ -106,9 +106,11 @@ def test_estimate_matches_the_pilot_in_every_phase(folders, tmp_path, family):
 @pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
 def test_estimate_counts_layers_and_matches_the_pilot(folders, tmp_path, family):
-    """At 4 layers the estimate traces 2 and 3 and counts the rest (Gemma-2's alternating layer types are
-    traced whole)."""
-    off = _estimate_against_pilot(_loaded(folders, tmp_path, family, layers=4), tmp_path / "home")
+    """At the depth counting starts from the estimate traces 2 and 3 layers and counts the rest (Gemma-2's
+    alternating layer types are traced whole)."""
+    from pilotrun.probe.counted import COUNT_FROM
+
+    off = _estimate_against_pilot(_loaded(folders, tmp_path, family, layers=COUNT_FROM), tmp_path / "home")
     assert not off, off
 
 

@@ -129,6 +129,31 @@ def test_pilotrun_ships_as_a_wheel_of_this_source_unless_a_pushed_revision_can_b
         assert "pilotrun/sheet/launch.py" in names and any(n.endswith("dist-info/METADATA") for n in names)
 
 
+def test_the_wheel_from_the_build_backend_is_the_one_pip_builds(tmp_path):
+    """The checkout's build backend, called directly (no pip start-up), writes the same wheel, member by member,
+    as `pip wheel --no-deps`; a backend this cannot call (an in-tree one) leaves it to pip."""
+    import sys
+
+    from pilotrun.sheet.ship import _backend_wheel, source_root
+
+    root = source_root()
+    direct = _backend_wheel(root, tmp_path / "direct")
+    assert len(direct) == 1, "the build backend wrote no wheel"
+    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                           str(tmp_path / "pip"), str(root)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-1000:]
+    (by_pip,) = (tmp_path / "pip").glob("pilotrun-*.whl")
+    a, b = zipfile.ZipFile(direct[0]), zipfile.ZipFile(by_pip)
+    assert direct[0].name == by_pip.name and sorted(a.namelist()) == sorted(b.namelist())
+    assert all(a.read(n) == b.read(n) for n in a.namelist())
+
+    intree = tmp_path / "intree"
+    intree.mkdir()
+    (intree / "pyproject.toml").write_text('[build-system]\nrequires = []\nbuild-backend = "backend"\n'
+                                           'backend-path = ["."]\n')
+    assert _backend_wheel(intree, tmp_path / "none") == []
+
+
 @pytest.mark.slow
 def test_a_pilotrun_installed_from_a_wheel_is_repacked_into_one_pip_installs(tmp_path):
     """No checkout: the installed files (RECORD) become the wheel; pip installs it into a fresh target."""

@@ -159,14 +159,15 @@ class Prober:
 
 def largest(measure, limit: int, start: int, cap: int) -> int:
     """The largest n in [1, cap] with ``measure(n) <= limit`` (measure grows with n), 0 when not even 1
-    fits. Probes the piloted size ``start`` first; then secant guesses (memory is close to linear in a
-    batch size) each checked from the other side, alternating with doubling or bisection, so a
+    fits. Probes the cap first: a pilot's data is small, so the cap (the examples a rank gets, the longest
+    record) often fits and one probe answers. Then the piloted size ``start``; then secant guesses (memory is
+    close to linear in a batch size) each checked from the other side, alternating with bisection, so a
     curved growth (attention in seq_len) still converges in about twice bisection's probes at worst."""
     if cap < 1:
         return 0
     lo, hi = 0, cap + 1  # measure(lo) fits, measure(hi) does not (sentinels, never probed)
     seen: dict[int, int] = {}
-    n, last_guess = max(1, min(start, cap)), False
+    n, last_guess = cap, False
     while True:
         seen[n] = measure(n)
         fits = seen[n] <= limit
@@ -176,16 +177,18 @@ def largest(measure, limit: int, start: int, cap: int) -> int:
         if last_guess:  # check the guess from its other side: linear growth ends here
             n, last_guess = (lo + 1 if fits else hi - 1), False
             continue
-        pts = sorted(seen.items())[-2:] if hi > cap else [(lo, seen.get(lo)), (hi, seen.get(hi))]
+        if lo < start < hi and start not in seen:
+            n = start
+            continue
+        pts = [(lo, seen.get(lo)), (hi, seen.get(hi))]
         guess = None
-        if len(pts) == 2 and None not in (pts[0][1], pts[1][1]) and pts[1][1] > pts[0][1]:
+        if None not in (pts[0][1], pts[1][1]) and pts[1][1] > pts[0][1]:
             (n1, r1), (n2, r2) = pts
-            guess = int(n2 + (limit - r2) * (n2 - n1) / (r2 - r1))
+            guess = int(n1 + (limit - r1) * (n2 - n1) / (r2 - r1))
         if guess is not None and len(seen) % 2 == 0:
             n, last_guess = min(hi - 1, max(lo + 1, guess)), True
         else:
-            n = min(cap, lo * 2) if hi > cap else (lo + hi) // 2
-            n = min(hi - 1, max(lo + 1, n))
+            n = min(hi - 1, max(lo + 1, (lo + hi) // 2))
 
 
 def largest_sizes(loaded, prep, limit: int, *, micro_batch: int, eval_batch: int, seq_len: int,
