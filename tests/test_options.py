@@ -49,6 +49,10 @@ def test_uneven_layers_are_traced_whole():
     assert depth_of(dict(LLAMA_70B, layer_types=["sliding_attention", "full_attention"] * 40)) is None
     assert depth_of(dict(LLAMA_70B, first_k_dense_replace=3)) is None
     assert depth_of(dict(TINY_LLAMA)) is None  # 2 layers: traced whole
+    # below 6 layers one whole trace is faster than the two shallow ones (the demo's 4): from 6 on, counted
+    assert depth_of(dict(LLAMA_70B, num_hidden_layers=4)) is None
+    assert depth_of(dict(LLAMA_70B, num_hidden_layers=5)) is None
+    assert depth_of(dict(LLAMA_70B, num_hidden_layers=6)) == ("num_hidden_layers", 6)
 
 
 def test_options_on_a_small_campaign_recommend_it_as_written(tmp_path, cli):

@@ -226,3 +226,10 @@ def test_bisection_finds_the_memory_bound_when_memory_binds(uneven):
         probes = []
         assert largest(lambda n: probes.append(n) or n, thr, 4, cap) == min(cap, thr)
         assert all(1 <= n <= cap for n in probes) and len(probes) == len(set(probes))
+    # a cap that fits (a pilot's small split, its longest record) is answered by one probe, of the cap itself;
+    # one that does not is followed by the piloted size, then the search between them
+    for cap, start in ((76, 4), (20, 20), (1, 1)):
+        probes = []
+        assert largest(lambda n: probes.append(n) or n, cap, start, cap) == cap and probes == [cap]
+    probes = []
+    assert largest(lambda n: probes.append(n) or n, 100, 8, 10_000) == 100 and probes[:2] == [10_000, 8]
