@@ -59,6 +59,11 @@ def config_only(cache: Path, repo_id: str = "meta-llama/Llama-3.2-1B", config: d
     return add_model(cache, repo_id, files)
 
 
+def config_json_only(cache: Path, repo_id: str, config: dict) -> Path:
+    """A model whose config.json alone is cached: no tokenizer, no weights (``hf download ORG/NAME config.json``)."""
+    return add_model(cache, repo_id, {"config.json": json.dumps(config).encode()})
+
+
 def saved_model(cache: Path, repo_id: str, folder: Path) -> Path:
     """A model saved with save_pretrained in ``folder``, put into the cache as a hub download would."""
     files = {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}

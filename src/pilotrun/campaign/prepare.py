@@ -11,9 +11,12 @@ from pilotrun.campaign.consistency import check_consistency
 from pilotrun.console.progress import note, spending
 from pilotrun.tasks import make_task
 from pilotrun.tasks.common import SPLITS
-from pilotrun.tasks.hub import snapshot_of
+from pilotrun.errors import BadInput
+from pilotrun.tasks.hub import fetch_command, snapshot_of
 from pilotrun.tasks.loading import architecture_only, check_model_dir, check_positions, check_weights_fit, lora_targets
 from pilotrun.tasks.base import BUILTIN_TASKS
+from pilotrun.tasks.common import read_split
+from pilotrun.tasks.shapes import shape_examples, tokenizer_absent
 
 
 @dataclass
@@ -21,6 +24,8 @@ class Prepared:
     loaded: Any
     task: Any
     examples: dict[str, list] = field(default_factory=dict)
+    shapes: str | None = None
+    """Set when the rows are shapes, not the data (config.json alone, no tokenizer): what they are and why."""
 
     @property
     def c(self):
@@ -37,6 +42,13 @@ class Prepared:
     def arithmetic(self) -> dict:
         return batch_arithmetic(self.c.train, len(self.train))
 
+    def shapes_said(self) -> str:
+        """Which sequence shapes an estimate of these rows used, in words."""
+        if self.shapes:
+            return f"sequence shapes: {self.shapes}"
+        return (f"sequence shapes: the data's worst case (its longest rows, tokenized; data.max_length "
+                f"{self.c.data.max_length} truncates)")
+
 
 def require_weights(loaded) -> None:
     """A stage that runs the model (pilot, overfit, train, resume, fit) needs its weights: a hub model whose
@@ -52,16 +64,47 @@ def require_weights(loaded) -> None:
         check_weights_fit(loaded.campaign, loaded.campaign.task)  # names and shapes against the headers
 
 
-def prepare(loaded, splits=SPLITS) -> Prepared:
+def prepare(loaded, splits=SPLITS, *, shapes: bool = False) -> Prepared:
     """Validate, build the task and encode every record of the splits through task.encode (inside ``all``, once
-    per campaign identity and split: ``campaign/reuse.encoded``)."""
+    per campaign identity and split: ``campaign/reuse.encoded``).
+
+    ``shapes`` (the estimator's callers: estimate, ``estimate --options``, the sheet's predictions): a built-in task
+    whose tokenizer folder holds no tokenizer (a hub model's config.json alone) gets rows of data.max_length
+    tokens over the config's vocabulary instead (``tasks/shapes.py``), one per record; without ``shapes`` such a
+    campaign is exit 2 naming the folder."""
     with spending("data"):
+        if loaded.campaign.task in BUILTIN_TASKS and tokenizer_absent(loaded.campaign) is not None:
+            return _shapes(loaded, splits, shapes)
         if not reuse.shared():
             task = _task(loaded)
             return Prepared(loaded, task, _encoded(task, splits))
         kept = reuse.encoded(loaded, splits, lambda: _task(loaded, keep=True), _encoded)
         return Prepared(loaded, kept["task"], {k: list(v) for k, v in kept["splits"].items()  # the stage's own lists
                                                if k in splits and v})
+
+
+def _shapes(loaded, splits, allowed: bool) -> Prepared:
+    c = loaded.campaign
+    folder = tokenizer_absent(c)
+    hub = snapshot_of(folder)
+    where = f"{hub[0]} (commit {hub[1][:12]})" if hub else str(folder)
+    if not allowed:
+        raise BadInput(f"no tokenizer {'cached for' if hub else 'in'} {where}: its config.json alone, and this stage "
+                       "tokenizes the data", where="model.tokenizer" if c.model.tokenizer else "model.path",
+                       fix=(f"fetch the model with `{fetch_command(hub[0])}`" if hub else
+                            "point model.tokenizer at the model's tokenizer folder")
+                           + "; estimate, estimate --options and the sheet without a pilot work from config.json alone")
+    task = _task(loaded)
+    vocab, length = len(task.tokenizer), c.data.max_length
+    examples = {}
+    for split in splits:
+        n = len(read_split(c, split))
+        if n:
+            examples[split] = shape_examples(task.kind, n, length, vocab, split)
+    said = (f"data.max_length ({length} tokens) for every row, one per record: no tokenizer "
+            f"{'cached for' if hub else 'in'} {where}, so the data is not tokenized; the vocabulary ({vocab:,} "
+            "tokens) from config.json")
+    return Prepared(loaded, task, examples, shapes=said)
 
 
 def _task(loaded, keep: bool = False):

@@ -59,7 +59,7 @@ def traced(loaded, *, device: str = "cuda", prep=None, counted: bool | None = No
     ``after_steps``: another trace of the same model and optimizer whose phases after the two steps
     (validation, save, export, reload) this one shares (only activation checkpointing differs), so
     only load and the steps are traced."""
-    prep = prep or prepare(loaded, splits=("train", "validation"))
+    prep = prep or prepare(loaded, splits=("train", "validation"), shapes=True)
     wc = worst_case(prep, 1)
 
     cfg = architecture_config(loaded)

@@ -24,7 +24,7 @@ class _Prepared:
     def __call__(self):
         if self.prep is None and self.error is None:
             try:
-                self.prep = prepare(self.loaded, splits=("train", "validation"))
+                self.prep = prepare(self.loaded, splits=("train", "validation"), shapes=True)
             except Exception as e:  # noqa: BLE001 - each caller names it in its own words
                 self.error = e
         if self.error is not None:

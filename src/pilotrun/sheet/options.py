@@ -104,7 +104,7 @@ def options_table(loaded, *, prep=None, rates: dict | None = None, lora_r: int |
     c = loaded.campaign
     adapter = c.model.adapter
     r = lora_r or (adapter.r if adapter is not None else LORA_R)
-    prep = prep or prepare(loaded, splits=("train", "validation"))
+    prep = prep or prepare(loaded, splits=("train", "validation"), shapes=True)
     variants = _variants(loaded, r)
     traces: dict[str, dict] = {"written": written} if written is not None else {}
 
@@ -148,7 +148,7 @@ def options_table(loaded, *, prep=None, rates: dict | None = None, lora_r: int |
             "lora_r": r, "meanings": MEANINGS, "params": traces["written"]["params"],
             "assumptions": _assumptions(pilot, work["net"]), "effective_batch": effective,
             "counted": traces["written"].get("counted"), "pilot_run": (pilot or {}).get("run"),
-            "skipped": skipped, "left_out": left_out, "tp": tp,
+            "skipped": skipped, "left_out": left_out, "tp": tp, "shapes": prep.shapes_said(),
             "why_none": None if rec else why_none(rows, tp, effective), "wall_s": time.perf_counter() - started}
 
 

@@ -73,7 +73,8 @@ def blocks(table: dict) -> list[tuple]:
               f"{table['pilot_run']}'s figures where they exist (see Assumptions)" if table.get("pilot_run") else
               "memory from the estimator (fake tensors), time from the plan's arithmetic")
     out = [("h", "Options that fit (per GPU and count)"),
-           ("p", f"{table['params']:,} parameters; {source}. Recommended, the cheapest that keeps the question "
+           ("p", f"{table['params']:,} parameters; {source}" + (f"; {table['shapes']}" if table.get("shapes") else "")
+                 + f". Recommended, the cheapest that keeps the question "
                  f"({_judged_by(table)}): {pick(rec, table)}."
                  + (f" Cheapest overall: {pick(cheap, table)} — {cheap['changes']}." if cheap else ""))]
     if table["shown"]:

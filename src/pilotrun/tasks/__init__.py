@@ -8,17 +8,20 @@ from pilotrun.errors import BadInput
 from pilotrun.tasks.base import IGNORE, REQUIRED_METHODS, Example, Task
 from pilotrun.tasks.causal_lm import CausalLMTask
 from pilotrun.tasks.seq_cls import SeqClsTask
+from pilotrun.tasks.shapes import config_vocabulary
 
 __all__ = ["IGNORE", "Example", "Task", "make_task"]
 
 
 def make_task(loaded):
-    """The task of a campaign: built-in by name, or ``package.module:Class`` constructed with the campaign."""
+    """The task of a campaign: built-in by name, or ``package.module:Class`` constructed with the campaign. A built-in
+    task whose tokenizer folder holds no tokenizer (config.json alone) gets the config's vocabulary in its stead
+    (``tasks/shapes.py``): it builds the model and pads batches, and refuses to tokenize."""
     name = loaded.campaign.task
     if name == "causal-lm":
-        return CausalLMTask(loaded)
+        return CausalLMTask(loaded, config_vocabulary(loaded.campaign))
     if name == "seq-cls":
-        return SeqClsTask(loaded)
+        return SeqClsTask(loaded, config_vocabulary(loaded.campaign))
     if ":" not in name:
         raise BadInput(f"unknown task '{name}'", where="task",
                        fix="use causal-lm, seq-cls or a Python task as package.module:Class")

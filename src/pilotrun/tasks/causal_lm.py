@@ -19,10 +19,13 @@ class CausalLMTask(common.CampaignTask):
     def __init__(self, campaign, tokenizer=None):
         super().__init__(campaign, tokenizer)
         self.eos = eos_id(self.tokenizer)
+        self._cache: dict[str, list[int]] = {}
+        if getattr(self.tokenizer, "shapes_only", False):  # config.json alone (tasks/shapes.py): nothing to render
+            self.lead, self.bos, self.chat_format, self.chat_template = [], None, "plain", None
+            return
         self.lead = leading_specials(self.tokenizer)  # what tokenizer(text) puts before the text (a BOS, or none)
         self.bos = self.lead[0] if self.lead else None
         self.chat_format, self.chat_template = chat.resolve(self.c, self.tokenizer, getattr(campaign, "base_dir", None))
-        self._cache: dict[str, list[int]] = {}
 
     # --- data -------------------------------------------------------------------------------------
     def tokenize_kwargs(self) -> dict:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pilotrun.campaign.prepare import prepare
 from pilotrun.errors import BadInput
 from pilotrun.probe.counted import training_need
 from pilotrun.probe.estimate import CATEGORIES
@@ -28,11 +29,12 @@ def estimate(loaded, *, device: str = "cuda", gpu_memory: int | None = None, pre
     limit = gpu_memory
     if limit is None and device == "cuda":
         limit = parse_size(loaded.campaign.hardware.memory_per_gpu, where="hardware.memory_per_gpu")
+    prep = prep or prepare(loaded, splits=("train", "validation"), shapes=True)
     out = trace(loaded, device=device, prep=prep)
     rows = out["rows"]
     worst = max(rows, key=lambda r: peak_of(r) or 0)
     messages = [f"estimates on fake tensors: {out['params']:,} parameters ({out['trainable']:,} trainable), "
-                f"traced in {out['wall_s']:.1f} s; nothing was allocated"]
+                f"traced in {out['wall_s']:.1f} s; nothing was allocated", prep.shapes_said()]
     if out["ranks"] > 1:
         messages.append(f"per rank, for {out['ranks']} ranks ({loaded.campaign.train.strategy})")
     if device == "cuda":
@@ -60,7 +62,8 @@ def estimate(loaded, *, device: str = "cuda", gpu_memory: int | None = None, pre
     messages += [f"{r['phase']}: {r['note']}" for r in rows if r["note"] and r["verdict"] == "ok"]
     return StageResult("estimate", verdict, summary, messages,
                        {"device": device, "limit": limit, "params": out["params"], "trainable": out["trainable"],
-                        "ranks": out["ranks"], "wall_s": out["wall_s"], "estimate": True, "phases": rows},
+                        "ranks": out["ranks"], "wall_s": out["wall_s"], "estimate": True, "phases": rows,
+                        "shapes": prep.shapes or "data"},
                        COLUMNS, [display_row(r) for r in rows])
 
 
