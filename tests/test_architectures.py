@@ -276,3 +276,59 @@ def test_all_linear_lora_is_left_to_peft(folders, tmp_path, cli):
     r = cli("inspect", loaded.source)
     assert r.code == 0, r.err
     assert "LoRA adapts all-linear (model.adapter.target_modules)" in r.out, r.out
+
+
+# --- mixtures of experts ------------------------------------------------------------------------------------
+def _drop(folder, tmp_path, gone) -> object:
+    """A copy of the saved folder whose safetensors lacks the tensors ``gone`` picks (re-saved, header consistent)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    copy = tmp_path / f"{folder.name}-lost"
+    shutil.copytree(folder, copy)
+    tensors = load_file(str(copy / "model.safetensors"))
+    lost = sorted(n for n in tensors if gone(n))
+    assert lost
+    save_file({n: t for n, t in tensors.items() if n not in lost}, str(copy / "model.safetensors"),
+              metadata={"format": "pt"})
+    return copy, lost
+
+
+@pytest.mark.parametrize("family,gone", [
+    ("mixtral", lambda n: n == "model.layers.1.block_sparse_moe.experts.2.w1.weight"),  # fusing gate and up fails
+    ("qwen3_moe", lambda n: ".layers.0.mlp.experts.3." in n),  # the last expert whole: the stack is one short
+])
+def test_a_saved_moe_passes_the_weights_check_and_a_lost_expert_is_refused(folders, tmp_path, family, gone):
+    """save_pretrained writes one tensor per expert, transformers 5 holds them fused: the check reads the headers
+    through transformers' own conversion, so the folder it wrote passes (it refused every MoE: "'model.layers.0.mlp.
+    experts.gate_up_proj' ... missing"), and an expert's tensor really lost is named, as saved, before anything runs."""
+    from pilotrun.errors import BadInput
+    from pilotrun.tasks.weights_fit import check_weights_fit
+
+    check_weights_fit(_loaded(folders, tmp_path / "ok", family).campaign, "causal-lm")
+    broken, lost = _drop(folders(family), tmp_path, gone)
+    c = load_campaign(campaign(tmp_path / "lost", broken, seq_cls=False)).campaign
+    with pytest.raises(BadInput) as e:
+        check_weights_fit(c, "causal-lm")
+    said = str(e.value)
+    n = len(lost)
+    assert f"{n} tensor{'s' if n > 1 else ''} of the {family} model config.json describes" in said, said
+    assert ", ".join(repr(x) for x in lost) in said and "transformers fuses the experts' tensors into" in said, said
+    assert e.value.where == str(broken / "model.safetensors")
+
+
+MOE_FAMILIES = ["mixtral", "qwen3_moe", "olmoe", "deepseek_v3", "qwen2_moe", "deepseek_v2", "granitemoe", "gpt_oss",
+                "llama4_text"]
+BF16 = {"model__dtype": "bfloat16", "train__precision": "bf16-true"}
+
+
+@pytest.mark.parametrize("family,bf16", [pytest.param(f, b, marks=() if (f, b) == ("mixtral", False) else
+                                                      pytest.mark.slow) for f in MOE_FAMILIES for b in (False, True)])
+def test_moe_estimate_matches_the_pilot_in_every_phase(folders, tmp_path, family, bf16):
+    """The grouped expert matmul under fake tensors (its meta kernel takes bf16 only: estimate was exit 3 on every
+    MoE but Llama 4) and export's device copies (save_pretrained splits the fused experts back, each made
+    contiguous: export read 7 % under the pilot on Mixtral): live tensor bytes per phase within 5 %, fp32 and
+    bf16 weights."""
+    off = _estimate_against_pilot(_loaded(folders, tmp_path, family, **(BF16 if bf16 else {})), tmp_path / "home")
+    assert not off, off

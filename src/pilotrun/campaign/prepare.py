@@ -13,7 +13,8 @@ from pilotrun.tasks import make_task
 from pilotrun.tasks.common import SPLITS
 from pilotrun.errors import BadInput
 from pilotrun.tasks.hub import fetch_command, snapshot_of
-from pilotrun.tasks.loading import architecture_only, check_model_dir, check_positions, check_weights_fit, lora_targets
+from pilotrun.tasks.loading import architecture_only, check_model_dir, check_positions, lora_targets
+from pilotrun.tasks.weights_fit import check_weights_fit
 from pilotrun.tasks.base import BUILTIN_TASKS
 from pilotrun.tasks.common import read_split
 from pilotrun.tasks.shapes import shape_examples, tokenizer_absent

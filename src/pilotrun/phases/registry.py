@@ -176,11 +176,32 @@ def _export(ctx, p) -> None:
 def _export_traced(ctx) -> None:
     fake, model = ctx.fake, ctx.fake["model"]
     fake["notes"]["export"] = "not traced: the artifact is written from host copies"
+    if ctx.prep.c.model.adapter is None and ctx.prep.c.train.strategy != "fsdp" and _reverted_copies(model):
+        fake["notes"]["export"] = ("the copies save_pretrained makes on the device are counted (the fused experts "
+                                   "split back into one tensor per expert, each made contiguous); files are written "
+                                   "from host copies")
     if ctx.prep.c.model.adapter is not None and ctx.prep.c.model.adapter.merged_copy:
         # save_hf_artifact merges a deep copy of the adapted model, on the model's device
         copy = fake["acc"].allocate(_bytes(model.parameters()) + _bytes(model.buffers()), "temporaries")
         fake["acc"].release(copy)
         fake["notes"]["export"] = "the merged copy of the adapted model is counted; files are written from host copies"
+
+
+def _reverted_copies(model) -> bool:
+    """save_pretrained's work on the model's device, on fake tensors: transformers reverts the conversion it loads
+    with (an MoE's fused experts split back into the per-expert tensors a checkpoint holds) and makes each tensor
+    contiguous before it is written; whether there was anything to revert."""
+    try:
+        from transformers.core_model_loading import revert_weight_conversion
+    except ImportError:  # transformers 4 converts nothing
+        return False
+    state = model.state_dict()
+    reverted = revert_weight_conversion(model, state)
+    if reverted is state or set(reverted) == set(state):
+        return False
+    held = [t.contiguous() for t in reverted.values()]
+    del held, reverted
+    return True
 
 
 # --- reload: the artifact loaded back, one loss on the longest example ----------------------------------

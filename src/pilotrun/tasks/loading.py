@@ -334,83 +334,6 @@ def model_weight_files(path: Path) -> list[Path]:
     return [path / "model.safetensors"] if (path / "model.safetensors").is_file() else []
 
 
-_FLOATS = {"F16", "BF16", "F32", "F64"}
-
-
-def check_weights_fit(c, kind: str) -> None:
-    """The folder's weights against the model its config.json describes, before any run exists: every tensor of
-    the base model (and a causal LM's output head) present in the safetensors headers, each of the shape the
-    model needs. The model is built on the meta device (no memory, no weights read: milliseconds) and only the
-    headers are read; a tensor missing or of another shape is exit 2 naming the file, the tensor and the fix,
-    where from_pretrained would fail mid-run or, for a missing tensor, silently draw it at random. A folder
-    whose names this does not recognise (under half the model's found: renamed keys, quantised weights) is left
-    to from_pretrained, and so is a tensor missing by name while one of its shape is under a name the model does
-    not have (a key transformers renames when it loads)."""
-    import re
-
-    import torch
-    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
-
-    path = Path(c.model.path)
-    check_model_dir(path)  # the folder, its config.json and every weights file's header first
-    headers: dict[str, tuple[Path, dict]] = {}
-    for f in model_weight_files(path):
-        for name, t in check_safetensors(f).items():
-            if name != "__metadata__":
-                headers[name] = (f, t)
-    if not headers:
-        return
-    config = _folder_config(path, c.model.trust_remote_code, {})
-    if getattr(config, "quantization_config", None):
-        return
-    auto = AutoModelForCausalLM if kind == "causal-lm" else AutoModelForSequenceClassification
-    try:
-        with torch.device("meta"), quiet_transformers():
-            model = auto.from_config(config, trust_remote_code=c.model.trust_remote_code)
-    except Exception:  # noqa: BLE001 - what cannot be built is the build's to report, with its own message
-        return
-    prefix = getattr(model, "base_model_prefix", "") or ""
-    groups: dict[int, tuple[Any, list[str]]] = {}  # a parameter → every name it has (tied weights share one)
-    for name, p in model.named_parameters(remove_duplicate=False):
-        groups.setdefault(id(p), (p, []))[1].append(name)
-    known = {n for _, names in groups.values() for n in names}
-
-    def full(name: str) -> str:  # a checkpoint's name as the whole model names it (a base model saved alone)
-        return name if name in known or not prefix else f"{prefix}.{name}" if f"{prefix}.{name}" in known else name
-
-    found = {full(n): v for n, v in headers.items()}
-    head = model.get_output_embeddings() if kind == "causal-lm" else None
-    heads = {id(head.weight)} if getattr(head, "weight", None) is not None else set()  # its bias may be new
-    ignore = [re.compile(r) for r in (getattr(model, "_keys_to_ignore_on_load_missing", None) or [])]
-    needed = [(p, names) for key, (p, names) in groups.items()
-              if (key in heads or any(n.startswith(f"{prefix}.") for n in names) or not prefix)
-              and not any(r.search(n) for r in ignore for n in names)]
-    present = [(p, names, next(n for n in names if n in found)) for p, names in needed if any(n in found for n in names)]
-    if not needed or len(present) * 2 < len(needed):
-        return
-    files = sorted({str(f.name) for f, _ in headers.values()})
-    for p, names, n in present:
-        f, t = found[n]
-        if t["dtype"] in _FLOATS and list(t["shape"]) != list(p.shape):
-            raise BadInput(f"tensor {n!r} in {f.name} has shape {list(t['shape'])}, but the {config.model_type} model "
-                           f"config.json describes needs {list(p.shape)}; nothing was loaded", where=str(f),
-                           fix="the weights and config.json are of different models or sizes: copy the folder again "
-                               "from one save_pretrained, or set config.json's sizes to the weights' (hidden_size, "
-                               "num_hidden_layers, vocab_size, ...)")
-    # a tensor saved under a name this transformers renames on load (GPT-NeoX's embed_out is lm_head) is no loss:
-    # one the model lacks by name counts as missing only when no unclaimed tensor of the checkpoint has its shape
-    unclaimed = {tuple(t["shape"]) for n, (_, t) in found.items() if n not in known}
-    lost = [names[0] for p, names in needed
-            if not any(n in found for n in names) and tuple(p.shape) not in unclaimed]
-    if lost:
-        raise BadInput(f"{len(lost)} tensor{'s' if len(lost) > 1 else ''} of the {config.model_type} model config.json "
-                       f"describes {'are' if len(lost) > 1 else 'is'} missing from {', '.join(files)}: "
-                       f"{', '.join(repr(n) for n in lost[:5])}{' ...' if len(lost) > 5 else ''}; from_pretrained would "
-                       "draw them at random; nothing was loaded", where=str(path / files[0]),
-                       fix="copy the model folder again (a shard or tensors were lost), or write it again with "
-                           "save_pretrained")
-
-
 def _generic_labels(config) -> bool:
     names = list((getattr(config, "id2label", None) or {}).values())
     return all(str(n).startswith("LABEL_") for n in names)
@@ -442,7 +365,7 @@ def _build_model(c, tokenizer, kind: str, labels: list[str] | None):
     if c.model.path:
         path = Path(c.model.path)
         check_model_dir(path, weights=shape_only is None)  # the architecture alone needs config.json only
-        config = _folder_config(path, c.model.trust_remote_code, shape_only or {})
+        config = folder_config(path, c.model.trust_remote_code, shape_only or {})
         if labels is not None and _generic_labels(config):
             for k, v in head_kwargs.items():
                 setattr(config, k, v)
@@ -474,7 +397,7 @@ def _build_model(c, tokenizer, kind: str, labels: list[str] | None):
     return _finish(model, c, tokenizer, kind)
 
 
-def _folder_config(path: Path, trust_remote_code: bool, overrides: dict):
+def folder_config(path: Path, trust_remote_code: bool, overrides: dict):
     """The folder's config as ``from_pretrained`` reads it, with ``overrides`` in its keys before it is made."""
     from transformers import AutoConfig
 
