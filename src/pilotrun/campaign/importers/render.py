@@ -58,6 +58,8 @@ def render(imp: Imported) -> str:
                     lines.append(" " * (indent + 4) + f"- key: {yaml_value(n['key'])}")
                     lines.append(" " * (indent + 6) + f"value: {yaml_value(n['value'])}")
                     lines.append(" " * (indent + 6) + f"effect: {yaml_value(n['effect'])}")
+                    if n.get("until"):
+                        lines.append(" " * (indent + 6) + f"until: {yaml_value(n['until'])}")
                 continue
             c = where.get(key)
             comment = f"  # from {c.source}" + (f": {c.note}" if c.note else "") if c else ""
