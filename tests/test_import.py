@@ -37,14 +37,6 @@ def data(tmp_path):
     return tmp_path / "data"
 
 
-@pytest.fixture
-def cache(tmp_path, monkeypatch):
-    root = tmp_path / "hf-cache"
-    root.mkdir()
-    monkeypatch.setenv("HF_HUB_CACHE", str(root))
-    return root
-
-
 def write(path, obj):
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(obj, sort_keys=False) if path.suffix != ".json" else json.dumps(obj, indent=2))

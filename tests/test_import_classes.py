@@ -258,3 +258,16 @@ def test_the_installed_tool_wins_and_the_stored_data_matches_its_version():
     ax = schemas.primary("axolotl")
     assert ax.source.startswith("axolotl-ai-cloud/axolotl@") and "use_eaft" in ax.keys
     assert schemas.default("axolotl", "sequence_len") == 512
+
+
+def test_the_import_names_the_schemas_it_checked_against(folder, cli):
+    from pilotrun.campaign.importers.schemas import pydantic_keys
+    from pilotrun.campaign.schema import TrainConfig
+
+    cfg = dict(BASE, datasets=[{"path": "alpaca.jsonl", "type": "alpaca"}])
+    r = cli("import", write(folder / "ax.yml", cfg))
+    assert r.code == 0 and "keys checked against: axolotl 0.18.0 (axolotl-ai-cloud/axolotl@067b021c8b87)" in r.out
+    assert "# keys checked against: axolotl 0.18.0" in (folder / "campaign.yaml").read_text()
+    # an installed Axolotl's pydantic models are read as the generator reads the source: name, type, default
+    keys = pydantic_keys(TrainConfig)
+    assert keys["micro_batch"]["default"] == 2 and keys["micro_batch"]["from"] == "TrainConfig"

@@ -134,14 +134,6 @@ def import_case(row: list[str], tmp_path: Path, with_data: bool):
         return None, e
 
 
-@pytest.fixture
-def cache(tmp_path, monkeypatch):
-    root = tmp_path / "hf-cache"
-    root.mkdir()
-    monkeypatch.setenv("HF_HUB_CACHE", str(root))
-    return root
-
-
 def test_the_corpus_is_what_sources_says():
     files = sorted(str(p.relative_to(CORPUS)) for p in CORPUS.rglob("*") if p.is_file() and p.name != "SOURCES.tsv")
     assert files == sorted(r[0] for r in ROWS) and len(ROWS) >= 40

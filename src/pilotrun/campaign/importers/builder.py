@@ -40,11 +40,14 @@ class Imported:
     not_carried: list[NotCarried] = field(default_factory=list)
     to_set: list[str] = field(default_factory=list)
     text: str = ""
+    schemas: list[str] = field(default_factory=list)
+    """The tools' schemas the keys were checked against (version and source)."""
 
     def as_dict(self) -> dict[str, Any]:
         return {"from": self.fmt, "detected": self.detected, "source": str(self.source), "out": str(self.out),
                 "carried": [c.__dict__ for c in self.carried],
-                "not_carried": [n.__dict__ for n in self.not_carried], "to_set": self.to_set}
+                "not_carried": [n.__dict__ for n in self.not_carried], "to_set": self.to_set,
+                "schemas": self.schemas}
 
 
 

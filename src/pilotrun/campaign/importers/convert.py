@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pilotrun.campaign.importers import foreign
+from pilotrun.campaign.importers import foreign, schemas
 from pilotrun.campaign.importers.axolotl import import_axolotl
 from pilotrun.campaign.importers.builder import Builder, Imported
 from pilotrun.campaign.importers.hf import import_hf
@@ -51,7 +51,8 @@ def import_config(source: str | Path, fmt: str | None = None, out: str | Path | 
     except Exception as e:  # a value the campaign refuses (a negative lr ...): named, nothing written
         raise BadInput(f"the imported values do not make a valid campaign: {e}", where=str(source),
                        fix="correct the value in the source config") from None
-    imp = Imported(fmt, detected, source, out_path, campaign, b.carried, b.not_carried, b.to_set)
+    imp = Imported(fmt, detected, source, out_path, campaign, b.carried, b.not_carried, b.to_set,
+                   schemas=schemas.sources(("axolotl",) if fmt == "axolotl" else ("transformers", "trl")))
     imp.text = render(imp)
     atomic_write_text(out_path, imp.text)
     return imp

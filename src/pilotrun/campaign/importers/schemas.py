@@ -220,6 +220,27 @@ def label(tool: str) -> str:
     return f"{tool} " + ", ".join(seen)
 
 
+def sources(tools: tuple[str, ...]) -> list[str]:
+    """Per tool, the schemas the keys were checked against: the winning one with where it came from (installed, or
+    the repository and commit it was generated from), then the other stored versions."""
+    import re
+
+    out = []
+    for tool in tools:
+        found = schemas(tool)
+        if not found:
+            continue
+        first = found[0]
+        origin = "installed" if first.source == "installed" else re.sub(r"@([0-9a-f]{12})[0-9a-f]+", r"@\1",
+                                                                        first.source) if "@" in first.source else "stored"
+        rest = []
+        for s in found[1:]:
+            if s.version != first.version and s.version not in rest:
+                rest.append(s.version)
+        out.append(f"{tool} {first.version} ({origin})" + "".join(f", {v}" for v in rest))
+    return out
+
+
 def plugin_of(key: str, tool: str = "axolotl") -> str | None:
     """The plugin (``axolotl.integrations.X``) whose arguments hold ``key``, if any."""
     for s in schemas(tool):
