@@ -59,11 +59,13 @@ FAMILIES = {
 }
 # what the estimator cannot do yet for a family of the corpus, found by it: strict, so a fix shows
 KNOWN = {
-    "axolotl/mistral--mixtral--mixtral-qlora-fsdp.yml": "peft's all-linear wraps Mixtral's fused expert parameters "
-                                                        "(ParamWrapper), which refuses lora_dropout != 0",
     "axolotl/deepseek-v2--qlora-fsdp-2_5.yaml": "DeepSeek-V2's builder converts a module to float32 after building, "
                                                 "which fake tensors cannot do",
 }
+# configs whose estimate finds that they cannot run on this stack: exit 2 naming the key and the cause (peft 0.21
+# wraps Mixtral's fused expert parameters, which transformers 5 holds as 3-D tensors, when all-linear is targeted,
+# and refuses a LoRA dropout on them: Axolotl's run of the same config on this stack would stop there too)
+REFUSED_BY_THE_STACK = {"axolotl/mistral--mixtral--mixtral-qlora-fsdp.yml": "does not work with lora_dropout != 0"}
 
 
 def family_config(family: str) -> dict:
@@ -189,6 +191,9 @@ def test_estimate_runs_on_each_imported_config_from_config_json_alone(row, tmp_p
     config_json_only(cache, imp.campaign["model"]["path"].split("@")[0], family_config(family))
     sets = [a for s in _sets(imp) for a in ("--set", s)]
     r = cli("estimate", imp.out, *sets, "--json", "--home", tmp_path / "home")
+    if row[0] in REFUSED_BY_THE_STACK:
+        assert r.code == 2 and "model.adapter.target_modules" in r.err and REFUSED_BY_THE_STACK[row[0]] in r.err
+        return
     assert r.code in (0, 1), r.err  # 1: over the card's memory, a verdict
     res = r.json["stages"][0]
     assert any(m.startswith("sequence shapes: data.max_length") for m in res["messages"])
