@@ -122,6 +122,15 @@ def cli(capsys):
     return invoke
 
 
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """An empty Hugging Face hub cache of this test's own (HF_HUB_CACHE): tests/hubcache.py lays models in it."""
+    root = tmp_path / "hf-cache"
+    root.mkdir()
+    monkeypatch.setenv("HF_HUB_CACHE", str(root))
+    return root
+
+
 def run_cli_process(*args, cwd=None, env=None, timeout=600) -> subprocess.CompletedProcess:
     """The CLI in a fresh process (for tests that need a new interpreter)."""
     full_env = dict(os.environ, **(env or {}))

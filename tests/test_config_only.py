@@ -25,10 +25,7 @@ TINY_QWEN2 = {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "voc
 
 
 @pytest.fixture
-def campaign(tmp_path, monkeypatch):
-    cache = tmp_path / "hf-cache"
-    cache.mkdir()
-    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+def campaign(tmp_path, cache):
     recs = json.loads((SHARED_DATA / "alpaca_tiny.json").read_text(encoding="utf-8"))
     write_jsonl(tmp_path / "train.jsonl", recs[:24])
     write_jsonl(tmp_path / "val.jsonl", recs[24:32])

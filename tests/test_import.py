@@ -37,14 +37,6 @@ def data(tmp_path):
     return tmp_path / "data"
 
 
-@pytest.fixture
-def cache(tmp_path, monkeypatch):
-    root = tmp_path / "hf-cache"
-    root.mkdir()
-    monkeypatch.setenv("HF_HUB_CACHE", str(root))
-    return root
-
-
 def write(path, obj):
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(obj, sort_keys=False) if path.suffix != ".json" else json.dumps(obj, indent=2))
@@ -123,13 +115,15 @@ def test_axolotl_lora_with_packing_and_epochs(tmp_path, data, cache):
     assert got["train.schedule"] == ("lr_scheduler", "cosine")
     assert got["train.weight_decay"] == ("weight_decay", 0.0)
     assert got["train.precision"][1] == "bf16-mixed" and got["model.dtype"][1] == "bfloat16"
-    # ratios become updates from the data's size: 80 examples / (2 x 4) = 10 updates per epoch
-    assert got["train.warmup"] == ("warmup_ratio", 1)
-    assert got["train.eval_every"] == ("evals_per_epoch", 2)  # 10 / 4, floored
+    # ratios become updates from the data's size, as Axolotl rounds them: 80 examples / (2 x 4) = 10 updates per
+    # epoch; warmup floor(0.1 x 10) = 1, which Axolotl makes 2; 4 evals per epoch: the share 1/4, rounded up
+    assert got["train.warmup"] == ("warmup_ratio", 2)
+    assert got["train.eval_every"] == ("evals_per_epoch", 3)
     assert got["train.save_every"] == ("saves_per_epoch", 10)
     notes = {c.key: c.note for c in imp.carried}
     assert "falls back to fp16" in notes["train.precision"]
-    assert "80 training examples" in notes["train.warmup"]
+    assert "1 warmup step is 2 in Axolotl" in notes["train.warmup"]
+    assert "80 training examples" in notes["train.eval_every"] and "every 3 updates" in notes["train.eval_every"]
     # every non-empty setting not carried is named, with its effect
     skipped = {n.key: n.reason for n in imp.not_carried}
     assert set(skipped) == {"datasets[0].type", "test_datasets[0].split", "optimizer", "model_type", "tokenizer_type",
@@ -225,31 +219,46 @@ def test_axolotl_full_finetune_completion_fsdp(tmp_path, data, cache):
 
 
 def test_axolotl_typo_is_named_and_nothing_written(tmp_path, data, cli):
-    cfg = dict(AXOLOTL_LORA, lora_droput=0.1)
+    """A key no schema knows, a letter or two from a key the file does not set, is a typo (exit 2, nothing written);
+    the same near a key the file sets is named and carried nowhere."""
+    cfg = dict(AXOLOTL_LORA, val_set_sise=0.05)
     cfg["datasets"] = [{"path": "data/alpaca_train.jsonl", "type": "alpaca", "feild": "x"}]
     src = write(tmp_path / "typo.yml", cfg)
     r = cli("import", src)
     assert r.code == 2
-    assert "unknown key 'lora_droput'" in r.err and "did you mean 'lora_dropout'?" in r.err
+    assert "unknown key 'val_set_sise'" in r.err and "did you mean 'val_set_size'?" in r.err
     assert "unknown key 'datasets[].feild'" in r.err and "'datasets[].field'" in r.err
     assert not (tmp_path / "campaign.yaml").exists()
     # the clean config imports
-    cfg.pop("lora_droput")
+    cfg.pop("val_set_sise")
     cfg["datasets"] = [{"path": "data/alpaca_train.jsonl", "type": "alpaca"}]
     assert cli("import", write(src, cfg)).code == 0 and (tmp_path / "campaign.yaml").is_file()
+    # near lora_dropout, which the file sets: not a typo; named with the schema version it is unknown to
+    imp = import_config(write(src, dict(cfg, lora_droput=0.1)), out=tmp_path / "c2.yaml")
+    skipped = {n.key: n.reason for n in imp.not_carried}
+    assert skipped["lora_droput"].startswith("unknown to axolotl 0.18.0") and "carried nowhere" in skipped["lora_droput"]
+    assert carried(imp)["model.adapter.dropout"] == ("lora_dropout", 0.05)
 
 
-def test_axolotl_plugin_arguments_are_named_not_typos(tmp_path, data):
-    """Keys of Axolotl's own examples (fft-8b-liger-fsdp.yaml: `attention: flash`, `debug:`) are known; a key
-    far from every core key under `plugins:` is the plugin's argument, named; a near one is still a typo."""
-    cfg = dict(AXOLOTL_LORA, plugins=["axolotl.integrations.liger.LigerPlugin"], liger_rope=True,
-               attention="flash", debug=None, my_plugin_knob=3)
+def test_axolotl_schema_keys_and_plugin_arguments(tmp_path, data):
+    """Keys Axolotl's schema or its plugins define import (the hand-written list refused them as typos); a plugin's
+    argument is named with its plugin, loaded by the file or not; a key of no schema far from every known key is
+    named as unknown, with the version; one near a key the file does not set is a typo."""
+    cfg = dict(AXOLOTL_LORA, plugins=["axolotl.integrations.liger.LigerPlugin"], liger_rms_norm=True,
+               kd_alpha=0.5, streaming_multipack_buffer_size=10000, fused_attn_kernel=True, use_eaft=False,
+               my_own_knob=3)
+    cfg["test_datasets"] = [{"path": "data/alpaca_val.jsonl", "type": "alpaca", "split": "train",
+                             "field_system": "sys"}]
     imp = import_config(write(tmp_path / "liger.yml", cfg))
     skipped = {n.key: n.reason for n in imp.not_carried}
-    assert "LigerPlugin" in skipped["my_plugin_knob"] and "eager attention" in skipped["attention"]
-    assert "debug" not in skipped  # empty
-    with pytest.raises(BadInput, match="did you mean 'lora_alpha'"):
-        import_config(write(tmp_path / "liger2.yml", dict(cfg, lora_alpah=8)), out=tmp_path / "c2.yaml")
+    assert skipped["liger_rms_norm"] == "an argument of the plugin axolotl.integrations.liger, which the rehearsal " \
+                                        "does not run"
+    assert "axolotl.integrations.kd, which the file does not load" in skipped["kd_alpha"]
+    assert skipped["my_own_knob"].startswith("unknown to axolotl 0.18.0")
+    assert "use_eaft" not in skipped  # false: nothing set
+    assert {"streaming_multipack_buffer_size", "fused_attn_kernel"} <= set(skipped)
+    with pytest.raises(BadInput, match="did you mean 'lora_fan_in_fan_out'"):
+        import_config(write(tmp_path / "liger2.yml", dict(cfg, lora_fan_in_fan_ou=True)), out=tmp_path / "c2.yaml")
 
 
 def test_axolotl_what_it_cannot_decide_is_asked(tmp_path, data, cli):
@@ -257,7 +266,7 @@ def test_axolotl_what_it_cannot_decide_is_asked(tmp_path, data, cli):
     r = cli("import", write(tmp_path / "hub.yml", hub))
     assert r.code == 2 and "datasets[0].path = 'tatsu-lab/alpaca' is a hub data set" in r.err
     assert "to_json('train.jsonl')" in r.err
-    odd = dict(AXOLOTL_LORA, datasets=[{"path": "data/alpaca_train.jsonl", "type": "oasst"}])
+    odd = dict(AXOLOTL_LORA, datasets=[{"path": "data/alpaca_train.jsonl", "type": "input_output"}])
     r = cli("import", write(tmp_path / "odd.yml", odd))
     assert r.code == 2 and "does not say which fields are the prompt and the response" in r.err
     two = dict(AXOLOTL_LORA, datasets=[{"path": "data/alpaca_train.jsonl", "type": "alpaca"},
@@ -293,7 +302,7 @@ def test_training_arguments_dump_imports(tmp_path, data, cli):
     assert got["seed"] == ("seed", 7) and got["train.eval_batch"] == ("per_device_eval_batch_size", 16)
     assert got["train.precision"] == ("bf16/fp16", "fp32")
     skipped = {n["key"] for n in env["data"]["not_carried"]}
-    assert skipped == {"output_dir", "logging_steps", "eval_strategy", "do_eval"}
+    assert skipped == {"output_dir", "logging_steps", "do_eval"}  # eval_strategy: steps is eval_every's
     # no model, no data in the source: left empty, said, and validate asks for them
     assert env["data"]["to_set"] == ["model.path", "data.train", "data.validation"]
     camp = tmp_path / "campaign.yaml"

@@ -196,6 +196,8 @@ class NotCarriedSetting(BaseModel):
     """Its value in the source, as JSON (shortened)."""
     effect: str
     """What leaving it out does to the rehearsal's figures."""
+    until: str | None = None
+    """A campaign key that settles it once set (``val_set_size``: ``data.validation``); then it is not said."""
 
 
 class ImportedConfig(BaseModel):

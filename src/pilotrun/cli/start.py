@@ -100,6 +100,7 @@ def import_(source, fmt, out, force, home, as_json):
     imp = import_config(source, fmt, out, force=force)
     tool = {"axolotl": "Axolotl", "hf": "TrainingArguments/SFTConfig"}[imp.fmt]
     lines = [f"format: {tool}" + (" (detected; --from says it)" if imp.detected else ""),
+             f"keys checked against: {'; '.join(imp.schemas)}",
              f"carried: {len(imp.carried)} settings (each commented with its source key in {imp.out.name})"]
     if imp.not_carried:
         lines.append(f"not carried ({len(imp.not_carried)}; also at the top of {imp.out.name}):")

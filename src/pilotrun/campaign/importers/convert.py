@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pilotrun.campaign.importers import foreign, schemas
 from pilotrun.campaign.importers.axolotl import import_axolotl
 from pilotrun.campaign.importers.builder import Builder, Imported
 from pilotrun.campaign.importers.hf import import_hf
@@ -21,6 +22,7 @@ def import_config(source: str | Path, fmt: str | None = None, out: str | Path | 
     if fmt is not None and fmt not in FORMATS:
         raise BadInput(f"--from {fmt}: unknown format", where="--from", fix="use --from axolotl or --from hf")
     raw = read_source(source)
+    foreign.refuse(raw, source)  # LLaMA-Factory, torchtune, accelerate, DeepSpeed: what to do instead
     detected = fmt is None
     fmt = fmt or detect(raw, source)
     out_path = Path(out).expanduser() if out else source.parent / "campaign.yaml"
@@ -36,8 +38,8 @@ def import_config(source: str | Path, fmt: str | None = None, out: str | Path | 
         raise BadInputs(b.problems) if len(b.problems) > 1 else b.problems[0]
     campaign = b.c
     campaign["imported"] = {"tool": fmt, "file": str(source),
-                            "not_carried": [{"key": n.key, "value": short(n.value), "effect": n.reason}
-                                            for n in b.not_carried]}
+                            "not_carried": [{"key": n.key, "value": short(n.value), "effect": n.reason,
+                                             **({"until": n.until} if n.until else {})} for n in b.not_carried]}
     for section in ("model", "data", "train"):
         if not campaign[section]:
             campaign[section] = {}
@@ -49,7 +51,8 @@ def import_config(source: str | Path, fmt: str | None = None, out: str | Path | 
     except Exception as e:  # a value the campaign refuses (a negative lr ...): named, nothing written
         raise BadInput(f"the imported values do not make a valid campaign: {e}", where=str(source),
                        fix="correct the value in the source config") from None
-    imp = Imported(fmt, detected, source, out_path, campaign, b.carried, b.not_carried, b.to_set)
+    imp = Imported(fmt, detected, source, out_path, campaign, b.carried, b.not_carried, b.to_set,
+                   schemas=schemas.sources(("axolotl",) if fmt == "axolotl" else ("transformers", "trl")))
     imp.text = render(imp)
     atomic_write_text(out_path, imp.text)
     return imp

@@ -111,6 +111,13 @@ HF_REASONS = {
     "use_cpu": "nothing to rehearse: pilotrun picks the device it rehearses on",
     "no_cuda": "nothing to rehearse: pilotrun picks the device it rehearses on",
     "eval_strategy": "nothing to rehearse: pilotrun validates every train.eval_every updates",
+    "attn_implementation": ATTENTION,
+    "load_in_4bit": AXOLOTL_REASONS["load_in_4bit"], "load_in_8bit": AXOLOTL_REASONS["load_in_8bit"],
+    "use_dora": AXOLOTL_REASONS["peft_use_dora"], "use_rslora": AXOLOTL_REASONS["peft_use_rslora"],
+    "lora_modules_to_save": AXOLOTL_REASONS["lora_modules_to_save"],
+    "dataset_config": "nothing to rehearse: the local file is read whole",
+    "dataset_streaming": "nothing to rehearse: the local file is read whole",
+    "model_revision": "nothing to rehearse: a local model folder has one revision",
     "evaluation_strategy": "nothing to rehearse: pilotrun validates every train.eval_every updates",
 }
 HF_NOTHING_PREFIXES = ("logging_", "log_", "report_to", "run_name", "output_dir", "push_to_hub", "hub_", "disable_tqdm",

@@ -27,7 +27,8 @@ def render(imp: Imported) -> str:
     where = {c.key: c for c in imp.carried}
     tool = {"axolotl": "Axolotl", "hf": "TrainingArguments/SFTConfig"}[imp.fmt]
     lines = [f"# imported by `pilotrun import` from {tool} config {imp.source.name}",
-             "# each key says where it came from; keys the source did not give keep pilotrun's defaults", "#"]
+             "# each key says where it came from; keys the source did not give keep pilotrun's defaults",
+             "# keys checked against: " + "; ".join(imp.schemas), "#"]
     if imp.not_carried:
         lines.append("# NOT CARRIED (the rehearsal does not reproduce these settings):")
         for n in imp.not_carried:
@@ -58,6 +59,8 @@ def render(imp: Imported) -> str:
                     lines.append(" " * (indent + 4) + f"- key: {yaml_value(n['key'])}")
                     lines.append(" " * (indent + 6) + f"value: {yaml_value(n['value'])}")
                     lines.append(" " * (indent + 6) + f"effect: {yaml_value(n['effect'])}")
+                    if n.get("until"):
+                        lines.append(" " * (indent + 6) + f"until: {yaml_value(n['until'])}")
                 continue
             c = where.get(key)
             comment = f"  # from {c.source}" + (f": {c.note}" if c.note else "") if c else ""

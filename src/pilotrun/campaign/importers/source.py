@@ -56,14 +56,16 @@ def read_source(path: Path) -> dict[str, Any]:
 
 
 def detect(raw: dict[str, Any], path: Path) -> str:
-    ax = {"base_model", "datasets", "micro_batch_size", "sequence_len", "num_epochs", "lora_r", "adapter"}
+    """axolotl or hf (TrainingArguments / TRL dicts and `trl` CLI files), by the keys only each has."""
+    ax = {"base_model", "datasets", "micro_batch_size", "sequence_len", "num_epochs", "lora_r", "adapter",
+          "pretraining_dataset", "base_model_config"}
     hf = {"per_device_train_batch_size", "num_train_epochs", "lr_scheduler_type", "optim", "output_dir",
-          "max_seq_length", "eval_strategy", "evaluation_strategy"}
+          "max_seq_length", "eval_strategy", "evaluation_strategy", "model_name_or_path", "dataset_name"}
     a, h = len(ax & set(raw)), len(hf & set(raw) - {"output_dir"})
     if a and a >= h:
         return "axolotl"
     if h:
         return "hf"
     raise BadInput("cannot tell the config's format (no Axolotl key such as base_model or micro_batch_size, no "
-                   "TrainingArguments key such as per_device_train_batch_size)", where=str(path),
-                   fix="say it: --from axolotl or --from hf")
+                   "TrainingArguments or TRL key such as per_device_train_batch_size or model_name_or_path)",
+                   where=str(path), fix="say it: --from axolotl or --from hf")

@@ -1,0 +1,273 @@
+"""`pilotrun import`: each class of config it refused or mis-read, on instances other than the ones first reported.
+
+Real keys of the tools' schemas and plugins, TRL CLI files, ShareGPT turn mappings, prompt styles after a colon
+or a dot, preference and RL configs (never SFT), sharded configs' ranks, pretraining data sets, save strategies,
+shares rounded as the tools round them after the source's own validation split, and the formats refused with
+what to do. The schemas themselves: the generator's parse of a planted source tree, and the installed tool's
+classes winning over the stored data.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import yaml
+
+from conftest import SHARED_DATA, write_jsonl
+
+from pilotrun.campaign.importers import import_config, not_reproduced_lines, schemas
+from pilotrun.campaign.load import load_campaign
+from pilotrun.errors import BadInput
+
+
+@pytest.fixture
+def folder(tmp_path):
+    recs = json.loads((SHARED_DATA / "alpaca_tiny.json").read_text(encoding="utf-8"))
+    rows = [{k: r[k] for k in ("instruction", "input", "output")} for r in recs]
+    write_jsonl(tmp_path / "alpaca.jsonl", rows[:60])
+    write_jsonl(tmp_path / "qa" / "train.jsonl", [{"question": r["instruction"], "answer": r["output"]} for r in rows])
+    write_jsonl(tmp_path / "sharegpt.jsonl", [{"conversations": [{"from": "human", "value": r["instruction"]},
+                                                                 {"from": "gpt", "value": r["output"]}]} for r in rows])
+    write_jsonl(tmp_path / "org" / "web-text" / "data" / "train-00000-of-00001.jsonl",
+                [{"content": r["instruction"] + " " + r["output"]} for r in rows])
+    write_jsonl(tmp_path / "org" / "web-text" / "data" / "test-00000-of-00001.jsonl",
+                [{"content": r["output"]} for r in rows[:10]])
+    return tmp_path
+
+
+def write(path, obj):
+    path.write_text(yaml.safe_dump(obj, sort_keys=False) if path.suffix != ".json" else json.dumps(obj))
+    return path
+
+
+def carried(imp):
+    return {c.key: (c.source, c.value) for c in imp.carried}
+
+
+def skipped(imp):
+    return {n.key: n.reason for n in imp.not_carried}
+
+
+BASE = {"base_model": "./model", "micro_batch_size": 2, "gradient_accumulation_steps": 2, "num_epochs": 1,
+        "learning_rate": 1e-4, "sequence_len": 256}
+
+
+# ---------------------------------------------------------------- ShareGPT mappings, prompt styles
+def test_sharegpt_turns_in_the_older_forms_are_read(folder):
+    cfg = dict(BASE, datasets=[{"path": "sharegpt.jsonl", "type": "chat_template", "field_messages": "conversations",
+                                "message_field_role": "from", "message_field_content": "value",
+                                "roles": {"user": ["human"], "assistant": ["gpt"]}}])
+    imp = import_config(write(folder / "sg.yml", cfg))
+    assert carried(imp)["data.messages"] == ("datasets[0].field_messages", "conversations")
+    assert "pilotrun's chat reader takes these turn fields" in skipped(imp)["datasets[0].message_property_mappings"]
+    assert "reads these role names" in skipped(imp)["datasets[0].roles"]
+    # a mapping onto fields the reader does not take is still asked for, naming them
+    odd = dict(cfg, datasets=[dict(cfg["datasets"][0], message_field_role="speaker")])
+    with pytest.raises(BadInput, match="maps the turns' role to 'speaker'"):
+        import_config(write(folder / "odd.yml", odd), out=folder / "odd.yaml")
+    # roles read as another role than pilotrun's names for them
+    bad = dict(cfg, datasets=[dict(cfg["datasets"][0], roles={"assistant": ["human"]})])
+    with pytest.raises(BadInput, match="reads 'human' as assistant"):
+        import_config(write(folder / "bad.yml", bad), out=folder / "bad.yaml")
+
+
+def test_prompt_styles_after_a_colon_or_a_dot(folder):
+    imp = import_config(write(folder / "qa.yml", dict(BASE, datasets=[{"path": "qa", "type": "alpaca_chat.load_qa"}])))
+    got = carried(imp)
+    assert got["data.train"] == ("datasets[0].path", "qa/train.jsonl")  # a local folder: its one data file
+    assert "{question}" in got["data.prompt"][1] and "{input}" not in got["data.prompt"][1]
+    assert got["data.response"] == ("datasets[0].type", "answer")
+    imp = import_config(write(folder / "chatml.yml", dict(BASE, datasets=[{"path": "alpaca.jsonl",
+                                                                           "type": "alpaca:chatml"}])),
+                        out=folder / "c2.yaml")
+    assert "prompt style 'chatml'" in skipped(imp)["datasets[0].type"]
+    imp = import_config(write(folder / "sg2.yml", dict(BASE, datasets=[{"path": "sharegpt.jsonl",
+                                                                        "type": "sharegpt:llama3"}])),
+                        out=folder / "c3.yaml")
+    assert carried(imp)["data.messages"][1] == "conversations"
+    assert "built-in 'llama3' template" in skipped(imp)["chat_template"]
+    loaded = load_campaign(imp.out, {"data.validation": str(folder / "sharegpt.jsonl")})
+    assert loaded.campaign.data.messages == "conversations"
+
+
+# ---------------------------------------------------------------- preference and RL: never SFT
+@pytest.mark.parametrize("rl, words", [("simpo", "trains on preference pairs"), ("ipo", "trains on preference pairs"),
+                                       ("gspo", "online reinforcement learning"),
+                                       ("ppo", "online reinforcement learning")])
+def test_rl_configs_are_refused_naming_rl(folder, rl, words, cli):
+    cfg = dict(BASE, rl=rl, datasets=[{"path": "argilla/pairs", "type": "chat_template.argilla"}])
+    r = cli("import", write(folder / f"{rl}.yml", cfg))
+    assert r.code == 2 and f"rl: {rl}" in r.err and words in r.err
+    assert "hub data set" not in r.err and "does not say which fields" not in r.err  # no side key named
+    assert not (folder / "campaign.yaml").exists()
+
+
+def test_a_dpo_config_dict_is_refused(folder):
+    with pytest.raises(BadInput, match=r"beta: 0.2 \(a TRL DPOConfig key: preference tuning\) trains on preference pairs"):
+        import_config(write(folder / "dpo.json", {"per_device_train_batch_size": 2, "beta": 0.2,
+                                                   "max_prompt_length": 128}))
+
+
+# ---------------------------------------------------------------- TRL: its dumps and its CLI files
+def test_trl_cli_file_with_peft_and_a_local_dataset(folder):
+    cfg = {"model_name_or_path": "Qwen/Qwen3-0.6B", "dataset_name": "org/web-text", "dataset_text_field": "content",
+           "use_peft": True, "lora_r": 8, "lora_target_modules": ["q_proj", "v_proj"], "dtype": "bfloat16",
+           "per_device_train_batch_size": 4, "num_train_epochs": 1, "bf16": True, "attn_implementation": "sdpa",
+           "model_init_kwargs": None, "trust_remote_code": False, "report_to": "none"}
+    imp = import_config(write(folder / "trl.yaml", cfg))
+    assert imp.fmt == "hf" and imp.detected
+    got = carried(imp)
+    assert got["model.path"] == ("model_name_or_path", "Qwen/Qwen3-0.6B") and got["model.dtype"][1] == "bfloat16"
+    assert got["model.adapter.kind"] == ("use_peft", "lora") and got["model.adapter.r"] == ("lora_r", 8)
+    assert got["model.adapter.alpha"] == ("lora_alpha (TRL's default)", 32.0)  # ModelConfig's, TRL 1.16
+    assert got["model.adapter.target_modules"] == ("lora_target_modules", ["q_proj", "v_proj"])
+    assert got["data.train"][1] == "org/web-text/data/train-00000-of-00001.jsonl"
+    assert got["data.validation"][1] == "org/web-text/data/test-00000-of-00001.jsonl"
+    assert got["data.response"] == ("dataset_text_field", "content") and got["data.prompt"][1] == ""
+    assert "eager attention" in skipped(imp)["attn_implementation"]
+    # the hub data set itself (no folder of that name) is asked for, naming dataset_name
+    with pytest.raises(BadInput, match="dataset_name = 'trl-lib/Capybara' is a hub data set"):
+        import_config(write(folder / "hub.yaml", dict(cfg, dataset_name="trl-lib/Capybara")), out=folder / "h.yaml")
+
+
+def test_unknown_trainer_key_far_from_any_is_named_with_the_versions(folder):
+    imp = import_config(write(folder / "args.json", {"per_device_train_batch_size": 2, "max_steps": 10,
+                                                      "fused_optimizer_hint": True}))
+    reason = skipped(imp)["fused_optimizer_hint"]
+    assert reason.startswith(f"unknown to transformers {schemas.primary('transformers').version} (installed)")
+    assert "4.57.6, 4.44.2" in reason and "trl 1.16.0" in reason
+    with pytest.raises(BadInput, match="did you mean 'per_device_eval_batch_size'"):
+        import_config(write(folder / "t.json", {"per_device_train_batch_size": 2, "per_device_eval_bach_size": 4}),
+                      out=folder / "t.yaml")
+
+
+# ---------------------------------------------------------------- ranks, data sets, saves
+def test_sharded_configs_say_their_ranks(folder):
+    ds = dict(BASE, datasets=[{"path": "alpaca.jsonl", "type": "alpaca"}], deepspeed="deepspeed_configs/zero3_bf16.json")
+    got = carried(import_config(write(folder / "ds.yml", ds)))
+    assert got["train.strategy"][1] == "fsdp" and got["train.nproc"][1] == 2
+    hsdp = dict(BASE, datasets=ds["datasets"], fsdp_version=2, fsdp_config={"reshard_after_forward": True},
+                dp_shard_size=4, dp_replicate_size=2, tensor_parallel_size=2)
+    imp = import_config(write(folder / "hsdp.yml", hsdp), out=folder / "h.yaml")
+    assert carried(imp)["train.nproc"] == ("dp_shard_size x dp_replicate_size", 8)
+    assert "train.nproc" not in imp.to_set and "tensor parallel" in skipped(imp)["tensor_parallel_size"]
+
+
+def test_pretraining_dataset_is_read_or_refused_by_its_own_key(folder, cli):
+    cfg = dict(BASE, pretraining_dataset=[{"path": "org/web-text", "text_column": "content", "type": "pretrain"}],
+               streaming=True, max_steps=20)
+    imp = import_config(write(folder / "pre.yml", cfg))
+    assert carried(imp)["data.response"] == ("pretraining_dataset[0].field", "content")
+    r = cli("import", write(folder / "pre2.yml", dict(cfg, pretraining_dataset=[{"path": "HuggingFaceFW/fineweb"}])),
+            "--out", folder / "p2.yaml")
+    assert r.code == 2 and "pretraining_dataset[0].path = 'HuggingFaceFW/fineweb' is a hub data set" in r.err
+
+
+def test_save_strategy_decides_what_save_steps_means(folder):
+    """A dump's save_steps (500, the default it writes) is read only under save_strategy "steps"."""
+    from transformers import TrainingArguments
+
+    for strategy in ("epoch", "no"):
+        args = TrainingArguments(output_dir=str(folder / "o"), save_strategy=strategy, per_device_train_batch_size=2,
+                                 num_train_epochs=2, report_to="none")
+        src = folder / f"{strategy}.json"
+        src.write_text(args.to_json_string())
+        imp = import_config(src, out=folder / f"{strategy}.yaml")
+        assert "save_strategy is " + strategy in skipped(imp)["save_steps"]
+        if strategy == "no":
+            assert carried(imp)["train.save_every"] == ("save_strategy", None)
+        else:  # once per epoch: the count needs the data, which a dump does not name
+            assert "train.save_every" in imp.to_set and "train.save_every" not in carried(imp)
+
+
+def test_shares_round_as_the_tools_do_after_the_validation_split(folder):
+    # Axolotl: val_set_size 0.1 of 60 records leaves 54; the Trainer's count: ceil(54 / 2) = 27 micro-batches,
+    # // 2 = 13 updates per epoch, x 2 epochs = 26 updates
+    cfg = dict(BASE, num_epochs=2, datasets=[{"path": "alpaca.jsonl", "type": "alpaca"}], val_set_size=0.1,
+               warmup_ratio=0.05, saves_per_epoch=1, evals_per_epoch=2)
+    imp = import_config(write(folder / "ax.yml", cfg))
+    got = carried(imp)
+    total = math.ceil(13 * 2)
+    assert got["train.save_every"][1] == math.ceil(total / 2)  # 1 per epoch over 2 epochs
+    assert got["train.eval_every"][1] == math.ceil(total / 4)
+    assert got["train.warmup"][1] == 2  # floor(0.05 x 26) = 1, which Axolotl makes 2
+    assert "54 training examples (left after the source's validation split of 0.1: 6 records)" in \
+           {c.key: c.note for c in imp.carried}["train.save_every"]
+    # the Trainer takes the ceiling: 0.05 of 26 updates is 1.3 → 2
+    hf = {"per_device_train_batch_size": 2, "gradient_accumulation_steps": 2, "max_steps": 26, "warmup_ratio": 0.05}
+    got = carried(import_config(write(folder / "hf.json", hf), out=folder / "hf.yaml"))
+    assert got["train.warmup"][1] == 2 and "takes the ceiling" in {c.key: c.note for c in import_config(
+        folder / "hf.json", out=folder / "hf.yaml", force=True).carried}["train.warmup"]
+    # once the user splits and sets data.validation, val_set_size is no longer said
+    loaded = load_campaign(imp.out, {"model.config": {"model_type": "llama"}, "model.path": None})
+    assert any(line.strip().startswith("val_set_size") for line in not_reproduced_lines(loaded.campaign))
+    split = load_campaign(imp.out, {"model.config": {"model_type": "llama"}, "model.path": None,
+                                    "data.validation": str(folder / "alpaca.jsonl")})
+    assert not any("val_set_size" in line for line in not_reproduced_lines(split.campaign))
+
+
+# ---------------------------------------------------------------- formats refused with what to do
+def test_a_deepspeed_json_is_refused_with_what_to_do(folder):
+    with pytest.raises(BadInput, match="a DeepSpeed config") as e:
+        import_config(write(folder / "ds_config.json", {"zero_optimization": {"stage": 2},
+                                                         "train_micro_batch_size_per_gpu": "auto"}))
+    assert "import the training config that names it" in e.value.fix
+
+
+# ---------------------------------------------------------------- the schemas
+def test_the_generator_reads_pydantic_models_and_plugins_from_a_source_tree(tmp_path):
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("import_schemas", Path(__file__).parents[1] / "tools" /
+                                                  "import_schemas.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    pkg = tmp_path / "src" / "axolotl"
+    (pkg / "utils" / "schemas").mkdir(parents=True)
+    (pkg / "integrations" / "shiny").mkdir(parents=True)
+    (tmp_path / "VERSION").write_text("9.9.9\n")
+    (pkg / "utils" / "schemas" / "model.py").write_text(
+        "class ModelInputConfig(BaseModel):\n    base_model: str\n    overrides: dict | None = Field(default=None, "
+        "alias='model_config')\n")
+    (pkg / "utils" / "schemas" / "config.py").write_text(
+        "class AxolotlInputConfig(ModelInputConfig, BaseModel):\n    sequence_len: int = 512\n"
+        "    lr: float | None = Field(2e-5, json_schema_extra={'description': 'x'})\n")
+    (pkg / "utils" / "schemas" / "datasets.py").write_text("class SFTDataset(BaseModel):\n    path: str | None = None\n")
+    (pkg / "integrations" / "shiny" / "args.py").write_text("class ShinyArgs(BaseModel):\n    shiny_level: int = 3\n")
+    data = gen.axolotl(tmp_path, "acme/axolotl@abc")
+    assert data["version"] == "9.9.9" and data["source"] == "acme/axolotl@abc"
+    assert data["keys"]["sequence_len"] == {"type": "int", "default": 512, "from": "AxolotlInputConfig"}
+    assert data["keys"]["lr"]["default"] == 2e-5 and data["keys"]["base_model"]["from"] == "ModelInputConfig"
+    assert data["keys"]["model_config"]["alias_of"] == "overrides"
+    assert set(data["groups"]["datasets"]) == {"path"}
+    assert data["groups"]["plugin:axolotl.integrations.shiny"]["shiny_level"]["default"] == 3
+
+
+def test_the_installed_tool_wins_and_the_stored_data_matches_its_version():
+    import transformers
+
+    primary = schemas.primary("transformers")
+    assert primary.source == "installed" and primary.version == transformers.__version__
+    stored = {s.version: s for s in schemas.stored("transformers")}
+    if transformers.__version__ in stored:  # the data generated from this very version holds the same keys
+        assert set(stored[transformers.__version__].keys) == set(primary.keys)
+    assert {"evaluation_strategy", "eval_strategy"} <= schemas.known("transformers")  # 4.44's and 5.x's
+    ax = schemas.primary("axolotl")
+    assert ax.source.startswith("axolotl-ai-cloud/axolotl@") and "use_eaft" in ax.keys
+    assert schemas.default("axolotl", "sequence_len") == 512
+
+
+def test_the_import_names_the_schemas_it_checked_against(folder, cli):
+    from pilotrun.campaign.importers.schemas import pydantic_keys
+    from pilotrun.campaign.schema import TrainConfig
+
+    cfg = dict(BASE, datasets=[{"path": "alpaca.jsonl", "type": "alpaca"}])
+    r = cli("import", write(folder / "ax.yml", cfg))
+    assert r.code == 0 and "keys checked against: axolotl 0.18.0 (axolotl-ai-cloud/axolotl@067b021c8b87)" in r.out
+    assert "# keys checked against: axolotl 0.18.0" in (folder / "campaign.yaml").read_text()
+    # an installed Axolotl's pydantic models are read as the generator reads the source: name, type, default
+    keys = pydantic_keys(TrainConfig)
+    assert keys["micro_batch"]["default"] == 2 and keys["micro_batch"]["from"] == "TrainConfig"
