@@ -22,7 +22,7 @@ from pilotrun.engine.loop import evaluate, make_state, run_update, to_device
 from pilotrun.engine.precision import autocast
 from pilotrun.engine.state import save_state
 from pilotrun.phases.worst import by_length
-from pilotrun.tasks.base import BUILTIN_TASKS
+from pilotrun.tasks.base import BUILTIN_TASKS, loss_parts
 
 KINDS = ("load", "train", "eval", "save", "export", "reload")
 
@@ -103,6 +103,8 @@ def _step(name: str):
         out = run_update(ctx.state, ctx.task_for(name), ctx.worst["micro_batches"],
                          max_grad_norm=c.train.max_grad_norm)
         p.inputs["targets"] = out["targets"]
+        for part, value in out.get("loss_parts", {}).items():  # the loss's parts besides the targets', apart
+            p.inputs[part] = round(value, 6)
         if not out["finite"]:
             p.nan(f"the update's loss is {out['loss']} (seq_len {ctx.worst['train_inputs']['seq_len']}, "
                   f"micro_batch {c.train.micro_batch}); the optimizer step was skipped")
@@ -234,7 +236,7 @@ def _reload(ctx, p) -> None:
         loaded_model.eval()
         with torch.no_grad(), autocast(ctx.prep.c.train.precision, ctx.device.type):
             batch = to_device(task.collate(sample), ctx.device)
-            s, n = reload_task.loss(loaded_model, batch)
+            s, n, _ = loss_parts(reload_task.loss(loaded_model, batch))
         loss = float(s) / max(1, int(n))
         del loaded_model
         if loss != loss or loss in (float("inf"), float("-inf")):

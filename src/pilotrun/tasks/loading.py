@@ -365,7 +365,8 @@ def _build_model(c, tokenizer, kind: str, labels: list[str] | None):
     if c.model.path:
         path = Path(c.model.path)
         check_model_dir(path, weights=shape_only is None)  # the architecture alone needs config.json only
-        config = folder_config(path, c.model.trust_remote_code, shape_only or {})
+        overrides = {**(c.model.config_overrides or {}), **(shape_only or {})}  # a depth counted from wins
+        config = folder_config(path, c.model.trust_remote_code, overrides)
         if labels is not None and _generic_labels(config):
             for k, v in head_kwargs.items():
                 setattr(config, k, v)
@@ -377,7 +378,7 @@ def _build_model(c, tokenizer, kind: str, labels: list[str] | None):
         else:
             model = _from_folder(auto, path, config, c, dtype)
     elif c.model.config:
-        cfg = dict(c.model.config, **(shape_only or {}))
+        cfg = {**c.model.config, **(c.model.config_overrides or {}), **(shape_only or {})}
         model_type = cfg.pop("model_type", None)
         if not model_type:
             raise BadInput("model.config has no model_type", where="model.config",

@@ -68,7 +68,7 @@ def check_weights_fit(c, kind: str) -> None:
                 headers[name] = (f, t)
     if not headers:
         return
-    config = folder_config(path, c.model.trust_remote_code, {})
+    config = folder_config(path, c.model.trust_remote_code, getattr(c.model, "config_overrides", None) or {})
     if getattr(config, "quantization_config", None):
         return
     auto = AutoModelForCausalLM if kind == "causal-lm" else AutoModelForSequenceClassification

@@ -1,0 +1,55 @@
+"""Mixture-of-experts facts the tasks need: the router's auxiliary loss the model's own forward adds, its routers.
+
+transformers' MoE causal LMs (Mixtral, Qwen2/3-MoE, OLMoE, GraniteMoE, GPT-OSS) compute a load-balancing loss from
+the router logits when ``config.output_router_logits`` is set and add ``config.router_aux_loss_coef`` × it to the
+loss they return with labels; the HF Trainer, TRL and Axolotl train that sum. pilotrun's tasks compute the loss
+from the logits themselves (a sum over the update's targets), so they add the same term here, from the same
+forward's ``aux_loss``: off when the config leaves the router logits off, as transformers does. DeepSeek-V2/V3
+and Llama 4 have no auxiliary loss (DeepSeek-V3 balances its experts with a bias, not a loss); no causal-LM family
+of transformers 5 has a router z-loss (Switch and NLLB-MoE, encoder-decoders, do).
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+
+def router_aux(model, out):
+    """``router_aux_loss_coef × aux_loss`` of a forward's output, as a float32 scalar tensor (gradients flow to the
+    routers), or None when the forward computed none (``output_router_logits`` off, or a family without one)."""
+    aux = getattr(out, "aux_loss", None)
+    if aux is None:
+        return None
+    coef = getattr(model.config, "router_aux_loss_coef", None)
+    if not coef:
+        return None
+    return float(coef) * aux.float()
+
+
+def aux_loss_said(config) -> str | None:
+    """What the loss holds besides the targets' cross-entropy, for a line of the rehearsal; None for a dense model."""
+    coef = getattr(config, "router_aux_loss_coef", None)
+    if coef is None:
+        return None
+    if getattr(config, "output_router_logits", False):
+        return (f"the loss adds the router's load-balancing loss × {coef:g} (config.router_aux_loss_coef; "
+                "output_router_logits is on), as transformers' forward and the trainers do")
+    return ("the router's load-balancing loss is off (config.output_router_logits false), as in transformers' "
+            f"forward: set model.config_overrides: {{output_router_logits: true}} to train it (× {coef:g})")
+
+
+@contextmanager
+def without_router_aux(model):
+    """Inside, the model's forward computes no router auxiliary loss (``output_router_logits`` off): for checks of
+    the targets' loss arithmetic, which a per-micro-batch load-balancing term is not meant to satisfy (its value
+    depends on which tokens share a batch). Yields whether there was one to leave out."""
+    config = getattr(model, "config", None)
+    was = getattr(config, "output_router_logits", None)
+    if not was or not getattr(config, "router_aux_loss_coef", None):
+        yield False
+        return
+    config.output_router_logits = False
+    try:
+        yield True
+    finally:
+        config.output_router_logits = was
