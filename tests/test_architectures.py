@@ -9,7 +9,7 @@ a decoder as a sequence classifier."""
 from __future__ import annotations
 
 import pytest
-from architectures import ATTENTION, ENCODERS, FAMILIES, campaign, save_model
+from architectures import ATTENTION, ENCODERS, FAMILIES, MOE, campaign, save_model
 
 from pilotrun.campaign import load_campaign
 
@@ -169,16 +169,39 @@ def test_rotary_families_are_not_held_to_max_position_embeddings(tmp_path, cli):
 
 
 # --- LoRA: the family's own module names, and its defaults -------------------------------------------------
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", FAMILIES + [pytest.param(f, marks=() if f in ("mixtral", "qwen3_moe", "deepseek_v3")
+                                                             else pytest.mark.slow) for f in MOE])
 def test_lora_default_is_the_family_attention_projections(folders, tmp_path, family):
-    """No target_modules: PEFT's own mapping for the family (Phi-3 and DistilBERT, which it lacks, by their real
-    names), checked on the architecture before anything runs; inspect prints the choice."""
+    """No target_modules: PEFT's own mapping for the family (Phi-3, DistilBERT and the mixtures of experts but
+    Mixtral, which it lacks, by their real names: Qwen3-MoE and DeepSeek-V3 were exit 2 "no default LoRA modules";
+    DeepSeek's low-rank attention by the projections its config builds), checked on the architecture before
+    anything runs; inspect prints the choice, and on an MoE that the experts and the router stay frozen."""
     from pilotrun.campaign.prepare import adapter_choice
 
     loaded = _loaded(folders, tmp_path, family, model__adapter={"kind": "lora", "r": 4, "alpha": 8})
     targets, why = adapter_choice(loaded)
     assert targets == ATTENTION[family]
-    assert why in (f"peft's default for {family}", f"pilotrun's default for {family}; peft has none")
+    moe = "; a mixture of experts: attention only, the experts and the router stay frozen" if family in MOE else ""
+    assert why in (f"peft's default for {family}{moe}", f"pilotrun's default for {family}; peft has none{moe}")
+
+
+@pytest.mark.parametrize("family,targets,router", [("mixtral", "all-linear", "gate"), ("qwen3_moe", ["q_proj", "gate"],
+                                                                                          "gate"),
+                                                   ("qwen3_moe", None, None)])
+def test_lora_on_a_router_is_a_warning_naming_it(folders, tmp_path, family, targets, router):
+    """all-linear on Mixtral wraps the router (mlp.gate) and the fused experts without a word; naming the router
+    does too. inspect (so `all`) warns, naming the router; the default adapts the attention and passes."""
+    from pilotrun.rehearsal.data_checks.inspect import inspect
+
+    lora = {"kind": "lora", "r": 4, "alpha": 8, **({"target_modules": targets} if targets else {})}
+    result = inspect(_loaded(folders, tmp_path, family, model__adapter=lora))
+    check = next(c for c in result.data["checks"] if c["name"] == "lora targets")
+    if router is None:
+        assert check["verdict"] == "ok" and "router" in check["message"] and "frozen" in check["message"]
+        return
+    assert check["verdict"] == "warn" and result.verdict == "warn", check
+    assert f"LoRA adapts the router ({router}) of this mixture of experts" in check["message"], check
+    assert ("and the experts (experts)" in check["message"]) == (targets == "all-linear")
 
 
 def test_inspect_prints_the_chosen_lora_modules(folders, tmp_path, cli):

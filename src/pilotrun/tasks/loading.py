@@ -13,6 +13,7 @@ from pilotrun.errors import BadInput
 from pilotrun.journal.base_identity import ATTR, describe_base
 from pilotrun.journal.files import reading_weights
 from pilotrun.tasks.hub import fetch_command, missing_weights, snapshot_of
+from pilotrun.tasks.moe import moe_parts
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
@@ -486,8 +487,16 @@ def _check_vocab(model, tokenizer) -> None:
                        fix="use the tokenizer the model was trained with, or resize the embeddings and save the model")
 
 
-# families PEFT's mapping (peft.utils.constants) has no LoRA default for: their attention projections by real names
-LORA_DEFAULTS = {"phi3": ["qkv_proj"], "distilbert": ["q_lin", "v_lin"]}
+# families PEFT's mapping (peft.utils.constants) has no LoRA default for: their attention projections by real names.
+# Mixtures of experts get their attention alone, as PEFT's own Mixtral default and the trainers' MoE examples (Axolotl's
+# Qwen3-30B-A3B LoRA: q/k/v/o): the experts and the router stay frozen. DeepSeek's attention is low-rank (MLA): its
+# query projection is q_proj, or q_a_proj and q_b_proj where the config sets q_lora_rank; those the model has are used
+_MLA = ["q_proj", "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj"]
+LORA_DEFAULTS = {"phi3": ["qkv_proj"], "distilbert": ["q_lin", "v_lin"],
+                 **{f: ["q_proj", "v_proj"] for f in ("qwen2_moe", "qwen3_moe", "olmoe", "granitemoe",
+                                                      "granitemoeshared", "gpt_oss", "llama4_text", "jetmoe")},
+                 "deepseek_v2": _MLA, "deepseek_v3": _MLA}
+LORA_ANY_OF = ("deepseek_v2", "deepseek_v3")  # defaults listing alternatives: the ones the model has
 
 
 def lora_defaults(model_type: str | None) -> tuple[list[str], str] | None:
@@ -528,6 +537,11 @@ def lora_targets(model, adapter) -> tuple[list[str], str]:
             raise BadInput(f"no default LoRA modules for model_type {kind}", where="model.adapter.target_modules",
                            fix=f"name the attention projections; the model's linear layers: {', '.join(layers)}")
         targets, why = found
+        if kind in LORA_ANY_OF:
+            have = {name.rpartition(".")[2] for name, _ in model.named_modules()}
+            targets = [t for t in targets if t in have] or targets
+        if moe_parts(model)[0]:
+            why += "; a mixture of experts: attention only, the experts and the router stay frozen"
     names = {name.rpartition(".")[2] for name, _ in model.named_modules()}
     missing = [t for t in targets if t not in names]
     if missing:
@@ -550,6 +564,15 @@ def _apply_adapter(model, adapter, kind: str):
     except ValueError as e:
         raise BadInput(f"cannot apply the LoRA adapter: {e}", where="model.adapter.target_modules",
                        fix=f"name modules that exist in the model: {', '.join(linear_layers(model))}") from None
+
+
+def lora_wrapped(model, adapter, kind: str) -> list[str]:
+    """The names of the modules PEFT wraps with LoRA on ``model`` (changed in place: give it a throwaway, e.g. one
+    built on the meta device), as ``model.named_modules`` names them."""
+    with quiet_transformers():
+        peft_model = _apply_adapter(model, adapter, kind)
+    return [name.removeprefix("base_model.model.") for name, m in peft_model.named_modules()
+            if hasattr(m, "lora_A") and not name.endswith(".base_layer")]
 
 
 def load_hf_artifact(c, tokenizer, kind: str, path, labels: list[str] | None = None):

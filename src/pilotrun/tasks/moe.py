@@ -53,3 +53,27 @@ def without_router_aux(model):
         yield True
     finally:
         config.output_router_logits = was
+
+
+def moe_parts(model) -> tuple[list[str], list[str]]:
+    """(the routers, the expert banks) of a model, by module name: transformers 5 names its router classes
+    ``…Router`` (Mixtral's ``MixtralTopKRouter`` at ``mlp.gate``, Llama 4's ``Llama4Router``) and its fused expert
+    banks ``…Experts``; both empty for a dense model."""
+    routers, experts = [], []
+    for name, m in model.named_modules():
+        kind = type(m).__name__
+        if "router" in kind.lower():
+            routers.append(name)
+        elif kind.endswith("Experts"):
+            experts.append(name)
+    return routers, experts
+
+
+def adapted_moe_parts(parts: tuple[list[str], list[str]], adapted: list[str]) -> tuple[list[str], list[str]]:
+    """Of the module names LoRA wrapped (``adapted``), the routers and the expert banks (``parts``: ``moe_parts`` of
+    the model before LoRA wrapped it), by their last names."""
+    routers, experts = parts
+
+    def hit(names):
+        return sorted({n.rpartition(".")[2] for n in names if any(a == n or a.endswith("." + n) for a in adapted)})
+    return hit(routers), hit(experts)
