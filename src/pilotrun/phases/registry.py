@@ -23,6 +23,7 @@ from pilotrun.engine.precision import autocast
 from pilotrun.engine.state import save_state
 from pilotrun.phases.worst import by_length
 from pilotrun.tasks.base import BUILTIN_TASKS, loss_parts
+from pilotrun.tasks.moe import active, expert_counts
 
 KINDS = ("load", "train", "eval", "save", "export", "reload")
 
@@ -61,6 +62,11 @@ def _load(ctx, p) -> None:
     c, task = ctx.prep.c, ctx.task_for("load")
     model = task.build_model()
     p.inputs["params"], p.inputs["trainable"] = _count(model)
+    moe = expert_counts(model)
+    if moe["experts"]:  # what a token runs through: the time plan's FLOPs; the memory holds every expert
+        p.inputs["active_params"] = active(p.inputs["params"], moe["expert_params"], moe["experts"], moe["top_k"])
+        p.inputs["active_trainable"] = active(p.inputs["trainable"], moe["expert_trainable"], moe["experts"],
+                                              moe["top_k"])
     if c.train.strategy != "fsdp":  # fully_shard moves each block to the device as it cuts it
         model.to(ctx.device)
     model = wrap_model(model, c.train.strategy, ctx.device)
