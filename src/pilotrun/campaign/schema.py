@@ -44,6 +44,28 @@ class AdapterConfig(BaseModel):
     alone (artifact/adapter) is always exported, and checkpoints hold only the trainable parameters."""
 
 
+class QuantizationConfig(BaseModel):
+    model_config = _STRICT
+    bits: Literal[4, 8] = 4
+    """4 (bitsandbytes Linear4bit: QLoRA) or 8 (Linear8bitLt, LLM.int8()): the base's linear layers held in
+    that many bits; the output head, embeddings and norms stay in model.dtype, as transformers leaves them."""
+    type: Literal["nf4", "fp4"] = "nf4"
+    """4-bit only: nf4 (NormalFloat, the QLoRA paper's) or fp4."""
+    double_quant: bool = True
+    """4-bit only: quantise the per-block absmax constants too (≈0.37 bits a weight saved)."""
+    compute_dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"
+    """4-bit only: the dtype the weights are dequantised to for each matmul, forward and backward."""
+
+    @model_validator(mode="after")
+    def _eight_bit(self) -> "QuantizationConfig":
+        said = sorted(k for k in ("type", "double_quant", "compute_dtype") if k in self.model_fields_set)
+        if self.bits == 8 and said:
+            raise ValueError(f"{', '.join(said)} {'is a 4-bit setting' if len(said) == 1 else 'are 4-bit settings'}"
+                             "; 8-bit (LLM.int8()) has none: remove "
+                             f"{' and '.join('model.quantization.' + k for k in said)}, or set bits: 4")
+        return self
+
+
 class ModelConfig(BaseModel):
     model_config = _STRICT
     path: str | None = None
@@ -62,6 +84,10 @@ class ModelConfig(BaseModel):
     """Recompute activations in the backward pass to save memory."""
     trust_remote_code: bool = False
     """Allow model code shipped in the model directory to run. Off unless set; recorded in the journal."""
+    quantization: QuantizationConfig | None = None
+    """A quantised base for QLoRA (bitsandbytes, ``pip install 'pilotrun[qlora]'``; needs model.adapter), e.g.
+    {bits: 4, type: nf4, double_quant: true, compute_dtype: bfloat16}: loaded as transformers'
+    BitsAndBytesConfig loads it, prepared as peft's prepare_model_for_kbit_training prepares it."""
     config_overrides: dict[str, Any] | None = None
     """Keys set on the model's config before it is built or loaded, e.g. {output_router_logits: true,
     router_aux_loss_coef: 0.02} to train a mixture of experts' router loss as Axolotl's model_config does."""

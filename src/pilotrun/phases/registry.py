@@ -23,7 +23,9 @@ from pilotrun.engine.precision import autocast
 from pilotrun.engine.state import save_state
 from pilotrun.phases.worst import by_length
 from pilotrun.tasks.base import BUILTIN_TASKS, loss_parts
+from pilotrun.tasks.loading import torch_dtype
 from pilotrun.tasks.moe import active, expert_counts
+from pilotrun.tasks.quantized import held, original_bytes, quant_tensors, said
 
 KINDS = ("load", "train", "eval", "save", "export", "reload")
 
@@ -54,13 +56,18 @@ def _dir_bytes(path: Path) -> int:
 # --- load ---------------------------------------------------------------------------------------------
 def _load_inputs(ctx) -> dict:
     c = ctx.prep.c
-    return {"dtype": c.model.dtype, "precision": c.train.precision, "strategy": c.train.strategy,
-            "adapter": c.model.adapter is not None}
+    out = {"dtype": c.model.dtype, "precision": c.train.precision, "strategy": c.train.strategy,
+           "adapter": c.model.adapter is not None}
+    if c.model.quantization is not None:
+        out["quantization"] = said(c.model.quantization)
+    return out
 
 
 def _load(ctx, p) -> None:
     c, task = ctx.prep.c, ctx.task_for("load")
     model = task.build_model()
+    if "quantization" in p.inputs:  # what the built model was checked to hold (tasks/quantized.check_quantized)
+        p.inputs["quantization"] = held(model)
     p.inputs["params"], p.inputs["trainable"] = _count(model)
     moe = expert_counts(model)
     if moe["experts"]:  # what a token runs through: the time plan's FLOPs; the memory holds every expert
@@ -83,10 +90,14 @@ def _load_traced(ctx) -> None:
 
     c, t, fake, acc = ctx.prep.c, ctx.prep.c.train, ctx.fake, ctx.fake["acc"]
     model = fake["model"]
+    if c.model.quantization is not None and c.model.config is not None:
+        _originals_traced(acc, model, c)
     for p in model.parameters():
         acc.book(p, "parameters")
     for b in model.buffers():
         acc.book(b, "parameters")
+    for q in quant_tensors(model):  # a quantised base's absmax, code and nested statistics: no parameter holds them
+        acc.book(q, "parameters")
     if t.strategy == "ddp" and fake["ranks"] > 1:
         acc.allocate(_bytes(p for p in model.parameters() if p.requires_grad), "gradients")  # DDP's buckets
     # the optimizer kernel of the device estimated (optim.kernel): on CUDA torch's default, the foreach
@@ -96,6 +107,22 @@ def _load_traced(ctx) -> None:
                            total_updates=ctx.prep.arithmetic()["updates"], device=torch.device("cpu"),
                            kernel_device=fake["device"],
                            sharded=t.strategy == "fsdp" and data_parallel_ranks(t) > 1)
+
+
+def _originals_traced(acc, model, c) -> None:
+    """A quantised base built from model.config holds its linear weights in model.dtype first, then quantises them
+    one at a time (``tasks/quantized.quantize_in_place``), each original freed once its packed weight exists."""
+    layers = original_bytes(model, torch_dtype(c.model.dtype))
+    blocks = [acc.allocate(n, "temporaries") for _, n in layers]
+    packed = {id(m.weight) for m, _ in layers}
+    for t in list(model.parameters()) + list(model.buffers()):  # what from_config built beside them, kept as built
+        if id(t) not in packed:
+            acc.book(t, "parameters")
+    for (m, _), block in zip(layers, blocks):
+        acc.book(m.weight, "parameters")
+        for q in quant_tensors(m):
+            acc.book(q, "parameters")
+        acc.release(block)
 
 
 # --- train: first_step (the optimizer state is allocated in it), steady_step (everything lives at once) --
@@ -188,6 +215,12 @@ def _export_traced(ctx) -> None:
         fake["notes"]["export"] = ("the copies save_pretrained makes on the device are counted (the fused experts "
                                    "split back into one tensor per expert, each made contiguous); files are written "
                                    "from host copies")
+    if ctx.prep.c.model.quantization is not None:
+        # peft's save reads the model's state_dict, where each quantised layer adds its statistics packed anew
+        held = model.state_dict()
+        del held
+        fake["notes"]["export"] = ("the quantised layers' statistics the adapter's save packs anew are counted; files "
+                                   "are written from host copies")
     if ctx.prep.c.model.adapter is not None and ctx.prep.c.model.adapter.merged_copy:
         # save_hf_artifact merges a deep copy of the adapted model, on the model's device
         copy = fake["acc"].allocate(_bytes(model.parameters()) + _bytes(model.buffers()), "temporaries")
@@ -264,7 +297,10 @@ def _reload_traced(ctx) -> None:
             return
         with acc.paused():  # not built on the chance of a replay: built now, booked from the phase as before
             reloaded = ctx.fake["rebuild"]()
-    for p in list(reloaded.parameters()) + list(reloaded.buffers()):
+    c = ctx.prep.c
+    if c.model.quantization is not None and c.model.config is not None:
+        _originals_traced(acc, reloaded, c)
+    for p in list(reloaded.parameters()) + list(reloaded.buffers()) + quant_tensors(reloaded):
         acc.book(p, "parameters")
     reloaded.eval()
     with torch.no_grad():

@@ -475,7 +475,11 @@ def fake_build(loaded, fake_mode, overrides: dict | None = None):
     c = loaded.campaign
     dtype = torch.bfloat16 if c.train.precision == "bf16-true" else torch_dtype(c.model.dtype)
     task = make_task(loaded)
-    with fake_mode, _default_dtype(dtype), _conversions_are_noops({dtype, torch_dtype(c.model.dtype)}), \
+    allowed = {dtype, torch_dtype(c.model.dtype)}
+    q = c.model.quantization
+    if q is not None and q.bits == 4:  # peft moves LoRA to a 4-bit layer's compute dtype, then back to float32
+        allowed.add(torch_dtype(q.compute_dtype))
+    with fake_mode, _default_dtype(dtype), _conversions_are_noops(allowed), \
             _fake_deepcopies(), architecture_only(overrides):
         model = task.build_model()
     return model
