@@ -37,12 +37,40 @@ ENCODERS = {
     "deberta-v2": {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
                    "max_position_embeddings": POSITIONS},
 }
+# mixtures of experts: 4 experts, 2 per token (Llama 4: 1, its shared expert beside), 32 wide each; DeepSeek's
+# first layer dense (first_k_dense_replace), its attention low-rank (MLA); Qwen2-MoE a shared expert
+_MOE = {"hidden_size": 64, "num_attention_heads": 4, "max_position_embeddings": POSITIONS, "num_experts_per_tok": 2}
+MOE = {
+    "mixtral": {**_MOE, "intermediate_size": 96, "num_key_value_heads": 2, "num_local_experts": 4},
+    "qwen3_moe": {**_MOE, "intermediate_size": 96, "moe_intermediate_size": 32, "num_key_value_heads": 2,
+                  "head_dim": 16, "num_experts": 4},
+    "olmoe": {**_MOE, "intermediate_size": 32, "num_key_value_heads": 4, "num_experts": 4},
+    "deepseek_v3": {**_MOE, "intermediate_size": 96, "moe_intermediate_size": 32, "num_key_value_heads": 4,
+                    "n_routed_experts": 4, "n_shared_experts": 1, "first_k_dense_replace": 1, "kv_lora_rank": 16,
+                    "q_lora_rank": 24, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 16, "n_group": 1,
+                    "topk_group": 1},
+    "qwen2_moe": {**_MOE, "intermediate_size": 96, "moe_intermediate_size": 32, "shared_expert_intermediate_size": 64,
+                  "num_key_value_heads": 2, "num_experts": 4},
+    "deepseek_v2": {**_MOE, "intermediate_size": 96, "moe_intermediate_size": 32, "num_key_value_heads": 4,
+                    "n_routed_experts": 4, "n_shared_experts": 1, "first_k_dense_replace": 1, "kv_lora_rank": 16,
+                    "q_lora_rank": None, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 16,
+                    "n_group": 1, "topk_group": 1},
+    "granitemoe": {**_MOE, "intermediate_size": 32, "num_key_value_heads": 4, "num_local_experts": 4},
+    "gpt_oss": {**_MOE, "intermediate_size": 32, "num_key_value_heads": 2, "head_dim": 16, "num_local_experts": 4,
+                "sliding_window": 64, "rope_parameters": {"rope_type": "default", "rope_theta": 150000.0}},
+    "llama4_text": {**_MOE, "intermediate_size": 32, "intermediate_size_mlp": 96, "num_key_value_heads": 2,
+                    "head_dim": 16, "num_local_experts": 4, "num_experts_per_tok": 1, "interleave_moe_layer_step": 1},
+}
 DEPTH_KEY = {"gpt2": "n_layer", "bloom": "n_layer", "distilbert": "n_layers"}
 # the attention projections by their real names (what a user writes in model.adapter.target_modules)
 ATTENTION = {"gpt2": ["c_attn"], "gpt_neox": ["query_key_value"], "qwen2": ["q_proj", "v_proj"],
              "mistral": ["q_proj", "v_proj"], "phi3": ["qkv_proj"], "gemma2": ["q_proj", "v_proj"],
              "opt": ["q_proj", "v_proj"], "bloom": ["query_key_value"], "distilbert": ["q_lin", "v_lin"],
              "roberta": ["query", "value"], "deberta-v2": ["query_proj", "value_proj"]}
+# an MoE's default LoRA: its attention (PEFT's q/v where it names the family), never the experts or the router
+ATTENTION.update({f: ["q_proj", "v_proj"] for f in MOE})
+ATTENTION.update({"deepseek_v3": ["q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj"],
+                  "deepseek_v2": ["q_proj", "kv_a_proj_with_mqa", "kv_b_proj"]})
 FAMILIES = list(DECODERS) + list(ENCODERS)
 LABELS = ["neg", "pos"]
 
@@ -62,7 +90,7 @@ def save_model(folder: Path, family: str, *, layers: int = 2, seq_cls: bool | No
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
 
     seq_cls = family in ENCODERS if seq_cls is None else seq_cls
-    cfg = dict(DECODERS.get(family) or ENCODERS[family], vocab_size=VOCAB, **keys)
+    cfg = dict(DECODERS.get(family) or MOE.get(family) or ENCODERS[family], vocab_size=VOCAB, **keys)
     cfg[DEPTH_KEY.get(family, "num_hidden_layers")] = layers
     tok = tokenizer()
     if not seq_cls:

@@ -118,7 +118,7 @@ def test_weights_that_fit_their_config_pass_the_header_check(tmp_path, model_dir
     from transformers import GPT2Config, GPT2LMHeadModel
 
     from pilotrun.campaign import load_campaign
-    from pilotrun.tasks.loading import check_weights_fit
+    from pilotrun.tasks.weights_fit import check_weights_fit
 
     gpt2 = tmp_path / "gpt2"
     GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=300, bos_token_id=0,

@@ -13,7 +13,9 @@ from pilotrun.tasks import make_task
 from pilotrun.tasks.common import SPLITS
 from pilotrun.errors import BadInput
 from pilotrun.tasks.hub import fetch_command, snapshot_of
-from pilotrun.tasks.loading import architecture_only, check_model_dir, check_positions, check_weights_fit, lora_targets
+from pilotrun.tasks.loading import architecture_only, check_model_dir, check_positions, lora_targets, lora_wrapped
+from pilotrun.tasks.moe import adapted_moe_parts, moe_parts
+from pilotrun.tasks.weights_fit import check_weights_fit
 from pilotrun.tasks.base import BUILTIN_TASKS
 from pilotrun.tasks.common import read_split
 from pilotrun.tasks.shapes import shape_examples, tokenizer_absent
@@ -140,3 +142,29 @@ def adapter_choice(loaded) -> tuple[list[str], str] | None:
     with torch.device("meta"), architecture_only():
         model = make_task(plain).build_model()
     return lora_targets(model, c.model.adapter)
+
+
+def adapted_router(loaded) -> str | None:
+    """What LoRA adapts of a mixture of experts beyond its attention, when that includes a router: a line for the
+    rehearsal to warn with (a router trained with LoRA moves tokens between experts as it trains and can unbalance
+    them; PEFT's and the trainers' defaults leave it frozen). None for a dense model, no adapter, or a frozen router.
+    PEFT is applied to the architecture built on the meta device, so ``all-linear`` says what it really wraps."""
+    c = loaded.campaign
+    if c.model.adapter is None or c.task not in BUILTIN_TASKS:
+        return None
+    import torch
+
+    plain = loaded.with_overrides({"model.adapter": None, "model.gradient_checkpointing": False})
+    with torch.device("meta"), architecture_only():
+        model = make_task(plain).build_model()
+    parts = moe_parts(model)  # before LoRA wraps them
+    if not any(parts):
+        return None
+    routers, experts = adapted_moe_parts(parts, lora_wrapped(model, c.model.adapter, c.task))
+    if not routers:
+        return None
+    also = f" and the experts ({', '.join(experts)})" if experts else ""
+    return (f"LoRA adapts the router ({', '.join(routers)}) of this mixture of experts{also}: trained, it moves "
+            "tokens between experts and can unbalance them (PEFT's and the trainers' defaults leave it frozen); to "
+            "keep it frozen, name the attention projections in model.adapter.target_modules (or leave it out for "
+            "the family's default)")

@@ -62,6 +62,9 @@ class ModelConfig(BaseModel):
     """Recompute activations in the backward pass to save memory."""
     trust_remote_code: bool = False
     """Allow model code shipped in the model directory to run. Off unless set; recorded in the journal."""
+    config_overrides: dict[str, Any] | None = None
+    """Keys set on the model's config before it is built or loaded, e.g. {output_router_logits: true,
+    router_aux_loss_coef: 0.02} to train a mixture of experts' router loss as Axolotl's model_config does."""
 
 
 class DataConfig(BaseModel):

@@ -29,6 +29,7 @@ from pilotrun.engine.precision import autocast, make_scaler
 from pilotrun.engine.sampler import UpdateSampler
 from pilotrun.engine.state import retain_checkpoints, save_state
 from pilotrun.journal.store import check_fence
+from pilotrun.tasks.base import loss_parts
 from pilotrun.verdicts import plural
 
 OOM_ENV = "PILOTRUN_TEST_OOM_AT_UPDATE"  # test switch only: see _planted_oom
@@ -135,19 +136,24 @@ def run_update(state: TrainState, task, micro_batches: list[list], *, max_grad_n
     if total_targets == 0:
         raise ValueError("an update with no target tokens: every label is masked")
     loss_sum = 0.0
+    part_sums: dict[str, float] = {}
     model.train()
     for i, batch in enumerate(batches):
         # DDP averages gradients over ranks; multiplying by world turns that back into the global sum.
         sync = i == len(batches) - 1 or not hasattr(model, "no_sync")
         with (contextlib.nullcontext() if sync else model.no_sync()):
             with autocast(state.precision, state.device.type):
-                s, _ = task.loss(model, batch)
+                s, _, parts = loss_parts(task.loss(model, batch))
             scaled = s * (world / total_targets)
             (state.scaler.scale(scaled) if state.scaler is not None else scaled).backward()
         loss_sum += float(s.detach())
+        for k, v in parts.items():
+            part_sums[k] = part_sums.get(k, 0.0) + float(v)
         if i == 0:
             _planted_oom(state.update + 1, s)
     loss = all_reduce_sum(loss_sum, state.device) / total_targets
+    # the parts of the loss besides the targets' (a router's auxiliary loss), on the same scale: loss includes them
+    loss_parts_ = {k: all_reduce_sum(v, state.device) / total_targets for k, v in sorted(part_sums.items())}
     finite = math.isfinite(loss)
     lr = state.lr
     params = [p for p in model.parameters() if p.requires_grad]
@@ -177,7 +183,8 @@ def run_update(state: TrainState, task, micro_batches: list[list], *, max_grad_n
     if step and finite:
         state.update += 1
         state.examples_seen += n_examples
-    return {"loss": loss, "targets": int(total_targets), "grad_norm": grad_norm, "lr": lr, "finite": finite,
+    return {"loss": loss, **({"loss_parts": loss_parts_} if loss_parts_ else {}),
+            "targets": int(total_targets), "grad_norm": grad_norm, "lr": lr, "finite": finite,
             "examples": n_examples, "skipped": skipped, "attempt": state.attempts,
             "metrics": task_metrics(task, state.device), **({} if finite else {"why": why})}
 
@@ -231,7 +238,7 @@ def evaluate(state: TrainState, task, examples: list, batch_size: int) -> dict:
         for i in range(0, len(mine), batch_size):
             batch = to_device(task.collate(mine[i: i + batch_size]), state.device)
             with autocast(state.precision, state.device.type):
-                s, n = task.loss(model, batch)
+                s, n, _ = loss_parts(task.loss(model, batch))
             total += float(s)
             count += int(n)
             del batch, s, n  # not held through the next batch's forward: every batch starts from the same tensors
@@ -254,7 +261,8 @@ def rate_text(examples: int, seconds: float) -> str:
 
 def update_line(state, out: dict) -> str:
     """The progress line of one update: its number, loss, learning rate and examples per second."""
-    return (f"update {state.update}/{state.total_updates}, loss {out['loss']:.4f}, lr {out['lr']:.2e}, "
+    parts = "".join(f" ({k} {v:.4f})" for k, v in out.get("loss_parts", {}).items())
+    return (f"update {state.update}/{state.total_updates}, loss {out['loss']:.4f}{parts}, lr {out['lr']:.2e}, "
             f"{rate_text(out['examples'], out['seconds'])}")
 
 

@@ -22,7 +22,8 @@ from pilotrun.engine.loop import evaluate, make_state, run_update, to_device
 from pilotrun.engine.precision import autocast
 from pilotrun.engine.state import save_state
 from pilotrun.phases.worst import by_length
-from pilotrun.tasks.base import BUILTIN_TASKS
+from pilotrun.tasks.base import BUILTIN_TASKS, loss_parts
+from pilotrun.tasks.moe import active, expert_counts
 from pilotrun.tasks.preference_loss import reference_kind, reference_of, resident_bytes
 
 KINDS = ("load", "train", "eval", "save", "export", "reload")
@@ -74,6 +75,11 @@ def _load(ctx, p) -> None:
     model = task.build_model()
     p.inputs["params"], p.inputs["trainable"] = _count(model)
     _reference_inputs(p, model)
+    moe = expert_counts(model)
+    if moe["experts"]:  # what a token runs through: the time plan's FLOPs; the memory holds every expert
+        p.inputs["active_params"] = active(p.inputs["params"], moe["expert_params"], moe["experts"], moe["top_k"])
+        p.inputs["active_trainable"] = active(p.inputs["trainable"], moe["expert_trainable"], moe["experts"],
+                                              moe["top_k"])
     if c.train.strategy != "fsdp":  # fully_shard moves each block to the device as it cuts it
         model.to(ctx.device)
     model = wrap_model(model, c.train.strategy, ctx.device)
@@ -118,6 +124,8 @@ def _step(name: str):
         out = run_update(ctx.state, ctx.task_for(name), ctx.worst["micro_batches"],
                          max_grad_norm=c.train.max_grad_norm)
         p.inputs["targets"] = out["targets"]
+        for part, value in out.get("loss_parts", {}).items():  # the loss's parts besides the targets', apart
+            p.inputs[part] = round(value, 6)
         if not out["finite"]:
             p.nan(f"the update's loss is {out['loss']} (seq_len {ctx.worst['train_inputs']['seq_len']}, "
                   f"micro_batch {c.train.micro_batch}); the optimizer step was skipped")
@@ -191,11 +199,32 @@ def _export(ctx, p) -> None:
 def _export_traced(ctx) -> None:
     fake, model = ctx.fake, ctx.fake["model"]
     fake["notes"]["export"] = "not traced: the artifact is written from host copies"
+    if ctx.prep.c.model.adapter is None and ctx.prep.c.train.strategy != "fsdp" and _reverted_copies(model):
+        fake["notes"]["export"] = ("the copies save_pretrained makes on the device are counted (the fused experts "
+                                   "split back into one tensor per expert, each made contiguous); files are written "
+                                   "from host copies")
     if ctx.prep.c.model.adapter is not None and ctx.prep.c.model.adapter.merged_copy:
         # save_hf_artifact merges a deep copy of the adapted model, on the model's device
         copy = fake["acc"].allocate(_bytes(model.parameters()) + _bytes(model.buffers()), "temporaries")
         fake["acc"].release(copy)
         fake["notes"]["export"] = "the merged copy of the adapted model is counted; files are written from host copies"
+
+
+def _reverted_copies(model) -> bool:
+    """save_pretrained's work on the model's device, on fake tensors: transformers reverts the conversion it loads
+    with (an MoE's fused experts split back into the per-expert tensors a checkpoint holds) and makes each tensor
+    contiguous before it is written; whether there was anything to revert."""
+    try:
+        from transformers.core_model_loading import revert_weight_conversion
+    except ImportError:  # transformers 4 converts nothing
+        return False
+    state = model.state_dict()
+    reverted = revert_weight_conversion(model, state)
+    if reverted is state or set(reverted) == set(state):
+        return False
+    held = [t.contiguous() for t in reverted.values()]
+    del held, reverted
+    return True
 
 
 # --- reload: the artifact loaded back, one loss on the longest example ----------------------------------
@@ -234,7 +263,7 @@ def _reload(ctx, p) -> None:
         loaded_model.eval()
         with torch.no_grad(), autocast(ctx.prep.c.train.precision, ctx.device.type):
             batch = to_device(task.collate(sample), ctx.device)
-            s, n = artifact_loss(reload_task)(loaded_model, batch)
+            s, n, _ = loss_parts(artifact_loss(reload_task)(loaded_model, batch))
         loss = float(s) / max(1, int(n))
         del loaded_model
         if loss != loss or loss in (float("inf"), float("-inf")):

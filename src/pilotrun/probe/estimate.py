@@ -24,6 +24,7 @@ import math
 import weakref
 
 from pilotrun.errors import BadInput
+from pilotrun.probe.fake_ops import stand_in
 from pilotrun.tasks import make_task
 from pilotrun.tasks.base import BUILTIN_TASKS
 from pilotrun.tasks.loading import architecture_only, check_model_dir, torch_dtype
@@ -333,7 +334,9 @@ class Accountant:
                     return func(*args, **(kwargs or {}))
                 if func is torch.ops.aten._local_scalar_dense.default:
                     return _placeholder(args[0])
-                out = func(*args, **(kwargs or {}))
+                out = stand_in(func, args, kwargs or {}, acc.cuda)  # a meta kernel narrower than the device's
+                if out is None:
+                    out = func(*args, **(kwargs or {}))
                 if acc.in_optimizer or torch._C._current_graph_task_id() != -1:
                     category = "temporaries"
                 else:

@@ -118,7 +118,9 @@ def _unit_plan(c, t, rows, peaks, pilot, measured, counts):
     load_in = peaks["load"].get("inputs", {})
     su = peaks["steady_step"].get("inputs", {})
     ev = peaks["eval_longest"].get("inputs", {})
-    work = {"params": load_in.get("params"), "trainable": load_in.get("trainable") or load_in.get("params"),
+    # a mixture of experts computes with the parameters a token runs through (the pilot's load row says them)
+    params = load_in.get("active_params") or load_in.get("params")
+    work = {"params": params, "trainable": load_in.get("active_trainable") or load_in.get("trainable") or params,
             "tokens_update": su.get("micro_batch", t.micro_batch) * su.get("accumulation", t.accumulation)
             * su.get("seq_len", c.data.max_length),
             "tokens_eval": ev.get("eval_batch", t.eval_batch) * ev.get("seq_len", c.data.max_length),

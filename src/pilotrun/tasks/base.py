@@ -62,7 +62,9 @@ class Task(Protocol):
         """A batch of tensors (padded) from encoded examples."""
 
     def loss(self, model, batch: dict[str, Any]) -> tuple[Any, Any]:
-        """(sum of per-target losses, number of targets) for a batch."""
+        """(sum of per-target losses, number of targets) for a batch; a third element, when given, names the parts
+        of that sum that are not the per-target loss (``{"router_aux": ...}``: a mixture of experts' load-balancing
+        term, weighted by the targets as the sum is), which the loop reports apart (``loss_parts``)."""
 
     def count_targets(self, batch: dict[str, Any]) -> int:
         """Number of loss targets in a batch, known before the forward pass."""
@@ -79,6 +81,11 @@ class Task(Protocol):
 
     def load_artifact(self, path) -> Any:
         """Load an artifact written by save_artifact, the way a user would."""
+
+
+def loss_parts(result) -> tuple[Any, Any, dict]:
+    """A task's ``loss`` result as (sum, count, parts): a custom task's (sum, count) has no parts."""
+    return result[0], result[1], (result[2] if len(result) > 2 else {})
 
 
 REQUIRED_METHODS = ("build_model", "records", "encode", "collate", "loss", "count_targets", "predict",

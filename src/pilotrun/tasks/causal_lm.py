@@ -11,6 +11,7 @@ from typing import Any
 from pilotrun.tasks import chat, common
 from pilotrun.tasks.base import IGNORE, Example
 from pilotrun.tasks.loading import build_model, eos_id, leading_specials, load_hf_artifact, save_hf_artifact
+from pilotrun.tasks.moe import router_aux
 
 
 class CausalLMTask(common.CampaignTask):
@@ -135,13 +136,19 @@ class CausalLMTask(common.CampaignTask):
     def loss(self, model, batch):
         import torch.nn.functional as F
 
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
         # position t predicts token t+1
-        logits = logits[:, :-1].float()
+        logits = out.logits[:, :-1].float()
         target = batch["labels"][:, 1:]
         total = F.cross_entropy(logits.reshape(-1, logits.size(-1)), target.reshape(-1),
                                 ignore_index=IGNORE, reduction="sum")
-        return total, (target != IGNORE).sum()
+        n = (target != IGNORE).sum()
+        aux = router_aux(model, out)
+        if aux is None:
+            return total, n
+        # the model's forward adds coef × aux to its mean loss: as a sum over the targets, aux counts once per target
+        weighted = aux * n
+        return total + weighted, n, {"router_aux": weighted.detach()}
 
     def predict(self, model, batch) -> list[list[int]]:
         """Greedy ids at each target position under teacher forcing."""

@@ -13,6 +13,7 @@ from pilotrun.errors import BadInput
 from pilotrun.journal.base_identity import ATTR, describe_base
 from pilotrun.journal.files import reading_weights
 from pilotrun.tasks.hub import fetch_command, missing_weights, snapshot_of
+from pilotrun.tasks.moe import moe_parts
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
@@ -334,83 +335,6 @@ def model_weight_files(path: Path) -> list[Path]:
     return [path / "model.safetensors"] if (path / "model.safetensors").is_file() else []
 
 
-_FLOATS = {"F16", "BF16", "F32", "F64"}
-
-
-def check_weights_fit(c, kind: str) -> None:
-    """The folder's weights against the model its config.json describes, before any run exists: every tensor of
-    the base model (and a causal LM's output head) present in the safetensors headers, each of the shape the
-    model needs. The model is built on the meta device (no memory, no weights read: milliseconds) and only the
-    headers are read; a tensor missing or of another shape is exit 2 naming the file, the tensor and the fix,
-    where from_pretrained would fail mid-run or, for a missing tensor, silently draw it at random. A folder
-    whose names this does not recognise (under half the model's found: renamed keys, quantised weights) is left
-    to from_pretrained, and so is a tensor missing by name while one of its shape is under a name the model does
-    not have (a key transformers renames when it loads)."""
-    import re
-
-    import torch
-    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
-
-    path = Path(c.model.path)
-    check_model_dir(path)  # the folder, its config.json and every weights file's header first
-    headers: dict[str, tuple[Path, dict]] = {}
-    for f in model_weight_files(path):
-        for name, t in check_safetensors(f).items():
-            if name != "__metadata__":
-                headers[name] = (f, t)
-    if not headers:
-        return
-    config = _folder_config(path, c.model.trust_remote_code, {})
-    if getattr(config, "quantization_config", None):
-        return
-    auto = AutoModelForCausalLM if kind == "causal-lm" else AutoModelForSequenceClassification
-    try:
-        with torch.device("meta"), quiet_transformers():
-            model = auto.from_config(config, trust_remote_code=c.model.trust_remote_code)
-    except Exception:  # noqa: BLE001 - what cannot be built is the build's to report, with its own message
-        return
-    prefix = getattr(model, "base_model_prefix", "") or ""
-    groups: dict[int, tuple[Any, list[str]]] = {}  # a parameter → every name it has (tied weights share one)
-    for name, p in model.named_parameters(remove_duplicate=False):
-        groups.setdefault(id(p), (p, []))[1].append(name)
-    known = {n for _, names in groups.values() for n in names}
-
-    def full(name: str) -> str:  # a checkpoint's name as the whole model names it (a base model saved alone)
-        return name if name in known or not prefix else f"{prefix}.{name}" if f"{prefix}.{name}" in known else name
-
-    found = {full(n): v for n, v in headers.items()}
-    head = model.get_output_embeddings() if kind == "causal-lm" else None
-    heads = {id(head.weight)} if getattr(head, "weight", None) is not None else set()  # its bias may be new
-    ignore = [re.compile(r) for r in (getattr(model, "_keys_to_ignore_on_load_missing", None) or [])]
-    needed = [(p, names) for key, (p, names) in groups.items()
-              if (key in heads or any(n.startswith(f"{prefix}.") for n in names) or not prefix)
-              and not any(r.search(n) for r in ignore for n in names)]
-    present = [(p, names, next(n for n in names if n in found)) for p, names in needed if any(n in found for n in names)]
-    if not needed or len(present) * 2 < len(needed):
-        return
-    files = sorted({str(f.name) for f, _ in headers.values()})
-    for p, names, n in present:
-        f, t = found[n]
-        if t["dtype"] in _FLOATS and list(t["shape"]) != list(p.shape):
-            raise BadInput(f"tensor {n!r} in {f.name} has shape {list(t['shape'])}, but the {config.model_type} model "
-                           f"config.json describes needs {list(p.shape)}; nothing was loaded", where=str(f),
-                           fix="the weights and config.json are of different models or sizes: copy the folder again "
-                               "from one save_pretrained, or set config.json's sizes to the weights' (hidden_size, "
-                               "num_hidden_layers, vocab_size, ...)")
-    # a tensor saved under a name this transformers renames on load (GPT-NeoX's embed_out is lm_head) is no loss:
-    # one the model lacks by name counts as missing only when no unclaimed tensor of the checkpoint has its shape
-    unclaimed = {tuple(t["shape"]) for n, (_, t) in found.items() if n not in known}
-    lost = [names[0] for p, names in needed
-            if not any(n in found for n in names) and tuple(p.shape) not in unclaimed]
-    if lost:
-        raise BadInput(f"{len(lost)} tensor{'s' if len(lost) > 1 else ''} of the {config.model_type} model config.json "
-                       f"describes {'are' if len(lost) > 1 else 'is'} missing from {', '.join(files)}: "
-                       f"{', '.join(repr(n) for n in lost[:5])}{' ...' if len(lost) > 5 else ''}; from_pretrained would "
-                       "draw them at random; nothing was loaded", where=str(path / files[0]),
-                       fix="copy the model folder again (a shard or tensors were lost), or write it again with "
-                           "save_pretrained")
-
-
 def _generic_labels(config) -> bool:
     names = list((getattr(config, "id2label", None) or {}).values())
     return all(str(n).startswith("LABEL_") for n in names)
@@ -442,7 +366,8 @@ def _build_model(c, tokenizer, kind: str, labels: list[str] | None):
     if c.model.path:
         path = Path(c.model.path)
         check_model_dir(path, weights=shape_only is None)  # the architecture alone needs config.json only
-        config = _folder_config(path, c.model.trust_remote_code, shape_only or {})
+        overrides = {**(c.model.config_overrides or {}), **(shape_only or {})}  # a depth counted from wins
+        config = folder_config(path, c.model.trust_remote_code, overrides)
         if labels is not None and _generic_labels(config):
             for k, v in head_kwargs.items():
                 setattr(config, k, v)
@@ -454,7 +379,7 @@ def _build_model(c, tokenizer, kind: str, labels: list[str] | None):
         else:
             model = _from_folder(auto, path, config, c, dtype)
     elif c.model.config:
-        cfg = dict(c.model.config, **(shape_only or {}))
+        cfg = {**c.model.config, **(c.model.config_overrides or {}), **(shape_only or {})}
         model_type = cfg.pop("model_type", None)
         if not model_type:
             raise BadInput("model.config has no model_type", where="model.config",
@@ -474,7 +399,7 @@ def _build_model(c, tokenizer, kind: str, labels: list[str] | None):
     return _finish(model, c, tokenizer, kind)
 
 
-def _folder_config(path: Path, trust_remote_code: bool, overrides: dict):
+def folder_config(path: Path, trust_remote_code: bool, overrides: dict):
     """The folder's config as ``from_pretrained`` reads it, with ``overrides`` in its keys before it is made."""
     from transformers import AutoConfig
 
@@ -583,8 +508,16 @@ def _check_vocab(model, tokenizer) -> None:
                        fix="use the tokenizer the model was trained with, or resize the embeddings and save the model")
 
 
-# families PEFT's mapping (peft.utils.constants) has no LoRA default for: their attention projections by real names
-LORA_DEFAULTS = {"phi3": ["qkv_proj"], "distilbert": ["q_lin", "v_lin"]}
+# families PEFT's mapping (peft.utils.constants) has no LoRA default for: their attention projections by real names.
+# Mixtures of experts get their attention alone, as PEFT's own Mixtral default and the trainers' MoE examples (Axolotl's
+# Qwen3-30B-A3B LoRA: q/k/v/o): the experts and the router stay frozen. DeepSeek's attention is low-rank (MLA): its
+# query projection is q_proj, or q_a_proj and q_b_proj where the config sets q_lora_rank; those the model has are used
+_MLA = ["q_proj", "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj"]
+LORA_DEFAULTS = {"phi3": ["qkv_proj"], "distilbert": ["q_lin", "v_lin"],
+                 **{f: ["q_proj", "v_proj"] for f in ("qwen2_moe", "qwen3_moe", "olmoe", "granitemoe",
+                                                      "granitemoeshared", "gpt_oss", "llama4_text", "jetmoe")},
+                 "deepseek_v2": _MLA, "deepseek_v3": _MLA}
+LORA_ANY_OF = ("deepseek_v2", "deepseek_v3")  # defaults listing alternatives: the ones the model has
 
 
 def lora_defaults(model_type: str | None) -> tuple[list[str], str] | None:
@@ -625,6 +558,11 @@ def lora_targets(model, adapter) -> tuple[list[str], str]:
             raise BadInput(f"no default LoRA modules for model_type {kind}", where="model.adapter.target_modules",
                            fix=f"name the attention projections; the model's linear layers: {', '.join(layers)}")
         targets, why = found
+        if kind in LORA_ANY_OF:
+            have = {name.rpartition(".")[2] for name, _ in model.named_modules()}
+            targets = [t for t in targets if t in have] or targets
+        if moe_parts(model)[0]:
+            why += "; a mixture of experts: attention only, the experts and the router stay frozen"
     names = {name.rpartition(".")[2] for name, _ in model.named_modules()}
     missing = [t for t in targets if t not in names]
     if missing:
@@ -647,6 +585,15 @@ def _apply_adapter(model, adapter, kind: str):
     except ValueError as e:
         raise BadInput(f"cannot apply the LoRA adapter: {e}", where="model.adapter.target_modules",
                        fix=f"name modules that exist in the model: {', '.join(linear_layers(model))}") from None
+
+
+def lora_wrapped(model, adapter, kind: str) -> list[str]:
+    """The names of the modules PEFT wraps with LoRA on ``model`` (changed in place: give it a throwaway, e.g. one
+    built on the meta device), as ``model.named_modules`` names them."""
+    with quiet_transformers():
+        peft_model = _apply_adapter(model, adapter, kind)
+    return [name.removeprefix("base_model.model.") for name, m in peft_model.named_modules()
+            if hasattr(m, "lora_A") and not name.endswith(".base_layer")]
 
 
 def load_hf_artifact(c, tokenizer, kind: str, path, labels: list[str] | None = None):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-from pilotrun.campaign.prepare import adapter_choice, prepare
+from pilotrun.campaign.prepare import adapter_choice, adapted_router, prepare
 from pilotrun.console.progress import note
 from pilotrun.data.checks import run_checks
 from pilotrun.data.pairs import SWAP_MIN, SWAP_SAMPLE, mean_logps, reference_preference
@@ -32,7 +32,9 @@ def inspect(loaded, n: int = 0, split: str | None = None) -> StageResult:
 
     lora = adapter_choice(loaded)
     if lora is not None:
-        report.checks.insert(0, Check("lora targets", "ok", f"LoRA adapts {', '.join(lora[0])} ({lora[1]})"))
+        router = adapted_router(loaded)
+        said = f"LoRA adapts {', '.join(lora[0])} ({lora[1]})" + (f"; {router}" if router else "")
+        report.checks.insert(0, Check("lora targets", "warn" if router else "ok", said))
     shown = [c for c in report.checks if c.verdict != "ok" or c.name in INFO_CHECKS]
     messages = [c.line() for c in shown]
     for s in report.splits.values():

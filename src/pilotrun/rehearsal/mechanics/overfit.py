@@ -29,6 +29,7 @@ from pilotrun.rehearsal.mechanics.plateau import conflict_text, conflicting_inpu
 from pilotrun.sheet.shape import padded_tokens
 from pilotrun.tasks.base import IGNORE
 from pilotrun.tasks.loading import no_dropout
+from pilotrun.tasks.moe import without_router_aux
 from pilotrun.verdicts import StageResult, headline, plural
 
 TOLERANCE = {"fp32": 1e-5}  # relative gradient difference; rounding alone stays far below 1e-5 in fp32
@@ -106,24 +107,27 @@ def accumulation_check(prep, model=None) -> dict:
     no_dropout(model)
     state = make_state(model, t, n_train=len(prep.train), seed=prep.c.seed, total_updates=1)
     started = time.perf_counter()
-    for micro in (batches, [[e for b in batches for e in b]]):
-        model.zero_grad(set_to_none=True)
-        try:
-            run_update(state, prep.task, micro, max_grad_norm=None, step=False, zero_grad=False)
-        except Exception as e:
-            if not is_oom(e):
-                raise
-            return {"verdict": "fail", "tolerance": tol, "micro_batch_targets": targets,
-                    "headline": "the accumulation check ran out of memory",
-                    "message": out_of_memory_reason(state, "the accumulation check", e)}
-        grads.append(_grads(model))
+    with without_router_aux(model) as aux_left_out:  # a load-balancing term is per micro-batch by definition
+        for micro in (batches, [[e for b in batches for e in b]]):
+            model.zero_grad(set_to_none=True)
+            try:
+                run_update(state, prep.task, micro, max_grad_norm=None, step=False, zero_grad=False)
+            except Exception as e:
+                if not is_oom(e):
+                    raise
+                return {"verdict": "fail", "tolerance": tol, "micro_batch_targets": targets,
+                        "headline": "the accumulation check ran out of memory",
+                        "message": out_of_memory_reason(state, "the accumulation check", e)}
+            grads.append(_grads(model))
     seconds = time.perf_counter() - started
     model.zero_grad(set_to_none=True)
     del state
     ref = float(grads[1].norm())
     rel = float((grads[0] - grads[1]).norm()) / ref if ref else float("nan")
     setting = (f"{len(batches)} micro-batches of {[len(b) for b in batches]} examples ({targets} targets) "
-               f"against one batch of {sum(len(b) for b in batches)}, {t.precision}")
+               f"against one batch of {sum(len(b) for b in batches)}, {t.precision}"
+               + ("; the targets' loss alone: the router's auxiliary loss is computed per micro-batch, as the "
+                  "trainers do" if aux_left_out else ""))
     n_ex = sum(len(b) for b in batches)
     out = {"relative_difference": rel, "tolerance": tol, "micro_batch_targets": targets, "setting": setting,
            "seconds": seconds, "cost": f"{2 * n_ex} examples' forward and backward ({n_ex} twice, "
@@ -406,9 +410,13 @@ def _memorise(loaded, home, prep, model, chosen: list, mt, budget: UpdateBudget,
     head(f"memorising {plural(len(chosen), 'pair' if pairs else 'example')}")
     with RunRecorder(Journal(home), loaded, kind="overfit") as rec:
         def on_update(st, out):
+            parts = out.get("loss_parts") or {}
+            if parts:  # the targets' loss is what memorises; a router's auxiliary loss is trained but has a floor
+                out.update(loss_trained=out["loss"], loss=out["loss"] - sum(parts.values()))
             history.append(out)
             back_off(st, out)
-            rec.log("train", out["update"], {"loss": out["loss"], "lr": out["lr"], "grad_norm": out["grad_norm"]},
+            rec.log("train", out["update"], {"loss": out["loss"], **parts, "lr": out["lr"],
+                                             "grad_norm": out["grad_norm"]},
                     examples_seen=out["examples_seen"], wall_s=out["wall_s"])
             if budget.sized and budget.per_update is None and len(history) == SIZE_AFTER + 1:
                 seconds = sorted(h["seconds"] for h in history[1:])[SIZE_AFTER // 2]  # the first: a warm-up
@@ -457,6 +465,10 @@ def _closing_lines(task, chosen: list, run: dict, acc: dict, budget: UpdateBudge
         lines.append(f"memorised {what} in {plural(run['updates'], 'update')}: loss "
                      f"{history[0]['loss']:.3f} → {history[-1]['loss']:.4f} < {LOSS_THRESHOLD}; {reproduced}")
     lines += run.get("pair_lines", [])
+    for part in (history[-1].get("loss_parts") or {}) if history else ():
+        first, last = history[0]["loss_parts"][part], history[-1]["loss_parts"][part]
+        lines.append(f"{part}: {first:.4g} → {last:.4g}, finite in every update: trained with the targets' loss "
+                     "(the loss above is the targets' alone; the update's loss adds it)")
     if budget.sized and budget.source.startswith("the median"):
         lines.append(budget.text())  # sized during the run: said once it was
     if "seconds" in acc and history:

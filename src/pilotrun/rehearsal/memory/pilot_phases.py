@@ -29,6 +29,7 @@ from pilotrun.phases.registry import BY_NAME
 from pilotrun.phases.worst import worst_case
 from pilotrun.probe.recorder import phase
 from pilotrun.sheet import shape
+from pilotrun.tasks.base import loss_parts
 
 INJECT_KINDS = ("oom", "nan", "error", "short")
 # Test switch: "oom:eval_longest,nan:first_step". "short:steady_step" (or first_step) feeds the train
@@ -75,8 +76,8 @@ class _NanLoss:
         return getattr(self._task, name)
 
     def loss(self, model, batch):
-        s, n = self._task.loss(model, batch)
-        return s * float("nan"), n
+        s, n, parts = loss_parts(self._task.loss(model, batch))
+        return s * float("nan"), n, parts
 
     def reload_loss(self, model, batch):
         s, n = getattr(self._task, "reload_loss", self._task.loss)(model, batch)

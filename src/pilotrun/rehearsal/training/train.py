@@ -209,8 +209,9 @@ def _journal_hooks(rec: RunRecorder | None, user: Hooks, watch) -> Hooks:
 
     def on_update(st, out):
         if rec is not None:
-            rec.log("train", out["update"], {"loss": out["loss"], "lr": out["lr"], "grad_norm": out["grad_norm"],
-                                             "targets": out["targets"], **out.get("metrics", {})},
+            rec.log("train", out["update"], {"loss": out["loss"], **out.get("loss_parts", {}), "lr": out["lr"],
+                                             "grad_norm": out["grad_norm"], "targets": out["targets"],
+                                             **out.get("metrics", {})},
                     examples_seen=out["examples_seen"], wall_s=out["wall_s"])
             rec.progress(st.update, st.examples_seen)
             if out.get("skipped"):  # keyed by attempt: a skipped update shares its number with the next one

@@ -1,0 +1,42 @@
+"""Fake kernels for the ops whose meta kernel refuses what the run's own kernel takes.
+
+torch's meta kernel of ``aten._grouped_mm`` (the grouped expert matmul transformers' MoE layers run through
+``torch.nn.functional.grouped_mm``) copies the checks of the Hopper bf16 kernel: under fake tensors an fp32 or
+fp16 model fails with "Expected inputs of BF16 type", while the CPU kernel (and transformers' fallback) run every
+floating dtype. The estimator's accountant answers such a call here: an empty output of the shape and dtype the
+kernel returns (the bytes are all the ledger needs), laid out as the CUDA kernel lays it out when the trace stands
+for a CUDA device (each row padded to 16 bytes).
+"""
+
+from __future__ import annotations
+
+
+def stand_in(func, args, kwargs: dict, cuda: bool):
+    """The output of ``func`` on these fake arguments when its meta kernel would refuse them, else None."""
+    import torch
+
+    if func is not torch.ops.aten._grouped_mm.default:
+        return None
+    a, b = args[0], args[1]
+    offs = args[2] if len(args) > 2 else kwargs.get("offs")
+    out_dtype = (args[4] if len(args) > 4 else kwargs.get("out_dtype")) or a.dtype
+    if a.dtype == b.dtype == torch.bfloat16 and out_dtype == torch.bfloat16:
+        return None  # the meta kernel's own case
+    return _grouped_mm_output(a, b, offs, out_dtype, cuda)
+
+
+def _grouped_mm_output(a, b, offs, dtype, cuda: bool):
+    """The grouped matmul's result: (tokens, out) for 2-D × 3-D, a stack of per-group products for 2-D × 2-D
+    (the weight gradient), (groups, rows, out) for 3-D × 3-D, (rows, out) for 3-D × 2-D."""
+    import torch
+
+    if a.dim() == 2:
+        size = [offs.size(0), a.size(0), b.size(1)] if b.dim() == 2 else [a.size(0), b.size(-1)]
+    else:
+        size = [a.size(1), b.size(1)] if b.dim() == 2 else [a.size(0), a.size(1), b.size(-1)]
+    if not cuda:
+        return torch.empty(size, dtype=dtype, device=a.device)
+    align = max(1, 16 // dtype.itemsize)
+    padded = -(-size[-1] // align) * align
+    stride = [size[1] * padded, padded, 1] if len(size) == 3 else [padded, 1]
+    return torch.empty_strided(size, stride, dtype=dtype, device=a.device)
