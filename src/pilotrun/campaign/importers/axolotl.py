@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pilotrun.campaign.importers import rl, schemas
+from pilotrun.campaign.importers import preference, rl, schemas
 from pilotrun.campaign.importers.axolotl_data import axolotl_data
 from pilotrun.campaign.importers.builder import Builder, empty
 from pilotrun.campaign.importers.keys import check_keys, unknown_reason
@@ -67,7 +67,7 @@ def check_axolotl_keys(raw: dict[str, Any], b: Builder) -> set[str]:
 def import_axolotl(raw: dict[str, Any], b: Builder) -> None:
     handled = check_axolotl_keys(raw, b)
     for key in ("rl", "reward_model", "process_reward_model"):  # never a supervised campaign (rl.py)
-        if raw.get(key):
+        if raw.get(key) and not (key == "rl" and preference.carries(raw[key])):  # dpo, ipo, orpo, simpo: preference.py
             rl.refuse(b, key, raw[key])
             return
     if raw.get("processor_type") or raw.get("is_multimodal"):
@@ -113,7 +113,10 @@ def import_axolotl(raw: dict[str, Any], b: Builder) -> None:
     _distribution(raw, b, get)
 
     # the data
-    axolotl_data(raw, b, used)
+    if preference.carries(raw.get("rl")):
+        preference.axolotl(raw, b, used)  # rl: its keys, and the data set's prompt and two answers
+    else:
+        axolotl_data(raw, b, used)
     seq, src = value_or_default("sequence_len")
     b.put(src, "data.max_length", int(seq))
     if get("train_on_inputs"):
