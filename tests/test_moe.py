@@ -180,3 +180,30 @@ def test_estimate_options_on_qwen3_30b_a3b_from_config_json_alone(tmp_path, cach
     said = " ".join(r.json["stages"][0]["messages"])
     assert "30,532,122,624 parameters in total, 3,353,032,704 active per token" in said, said
     assert "time assumes balanced routing" in said and "routing worst case" in said
+
+
+def test_axolotl_moe_keys_are_carried_or_named(tmp_path):
+    """An Axolotl MoE config: model_config (the router's loss turned on, its coefficient) becomes
+    model.config_overrides; expert_parallel_size (the EP plugin's), experts_implementation and unfrozen_parameters
+    are named with what leaving them out does (the options table prices EP; the rehearsal trains every parameter)."""
+    import yaml
+    from conftest import write_jsonl
+
+    from pilotrun.campaign.importers import import_config
+
+    write_jsonl(tmp_path / "data" / "train.jsonl", [{"instruction": f"q{i}", "input": "", "output": f"a{i}"}
+                                                    for i in range(8)])
+    cfg = {"base_model": "Qwen/Qwen3-30B-A3B", "plugins": ["axolotl.integrations.expert_parallel.ExpertParallelPlugin"],
+           "expert_parallel_size": 8, "experts_implementation": "grouped_mm",
+           "model_config": {"output_router_logits": True, "router_aux_loss_coef": 0.005},
+           "unfrozen_parameters": [r"model.layers.\d+.mlp.gate"],
+           "datasets": [{"path": "data/train.jsonl", "type": "alpaca"}], "sequence_len": 1024,
+           "micro_batch_size": 1, "gradient_accumulation_steps": 4, "num_epochs": 1, "learning_rate": 1e-5,
+           "bf16": True}
+    (tmp_path / "ax.yml").write_text(yaml.safe_dump(cfg))
+    imp = import_config(tmp_path / "ax.yml", "axolotl", tmp_path / "campaign.yaml")
+    assert imp.campaign["model"]["config_overrides"] == {"output_router_logits": True, "router_aux_loss_coef": 0.005}
+    skipped = {n.key: n.reason for n in imp.not_carried}
+    assert "`pilotrun estimate --options` prices expert parallel × FSDP rows" in skipped["expert_parallel_size"]
+    assert "grouped_mm" in skipped["experts_implementation"]
+    assert "trains them all" in skipped["unfrozen_parameters"]
