@@ -369,5 +369,7 @@ def test_all_is_green_on_a_saved_moe(folders, tmp_path, cli, family, overrides):
     verdicts = {s["stage"]: s["verdict"] for s in r.json["stages"]}
     assert all(v in ("ok", "warn") for v in verdicts.values()), verdicts
     assert {"pilot", "resume", "verify", "sheet"} <= {k for k, v in verdicts.items() if v == "ok"}, verdicts
+    pilot = next(s for s in r.json["stages"] if s["stage"] == "pilot")
+    assert any(m.startswith("routing (a mixture of experts)") for m in pilot["messages"]), pilot["messages"]
     overfit = next(s for s in r.json["stages"] if s["stage"] == "overfit")
     assert any(m.startswith("router_aux:") for m in overfit["messages"]) == bool(overrides), overfit["messages"]
