@@ -24,6 +24,7 @@ from pilotrun.engine.state import save_state
 from pilotrun.phases.worst import by_length
 from pilotrun.tasks.base import BUILTIN_TASKS, loss_parts
 from pilotrun.tasks.moe import active, expert_counts
+from pilotrun.tasks.preference_loss import reference_kind, reference_of, resident_bytes
 
 KINDS = ("load", "train", "eval", "save", "export", "reload")
 
@@ -54,14 +55,26 @@ def _dir_bytes(path: Path) -> int:
 # --- load ---------------------------------------------------------------------------------------------
 def _load_inputs(ctx) -> dict:
     c = ctx.prep.c
-    return {"dtype": c.model.dtype, "precision": c.train.precision, "strategy": c.train.strategy,
-            "adapter": c.model.adapter is not None}
+    out = {"dtype": c.model.dtype, "precision": c.train.precision, "strategy": c.train.strategy,
+           "adapter": c.model.adapter is not None}
+    if c.task == "preference":  # which second model the phase holds beside the policy (none, copy, adapter ...)
+        out["reference"] = reference_kind(c)
+    return out
+
+
+def _reference_inputs(p, model) -> None:
+    """A preference campaign's reference copy in the load row: its parameters and bytes beside the policy's."""
+    ref = reference_of(model)
+    if ref is not None:
+        p.inputs["reference_params"] = sum(t.numel() for t in ref.parameters())
+        p.inputs["reference_bytes"] = resident_bytes(model)
 
 
 def _load(ctx, p) -> None:
     c, task = ctx.prep.c, ctx.task_for("load")
     model = task.build_model()
     p.inputs["params"], p.inputs["trainable"] = _count(model)
+    _reference_inputs(p, model)
     moe = expert_counts(model)
     if moe["experts"]:  # what a token runs through: the time plan's FLOPs; the memory holds every expert
         p.inputs["active_params"] = active(p.inputs["params"], moe["expert_params"], moe["experts"], moe["top_k"])
@@ -75,7 +88,7 @@ def _load(ctx, p) -> None:
     if getattr(ctx.device, "type", str(ctx.device)) == "cpu":
         from pilotrun.engine.tensors import track  # lazy: pulls in torch
 
-        track(model)  # tensors a loader made without an operator (safetensors) still count, as in a run
+        track(model, reference_of(model))  # tensors a loader made without an operator (safetensors) still count
 
 
 def _load_traced(ctx) -> None:
@@ -83,10 +96,12 @@ def _load_traced(ctx) -> None:
 
     c, t, fake, acc = ctx.prep.c, ctx.prep.c.train, ctx.fake, ctx.fake["acc"]
     model = fake["model"]
-    for p in model.parameters():
-        acc.book(p, "parameters")
-    for b in model.buffers():
-        acc.book(b, "parameters")
+    reference = reference_of(model)  # preference: the frozen copy beside the policy, resident from load on
+    for m in (model,) + ((reference,) if reference is not None else ()):
+        for p in m.parameters():
+            acc.book(p, "parameters")
+        for b in m.buffers():
+            acc.book(b, "parameters")
     if t.strategy == "ddp" and fake["ranks"] > 1:
         acc.allocate(_bytes(p for p in model.parameters() if p.requires_grad), "gradients")  # DDP's buckets
     # the optimizer kernel of the device estimated (optim.kernel): on CUDA torch's default, the foreach
@@ -226,6 +241,12 @@ def _reload_inputs(ctx) -> dict:
     return {"path": "artifact", "parts": ctx.written, "seq_len": sample[0].length}
 
 
+def artifact_loss(task):
+    """The loss the reload phase computes with the reloaded artifact: the task's ``reload_loss`` where the artifact
+    alone cannot give its training loss (preference: no reference beside it), else its ``loss``."""
+    return getattr(task, "reload_loss", task.loss)
+
+
 def _reload(ctx, p) -> None:
     import torch
 
@@ -242,7 +263,7 @@ def _reload(ctx, p) -> None:
         loaded_model.eval()
         with torch.no_grad(), autocast(ctx.prep.c.train.precision, ctx.device.type):
             batch = to_device(task.collate(sample), ctx.device)
-            s, n, _ = loss_parts(reload_task.loss(loaded_model, batch))
+            s, n, _ = loss_parts(artifact_loss(reload_task)(loaded_model, batch))
         loss = float(s) / max(1, int(n))
         del loaded_model
         if loss != loss or loss in (float("inf"), float("-inf")):
@@ -268,7 +289,7 @@ def _reload_traced(ctx) -> None:
         acc.book(p, "parameters")
     reloaded.eval()
     with torch.no_grad():
-        ctx.task.loss(reloaded, ctx.task.collate(_sample(ctx)))
+        artifact_loss(ctx.task)(reloaded, ctx.task.collate(_sample(ctx)))
     del reloaded
 
 

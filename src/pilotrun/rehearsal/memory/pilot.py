@@ -59,7 +59,13 @@ def _fix_for(row: dict, c) -> str:
 
 def _show_inputs(inputs: dict) -> str:
     keep = ("micro_batch", "accumulation", "ranks", "seq_len", "eval_batch", "precision", "targets", "bytes")
-    return ", ".join(f"{k} {v}" for k, v in inputs.items() if k in keep)
+    shown = [f"{k} {v}" for k, v in inputs.items() if k in keep]
+    if inputs.get("reference") not in (None, "none"):  # preference: the second model the phase holds
+        held = inputs.get("reference_bytes")
+        shown.append(f"reference {inputs['reference']}" + (
+            f" ({fmt_bytes(held)}, {inputs['reference_params']:,} params, beside the policy's {inputs['params']:,})"
+            if held else ""))
+    return ", ".join(shown)
 
 
 def pilot(loaded, home, *, memory_limit=None, inject=None) -> StageResult:

@@ -80,6 +80,10 @@ class _NanLoss:
         s, n, parts = loss_parts(self._task.loss(model, batch))
         return s * float("nan"), n, parts
 
+    def reload_loss(self, model, batch):
+        s, n = getattr(self._task, "reload_loss", self._task.loss)(model, batch)
+        return s * float("nan"), n
+
 
 def _plant(job: PilotJob, name: str, task):
     """The task to use in phase ``name``; raises the planted fault where the test switch asks for one."""
