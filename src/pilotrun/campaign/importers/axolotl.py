@@ -8,7 +8,7 @@ from pilotrun.campaign.importers import preference, rl, schemas
 from pilotrun.campaign.importers.axolotl_data import axolotl_data
 from pilotrun.campaign.importers.builder import Builder, empty
 from pilotrun.campaign.importers.keys import check_keys, unknown_reason
-from pilotrun.campaign.importers.reasons import AXOLOTL_REASONS, reason
+from pilotrun.campaign.importers.reasons import AXOLOTL_REASONS, PLUGIN_ARGUMENT_REASONS, reason
 from pilotrun.campaign.importers.settings import optimizer, precision, schedule, strategy_from_deepspeed
 from pilotrun.tasks.hub import is_hub_id
 
@@ -47,7 +47,8 @@ def check_axolotl_keys(raw: dict[str, Any], b: Builder) -> set[str]:
         handled.add(k)
         plugin = schemas.plugin_of(k) or "a plugin"
         if any(p.startswith(plugin) for p in loaded):
-            b.skip(k, raw[k], f"an argument of the plugin {plugin}, which the rehearsal does not run")
+            b.skip(k, raw[k], PLUGIN_ARGUMENT_REASONS.get(k) or f"an argument of the plugin {plugin}, which the "
+                                                                "rehearsal does not run")
         else:
             b.skip(k, raw[k], f"an argument of the plugin {plugin}, which the file does not load (plugins:): "
                               "Axolotl ignores it too")
@@ -187,6 +188,10 @@ def _model(raw: dict[str, Any], b: Builder, get) -> None:
               else b.local_path("tokenizer_config", tok))
     if get("trust_remote_code"):
         b.put("trust_remote_code", "model.trust_remote_code", True)
+    for key in ("overrides_of_model_config", "model_config"):  # model_config: Axolotl's alias
+        overrides = get(key)
+        if isinstance(overrides, dict) and overrides:  # e.g. a mixture of experts' output_router_logits
+            b.put(key, "model.config_overrides", dict(overrides))
     gc = get("gradient_checkpointing")
     if gc:
         b.put("gradient_checkpointing", "model.gradient_checkpointing", True,
