@@ -180,3 +180,69 @@ def test_estimate_options_on_qwen3_30b_a3b_from_config_json_alone(tmp_path, cach
     said = " ".join(r.json["stages"][0]["messages"])
     assert "30,532,122,624 parameters in total, 3,353,032,704 active per token" in said, said
     assert "time assumes balanced routing" in said and "routing worst case" in said
+
+
+def test_axolotl_moe_keys_are_carried_or_named(tmp_path):
+    """An Axolotl MoE config: model_config (the router's loss turned on, its coefficient) becomes
+    model.config_overrides; expert_parallel_size (the EP plugin's), experts_implementation and unfrozen_parameters
+    are named with what leaving them out does (the options table prices EP; the rehearsal trains every parameter)."""
+    import yaml
+    from conftest import write_jsonl
+
+    from pilotrun.campaign.importers import import_config
+
+    write_jsonl(tmp_path / "data" / "train.jsonl", [{"instruction": f"q{i}", "input": "", "output": f"a{i}"}
+                                                    for i in range(8)])
+    cfg = {"base_model": "Qwen/Qwen3-30B-A3B", "plugins": ["axolotl.integrations.expert_parallel.ExpertParallelPlugin"],
+           "expert_parallel_size": 8, "experts_implementation": "grouped_mm",
+           "model_config": {"output_router_logits": True, "router_aux_loss_coef": 0.005},
+           "unfrozen_parameters": [r"model.layers.\d+.mlp.gate"],
+           "datasets": [{"path": "data/train.jsonl", "type": "alpaca"}], "sequence_len": 1024,
+           "micro_batch_size": 1, "gradient_accumulation_steps": 4, "num_epochs": 1, "learning_rate": 1e-5,
+           "bf16": True}
+    (tmp_path / "ax.yml").write_text(yaml.safe_dump(cfg))
+    imp = import_config(tmp_path / "ax.yml", "axolotl", tmp_path / "campaign.yaml")
+    assert imp.campaign["model"]["config_overrides"] == {"output_router_logits": True, "router_aux_loss_coef": 0.005}
+    skipped = {n.key: n.reason for n in imp.not_carried}
+    assert "`pilotrun estimate --options` prices expert parallel × FSDP rows" in skipped["expert_parallel_size"]
+    assert "grouped_mm" in skipped["experts_implementation"]
+    assert "trains them all" in skipped["unfrozen_parameters"]
+
+
+@pytest.mark.parametrize("mode", ["balanced", "skewed"])
+def test_forced_routing_sends_the_tokens_where_it_says(mode):
+    """The pilot's routing cases: balanced gives every expert the same number of token slots, skewed sends every
+    token to the same top-k experts (the worst dropless routing allows); the router's weights are kept."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from pilotrun.tasks.moe import forced_routing, moe_parts
+
+    cfg = dict(QWEN3_MOE, output_router_logits=False)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(cfg.pop("model_type"), **cfg))
+    seen = []
+    banks = moe_parts(model)[1]
+    for name in banks:
+        dict(model.named_modules())[name].register_forward_hook(lambda m, args, out: seen.append(args[1].clone()))
+    with forced_routing(model, mode) as forced:
+        model(input_ids=torch.arange(30).view(3, 10))
+    assert forced == len(banks) == 2 and len(seen) == 2
+    for index in seen:
+        counts = torch.bincount(index.flatten(), minlength=4)
+        if mode == "balanced":
+            assert counts.max() - counts.min() <= 1 and all(len(set(row.tolist())) == 2 for row in index)
+        else:
+            assert counts.tolist() == [30, 30, 0, 0]
+
+
+def test_the_sheet_sizes_a_step_for_the_worst_routing_the_pilot_measured():
+    from pilotrun.sheet.gpu_memory import routing_worst
+
+    steady = {"phase": "steady_step", "baseline": 100, "peak_allocated": 150, "peak_reserved": 200, "inputs": {}}
+    load = {"phase": "load", "baseline": 0, "peak_allocated": 100, "peak_reserved": 120, "inputs": {}}
+    routing = {"balanced": {"peak_allocated": 40, "seconds": 1.0}, "skewed": {"peak_allocated": 70, "seconds": 2.0}}
+    out = routing_worst([load, steady], routing)
+    assert out[0] == load and out[1]["peak_allocated"] == 170 and out[1]["peak_reserved"] == 220
+    assert out[1]["inputs"]["routing"] == "skewed (forced; +20 bytes)"
+    assert routing_worst([load, steady], {"skewed": {"peak_allocated": 50, "seconds": 1}})[1] == steady

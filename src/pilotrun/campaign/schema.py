@@ -102,12 +102,18 @@ class DataConfig(BaseModel):
     test: str | None = None
     """Test records, same formats (optional)."""
     prompt: str | None = None
-    """causal-lm: the prompt field, or a template over fields such as "Q: {question}\\nA: "; "" for no prompt
+    """causal-lm and preference: the prompt field, or a template over fields such as "Q: {question}\\nA: "; "" for no prompt
     (completion: the whole response field is in the loss)."""
     response: str | None = None
     """causal-lm: the response field: the only tokens in the loss."""
     messages: str | None = None
-    """causal-lm chat: field holding [{role, content}]; loss on assistant turns only."""
+    """causal-lm chat: field holding [{role, content}]; loss on assistant turns only. preference: the conversation
+    before the two answers (data.prompt's chat form)."""
+    chosen: str | None = None
+    """preference: the preferred response field: text, an assistant turn {role, content}, or a list of messages
+    (a whole conversation whose shared beginning with data.rejected is the prompt)."""
+    rejected: str | None = None
+    """preference: the dispreferred response field, in the same form as data.chosen."""
     chat_template: str = "auto"
     """causal-lm chat format: auto (the tokenizer's own chat template, else plain) | model (the tokenizer's
     template, required) | plain ("role: content" lines) | a Jinja template, inline or a .jinja file."""
@@ -217,6 +223,24 @@ class HardwareConfig(BaseModel):
     """Share of each rental kept for evaluation and export."""
 
 
+class PreferenceConfig(BaseModel):
+    model_config = _STRICT
+    loss: Literal["dpo", "ipo", "simpo", "orpo"] = "dpo"
+    """The preference loss, each offline (no generation during training): dpo (the sigmoid loss of DPO on the
+    log-ratios to the reference) | ipo (the squared loss of IPO on per-token log-ratios) | simpo (SimPO: per-token
+    log-probabilities against a target margin, no reference) | orpo (ORPO: the chosen answer's NLL plus the
+    odds-ratio term, no reference)."""
+    beta: float | None = Field(None, gt=0.0)
+    """The loss's β: dpo the reward scale (default 0.1), ipo τ (default 0.1), simpo the reward scale (default 2.0),
+    orpo λ, the odds-ratio term's weight (default 0.1); null takes the loss's default."""
+    gamma: float = Field(0.5, ge=0.0)
+    """simpo only: γ, the target reward margin (TRL's simpo_gamma); the loss compares β·margin − γ."""
+    reference: Literal["auto", "copy", "adapter", "none"] = "auto"
+    """What the policy is compared with (dpo, ipo): copy (a frozen copy of the starting model, resident beside
+    it) | adapter (the model with its LoRA adapter disabled: no second copy; needs model.adapter) | none (simpo,
+    orpo) | auto (adapter under LoRA, else copy; none for simpo and orpo)."""
+
+
 class NotCarriedSetting(BaseModel):
     model_config = _STRICT
     key: str
@@ -246,13 +270,15 @@ class Campaign(BaseModel):
     seed: Seed = 0
     """Seed of the run (data order, initialisation, dropout)."""
     task: str = "causal-lm"
-    """causal-lm | seq-cls | "package.module:TaskClass" (Python Task API)."""
+    """causal-lm | seq-cls | preference | "package.module:TaskClass" (Python Task API)."""
     model: ModelConfig = Field(default_factory=ModelConfig)
     """The model and tokenizer."""
     data: DataConfig = Field(default_factory=DataConfig)
     """Data files and what the loss sees."""
     train: TrainConfig = Field(default_factory=TrainConfig)
     """Training settings."""
+    preference: PreferenceConfig = Field(default_factory=PreferenceConfig)
+    """task: preference: the loss family, its β and the reference model."""
     plan: PlanConfig = Field(default_factory=PlanConfig)
     """The campaign's experiment: control, variants and seeds."""
     hardware: HardwareConfig = Field(default_factory=HardwareConfig)

@@ -26,6 +26,7 @@ from pilotrun.tasks.base import BUILTIN_TASKS, loss_parts
 from pilotrun.tasks.loading import torch_dtype
 from pilotrun.tasks.moe import active, expert_counts
 from pilotrun.tasks.quantized import held, original_bytes, quant_tensors, said
+from pilotrun.tasks.preference_loss import reference_kind, reference_of, resident_bytes
 
 KINDS = ("load", "train", "eval", "save", "export", "reload")
 
@@ -60,7 +61,17 @@ def _load_inputs(ctx) -> dict:
            "adapter": c.model.adapter is not None}
     if c.model.quantization is not None:
         out["quantization"] = said(c.model.quantization)
+    if c.task == "preference":  # which second model the phase holds beside the policy (none, copy, adapter ...)
+        out["reference"] = reference_kind(c)
     return out
+
+
+def _reference_inputs(p, model) -> None:
+    """A preference campaign's reference copy in the load row: its parameters and bytes beside the policy's."""
+    ref = reference_of(model)
+    if ref is not None:
+        p.inputs["reference_params"] = sum(t.numel() for t in ref.parameters())
+        p.inputs["reference_bytes"] = resident_bytes(model)
 
 
 def _load(ctx, p) -> None:
@@ -69,6 +80,7 @@ def _load(ctx, p) -> None:
     if "quantization" in p.inputs:  # what the built model was checked to hold (tasks/quantized.check_quantized)
         p.inputs["quantization"] = held(model)
     p.inputs["params"], p.inputs["trainable"] = _count(model)
+    _reference_inputs(p, model)
     moe = expert_counts(model)
     if moe["experts"]:  # what a token runs through: the time plan's FLOPs; the memory holds every expert
         p.inputs["active_params"] = active(p.inputs["params"], moe["expert_params"], moe["experts"], moe["top_k"])
@@ -82,7 +94,7 @@ def _load(ctx, p) -> None:
     if getattr(ctx.device, "type", str(ctx.device)) == "cpu":
         from pilotrun.engine.tensors import track  # lazy: pulls in torch
 
-        track(model)  # tensors a loader made without an operator (safetensors) still count, as in a run
+        track(model, reference_of(model))  # tensors a loader made without an operator (safetensors) still count
 
 
 def _load_traced(ctx) -> None:
@@ -92,10 +104,12 @@ def _load_traced(ctx) -> None:
     model = fake["model"]
     if c.model.quantization is not None and c.model.config is not None:
         _originals_traced(acc, model, c)
-    for p in model.parameters():
-        acc.book(p, "parameters")
-    for b in model.buffers():
-        acc.book(b, "parameters")
+    reference = reference_of(model)  # preference: the frozen copy beside the policy, resident from load on
+    for m in (model,) + ((reference,) if reference is not None else ()):
+        for p in m.parameters():
+            acc.book(p, "parameters")
+        for b in m.buffers():
+            acc.book(b, "parameters")
     for q in quant_tensors(model):  # a quantised base's absmax, code and nested statistics: no parameter holds them
         acc.book(q, "parameters")
     if t.strategy == "ddp" and fake["ranks"] > 1:
@@ -259,6 +273,12 @@ def _reload_inputs(ctx) -> dict:
     return {"path": "artifact", "parts": ctx.written, "seq_len": sample[0].length}
 
 
+def artifact_loss(task):
+    """The loss the reload phase computes with the reloaded artifact: the task's ``reload_loss`` where the artifact
+    alone cannot give its training loss (preference: no reference beside it), else its ``loss``."""
+    return getattr(task, "reload_loss", task.loss)
+
+
 def _reload(ctx, p) -> None:
     import torch
 
@@ -275,7 +295,7 @@ def _reload(ctx, p) -> None:
         loaded_model.eval()
         with torch.no_grad(), autocast(ctx.prep.c.train.precision, ctx.device.type):
             batch = to_device(task.collate(sample), ctx.device)
-            s, n, _ = loss_parts(reload_task.loss(loaded_model, batch))
+            s, n, _ = loss_parts(artifact_loss(reload_task)(loaded_model, batch))
         loss = float(s) / max(1, int(n))
         del loaded_model
         if loss != loss or loss in (float("inf"), float("-inf")):
@@ -304,7 +324,7 @@ def _reload_traced(ctx) -> None:
         acc.book(p, "parameters")
     reloaded.eval()
     with torch.no_grad():
-        ctx.task.loss(reloaded, ctx.task.collate(_sample(ctx)))
+        artifact_loss(ctx.task)(reloaded, ctx.task.collate(_sample(ctx)))
     del reloaded
 
 

@@ -160,3 +160,22 @@ def reserved_limit(gpu, kind: str, ranks: int) -> int:
     """The largest reserved peak ``gpu`` holds once the margin and the constants are set aside."""
     extra = sum(o["bytes"] for o in overheads(gpu, ranks, kind == "measured"))
     return int((gpu.memory_bytes - extra) / (1 + MARGIN_FRACTION))
+
+
+def routing_worst(rows: list[dict], routing: dict | None) -> list[dict]:
+    """A mixture of experts' pilot rows sized for the worst routing it measured: where an update under forced routing
+    (the pilot's time model: balanced, every token to the same experts) rose higher above its start than the
+    steady_step row's as the router chose, that row's peaks take the difference (``routing`` in its inputs says
+    which); unchanged for a dense model or when the router's own was the highest."""
+    if not routing:
+        return rows
+    out = []
+    for r in rows:
+        if r["phase"] == "steady_step" and r.get("peak_allocated") is not None and r.get("baseline") is not None:
+            mode, worst = max(routing.items(), key=lambda kv: kv[1]["peak_allocated"])
+            extra = worst["peak_allocated"] - (r["peak_allocated"] - r["baseline"])
+            if extra > 0:
+                r = dict(r, inputs=dict(r["inputs"], routing=f"{mode} (forced; +{extra} bytes)"),
+                         **{k: r[k] + extra for k in ("peak_allocated", "peak_reserved") if r.get(k) is not None})
+        out.append(r)
+    return out

@@ -86,6 +86,13 @@ def time_plan(sheet, c, t, rows, peaks, pilot, fits, target, ranks, rates) -> No
                      "target": target.key if target else None,
                      "why": P.time_reasons(u["scaling"], terms, [f["campaign_s"] for f in fits if f["fits"]]),
                      "source_gpu": source_gpu if isinstance(source_gpu, str) or source_gpu is None else source_gpu.key}
+    routing = (summary.get("time_model") or {}).get("routing")
+    if routing:  # a mixture of experts: which routing the update times are of
+        sheet["time"]["why"].append(
+            "Routing (a mixture of experts): the update times are those of the routing the model's router chose in "
+            f"the pilot (its worst-case update {P.fmt_duration(measured['steady_step']['seconds'])}); forced, the "
+            "same update took " + ", ".join(f"{P.fmt_duration(v['seconds'])} {mode}" for mode, v in routing.items())
+            + " (skewed: every token to the same top-k experts); the memory figures take the highest of the three")
     sheet["time"]["_terms"] = {g.key: plan_for(g)[1] for g in CATALOGUE}  # for the options table
     u_here, terms_here, per_run_here = plan_for(None)  # the pilot's own machine: nothing scaled
     sheet["time"]["here"] = {"units": u_here["units"], "terms": terms_here, "per_run_s": per_run_here}

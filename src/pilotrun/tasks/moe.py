@@ -120,3 +120,54 @@ def active(total: int, routed: int, experts: int, top_k: int) -> int:
     if not experts or not top_k or not routed:
         return total
     return int(round(total - routed * (1 - min(top_k, experts) / experts)))
+
+
+ROUTINGS = ("balanced", "skewed")
+
+
+@contextmanager
+def forced_routing(model, mode: str):
+    """Inside, every expert bank receives the routing ``mode`` names instead of its router's choice (the routing
+    weights stay the router's): ``balanced``, token i's j-th choice is expert (i·k + j) mod E, so every expert gets
+    the same number of tokens; ``skewed``, every token goes to experts 0..k−1, the worst a dropless router (no
+    capacity factor: transformers', the trainers') allows. Yields how many banks were forced: 0 where no bank takes
+    an expert index (Llama 4's experts compute every token, weighted by its score: routing changes no cost)."""
+    import torch
+
+    _, banks = moe_parts(model)
+    modules = dict(model.named_modules())
+    forced = []
+
+    def hook(module, args, kwargs):
+        if len(args) < 2 or not isinstance(args[1], torch.Tensor) or args[1].is_floating_point():
+            return None
+        index = args[1]
+        experts = next((int(p.shape[0]) for p in module.parameters() if p.dim() == 3), 0)
+        if not experts or index.dim() != 2:
+            return None
+        tokens, k = index.shape
+        if mode == "balanced":
+            new = torch.arange(tokens * k, device=index.device).view(tokens, k) % experts
+        else:
+            new = torch.arange(k, device=index.device).expand(tokens, k)
+        return (args[0], new.to(index.dtype).contiguous(), *args[2:]), kwargs
+
+    handles = []
+    for name in banks:
+        handles.append(modules[name].register_forward_pre_hook(hook, with_kwargs=True))
+        forced.append(name)
+    try:
+        yield len([n for n in forced if _takes_index(modules[n])])
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def _takes_index(module) -> bool:
+    """Whether an expert bank's forward takes the routers' expert indices (hidden, index, weights)."""
+    import inspect
+
+    try:
+        return len(inspect.signature(module.forward).parameters) >= 3
+    except (TypeError, ValueError):
+        return False

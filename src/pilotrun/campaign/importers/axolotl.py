@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from pilotrun.campaign.importers import rl, schemas
+from pilotrun.campaign.importers import preference, rl, schemas
 from pilotrun.campaign.importers.axolotl_data import axolotl_data
 from pilotrun.campaign.importers.builder import Builder, empty
 from pilotrun.campaign.importers.keys import check_keys, unknown_reason
-from pilotrun.campaign.importers.reasons import AXOLOTL_REASONS, reason
+from pilotrun.campaign.importers.reasons import AXOLOTL_REASONS, PLUGIN_ARGUMENT_REASONS, reason
 from pilotrun.campaign.importers.settings import optimizer, precision, schedule, strategy_from_deepspeed
 from pilotrun.tasks.hub import is_hub_id
 
@@ -47,7 +47,8 @@ def check_axolotl_keys(raw: dict[str, Any], b: Builder) -> set[str]:
         handled.add(k)
         plugin = schemas.plugin_of(k) or "a plugin"
         if any(p.startswith(plugin) for p in loaded):
-            b.skip(k, raw[k], f"an argument of the plugin {plugin}, which the rehearsal does not run")
+            b.skip(k, raw[k], PLUGIN_ARGUMENT_REASONS.get(k) or f"an argument of the plugin {plugin}, which the "
+                                                                "rehearsal does not run")
         else:
             b.skip(k, raw[k], f"an argument of the plugin {plugin}, which the file does not load (plugins:): "
                               "Axolotl ignores it too")
@@ -67,7 +68,7 @@ def check_axolotl_keys(raw: dict[str, Any], b: Builder) -> set[str]:
 def import_axolotl(raw: dict[str, Any], b: Builder) -> None:
     handled = check_axolotl_keys(raw, b)
     for key in ("rl", "reward_model", "process_reward_model"):  # never a supervised campaign (rl.py)
-        if raw.get(key):
+        if raw.get(key) and not (key == "rl" and preference.carries(raw[key])):  # dpo, ipo, orpo, simpo: preference.py
             rl.refuse(b, key, raw[key])
             return
     if raw.get("processor_type") or raw.get("is_multimodal"):
@@ -113,7 +114,10 @@ def import_axolotl(raw: dict[str, Any], b: Builder) -> None:
     _distribution(raw, b, get)
 
     # the data
-    axolotl_data(raw, b, used)
+    if preference.carries(raw.get("rl")):
+        preference.axolotl(raw, b, used)  # rl: its keys, and the data set's prompt and two answers
+    else:
+        axolotl_data(raw, b, used)
     seq, src = value_or_default("sequence_len")
     b.put(src, "data.max_length", int(seq))
     if get("train_on_inputs"):
@@ -185,6 +189,10 @@ def _model(raw: dict[str, Any], b: Builder, get) -> None:
               else b.local_path("tokenizer_config", tok))
     if get("trust_remote_code"):
         b.put("trust_remote_code", "model.trust_remote_code", True)
+    for key in ("overrides_of_model_config", "model_config"):  # model_config: Axolotl's alias
+        overrides = get(key)
+        if isinstance(overrides, dict) and overrides:  # e.g. a mixture of experts' output_router_logits
+            b.put(key, "model.config_overrides", dict(overrides))
     gc = get("gradient_checkpointing")
     if gc:
         b.put("gradient_checkpointing", "model.gradient_checkpointing", True,

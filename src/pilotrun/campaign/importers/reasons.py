@@ -69,6 +69,21 @@ AXOLOTL_REASONS = {
     "dataset_processes": SPEED, "dataset_num_proc": SPEED, "dataloader_num_workers": SPEED,
     "dataloader_pin_memory": SPEED, "dataloader_prefetch_factor": SPEED,
     "max_grad_norm_": None,
+    # mixtures of experts
+    "experts_implementation": "the experts' kernel: the rehearsal runs transformers' default (grouped_mm where torch "
+                              "has it); the experts' temporaries and speed differ under another",
+    "unfrozen_parameters": "the source trains only the parameters these patterns match (the rest frozen); the "
+                           "rehearsal trains them all, so its gradient and optimizer memory is larger than the rental's",
+    "quantize_moe_experts": "the source quantizes the experts' weights; the rehearsal holds them in model.dtype, so "
+                            "its expert memory is larger than the rental's",
+    "llama4_linearized_experts": "Llama 4's experts as linear layers in the source; the rehearsal keeps "
+                                 "transformers' fused experts (the same parameters)",
+}
+# arguments of a plugin the file loads whose effect the rehearsal can say more precisely than "not run"
+PLUGIN_ARGUMENT_REASONS = {
+    "expert_parallel_size": "expert parallelism (the routed experts split over these GPUs) is not trained in the "
+                            "rehearsal: `pilotrun estimate --options` prices expert parallel × FSDP rows (the experts "
+                            "÷ EP, every GPU sized for the routing worst case)",
 }
 PREFIX_REASONS = (("wandb_", NOTHING), ("use_wandb", NOTHING), ("mlflow_", NOTHING), ("use_mlflow", NOTHING),
                    ("comet_", NOTHING), ("use_comet", NOTHING), ("gradio_", NOTHING), ("hub_", NOTHING),
