@@ -198,6 +198,17 @@ def original_bytes(model, dtype) -> list[tuple[object, int]]:
             if isinstance(m, (bnb.nn.Linear4bit, bnb.nn.Linear8bitLt))]
 
 
+def upcast_by_preparation(model, dtype) -> list:
+    """The frozen unquantised parameters peft's ``prepare_model_for_kbit_training`` moved from a 16-bit model.dtype
+    to float32, in its order (``named_parameters``); [] for a float32 model."""
+    import torch
+
+    if dtype not in (torch.float16, torch.bfloat16):
+        return []
+    return [p for _, p in model.named_parameters() if p.dtype == torch.float32 and not p.requires_grad
+            and getattr(p, "quant_state", None) is None]
+
+
 def quantized_layers(model) -> tuple[int, int, dict]:
     """(linear layers in bitsandbytes' quantised classes, linear layers transformers would quantise, what the
     quantised ones hold: {bits, type, compute_dtype, double_quant} as found, first seen)."""
