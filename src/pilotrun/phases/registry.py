@@ -25,7 +25,8 @@ from pilotrun.phases.worst import by_length
 from pilotrun.tasks.base import BUILTIN_TASKS, loss_parts
 from pilotrun.tasks.loading import torch_dtype
 from pilotrun.tasks.moe import active, expert_counts
-from pilotrun.tasks.quantized import held, original_bytes, quant_tensors, said, upcast_by_preparation
+from pilotrun.tasks.quantized import held, logical_numel, original_bytes, quant_tensors, said, \
+    upcast_by_preparation
 from pilotrun.tasks.preference_loss import reference_kind, reference_of, resident_bytes
 
 KINDS = ("load", "train", "eval", "save", "export", "reload")
@@ -43,7 +44,7 @@ class Phase:
 
 def _count(model) -> tuple[int, int]:
     ps = list(model.parameters())
-    return sum(p.numel() for p in ps), sum(p.numel() for p in ps if p.requires_grad)
+    return sum(logical_numel(p) for p in ps), sum(p.numel() for p in ps if p.requires_grad)
 
 
 def _bytes(tensors) -> int:
