@@ -188,3 +188,61 @@ def test_estimate_matches_the_pilot_of_the_quantised_demo_in_every_phase(demo_di
     predicted = {r["phase"]: r["peak_allocated"] for r in estimate(loaded, device="cpu").data["phases"]}
     off = [(k, predicted[k], v) for k, v in measured.items() if abs(predicted[k] - v) > 0.05 * v]
     assert not off, off
+
+
+# --- the estimate on CUDA ---------------------------------------------------------------------------------
+def _summary(device: str, work) -> dict:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from pilotrun.probe.estimate import Accountant
+
+    acc = Accountant(device)
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        run = work()
+        with acc.tracking(), acc.mark("it"):
+            run()
+    return acc.summary("it")
+
+
+def test_the_cuda_estimate_counts_the_weight_gemm_4bit_dequantises_inside_itself():
+    """bitsandbytes' CUDA gemm_4bit dequantises the weight (and the double-quantised block constants) into
+    temporaries no dispatch mode sees; on the CPU both the exact counter and the estimate count op outputs only."""
+    import bitsandbytes as bnb
+
+    shapes = {}
+
+    def work():
+        from pilotrun.tasks import quantized
+
+        with quantized._real_meta():
+            bnb.functional.name2qmap.setdefault("dynamic", bnb.functional.create_dynamic_map())
+        w, state = bnb.functional.quantize_4bit(torch.empty(256, 128), quant_type="nf4", compress_statistics=True)
+        a = torch.empty(8, 128, dtype=torch.bfloat16)
+        shapes["absmax"] = state.absmax.numel()
+        return lambda: torch.ops.bitsandbytes.gemm_4bit.default(
+            a, w, state.shape, state.state2.absmax, state.blocksize, state.quant_type, absmax_8bit=state.absmax,
+            absmax_code=state.state2.code, absmax_offset=state.offset)
+
+    cuda, cpu = _summary("cuda", work)["peak_allocated"], _summary("cpu", work)["peak_allocated"]
+    inner = 256 * 128 * 2 + shapes["absmax"] * 4
+    assert cpu == 8 * 256 * 2 and cuda >= cpu + inner, (cuda, cpu, inner)
+
+
+def test_paged_optimizer_state_is_outside_the_cuda_allocators_count():
+    import types
+
+    from pilotrun.engine.optim import make_optimizer
+
+    def work(name):
+        def build():
+            m = torch.nn.Linear(1000, 200, bias=False)  # 200,000 elements: past bitsandbytes' paging threshold
+            opt = make_optimizer(m, types.SimpleNamespace(optimizer=name, lr=1e-3, weight_decay=0.0))
+            m.weight.grad = torch.empty_like(m.weight)
+            return opt.step
+        return build
+
+    state = {(d, n): _summary(d, work(n))["optimizer_state"] for d in ("cuda", "cpu")
+             for n in ("paged_adamw_8bit", "adamw_8bit")}
+    assert state["cpu", "paged_adamw_8bit"] == state["cpu", "adamw_8bit"] >= 2 * 200_000  # two 8-bit moments
+    assert state["cuda", "adamw_8bit"] >= 2 * 200_000
+    assert state["cuda", "paged_adamw_8bit"] < 0.05 * state["cuda", "adamw_8bit"]  # its block constants alone

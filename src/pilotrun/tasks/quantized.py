@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 from contextlib import contextmanager, nullcontext
 
 from pilotrun.errors import BadInput
@@ -32,6 +33,8 @@ def missing_bitsandbytes() -> BadInput:
 if not os.environ.get("PILOTRUN_VERBOSE"):
     for _name in QUIET:
         logging.getLogger(_name).setLevel(logging.ERROR)
+    # the paged optimizers' fallback on the CPU, at every state's creation; pilotrun's own words say it once
+    warnings.filterwarnings("ignore", message="Paged optimizers are not supported on CPU")
 
 
 @contextmanager
@@ -196,6 +199,28 @@ def original_bytes(model, dtype) -> list[tuple[object, int]]:
     size = torch.empty((), dtype=dtype).element_size()
     return [(m, m.in_features * m.out_features * size) for m in model.modules()
             if isinstance(m, (bnb.nn.Linear4bit, bnb.nn.Linear8bitLt))]
+
+
+def logical_numel(p) -> int:
+    """A parameter's weights as the model counts them: a packed 4-bit weight holds two per stored byte."""
+    state = getattr(p, "quant_state", None)
+    if state is not None and getattr(state, "shape", None) is not None:
+        n = 1
+        for d in state.shape:
+            n *= int(d)
+        return n
+    return p.numel()
+
+
+def upcast_by_preparation(model, dtype) -> list:
+    """The frozen unquantised parameters peft's ``prepare_model_for_kbit_training`` moved from a 16-bit model.dtype
+    to float32, in its order (``named_parameters``); [] for a float32 model."""
+    import torch
+
+    if dtype not in (torch.float16, torch.bfloat16):
+        return []
+    return [p for _, p in model.named_parameters() if p.dtype == torch.float32 and not p.requires_grad
+            and getattr(p, "quant_state", None) is None]
 
 
 def quantized_layers(model) -> tuple[int, int, dict]:
