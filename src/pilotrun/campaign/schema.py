@@ -58,7 +58,9 @@ class QuantizationConfig(BaseModel):
 
     @model_validator(mode="after")
     def _eight_bit(self) -> "QuantizationConfig":
-        said = sorted(k for k in ("type", "double_quant", "compute_dtype") if k in self.model_fields_set)
+        # a 4-bit setting away from its default (a campaign written back whole, --set included, holds the defaults)
+        said = sorted(k for k in ("type", "double_quant", "compute_dtype")
+                      if getattr(self, k) != type(self).model_fields[k].default)
         if self.bits == 8 and said:
             raise ValueError(f"{', '.join(said)} {'is a 4-bit setting' if len(said) == 1 else 'are 4-bit settings'}"
                              "; 8-bit (LLM.int8()) has none: remove "

@@ -451,7 +451,8 @@ def _on_meta(model) -> bool:
 
 def _from_folder(auto, path: Path, config, c, dtype):
     q = c.model.quantization
-    extra = {} if q is None else {"quantization_config": quantized.bnb_config(q), "device_map": "cpu"}
+    extra = {} if q is None else {"quantization_config": quantized.bnb_config(q),
+                                  "device_map": {"": quantized.load_device()}}
     try:
         with quiet_transformers():
             model = auto.from_pretrained(str(path), config=config, local_files_only=True, dtype=dtype,
