@@ -9,7 +9,7 @@ from pilotrun.records.readers import read_records
 from pilotrun.tasks.common import SPLITS, template_fields
 from pilotrun.tasks.hub import snapshot_of
 from pilotrun.tasks.loading import check_model_dir, check_positions
-from pilotrun.tasks.quantized import missing_bitsandbytes
+from pilotrun.tasks.quantized import QLORA_EXTRA, missing_bitsandbytes
 from pilotrun.tasks.base import BUILTIN_TASKS
 
 
@@ -66,9 +66,14 @@ def quantization_problems(c) -> list[BadInput]:
     import importlib.util
 
     q = c.model.quantization
-    if q is None:
-        return []
     problems = []
+    if c.train.optimizer in ("adamw_8bit", "paged_adamw_8bit", "paged_adamw_32bit") and \
+            importlib.util.find_spec("bitsandbytes") is None:
+        problems.append(BadInput(f"train.optimizer {c.train.optimizer} is bitsandbytes', which is not installed in "
+                                 "this environment", where="train.optimizer",
+                                 fix=f"{QLORA_EXTRA}, or set train.optimizer: adamw"))
+    if q is None:
+        return problems
     said = f"model.quantization (bits: {q.bits})"
     if c.task not in BUILTIN_TASKS:
         problems.append(BadInput(f"{said} with the custom task {c.task}: its build_model loads the model itself",

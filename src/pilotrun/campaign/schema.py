@@ -58,7 +58,9 @@ class QuantizationConfig(BaseModel):
 
     @model_validator(mode="after")
     def _eight_bit(self) -> "QuantizationConfig":
-        said = sorted(k for k in ("type", "double_quant", "compute_dtype") if k in self.model_fields_set)
+        # a 4-bit setting away from its default (a campaign written back whole, --set included, holds the defaults)
+        said = sorted(k for k in ("type", "double_quant", "compute_dtype")
+                      if getattr(self, k) != type(self).model_fields[k].default)
         if self.bits == 8 and said:
             raise ValueError(f"{', '.join(said)} {'is a 4-bit setting' if len(said) == 1 else 'are 4-bit settings'}"
                              "; 8-bit (LLM.int8()) has none: remove "
@@ -149,8 +151,9 @@ class TrainConfig(BaseModel):
     """Forward/backward passes per optimizer update."""
     precision: Literal["fp32", "bf16-mixed", "fp16-mixed", "bf16-true"] = "fp32"
     """fp32 | bf16-mixed | fp16-mixed (with a grad scaler) | bf16-true (weights and math in bf16)."""
-    optimizer: Literal["adamw", "sgd"] = "adamw"
-    """The optimizer."""
+    optimizer: Literal["adamw", "sgd", "adamw_8bit", "paged_adamw_8bit", "paged_adamw_32bit"] = "adamw"
+    """adamw | sgd (torch's) | adamw_8bit | paged_adamw_8bit | paged_adamw_32bit (bitsandbytes', as QLoRA pairs them:
+    8-bit moments in blocks, and on CUDA paged state in unified memory, outside the allocator's count)."""
     lr: float = Field(1.0e-4, ge=0.0)
     """Peak learning rate."""
     weight_decay: float = Field(0.0, ge=0.0)

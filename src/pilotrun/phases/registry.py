@@ -25,7 +25,8 @@ from pilotrun.phases.worst import by_length
 from pilotrun.tasks.base import BUILTIN_TASKS, loss_parts
 from pilotrun.tasks.loading import torch_dtype
 from pilotrun.tasks.moe import active, expert_counts
-from pilotrun.tasks.quantized import held, original_bytes, quant_tensors, said
+from pilotrun.tasks.quantized import held, logical_numel, original_bytes, quant_tensors, said, \
+    upcast_by_preparation
 from pilotrun.tasks.preference_loss import reference_kind, reference_of, resident_bytes
 
 KINDS = ("load", "train", "eval", "save", "export", "reload")
@@ -43,7 +44,7 @@ class Phase:
 
 def _count(model) -> tuple[int, int]:
     ps = list(model.parameters())
-    return sum(p.numel() for p in ps), sum(p.numel() for p in ps if p.requires_grad)
+    return sum(logical_numel(p) for p in ps), sum(p.numel() for p in ps if p.requires_grad)
 
 
 def _bytes(tensors) -> int:
@@ -102,8 +103,8 @@ def _load_traced(ctx) -> None:
 
     c, t, fake, acc = ctx.prep.c, ctx.prep.c.train, ctx.fake, ctx.fake["acc"]
     model = fake["model"]
-    if c.model.quantization is not None and c.model.config is not None:
-        _originals_traced(acc, model, c)
+    if c.model.quantization is not None:
+        _quantized_load_traced(acc, model, c)
     reference = reference_of(model)  # preference: the frozen copy beside the policy, resident from load on
     for m in (model,) + ((reference,) if reference is not None else ()):
         for p in m.parameters():
@@ -123,19 +124,33 @@ def _load_traced(ctx) -> None:
                            sharded=t.strategy == "fsdp" and data_parallel_ranks(t) > 1)
 
 
-def _originals_traced(acc, model, c) -> None:
-    """A quantised base built from model.config holds its linear weights in model.dtype first, then quantises them
-    one at a time (``tasks/quantized.quantize_in_place``), each original freed once its packed weight exists."""
-    layers = original_bytes(model, torch_dtype(c.model.dtype))
-    blocks = [acc.allocate(n, "temporaries") for _, n in layers]
-    packed = {id(m.weight) for m, _ in layers}
-    for t in list(model.parameters()) + list(model.buffers()):  # what from_config built beside them, kept as built
-        if id(t) not in packed:
+def _quantized_load_traced(acc, model, c) -> None:
+    """A quantised base's build in order. The unquantised parameters peft's kbit preparation upcasts (embeddings,
+    norms, the head) are held in model.dtype from the load on, then each in float32 beside its 16-bit copy until the
+    copy is freed. A base built from model.config also holds its linear weights in model.dtype first, then quantises
+    them one at a time (``tasks/quantized.quantize_in_place``), each original freed once its packed weight exists
+    (``from_pretrained`` reads a folder's one tensor at a time: that transient is one layer's, not counted)."""
+    dtype = torch_dtype(c.model.dtype)
+    upcast = upcast_by_preparation(model, dtype)
+    small = [acc.allocate(t.numel() * t.new_empty((), dtype=dtype).element_size(), "parameters") for t in upcast]
+    if c.model.config is not None:
+        layers = original_bytes(model, dtype)
+        blocks = [acc.allocate(n, "temporaries") for _, n in layers]
+        packed = {id(m.weight) for m, _ in layers} | {id(t) for t in upcast}
+        for t in list(model.parameters()) + list(model.buffers()):  # what from_config built beside them, as built
+            if id(t) not in packed:
+                acc.book(t, "parameters")
+        for (m, _), block in zip(layers, blocks):
+            acc.book(m.weight, "parameters")
+            for q in quant_tensors(m):
+                acc.book(q, "parameters")
+            acc.release(block)
+    skip = {id(t) for t in upcast}
+    for t in list(model.parameters()) + list(model.buffers()) + quant_tensors(model):  # the rest, as loaded
+        if id(t) not in skip:
             acc.book(t, "parameters")
-    for (m, _), block in zip(layers, blocks):
-        acc.book(m.weight, "parameters")
-        for q in quant_tensors(m):
-            acc.book(q, "parameters")
+    for t, block in zip(upcast, small):  # then the preparation's upcasts, one at a time
+        acc.book(t, "parameters")
         acc.release(block)
 
 
@@ -318,8 +333,8 @@ def _reload_traced(ctx) -> None:
         with acc.paused():  # not built on the chance of a replay: built now, booked from the phase as before
             reloaded = ctx.fake["rebuild"]()
     c = ctx.prep.c
-    if c.model.quantization is not None and c.model.config is not None:
-        _originals_traced(acc, reloaded, c)
+    if c.model.quantization is not None:
+        _quantized_load_traced(acc, reloaded, c)
     for p in list(reloaded.parameters()) + list(reloaded.buffers()) + quant_tensors(reloaded):
         acc.book(p, "parameters")
     reloaded.eval()

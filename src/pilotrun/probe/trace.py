@@ -30,6 +30,7 @@ from pilotrun.probe import counted as K
 from pilotrun.probe.estimate import Accountant, architecture_config, fake_build, unsharded_block_bytes
 from pilotrun.tasks.base import BUILTIN_TASKS
 from pilotrun.tasks.moe import expert_counts
+from pilotrun.tasks.quantized import logical_numel, said
 
 SHARDED = ("parameters", "gradients", "optimizer_state")
 # a mixture of experts' routed experts (tasks/moe.expert_counts), counted per layer as the parameters are
@@ -166,10 +167,11 @@ def _traced_once(loaded, device: str, prep, wc: dict, steps_only: bool, override
     for name in names("train"):
         inputs[name] = dict(inputs[name], micro_batch=c.train.micro_batch, accumulation=c.train.accumulation)
     return {"summarize": lambda name, scale: acc.summary(name, scale, by_stage=True), "inputs": inputs,
-            "notes": notes, "params": sum(p.numel() for p in params), "trainable": sum(p.numel() for p in trainable),
+            "notes": notes, "params": sum(logical_numel(p) for p in params), "trainable": sum(p.numel() for p in trainable),
             "trainable_bytes": _bytes(trainable), "param_bytes": _bytes(params), **_frozen_linear(model),
             **expert_counts(model),
             "block": unsharded_block_bytes(model), "device": device,
+            "quantization": said(c.model.quantization) if c.model.quantization is not None else None,
             "gradient_checkpointing": c.model.gradient_checkpointing, "accountant": acc}
 
 
