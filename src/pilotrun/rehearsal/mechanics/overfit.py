@@ -23,7 +23,7 @@ from pilotrun.engine.distributed import default_device
 from pilotrun.engine.loop import Hooks, make_state, out_of_memory_reason, run_update, to_device, train
 from pilotrun.engine.oom import is_oom
 from pilotrun.engine.precision import campaign_compute_dtype
-from pilotrun.journal.runs import RunRecorder
+from pilotrun.journal.runs import RunRecorder, find_pilot
 from pilotrun.journal.store import Journal
 from pilotrun.rehearsal.mechanics.overfit_pairs import is_pair_task, pair_check, pair_findings, pair_state
 from pilotrun.rehearsal.mechanics.plateau import conflict_text, conflicting_inputs, plateau_causes
@@ -321,15 +321,13 @@ class UpdateBudget:
 
 def pilot_update_seconds(home, loaded, chosen: list) -> tuple[float, str] | None:
     """(seconds, where from) of one memorising update — every chosen example in one micro-batch — from the time
-    model of the latest pilot of this campaign's config (its sha256) in the journal: a line through the pilot's
-    timed updates (seconds against padded tokens: a fixed cost, the optimizer's step, and a cost per token),
-    read at the memorising batch's padded tokens. None when no such pilot measured its updates."""
-    sha = loaded.config_sha256()
-    runs = [r for r in Journal(home).list_runs(kind="pilot", name=loaded.campaign.name)
-            if r["config_sha256"] == sha and ((r.get("summary") or {}).get("time_model") or {}).get("typical")]
-    if not runs:
+    model of the latest pilot that measured this config (``find_pilot``: under any name) in the journal: a line
+    through the pilot's timed updates (seconds against padded tokens: a fixed cost, the optimizer's step, and a
+    cost per token), read at the memorising batch's padded tokens. None when no such pilot measured its updates."""
+    run, stale = find_pilot(Journal(home), loaded.campaign.name, loaded.config_sha256(), loaded.resolved_dict())
+    model = ((run or {}).get("summary") or {}).get("time_model") or {}
+    if run is None or stale or not model.get("typical"):  # a pilot of this config (by what it measured), timed
         return None
-    run, model = runs[-1], runs[-1]["summary"]["time_model"]
     points = [(p["tokens"], p["seconds"]) for p in model["typical"]]
     if model.get("worst_update_s") and model.get("worst_update_tokens"):
         points.append((model["worst_update_tokens"], model["worst_update_s"]))
