@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 
 from pilotrun.campaign.prepare import prepare, require_weights
-from pilotrun.console.progress import head
+from pilotrun.console.progress import head, say
 from pilotrun.engine.distributed import default_device
 from pilotrun.engine.loop import Hooks, make_state, out_of_memory_reason, run_update, to_device, train
 from pilotrun.engine.oom import is_oom
@@ -404,6 +404,7 @@ def _memorise(loaded, home, prep, model, chosen: list, mt, budget: UpdateBudget,
     device = default_device()
     model.to(device)
     state = make_state(model, mt, n_train=len(chosen), seed=c.seed, total_updates=budget.ceiling, device=device)
+    state.bound, state.total_updates = True, budget.updates  # a run that memorises stops before its budget
     history, checks, back_off, stop = [], {}, BackOff(c.train.lr), _StopRule(budget)
     pairs = pair_state(task, model, chosen, device) if is_pair_task(task) else None  # margins and the reference
     head(f"memorising {plural(len(chosen), 'pair' if pairs else 'example')}")
@@ -421,7 +422,9 @@ def _memorise(loaded, home, prep, model, chosen: list, mt, budget: UpdateBudget,
                 seconds = sorted(h["seconds"] for h in history[1:])[SIZE_AFTER // 2]  # the first: a warm-up
                 budget.size(seconds, f"the median of its own updates 2..{SIZE_AFTER + 1}: no pilot of this "
                                      "campaign's config in the journal")
-                st.total_updates = budget.updates  # the progress line's total
+                st.total_updates = budget.updates  # the progress line's total, from now on the sized one
+                say(f"update budget sized: ≤ {budget.updates} updates ({BUDGET_SECONDS:g} s at {seconds:.3g} s "
+                    f"each; the ceiling was {budget.ceiling})")
 
         status, res = "completed", None
         while state.update < budget.updates:
