@@ -194,3 +194,18 @@ def test_weights_changed_in_the_model_folder_between_two_builds_are_read_again(t
     assert reuse.COUNTS["pristine_hits"] == before["pristine_hits"]
     name, value = next(iter(second.state_dict().items()))
     assert torch.allclose(value, first.state_dict()[name] * 0.5), name
+
+
+def test_the_exact_counter_leaves_the_models_kept_as_first_built_out(tmp_path):
+    """Inside `all` the pilot's first phase seeds the exact counter while the model kept as first built is alive: it
+    counted one more copy of the weights in every row than a pilot alone (and than the estimate)."""
+    from pilotrun.engine.tensors import LiveTensors
+
+    loaded = load_campaign(tiny_causal_campaign(tmp_path, simple_records(8)))
+    with reuse.sharing():
+        model = prepare(loaded, splits=("train",)).task.build_model()  # the first build: a copy of it is kept
+        kept = reuse.pristine_tensors()
+        live = LiveTensors()
+        live.seed()
+    assert kept and not any(t.untyped_storage()._cdata in live.table for t in kept)
+    assert all(p.untyped_storage()._cdata in live.table for p in model.parameters())  # the run's own model counts

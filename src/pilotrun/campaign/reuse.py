@@ -135,6 +135,15 @@ def keep_pristine(task, loaded) -> None:
     setattr(task, name, build_model)
 
 
+def pristine_tensors() -> list:
+    """The tensors of the models kept as first built (``keep_pristine``): a host-side cache of this process that no
+    run holds, which the exact tensor counter leaves out (``engine/tensors.LiveTensors.seed``)."""
+    out = []
+    for model, _ in _PRISTINE.values():
+        out += list(model.parameters()) + list(model.buffers())
+    return out
+
+
 @contextlib.contextmanager
 def sharing():
     """Inside the block (``all``'s stages), ``prepare`` and a built-in task's model build reuse what an earlier
