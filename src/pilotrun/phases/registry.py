@@ -11,6 +11,7 @@ the report read the names and kinds from here. Adding a phase is one entry here 
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -235,6 +236,9 @@ def _export(ctx, p) -> None:
     ctx.written = export_artifact(task, ctx.state.model, art, ctx.rank, ctx.prep.c.train.strategy)
     if ctx.rank == 0:
         p.inputs.update(parts=ctx.written, bytes=_dir_bytes(art))
+        merged = art / "merged" / "config.json"
+        if ctx.prep.c.model.quantization is not None and merged.is_file():  # what the merged weights are
+            p.inputs["merged"] = json.loads(merged.read_text()).get("pilotrun_dequantized")
 
 
 def _export_traced(ctx) -> None:
@@ -252,9 +256,16 @@ def _export_traced(ctx) -> None:
                                    "are written from host copies")
     if ctx.prep.c.model.adapter is not None and ctx.prep.c.model.adapter.merged_copy:
         # save_hf_artifact merges a deep copy of the adapted model, on the model's device
-        copy = fake["acc"].allocate(_bytes(model.parameters()) + _bytes(model.buffers()), "temporaries")
+        q = ctx.prep.c.model.quantization
+        held = _bytes(model.parameters()) + _bytes(model.buffers())
+        if q is not None:  # the copy's quantised layers dequantised beside it, each summed with its delta in float32
+            layers = original_bytes(model, torch_dtype(q.compute_dtype) if q.bits == 4 else torch_dtype("float16"))
+            held += _bytes(quant_tensors(model)) + sum(n for _, n in layers)
+            held += max((m.in_features * m.out_features * 4 for m, _ in layers), default=0)
+        copy = fake["acc"].allocate(held, "temporaries")
         fake["acc"].release(copy)
-        fake["notes"]["export"] = "the merged copy of the adapted model is counted; files are written from host copies"
+        fake["notes"]["export"] = "the merged copy of the adapted model is counted" + (
+            " (its quantised layers dequantised)" if q is not None else "") + "; files are written from host copies"
 
 
 def _reverted_copies(model) -> bool:
@@ -341,6 +352,15 @@ def _reload_traced(ctx) -> None:
     with torch.no_grad():
         artifact_loss(ctx.task)(reloaded, ctx.task.collate(_sample(ctx)))
     del reloaded
+    if "rebuild_merged" in ctx.fake:  # a quantised base's merged copy, reloaded after the adapter: dequantised
+        with acc.paused():
+            merged = ctx.fake["rebuild_merged"]()
+        for p in list(merged.parameters()) + list(merged.buffers()):
+            acc.book(p, "parameters")
+        merged.eval()
+        with torch.no_grad():
+            artifact_loss(ctx.task)(merged, ctx.task.collate(_sample(ctx)))
+        del merged
 
 
 REGISTRY: tuple[Phase, ...] = (

@@ -149,6 +149,12 @@ def _traced_once(loaded, device: str, prep, wc: dict, steps_only: bool, override
     ctx = PhaseContext(prep, wc, fake={"acc": acc, "model": model, "reloaded": reloaded, "reload": reload,
                                        "rebuild": lambda: fake_build(plain, fake_mode, overrides), "ranks": 1,
                                        "device": device, "notes": notes})
+    q = c.model.quantization
+    if q is not None and c.model.adapter is not None and c.model.adapter.merged_copy:
+        # the merged copy of a quantised base, reloaded after the adapter: unquantised, and in float32, the dtype its
+        # config.json names (peft's preparation upcast the base's other parameters to float32)
+        merged = plain.with_overrides({"model.quantization": None, "model.dtype": "float32"})
+        ctx.fake["rebuild_merged"] = lambda: fake_build(merged, fake_mode, overrides)
     del reloaded
     inputs: dict = {}
 
