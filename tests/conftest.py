@@ -172,6 +172,20 @@ def smollm2_folder(folder: Path) -> Path:
     return folder
 
 
+def alpaca_chat_turns(n: int = 12) -> list[dict]:
+    """The first ``n`` distinct Alpaca records of ../shared/data as one-turn chats ({"messages": [user, assistant]}),
+    prompts cut to 160 characters and answers to 100 (SmolLM2's chat runs: bench_speed, the QLoRA tests)."""
+    records = json.loads((SHARED_DATA / "alpaca_tiny.json").read_text(encoding="utf-8"))
+    turns, seen = [], set()
+    for r in records:
+        prompt = (r["instruction"] + ("\n" + r["input"] if r.get("input") else ""))[:160]
+        answer = " ".join(r["output"].split())[:100]
+        if prompt.lower() not in seen and answer:
+            seen.add(prompt.lower())
+            turns.append({"messages": [{"role": "user", "content": prompt}, {"role": "assistant", "content": answer}]})
+    return turns[:n]
+
+
 def alpaca_by_rule() -> list[dict]:
     """../shared/data/alpaca_tiny.json as classification records: the label says whether the instruction
     comes with an input (a rule the text shows, so a classifier can learn it in a few updates). Texts of

@@ -40,7 +40,7 @@ def trained(tmp_path_factory):
 
 def test_a_new_journal_is_stamped(tmp_path):
     Journal(tmp_path / "home")
-    assert _user_version(tmp_path / "home" / "journal.sqlite") == SCHEMA_VERSION == 3
+    assert _user_version(tmp_path / "home" / "journal.sqlite") == SCHEMA_VERSION == 4
 
 
 def _verbs(path: Path, run_id: str, tmp: Path):
@@ -49,6 +49,7 @@ def _verbs(path: Path, run_id: str, tmp: Path):
         ("report", "--out", tmp / "r.html"), ("verify", run_id), ("archive", run_id, "--out", tmp / "a.tar.gz"),
         ("train", path), ("overfit", path), ("pilot", path), ("sweep", path), ("resume", path),
         ("sheet", path), ("fit", path, "--memory-limit", "1GiB"), ("all", path),
+        ("export", run_id, "--to", "wandb"), ("export", path, "--to", "mlflow"),
     ]
 
 

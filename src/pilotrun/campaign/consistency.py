@@ -9,6 +9,7 @@ from pilotrun.records.readers import read_records
 from pilotrun.tasks.common import SPLITS, template_fields
 from pilotrun.tasks.hub import snapshot_of
 from pilotrun.tasks.loading import check_model_dir, check_positions
+from pilotrun.tasks.quantized import QLORA_EXTRA, missing_bitsandbytes
 from pilotrun.tasks.base import BUILTIN_TASKS
 
 
@@ -53,9 +54,47 @@ def task_needs(c, base_dir=None) -> list[BadInput]:
             check_positions(c, defaults=False)  # config.json or model.config as written: no torch here
         except BadInput as e:
             problems.append(e)
+    problems += quantization_problems(c)
     if c.train.precision == "bf16-true" and c.model.dtype == "float16":
         problems.append(BadInput("train.precision=bf16-true with model.dtype=float16", where="model.dtype",
                                  fix="set model.dtype: bfloat16 (or float32)"))
+    return problems
+
+
+def quantization_problems(c) -> list[BadInput]:
+    """model.quantization against the rest of the campaign, without importing torch or bitsandbytes."""
+    import importlib.util
+
+    q = c.model.quantization
+    problems = []
+    if c.train.optimizer in ("adamw_8bit", "paged_adamw_8bit", "paged_adamw_32bit") and \
+            importlib.util.find_spec("bitsandbytes") is None:
+        problems.append(BadInput(f"train.optimizer {c.train.optimizer} is bitsandbytes', which is not installed in "
+                                 "this environment", where="train.optimizer",
+                                 fix=f"{QLORA_EXTRA}, or set train.optimizer: adamw"))
+    if q is None:
+        return problems
+    said = f"model.quantization (bits: {q.bits})"
+    if c.task not in BUILTIN_TASKS:
+        problems.append(BadInput(f"{said} with the custom task {c.task}: its build_model loads the model itself",
+                                 where="model.quantization", fix="load the base with BitsAndBytesConfig in your "
+                                 "task's build_model and remove model.quantization"))
+    if c.model.adapter is None:
+        problems.append(BadInput(f"{said} without model.adapter: a {q.bits}-bit base is frozen (bitsandbytes' "
+                                 "quantised weights take no gradient), so nothing would train",
+                                 where="model.quantization / model.adapter",
+                                 fix="add model.adapter (e.g. {kind: lora, r: 16, alpha: 32}) for QLoRA, or remove "
+                                     "model.quantization to train the full model"))
+    if c.train.strategy == "fsdp":
+        problems.append(BadInput(
+            f"{said} with train.strategy fsdp: FSDP shards bitsandbytes' 4-bit weights only when they are stored "
+            "in the compute dtype (bnb_4bit_quant_storage: bfloat16, as FSDP-QLoRA loads them, rank 0 quantising "
+            "and broadcasting), and 8-bit weights not at all; pilotrun rehearses a quantised base on one rank or "
+            "replicated (ddp)", where="train.strategy",
+            fix="set train.strategy: ddp (each rank holds the whole quantised base) or single, or remove "
+                "model.quantization to rehearse FSDP"))
+    if importlib.util.find_spec("bitsandbytes") is None:
+        problems.append(missing_bitsandbytes())
     return problems
 
 

@@ -135,15 +135,6 @@ def keep_pristine(task, loaded) -> None:
     setattr(task, name, build_model)
 
 
-def pristine_tensors() -> list:
-    """The tensors of the models kept as first built (``keep_pristine``): a host-side cache of this process that no
-    run holds, which the exact tensor counter leaves out (``engine/tensors.LiveTensors.seed``)."""
-    out = []
-    for model, _ in _PRISTINE.values():
-        out += list(model.parameters()) + list(model.buffers())
-    return out
-
-
 @contextlib.contextmanager
 def sharing():
     """Inside the block (``all``'s stages), ``prepare`` and a built-in task's model build reuse what an earlier
@@ -157,8 +148,13 @@ def sharing():
 
 @contextlib.contextmanager
 def unshared():
-    """Inside the block nothing is reused: a stage whose own timings are a term of the plan (the pilot's
-    ``prepare_s`` and load, a train run's) reads, encodes and builds for itself, as it will on the rental."""
+    """Inside the block nothing is reused and nothing kept is held: a stage whose own timings are a term of the plan
+    (the pilot's ``prepare_s`` and load, a train run's) reads, encodes and builds for itself, as it will on the
+    rental, and a stage that measures memory (the pilot's ledger, a run's observed rows) measures only its own:
+    what ``all`` kept for its other stages (encoded splits, a pristine model and its generator state) is dropped
+    first, since a copy of the model held beside the run is counted as the run's memory. A later stage that shares
+    builds it again."""
+    forget()
     token = _SHARING.set(False)
     try:
         yield
@@ -171,7 +167,7 @@ def shared() -> bool:
 
 
 def forget() -> None:
-    """Drop what this process keeps (tests; a long process that changed its campaigns)."""
+    """Drop what this process keeps (a stage that measures memory: ``unshared``; the end of ``all``; tests)."""
     _ENCODED.clear()
     _PRISTINE.clear()
 

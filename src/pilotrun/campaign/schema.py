@@ -44,6 +44,30 @@ class AdapterConfig(BaseModel):
     alone (artifact/adapter) is always exported, and checkpoints hold only the trainable parameters."""
 
 
+class QuantizationConfig(BaseModel):
+    model_config = _STRICT
+    bits: Literal[4, 8] = 4
+    """4 (bitsandbytes Linear4bit: QLoRA) or 8 (Linear8bitLt, LLM.int8()): the base's linear layers held in
+    that many bits; the output head, embeddings and norms stay in model.dtype, as transformers leaves them."""
+    type: Literal["nf4", "fp4"] = "nf4"
+    """4-bit only: nf4 (NormalFloat, the QLoRA paper's) or fp4."""
+    double_quant: bool = True
+    """4-bit only: quantise the per-block absmax constants too (≈0.37 bits a weight saved)."""
+    compute_dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"
+    """4-bit only: the dtype the weights are dequantised to for each matmul, forward and backward."""
+
+    @model_validator(mode="after")
+    def _eight_bit(self) -> "QuantizationConfig":
+        # a 4-bit setting away from its default (a campaign written back whole, --set included, holds the defaults)
+        said = sorted(k for k in ("type", "double_quant", "compute_dtype")
+                      if getattr(self, k) != type(self).model_fields[k].default)
+        if self.bits == 8 and said:
+            raise ValueError(f"{', '.join(said)} {'is a 4-bit setting' if len(said) == 1 else 'are 4-bit settings'}"
+                             "; 8-bit (LLM.int8()) has none: remove "
+                             f"{' and '.join('model.quantization.' + k for k in said)}, or set bits: 4")
+        return self
+
+
 class ModelConfig(BaseModel):
     model_config = _STRICT
     path: str | None = None
@@ -62,6 +86,10 @@ class ModelConfig(BaseModel):
     """Recompute activations in the backward pass to save memory."""
     trust_remote_code: bool = False
     """Allow model code shipped in the model directory to run. Off unless set; recorded in the journal."""
+    quantization: QuantizationConfig | None = None
+    """A quantised base for QLoRA (bitsandbytes, ``pip install 'pilotrun[qlora]'``; needs model.adapter), e.g.
+    {bits: 4, type: nf4, double_quant: true, compute_dtype: bfloat16}: loaded as transformers'
+    BitsAndBytesConfig loads it, prepared as peft's prepare_model_for_kbit_training prepares it."""
     config_overrides: dict[str, Any] | None = None
     """Keys set on the model's config before it is built or loaded, e.g. {output_router_logits: true,
     router_aux_loss_coef: 0.02} to train a mixture of experts' router loss as Axolotl's model_config does."""
@@ -123,8 +151,9 @@ class TrainConfig(BaseModel):
     """Forward/backward passes per optimizer update."""
     precision: Literal["fp32", "bf16-mixed", "fp16-mixed", "bf16-true"] = "fp32"
     """fp32 | bf16-mixed | fp16-mixed (with a grad scaler) | bf16-true (weights and math in bf16)."""
-    optimizer: Literal["adamw", "sgd"] = "adamw"
-    """The optimizer."""
+    optimizer: Literal["adamw", "sgd", "adamw_8bit", "paged_adamw_8bit", "paged_adamw_32bit"] = "adamw"
+    """adamw | sgd (torch's) | adamw_8bit | paged_adamw_8bit | paged_adamw_32bit (bitsandbytes', as QLoRA pairs them:
+    8-bit moments in blocks, and on CUDA paged state in unified memory, outside the allocator's count)."""
     lr: float = Field(1.0e-4, ge=0.0)
     """Peak learning rate."""
     weight_decay: float = Field(0.0, ge=0.0)
@@ -237,6 +266,18 @@ class ImportedConfig(BaseModel):
     """The source's settings the rehearsal does not reproduce; ``all`` and the sheet say them once."""
 
 
+class TrackConfig(BaseModel):
+    model_config = _STRICT
+    to: Literal["mlflow", "wandb"]
+    """The team's tracker: ``train``, ``sweep`` and ``all`` log their runs to it as they go (``--track`` says the
+    same for one command; ``pilotrun export`` sends what the journal already holds)."""
+    uri: str | None = None
+    """MLflow's tracking URI; default $MLFLOW_TRACKING_URI, else a SQLite store in the home (HOME/mlflow.db).
+    W&B reads its own settings (WANDB_MODE, WANDB_DIR, WANDB_BASE_URL): offline files unless they say otherwise."""
+    experiment: str | None = None
+    """The MLflow experiment, or the W&B project; default the campaign's name."""
+
+
 class Campaign(BaseModel):
     model_config = _STRICT
     name: str = "campaign"
@@ -259,3 +300,6 @@ class Campaign(BaseModel):
     """The rental being planned."""
     imported: ImportedConfig | None = None
     """Written by ``pilotrun import``: the source config and the settings of it the rehearsal does not reproduce."""
+    track: TrackConfig | None = Field(None, exclude=True)
+    """Live logging to the team's tracker (off by default). Where runs are logged is not part of the experiment:
+    left out of the resolved config and its sha256, so turning it on keeps the campaign's pilots and sweeps."""

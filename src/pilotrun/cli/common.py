@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -157,3 +158,44 @@ def emit_data(data, as_json: bool, render, summary: str = "") -> int:
 
 set_option = click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
                           help="override a campaign key (repeatable)")
+
+
+track_option = click.option("--track", type=click.Choice(["mlflow", "wandb"]), default=None,
+                            help="log the runs to this tracker as they go, as the campaign's track key does "
+                                 "(README \"Trackers\"); a tracker that fails never stops training")
+
+
+@contextlib.contextmanager
+def tracking(loaded, home, track: str | None, campaign: str, *, campaign_run: bool = False):
+    """Live logging around a verb, when ``--track`` or the campaign's ``track`` key asks for it; at the end the
+    sweeps it touched (and with ``campaign_run`` the campaign's own run: sheet, launch files, report) are sent
+    too, and what happened is said on stderr."""
+    cfg = loaded.campaign.track
+    to = track or (cfg.to if cfg else None)
+    if to is None:
+        yield None
+        return
+    from pilotrun.integrations.trackers.export import make_tracker
+    from pilotrun.integrations.trackers.live import LiveTracker
+    from pilotrun.journal.observers import observing
+
+    uri = cfg.uri if cfg and cfg.to == to else None
+    experiment = cfg.experiment if cfg and cfg.to == to else None
+    name = loaded.campaign.name
+
+    def final(ex):
+        for sweep_id in list(ex.sweeps):
+            ex.sweep(sweep_id)
+        if campaign_run:
+            ex.campaign(name)
+
+    hint = f"pilotrun export {campaign} --to {to}" + (f" --home {home}" if home_source() == "option" else "")
+    live = LiveTracker(lambda: make_tracker(to, home, uri=uri, experiment=experiment), home, export_hint=hint,
+                       final=final)
+    try:
+        with observing(live):
+            yield live
+    finally:
+        lines = live.close()
+        for line in lines:
+            click.echo(("pilotrun: warning: " if live.failure or "had not finished" in line else "") + line, err=True)

@@ -32,7 +32,8 @@ COMMAND_MODULES = (
 
 # --help lists the verbs in the order of a rehearsal, then the journal's
 VERB_ORDER = ("demo", "init", "import", "validate", "inspect", "leakage", "split", "overfit", "estimate", "pilot", "fit",
-              "resume", "verify", "train", "sweep", "sheet", "all", "report", "runs", "show", "note", "archive", "env")
+              "resume", "verify", "train", "sweep", "sheet", "all", "report", "export", "runs", "show", "note", "archive",
+              "env")
 
 
 class RehearsalOrder(click.Group):

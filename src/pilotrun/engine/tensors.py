@@ -40,8 +40,6 @@ import weakref
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from pilotrun.campaign.reuse import pristine_tensors
-
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
@@ -103,15 +101,12 @@ class LiveTensors:
             self._refreshing = False
 
     def seed(self) -> None:
-        """Count every tensor alive now (once per process: a pass over the garbage collector's objects), but the
-        models ``all`` keeps as first built (``campaign/reuse.pristine_tensors``): a cache of the process, not of the
-        run (within ``all`` the pilot's rows held one more copy of the weights than a pilot alone, and the estimate)."""
+        """Count every tensor alive now (once per process: a pass over the garbage collector's objects)."""
         if self.seeded:
             return
         self.seeded = True
-        cached = {t.untyped_storage()._cdata for t in pristine_tensors()}
         for o in _all_objects():
-            if type(o) in _PLAIN and (not cached or o.untyped_storage()._cdata not in cached):
+            if type(o) in _PLAIN:
                 self.add(o)
 
     def reset_peak(self) -> int:

@@ -18,6 +18,7 @@ from pathlib import Path
 from pilotrun.errors import BadInput, DiskFull
 from pilotrun.journal.files import atomic_write_json, atomic_write_text, dump_yaml, write_manifest
 from pilotrun.journal.files import is_disk_full as disk_full
+from pilotrun.journal.observers import tell
 from pilotrun.journal.store import Journal, Lease, check_fence
 from pilotrun.provenance import (command_line, config_sha256, file_sha256, git_revision, package_versions,
                                  plain_config)
@@ -128,6 +129,7 @@ class RunRecorder:
                                                                                 "config_sha256", "trust_remote_code")},
                                                         "hub": hub_revisions(loaded)})
         self._open_metrics()
+        tell("started", journal, self.run_id)
 
     @classmethod
     def attach(cls, journal: Journal, run_id: str) -> "RunRecorder":
@@ -167,7 +169,9 @@ class RunRecorder:
         Called before anything hashes the run folder (a checkpoint, the run's manifest) and at the end."""
         if self._rows or self._progress is not None:
             self.journal.add_metrics(self.run_id, self._rows, progress=self._progress)
-            self._rows, self._progress = [], None
+            logged, self._rows, self._progress = bool(self._rows), [], None
+            if logged:
+                tell("logged", self.journal, self.run_id)
         if self._lines:
             self._metrics.write("".join(self._lines))
             self._lines = []
@@ -193,6 +197,7 @@ class RunRecorder:
         self._metrics.close()
         self.journal.finish_run(self.run_id, status, summary)
         self.finished = True
+        tell("finished", self.journal, self.run_id)
 
     def __enter__(self):
         return self

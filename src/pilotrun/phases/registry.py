@@ -11,6 +11,7 @@ the report read the names and kinds from here. Adding a phase is one entry here 
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -23,7 +24,10 @@ from pilotrun.engine.precision import autocast
 from pilotrun.engine.state import save_state
 from pilotrun.phases.worst import by_length
 from pilotrun.tasks.base import BUILTIN_TASKS, loss_parts
+from pilotrun.tasks.loading import torch_dtype
 from pilotrun.tasks.moe import active, expert_counts
+from pilotrun.tasks.quantized import held, logical_numel, original_bytes, quant_tensors, said, \
+    upcast_by_preparation
 from pilotrun.tasks.preference_loss import reference_kind, reference_of, resident_bytes
 
 KINDS = ("load", "train", "eval", "save", "export", "reload")
@@ -41,7 +45,7 @@ class Phase:
 
 def _count(model) -> tuple[int, int]:
     ps = list(model.parameters())
-    return sum(p.numel() for p in ps), sum(p.numel() for p in ps if p.requires_grad)
+    return sum(logical_numel(p) for p in ps), sum(p.numel() for p in ps if p.requires_grad)
 
 
 def _bytes(tensors) -> int:
@@ -57,6 +61,8 @@ def _load_inputs(ctx) -> dict:
     c = ctx.prep.c
     out = {"dtype": c.model.dtype, "precision": c.train.precision, "strategy": c.train.strategy,
            "adapter": c.model.adapter is not None}
+    if c.model.quantization is not None:
+        out["quantization"] = said(c.model.quantization)
     if c.task == "preference":  # which second model the phase holds beside the policy (none, copy, adapter ...)
         out["reference"] = reference_kind(c)
     return out
@@ -73,6 +79,8 @@ def _reference_inputs(p, model) -> None:
 def _load(ctx, p) -> None:
     c, task = ctx.prep.c, ctx.task_for("load")
     model = task.build_model()
+    if "quantization" in p.inputs:  # what the built model was checked to hold (tasks/quantized.check_quantized)
+        p.inputs["quantization"] = held(model)
     p.inputs["params"], p.inputs["trainable"] = _count(model)
     _reference_inputs(p, model)
     moe = expert_counts(model)
@@ -96,12 +104,16 @@ def _load_traced(ctx) -> None:
 
     c, t, fake, acc = ctx.prep.c, ctx.prep.c.train, ctx.fake, ctx.fake["acc"]
     model = fake["model"]
+    if c.model.quantization is not None:
+        _quantized_load_traced(acc, model, c)
     reference = reference_of(model)  # preference: the frozen copy beside the policy, resident from load on
     for m in (model,) + ((reference,) if reference is not None else ()):
         for p in m.parameters():
             acc.book(p, "parameters")
         for b in m.buffers():
             acc.book(b, "parameters")
+    for q in quant_tensors(model):  # a quantised base's absmax, code and nested statistics: no parameter holds them
+        acc.book(q, "parameters")
     if t.strategy == "ddp" and fake["ranks"] > 1:
         acc.allocate(_bytes(p for p in model.parameters() if p.requires_grad), "gradients")  # DDP's buckets
     # the optimizer kernel of the device estimated (optim.kernel): on CUDA torch's default, the foreach
@@ -111,6 +123,36 @@ def _load_traced(ctx) -> None:
                            total_updates=ctx.prep.arithmetic()["updates"], device=torch.device("cpu"),
                            kernel_device=fake["device"],
                            sharded=t.strategy == "fsdp" and data_parallel_ranks(t) > 1)
+
+
+def _quantized_load_traced(acc, model, c) -> None:
+    """A quantised base's build in order. The unquantised parameters peft's kbit preparation upcasts (embeddings,
+    norms, the head) are held in model.dtype from the load on, then each in float32 beside its 16-bit copy until the
+    copy is freed. A base built from model.config also holds its linear weights in model.dtype first, then quantises
+    them one at a time (``tasks/quantized.quantize_in_place``), each original freed once its packed weight exists
+    (``from_pretrained`` reads a folder's one tensor at a time: that transient is one layer's, not counted)."""
+    dtype = torch_dtype(c.model.dtype)
+    upcast = upcast_by_preparation(model, dtype)
+    small = [acc.allocate(t.numel() * t.new_empty((), dtype=dtype).element_size(), "parameters") for t in upcast]
+    if c.model.config is not None:
+        layers = original_bytes(model, dtype)
+        blocks = [acc.allocate(n, "temporaries") for _, n in layers]
+        packed = {id(m.weight) for m, _ in layers} | {id(t) for t in upcast}
+        for t in list(model.parameters()) + list(model.buffers()):  # what from_config built beside them, as built
+            if id(t) not in packed:
+                acc.book(t, "parameters")
+        for (m, _), block in zip(layers, blocks):
+            acc.book(m.weight, "parameters")
+            for q in quant_tensors(m):
+                acc.book(q, "parameters")
+            acc.release(block)
+    skip = {id(t) for t in upcast}
+    for t in list(model.parameters()) + list(model.buffers()) + quant_tensors(model):  # the rest, as loaded
+        if id(t) not in skip:
+            acc.book(t, "parameters")
+    for t, block in zip(upcast, small):  # then the preparation's upcasts, one at a time
+        acc.book(t, "parameters")
+        acc.release(block)
 
 
 # --- train: first_step (the optimizer state is allocated in it), steady_step (everything lives at once) --
@@ -194,6 +236,9 @@ def _export(ctx, p) -> None:
     ctx.written = export_artifact(task, ctx.state.model, art, ctx.rank, ctx.prep.c.train.strategy)
     if ctx.rank == 0:
         p.inputs.update(parts=ctx.written, bytes=_dir_bytes(art))
+        merged = art / "merged" / "config.json"
+        if ctx.prep.c.model.quantization is not None and merged.is_file():  # what the merged weights are
+            p.inputs["merged"] = json.loads(merged.read_text()).get("pilotrun_dequantized")
 
 
 def _export_traced(ctx) -> None:
@@ -203,11 +248,24 @@ def _export_traced(ctx) -> None:
         fake["notes"]["export"] = ("the copies save_pretrained makes on the device are counted (the fused experts "
                                    "split back into one tensor per expert, each made contiguous); files are written "
                                    "from host copies")
+    if ctx.prep.c.model.quantization is not None:
+        # peft's save reads the model's state_dict, where each quantised layer adds its statistics packed anew
+        held = model.state_dict()
+        del held
+        fake["notes"]["export"] = ("the quantised layers' statistics the adapter's save packs anew are counted; files "
+                                   "are written from host copies")
     if ctx.prep.c.model.adapter is not None and ctx.prep.c.model.adapter.merged_copy:
         # save_hf_artifact merges a deep copy of the adapted model, on the model's device
-        copy = fake["acc"].allocate(_bytes(model.parameters()) + _bytes(model.buffers()), "temporaries")
+        q = ctx.prep.c.model.quantization
+        held = _bytes(model.parameters()) + _bytes(model.buffers())
+        if q is not None:  # the copy's quantised layers dequantised beside it, each summed with its delta in float32
+            layers = original_bytes(model, torch_dtype(q.compute_dtype) if q.bits == 4 else torch_dtype("float16"))
+            held += _bytes(quant_tensors(model)) + sum(n for _, n in layers)
+            held += max((m.in_features * m.out_features * 4 for m, _ in layers), default=0)
+        copy = fake["acc"].allocate(held, "temporaries")
         fake["acc"].release(copy)
-        fake["notes"]["export"] = "the merged copy of the adapted model is counted; files are written from host copies"
+        fake["notes"]["export"] = "the merged copy of the adapted model is counted" + (
+            " (its quantised layers dequantised)" if q is not None else "") + "; files are written from host copies"
 
 
 def _reverted_copies(model) -> bool:
@@ -285,12 +343,24 @@ def _reload_traced(ctx) -> None:
             return
         with acc.paused():  # not built on the chance of a replay: built now, booked from the phase as before
             reloaded = ctx.fake["rebuild"]()
-    for p in list(reloaded.parameters()) + list(reloaded.buffers()):
+    c = ctx.prep.c
+    if c.model.quantization is not None:
+        _quantized_load_traced(acc, reloaded, c)
+    for p in list(reloaded.parameters()) + list(reloaded.buffers()) + quant_tensors(reloaded):
         acc.book(p, "parameters")
     reloaded.eval()
     with torch.no_grad():
         artifact_loss(ctx.task)(reloaded, ctx.task.collate(_sample(ctx)))
     del reloaded
+    if "rebuild_merged" in ctx.fake:  # a quantised base's merged copy, reloaded after the adapter: dequantised
+        with acc.paused():
+            merged = ctx.fake["rebuild_merged"]()
+        for p in list(merged.parameters()) + list(merged.buffers()):
+            acc.book(p, "parameters")
+        merged.eval()
+        with torch.no_grad():
+            artifact_loss(ctx.task)(merged, ctx.task.collate(_sample(ctx)))
+        del merged
 
 
 REGISTRY: tuple[Phase, ...] = (

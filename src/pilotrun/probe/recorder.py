@@ -37,10 +37,29 @@ class NonFinite(Exception):
 
 
 def peak_of(row: dict) -> int | None:
-    """The number checked against a memory limit: on CUDA the reserved peak (what the card holds for
-    the process, which a new allocation must fit beside), else the allocated/RSS peak."""
+    """The device's figure, the one a memory limit (a GPU's memory) is checked against: on CUDA the reserved peak
+    (what the card holds for the process, which a new allocation must fit beside); on CPU with the exact counter
+    the live tensors' peak (CUDA's allocated semantics) — the process RSS beside it is this host's memory (the
+    interpreter, the libraries), never judged as a GPU's; RSS only where it is the one counter (``rss``)."""
+    if row.get("counter") == "tensors+rss" and row.get("peak_allocated") is not None:
+        return row["peak_allocated"]
     vals = [v for v in (row.get("peak_allocated"), row.get("peak_reserved")) if v is not None]
     return max(vals) if vals else None
+
+
+def host_peak(row: dict) -> int | None:
+    """The process RSS peak of a CPU row (the host's memory), None on a GPU."""
+    counter = row.get("counter")
+    return row.get("peak_reserved") if counter == "tensors+rss" else row.get("peak_allocated") if counter == "rss" \
+        else None
+
+
+FIGURE = {"tensors+rss": "live tensors", "cuda": "CUDA reserved", "rss": "host RSS", "mps": "MPS allocated"}
+
+
+def figure(row: dict) -> str:
+    """What ``peak_of`` of this row is, in words (the over-budget note, the pilot's summary, the report)."""
+    return FIGURE.get(row.get("counter"), row.get("counter") or "peak")
 
 
 def describe_inputs(inputs: dict) -> str:
@@ -125,7 +144,7 @@ class Phase:
         peak = peak_of(row)
         if verdict == "ok" and self.memory_limit and peak is not None and peak > self.memory_limit:
             row["verdict"] = "over-budget"
-            row["note"] = (f"peak {fmt_bytes(peak)} ({row['counter']}) is above the limit "
+            row["note"] = (f"peak {fmt_bytes(peak)} ({figure(row)}) is above the limit "
                            f"{fmt_bytes(self.memory_limit)} at phase {self.name} ({describe_inputs(self.inputs)})")
         self.row = {k: row.get(k) for k in ROW_KEYS}
         if self.rows is not None:

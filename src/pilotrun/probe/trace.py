@@ -31,6 +31,7 @@ from pilotrun.probe.estimate import Accountant, architecture_config, fake_build,
 from pilotrun.tasks.base import BUILTIN_TASKS
 from pilotrun.tasks.preference_loss import resident_bytes
 from pilotrun.tasks.moe import expert_counts
+from pilotrun.tasks.quantized import logical_numel, said
 
 SHARDED = ("parameters", "gradients", "optimizer_state")
 # a mixture of experts' routed experts (tasks/moe.expert_counts), counted per layer as the parameters are
@@ -149,6 +150,12 @@ def _traced_once(loaded, device: str, prep, wc: dict, steps_only: bool, override
     ctx = PhaseContext(prep, wc, fake={"acc": acc, "model": model, "reloaded": reloaded, "reload": reload,
                                        "rebuild": lambda: fake_build(plain, fake_mode, overrides), "ranks": 1,
                                        "device": device, "notes": notes})
+    q = c.model.quantization
+    if q is not None and c.model.adapter is not None and c.model.adapter.merged_copy:
+        # the merged copy of a quantised base, reloaded after the adapter: unquantised, and in float32, the dtype its
+        # config.json names (peft's preparation upcast the base's other parameters to float32)
+        merged = plain.with_overrides({"model.quantization": None, "model.dtype": "float32"})
+        ctx.fake["rebuild_merged"] = lambda: fake_build(merged, fake_mode, overrides)
     del reloaded
     inputs: dict = {}
 
@@ -167,10 +174,11 @@ def _traced_once(loaded, device: str, prep, wc: dict, steps_only: bool, override
     for name in names("train"):
         inputs[name] = dict(inputs[name], micro_batch=c.train.micro_batch, accumulation=c.train.accumulation)
     return {"summarize": lambda name, scale: acc.summary(name, scale, by_stage=True), "inputs": inputs,
-            "notes": notes, "params": sum(p.numel() for p in params), "trainable": sum(p.numel() for p in trainable),
+            "notes": notes, "params": sum(logical_numel(p) for p in params), "trainable": sum(p.numel() for p in trainable),
             "trainable_bytes": _bytes(trainable), "param_bytes": _bytes(params), **_frozen_linear(model),
             **expert_counts(model), "reference_bytes": resident_bytes(model),  # preference: a frozen copy beside it
             "block": unsharded_block_bytes(model), "device": device,
+            "quantization": said(c.model.quantization) if c.model.quantization is not None else None,
             "gradient_checkpointing": c.model.gradient_checkpointing, "accountant": acc}
 
 

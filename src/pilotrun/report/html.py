@@ -16,7 +16,7 @@ from typing import Callable
 
 from pilotrun.journal.files import atomic_write_text
 from pilotrun.journal.runs import run_table_rows, shown_status
-from pilotrun.probe.recorder import peak_of
+from pilotrun.probe.recorder import figure, host_peak, peak_of
 from pilotrun.probe.sizes import fmt_bytes
 from pilotrun.rehearsal.training.compare import TABLE_COLUMNS
 from pilotrun.rehearsal.training.sweep import sweep_comparison
@@ -292,8 +292,13 @@ def _one_run(journal, run) -> str:
             text = (f"memory bound: observed peak ÷ pilot {bound['pilot_run']} peak ≤ {bound['max_ratio']:.3f}"
                     + "".join(f"; WARNING {w}" for w in bound.get("warnings", [])))
         else:
-            text = (f"memory bound: this run's peak is {fmt_bytes(peak_of(top) or 0)} ({top.get('counter')}) at "
-                    f"{top['phase']} (rank {top['rank']}); size the GPU for at least that")
+            text = (f"memory: this run's peak is {fmt_bytes(peak_of(top) or 0)} of {figure(top)} at {top['phase']} "
+                    f"(rank {top['rank']})" + ("; a GPU holds that allocated, plus its allocator's reserve and the "
+                                               "CUDA context: the sheet's GPU figure" if top.get("counter") != "cuda"
+                                               else ""))
+        host = max(rows, key=lambda r: host_peak(r) or 0)
+        if host_peak(host) is not None:
+            text += f"; host memory (process RSS, not a GPU figure) peaked at {fmt_bytes(host_peak(host))}"
         parts.append(f"<p>{esc(text)}</p>")
         shown = [dict(r, inputs=", ".join(f"{k} {v}" for k, v in (r.get("inputs") or {}).items()),
                       **{k: fmt_bytes(r[k]) if r.get(k) is not None else "—" for k in

@@ -4,7 +4,9 @@ changes in the experiment.
 Memory comes from the estimator (probe/trace.py): three traces — the campaign as written, with
 activation checkpointing, and with a LoRA adapter plus checkpointing — and from each the rows of one
 rank for any count and strategy (``rows_for``: DDP buckets, FSDP's shards and gathered blocks, an
-offloaded optimizer). QLoRA is the LoRA trace with the decoder layers' linear weights at 4 bits.
+offloaded optimizer). QLoRA is a fourth trace, the LoRA one with its base loaded through bitsandbytes (nf4,
+double-quantised, bf16 compute: the packed weights and their statistics, the dequantised temporaries, peft's
+upcasts); without bitsandbytes installed, the LoRA trace with the decoder layers' linear weights at 4 bits.
 The memory checked is the training run's phases (load, both steps, validation, checkpoint); the
 artifact export and its reload check load the whole merged model and can run on the host, so they
 are reported, not required.
@@ -20,6 +22,7 @@ price, or a whole-day plan that holds it less ``hardware.reserve``, whichever is
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import time
 
@@ -34,12 +37,14 @@ from pilotrun.sheet.option_time import BUS_GBS, HOST_GBS, HOST_PARAMS_S, NODE_GB
     campaign_seconds
 from pilotrun.sheet.rates import rent
 from pilotrun.sheet.shape import budget_tokens, eval_tokens
+from pilotrun.tasks.base import BUILTIN_TASKS
 from pilotrun.tasks.preference_loss import reference_kind
 
 COUNTS = (1, 2, 4, 8)  # GPUs on one node
 NODES = (2, 4, 8)  # nodes of 8, tried for a GPU only when nothing that keeps the question fits one node
 LORA_R = 16
-NF4_BYTES = 0.5 + 0.016  # 4 bits per weight plus the double-quantized block constants
+NF4_BYTES = 0.5 + 0.016  # 4 bits per weight plus the double-quantized block constants (the fallback's)
+QLORA = {"model.quantization": {"bits": 4, "type": "nf4", "double_quant": True, "compute_dtype": "bfloat16"}}
 TRAINING = names("load", "train", "eval", "save")  # the training run's phases; export and reload are reported
 KEEPS = "keeps the experiment"
 HOST_UNITS = ("run_overhead",) + P.HOST_KINDS  # time-plan terms kept as measured on any option
@@ -56,7 +61,7 @@ OPTIONS = (
      False),
     ("lora", "LoRA r={r} + checkpointing", "LoRA+ckpt", "lora", "ddp", False, False),
     ("fsdp_lora", "LoRA r={r} + FSDP + checkpointing", "LoRA+FSDP+ckpt", "lora", "fsdp", False, False),
-    ("qlora", "QLoRA 4-bit r={r} + checkpointing", "QLoRA+ckpt", "lora", "ddp", False, True),
+    ("qlora", "QLoRA 4-bit r={r} + checkpointing", "QLoRA+ckpt", "qlora", "ddp", False, True),
 )
 # tensor parallel within a node × FSDP across nodes: only over nodes, only where the architecture has a TP plan
 TP_OPTIONS = (
@@ -105,7 +110,16 @@ def _variants(loaded, r: int) -> dict:
         lora = ckpt
     else:
         lora = ckpt.with_overrides({"model.adapter": {"kind": "lora", "r": r}})
-    return {"written": loaded, "ckpt": ckpt, "lora": lora}
+    out = {"written": loaded, "ckpt": ckpt, "lora": lora}
+    if c.model.quantization is None:  # already quantised: "as written" is the QLoRA row
+        # QLoRA as users run it (bitsandbytes nf4, double-quantised, bf16 compute), traced through bitsandbytes'
+        # own layers; without bitsandbytes (or for a custom task) the LoRA trace with its linear weights at 4 bits
+        if importlib.util.find_spec("bitsandbytes") is not None and c.task in BUILTIN_TASKS:
+            strategy = {"train.strategy": "ddp"} if c.train.strategy == "fsdp" else {}
+            out["qlora"] = lora.with_overrides({**QLORA, **strategy})
+        else:
+            out["qlora"] = lora
+    return out
 
 
 def options_table(loaded, *, prep=None, rates: dict | None = None, lora_r: int | None = None,
@@ -150,6 +164,17 @@ def options_table(loaded, *, prep=None, rates: dict | None = None, lora_r: int |
     else:
         skipped = ("activation checkpointing not evaluated: the campaign as written fits every GPU and count "
                    "planned, and checkpointing only adds compute")
+    # QLoRA runs on the same GPUs as LoRA, slower: traced only where LoRA (the campaign's own adapter as written)
+    # does not fit somewhere, as checkpointing is
+    lora_keys = ("written", "ckpt", "lora") if adapter is not None else ("lora",)
+    if "qlora" in variants:
+        if any(x["trace"] in lora_keys and x["precision_ok"] and not x["fits"] for x in rows):
+            need("qlora")
+            rows = _rows(*args)
+        else:
+            said = (f"QLoRA not evaluated: {'the adapter as written' if adapter is not None else 'LoRA'} fits every "
+                    "GPU and count planned, and QLoRA only adds compute on the same GPUs")
+            skipped = f"{skipped}; {said}" if skipped else said
     for g in gpus or CATALOGUE:
         ours = [x for x in rows if x["gpu"] == g.key]
         if pilot is not None and ours:
@@ -450,7 +475,7 @@ def _memory_rows(tr, cache, trace_key, n, strategy, offload, qlora, tp) -> list[
     if ck not in cache:
         fsdp = tp > 1 or ck[2] == "ep_fsdp"  # TP × FSDP and EP × FSDP start from FSDP's rows
         rows = rows_for(tr, ranks=n, strategy="fsdp" if fsdp else ck[2], offload=offload, tp=tp)
-        if qlora:
+        if qlora and not tr.get("quantization"):  # the LoRA trace standing in for one through bitsandbytes
             rows = _quantized(rows, tr, n if ck[2] == "fsdp" else 1)
         cache[ck] = rows
     return cache[ck]
@@ -545,7 +570,8 @@ def _assumptions(pilot: dict | None = None, net: dict | None = None, moe: dict |
                 "experts' gradients reduced over their replicas"]),
             f"optimizer offload: gradients and parameters over PCIe at {HOST_GBS:g} GB/s and a host step at "
             f"{HOST_PARAMS_S:.0e} parameters/s",
-            f"QLoRA: {NF4_BYTES * 8:.2f} bits per decoder-layer linear weight, compute {QLORA_SLOWER:g}× slower",
+            f"QLoRA: traced through bitsandbytes (nf4, double-quantised, bf16 compute) when it is installed, else "
+            f"{NF4_BYTES * 8:.2f} bits per decoder-layer linear weight; compute {QLORA_SLOWER:g}× slower",
             f"memory: the training phases' peak reserved × (1 + {MARGIN_FRACTION:.0%}) + the CUDA context, cuBLAS "
             f"workspace and NCCL buffers (sheet/gpu_memory.py) ≤ the GPU's memory; export and the reload check "
             f"(the merged model) are shown, not required",

@@ -14,6 +14,7 @@ from pilotrun.journal.base_identity import ATTR, describe_base
 from pilotrun.journal.files import reading_weights
 from pilotrun.tasks.hub import fetch_command, missing_weights, snapshot_of
 from pilotrun.tasks.moe import moe_parts
+from pilotrun.tasks import quantized
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
@@ -71,6 +72,11 @@ def torch_dtype(name: str):
     import torch
 
     return getattr(torch, _DTYPES[name])
+
+
+def weights_dtype(model_dtype: str, precision: str) -> str:
+    """The dtype the trained weights are held in (``_finish`` casts them to bf16 under bf16-true): a reload's."""
+    return "bfloat16" if precision == "bf16-true" else model_dtype
 
 
 def load_tokenizer(c) -> Any:
@@ -375,7 +381,7 @@ def _build_model(c, tokenizer, kind: str, labels: list[str] | None):
             config.pad_token_id = pad_id(tokenizer)
         torch.manual_seed(c.seed)  # weights the folder does not hold (a new head) are drawn under the campaign seed
         if shape_only is not None:
-            model = _from_config(auto, config, c, "model.path").to(dtype)
+            model = _quantized(_from_config(auto, config, c, "model.path").to(dtype), c)
         else:
             model = _from_folder(auto, path, config, c, dtype)
     elif c.model.config:
@@ -392,7 +398,7 @@ def _build_model(c, tokenizer, kind: str, labels: list[str] | None):
         if kind == "seq-cls":
             config.pad_token_id = pad_id(tokenizer)
         torch.manual_seed(c.seed)
-        model = _from_config(auto, config, c, "model.config").to(dtype)
+        model = _quantized(_from_config(auto, config, c, "model.config").to(dtype), c)
     else:
         raise BadInput("no model: set model.path (a local model folder) or model.config (random init)",
                        where="model", fix="see `pilotrun init` for both forms")
@@ -431,11 +437,26 @@ def _from_config(auto, config, c, where: str):
                        else "check config.json's sizes (save_pretrained writes them)") from None
 
 
+def _quantized(model, c):
+    """A model built from its config, quantised as ``from_pretrained`` would have loaded it (model.quantization)."""
+    if c.model.quantization is None or _on_meta(model):  # the meta builds name modules: the same names unquantised
+        return model
+    with quiet_transformers():
+        return quantized.quantize_in_place(model, c.model.quantization)
+
+
+def _on_meta(model) -> bool:
+    return any(p.device.type == "meta" for p in model.parameters())
+
+
 def _from_folder(auto, path: Path, config, c, dtype):
+    q = c.model.quantization
+    extra = {} if q is None else {"quantization_config": quantized.bnb_config(q),
+                                  "device_map": {"": quantized.load_device()}}
     try:
         with quiet_transformers():
             model = auto.from_pretrained(str(path), config=config, local_files_only=True, dtype=dtype,
-                                         use_safetensors=True, trust_remote_code=c.model.trust_remote_code)
+                                         use_safetensors=True, trust_remote_code=c.model.trust_remote_code, **extra)
     except Exception as e:
         raise BadInput(f"cannot load the model from {path}: {e}", where="model.path",
                        fix="check that the weights match config.json (save_pretrained writes both)") from None
@@ -450,18 +471,36 @@ def _finish(model, c, tokenizer, kind: str):
 
     check_max_length(c, model.config, c.model.path and f"{Path(c.model.path) / 'config.json'}" or "model.config")
     _check_vocab(model, tokenizer)
-    if c.train.precision == "bf16-true":
+    q = None if _on_meta(model) else c.model.quantization
+    if q is not None:
+        quantized.check_quantized(model, q, "model.path" if c.model.path else "model.config")
+    if c.train.precision == "bf16-true" and q is None:
         model = model.to(torch.bfloat16)
     with quiet_transformers():
-        if c.model.gradient_checkpointing:
+        if q is not None:
+            model = quantized.prepare(model, c)  # checkpointing too, as peft's prepare turns it on
+            if c.train.precision == "bf16-true":  # the quantised layers stay as they are; the rest in bf16
+                _to_bf16_unquantized(model)
+        elif c.model.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-            if hasattr(model.config, "use_cache"):
-                model.config.use_cache = False
+        if c.model.gradient_checkpointing and hasattr(model.config, "use_cache"):
+            model.config.use_cache = False
         if c.model.adapter is not None:
             torch.manual_seed(c.seed)  # the adapter's A matrices: two builds of one campaign are bitwise equal
             model = _apply_adapter(model, c.model.adapter, kind)
             setattr(model, ATTR, describe_base(c))  # checkpoints hold the adapter and name this base
     return model
+
+
+def _to_bf16_unquantized(model) -> None:
+    """bf16-true on a quantised base: every floating parameter and buffer that is not a quantised weight in bf16
+    (transformers refuses ``.to(dtype)`` on a quantised model)."""
+    import torch
+
+    with torch.no_grad():
+        for t in list(model.parameters()) + list(model.buffers()):
+            if t.is_floating_point() and t.dtype != torch.bfloat16 and not hasattr(t, "quant_state"):
+                t.data = t.data.to(torch.bfloat16)
 
 
 def no_dropout(model) -> int:
@@ -604,18 +643,22 @@ def load_hf_artifact(c, tokenizer, kind: str, path, labels: list[str] | None = N
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
     path = Path(path)
+    # in the dtype the run trained in, as its user loads it (a base folder saved in fp32 under a bf16 campaign
+    # would otherwise come back in fp32: other logits, not another model); a quantised base's merged copy says its own
+    held = {} if c.model.quantization is not None else {"dtype": torch_dtype(weights_dtype(c.model.dtype,
+                                                                                          c.train.precision))}
     with quiet_transformers(), reading_weights(path, "artifact"):
         if (path / "adapter_config.json").is_file():
             from peft import AutoPeftModelForCausalLM, AutoPeftModelForSequenceClassification, PeftModel
 
             base = json.loads((path / "adapter_config.json").read_text()).get("base_model_name_or_path")
-            if base and Path(base).is_dir():
+            if base and Path(base).is_dir() and c.model.quantization is None:  # a quantised base: built below
                 auto = AutoPeftModelForCausalLM if kind == "causal-lm" else AutoPeftModelForSequenceClassification
-                return auto.from_pretrained(str(path), local_files_only=True)
+                return auto.from_pretrained(str(path), local_files_only=True, **held)
             plain = c.model_copy(update={"model": c.model.model_copy(update={"adapter": None})})
             return PeftModel.from_pretrained(build_model(plain, tokenizer, kind, labels), str(path))
         auto = AutoModelForCausalLM if kind == "causal-lm" else AutoModelForSequenceClassification
-        return auto.from_pretrained(str(path), local_files_only=True, use_safetensors=True)
+        return auto.from_pretrained(str(path), local_files_only=True, use_safetensors=True, **held)
 
 
 def save_hf_artifact(model, tokenizer, out_dir, *, merged: bool = False) -> list[str]:
@@ -636,7 +679,11 @@ def save_hf_artifact(model, tokenizer, out_dir, *, merged: bool = False) -> list
         if merged:
             import copy
 
-            full = copy.deepcopy(model).merge_and_unload()
+            full, said = quantized.merged_dequantized(copy.deepcopy(model))
+            if said:
+                full.config.pilotrun_dequantized = said  # config.json says what the merged weights are
+            else:
+                full = copy.deepcopy(model).merge_and_unload()
             full.save_pretrained(str(out_dir / "merged"), safe_serialization=True)
             tokenizer.save_pretrained(str(out_dir / "merged"))
             written.append("merged")

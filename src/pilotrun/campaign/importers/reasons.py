@@ -24,11 +24,6 @@ AXOLOTL_REASONS = {
     "debug": NOTHING, "use_otel_metrics": NOTHING, "otel_metrics_host": NOTHING, "otel_metrics_port": NOTHING,
     "chunked_cross_entropy": "the logits are never held whole on the rental: memory there is smaller than rehearsed",
     "tiled_mlp": "the MLP runs in tiles on the rental: activation memory there is smaller than rehearsed",
-    "load_in_4bit": "the base weights are 4-bit (bitsandbytes) in the source; the rehearsal holds them in "
-                    "model.dtype, so its weight memory is about 4x (bf16) the rental's: `pilotrun estimate "
-                    "--options` prices the QLoRA option",
-    "load_in_8bit": "the base weights are 8-bit in the source; the rehearsal holds them in model.dtype, so its "
-                    "weight memory is about 2x (bf16) the rental's",
     "tf32": "TF32 matmuls on Ampere and later: speed only, the loss moves in the last digits; nothing on CPU",
     "deepspeed": "DeepSpeed is not rehearsed: the nearest strategy (ZeRO-3 → fsdp, ZeRO-1/2 → ddp) is set when the "
                  "file name says the stage; memory per GPU under DeepSpeed differs from FSDP's",
@@ -127,7 +122,11 @@ HF_REASONS = {
     "no_cuda": "nothing to rehearse: pilotrun picks the device it rehearses on",
     "eval_strategy": "nothing to rehearse: pilotrun validates every train.eval_every updates",
     "attn_implementation": ATTENTION,
-    "load_in_4bit": AXOLOTL_REASONS["load_in_4bit"], "load_in_8bit": AXOLOTL_REASONS["load_in_8bit"],
+    "load_in_4bit": "the base weights are 4-bit (bitsandbytes) in the source; the import does not carry TRL's "
+                    "quantisation keys yet: set model.quantization ({bits: 4, type: nf4, double_quant: true, "
+                    "compute_dtype: bfloat16}) to rehearse them",
+    "load_in_8bit": "the base weights are 8-bit in the source; the import does not carry TRL's quantisation keys "
+                    "yet: set model.quantization: {bits: 8} to rehearse them",
     "use_dora": AXOLOTL_REASONS["peft_use_dora"], "use_rslora": AXOLOTL_REASONS["peft_use_rslora"],
     "lora_modules_to_save": AXOLOTL_REASONS["lora_modules_to_save"],
     "dataset_config": "nothing to rehearse: the local file is read whole",

@@ -22,6 +22,7 @@ from pilotrun.console.progress import head
 from pilotrun.engine.distributed import default_device
 from pilotrun.engine.loop import Hooks, make_state, out_of_memory_reason, run_update, to_device, train
 from pilotrun.engine.oom import is_oom
+from pilotrun.engine.precision import campaign_compute_dtype
 from pilotrun.journal.runs import RunRecorder
 from pilotrun.journal.store import Journal
 from pilotrun.rehearsal.mechanics.overfit_pairs import is_pair_task, pair_check, pair_findings, pair_state
@@ -32,7 +33,7 @@ from pilotrun.tasks.loading import no_dropout
 from pilotrun.tasks.moe import without_router_aux
 from pilotrun.verdicts import StageResult, headline, plural
 
-TOLERANCE = {"fp32": 1e-5}  # relative gradient difference; rounding alone stays far below 1e-5 in fp32
+TOLERANCE = {"float32": 1e-5}  # relative gradient difference; rounding alone stays far below 1e-5 in fp32
 LOW_PRECISION_TOLERANCE = 2e-2  # bf16/fp16 round each micro-batch's gradients to ~3 significant digits
 LOSS_THRESHOLD = 0.05  # nats per target: memorised examples sit far below, an unlearned byte model near 5
 FLAT_RELATIVE = 0.02  # a loss within 2% of its start after the whole budget has not moved
@@ -92,7 +93,7 @@ def accumulation_check(prep, model=None) -> dict:
 
     t = prep.c.train
     batches = accumulation_micro_batches(prep.train, t.micro_batch, t.accumulation)
-    tol = TOLERANCE.get(t.precision, LOW_PRECISION_TOLERANCE)
+    tol = TOLERANCE.get(campaign_compute_dtype(prep.c), LOW_PRECISION_TOLERANCE)  # the dtype it rounds in
     if not batches:
         return {"verdict": "warn", "message": "accumulation check skipped: fewer than 2 training examples with targets",
                 "tolerance": tol}

@@ -29,6 +29,7 @@ from pilotrun.engine.control import store_control_predictions
 from pilotrun.engine.distributed import check_strategy, default_device, under_launcher
 from pilotrun.engine.launcher import Ranks
 from pilotrun.engine.loop import Hooks, make_state, train
+from pilotrun.engine.precision import campaign_compute_dtype
 from pilotrun.engine.state import COMPONENTS, load_state, save_state
 from pilotrun.errors import BadInput
 from pilotrun.journal.files import atomic_write_json, write_dir_atomically
@@ -292,7 +293,7 @@ def _setting(prep, at: int, launcher) -> _Setting:
                        where="train.micro_batch", fix="lower train.micro_batch or train.accumulation")
     device = default_device()
     return _Setting(n, per_epoch, per_update, ranks, at, 2 * at, device,
-                    exact=t.precision == "fp32" and device.type == "cpu")
+                    exact=campaign_compute_dtype(prep.c) == "float32" and device.type == "cpu")
 
 
 def _joined(launcher) -> StageResult:

@@ -18,7 +18,7 @@ from pilotrun.campaign.arithmetic import batch_arithmetic, examples_per_update
 from pilotrun.campaign.prepare import prepare, require_weights
 from pilotrun.console.progress import head
 from pilotrun.engine.distributed import default_device
-from pilotrun.probe.recorder import describe_inputs, peak_of
+from pilotrun.probe.recorder import describe_inputs, figure, peak_of
 from pilotrun.probe.sizes import fmt_bytes
 from pilotrun.rehearsal.memory import fit_variants
 from pilotrun.rehearsal.memory.fit_probe import first_losses, losses_match, probe, variant_prep
@@ -143,10 +143,10 @@ def fit(loaded, home, memory_limit: int, *, write: str | None = None, effective_
     if over is None:
         worst = max(pilot_rows, key=lambda r: peak_of(r) or 0)
         return StageResult("fit", "ok", f"the control fits {fmt_bytes(memory_limit)}: peak {fmt_bytes(peak_of(worst))} "
-                           f"at phase {worst['phase']}; nothing to change", messages, data)
+                           f"({figure(worst)}) at phase {worst['phase']}; nothing to change", messages, data)
     messages.insert(0, f"the control exceeds {fmt_bytes(memory_limit)} at phase {over['phase']} "
                        f"({describe_inputs(over.get('inputs') or {})}): {over['verdict']}, "
-                       f"peak {fmt_bytes(peak_of(over))}")
+                       f"peak {fmt_bytes(peak_of(over))} ({figure(over)})")
     data["over_phase"], data["over_inputs"] = over["phase"], over.get("inputs")
     job = _Fit(loaded, prep, memory_limit, effective, device, all_variants)
     messages += fit_variants.try_variants(job, over)
