@@ -203,15 +203,18 @@ def test_a_folder_base_loads_in_4bit_and_the_checkpoint_refuses_another_quantisa
 
 
 # --- the estimate against the pilot -----------------------------------------------------------------------
-@pytest.mark.parametrize("bits", [4, pytest.param(8, marks=pytest.mark.slow)])
-def test_estimate_matches_the_pilot_of_the_quantised_demo_in_every_phase(demo_dir, tmp_path, bits):
+@pytest.mark.parametrize("bits,dtype", [(4, "bfloat16"), pytest.param(4, "float32", marks=pytest.mark.slow),
+                                        pytest.param(8, "float32", marks=pytest.mark.slow)])
+def test_estimate_matches_the_pilot_of_the_quantised_demo_in_every_phase(demo_dir, tmp_path, bits, dtype):
     """The fake trace runs bitsandbytes' own layers (their ops' fake kernels): packed weights, absmax and nested
-    statistics, the originals a model.config build holds before quantising, the statistics export packs anew; in
-    8 bits LLM.int8()'s validation path, whose outlier columns are data-dependent (counted as none)."""
+    statistics; a model.config build's float32 initialisation, its originals held before quantising and peft's
+    upcasts; the statistics export packs anew; in 8 bits LLM.int8()'s validation path, whose outlier columns are
+    data-dependent (counted as none). In bf16 the load read 0.47 × the pilot before the float32 build was traced."""
     from pilotrun.rehearsal.memory.estimate import estimate
     from pilotrun.rehearsal.memory.pilot import pilot
 
-    loaded = load_campaign(demo_dir / "campaign.yaml", {"model.quantization": {"bits": bits}, "model.adapter": LORA})
+    loaded = load_campaign(demo_dir / "campaign.yaml", {"model.quantization": {"bits": bits}, "model.adapter": LORA,
+                                                        "model.dtype": dtype})
     result = pilot(loaded, tmp_path / "home")
     assert result.verdict == "ok", result.messages
     load = next(r for r in result.data["rows"] if r["phase"] == "load")
