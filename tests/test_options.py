@@ -136,7 +136,7 @@ def test_70b_sheet_without_pilot_lists_options(tmp_path, cli):
     assert "## Launch files" in text and payload["messages"][-1].startswith(f"written to {tmp_path}: sheet.md, ")
 
 
-def test_70b_sheet_without_pilot_writes_two_node_launch_files(tmp_path, cli):
+def test_70b_sheet_without_pilot_writes_two_node_launch_files(tmp_path, cli, monkeypatch):
     """A 70B full fine-tune of effective batch 16 priced on H100s only: one node fits only with optimizer
     offload, so the table goes over nodes; its recommendation (TP × FSDP) is not one pilotrun runs, so the
     files are for FSDP on 2 nodes × 8, launched as torchrun over both, the limit from that row's time."""
@@ -147,6 +147,7 @@ def test_70b_sheet_without_pilot_writes_two_node_launch_files(tmp_path, cli):
     from pilotrun.campaign.load import load_campaign, parse_set
     from pilotrun.sheet.launch import slurm_time
 
+    monkeypatch.delenv("PILOTRUN_SETUP_S", raising=False)  # the stated 15-minute set-up
     path = _campaign_70b(tmp_path)
     c = yaml.safe_load(path.read_text())
     c["train"]["accumulation"] = 16
@@ -176,7 +177,9 @@ def test_70b_sheet_without_pilot_writes_two_node_launch_files(tmp_path, cli):
                            '--rdzv-backend c10d --rdzv-endpoint "$HEAD:29500"')
     assert f"-m pilotrun sweep campaign.yaml --id {launch['files']['sweep_id']} " in line
     assert " ".join(f"--set {x}" for x in sets) in line
-    limit = math.ceil((row["seconds"] * (1 + 0.5 + 0.2) + 180) / 60) * 60
+    # set-up 15 min + start-up 60 s + the row's time × (1 + margin + reserve) + a restart without a plan (a start-up)
+    # + the SIGTERM grace, in whole minutes
+    limit = math.ceil((900 + 60 + row["seconds"] * (1 + 0.5 + 0.2) + 60 + 120) / 60) * 60
     assert f"#SBATCH --time={slurm_time(limit)}\n" in sbatch and "the options row's estimated campaign time" in sbatch
     sky = yaml.safe_load((tmp_path / "sheet.sky.yaml").read_text())
     assert sky["num_nodes"] == 2 and sky["resources"]["accelerators"] == "H100:8"

@@ -122,7 +122,7 @@ def test_overfit_shows_updates_and_loss(setup):
     assert code in (0, 1), raw
     shown = visible_lines(raw)
     text = unwrapped(shown)
-    counts = _counts(r"update (\d+)/(\d+), loss [\d.]+", text)
+    counts = _counts(r"update (\d+)/≤?(\d+), loss [\d.]+", text)  # ≤: a memorising run may stop before
     assert counts and {t for _, t in counts} == {30}, text
     assert "memorising 8 examples" in text and "━" in text, text
     _fits(shown, 100)
@@ -248,7 +248,7 @@ def test_a_slow_update_has_a_rate_not_rounded_to_nothing():
 
     from pilotrun.engine.loop import update_line
 
-    state = SimpleNamespace(update=1, total_updates=4)
+    state = SimpleNamespace(update=1, total_updates=4, bound=False)
     slow = update_line(state, {"loss": 2.5, "lr": 1e-4, "examples": 8, "seconds": 200.0})
     assert slow == "update 1/4, loss 2.5000, lr 1.00e-04, 0.04 ex/s (25 s/ex)", slow
     fast = update_line(state, {"loss": 2.5, "lr": 1e-4, "examples": 16, "seconds": 0.08})

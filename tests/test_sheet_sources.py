@@ -193,7 +193,10 @@ def test_launch_files_parse_and_hold_the_sweep_in_order(sheets):
     d, hms = opts["time"].split("-")
     h, m, _ = map(int, hms.split(":"))
     limit = int(d) * 86400 + h * 3600 + m * 60
-    assert campaign_s < limit <= campaign_s * 1.7 + 180 + 60 and limit < 3600
+    # the set-up (15 min, PILOTRUN_SETUP_S unset), start-up, the plan × 1.7, one requeue's restart (start-up, load and
+    # at most a run again, each within the campaign's time) and the grace, in whole minutes
+    assert campaign_s + 900 < limit <= 900 + 60 + campaign_s * 3.7 + 60 + 120 + 60 and limit < 3600
+    assert "set-up (the first start's venv and stack" in sbatch
     assert f"srun --kill-on-bad-exit=1 pilotrun sweep campaign.yaml --id {sid} --home" in sbatch
     assert sbatch.startswith("#!/bin/bash\n")
     for f in ("sheet.commands.sh", "sheet.sbatch"):
