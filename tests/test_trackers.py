@@ -215,7 +215,8 @@ def test_a_tracker_that_refuses_is_reported_and_the_clean_case_logs_live(tmp_pat
 
 
 def _values(recs, key: str) -> list[str]:
-    return [i.value_json for h in recs["history"] for i in h.item if (i.nested_key[0] if i.nested_key else i.key) == key]
+    return [i.value_json for h in recs["history"] for i in h.item
+            if (i.nested_key[0] if i.nested_key else i.key) == key]
 
 
 def test_export_bad_input(tmp_path, demo, cli):
