@@ -16,6 +16,8 @@ EXIT_INTERNAL = 3
 class BadInput(Exception):
     """The user's input is wrong: the message names the file, line or key and the fix (exit 2)."""
 
+    said = "bad input"  # how a stage it ends says it (console/progress.stopped_by)
+
     def __init__(self, message: str, *, where: str | None = None, fix: str | None = None):
         where, message, fix = (escape_controls(t) if isinstance(t, str) else t for t in (where, message, fix))
         self.where = where
@@ -41,6 +43,8 @@ class BadInputs(BadInput):
 class DiskFull(BadInput):
     """No space left while writing: exit 2 like bad input (the fix is the user's), and a run it cuts short
     ends "interrupted", not "failed"."""
+
+    said = "disk full"
 
     def __init__(self, path, *, fix: str | None = None):
         self.path = str(path)

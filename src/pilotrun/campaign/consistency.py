@@ -172,7 +172,7 @@ def check_records(c) -> dict[str, int]:
         if path is None:
             continue
         try:
-            records = read_records(path)
+            records = read_records(path, f"data.{split}")
         except BadInput as e:
             problems.append(e)
             continue

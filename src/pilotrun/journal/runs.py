@@ -67,7 +67,9 @@ def ending(exc: BaseException) -> tuple[str, dict]:
     stopped = interruption(exc)
     if stopped is not None:
         return "interrupted", {"reason": getattr(stopped, "reason", INTERRUPTED)}
-    return "failed", {"reason": f"{type(exc).__name__}: {exc}"}
+    if isinstance(exc, BadInput):  # the user's to fix: the message names it (no class name in what they read)
+        return "failed", {"reason": f"bad input: {exc}"}
+    return "failed", {"reason": f"{type(exc).__name__}: {exc}"}  # a bug: the exception, as it reads in a report
 
 
 def end_run(journal: Journal, run_id: str, exc: BaseException) -> None:

@@ -39,13 +39,36 @@ def _decode(raw: bytes, path: Path) -> str:
                        fix="re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
 
 
-def read_records(path: str | Path) -> list[Record]:
+def near_match(path: Path) -> Path | None:
+    """The file beside ``path`` whose name is closest to it (``data/trian.jsonl`` → ``data/train.jsonl``), or None."""
+    import difflib
+
+    try:
+        files = [p for p in path.parent.iterdir() if p.is_file()]
+    except OSError:
+        return None
+    # names compared without the suffix they share (".jsonl" alone makes nope.jsonl "close" to test.jsonl)
+    stems = {p.name[:len(p.name) - len(path.suffix)] if path.suffix and p.name.endswith(path.suffix) else p.name: p
+             for p in files}
+    close = difflib.get_close_matches(path.stem if path.suffix else path.name, list(stems), n=1, cutoff=0.75)
+    return path.with_name(stems[close[0]].name) if close else None
+
+
+def read_records(path: str | Path, key: str | None = None) -> list[Record]:
+    """The records of one data file; ``key`` is the campaign key that named it (``data.train``), said in errors."""
     path = Path(path)
+    named = f" (named by {key})" if key else ""
     if not path.exists():
         if path.is_symlink():
-            raise BadInput("a symlink that leads nowhere (a loop, or its target is missing)", where=str(path),
-                           fix="point the key at the data file itself")
-        raise BadInput("data file not found", where=str(path), fix="check the path (relative to the campaign file)")
+            raise BadInput(f"a symlink that leads nowhere (a loop, or its target is missing){named}", where=str(path),
+                           fix=f"point {key or 'the key'} at the data file itself")
+        near = near_match(path)
+        if near is not None:
+            raise BadInput(f"data file not found{named}; a file of a close name is beside it: {near}", where=str(path),
+                           fix=f"set {key or 'the key'} to {near}, if that is the file meant")
+        folder = "" if path.parent.is_dir() else f"; its folder {path.parent} does not exist either"
+        raise BadInput(f"data file not found{named}{folder}", where=str(path),
+                       fix=f"check {key or 'the path'} (relative to the campaign file)")
     if path.is_dir():
         raise BadInput("is a folder, not a data file", where=str(path), fix=f"point at one of {', '.join(FORMATS)}")
     suffix = path.suffix.lower()

@@ -85,7 +85,7 @@ def pad_batch(examples: list[Example], pad: int) -> dict[str, Any]:
 
 def read_split(c, split: str):
     path = getattr(c.data, split)
-    return read_records(path) if path else []
+    return read_records(path, f"data.{split}") if path else []
 
 
 class CampaignTask:
