@@ -19,7 +19,7 @@ from pilotrun.errors import BadInput, DiskFull
 from pilotrun.journal.files import atomic_write_json, atomic_write_text, dump_yaml, write_manifest
 from pilotrun.journal.files import is_disk_full as disk_full
 from pilotrun.journal.observers import tell
-from pilotrun.journal.store import Journal, Lease, check_fence
+from pilotrun.journal.store import Journal, Lease, check_fence, iso, last_heartbeat, wall_time
 from pilotrun.provenance import (command_line, config_sha256, file_sha256, git_revision, package_versions,
                                  plain_config)
 from pilotrun.signals import interruption
@@ -187,6 +187,12 @@ def find_pilot(journal, name: str, sha: str | None, config: dict | None = None) 
 
 def _keys(keys: list[str]) -> str:
     return ", ".join(keys[:5]) + (f" and {len(keys) - 5} more" if len(keys) > 5 else "")
+
+
+def still_alive(run: dict) -> str:
+    """Where a running run lives and when it last renewed its lease (the journal's wall clock)."""
+    beat = last_heartbeat(run)
+    return f"pid {run['pid']} on host {run['host']}, last heartbeat {iso(beat)} ({wall_time() - beat:.0f}s ago)"
 
 
 def user_command() -> str:
