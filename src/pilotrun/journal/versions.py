@@ -13,7 +13,7 @@ import os
 import sqlite3
 from pathlib import Path
 
-from pilotrun.errors import BadInput, DiskFull
+from pilotrun.errors import BadInput, DiskFull, from_os_error
 from pilotrun.journal.files import temp_path
 
 _MAGIC = b"SQLite format 3\x00"
@@ -124,6 +124,28 @@ def _with_wal(path: Path, wal: Path) -> bytes:
             shutil.rmtree(tmp, ignore_errors=True)
     _SNAPSHOTS[str(path)] = (key, data)
     return data
+
+
+SQLITE_MAX_PATH = 512  # bytes: SQLite's unix VFS opens no longer path, its -journal and -wal names included
+
+
+def unopenable(path: Path, e: sqlite3.OperationalError) -> BadInput:
+    """SQLite's bare "unable to open database file", said as what it is: a path longer than SQLite opens, or the
+    system's refusal (``errors.from_os_error``: a name too long, no permission, a read-only disk ...)."""
+    full = len(os.fsencode(os.path.abspath(path)))
+    if full + len("-journal") > SQLITE_MAX_PATH:
+        return BadInput(f"the journal's path is {full} bytes long; SQLite opens paths of at most {SQLITE_MAX_PATH} "
+                        "bytes, its -journal and -wal files' included", where="--home",
+                        fix=f"pass a --home (or $PILOTRUN_HOME) whose path is at most "
+                            f"{SQLITE_MAX_PATH - len('/journal.sqlite-journal')} bytes long")
+    try:
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o644))
+    except OSError as oe:
+        refused = from_os_error(oe, path)
+        if refused is not None:
+            return refused
+    return BadInput(f"SQLite cannot open the journal ({e})", where=str(path),
+                    fix="check the folder's permissions and free space (`ls -ld`, `df -h`), or pass another --home")
 
 
 def as_bad_input(e: sqlite3.DatabaseError, path: Path) -> BadInput | None:
