@@ -237,6 +237,29 @@ def test_a_renamed_copy_finds_the_pilot_by_what_it_measured(tmp_path):
     assert find_pilot(Journal(home), "tiny-sweep", "x", load_campaign(model).resolved_dict()) == (None, None)
 
 
+def test_a_pilot_of_data_since_replaced_at_the_same_path_is_said_as_other_data(tmp_path):
+    """Issue 44: the same config (same paths) over a data file replaced since the pilot (same size and mtime: a
+    restore, rsync -t) gave a sheet "From pilot run ..." of the old data without a word. The pilot's data is
+    compared by content: the sheet says the pilot measured other data, naming the file and both hashes."""
+    import os
+
+    path = campaign(tmp_path)
+    home = tmp_path / "home"
+    run = record_pilot(path, home, {})
+    loaded = load_campaign(path)
+    assert find_pilot(Journal(home), "tiny", loaded.config_sha256(), loaded.resolved_dict()) == (
+        Journal(home).get_run(run), None)  # the clean case: the data it measured
+    valid = path.parent / "data" / "validation.jsonl"  # the issue's was the train file
+    st = valid.stat()
+    valid.write_text(valid.read_text().replace("word", "ward"))  # same size, other bytes, the same mtime
+    os.utime(valid, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert valid.stat().st_size == st.st_size
+    pilot, stale = find_pilot(Journal(home), "tiny", loaded.config_sha256(), loaded.resolved_dict())
+    assert pilot["run_id"] == run and f"the file {valid} holds other data now" in stale, stale
+    r = sheet_stage(load_campaign(path), home, options=False)
+    assert r.data["pilot_run"] == run and "holds other data now" in r.data["warnings"][0], r.data["warnings"]
+
+
 def test_prefers_the_pilot_of_the_same_config(tmp_path):
     path = campaign(tmp_path)
     home = tmp_path / "home"

@@ -146,13 +146,14 @@ def emit(results, as_json: bool, *, rendered: bool = False, notes: list[str] | N
     return code
 
 
-def emit_data(data, as_json: bool, render, summary: str = "") -> int:
-    """For journal verbs: the envelope with ``data`` (and a human rendering on stderr), or the rendering."""
+def emit_data(data, as_json: bool, render, summary: str = "", verdict: str = "ok") -> int:
+    """For journal verbs: the envelope with ``data`` (and a human rendering on stderr), or the rendering; ``verdict``
+    "warn" for a verb that did its work and has something to say about it (exit 0)."""
     from pilotrun.cli.envelope import envelope, write
 
     render(console(as_json), safe(data))  # notes, run names ... printed with control characters escaped
     if as_json:
-        write(envelope(exit_code=EXIT_OK, verb=_verb(), verdict="ok", summary=summary, data=data))
+        write(envelope(exit_code=EXIT_OK, verb=_verb(), verdict=verdict, summary=summary, data=data))
     return EXIT_OK
 
 

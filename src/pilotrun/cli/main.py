@@ -184,7 +184,11 @@ def main() -> None:
     if "torch.distributed" in sys.modules:  # one rank of a torchrun launch: see exit_rank
         from pilotrun.engine.distributed import exit_rank, is_initialized
 
-        if is_initialized():
+        try:
+            ranked = is_initialized()
+        except Exception:  # noqa: BLE001 - torch's import was cut short (a signal mid-import): no process group
+            ranked = False
+        if ranked:
             exit_rank(code)
     # The work is done and written: the interpreter's collections at exit need not walk every object left
     # (~10⁶ once torch and transformers are imported: ~0.5 s of CPU on 2 cores). Freed by reference count

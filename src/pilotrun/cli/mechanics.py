@@ -69,7 +69,12 @@ def archive(run_id, out, home, as_json):
 
     data = pack(Journal(home_for(home), create=False), run_id, out)
     said = f"run {data['run_id']}: {len(data['files'])} files packed into {data['path']} ({data['bytes']} bytes)"
-    return emit_data(data, as_json, lambda con, d: con.print(said, markup=False), summary=said)
+    if data["problems"]:  # packed as they are (a backup keeps what there is), said as verify says it
+        said += (f"; WARN: {len(data['problems'])} file(s) no longer match the run's manifest, so `pilotrun verify` "
+                 "refuses this archive's run: " + "; ".join(data["problems"][:5]) + ("; …" if len(data["problems"]) > 5
+                                                                                     else ""))
+    return emit_data(data, as_json, lambda con, d: con.print(said, markup=False), summary=said,
+                     verdict="warn" if data["problems"] else "ok")
 
 
 @cli.command(name="_resume-worker", hidden=True)

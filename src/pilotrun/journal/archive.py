@@ -20,8 +20,8 @@ from pathlib import Path, PurePosixPath
 
 from pilotrun.errors import BadInput
 from pilotrun.journal.checkpoints import reference, resolve
-from pilotrun.journal.files import remove_stale_temps, temp_path, writing
-from pilotrun.journal.runs import missing_run_folder, write_run_readme
+from pilotrun.journal.files import MANIFEST, remove_stale_temps, temp_path, verify_manifest, writing
+from pilotrun.journal.runs import missing_run_folder, still_alive, write_run_readme
 
 
 def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
@@ -37,6 +37,11 @@ def pack(journal, run_id: str, out: str | Path) -> dict:
     run_dir = journal.run_dir(run_id)
     if not run_dir.is_dir():
         raise missing_run_folder(journal, run_id)
+    if run["status"] == "running":  # the journal reaps a lapsed lease at open: this one's process is alive
+        raise BadInput(f"run {run_id} is still running ({still_alive(run)}): its files are being written, so an "
+                       "archive now would be no consistent copy (a checkpoint half-saved, no manifest yet)",
+                       where=run_id, fix=f"archive it once it ends (`pilotrun show {run_id}` says its status), or "
+                                         "stop it (its interruption is recorded) and archive then")
     out = Path(out).resolve()
     if run_dir.resolve() in out.parents:
         raise BadInput(f"--out {out} is inside the run folder it packs", where="--out", fix="write it elsewhere")
@@ -54,6 +59,7 @@ def pack(journal, run_id: str, out: str | Path) -> dict:
                            fix="archive the run from a copy that still holds that checkpoint, or resume the run "
                                "from an earlier checkpoint")
     files = sorted(p for p in run_dir.rglob("*") if p.is_file() and ".tmp-" not in p.name)
+    differs = manifest_problems(run_dir)
     extra = {"run.json": json.dumps(run, indent=2, sort_keys=True, default=str).encode(),
              "control_predictions.json": json.dumps(journal.predictions(run_id, "control"), indent=2).encode()}
     if not (run_dir / "README.md").is_file():
@@ -76,7 +82,18 @@ def pack(journal, run_id: str, out: str | Path) -> dict:
         if tmp.exists():
             tmp.unlink()
     names = [p.relative_to(run_dir).as_posix() for p in files] + sorted(extra)
-    return {"path": str(out), "run_id": run_id, "files": names, "bytes": out.stat().st_size}
+    return {"path": str(out), "run_id": run_id, "files": names, "bytes": out.stat().st_size, "problems": differs}
+
+
+def manifest_problems(run_dir: Path) -> list[str]:
+    """What differs from the manifests in the run folder (its own and each checkpoint's), as ``verify`` finds it:
+    a file changed since it was written (sha256), or missing. Packed as they are, said beside the archive."""
+    out = []
+    for m in sorted(run_dir.rglob(MANIFEST)):
+        if m.is_file():
+            under = m.parent.relative_to(run_dir).as_posix()
+            out += [p if p.startswith("/") or under == "." else f"{under}/{p}" for p in verify_manifest(m.parent)]
+    return list(dict.fromkeys(out))  # a checkpoint's file is listed in its own manifest and the run's
 
 
 def _check_member(m: tarfile.TarInfo) -> None:

@@ -19,7 +19,7 @@ from pilotrun.errors import BadInput, DiskFull
 from pilotrun.journal.files import atomic_write_json, atomic_write_text, dump_yaml, write_manifest
 from pilotrun.journal.files import is_disk_full as disk_full
 from pilotrun.journal.observers import tell
-from pilotrun.journal.store import Journal, Lease, check_fence
+from pilotrun.journal.store import Journal, Lease, check_fence, iso, last_heartbeat, wall_time
 from pilotrun.provenance import (command_line, config_sha256, file_sha256, git_revision, package_versions,
                                  plain_config)
 from pilotrun.signals import interruption
@@ -125,7 +125,7 @@ def measured_differences(config: dict, run: dict, hashes: dict | None = None) ->
             continue
         if cur is None or rec is None:
             keys.append(f"data.{split}")
-        elif cur != rec.get("path"):  # the same path is the same file (as the config hash treats it)
+        else:  # by content, the same path included: a file replaced since (a restore, rsync -t) is other data
             if cur not in hashes:
                 try:
                     hashes[cur] = file_sha256(cur)
@@ -134,6 +134,22 @@ def measured_differences(config: dict, run: dict, hashes: dict | None = None) ->
             if hashes[cur] != rec.get("sha256"):
                 keys.append(f"data.{split}")
     return keys
+
+
+def _said(keys: list[str], config: dict | None, run: dict, hashes: dict) -> str:
+    """The differences ``keys`` in words: a data file at the path the pilot read, whose content changed since,
+    named as such with both hashes."""
+    out = []
+    for k in keys:
+        split = k.removeprefix("data.")
+        cur, rec = ((config or {}).get("data") or {}).get(split), (run.get("data") or {}).get(split) or {}
+        if k.startswith("data.") and cur is not None and cur == rec.get("path"):
+            now = hashes.get(cur)
+            out.append(f"{k} (the file {cur} holds other data now: sha256 {str(rec.get('sha256'))[:12]} when the "
+                       f"pilot read it, {str(now)[:12] if now else 'unreadable'} now)")
+        else:
+            out.append(k)
+    return _keys(out)
 
 
 def find_pilot(journal, name: str, sha: str | None, config: dict | None = None) -> tuple[dict | None, str | None]:
@@ -145,17 +161,17 @@ def find_pilot(journal, name: str, sha: str | None, config: dict | None = None) 
     nearest pilot of the same task and model (fewest measured differences), said as another config's."""
     runs = [r for r in journal.list_runs(kind="pilot") if journal.phase_rows(r["run_id"])]
     mine = [r for r in runs if r["name"] == name]
-    same = [r for r in mine if r["config_sha256"] == sha]
-    if same:
-        return same[-1], None
     hashes: dict = {}
     diffs = {r["run_id"]: measured_differences(config, r, hashes) for r in runs} if config is not None else {}
+    same = [r for r in mine if r["config_sha256"] == sha and not diffs.get(r["run_id"])]  # its data by content too
+    if same:
+        return same[-1], None
     measured_same = [r for r in runs if config is not None and not diffs[r["run_id"]]]
     if measured_same:
         return measured_same[-1], None
     if mine:
         run = mine[-1]
-        what = (f"another setting of {_keys(diffs[run['run_id']])}" if diffs.get(run["run_id"]) else
+        what = (f"another setting of {_said(diffs[run['run_id']], config, run, hashes)}" if diffs.get(run["run_id"]) else
                 f"another version of the campaign (config sha256 {run['config_sha256'][:12]} vs {str(sha)[:12]})")
         return run, f"the latest pilot {run['run_id']} measured {what}; rerun `pilotrun pilot` for numbers of this version"
     if config is None:
@@ -165,12 +181,18 @@ def find_pilot(journal, name: str, sha: str | None, config: dict | None = None) 
         return None, None
     run = min(reversed(near), key=lambda r: len(diffs[r["run_id"]]))  # the latest among the nearest
     return run, (f"no pilot of campaign {name!r} measured this config; the nearest is pilot {run['run_id']} of campaign "
-                 f"{run['name']!r}, which measured another setting of {_keys(diffs[run['run_id']])}: its figures are "
+                 f"{run['name']!r}, which measured another setting of {_said(diffs[run['run_id']], config, run, hashes)}: its figures are "
                  "for that config; run `pilotrun pilot` for this one")
 
 
 def _keys(keys: list[str]) -> str:
     return ", ".join(keys[:5]) + (f" and {len(keys) - 5} more" if len(keys) > 5 else "")
+
+
+def still_alive(run: dict) -> str:
+    """Where a running run lives and when it last renewed its lease (the journal's wall clock)."""
+    beat = last_heartbeat(run)
+    return f"pid {run['pid']} on host {run['host']}, last heartbeat {iso(beat)} ({wall_time() - beat:.0f}s ago)"
 
 
 def user_command() -> str:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,9 +32,34 @@ class Record:
         return self.where
 
 
-def _decode(raw: bytes, path: Path) -> str:
+def not_text(value) -> str | None:
+    """Why ``value`` is no text a task may read (str() would train its repr: "nan", "[1, 2]", "{'a': 1}"), or None:
+    a list (a JSON array, a Parquet list), an object (a JSON object, a Parquet struct), a NaN or an infinity (JSON's
+    NaN/Infinity, a Parquet float). Validate (``campaign.consistency``) and the tasks share it."""
+    if isinstance(value, (list, tuple, dict)):
+        return "a list" if isinstance(value, (list, tuple)) else "an object"
+    if isinstance(value, float) and not math.isfinite(value):
+        return "not a number (NaN)" if math.isnan(value) else "an infinity"
+    return None
+
+
+def special_file(path: Path) -> str | None:
+    """What ``path`` (its target, through symlinks) is when it exists and is no regular file nor folder: "a FIFO
+    (named pipe)", "a character device" ...; else None. Its stat never blocks, where opening a FIFO does."""
     try:
-        return raw.decode("utf-8")
+        mode = path.stat().st_mode
+    except OSError:
+        return None
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return None
+    return ("a FIFO (named pipe)" if stat.S_ISFIFO(mode) else "a character device" if stat.S_ISCHR(mode) else
+            "a block device" if stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode) else "a special file")
+
+
+def _decode(raw: bytes, path: Path) -> str:
+    """UTF-8, a leading byte-order mark dropped (Excel's "CSV UTF-8", Notepad): it is no part of the first field."""
+    try:
+        return raw.decode("utf-8").removeprefix("\ufeff")
     except UnicodeDecodeError as e:
         line = raw[: e.start].count(b"\n") + 1
         raise BadInput(f"byte 0x{raw[e.start]:02x} at offset {e.start} is not UTF-8", where=f"{path}:{line}",
@@ -71,6 +98,10 @@ def read_records(path: str | Path, key: str | None = None) -> list[Record]:
                        fix=f"check {key or 'the path'} (relative to the campaign file)")
     if path.is_dir():
         raise BadInput("is a folder, not a data file", where=str(path), fix=f"point at one of {', '.join(FORMATS)}")
+    special = special_file(path)
+    if special:  # reading a FIFO blocks until a writer comes, a device never ends: refused before it is opened
+        raise BadInput(f"is {special}, not a regular file{named}", where=str(path),
+                       fix="point at a data file on disk (write what the pipe or device gives into a file first)")
     suffix = path.suffix.lower()
     if suffix not in FORMATS:
         raise BadInput(f"unknown data format '{suffix}'", where=str(path), fix=f"use one of {', '.join(FORMATS)}")

@@ -30,6 +30,7 @@ from pilotrun.journal.runs import missing_run_folder
 from pilotrun.journal.store import Journal
 from pilotrun.tasks import make_task
 from pilotrun.tasks.base import Example
+from pilotrun.signals import unless_stopping
 from pilotrun.verdicts import StageResult
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
@@ -263,6 +264,7 @@ def _tokenizer_same(task, sub: Path, examples) -> str:
     try:
         tok = AutoTokenizer.from_pretrained(str(sub), local_files_only=True)
     except Exception as e:  # a missing or broken tokenizer is the finding, whatever transformers raises
+        unless_stopping(e)
         return f"the tokenizer does not load: {type(e).__name__}: {e}"
     if tok.eos_token_id != train_tok.eos_token_id or len(tok) != len(train_tok):
         return (f"the tokenizer differs: {len(tok)} tokens, eos {tok.eos_token_id}; training used {len(train_tok)}, "

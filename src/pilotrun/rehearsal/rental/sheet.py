@@ -23,6 +23,7 @@ from pilotrun.sheet.rates import read_rates
 from pilotrun.sheet.render import to_lines, to_markdown
 from pilotrun.sheet.sections import size
 from pilotrun.sheet.stack import read_target_env
+from pilotrun.signals import unless_stopping
 from pilotrun.verdicts import StageResult, worst
 
 
@@ -112,6 +113,7 @@ def _write(sheet, loaded, out: Path, sets) -> list[Path]:
         try:
             sheet["launch"]["files"] = launch_plan(sheet, loaded, BY_KEY[ch["gpu"]], ch["plan"], sets)
         except Exception as e:  # noqa: BLE001 - the sheet stands without its launch files; say why
+            unless_stopping(e)
             sheet["warnings"].append(f"no launch files: {type(e).__name__}: {e}")
     elif not ch:
         sheet["warnings"].append("no launch files: no GPU and plan to launch (see the problems above)")
