@@ -200,3 +200,16 @@ def tracking(loaded, home, track: str | None, campaign: str, *, campaign_run: bo
         lines = live.close()
         for line in lines:
             click.echo(("pilotrun: warning: " if live.failure or "had not finished" in line else "") + line, err=True)
+
+
+def fresh_processes_ready() -> None:
+    """A verb whose checks start fresh processes (resume, verify, all), run as the console script: the zygote
+    that forks them starts now, importing torch and transformers while the verb goes on (engine/fresh.py).
+    Called in a process pilotrun did not start (a test calling ``run``), nothing starts: the checks start cold
+    interpreters, as they do whenever no zygote runs."""
+    from pilotrun import startup
+
+    if startup.seconds() is not None and os.environ.get("PILOTRUN_FRESH") != "cold":
+        from pilotrun.engine import fresh
+
+        fresh.start()

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import click
 
-from pilotrun.cli.common import campaign_argument, common_options, emit, emit_data, home_for, load, set_option
+from pilotrun.cli.common import (campaign_argument, common_options, emit, emit_data, fresh_processes_ready, home_for,
+                                 load, set_option)
 from pilotrun.cli.main import cli
 from pilotrun.console.progress import stage_progress
 # The verbs' work is imported inside each command: `pilotrun --help` imports this module (lazy on purpose).
@@ -38,6 +39,7 @@ def overfit(campaign, examples, max_updates, sets, home, as_json):
 @common_options
 def resume(campaign, at, sets, home, as_json):
     """Stop at update K, resume in a fresh process, compare with an uninterrupted run of 2K updates."""
+    fresh_processes_ready()  # before the campaign is loaded: nothing of the run in the zygote
     from pilotrun.rehearsal.mechanics.resume import resume as run_resume
 
     loaded = load(campaign, sets)
@@ -51,6 +53,7 @@ def resume(campaign, at, sets, home, as_json):
 @common_options
 def verify(run_id, home, as_json):
     """Reload a run's artifact in a fresh process (hashes checked first) and reproduce its control predictions."""
+    fresh_processes_ready()
     from pilotrun.rehearsal.mechanics.verify import verify as run_verify
 
     with stage_progress("verify"):
