@@ -24,6 +24,9 @@ from pilotrun.journal.files import MANIFEST, remove_stale_temps, temp_path, veri
 from pilotrun.journal.runs import missing_run_folder, still_alive, write_run_readme
 
 
+NAME_MAX = 255  # bytes of one name in a path (ext4, xfs, btrfs, tmpfs)
+
+
 def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
     info = tarfile.TarInfo(name)
     info.size, info.mtime, info.mode = len(data), int(time.time()), 0o644
@@ -69,7 +72,7 @@ def pack(journal, run_id: str, out: str | Path) -> dict:
             write_run_readme(Path(tmp), run)
             extra["README.md"] = (Path(tmp) / "README.md").read_bytes()
     tmp = temp_path(out)
-    try:
+    with writing(out, tmp):  # a full disk, a read-only folder: exit 2 naming --out, the partial copy removed
         with tarfile.open(tmp, "w:gz") as tar:
             for p in files:
                 tar.add(p, arcname=f"{run_id}/{p.relative_to(run_dir).as_posix()}", recursive=False)
@@ -78,9 +81,6 @@ def pack(journal, run_id: str, out: str | Path) -> dict:
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, out)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
     names = [p.relative_to(run_dir).as_posix() for p in files] + sorted(extra)
     return {"path": str(out), "run_id": run_id, "files": names, "bytes": out.stat().st_size, "problems": differs}
 
@@ -113,6 +113,11 @@ def _check_member(m: tarfile.TarInfo) -> None:
                        fix="refused: only plain files and folders are unpacked")
     if not parts and m.isfile():
         raise BadInput(f"archive member '{name}' is a file without a name", where=name or "(empty name)",
+                       fix="refused: an archive written by pilotrun never has such a member")
+    long = next((p for p in parts if len(os.fsencode(p)) > NAME_MAX), None)
+    if long is not None:  # the file system would refuse it midway (ENAMETOOLONG): refused before anything is written
+        raise BadInput(f"archive member '{name[:120]}…' has a name of {len(os.fsencode(long))} bytes; file systems "
+                       f"take at most {NAME_MAX}", where=name[:120],
                        fix="refused: an archive written by pilotrun never has such a member")
 
 
@@ -188,8 +193,10 @@ def extract(archive: str | Path, target: str | Path) -> list[Path]:
                 written.append(PurePosixPath(m.name))
             for top in sorted({PurePosixPath(m.name).parts[0] for m in members}):
                 final = target / top
-                if final.exists():
-                    raise BadInput(f"{final} already exists", where=str(final), fix="extract into an empty folder")
+                if final.exists() or final.is_symlink():  # a link, dangling or not, is no place to restore a run
+                    what = f"a symlink (to {os.readlink(final)})" if final.is_symlink() else "there"
+                    raise BadInput(f"{final} already exists: {what}", where=str(final),
+                                   fix="extract into an empty folder, or remove it first")
                 os.replace(staging / top, final)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
