@@ -225,7 +225,10 @@ def test_sweep_says_the_run_and_its_update_while_it_trains(tmp_path):
                                     plan__control={"train.lr": 3e-3}, plan__variants=[{"train.lr": 1e-3}])
     p = run_cli_process("sweep", campaign, "--home", tmp_path / "home", env={"COLUMNS": "80"})
     assert p.returncode == 0, p.stderr
-    lines = [ln for ln in p.stderr.splitlines() if ln.startswith("pilotrun sweep: run ")]
+    # a log read at 80 columns: each progress line wrapped under a 4-column indent (issue 43), joined back here
+    assert max(map(len, p.stderr.splitlines())) <= 80, [ln for ln in p.stderr.splitlines() if len(ln) > 80]
+    log = re.sub(r"\n    (?=\S)", " ", p.stderr)
+    lines = [ln for ln in log.splitlines() if ln.startswith("pilotrun sweep: run ")]
     first = [ln for ln in lines if ln.startswith("pilotrun sweep: run 1/2: control seed 0 — ")]
     built = next(i for i, ln in enumerate(first) if " — building the model (" in ln)
     assert not any("reading and encoding" in ln for ln in first[built:]), first
@@ -234,8 +237,8 @@ def test_sweep_says_the_run_and_its_update_while_it_trains(tmp_path):
                for ln in first), first
     assert any("; saving checkpoint update-000002 (" in ln for ln in first), first
     rates = [float(r) for r in re.findall(r"run 2/2: variant train\.lr=0\.001 seed 0 — update 4/4, loss [\d.]+, "
-                                          r"lr \S+, ([\d.]+) ex/s", p.stderr)]
-    assert rates and all(r > 0 for r in rates), p.stderr
+                                          r"lr \S+, ([\d.]+) ex/s", log)]
+    assert rates and all(r > 0 for r in rates), log
     code, _, raw = run_pty("sweep", campaign, "--home", tmp_path / "home2", cols=80)
     assert code == 0, raw
     shown = visible_lines(raw)
@@ -292,3 +295,23 @@ def test_the_live_line_keeps_to_one_row_and_says_how_a_stage_stopped_in_words():
     assert stopped_by(BadInput("x", where="c.yaml")) == "stopped (bad input)"
     assert stopped_by(DiskFull("/x")) == "stopped (disk full)"
     assert stopped_by(ValueError("x")) == "stopped (internal error)"
+
+
+def test_a_log_read_at_a_set_width_wraps_each_line_under_an_indent(log_stream, monkeypatch):
+    """The other surface of issue 43's 80 columns: a log (not a terminal) with COLUMNS set has its progress lines
+    wrapped at that width, each still starting with its verb; without COLUMNS a log is never wrapped."""
+    from pilotrun.console.progress import note, stage_progress
+
+    monkeypatch.setenv("COLUMNS", "60")
+    monkeypatch.delenv("PILOTRUN_WIDTH", raising=False)
+    with stage_progress("resume", stream=log_stream):
+        note("reference run (4 updates) — update 3/4, loss 2.4312, lr 2.00e-04, 2.7 ex/s", done=3, total=4,
+             log=True)
+    lines = log_stream.getvalue().splitlines()
+    assert max(map(len, lines)) <= 60 and all(ln.startswith(("pilotrun resume", "    ")) for ln in lines), lines
+    joined = re.sub(r"\n    (?=\S)", " ", log_stream.getvalue())
+    assert "pilotrun resume: reference run (4 updates) — update 3/4, loss 2.4312, lr 2.00e-04, 2.7 ex/s (" in joined
+    monkeypatch.delenv("COLUMNS")
+    from pilotrun.console.progress import log_width, wrapped
+
+    assert log_width(log_stream) is None and wrapped("x " * 100, None) == "x " * 100

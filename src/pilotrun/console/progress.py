@@ -417,7 +417,31 @@ def _beat(cur: dict, stream, stop: threading.Event) -> None:
 _WRITE = threading.Lock()
 
 
+def log_width(stream) -> int | None:
+    """The width a log's lines are wrapped at: ``PILOTRUN_WIDTH``, else ``COLUMNS`` — as the verbs' own output
+    (cli/common.output_width) — and None (never wrapped) with neither set or on a terminal."""
+    if _is_tty(stream):
+        return None
+    for key in ("PILOTRUN_WIDTH", "COLUMNS"):
+        value = os.environ.get(key, "").strip()
+        if value.isdigit() and int(value) >= 40:
+            return int(value)
+    return None
+
+
+def wrapped(line: str, width: int | None) -> str:
+    """A log line at ``width``: its words under a 4-column hanging indent, so each progress line still starts
+    with ``pilotrun VERB`` (issue 43: 179 of `all`'s 280 lines were wider than the 80 columns the log was read at)."""
+    if width is None or len(line) <= width:
+        return line
+    import textwrap
+
+    return "\n".join(textwrap.wrap(line, width, subsequent_indent="    ", break_long_words=False,
+                                    break_on_hyphens=False))
+
+
 def _line(stream, line: str) -> None:
+    line = wrapped(line, log_width(stream))
     try:
         with _WRITE:
             stream.write(line + "\n")
