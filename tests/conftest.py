@@ -188,6 +188,25 @@ def smollm2_folder(folder: Path) -> Path:
     return folder
 
 
+def smollm2_axolotl(root: Path, name: str, **keys) -> Path:
+    """An Axolotl chat config over the real SmolLM2 (``smollm2_folder``) and 8 training and 4 validation chat turns
+    (``alpaca_chat_turns``), written to ``root/cfg/NAME``: sequence_len 128, 1 × 2 examples per update, a constant
+    schedule, seed 0; ``keys`` add to it (the adapter, the precision, the steps)."""
+    import yaml
+
+    base = smollm2_folder(root / "smollm2")
+    turns = alpaca_chat_turns(12)
+    write_jsonl(root / "cfg" / "data" / "train.jsonl", turns[:8])
+    write_jsonl(root / "cfg" / "data" / "val.jsonl", turns[8:12])
+    chat = {"type": "chat_template", "field_messages": "messages", "roles_to_train": ["assistant"]}
+    cfg = {"base_model": str(base), "chat_template": "tokenizer_default",
+           "datasets": [dict(chat, path="data/train.jsonl")], "test_datasets": [dict(chat, path="data/val.jsonl")],
+           "sequence_len": 128, "micro_batch_size": 1, "gradient_accumulation_steps": 2, "lr_scheduler": "constant",
+           "seed": 0, **keys}
+    (root / "cfg" / name).write_text(yaml.safe_dump(cfg))
+    return root / "cfg" / name
+
+
 def alpaca_chat_turns(n: int = 12) -> list[dict]:
     """The first ``n`` distinct Alpaca records of ../shared/data as one-turn chats ({"messages": [user, assistant]}),
     prompts cut to 160 characters and answers to 100 (SmolLM2's chat runs: bench_speed, the QLoRA tests)."""

@@ -91,6 +91,33 @@ def test_without_bitsandbytes_a_quantised_campaign_is_bad_input_naming_the_extra
         import_bitsandbytes()
 
 
+@pytest.mark.parametrize("extra,want,skipped", [
+    ({"load_in_4bit": True, "bnb_config_kwargs": {"bnb_4bit_quant_type": "fp4", "bnb_4bit_use_double_quant": False,
+                                                  "bnb_4bit_quant_storage": "bfloat16"}},
+     {"bits": 4, "type": "fp4", "double_quant": False, "compute_dtype": "float32"},
+     {"bnb_config_kwargs.bnb_4bit_quant_storage"}),
+    ({"load_in_8bit": True}, {"bits": 8}, set()),
+    ({"load_in_4bit": True, "fsdp_version": 2, "fsdp_config": {"reshard_after_forward": True}}, None, {"load_in_4bit"}),
+], ids=["4bit-fp4-kwargs", "8bit", "fsdp-qlora"])
+def test_axolotl_quantised_bases_are_carried(tmp_path, extra, want, skipped):
+    """Axolotl's QLoRA base (a second instance beside tests/test_import.py's bf16 one): bnb_config_kwargs over
+    Axolotl's nf4 defaults, computing in the training dtype (fp32 here); 8-bit; FSDP-QLoRA named, not carried."""
+    from pilotrun.campaign.importers import import_config
+
+    (tmp_path / "models" / "base").mkdir(parents=True)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "train.jsonl").write_text('{"instruction": "a", "output": "b"}\n')
+    cfg = {"base_model": "./models/base", "adapter": "qlora" if "load_in_4bit" in extra else "lora", "lora_r": 8,
+           "datasets": [{"path": "data/train.jsonl", "type": "alpaca"}], "sequence_len": 64, "micro_batch_size": 1,
+           "gradient_accumulation_steps": 1, "max_steps": 4, "learning_rate": 1e-4, "bf16": False, **extra}
+    (tmp_path / "qlora.yml").write_text(yaml.safe_dump(cfg))
+    imp = import_config(tmp_path / "qlora.yml", "axolotl", tmp_path / "campaign.yaml", force=True)
+    assert imp.campaign["model"].get("quantization") == want
+    assert skipped <= {n.key for n in imp.not_carried}
+    if want is None:
+        assert "FSDP-QLoRA" in next(n.reason for n in imp.not_carried if n.key == "load_in_4bit")
+
+
 # --- the build --------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("q,layer", [({"bits": 4, "type": "fp4", "double_quant": False, "compute_dtype": "float32"},
                                       "Linear4bit"), ({"bits": 8}, "Linear8bitLt")])
@@ -176,15 +203,18 @@ def test_a_folder_base_loads_in_4bit_and_the_checkpoint_refuses_another_quantisa
 
 
 # --- the estimate against the pilot -----------------------------------------------------------------------
-@pytest.mark.parametrize("bits", [4, pytest.param(8, marks=pytest.mark.slow)])
-def test_estimate_matches_the_pilot_of_the_quantised_demo_in_every_phase(demo_dir, tmp_path, bits):
+@pytest.mark.parametrize("bits,dtype", [(4, "bfloat16"), pytest.param(4, "float32", marks=pytest.mark.slow),
+                                        pytest.param(8, "float32", marks=pytest.mark.slow)])
+def test_estimate_matches_the_pilot_of_the_quantised_demo_in_every_phase(demo_dir, tmp_path, bits, dtype):
     """The fake trace runs bitsandbytes' own layers (their ops' fake kernels): packed weights, absmax and nested
-    statistics, the originals a model.config build holds before quantising, the statistics export packs anew; in
-    8 bits LLM.int8()'s validation path, whose outlier columns are data-dependent (counted as none)."""
+    statistics; a model.config build's float32 initialisation, its originals held before quantising and peft's
+    upcasts; the statistics export packs anew; in 8 bits LLM.int8()'s validation path, whose outlier columns are
+    data-dependent (counted as none). In bf16 the load read 0.47 × the pilot before the float32 build was traced."""
     from pilotrun.rehearsal.memory.estimate import estimate
     from pilotrun.rehearsal.memory.pilot import pilot
 
-    loaded = load_campaign(demo_dir / "campaign.yaml", {"model.quantization": {"bits": bits}, "model.adapter": LORA})
+    loaded = load_campaign(demo_dir / "campaign.yaml", {"model.quantization": {"bits": bits}, "model.adapter": LORA,
+                                                        "model.dtype": dtype})
     result = pilot(loaded, tmp_path / "home")
     assert result.verdict == "ok", result.messages
     load = next(r for r in result.data["rows"] if r["phase"] == "load")
@@ -260,25 +290,13 @@ def test_all_is_green_on_smollm2_in_4bit_nf4_imported_from_an_axolotl_qlora_conf
     """Axolotl's QLoRA recipe (examples/llama-3/qlora.yml's shape) over the real SmolLM2-135M-Instruct weights:
     imported, then the whole rehearsal in fresh processes (resume and verify start their own); the ledger's load row
     says the base is 4-bit nf4, and the run's checkpoints name the quantised base."""
-    from conftest import alpaca_chat_turns, run_cli_process, smollm2_folder, write_jsonl
+    from conftest import run_cli_process, smollm2_axolotl
 
     from pilotrun.journal.store import Journal
 
-    base = smollm2_folder(tmp_path / "smollm2")
-    turns = alpaca_chat_turns(12)
-    write_jsonl(tmp_path / "cfg" / "data" / "train.jsonl", turns[:8])
-    write_jsonl(tmp_path / "cfg" / "data" / "val.jsonl", turns[8:12])
-    chat = {"type": "chat_template", "field_messages": "messages", "roles_to_train": ["assistant"]}
-    axolotl = {
-        "base_model": str(base), "load_in_4bit": True, "adapter": "qlora", "lora_r": 16, "lora_alpha": 32,
-        "lora_dropout": 0.0, "lora_target_linear": True, "chat_template": "tokenizer_default",
-        "datasets": [dict(chat, path="data/train.jsonl")], "test_datasets": [dict(chat, path="data/val.jsonl")],
-        "sequence_len": 128, "micro_batch_size": 1, "gradient_accumulation_steps": 2, "max_steps": 6,
-        "optimizer": "paged_adamw_8bit", "lr_scheduler": "constant", "learning_rate": 2e-4, "bf16": True,
-        "eval_steps": 3, "save_steps": 3, "seed": 0,
-    }
-    src = tmp_path / "cfg" / "qlora.yml"
-    src.write_text(yaml.safe_dump(axolotl))
+    src = smollm2_axolotl(tmp_path, "qlora.yml", load_in_4bit=True, adapter="qlora", lora_r=16, lora_alpha=32,
+                          lora_dropout=0.0, lora_target_linear=True, max_steps=6, optimizer="paged_adamw_8bit",
+                          learning_rate=2e-4, bf16=True, eval_steps=3, save_steps=3)
     out = tmp_path / "campaign.yaml"
     done = run_cli_process("import", src, "--out", out)
     assert done.returncode == 0, done.stderr

@@ -43,4 +43,11 @@ def compute_dtype(model_dtype: str, precision: str) -> str:
 
 
 def campaign_compute_dtype(c) -> str:
-    return compute_dtype(c.model.dtype, c.train.precision)
+    """The campaign's coarsest rounding; a quantised base's layers round in their compute dtype (4-bit) or in
+    float16 (LLM.int8()'s matmul), whichever is coarser."""
+    dtype = compute_dtype(c.model.dtype, c.train.precision)
+    q = getattr(c.model, "quantization", None)
+    if q is None:
+        return dtype
+    layers = q.compute_dtype if q.bits == 4 else "float16"
+    return max((dtype, layers), key=lambda d: EPS.get(d, EPS["float32"]))
