@@ -313,3 +313,14 @@ def test_the_pilot_ledger_holds_both_models_and_the_estimate_matches_it_per_phas
     predicted = {r["phase"]: r["peak_allocated"] for r in estimate(loaded, device="cpu").data["phases"]}
     off = {k: (predicted[k], v) for k, v in measured.items() if abs(predicted[k] - v) > 0.05 * v}
     assert not off, off
+
+
+def test_the_time_plan_counts_both_halves_and_the_references_forward():
+    from pilotrun.sheet.plan import flops_per_update
+    from pilotrun.sheet.shape import padded_tokens
+    from pilotrun.tasks.preference import PairExample
+
+    pair = PairExample([1] * 10, [1] * 10, "a", meta={"rejected_ids": [1] * 14, "rejected_labels": [1] * 14})
+    assert padded_tokens([[pair, pair]]) == 2 * 2 * 14  # two pairs, each two rows padded to the wider half
+    n, t = 1000, 56
+    assert flops_per_update(n, n, t, False, reference=True) - flops_per_update(n, n, t, False) == 2 * n * t
