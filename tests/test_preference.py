@@ -81,6 +81,14 @@ def test_conversations_render_with_the_chat_template_and_an_implicit_prompt_is_t
         f"<|im_start|>user\n{base[0]['question']}<|im_end|>\n<|im_start|>assistant\n"
     assert tok.decode([t for t in e.labels if t != IGNORE]) == base[0]["response_j"] + "<|im_end|>\n"
     assert e.meta["rejected_ids"][: e.prompt_len] == e.input_ids[: e.prompt_len]
+    # the same pairs with the prompt in its own field (UltraFeedback's layout: each answer repeats the user turn)
+    for r, b in zip(records, base):
+        r["prompt"] = b["question"]
+    write_jsonl(tmp_path / "data" / "train.jsonl", records)
+    ultra = make_task(load_campaign(path, {"data.prompt": "prompt", "data.chosen": "chosen",
+                                           "data.rejected": "rejected", "data.chat_template": "model"}))
+    u = ultra.encode(ultra.records("train")[0])
+    assert (u.input_ids, u.labels, u.meta["rejected_ids"]) == (e.input_ids, e.labels, e.meta["rejected_ids"])
 
 
 # --- the data checks, each planted in real pairs, and the clean case ---------------------------------------------
