@@ -114,8 +114,11 @@ def _trace_once(loaded, device: str, prep, wc: dict, steps_only: bool = False, o
     key = reuse.trace_key(loaded, {"device": device, "steps_only": steps_only, "overrides": overrides,
                                    "micro_batches": len(wc["micro_batches"])})
     kept = reuse.stored_trace(key)
-    if kept is not None:
-        acc = Accountant.from_state(kept.pop("accountant"))
+    try:
+        acc = Accountant.from_state(kept.pop("accountant")) if kept is not None else None
+    except Exception:  # noqa: BLE001 - a kept trace this code cannot read back is a miss: traced again
+        acc = None
+    if acc is not None:
         return dict(kept, summarize=lambda name, scale: acc.summary(name, scale, by_stage=True))
     out = _traced_once(loaded, device, prep, wc, steps_only, overrides)
     acc = out.pop("accountant")

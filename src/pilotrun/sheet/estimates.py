@@ -11,6 +11,7 @@ from pilotrun.sheet import plan as P
 from pilotrun.sheet.catalogue import CATALOGUE
 from pilotrun.sheet.gpu_memory import phase_needs, reserved_limit
 from pilotrun.sheet.options import TRAINING, options_table
+from pilotrun.signals import unless_stopping
 
 
 class _Prepared:
@@ -26,6 +27,7 @@ class _Prepared:
             try:
                 self.prep = prepare(self.loaded, splits=("train", "validation"), shapes=True)
             except Exception as e:  # noqa: BLE001 - each caller names it in its own words
+                unless_stopping(e)
                 self.error = e
         if self.error is not None:
             raise self.error
@@ -49,6 +51,7 @@ def prediction(loaded, rows: list[dict], sheet: dict):
     try:
         return prep, kept_result(loaded, {"predicted_rows": "cuda"}, predicted)
     except Exception as e:  # noqa: BLE001 - a campaign fake tensors cannot build is named, not fatal
+        unless_stopping(e)
         sheet["problems"].append(
             f"no GPU memory figure: the pilot ran on CPU (its RSS is not GPU memory) and `pilotrun estimate` "
             f"could not predict it ({type(e).__name__}: {e}); pilot on one GPU, or fix what stops the estimate")
@@ -71,6 +74,7 @@ def largest(loaded, prep, rows, target, kind, ranks, t, c) -> dict:
                 loaded, prep(), asked["limit"], micro_batch=asked["micro_batch"], eval_batch=asked["eval_batch"],
                 seq_len=asked["seq_len"], eval_seq_len=asked["eval_seq_len"]))
         except Exception as e:  # noqa: BLE001 - fall back to the measured growth, saying why
+            unless_stopping(e)
             why = "the data could not be prepared" if prep.error is e else f"{type(e).__name__}: {e}"
     else:
         why = "the data could not be prepared"
@@ -103,5 +107,6 @@ def options(sheet, loaded, prep, rates, gpu_rows, kind, ranks) -> None:
             loaded, prep=prep(), rates=rates, written=sheet.get("_trace"), pilot=pilot))
         sheet["options"]["wall_s"] = time.perf_counter() - started  # this sheet's, a kept table's read included
     except Exception as e:  # noqa: BLE001 - the sheet stands without its options table; say why
+        unless_stopping(e)
         sheet["options"] = None
         sheet["warnings"].append(f"no options table: the estimator could not run ({type(e).__name__}: {e})")

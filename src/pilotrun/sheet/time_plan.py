@@ -14,6 +14,7 @@ from pilotrun.sheet import plan as P
 from pilotrun.sheet.catalogue import CATALOGUE, match_gpu
 from pilotrun.sheet.rates import costs
 from pilotrun.sheet.shape import scaled_units
+from pilotrun.signals import unless_stopping
 
 
 def _count_records(path: str | None) -> int | None:
@@ -21,7 +22,8 @@ def _count_records(path: str | None) -> int | None:
         return None
     try:
         return len(read_records(path))
-    except Exception:  # noqa: BLE001 - a data file that moved since the pilot: the count is shown as unknown
+    except Exception as e:  # noqa: BLE001 - a data file that moved since the pilot: the count is shown as unknown
+        unless_stopping(e)
         return None
 
 

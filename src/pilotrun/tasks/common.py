@@ -7,7 +7,7 @@ import string
 from typing import Any
 
 from pilotrun.errors import BadInput
-from pilotrun.records.readers import read_records
+from pilotrun.records.readers import not_text, read_records
 from pilotrun.tasks import chat
 from pilotrun.tasks.base import IGNORE, Example
 from pilotrun.tasks.loading import leading_specials, load_tokenizer, pad_id
@@ -27,8 +27,8 @@ def text_field(record, name: str, key: str, *, allow_empty: bool = False) -> str
     value = field(record, name, key)
     if value is None:
         value = ""
-    if isinstance(value, (list, dict)):  # str() would train on its Python repr
-        kind = "a list" if isinstance(value, list) else "an object"
+    kind = not_text(value)
+    if kind is not None:  # str() would train on its Python repr
         raise BadInput(f"field '{name}' (named by {key}) is {kind}, not text", where=record.where,
                        fix=f"give '{name}' a string in every record (numbers are read as text)")
     if not isinstance(value, str):
@@ -85,7 +85,7 @@ def pad_batch(examples: list[Example], pad: int) -> dict[str, Any]:
 
 def read_split(c, split: str):
     path = getattr(c.data, split)
-    return read_records(path) if path else []
+    return read_records(path, f"data.{split}") if path else []
 
 
 class CampaignTask:
