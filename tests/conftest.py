@@ -34,6 +34,22 @@ def pytest_configure(config):
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _wandb_keeps_to_the_tests(tmp_path_factory):
+    """W&B writes its service's logs, its artifact staging and its settings under the user's home
+    (~/.cache/wandb, ~/.local/share/wandb, ~/.config/wandb): for the tests, under a temp folder of theirs."""
+    root = tmp_path_factory.mktemp("wandb-home")
+    keys = {"WANDB_CACHE_DIR": "cache", "WANDB_DATA_DIR": "data", "WANDB_CONFIG_DIR": "config"}
+    before = {k: os.environ.get(k) for k in keys}
+    os.environ.update({k: str(root / v) for k, v in keys.items()})
+    yield
+    for k, v in before.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
 TINY_LLAMA = {
     "model_type": "llama", "vocab_size": 384, "hidden_size": 64, "intermediate_size": 128,
     "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4,

@@ -139,7 +139,8 @@ def test_a_sweep_with_a_diverging_arm_in_a_live_mlflow_server(exported_sweep, cl
             assert r.data.tags["pilotrun.arm_overrides"] == "train.lr=1000.0"
         else:
             assert jr["status"] == "completed" and r.info.status == "FINISHED"
-        assert r.data.params["train.lr"] == str(jr["config"]["train"]["lr"]) and r.data.params["seed"] == str(jr["seed"])
+        assert r.data.params["train.lr"] == str(jr["config"]["train"]["lr"])
+        assert r.data.params["seed"] == str(jr["seed"])
         # every metric's history is the journal's, point for point (a non-finite value, NULL there, is NaN here)
         journal_metrics = j.metrics(jr["run_id"])
         keys = {(m["split"], m["name"]) for m in journal_metrics}
@@ -148,7 +149,8 @@ def test_a_sweep_with_a_diverging_arm_in_a_live_mlflow_server(exported_sweep, cl
             mine = [(m["step"], m["value"]) for m in journal_metrics if (m["split"], m["name"]) == (split, name)]
             assert _history(client, r.info.run_id, f"{split}/{name}") == mine, (split, name)
         # the ledger: a table artifact and per-phase metrics
-        ledger = json.loads(Path(client.download_artifacts(r.info.run_id, "pilotrun/ledger.json", str(home))).read_text())
+        got = client.download_artifacts(r.info.run_id, "pilotrun/ledger.json", str(home.parent))
+        ledger = json.loads(Path(got).read_text())
         assert [row[0] for row in ledger["data"]] == [p["phase"] for p in j.phase_rows(jr["run_id"])]
         assert any(k.startswith("ledger/observed_train/") for k in r.data.metrics)
         files = {a.path for a in client.list_artifacts(r.info.run_id, "pilotrun")}
@@ -226,3 +228,36 @@ def test_the_mlflow_ui_compares_the_sweeps_arms(exported_sweep, cli, tmp_path):
     assert coloured > 2000, coloured
     if SHOTS:
         shutil.copyfile(shot, Path(SHOTS) / "mlflow-sweep-compare.png")
+
+
+def test_the_same_sweep_in_wandb_is_a_group(exported_sweep, cli, monkeypatch):
+    """W&B's idiom for the same sweep: four offline runs in the sweep's group (read back with W&B's own record
+    classes), the diverged ones failed, their config and history; the plan a run of the group holding the
+    comparison table; exported again, nothing written twice."""
+    from wandb_records import read_records
+
+    from pilotrun.journal.store import Journal
+
+    _, home, sweep_id, _ = exported_sweep
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.setenv("WANDB_DIR", str(home.parent / "wandb-files"))
+    data = _export(cli, sweep_id, "--to", "wandb", "--home", home)
+    assert data["counts"] == {"sent": 4, "updated": 0, "unchanged": 0}
+    root = home.parent / "wandb-files" / "wandb"
+    runs = {r["run_id"]: r for r in Journal(home).list_runs(sweep_id=sweep_id)}
+    for run_id, jr in runs.items():
+        (folder,) = root.glob(f"offline-run-*-{run_id}")
+        recs = read_records(folder / f"run-{run_id}.wandb")
+        run = recs["run"][0]
+        assert (run.run_group, run.job_type, run.project) == (sweep_id, "sweep", "tracker-sweep")
+        assert recs["exit"][-1].exit_code == (1 if jr["status"] == "diverged" else 0)
+        losses = [float(i.value_json) for h in recs["history"] for i in h.item
+                  if (i.nested_key[0] if i.nested_key else i.key) == "train/loss"]
+        mine = [m["value"] for m in Journal(home).metrics(run_id, "train", "loss")]
+        assert [None if math.isnan(v) else v for v in losses] == mine
+    (plan,) = root.glob(f"offline-run-*-{sweep_id}")
+    recs = read_records(plan / f"run-{sweep_id}.wandb")
+    assert recs["run"][0].run_group == sweep_id and recs["run"][0].job_type == "sweep-plan"
+    assert any("comparison" in (i.nested_key[0] if i.nested_key else i.key) for h in recs["history"] for i in h.item)
+    again = _export(cli, sweep_id, "--to", "wandb", "--home", home)
+    assert again["counts"]["unchanged"] == 4 and len(list(root.glob("offline-run-*"))) == 5

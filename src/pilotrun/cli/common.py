@@ -193,13 +193,16 @@ def tracking(loaded, home, track: str | None, campaign: str, *, campaign_run: bo
     hint = f"pilotrun export {campaign} --to {to}" + (f" --home {home}" if home_source() == "option" else "")
     live = LiveTracker(lambda: make_tracker(to, home, uri=uri, experiment=experiment), home, export_hint=hint,
                        final=final)
+    from pilotrun.integrations.trackers.live import DRAIN_S, DRAIN_STOPPED_S
+
+    drain = DRAIN_STOPPED_S  # an error or Ctrl-C: the journal has the runs; the user is not kept waiting
     try:
         with observing(live):
             yield live
+        drain = DRAIN_S
     finally:
-        lines = live.close()
-        for line in lines:
-            click.echo(("pilotrun: warning: " if live.failure or "had not finished" in line else "") + line, err=True)
+        for line in live.close(drain, say=lambda s: click.echo(f"pilotrun: {s}", err=True)):
+            click.echo(("pilotrun: warning: " if live.trouble else "") + line, err=True)
 
 
 def fresh_processes_ready() -> None:

@@ -99,11 +99,12 @@ NOT_MEASURED = ("name", "plan", "hardware", "imported", "seed", "train.updates",
 IDENTITY = ("task", "model.path", "model.config")  # a pilot of another model or task is never the nearest
 
 
-def _flat(d: dict, prefix: str = "") -> dict:
-    out = {}
+def flat(d: dict, prefix: str = "") -> dict[str, object]:
+    """A (resolved) config's nested dicts as dotted keys (``train.lr``); lists and other values as they are."""
+    out: dict[str, object] = {}
     for k, v in d.items():
         if isinstance(v, dict) and v:
-            out.update(_flat(v, f"{prefix}{k}."))
+            out.update(flat(v, f"{prefix}{k}."))
         else:
             out[f"{prefix}{k}"] = v
     return out
@@ -116,7 +117,7 @@ def _free(key: str) -> bool:
 def measured_differences(config: dict, run: dict, hashes: dict | None = None) -> list[str]:
     """The keys whose values differ between the config ``config`` and what the pilot ``run`` measured: settings
     that change its measurements, and each data split by content (``hashes``: the sha256 of files read so far)."""
-    a, b = _flat(config), _flat(run.get("config") or {})
+    a, b = flat(config), flat(run.get("config") or {})
     keys = sorted(k for k in set(a) | set(b) if not _free(k) and a.get(k) != b.get(k))
     hashes = {} if hashes is None else hashes
     for split in SPLITS:

@@ -101,6 +101,8 @@ class PreferenceTask(common.CampaignTask):
         d = self.c.data
         if d.messages:
             msgs = common.field(record, d.messages, "data.messages")
+            if isinstance(msgs, str) and msgs.strip():  # one user turn, as Axolotl reads a text field_messages
+                return [{"role": "user", "content": msgs}]
             if not isinstance(msgs, list) or not msgs:
                 raise BadInput(f"field '{d.messages}' (named by data.messages) must be a non-empty list of "
                                "{role, content}", where=record.where, fix="give each record the conversation before "
@@ -126,6 +128,8 @@ class PreferenceTask(common.CampaignTask):
             prompt, chosen, rejected = chosen[:k], chosen[k:], rejected[k:]
         elif isinstance(prompt, str):
             prompt = [{"role": "user", "content": prompt}] if prompt else []
+        if prompt and chosen[: len(prompt)] == prompt and rejected[: len(prompt)] == prompt:
+            chosen, rejected = chosen[len(prompt):], rejected[len(prompt):]  # answers given with their prompt (ultra)
         for key, turns in (("chosen", chosen), ("rejected", rejected)):
             if not any(m["role"] == "assistant" for m in turns):
                 raise BadInput(f"the {key} answer has no assistant turn after the prompt: nothing to compare",
