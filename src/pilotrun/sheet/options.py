@@ -401,6 +401,7 @@ def _work(loaded, prep) -> dict:
                           bool(prep.validation))
     runs = len(P.run_list(c.plan.control, c.plan.variants, c.plan.seeds))
     return {"tokens_update": sum(tokens) / len(tokens) * _ranks_of(t), "tokens_val": sum(val), "updates": updates,
+            "reference": c.task == "preference" and reference_kind(c) != "none",  # a no-grad forward in each step
             "evals": counts["evals"], "eval_batches": counts["eval_batches"], "runs": runs, "precision": t.precision}
 
 
