@@ -10,7 +10,7 @@ from pilotrun.errors import BadInput
 from pilotrun.records.readers import not_text, read_records
 from pilotrun.tasks import chat
 from pilotrun.tasks.base import IGNORE, Example
-from pilotrun.tasks.loading import leading_specials, load_tokenizer, pad_id
+from pilotrun.tasks.loading import leading_specials, load_tokenizer, pad_id, save_hf_artifact
 
 SPLITS = ("train", "validation", "test")
 
@@ -104,6 +104,11 @@ class CampaignTask:
 
     def group_key(self, record) -> str | None:
         return group_of(record, self.c)
+
+    def save_artifact(self, model, out_dir) -> list[str]:
+        """The Hugging Face folders a user loads (the adapter, and a merged copy when model.adapter.merged_copy)."""
+        merged = self.c.model.adapter is not None and self.c.model.adapter.merged_copy
+        return save_hf_artifact(model, self.tokenizer, out_dir, merged=merged)
 
 
 def rendering(tokenizer, c, campaign) -> tuple[list[int], int | None, str, str | None]:
