@@ -14,11 +14,20 @@ import pytest
 from pilotrun.engine import fresh
 
 
+@pytest.fixture(autouse=True)
+def _own_zygote(monkeypatch):
+    """Each test here has the module's zygote to itself: one a session started (tests/zygote_plugin.py) is set
+    aside and comes back after."""
+    monkeypatch.setattr(fresh, "_ZYGOTE", None)
+    monkeypatch.delenv(fresh.COLD_ENV, raising=False)
+    yield
+    fresh.stop()
+
+
 @pytest.fixture
 def zygote():
     fresh.start(preload=())
-    yield fresh._ZYGOTE
-    fresh.stop()
+    return fresh._ZYGOTE
 
 
 def _cmdline(pid: int) -> list[str]:
@@ -73,6 +82,21 @@ def test_without_a_zygote_the_process_is_cold(tmp_path):
     assert done.returncode == 0 and "pilotrun" in done.stdout
     fresh.stop()
     assert fresh.run(["--version"], timeout=60).stdout == done.stdout
+
+
+def test_pilotrun_fresh_cold_is_never_forked(zygote):
+    """PILOTRUN_FRESH=cold in the request's environment: a cold interpreter though a zygote runs (the
+    checks' tests that must take the cold path set it). The zygote is frozen (SIGSTOP): a request sent to it
+    would wait past the timeout; the cold one answers."""
+    import signal
+
+    os.kill(zygote.proc.pid, signal.SIGSTOP)
+    try:
+        done = fresh.run(["--version"], timeout=20, env=dict(os.environ, PILOTRUN_FRESH="cold"))
+    finally:
+        os.kill(zygote.proc.pid, signal.SIGCONT)
+    assert done.returncode == 0 and "pilotrun" in done.stdout
+    assert fresh.started()  # not asked, so not given up on
 
 
 def test_a_child_past_its_time_is_killed(zygote, tmp_path):

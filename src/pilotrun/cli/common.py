@@ -208,11 +208,12 @@ def tracking(loaded, home, track: str | None, campaign: str, *, campaign_run: bo
 def fresh_processes_ready() -> None:
     """A verb whose checks start fresh processes (resume, verify, all), run as the console script: the zygote
     that forks them starts now, importing torch and transformers while the verb goes on (engine/fresh.py).
-    Called in a process pilotrun did not start (a test calling ``run``), nothing starts: the checks start cold
-    interpreters, as they do whenever no zygote runs."""
+    Called in a process pilotrun did not start (a test calling ``run``), under torchrun, or with
+    ``PILOTRUN_FRESH=cold``, nothing starts: the checks start cold interpreters, as whenever no zygote runs."""
     from pilotrun import startup
+    from pilotrun.engine import fresh
+    from pilotrun.engine.distributed import under_launcher
 
-    if startup.seconds() is not None and os.environ.get("PILOTRUN_FRESH") != "cold":
-        from pilotrun.engine import fresh
-
+    # under torchrun each rank's fresh process is a rank of a new world, started cold (resume_ranks.run_joined)
+    if startup.seconds() is not None and os.environ.get(fresh.COLD_ENV) != "cold" and not under_launcher():
         fresh.start()

@@ -4,8 +4,9 @@ paying the libraries' import (~4 s of torch and transformers on 2 cores) at each
 ``start()`` launches a *zygote*: a new interpreter (``exec``'d, not a fork of the caller) that imports the
 preload list and then waits. ``run(args)`` asks it to ``fork`` a child that runs ``python -m pilotrun
 args...`` exactly as a cold ``subprocess.run`` would (the request's environment, working folder and output
-files), and answers that child's exit status. Without a zygote (never started, or gone) ``run`` starts the
-cold process itself: the same arguments, the same result.
+files), and answers that child's exit status. Without a zygote (never started, or gone), or with
+``PILOTRUN_FRESH=cold`` in the request's environment, ``run`` starts the cold process itself: the same
+arguments, the same result.
 
 Why the child proves what a cold process proves (docs/ARCHITECTURE.md, "Fresh processes"): the zygote is
 started before the verb loads its campaign, from the executable and never from the caller's memory; all it
@@ -31,6 +32,9 @@ import time
 # What the checks' fresh processes import anyway: the libraries, then pilotrun's own modules of those checks.
 PRELOAD = ("torch", "transformers", "transformers.modeling_utils", "pilotrun.cli.main",
            "pilotrun.rehearsal.mechanics.resume", "pilotrun.rehearsal.mechanics.verify")
+
+
+COLD_ENV = "PILOTRUN_FRESH"  # "cold": no zygote is started, and a running one is not asked
 
 
 class _Zygote:
@@ -88,7 +92,7 @@ def run(args: list[str], *, timeout: float, env: dict | None = None) -> subproce
     one runs, a cold interpreter otherwise. Raises ``subprocess.TimeoutExpired`` (the child killed) as
     ``subprocess.run`` does."""
     env = dict(os.environ if env is None else env)
-    if started():
+    if started() and env.get(COLD_ENV) != "cold":
         done = _forked(args, timeout, env)
         if done is not None:
             return done
