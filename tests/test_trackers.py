@@ -197,9 +197,9 @@ def test_a_tracker_that_hangs_is_waited_for_a_bounded_time(tmp_path, demo):
         run_id = _recorded(home, demo, status="completed", observer=live)
         assert Journal(home).get_run(run_id)["status"] == "completed"
         said: list[str] = []
-        (line,) = live.close(drain_s=2.4, say=said.append)
-    assert said == [f"sending what is left to MLflow at {uri}, one experiment per campaign (at most 2s)"], said
-    assert live.trouble and f"live logging to {uri} had not finished after 2s" in line, line
+        (line,) = live.close(drain_s=1.0, say=said.append)
+    assert said == [f"sending what is left to MLflow at {uri}, one experiment per campaign (at most 1s)"], said
+    assert live.trouble and f"live logging to {uri} had not finished after 1s" in line, line
     assert "`pilotrun export C --to mlflow`" in line
 
 
