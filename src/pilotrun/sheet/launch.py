@@ -92,6 +92,8 @@ def _body(launch: dict, home: str, *, nodes_head: str | None = None, nnodes: str
     """The job's commands: the sweep of the fixed id; lanes side by side on one node, or each run on all
     the nodes (torchrun, c10d rendezvous on ``nodes_head``)."""
     lines = ["set -u", f'cd "${{PILOTRUN_CAMPAIGN_DIR:-{launch["campaign_dir"]}}}"']
+    lines += [f"export {k}={shlex.quote(v)}  # the allocator the sheet's memory figures were replayed with"
+              for k, v in (launch.get("env") or {}).items()]
     if launch["nodes"] > 1:
         if nodes_head is None:  # by hand: the same script on each node, told the first node's address
             nodes_head = (f'"${{PILOTRUN_HEAD:?run this on each of the {launch["nodes"]} nodes with PILOTRUN_HEAD '
@@ -326,7 +328,7 @@ def launch_plan(s: dict, loaded, gpu, plan: dict | None, sets: tuple[str, ...] =
             "sets": sets, "sweep_id": sweep_id, "bucket": f"pilotrun-{sweep_id}"[:63].rstrip("-").lower(),
             "home": s.get("home") or f"{campaign_dir}/.pilotrun", "time_limit_s": limit, "time_how": how,
             "torch": torch, "packages": packages, "pins_from": pins_from, "pilotrun": pilotrun_source(),
-            "inputs": campaign_inputs(loaded, sets)}
+            "inputs": campaign_inputs(loaded, sets), "env": dict(s.get("launch_env") or {})}
 
 
 # The options table's rows pilotrun's own engine runs (train.strategy single | ddp | fsdp, and
