@@ -133,7 +133,7 @@ def test_paths_relative_to_campaign_file(tmp_path, monkeypatch):
 def test_init_writes_valid_commented_starters(cli, tmp_path):
     from pilotrun.campaign.schema import Campaign
 
-    for task in ("causal-lm", "seq-cls"):
+    for task in ("causal-lm", "seq-cls", "preference"):
         folder = tmp_path / task
         r = cli("init", folder, "--task", task)
         assert r.code == 0, r.err

@@ -8,10 +8,13 @@ from __future__ import annotations
 import pytest
 from conftest import TINY_LLAMA, simple_records, tiny_causal_campaign, write_campaign, write_jsonl
 
-# measured on main before the phase-registry refactor (and unchanged by it), torch 2.13.0 CPU
+# measured on main before the phase-registry refactor (and unchanged by it), torch 2.13.0 CPU; preference when it
+# was added
 GOLDEN = {
     "causal-lm": [5.941185877873347, 5.586492538452148, 5.439858069786658],
     "seq-cls": [1.099155068397522, 1.3741586804389954, 1.2652761936187744],
+    # dpo, β 0.1, the reference a frozen copy: log 2 at the first update, where the policy is the reference
+    "preference": [0.6931471824645996, 0.6146698296070099, 0.5609183311462402],
 }
 UPDATES = 3
 
@@ -28,9 +31,20 @@ def _seq_cls(folder):
         "train": {"micro_batch": 2, "accumulation": 2, "lr": 1e-3, "updates": UPDATES}})
 
 
+def _preference(folder):
+    rows = [{"q": f"reverse word{i}", "good": f"{i}drow", "bad": f"word{i}" + "!" * (i % 3)} for i in range(16)]
+    write_jsonl(folder / "data" / "train.jsonl", rows)
+    return write_campaign(folder, {
+        "name": "pref", "seed": 0, "task": "preference", "model": {"config": dict(TINY_LLAMA), "tokenizer": "byte"},
+        "data": {"train": "data/train.jsonl", "prompt": "q", "chosen": "good", "rejected": "bad", "max_length": 64},
+        "train": {"micro_batch": 2, "accumulation": 2, "lr": 1e-3, "updates": UPDATES}})
+
+
 def _campaign(task, folder):
     if task == "causal-lm":
         return tiny_causal_campaign(folder, simple_records(16), train__updates=UPDATES)
+    if task == "preference":
+        return _preference(folder)
     return _seq_cls(folder)
 
 

@@ -93,7 +93,9 @@ def test_prompt_styles_after_a_colon_or_a_dot(folder):
 
 
 # ---------------------------------------------------------------- preference and RL: never SFT
-@pytest.mark.parametrize("rl, words", [("simpo", "trains on preference pairs"), ("ipo", "trains on preference pairs"),
+@pytest.mark.parametrize("rl, words", [("kto", "is a preference method pilotrun does not rehearse (it learns from "
+                                               "unpaired"),
+                                       ("cpo", "is a preference method pilotrun does not rehearse"),
                                        ("gspo", "online reinforcement learning"),
                                        ("ppo", "online reinforcement learning")])
 def test_rl_configs_are_refused_naming_rl(folder, rl, words, cli):
@@ -104,10 +106,57 @@ def test_rl_configs_are_refused_naming_rl(folder, rl, words, cli):
     assert not (folder / "campaign.yaml").exists()
 
 
-def test_a_dpo_config_dict_is_refused(folder):
-    with pytest.raises(BadInput, match=r"beta: 0.2 \(a TRL DPOConfig key: preference tuning\) trains on preference pairs"):
-        import_config(write(folder / "dpo.json", {"per_device_train_batch_size": 2, "beta": 0.2,
-                                                   "max_prompt_length": 128}))
+def _pairs(folder):
+    """Stack Exchange pairs as Intel's orca_dpo_pairs lays them out (question, chosen, rejected) and as whole
+    conversations (chosen / rejected: a user turn and an assistant turn)."""
+    se = json.loads((SHARED_DATA / "stack_exchange_paired_tiny.json").read_text(encoding="utf-8"))
+    write_jsonl(folder / "intel.jsonl", [{"system": "", "question": r["question"][:200], "chosen": r["response_j"][:200],
+                                          "rejected": r["response_k"][:200]} for r in se])
+    write_jsonl(folder / "argilla.jsonl", [{k: [{"role": "user", "content": r["question"][:200]},
+                                                {"role": "assistant", "content": r[f][:200]}]
+                                            for k, f in (("chosen", "response_j"), ("rejected", "response_k"))}
+                                           for r in se])
+
+
+def test_axolotl_offline_preference_configs_import_as_the_preference_task(folder):
+    _pairs(folder)
+    imp = import_config(write(folder / "simpo.yml", dict(BASE, rl="simpo", rl_beta=2.5, simpo_gamma=0.8,
+                                                         dpo_label_smoothing=0.1,
+                                                         datasets=[{"path": "intel.jsonl", "type": "chatml.intel"}])),
+                        out=folder / "c.yaml")
+    got, said = carried(imp), skipped(imp)
+    assert got["task"] == ("rl", "preference") and got["preference.loss"] == ("rl", "simpo")
+    assert got["preference.beta"] == ("rl_beta", 2.5) and got["preference.gamma"] == ("simpo_gamma", 0.8)
+    assert got["data.prompt"][1] == "question" and got["data.chosen"][1] == "chosen"
+    assert got["data.chat_template"][1] == "model" and "chatml markers" in said["datasets[0].type"]
+    assert "adds the chosen answer's NLL × cpo_alpha (1.0, its default)" in said["cpo_alpha"]
+    assert "label smoothing" in said["dpo_label_smoothing"]
+    loaded = load_campaign(imp.out, {"data.validation": str(folder / "intel.jsonl")})
+    assert loaded.campaign.task == "preference" and loaded.campaign.preference.loss == "simpo"
+    # ORPO on two whole conversations: the prompt is their shared start; orpo_alpha is ORPO's λ (TRL's beta)
+    imp = import_config(write(folder / "orpo.yml", dict(BASE, rl="orpo", orpo_alpha=0.2, precompute_ref_log_probs=True,
+                                                        datasets=[{"path": "argilla.jsonl",
+                                                                   "type": "chat_template.argilla"}])),
+                        out=folder / "c2.yaml")
+    got, said = carried(imp), skipped(imp)
+    assert got["preference.beta"] == ("orpo_alpha", 0.2) and "data.prompt" not in got
+    assert (got["data.chosen"][1], got["data.rejected"][1]) == ("chosen", "rejected")
+    assert "holds no reference while training" in said["precompute_ref_log_probs"]
+
+
+def test_a_dpo_config_dict_imports_as_the_preference_task(folder):
+    imp = import_config(write(folder / "dpo.json", {"per_device_train_batch_size": 2, "beta": 0.2,
+                                                     "loss_type": ["ipo"], "max_length": 512, "label_smoothing": 0.0,
+                                                     "max_prompt_length": 128, "rpo_alpha": 0.5}))
+    got, said = carried(imp), skipped(imp)
+    assert got["task"][1] == "preference" and got["preference.loss"] == ("loss_type", "ipo")
+    assert got["preference.beta"] == ("beta", 0.2) and got["data.max_length"] == ("max_length", 512)
+    assert [got[f"data.{k}"][1] for k in ("prompt", "chosen", "rejected")] == ["prompt", "chosen", "rejected"]
+    assert "cuts the prompt to this first" in said["max_prompt_length"] and "RPO" in said["rpo_alpha"]
+    assert "label_smoothing" not in said  # its default: nothing to say
+    imp = import_config(write(folder / "hinge.json", {"per_device_train_batch_size": 2, "beta": 0.1,
+                                                       "loss_type": "hinge"}), out=folder / "h.yaml")
+    assert carried(imp)["preference.loss"][1] == "dpo" and "the hinge loss" in skipped(imp)["loss_type"]
 
 
 # ---------------------------------------------------------------- TRL: its dumps and its CLI files

@@ -31,7 +31,7 @@ ROWS = [r for r in csv.reader((CORPUS / "SOURCES.tsv").read_text(encoding="utf-8
 # each rule of the README's formats table, by the words its message carries (the README states them too)
 RULES = {
     "hub-data-set": "is a hub data set",
-    "preference": "trains on preference pairs",
+    "preference": "is a preference method pilotrun does not rehearse",
     "online-rl": "is online reinforcement learning",
     "reward-model": "trains a reward model",
     "multimodal": "a multimodal model",
@@ -82,8 +82,26 @@ def records(kind) -> list[dict]:
     return [{k: r[k] for k in ("instruction", "input", "output")} for r in alpaca]
 
 
-def shaped(d: dict, group: str) -> list[dict]:
-    """Records of the shape an Axolotl data set declares (its type's fields), from real Alpaca records."""
+def pairs(d: dict) -> list[dict]:
+    """Preference records of the shape an Axolotl DPO/ORPO data set declares, from real Stack Exchange pairs
+    (response_j the better answer, response_k the worse)."""
+    se = json.loads((SHARED_DATA / "stack_exchange_paired_tiny.json").read_text(encoding="utf-8"))
+    kind = str(d.get("type"))
+    if kind in ("chat_template.default", "chat_template"):
+        field = d.get("field_messages") or "messages"
+        return [{field: [{"role": "user", "content": r["question"][:300]}],
+                 d.get("field_chosen") or "chosen": {"role": "assistant", "content": r["response_j"][:300]},
+                 d.get("field_rejected") or "rejected": {"role": "assistant", "content": r["response_k"][:300]}}
+                for r in se]
+    return [{k: [{"role": "user", "content": r["question"][:300]}, {"role": "assistant", "content": r[f][:300]}]
+             for k, f in (("chosen", "response_j"), ("rejected", "response_k"))} for r in se]
+
+
+def shaped(d: dict, group: str, rl: str | None = None) -> list[dict]:
+    """Records of the shape an Axolotl data set declares (its type's fields), from real Alpaca records (preference
+    pairs from real Stack Exchange pairs)."""
+    if rl in ("dpo", "ipo", "orpo", "simpo"):
+        return pairs(d)
     base = records(d.get("type"))
     kind = d.get("type")
     if group == "pretraining_dataset" or kind in ("completion", "pretrain"):
@@ -117,9 +135,9 @@ def lay_out_data(cfg: dict, folder: Path) -> None:
                                                                  "train.jsonl")
             target = folder / path if not Path(path).suffix else folder / path
             if Path(path).suffix in (".jsonl", ".json"):
-                write_jsonl(target, shaped(d, group))
+                write_jsonl(target, shaped(d, group, cfg.get("rl")))
             else:
-                write_jsonl(target / name, shaped(d, group))
+                write_jsonl(target / name, shaped(d, group, cfg.get("rl")))
 
 
 def import_case(row: list[str], tmp_path: Path, with_data: bool):

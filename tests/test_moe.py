@@ -65,3 +65,184 @@ def test_a_saved_mixtral_trains_its_router_loss_when_the_campaign_turns_the_rout
     out, ref, _ = _first_update(loaded)
     assert out["loss"] == pytest.approx(float(ref.loss), rel=1e-6)
     assert out["loss_parts"]["router_aux"] == pytest.approx(0.1 * float(ref.aux_loss), rel=1e-5)
+
+
+# --- total and active parameters, expert parallelism: published models' numbers ---------------------------------
+# the published config.json of Qwen/Qwen3-30B-A3B and mistralai/Mixtral-8x7B-v0.1 (the keys that size them)
+QWEN3_30B_A3B = {"model_type": "qwen3_moe", "hidden_size": 2048, "intermediate_size": 6144, "moe_intermediate_size": 768,
+                 "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
+                 "num_experts": 128, "num_experts_per_tok": 8, "decoder_sparse_step": 1, "mlp_only_layers": [],
+                 "vocab_size": 151936, "tie_word_embeddings": False, "max_position_embeddings": 262144,
+                 "rope_theta": 10000000, "router_aux_loss_coef": 0.001, "output_router_logits": False}
+MIXTRAL_8X7B = {"model_type": "mixtral", "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+                "num_attention_heads": 32, "num_key_value_heads": 8, "num_local_experts": 8, "num_experts_per_tok": 2,
+                "vocab_size": 32000, "tie_word_embeddings": False, "max_position_embeddings": 32768,
+                "rope_theta": 1e6, "router_aux_loss_coef": 0.02, "output_router_logits": False}
+# what their model cards publish: (total, active) parameters
+PUBLISHED = {"qwen3_moe": (30.5e9, 3.3e9), "mixtral": (46.7e9, 12.9e9)}
+
+
+def _meta_counts(cfg: dict) -> tuple[int, dict]:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from pilotrun.tasks.moe import expert_counts
+
+    cfg = dict(cfg)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(cfg.pop("model_type"), **cfg))
+    return sum(p.numel() for p in model.parameters()), expert_counts(model)
+
+
+@pytest.mark.parametrize("cfg", [QWEN3_30B_A3B, MIXTRAL_8X7B], ids=["qwen3-30b-a3b", "mixtral-8x7b"])
+def test_published_moe_total_and_active_parameters_size_memory_and_compute(cfg):
+    """Memory holds every expert (the total), a token computes with its top_k (the active): a calculator that sizes
+    memory by the active count (Qwen3-30B-A3B as a 3B model) or compute by the total (9× too slow) is caught."""
+    from pilotrun.sheet import plan as P
+    from pilotrun.sheet.catalogue import CATALOGUE
+    from pilotrun.sheet.option_time import active_counts, campaign_seconds
+    from pilotrun.tasks.moe import active
+
+    total, e = _meta_counts(cfg)
+    act = active(total, e["expert_params"], e["experts"], e["top_k"])
+    want_total, want_active = PUBLISHED[cfg["model_type"]]
+    assert total == pytest.approx(want_total, rel=0.01) and act == pytest.approx(want_active, rel=0.02)
+    tr = {"params": total, "trainable": total, "param_bytes": 2 * total, "trainable_bytes": 2 * total,
+          "gradient_checkpointing": False, **e}
+    assert active_counts(tr) == (act, act)
+    h100 = next(g for g in CATALOGUE if g.key == "h100-sxm")
+    work = {"precision": "bf16-true", "tokens_update": 8 * 4096, "evals": 0, "eval_batches": 0, "updates": 1,
+            "runs": 1, "tokens_val": 0}
+    seconds, _ = campaign_seconds(h100, 1, tr, "single", False, False, work, 1)
+    rate = h100.rate_tflops("bf16-true") * 1e12 * P.ASSUMED_MFU
+    assert seconds == pytest.approx(P.flops_per_update(act, act, 8 * 4096, False) / rate)  # not the total's
+
+
+def test_expert_parallel_divides_the_routed_experts_by_its_degree_and_the_rest_by_all_gpus():
+    """Mixtral-8x7B on 2 nodes of 8 (16 GPUs), expert parallel ×8 + FSDP: a GPU holds 1 of 8 experts of every MoE
+    layer (÷ 8) and 1/16 of everything else; the experts' optimizer state ÷ 16. Dividing the routed experts by the
+    16 GPUs (or by a tensor-parallel degree, Megatron-Bridge#3744's bug) would halve their bytes."""
+    from pilotrun.sheet.options import ep_degree, with_expert_parallel
+
+    total, e = _meta_counts(MIXTRAL_8X7B)
+    n, ep = 16, ep_degree(e["experts"], 16)
+    assert ep == 8 and ep_degree(e["experts"], 4) == 4 and ep_degree(0, 8) is None
+    p_bytes, x_bytes = 2 * total, 2 * e["expert_params"]
+    tr = {"params": total, "trainable": total, "param_bytes": p_bytes, "trainable_bytes": p_bytes, **e,
+          "expert_bytes": x_bytes, "expert_trainable_bytes": x_bytes,  # bf16 (the meta build counted fp32)
+          "inputs": {"steady_step": {"micro_batch": 1, "seq_len": 4096}}}
+    opt = 2 * 4 * total  # AdamW's two fp32 moments
+    fsdp = {"phase": "save", "parameters": p_bytes / n, "gradients": p_bytes / n, "optimizer_state": opt / n,
+            "activations": 0, "temporaries": 0, "baseline": 0, "peak_allocated": (2 * p_bytes + opt) / n,
+            "end_allocated": (2 * p_bytes + opt) / n, "peak_reserved": None, "end_reserved": None}
+    row = with_expert_parallel([fsdp], tr, n, ep, "bf16-true", 4096)[0]
+    held = (p_bytes - x_bytes) / n + x_bytes / ep
+    assert row["parameters"] == pytest.approx(held) and row["gradients"] == pytest.approx(held)
+    assert row["peak_allocated"] == pytest.approx(2 * held + opt / n, rel=1e-9)
+    assert row["parameters"] > 1.9 * p_bytes / n  # the experts ÷ 16 would be p_bytes / 16
+    # in a step, the routing worst case: every token of the 8 GPUs of the EP group sent to this GPU's experts
+    from pilotrun.sheet.options import expert_activation_bytes
+
+    step = dict(fsdp, phase="steady_step")
+    skewed = with_expert_parallel([step], tr, n, ep, "bf16-true", 4096)[0]
+    own = expert_activation_bytes(tr, 4096, "bf16-true", 4096)  # 2 of 8 experts per token, 14336 wide: 32 layers
+    assert own == 4096 * 2 * 32 * (2 * 4096 + 3 * 14336) * 2
+    assert skewed["activations"] == pytest.approx(7 * own)
+    block_experts = x_bytes / 32  # a layer's experts: never gathered with its block under EP
+    assert skewed["peak_allocated"] == pytest.approx(row["peak_allocated"] + 7 * own - 2 * block_experts, rel=1e-9)
+
+
+@pytest.mark.slow  # ~15 s: the options table of a 48-layer, 128-expert model traced from 2 and 3 layers
+def test_estimate_options_on_qwen3_30b_a3b_from_config_json_alone(tmp_path, cache, cli):
+    """The published Qwen3-30B-A3B config.json alone in the hub cache: the options table states total and active
+    parameters and has expert-parallel rows (the routed experts ÷ EP, the routing worst case), with the words."""
+    import json
+
+    from conftest import write_jsonl
+    from hubcache import config_json_only
+
+    config_json_only(cache, "Qwen/Qwen3-30B-A3B", dict(QWEN3_30B_A3B, architectures=["Qwen3MoeForCausalLM"],
+                                                         bos_token_id=151643, eos_token_id=151645))
+    write_jsonl(tmp_path / "train.jsonl", simple_records(64))
+    c = {"name": "qwen3-30b", "model": {"path": "Qwen/Qwen3-30B-A3B", "dtype": "bfloat16"},
+         "data": {"train": "train.jsonl", "prompt": "instruction", "response": "output", "max_length": 2048},
+         "train": {"micro_batch": 1, "accumulation": 8, "precision": "bf16-true", "updates": 50, "lr": 1e-5,
+                   "save_every": None, "eval_every": 100}, "plan": {"seeds": [0]}}
+    (tmp_path / "campaign.yaml").write_text(json.dumps(c))
+    r = cli("estimate", tmp_path / "campaign.yaml", "--options", "--json", "--home", tmp_path / "home")
+    assert r.code in (0, 1), r.err
+    table = r.json["stages"][0]["data"]
+    moe = table["moe"]
+    assert moe["total"] == pytest.approx(30.5e9, rel=0.01) and moe["active"] == pytest.approx(3.3e9, rel=0.02)
+    assert (moe["experts"], moe["top_k"], moe["moe_layers"]) == (128, 8, 48)
+    ep = [x for x in table["rows"] if x["option"] == "ep_fsdp"]
+    assert {x["ep"] for x in ep} == {2, 4, 8} and all(x["label"] == f"expert parallel ×{x['ep']} + FSDP" for x in ep)
+    said = " ".join(r.json["stages"][0]["messages"])
+    assert "30,532,122,624 parameters in total, 3,353,032,704 active per token" in said, said
+    assert "time assumes balanced routing" in said and "routing worst case" in said
+
+
+def test_axolotl_moe_keys_are_carried_or_named(tmp_path):
+    """An Axolotl MoE config: model_config (the router's loss turned on, its coefficient) becomes
+    model.config_overrides; expert_parallel_size (the EP plugin's), experts_implementation and unfrozen_parameters
+    are named with what leaving them out does (the options table prices EP; the rehearsal trains every parameter)."""
+    import yaml
+    from conftest import write_jsonl
+
+    from pilotrun.campaign.importers import import_config
+
+    write_jsonl(tmp_path / "data" / "train.jsonl", [{"instruction": f"q{i}", "input": "", "output": f"a{i}"}
+                                                    for i in range(8)])
+    cfg = {"base_model": "Qwen/Qwen3-30B-A3B", "plugins": ["axolotl.integrations.expert_parallel.ExpertParallelPlugin"],
+           "expert_parallel_size": 8, "experts_implementation": "grouped_mm",
+           "model_config": {"output_router_logits": True, "router_aux_loss_coef": 0.005},
+           "unfrozen_parameters": [r"model.layers.\d+.mlp.gate"],
+           "datasets": [{"path": "data/train.jsonl", "type": "alpaca"}], "sequence_len": 1024,
+           "micro_batch_size": 1, "gradient_accumulation_steps": 4, "num_epochs": 1, "learning_rate": 1e-5,
+           "bf16": True}
+    (tmp_path / "ax.yml").write_text(yaml.safe_dump(cfg))
+    imp = import_config(tmp_path / "ax.yml", "axolotl", tmp_path / "campaign.yaml")
+    assert imp.campaign["model"]["config_overrides"] == {"output_router_logits": True, "router_aux_loss_coef": 0.005}
+    skipped = {n.key: n.reason for n in imp.not_carried}
+    assert "`pilotrun estimate --options` prices expert parallel × FSDP rows" in skipped["expert_parallel_size"]
+    assert "grouped_mm" in skipped["experts_implementation"]
+    assert "trains them all" in skipped["unfrozen_parameters"]
+
+
+@pytest.mark.parametrize("mode", ["balanced", "skewed"])
+def test_forced_routing_sends_the_tokens_where_it_says(mode):
+    """The pilot's routing cases: balanced gives every expert the same number of token slots, skewed sends every
+    token to the same top-k experts (the worst dropless routing allows); the router's weights are kept."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from pilotrun.tasks.moe import forced_routing, moe_parts
+
+    cfg = dict(QWEN3_MOE, output_router_logits=False)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(cfg.pop("model_type"), **cfg))
+    seen = []
+    banks = moe_parts(model)[1]
+    for name in banks:
+        dict(model.named_modules())[name].register_forward_hook(lambda m, args, out: seen.append(args[1].clone()))
+    with forced_routing(model, mode) as forced:
+        model(input_ids=torch.arange(30).view(3, 10))
+    assert forced == len(banks) == 2 and len(seen) == 2
+    for index in seen:
+        counts = torch.bincount(index.flatten(), minlength=4)
+        if mode == "balanced":
+            assert counts.max() - counts.min() <= 1 and all(len(set(row.tolist())) == 2 for row in index)
+        else:
+            assert counts.tolist() == [30, 30, 0, 0]
+
+
+def test_the_sheet_sizes_a_step_for_the_worst_routing_the_pilot_measured():
+    from pilotrun.sheet.gpu_memory import routing_worst
+
+    steady = {"phase": "steady_step", "baseline": 100, "peak_allocated": 150, "peak_reserved": 200, "inputs": {}}
+    load = {"phase": "load", "baseline": 0, "peak_allocated": 100, "peak_reserved": 120, "inputs": {}}
+    routing = {"balanced": {"peak_allocated": 40, "seconds": 1.0}, "skewed": {"peak_allocated": 70, "seconds": 2.0}}
+    out = routing_worst([load, steady], routing)
+    assert out[0] == load and out[1]["peak_allocated"] == 170 and out[1]["peak_reserved"] == 220
+    assert out[1]["inputs"]["routing"] == "skewed (forced; +20 bytes)"
+    assert routing_worst([load, steady], {"skewed": {"peak_allocated": 50, "seconds": 1}})[1] == steady

@@ -21,7 +21,7 @@ BATCH_KEYS = ("train.micro_batch", "train.accumulation", "train.nproc", "train.s
 BUDGET_KEYS = ("train.updates", "train.epochs")
 # Keys a variant may change without changing what one update costs (the pilot measured the control).
 COST_FREE = ("train.lr", "train.weight_decay", "train.schedule", "train.warmup", "train.max_grad_norm",
-             "train.optimizer", "train.stop", "seed")
+             "train.optimizer", "train.stop", "seed", "preference.beta", "preference.gamma")
 
 
 @dataclass

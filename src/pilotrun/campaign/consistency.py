@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from pilotrun.campaign.arithmetic import batch_arithmetic
+from pilotrun.campaign.schema import PreferenceConfig
 from pilotrun.errors import BadInput, BadInputs
 from pilotrun.records.readers import read_records
 from pilotrun.tasks.common import SPLITS, template_fields
 from pilotrun.tasks.hub import snapshot_of
 from pilotrun.tasks.loading import check_model_dir, check_positions
+from pilotrun.tasks.quantized import QLORA_EXTRA, missing_bitsandbytes
 from pilotrun.tasks.base import BUILTIN_TASKS
 
 
@@ -26,6 +28,8 @@ def task_needs(c, base_dir=None) -> list[BadInput]:
             if getattr(d, k) is not None:
                 problems.append(BadInput(f"data.{k} is a seq-cls key; this campaign is causal-lm", where=f"data.{k}",
                                          fix=f"remove data.{k}, or set task: seq-cls"))
+    elif c.task == "preference":
+        problems += preference_needs(c)
     elif c.task == "seq-cls":
         for k in ("text", "label", "labels"):
             if getattr(d, k) is None:
@@ -33,6 +37,9 @@ def task_needs(c, base_dir=None) -> list[BadInput]:
                                          fix="seq-cls needs data.text, data.label and data.labels (ordered class names)"))
         if d.labels is not None and len(set(d.labels)) != len(d.labels):
             problems.append(BadInput("data.labels has repeated names", where="data.labels", fix="list each class once"))
+    if c.task != "preference" and c.preference != PreferenceConfig():
+        problems.append(BadInput(f"preference.* is set but task is {c.task}", where="preference",
+                                 fix="set task: preference, or remove the preference section"))
     problems += _task_and_model_files(c, base_dir)
     if c.task in BUILTIN_TASKS and c.model.path is None and c.model.config is None:
         problems.append(BadInput("no model", where="model", fix="set model.path (local folder) or model.config"))
@@ -47,10 +54,88 @@ def task_needs(c, base_dir=None) -> list[BadInput]:
             check_positions(c, defaults=False)  # config.json or model.config as written: no torch here
         except BadInput as e:
             problems.append(e)
+    problems += quantization_problems(c)
     if c.train.precision == "bf16-true" and c.model.dtype == "float16":
         problems.append(BadInput("train.precision=bf16-true with model.dtype=float16", where="model.dtype",
                                  fix="set model.dtype: bfloat16 (or float32)"))
     return problems
+
+
+def quantization_problems(c) -> list[BadInput]:
+    """model.quantization against the rest of the campaign, without importing torch or bitsandbytes."""
+    import importlib.util
+
+    q = c.model.quantization
+    problems = []
+    if c.train.optimizer in ("adamw_8bit", "paged_adamw_8bit", "paged_adamw_32bit") and \
+            importlib.util.find_spec("bitsandbytes") is None:
+        problems.append(BadInput(f"train.optimizer {c.train.optimizer} is bitsandbytes', which is not installed in "
+                                 "this environment", where="train.optimizer",
+                                 fix=f"{QLORA_EXTRA}, or set train.optimizer: adamw"))
+    if q is None:
+        return problems
+    said = f"model.quantization (bits: {q.bits})"
+    if c.task not in BUILTIN_TASKS:
+        problems.append(BadInput(f"{said} with the custom task {c.task}: its build_model loads the model itself",
+                                 where="model.quantization", fix="load the base with BitsAndBytesConfig in your "
+                                 "task's build_model and remove model.quantization"))
+    if c.model.adapter is None:
+        problems.append(BadInput(f"{said} without model.adapter: a {q.bits}-bit base is frozen (bitsandbytes' "
+                                 "quantised weights take no gradient), so nothing would train",
+                                 where="model.quantization / model.adapter",
+                                 fix="add model.adapter (e.g. {kind: lora, r: 16, alpha: 32}) for QLoRA, or remove "
+                                     "model.quantization to train the full model"))
+    if c.train.strategy == "fsdp":
+        problems.append(BadInput(
+            f"{said} with train.strategy fsdp: FSDP shards bitsandbytes' 4-bit weights only when they are stored "
+            "in the compute dtype (bnb_4bit_quant_storage: bfloat16, as FSDP-QLoRA loads them, rank 0 quantising "
+            "and broadcasting), and 8-bit weights not at all; pilotrun rehearses a quantised base on one rank or "
+            "replicated (ddp)", where="train.strategy",
+            fix="set train.strategy: ddp (each rank holds the whole quantised base) or single, or remove "
+                "model.quantization to rehearse FSDP"))
+    if importlib.util.find_spec("bitsandbytes") is None:
+        problems.append(missing_bitsandbytes())
+    return problems
+
+
+def preference_needs(c) -> list[BadInput]:
+    """A preference campaign's keys: both answers, one form of prompt, no other task's keys, a reference its loss
+    and its strategy can use."""
+    d, p, out = c.data, c.preference, []
+    for k in ("chosen", "rejected"):
+        if getattr(d, k) is None:
+            out.append(BadInput(f"preference needs data.{k}", where=f"data.{k}",
+                                fix="name the fields of the preferred (data.chosen) and dispreferred (data.rejected) "
+                                    "answers"))
+    if d.messages is not None and d.prompt is not None:
+        out.append(BadInput("data.messages with data.prompt: choose one form of prompt", where="data.messages",
+                            fix="keep data.prompt (text) or data.messages (the conversation before the answers)"))
+    for k in ("response", "text", "label", "labels"):
+        if getattr(d, k) is not None:
+            out.append(BadInput(f"data.{k} is not a preference key", where=f"data.{k}",
+                                fix=f"remove data.{k}: a preference pair is data.prompt (or data.messages), data.chosen "
+                                    "and data.rejected"))
+    free = p.loss in ("simpo", "orpo")
+    if free and p.reference not in ("auto", "none"):
+        out.append(BadInput(f"preference.reference: {p.reference} with preference.loss: {p.loss}, which uses no "
+                            "reference model", where="preference.reference",
+                            fix="remove preference.reference (or set it to none), or use loss dpo or ipo"))
+    if not free and p.reference == "none":
+        out.append(BadInput(f"preference.loss: {p.loss} compares the policy with a reference model, and "
+                            "preference.reference is none", where="preference.reference",
+                            fix="set preference.reference: auto (a frozen copy, or the base under LoRA), copy or "
+                                "adapter; or use loss simpo or orpo, which need none"))
+    if p.reference == "adapter" and c.model.adapter is None:
+        out.append(BadInput("preference.reference: adapter needs a LoRA adapter to disable (model.adapter)",
+                            where="preference.reference",
+                            fix="set model.adapter (e.g. {kind: lora, r: 8}), or preference.reference: copy"))
+    held = p.reference if p.reference != "auto" else ("none" if free else "adapter" if c.model.adapter else "copy")
+    if c.train.strategy == "fsdp" and held in ("copy", "adapter"):
+        what = "copied beside the policy" if held == "copy" else "as the base under a disabled adapter"
+        out.append(BadInput(f"train.strategy: fsdp with the reference model {what}: pilotrun does not rehearse a "
+                            "reference model's forward on FSDP shards", where="train.strategy",
+                            fix="set train.strategy: ddp, or preference.loss: simpo or orpo (no reference model)"))
+    return out
 
 
 def fields_named(c) -> list[tuple[str, str]]:
@@ -64,6 +149,12 @@ def fields_named(c) -> list[tuple[str, str]]:
             out += [(n, "data.prompt") for n in (names or ([d.prompt] if d.prompt else []))]
             if d.response:
                 out.append((d.response, "data.response"))
+    elif c.task == "preference":
+        if d.messages:
+            out.append((d.messages, "data.messages"))
+        elif d.prompt:
+            out += [(n, "data.prompt") for n in (template_fields(d.prompt) or [d.prompt])]
+        out += [(d.chosen, "data.chosen"), (d.rejected, "data.rejected")]
     elif c.task == "seq-cls":
         out += [(d.text, "data.text"), (d.label, "data.label")]
     for key in ("group_by", "period_by"):
@@ -95,7 +186,7 @@ def check_records(c) -> dict[str, int]:
                     f"fields present: {present}", where=missing[0].where,
                     fix=f"set {key} to an existing field, or add '{f}' to every record"))
                 continue
-            if key in ("data.response", "data.text"):
+            if key in ("data.response", "data.text", "data.chosen", "data.rejected"):
                 empty = [r for r in records if not str(r.fields[f] if r.fields[f] is not None else "").strip()]
                 if empty:
                     problems.append(BadInput(
@@ -123,7 +214,7 @@ def _task_and_model_files(c, base_dir=None) -> list[BadInput]:
         module, sep, cls = c.task.partition(":")
         if not sep or not module or not cls:
             problems.append(BadInput(f"unknown task '{c.task}'", where="task",
-                                     fix="use causal-lm, seq-cls or a Python task as package.module:Class"))
+                                     fix="use causal-lm, seq-cls, preference or a Python task as package.module:Class"))
         else:
             try:
                 found = importlib.util.find_spec(module) is not None

@@ -130,9 +130,9 @@ def _encoded(task, splits) -> dict[str, list]:
     return examples
 
 
-def adapter_choice(loaded) -> tuple[list[str], str] | None:
-    """The LoRA modules a built-in task's campaign adapts and why (``lora_targets``), checked on the architecture
-    built on the meta device (no memory, no weights read) before anything runs; None without an adapter."""
+def _plain_on_meta(loaded):
+    """A built-in task's architecture without its adapter, on the meta device (no memory, no weights read); None
+    without an adapter or for a custom task."""
     c = loaded.campaign
     if c.model.adapter is None or c.task not in BUILTIN_TASKS:
         return None
@@ -140,8 +140,14 @@ def adapter_choice(loaded) -> tuple[list[str], str] | None:
 
     plain = loaded.with_overrides({"model.adapter": None, "model.gradient_checkpointing": False})
     with torch.device("meta"), architecture_only():
-        model = make_task(plain).build_model()
-    return lora_targets(model, c.model.adapter)
+        return make_task(plain).build_model()
+
+
+def adapter_choice(loaded) -> tuple[list[str], str] | None:
+    """The LoRA modules a built-in task's campaign adapts and why (``lora_targets``), checked on the architecture
+    built on the meta device before anything runs; None without an adapter."""
+    model = _plain_on_meta(loaded)
+    return None if model is None else lora_targets(model, loaded.campaign.model.adapter)
 
 
 def adapted_router(loaded) -> str | None:
@@ -149,17 +155,11 @@ def adapted_router(loaded) -> str | None:
     rehearsal to warn with (a router trained with LoRA moves tokens between experts as it trains and can unbalance
     them; PEFT's and the trainers' defaults leave it frozen). None for a dense model, no adapter, or a frozen router.
     PEFT is applied to the architecture built on the meta device, so ``all-linear`` says what it really wraps."""
-    c = loaded.campaign
-    if c.model.adapter is None or c.task not in BUILTIN_TASKS:
-        return None
-    import torch
-
-    plain = loaded.with_overrides({"model.adapter": None, "model.gradient_checkpointing": False})
-    with torch.device("meta"), architecture_only():
-        model = make_task(plain).build_model()
-    parts = moe_parts(model)  # before LoRA wraps them
+    model = _plain_on_meta(loaded)
+    parts = moe_parts(model) if model is not None else ([], [])  # before LoRA wraps them
     if not any(parts):
         return None
+    c = loaded.campaign
     routers, experts = adapted_moe_parts(parts, lora_wrapped(model, c.model.adapter, c.task))
     if not routers:
         return None

@@ -103,10 +103,13 @@ def encoded(loaded, splits, make_task, encode) -> dict:
 def keep_pristine(task, loaded) -> None:
     """A built-in task's ``build_model`` reads the weights once per identity; a later call gets a deep copy of the
     model as that first build left it (before any stage trained it), and the generator state the build left
-    (a build seeds and draws new heads), so what follows the build draws the same numbers."""
+    (a build seeds and draws new heads), so what follows the build draws the same numbers. A task whose model is
+    built around a policy (preference: a reference copy beside it) keeps its ``build_policy`` so: the copy it
+    makes of each build is its own, never kept twice."""
     import copy
 
-    build = task.build_model
+    name = "build_policy" if hasattr(task, "build_policy") else "build_model"
+    build = getattr(task, name)
     if not type(task).__module__.startswith("pilotrun.tasks."):
         return  # a custom task's build is its own
 
@@ -129,7 +132,7 @@ def keep_pristine(task, loaded) -> None:
             torch.set_rng_state(rng)
         return model
 
-    task.build_model = build_model
+    setattr(task, name, build_model)
 
 
 @contextlib.contextmanager

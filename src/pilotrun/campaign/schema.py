@@ -44,6 +44,28 @@ class AdapterConfig(BaseModel):
     alone (artifact/adapter) is always exported, and checkpoints hold only the trainable parameters."""
 
 
+class QuantizationConfig(BaseModel):
+    model_config = _STRICT
+    bits: Literal[4, 8] = 4
+    """4 (bitsandbytes Linear4bit: QLoRA) or 8 (Linear8bitLt, LLM.int8()): the base's linear layers held in
+    that many bits; the output head, embeddings and norms stay in model.dtype, as transformers leaves them."""
+    type: Literal["nf4", "fp4"] = "nf4"
+    """4-bit only: nf4 (NormalFloat, the QLoRA paper's) or fp4."""
+    double_quant: bool = True
+    """4-bit only: quantise the per-block absmax constants too (≈0.37 bits a weight saved)."""
+    compute_dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"
+    """4-bit only: the dtype the weights are dequantised to for each matmul, forward and backward."""
+
+    @model_validator(mode="after")
+    def _eight_bit(self) -> "QuantizationConfig":
+        said = sorted(k for k in ("type", "double_quant", "compute_dtype") if k in self.model_fields_set)
+        if self.bits == 8 and said:
+            raise ValueError(f"{', '.join(said)} {'is a 4-bit setting' if len(said) == 1 else 'are 4-bit settings'}"
+                             "; 8-bit (LLM.int8()) has none: remove "
+                             f"{' and '.join('model.quantization.' + k for k in said)}, or set bits: 4")
+        return self
+
+
 class ModelConfig(BaseModel):
     model_config = _STRICT
     path: str | None = None
@@ -62,6 +84,10 @@ class ModelConfig(BaseModel):
     """Recompute activations in the backward pass to save memory."""
     trust_remote_code: bool = False
     """Allow model code shipped in the model directory to run. Off unless set; recorded in the journal."""
+    quantization: QuantizationConfig | None = None
+    """A quantised base for QLoRA (bitsandbytes, ``pip install 'pilotrun[qlora]'``; needs model.adapter), e.g.
+    {bits: 4, type: nf4, double_quant: true, compute_dtype: bfloat16}: loaded as transformers'
+    BitsAndBytesConfig loads it, prepared as peft's prepare_model_for_kbit_training prepares it."""
     config_overrides: dict[str, Any] | None = None
     """Keys set on the model's config before it is built or loaded, e.g. {output_router_logits: true,
     router_aux_loss_coef: 0.02} to train a mixture of experts' router loss as Axolotl's model_config does."""
@@ -76,12 +102,18 @@ class DataConfig(BaseModel):
     test: str | None = None
     """Test records, same formats (optional)."""
     prompt: str | None = None
-    """causal-lm: the prompt field, or a template over fields such as "Q: {question}\\nA: "; "" for no prompt
+    """causal-lm and preference: the prompt field, or a template over fields such as "Q: {question}\\nA: "; "" for no prompt
     (completion: the whole response field is in the loss)."""
     response: str | None = None
     """causal-lm: the response field: the only tokens in the loss."""
     messages: str | None = None
-    """causal-lm chat: field holding [{role, content}]; loss on assistant turns only."""
+    """causal-lm chat: field holding [{role, content}]; loss on assistant turns only. preference: the conversation
+    before the two answers (data.prompt's chat form)."""
+    chosen: str | None = None
+    """preference: the preferred response field: text, an assistant turn {role, content}, or a list of messages
+    (a whole conversation whose shared beginning with data.rejected is the prompt)."""
+    rejected: str | None = None
+    """preference: the dispreferred response field, in the same form as data.chosen."""
     chat_template: str = "auto"
     """causal-lm chat format: auto (the tokenizer's own chat template, else plain) | model (the tokenizer's
     template, required) | plain ("role: content" lines) | a Jinja template, inline or a .jinja file."""
@@ -117,8 +149,9 @@ class TrainConfig(BaseModel):
     """Forward/backward passes per optimizer update."""
     precision: Literal["fp32", "bf16-mixed", "fp16-mixed", "bf16-true"] = "fp32"
     """fp32 | bf16-mixed | fp16-mixed (with a grad scaler) | bf16-true (weights and math in bf16)."""
-    optimizer: Literal["adamw", "sgd"] = "adamw"
-    """The optimizer."""
+    optimizer: Literal["adamw", "sgd", "adamw_8bit", "paged_adamw_8bit", "paged_adamw_32bit"] = "adamw"
+    """adamw | sgd (torch's) | adamw_8bit | paged_adamw_8bit | paged_adamw_32bit (bitsandbytes', as QLoRA pairs them:
+    8-bit moments in blocks, and on CUDA paged state in unified memory, outside the allocator's count)."""
     lr: float = Field(1.0e-4, ge=0.0)
     """Peak learning rate."""
     weight_decay: float = Field(0.0, ge=0.0)
@@ -191,6 +224,24 @@ class HardwareConfig(BaseModel):
     """Share of each rental kept for evaluation and export."""
 
 
+class PreferenceConfig(BaseModel):
+    model_config = _STRICT
+    loss: Literal["dpo", "ipo", "simpo", "orpo"] = "dpo"
+    """The preference loss, each offline (no generation during training): dpo (the sigmoid loss of DPO on the
+    log-ratios to the reference) | ipo (the squared loss of IPO on per-token log-ratios) | simpo (SimPO: per-token
+    log-probabilities against a target margin, no reference) | orpo (ORPO: the chosen answer's NLL plus the
+    odds-ratio term, no reference)."""
+    beta: float | None = Field(None, gt=0.0)
+    """The loss's β: dpo the reward scale (default 0.1), ipo τ (default 0.1), simpo the reward scale (default 2.0),
+    orpo λ, the odds-ratio term's weight (default 0.1); null takes the loss's default."""
+    gamma: float = Field(0.5, ge=0.0)
+    """simpo only: γ, the target reward margin (TRL's simpo_gamma); the loss compares β·margin − γ."""
+    reference: Literal["auto", "copy", "adapter", "none"] = "auto"
+    """What the policy is compared with (dpo, ipo): copy (a frozen copy of the starting model, resident beside
+    it) | adapter (the model with its LoRA adapter disabled: no second copy; needs model.adapter) | none (simpo,
+    orpo) | auto (adapter under LoRA, else copy; none for simpo and orpo)."""
+
+
 class NotCarriedSetting(BaseModel):
     model_config = _STRICT
     key: str
@@ -220,13 +271,15 @@ class Campaign(BaseModel):
     seed: Seed = 0
     """Seed of the run (data order, initialisation, dropout)."""
     task: str = "causal-lm"
-    """causal-lm | seq-cls | "package.module:TaskClass" (Python Task API)."""
+    """causal-lm | seq-cls | preference | "package.module:TaskClass" (Python Task API)."""
     model: ModelConfig = Field(default_factory=ModelConfig)
     """The model and tokenizer."""
     data: DataConfig = Field(default_factory=DataConfig)
     """Data files and what the loss sees."""
     train: TrainConfig = Field(default_factory=TrainConfig)
     """Training settings."""
+    preference: PreferenceConfig = Field(default_factory=PreferenceConfig)
+    """task: preference: the loss family, its β and the reference model."""
     plan: PlanConfig = Field(default_factory=PlanConfig)
     """The campaign's experiment: control, variants and seeds."""
     hardware: HardwareConfig = Field(default_factory=HardwareConfig)

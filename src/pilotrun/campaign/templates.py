@@ -86,5 +86,41 @@ data:
 """ + _COMMON_TRAIN
 
 
+PREFERENCE = """\
+# pilotrun campaign (preference: DPO and its offline kin). Paths are relative to this file.
+# Check it with: pilotrun validate campaign.yaml
+name: my-dpo
+seed: 0
+task: preference
+model:
+  path: models/my-sft-model    # the model after supervised fine-tuning; never downloads
+  config: null
+  tokenizer: null              # default: model.path
+  dtype: float32
+  adapter: null                # with LoRA the reference is this model with the adapter disabled (no copy)
+  gradient_checkpointing: false
+  trust_remote_code: false
+data:
+  train: data/train.jsonl
+  validation: data/validation.jsonl
+  test: null
+  prompt: prompt               # a field or a template; or messages: a field of the conversation before the answers
+  chosen: chosen               # the preferred answer: text, an assistant turn, or a whole conversation
+  rejected: rejected           # the dispreferred answer, in the same form
+  messages: null
+  chat_template: auto          # auto | model | plain | a Jinja template
+  group_by: null               # leakage unit, e.g. prompt_id
+  period_by: null
+  max_length: 1024             # each half (prompt + one answer) is cut to this
+preference:
+  loss: dpo                    # dpo | ipo | simpo | orpo
+  beta: null                   # null: the loss's default (dpo 0.1, ipo 0.1, simpo 2.0, orpo 0.1)
+  gamma: 0.5                   # simpo's target margin
+  reference: auto              # auto | copy | adapter | none (simpo, orpo)
+""" + _COMMON_TRAIN.replace("  lr: 1.0e-4\n", "  lr: 5.0e-7\n").replace(
+    "  control: {train.lr: 1.0e-4}\n  variants: [{train.lr: 5.0e-5}, {train.lr: 2.0e-4}]",
+    "  control: {preference.beta: 0.1}\n  variants: [{preference.beta: 0.05}, {preference.beta: 0.3}]")
+
+
 def starter(task: str) -> str:
-    return CAUSAL_LM if task == "causal-lm" else SEQ_CLS
+    return {"causal-lm": CAUSAL_LM, "seq-cls": SEQ_CLS, "preference": PREFERENCE}[task]

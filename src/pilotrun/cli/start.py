@@ -67,7 +67,8 @@ def demo(out, quick, examples, max_updates, at, train_updates, home, as_json):
 
 @cli.command()
 @click.argument("folder", type=click.Path(file_okay=False), default=".")
-@click.option("--task", type=click.Choice(["causal-lm", "seq-cls"]), default="causal-lm", show_default=True)
+@click.option("--task", type=click.Choice(["causal-lm", "seq-cls", "preference"]), default="causal-lm",
+              show_default=True)
 @click.option("--force", is_flag=True, help="overwrite an existing campaign.yaml")
 @common_options(home=False)
 def init(folder, task, force, home, as_json):

@@ -17,11 +17,13 @@ import numpy as np
 
 from pilotrun.data.labels import label_checks, label_forms, scan_labels
 from pilotrun.data.mixup import MixupScan
+from pilotrun.data.pairs import PairScan
 from pilotrun.data.prefetch import batched
 from pilotrun.data.unknown import UnknownScan
 from pilotrun.tasks import make_task
 from pilotrun.tasks.base import IGNORE
 from pilotrun.tasks.common import SPLITS, template_fields
+from pilotrun.tasks.preference import halves
 from pilotrun.verdicts import FEW, Check, worst
 
 CHUNK = 1024  # records tokenized per batch
@@ -87,7 +89,8 @@ class SplitScan:
         self.with_targets = 0
         self.classes: dict[int, int] = {}
 
-    def add(self, record, e) -> None:
+    def add(self, record, e, half: int | None = None) -> None:
+        """``half``: which sequence of a preference pair ``e`` is (``tasks.preference.halves``), else None."""
         i = self.n
         self.n += 1
         self.rids.append(e.rid)
@@ -102,7 +105,7 @@ class SplitScan:
                 self.classes[int(c)] = self.classes.get(int(c), 0) + 1
             self.need.append(ids.size)
             if ids.size >= self.max_length:
-                self.reencode.append((i, record))
+                self.reencode.append((i, record, half))
             return
         tgt = lab != IGNORE
         n_t = int(tgt.sum())
@@ -133,7 +136,7 @@ class SplitScan:
             self.cut.append((e.rid, full - n_t))
         if full and n_t < full:
             self.need.append(0)
-            self.reencode.append((i, record))
+            self.reencode.append((i, record, half))
         else:
             self.need.append(int(np.flatnonzero(tgt)[-1]) + 1 if n_t else ids.size)
 
@@ -146,8 +149,10 @@ class SplitScan:
 
     def finish(self, full_task) -> None:
         """Measure the untruncated length of the examples max_length cut, to suggest a max_length."""
-        for i, record in self.reencode:
+        for i, record, half in self.reencode:
             e = full_task.encode(record)
+            if half is not None:
+                e = halves(e)[half]
             lab = np.asarray(e.labels)
             if lab.size == len(e.input_ids):
                 t = np.flatnonzero(lab != IGNORE)
@@ -170,7 +175,8 @@ def config_checks(c) -> list[Check]:
     return []
 
 
-def split_checks(split: str, s: SplitScan, c) -> tuple[list[Check], dict[str, Any]]:
+def split_checks(split: str, s: SplitScan, c, pairs: PairScan | None = None) -> tuple[list[Check], dict[str, Any]]:
+    """``pairs``: a preference split's pair scan, whose truncation and duplicate checks replace the sequences'."""
     out: list[Check] = []
     n = max(s.n, 1)
     length = np.asarray(s.length)
@@ -180,6 +186,8 @@ def split_checks(split: str, s: SplitScan, c) -> tuple[list[Check], dict[str, An
              "keep_99": keep_length(need, 0.99), "keep_100": keep_length(need, 1.0),
              "histogram": sparkline(length, top=s.max_length),
              "keeps": "targets" if s.token_level else "texts whole"}  # keep_99 keeps 99% of these
+    if pairs is not None:
+        stats.update(examples=pairs.n, sequences=s.n, keeps="answers")
     if s.token_level:
         if s.prompt_pos:
             out.append(Check("prompt-in-loss", "fail", f"{len(s.prompt_pos)} of {s.n} examples have a target at a "
@@ -191,14 +199,14 @@ def split_checks(split: str, s: SplitScan, c) -> tuple[list[Check], dict[str, An
                              f"{len(s.echo)} of {s.n} examples ({share:.1%}) train on a copy of their prompt (the "
                              f"trained tokens equal the prompt's), e.g. {_ids(s.echo)}; is data.response the prompt "
                              "field?", split, {"count": len(s.echo), "share": share, "ids": s.echo[:FEW]}))
-        if s.no_target:
+        if s.no_target and pairs is None:
             share = len(s.no_target) / n
             out.append(Check("truncation", "fail", f"{len(s.no_target)} of {s.n} examples ({share:.1%}) have no "
                              f"target left after truncation to data.max_length={s.max_length}, e.g. "
                              f"{_ids(s.no_target)}; data.max_length={stats['keep_99']} keeps 99% of the targets, "
                              f"{stats['keep_100']} keeps all", split,
                              {"count": len(s.no_target), "share": share, "ids": s.no_target[:FEW]}))
-        partly = s.cut  # examples with no target left are not in it
+        partly = s.cut if pairs is None else []  # examples with no target left are not in it
         if partly:
             worst_loss = max(k for _, k in partly)
             out.append(Check("truncation", "warn", f"{len(partly)} of {s.n} answers are partly cut by data.max_length="
@@ -220,7 +228,9 @@ def split_checks(split: str, s: SplitScan, c) -> tuple[list[Check], dict[str, An
                          f"(the largest loses {max(k for _, k in s.cut)} tokens), e.g. {_ids([r for r, _ in s.cut])}; "
                          f"data.max_length={stats['keep_99']} keeps 99% whole, {stats['keep_100']} keeps all",
                          split, {"count": len(s.cut)}))
-    if split == "train":
+    if pairs is not None:
+        out += pairs.checks(split)
+    elif split == "train":
         digest = np.asarray(s.digest, dtype=np.uint64)
         uniq, first, counts = np.unique(digest, return_index=True, return_counts=True)
         dup = s.n - uniq.size
@@ -240,15 +250,24 @@ def run_checks(task, loaded, splits=SPLITS) -> Report:
     scan_labels(task, records)  # unknown class names: bad input, all listed at once
     checks, stats, scans = config_checks(c) + label_forms(task, records), {}, {}
     mixup, unknown = MixupScan(c), UnknownScan(task)
+    paired = getattr(task, "kind", None) == "preference"
+    pair_scans: dict[str, PairScan] = {}
     full_task = None
     with batched(task) as warm:
         for split, recs in records.items():
             s = scans[split] = SplitScan(task, c.data.max_length)
+            ps = pair_scans[split] = PairScan(c.data.max_length) if paired else None
             for start in range(0, len(recs), CHUNK):
                 chunk = recs[start:start + CHUNK]
                 warm(chunk)
                 for r in chunk:
                     e = task.encode(r)
+                    if ps is not None:  # each sequence of the pair as the loss sees it, then the pair
+                        ps.add(r, e)
+                        for k, h in enumerate(halves(e)):
+                            s.add(r, h, half=k)
+                            unknown.add(split, h)
+                        continue
                     s.add(r, e)
                     mixup.add(split, r, e)
                     unknown.add(split, e)
@@ -256,7 +275,7 @@ def run_checks(task, loaded, splits=SPLITS) -> Report:
                 full_task = full_task or _untruncated(task, loaded)
                 s.finish(full_task)
     for split, s in scans.items():
-        found, stats[split] = split_checks(split, s, c)
+        found, stats[split] = split_checks(split, s, c, pair_scans.get(split))
         checks += found
     checks += mixup.checks() + unknown.checks()
     checks += label_checks(task, loaded, scans)

@@ -66,6 +66,9 @@ def text_of(c):
     """A function giving the text a record trains on: prompt fields and response, chat contents, or the
     seq-cls text; the fields are worked out once, not per record."""
     d = c.data
+    if c.task == "preference":
+        prompt, answers = prompt_of(c), response_of(c)
+        return lambda record: "\n".join(t for t in ((prompt(record) if prompt else ""), answers(record)) if t)
     if c.task == "causal-lm" and d.messages:
         def chat(record) -> str:
             msgs = common.field(record, d.messages, "data.messages")
@@ -92,8 +95,17 @@ def prompt_of(c):
     system and user turns —, or None where the task has no separate prompt (seq-cls: the text is the input
     and exact duplicates already compare it)."""
     d = c.data
-    if c.task != "causal-lm":
+    if c.task not in ("causal-lm", "preference"):
         return None
+    if c.task == "preference" and not d.messages and not d.prompt:  # two whole conversations: their shared start
+        def shared(record) -> str:
+            a, b = (_turns(common.field(record, f, k)) for f, k in ((d.chosen, "data.chosen"),
+                                                                    (d.rejected, "data.rejected")))
+            k = 0
+            while k < min(len(a), len(b)) - 1 and a[k] == b[k]:
+                k += 1
+            return "\n".join(_content(m) for m in a[:k])
+        return shared
     if d.messages:
         def chat(record) -> str:
             msgs = common.field(record, d.messages, "data.messages")
@@ -108,9 +120,24 @@ def prompt_of(c):
     return lambda record: "\n".join(common.text_field(record, n, "data.prompt", allow_empty=True) for n in names)
 
 
+def _turns(value) -> list:
+    return value if isinstance(value, list) else [value]
+
+
+def _content(m) -> str:
+    return str(m.get("content", m.get("value", ""))) if isinstance(m, dict) else str(m)
+
+
 def response_of(c):
-    """The target text of a causal-lm record: the response field, or a conversation's assistant turns."""
+    """The target text of a causal-lm record: the response field, or a conversation's assistant turns; of a
+    preference pair: both answers (chosen, then rejected)."""
     d = c.data
+    if c.task == "preference":
+        def answers(record) -> str:
+            return "\n".join(_content(m) for f, k in ((d.chosen, "data.chosen"), (d.rejected, "data.rejected"))
+                             for m in _turns(common.field(record, f, k)) if not isinstance(m, dict)
+                             or str(m.get("role", m.get("from"))) in ASSISTANT)
+        return answers
     if d.messages:
         def chat(record) -> str:
             msgs = common.field(record, d.messages, "data.messages")

@@ -31,6 +31,8 @@ def target_logits(task, model, batch) -> list | None:
     """Per example, the logits (float32, CPU) at its target positions; None for a task pilotrun cannot read."""
     if task.kind not in BUILTIN_TASKS:
         return None
+    if hasattr(task, "target_logprobs"):  # preference: both halves' log-probabilities at their targets
+        return task.target_logprobs(model, batch)
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
     if task.kind == "seq-cls":
         return [row.unsqueeze(0).cpu() for row in logits]

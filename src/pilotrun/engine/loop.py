@@ -186,7 +186,17 @@ def run_update(state: TrainState, task, micro_batches: list[list], *, max_grad_n
     return {"loss": loss, **({"loss_parts": loss_parts_} if loss_parts_ else {}),
             "targets": int(total_targets), "grad_norm": grad_norm, "lr": lr, "finite": finite,
             "examples": n_examples, "skipped": skipped, "attempt": state.attempts,
-            **({} if finite else {"why": why})}
+            "metrics": task_metrics(task, state.device), **({} if finite else {"why": why})}
+
+
+def task_metrics(task, device, prefix: str = "") -> dict:
+    """What a task says its loss saw since it last said (``take_metrics``, optional: preference's reward accuracy and
+    margin), summed over the ranks (every rank reduces the same sums, seen or not); ``{}`` for a task that says
+    nothing."""
+    take = getattr(task, "take_metrics", None)
+    if take is None:
+        return {}
+    return {prefix + k: v for k, v in take(lambda x: all_reduce_sum(x, device)).items()}
 
 
 def _step(state: TrainState, finite: bool, why: str) -> str | None:
@@ -221,6 +231,8 @@ def evaluate(state: TrainState, task, examples: list, batch_size: int) -> dict:
     model = state.model
     was_training = model.training
     model.eval()
+    if hasattr(task, "take_metrics"):
+        task.take_metrics()  # what the task's loss saw before this validation is not its (here: no collective)
     total, count = 0.0, 0
     with torch.no_grad():
         for i in range(0, len(mine), batch_size):
@@ -234,7 +246,8 @@ def evaluate(state: TrainState, task, examples: list, batch_size: int) -> dict:
         model.train()
     _reshard(model)
     total, count = all_reduce_sum(total, state.device), all_reduce_sum(count, state.device)
-    return {"val_loss": total / count if count else float("nan"), "targets": int(count), "examples": len(examples)}
+    return {"val_loss": total / count if count else float("nan"), "targets": int(count), "examples": len(examples),
+            **task_metrics(task, state.device, "val_")}
 
 
 def rate_text(examples: int, seconds: float) -> str:

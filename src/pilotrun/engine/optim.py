@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from pilotrun.errors import BadInput
+from pilotrun.tasks.quantized import import_bitsandbytes
 
 
 def _fusable(p, optimizer: str) -> bool:
@@ -49,8 +50,24 @@ def make_optimizer(model, t, device_type: str | None = None, sharded: bool = Fal
     if not params:
         raise BadInput("the model has no trainable parameters", where="model.adapter",
                        fix="check model.adapter.target_modules, or unfreeze the model")
+    if t.optimizer in BNB_OPTIMIZERS:
+        import contextlib
+
+        from torch._subclasses.fake_tensor import is_fake, unset_fake_temporarily
+
+        cls = getattr(import_bitsandbytes().optim, BNB_OPTIMIZERS[t.optimizer])
+        # its 8-bit code books are computed from values at construction: outside the estimator's fake mode
+        with unset_fake_temporarily() if any(is_fake(p) for p in params) else contextlib.nullcontext():
+            return cls(params, lr=t.lr, weight_decay=t.weight_decay)  # bitsandbytes' own kernels on every device
     cls = torch.optim.AdamW if t.optimizer == "adamw" else torch.optim.SGD
     return cls(params, lr=t.lr, weight_decay=t.weight_decay, **kernel(params, device_type, t.optimizer, sharded))
+
+
+# train.optimizer → bitsandbytes' class: AdamW with 8-bit block-quantised moments, and the paged variants whose
+# state bitsandbytes puts in CUDA unified memory (tensors of 1e5 elements or more; on the CPU it falls back to plain)
+BNB_OPTIMIZERS = {"adamw_8bit": "AdamW8bit", "paged_adamw_8bit": "PagedAdamW8bit",
+                  "paged_adamw_32bit": "PagedAdamW32bit"}
+PAGED_MIN_NUMEL = 100_000  # bitsandbytes' Optimizer8bit.get_state_buffer: smaller tensors are never paged
 
 
 def load_keeping_kernel(optimizer, load) -> None:

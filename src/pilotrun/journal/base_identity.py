@@ -22,11 +22,45 @@ _HASHES: dict[tuple, str] = {}  # (path, size, mtime_ns) -> sha256: a 14 GB base
 
 
 def describe_base(c) -> dict:
-    """What identifies the campaign's base model, before hashing (cheap; hashed at the first save)."""
+    """What identifies the campaign's base model, before hashing (cheap; hashed at the first save); a quantised
+    base (model.quantization) adds its settings, and its identity the sha256 of the bytes bitsandbytes made."""
+    q = getattr(c.model, "quantization", None)
+    extra = {} if q is None else {"quantization": q.model_dump()}
     if c.model.path:
-        return {"path": str(Path(c.model.path).resolve())}
+        return {"path": str(Path(c.model.path).resolve()), **extra}
     cfg = json.dumps(c.model.config, sort_keys=True, default=str)
-    return {"config_sha256": hashlib.sha256(cfg.encode()).hexdigest(), "seed": c.seed}
+    return {"config_sha256": hashlib.sha256(cfg.encode()).hexdigest(), "seed": c.seed, **extra}
+
+
+_FINGERPRINT = "_pilotrun_quantized_sha256"
+
+
+def quantized_fingerprint(model) -> str:
+    """sha256 over a quantised base's packed weights and their statistics (absmax, code, nested constants, 8-bit
+    row scales), in module order: the base as bitsandbytes quantised it, which another bitsandbytes version or
+    setting packs differently though the folder is the same. Kept on the model: hashed once per build."""
+    import torch
+
+    known = getattr(model, _FINGERPRINT, None)
+    if known is not None:
+        return known
+    h = hashlib.sha256()
+    for name, m in model.named_modules():
+        w = getattr(m, "weight", None)
+        state, scb = getattr(w, "quant_state", None), getattr(w, "SCB", None)
+        if state is None and scb is None:
+            continue
+        h.update(name.removeprefix("base_model.model.").encode())
+        tensors = [w.data, scb]
+        if state is not None:
+            nested = getattr(state, "state2", None)
+            tensors += [state.absmax, state.code] + ([nested.absmax, nested.code] if nested is not None else [])
+        for t in tensors:
+            if t is not None and t.numel():
+                h.update(t.detach().contiguous().cpu().view(torch.uint8).numpy().tobytes())
+    digest = h.hexdigest()
+    object.__setattr__(model, _FINGERPRINT, digest)
+    return digest
 
 
 def _sha256(p: Path) -> str:
@@ -37,13 +71,17 @@ def _sha256(p: Path) -> str:
     return _HASHES[key]
 
 
-def identity(described: dict) -> dict:
-    """The base model's identity: for a folder, the sha256 of every weight file in it."""
-    if "path" not in described:
-        return dict(described)
-    folder = Path(described["path"])
-    files = sorted(p for p in folder.iterdir() if p.name.endswith(".safetensors"))
-    return {"path": described["path"], "weights": {p.name: _sha256(p) for p in files}}
+def identity(described: dict, model=None) -> dict:
+    """The base model's identity: for a folder, the sha256 of every weight file in it; for a quantised base (and
+    ``model`` given), the sha256 of its quantised bytes too."""
+    out = dict(described)
+    if "path" in described:
+        folder = Path(described["path"])
+        files = sorted(p for p in folder.iterdir() if p.name.endswith(".safetensors"))
+        out["weights"] = {p.name: _sha256(p) for p in files}
+    if "quantization" in described and model is not None:
+        out["quantized_sha256"] = quantized_fingerprint(model)
+    return out
 
 
 def base_of(model) -> dict | None:
@@ -57,7 +95,7 @@ def trainable_state(model) -> dict:
 
 
 def write_base(folder: Path, model) -> None:
-    (folder / BASE_FILE).write_text(json.dumps(identity(base_of(model)), indent=1, sort_keys=True))
+    (folder / BASE_FILE).write_text(json.dumps(identity(base_of(model), model), indent=1, sort_keys=True))
 
 
 def check_base(folder: Path, model) -> None:
@@ -68,20 +106,36 @@ def check_base(folder: Path, model) -> None:
         raise BadInput(f"{folder} is an adapter-only checkpoint but this campaign's model has no adapter; nothing "
                        "was loaded", where="model.adapter", fix="resume with the campaign that wrote it (same "
                        "model.adapter)")
-    now = identity(described)
+    now = identity(described, model)
     if saved == now:
         return
-    if saved.get("path") != now.get("path"):
+    if saved.get("quantization") != now.get("quantization"):
+        what = f"a base quantised as {_quant_said(saved.get('quantization'))}, this campaign's is " \
+               f"{_quant_said(now.get('quantization'))}"
+    elif saved.get("path") != now.get("path"):
         what = f"base model {saved.get('path') or 'built from model.config'}, this campaign's is " \
                f"{now.get('path') or 'built from model.config'}"
     elif "weights" in saved:
         changed = sorted(n for n in set(saved["weights"]) | set(now.get("weights", {}))
                          if saved["weights"].get(n) != now.get("weights", {}).get(n))
         what = f"base model {saved['path']}, whose weight files have changed since ({', '.join(changed)})"
+    elif saved.get("weights") == now.get("weights") and saved.get("config_sha256") == now.get("config_sha256") \
+            and saved.get("quantized_sha256") != now.get("quantized_sha256"):
+        what = ("the same base quantised to other bytes (sha256 " f"{str(saved.get('quantized_sha256'))[:12]}…, now "
+                f"{str(now.get('quantized_sha256'))[:12]}…): another bitsandbytes version or quantisation code")
     else:
         what = "a base model built from another model.config or seed"
     raise BadInput(f"the checkpoint's adapter was trained on {what}; nothing was loaded", where=str(folder / BASE_FILE),
                    fix="resume with the base model the checkpoint names (the same folder and weight files)")
+
+
+def _quant_said(q: dict | None) -> str:
+    if not q:
+        return "unquantised (no model.quantization)"
+    if q.get("bits") == 8:
+        return "8-bit"
+    return f"{q.get('bits')}-bit {q.get('type')}{' double-quantised' if q.get('double_quant') else ''} " \
+           f"({q.get('compute_dtype')} compute)"
 
 
 def load_trainable(model, tensors: dict, folder: Path) -> None:

@@ -23,6 +23,11 @@ from pilotrun.engine.precision import autocast
 from pilotrun.engine.state import save_state
 from pilotrun.phases.worst import by_length
 from pilotrun.tasks.base import BUILTIN_TASKS, loss_parts
+from pilotrun.tasks.loading import torch_dtype
+from pilotrun.tasks.moe import active, expert_counts
+from pilotrun.tasks.quantized import held, logical_numel, original_bytes, quant_tensors, said, \
+    upcast_by_preparation
+from pilotrun.tasks.preference_loss import reference_kind, reference_of, resident_bytes
 
 KINDS = ("load", "train", "eval", "save", "export", "reload")
 
@@ -39,7 +44,7 @@ class Phase:
 
 def _count(model) -> tuple[int, int]:
     ps = list(model.parameters())
-    return sum(p.numel() for p in ps), sum(p.numel() for p in ps if p.requires_grad)
+    return sum(logical_numel(p) for p in ps), sum(p.numel() for p in ps if p.requires_grad)
 
 
 def _bytes(tensors) -> int:
@@ -53,14 +58,35 @@ def _dir_bytes(path: Path) -> int:
 # --- load ---------------------------------------------------------------------------------------------
 def _load_inputs(ctx) -> dict:
     c = ctx.prep.c
-    return {"dtype": c.model.dtype, "precision": c.train.precision, "strategy": c.train.strategy,
-            "adapter": c.model.adapter is not None}
+    out = {"dtype": c.model.dtype, "precision": c.train.precision, "strategy": c.train.strategy,
+           "adapter": c.model.adapter is not None}
+    if c.model.quantization is not None:
+        out["quantization"] = said(c.model.quantization)
+    if c.task == "preference":  # which second model the phase holds beside the policy (none, copy, adapter ...)
+        out["reference"] = reference_kind(c)
+    return out
+
+
+def _reference_inputs(p, model) -> None:
+    """A preference campaign's reference copy in the load row: its parameters and bytes beside the policy's."""
+    ref = reference_of(model)
+    if ref is not None:
+        p.inputs["reference_params"] = sum(t.numel() for t in ref.parameters())
+        p.inputs["reference_bytes"] = resident_bytes(model)
 
 
 def _load(ctx, p) -> None:
     c, task = ctx.prep.c, ctx.task_for("load")
     model = task.build_model()
+    if "quantization" in p.inputs:  # what the built model was checked to hold (tasks/quantized.check_quantized)
+        p.inputs["quantization"] = held(model)
     p.inputs["params"], p.inputs["trainable"] = _count(model)
+    _reference_inputs(p, model)
+    moe = expert_counts(model)
+    if moe["experts"]:  # what a token runs through: the time plan's FLOPs; the memory holds every expert
+        p.inputs["active_params"] = active(p.inputs["params"], moe["expert_params"], moe["experts"], moe["top_k"])
+        p.inputs["active_trainable"] = active(p.inputs["trainable"], moe["expert_trainable"], moe["experts"],
+                                              moe["top_k"])
     if c.train.strategy != "fsdp":  # fully_shard moves each block to the device as it cuts it
         model.to(ctx.device)
     model = wrap_model(model, c.train.strategy, ctx.device)
@@ -69,7 +95,7 @@ def _load(ctx, p) -> None:
     if getattr(ctx.device, "type", str(ctx.device)) == "cpu":
         from pilotrun.engine.tensors import track  # lazy: pulls in torch
 
-        track(model)  # tensors a loader made without an operator (safetensors) still count, as in a run
+        track(model, reference_of(model))  # tensors a loader made without an operator (safetensors) still count
 
 
 def _load_traced(ctx) -> None:
@@ -77,10 +103,16 @@ def _load_traced(ctx) -> None:
 
     c, t, fake, acc = ctx.prep.c, ctx.prep.c.train, ctx.fake, ctx.fake["acc"]
     model = fake["model"]
-    for p in model.parameters():
-        acc.book(p, "parameters")
-    for b in model.buffers():
-        acc.book(b, "parameters")
+    if c.model.quantization is not None:
+        _quantized_load_traced(acc, model, c)
+    reference = reference_of(model)  # preference: the frozen copy beside the policy, resident from load on
+    for m in (model,) + ((reference,) if reference is not None else ()):
+        for p in m.parameters():
+            acc.book(p, "parameters")
+        for b in m.buffers():
+            acc.book(b, "parameters")
+    for q in quant_tensors(model):  # a quantised base's absmax, code and nested statistics: no parameter holds them
+        acc.book(q, "parameters")
     if t.strategy == "ddp" and fake["ranks"] > 1:
         acc.allocate(_bytes(p for p in model.parameters() if p.requires_grad), "gradients")  # DDP's buckets
     # the optimizer kernel of the device estimated (optim.kernel): on CUDA torch's default, the foreach
@@ -90,6 +122,36 @@ def _load_traced(ctx) -> None:
                            total_updates=ctx.prep.arithmetic()["updates"], device=torch.device("cpu"),
                            kernel_device=fake["device"],
                            sharded=t.strategy == "fsdp" and data_parallel_ranks(t) > 1)
+
+
+def _quantized_load_traced(acc, model, c) -> None:
+    """A quantised base's build in order. The unquantised parameters peft's kbit preparation upcasts (embeddings,
+    norms, the head) are held in model.dtype from the load on, then each in float32 beside its 16-bit copy until the
+    copy is freed. A base built from model.config also holds its linear weights in model.dtype first, then quantises
+    them one at a time (``tasks/quantized.quantize_in_place``), each original freed once its packed weight exists
+    (``from_pretrained`` reads a folder's one tensor at a time: that transient is one layer's, not counted)."""
+    dtype = torch_dtype(c.model.dtype)
+    upcast = upcast_by_preparation(model, dtype)
+    small = [acc.allocate(t.numel() * t.new_empty((), dtype=dtype).element_size(), "parameters") for t in upcast]
+    if c.model.config is not None:
+        layers = original_bytes(model, dtype)
+        blocks = [acc.allocate(n, "temporaries") for _, n in layers]
+        packed = {id(m.weight) for m, _ in layers} | {id(t) for t in upcast}
+        for t in list(model.parameters()) + list(model.buffers()):  # what from_config built beside them, as built
+            if id(t) not in packed:
+                acc.book(t, "parameters")
+        for (m, _), block in zip(layers, blocks):
+            acc.book(m.weight, "parameters")
+            for q in quant_tensors(m):
+                acc.book(q, "parameters")
+            acc.release(block)
+    skip = {id(t) for t in upcast}
+    for t in list(model.parameters()) + list(model.buffers()) + quant_tensors(model):  # the rest, as loaded
+        if id(t) not in skip:
+            acc.book(t, "parameters")
+    for t, block in zip(upcast, small):  # then the preparation's upcasts, one at a time
+        acc.book(t, "parameters")
+        acc.release(block)
 
 
 # --- train: first_step (the optimizer state is allocated in it), steady_step (everything lives at once) --
@@ -182,6 +244,12 @@ def _export_traced(ctx) -> None:
         fake["notes"]["export"] = ("the copies save_pretrained makes on the device are counted (the fused experts "
                                    "split back into one tensor per expert, each made contiguous); files are written "
                                    "from host copies")
+    if ctx.prep.c.model.quantization is not None:
+        # peft's save reads the model's state_dict, where each quantised layer adds its statistics packed anew
+        held = model.state_dict()
+        del held
+        fake["notes"]["export"] = ("the quantised layers' statistics the adapter's save packs anew are counted; files "
+                                   "are written from host copies")
     if ctx.prep.c.model.adapter is not None and ctx.prep.c.model.adapter.merged_copy:
         # save_hf_artifact merges a deep copy of the adapted model, on the model's device
         copy = fake["acc"].allocate(_bytes(model.parameters()) + _bytes(model.buffers()), "temporaries")
@@ -220,6 +288,12 @@ def _reload_inputs(ctx) -> dict:
     return {"path": "artifact", "parts": ctx.written, "seq_len": sample[0].length}
 
 
+def artifact_loss(task):
+    """The loss the reload phase computes with the reloaded artifact: the task's ``reload_loss`` where the artifact
+    alone cannot give its training loss (preference: no reference beside it), else its ``loss``."""
+    return getattr(task, "reload_loss", task.loss)
+
+
 def _reload(ctx, p) -> None:
     import torch
 
@@ -236,7 +310,7 @@ def _reload(ctx, p) -> None:
         loaded_model.eval()
         with torch.no_grad(), autocast(ctx.prep.c.train.precision, ctx.device.type):
             batch = to_device(task.collate(sample), ctx.device)
-            s, n, _ = loss_parts(reload_task.loss(loaded_model, batch))
+            s, n, _ = loss_parts(artifact_loss(reload_task)(loaded_model, batch))
         loss = float(s) / max(1, int(n))
         del loaded_model
         if loss != loss or loss in (float("inf"), float("-inf")):
@@ -258,13 +332,16 @@ def _reload_traced(ctx) -> None:
             return
         with acc.paused():  # not built on the chance of a replay: built now, booked from the phase as before
             reloaded = ctx.fake["rebuild"]()
-    for p in list(reloaded.parameters()) + list(reloaded.buffers()):
+    c = ctx.prep.c
+    if c.model.quantization is not None:
+        _quantized_load_traced(acc, reloaded, c)
+    for p in list(reloaded.parameters()) + list(reloaded.buffers()) + quant_tensors(reloaded):
         acc.book(p, "parameters")
     reloaded.eval()
     # under the precision's autocast, as ``_reload`` runs it: bf16-mixed casts the reloaded weights and keeps the
     # casts (autocast's weight cache) until the loss is computed — the reload's rise the H200 measured
     with torch.no_grad(), autocast(ctx.prep.c.train.precision, "cpu"):
-        ctx.task.loss(reloaded, ctx.task.collate(_sample(ctx)))
+        artifact_loss(ctx.task)(reloaded, ctx.task.collate(_sample(ctx)))
     del reloaded
 
 

@@ -22,7 +22,8 @@ import math
 import weakref
 
 from pilotrun.errors import BadInput
-from pilotrun.probe.fake_ops import stand_in
+from pilotrun.engine.optim import PAGED_MIN_NUMEL
+from pilotrun.probe.fake_ops import inner_temporaries, stand_in
 from pilotrun.tasks import make_task
 from pilotrun.tasks.base import BUILTIN_TASKS
 from pilotrun.tasks.loading import architecture_only, check_model_dir, torch_dtype
@@ -193,6 +194,15 @@ class Accountant:
         block = self.allocate(storage.nbytes(), category)
         self._known[storage] = (block, weakref.ref(storage, lambda _r, b=block: self.release(b)))
 
+    def off_device(self, tensor) -> None:
+        """A booked storage that the device's allocator never held (bitsandbytes' paged optimizer state, in CUDA
+        unified memory): its block weighs nothing from its birth on, so no summary counts it."""
+        storage = tensor.untyped_storage()
+        hit = self._known.get(storage) if self._known is not None else None
+        if hit is not None and hit[0].nbytes:
+            hit[0].nbytes = 0
+            self._retags += 1
+
     # --- phases -----------------------------------------------------------------------------------
     def mark(self, name: str):
         acc = self
@@ -296,9 +306,14 @@ class Accountant:
 
         def post(opt, args, kwargs):
             acc.in_optimizer = False
+            paged = acc.cuda and getattr(opt, "is_paged", False)
             for state in opt.state.values():
-                for v in state.values():
-                    if isinstance(v, torch.Tensor):
+                for k, v in state.items():
+                    if not isinstance(v, torch.Tensor):
+                        continue
+                    if paged and k in ("state1", "state2") and v.numel() >= PAGED_MIN_NUMEL:
+                        acc.off_device(v)  # bitsandbytes' paged state: CUDA unified memory, not the allocator's
+                    else:
                         acc.book(v, "optimizer_state", retag=True)
 
         handles += [register_optimizer_step_pre_hook(pre), register_optimizer_step_post_hook(post)]
@@ -314,6 +329,7 @@ class Accountant:
                     return func(*args, **(kwargs or {}))
                 if func is torch.ops.aten._local_scalar_dense.default:
                     return _placeholder(args[0])
+                inner = [acc.allocate(n, "temporaries") for n in inner_temporaries(func, args, kwargs or {}, acc.cuda)]
                 out = stand_in(func, args, kwargs or {}, acc.cuda)  # a meta kernel narrower than the device's
                 if out is None:
                     out = func(*args, **(kwargs or {}))
@@ -324,6 +340,8 @@ class Accountant:
                     category = "activations"
                 for t in _tensors(out):
                     acc.book(t, category)
+                for block in inner:  # the kernel's own temporaries, freed as it returns
+                    acc.release(block)
                 if func.overloadpacket in cublas_ops:
                     acc.cublas.setdefault("backward" if backward else "forward", len(acc.timeline) - 1)
                 return out
@@ -458,7 +476,11 @@ def fake_build(loaded, fake_mode, overrides: dict | None = None):
     c = loaded.campaign
     dtype = torch.bfloat16 if c.train.precision == "bf16-true" else torch_dtype(c.model.dtype)
     task = make_task(loaded)
-    with fake_mode, _default_dtype(dtype), _conversions_are_noops({dtype, torch_dtype(c.model.dtype)}), \
+    allowed = {dtype, torch_dtype(c.model.dtype)}
+    q = c.model.quantization
+    if q is not None and q.bits == 4:  # peft moves LoRA to a 4-bit layer's compute dtype, then back to float32
+        allowed.add(torch_dtype(q.compute_dtype))
+    with fake_mode, _default_dtype(dtype), _conversions_are_noops(allowed), \
             _fake_deepcopies(), architecture_only(overrides):
         model = task.build_model()
     return model

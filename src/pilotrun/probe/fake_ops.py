@@ -10,6 +10,11 @@ for a CUDA device (each row padded to 16 bytes).
 
 from __future__ import annotations
 
+# bitsandbytes' CUDA gemm_4bit (bitsandbytes/backends/cuda/ops.py): past this many rows of A (or for a K not aligned to
+# the block size) it dequantises the weight into a temporary of the compute dtype and runs F.linear; below it a fused
+# kernel may be chosen per architecture and shape. The estimate counts the temporary at every size: an upper bound.
+GEMM_4BIT_CUSTOM_MAX_M = 1536
+
 
 def stand_in(func, args, kwargs: dict, cuda: bool):
     """The output of ``func`` on these fake arguments when its meta kernel would refuse them, else None."""
@@ -40,3 +45,20 @@ def _grouped_mm_output(a, b, offs, dtype, cuda: bool):
     padded = -(-size[-1] // align) * align
     stride = [size[1] * padded, padded, 1] if len(size) == 3 else [padded, 1]
     return torch.empty_strided(size, stride, dtype=dtype, device=a.device)
+
+
+def inner_temporaries(func, args, kwargs: dict, cuda: bool) -> list[int]:
+    """Bytes a kernel allocates inside itself and frees before it returns, which no dispatch mode sees (the op is
+    dispatched whole): bitsandbytes' gemm_4bit on CUDA dequantises the 4-bit weight into a compute-dtype temporary
+    (and a double-quantised weight's block constants into float32 first). [] for every other op and on the CPU, where
+    the exact counter, like the estimate, counts op outputs only."""
+    if not cuda or getattr(getattr(func, "_schema", None), "name", None) != "bitsandbytes::gemm_4bit":
+        return []
+    import math
+
+    a, shape = args[0], args[2]
+    absmax_8bit = args[7] if len(args) > 7 else kwargs.get("absmax_8bit")
+    out = [math.prod(shape) * a.element_size()]
+    if absmax_8bit is not None:
+        out.insert(0, absmax_8bit.numel() * 4)
+    return out

@@ -31,8 +31,12 @@ from pilotrun.probe.estimate import Accountant, architecture_config, fake_build,
 from pilotrun.probe.alloc_conf import DEFAULTS, Settings
 from pilotrun.probe.stream import ALL_GATHER_STREAM, CUBLAS_WORKSPACE, overheads, replayed, threads
 from pilotrun.tasks.base import BUILTIN_TASKS
+from pilotrun.tasks.moe import expert_counts
+from pilotrun.tasks.quantized import logical_numel, said
 
 SHARDED = ("parameters", "gradients", "optimizer_state")
+# a mixture of experts' routed experts (tasks/moe.expert_counts), counted per layer as the parameters are
+MOE_COUNTED = ("expert_params", "expert_bytes", "expert_trainable", "expert_trainable_bytes", "moe_layers")
 BY_KIND = {name: phase.kind for name, phase in BY_NAME.items()}
 
 
@@ -86,7 +90,7 @@ def traced(loaded, *, device: str = "cuda", prep=None, counted: bool | None = No
         key, layers = depth
         low, high = (_trace_once(loaded, device, prep, wc, steps_only, K.with_depth(cfg, key, d)) for d in K.DEPTHS)
         per_layer = {k: high[k] - low[k] for k in ("params", "trainable", "trainable_bytes", "param_bytes",
-                                                   "linear_bytes", "linear_numel")}
+                                                   "linear_bytes", "linear_numel") + MOE_COUNTED}
         out = dict(high, **{k: high[k] + (layers - K.DEPTHS[1]) * v for k, v in per_layer.items()},
                    summarize=lambda name, scale, f1=low["summarize"], f2=high["summarize"], n=layers:
                    K.count(f1(name, scale), f2(name, scale), n),
@@ -191,9 +195,11 @@ def _traced_once(loaded, device: str, prep, wc: dict, steps_only: bool, override
     for name in names("train"):
         inputs[name] = dict(inputs[name], micro_batch=c.train.micro_batch, accumulation=c.train.accumulation)
     return {"summarize": lambda name, scale: acc.summary(name, scale, by_stage=True), "inputs": inputs,
-            "notes": notes, "params": sum(p.numel() for p in params), "trainable": sum(p.numel() for p in trainable),
+            "notes": notes, "params": sum(logical_numel(p) for p in params), "trainable": sum(p.numel() for p in trainable),
             "trainable_bytes": _bytes(trainable), "param_bytes": _bytes(params), **_frozen_linear(model),
+            **expert_counts(model),
             "block": unsharded_block_bytes(model), "root": root_bytes(model), "device": device,
+            "quantization": said(c.model.quantization) if c.model.quantization is not None else None,
             "gradient_checkpointing": c.model.gradient_checkpointing, "accountant": acc}
 
 

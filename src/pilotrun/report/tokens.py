@@ -114,6 +114,8 @@ def render_examples(examples: list[dict], con, split: str) -> None:
         widest = _strip(con, e["tokens"], plain)
         con.print(f"attention mask: {_mask_runs(e['attention_mask'])}  "
                   f"({''.join(map(str, e['attention_mask']))})", markup=False, highlight=False)
+        if "contributes" in e:
+            con.print(e["contributes"], markup=False, highlight=False)
         if "vs_inference" in e:
             con.print(f"vs tokenizer(prompt): {e['vs_inference']}", markup=False, highlight=False)
         if "trained" in e:

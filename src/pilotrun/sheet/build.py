@@ -41,6 +41,7 @@ def _build_sheet(cfg: dict, journal, pilot: dict, *, target_env, gpu, rates, pre
     c = loaded.campaign
     t = c.train
     rows = [dict(r, run_id=pilot["run_id"]) for r in journal.phase_rows(pilot["run_id"])]
+    rows = GM.routing_worst(rows, ((pilot.get("summary") or {}).get("time_model") or {}).get("routing"))
     sheet: dict = {"campaign": c.name, "pilot_run": pilot["run_id"], "config_sha256": pilot["config_sha256"],
                    "pilot_device": rows[0].get("device"), "counter": rows[0].get("counter"), "problems": [],
                    "warnings": []}

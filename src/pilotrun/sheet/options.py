@@ -4,7 +4,9 @@ changes in the experiment.
 Memory comes from the estimator (probe/trace.py): three traces — the campaign as written, with
 activation checkpointing, and with a LoRA adapter plus checkpointing — and from each the rows of one
 rank for any count and strategy (``rows_for``: DDP buckets, FSDP's shards and gathered blocks, an
-offloaded optimizer). QLoRA is the LoRA trace with the decoder layers' linear weights at 4 bits.
+offloaded optimizer). QLoRA is a fourth trace, the LoRA one with its base loaded through bitsandbytes (nf4,
+double-quantised, bf16 compute: the packed weights and their statistics, the dequantised temporaries, peft's
+upcasts); without bitsandbytes installed, the LoRA trace with the decoder layers' linear weights at 4 bits.
 The memory checked is the training run's phases (load, both steps, validation, checkpoint); the
 artifact export and its reload check load the whole merged model and can run on the host, so they
 are reported, not required.
@@ -20,6 +22,7 @@ price, or a whole-day plan that holds it less ``hardware.reserve``, whichever is
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import time
 
@@ -30,14 +33,17 @@ from pilotrun.probe.trace import rows_for, traced
 from pilotrun.sheet import plan as P
 from pilotrun.sheet.catalogue import CATALOGUE
 from pilotrun.sheet.gpu_memory import HEADROOM_FRACTION, need_bytes, overheads
-from pilotrun.sheet.option_time import BUS_GBS, HOST_GBS, HOST_PARAMS_S, NODE_GBS, QLORA_SLOWER, campaign_seconds
+from pilotrun.sheet.option_time import BUS_GBS, HOST_GBS, HOST_PARAMS_S, NODE_GBS, QLORA_SLOWER, active_counts, \
+    campaign_seconds
 from pilotrun.sheet.rates import rent
 from pilotrun.sheet.shape import budget_tokens, eval_tokens
+from pilotrun.tasks.base import BUILTIN_TASKS
 
 COUNTS = (1, 2, 4, 8)  # GPUs on one node
 NODES = (2, 4, 8)  # nodes of 8, tried for a GPU only when nothing that keeps the question fits one node
 LORA_R = 16
-NF4_BYTES = 0.5 + 0.016  # 4 bits per weight plus the double-quantized block constants
+NF4_BYTES = 0.5 + 0.016  # 4 bits per weight plus the double-quantized block constants (the fallback's)
+QLORA = {"model.quantization": {"bits": 4, "type": "nf4", "double_quant": True, "compute_dtype": "bfloat16"}}
 TRAINING = names("load", "train", "eval", "save")  # the training run's phases; export and reload are reported
 KEEPS = "keeps the experiment"
 HOST_UNITS = ("run_overhead",) + P.HOST_KINDS  # time-plan terms kept as measured on any option
@@ -54,7 +60,7 @@ OPTIONS = (
      False),
     ("lora", "LoRA r={r} + checkpointing", "LoRA+ckpt", "lora", "ddp", False, False),
     ("fsdp_lora", "LoRA r={r} + FSDP + checkpointing", "LoRA+FSDP+ckpt", "lora", "fsdp", False, False),
-    ("qlora", "QLoRA 4-bit r={r} + checkpointing", "QLoRA+ckpt", "lora", "ddp", False, True),
+    ("qlora", "QLoRA 4-bit r={r} + checkpointing", "QLoRA+ckpt", "qlora", "ddp", False, True),
 )
 # tensor parallel within a node × FSDP across nodes: only over nodes, only where the architecture has a TP plan
 TP_OPTIONS = (
@@ -62,6 +68,18 @@ TP_OPTIONS = (
     ("tp_fsdp_ckpt", "tensor parallel ×{t} + FSDP across nodes + checkpointing", "TP+FSDP+ckpt", "ckpt", "tp_fsdp",
      False, False),
 )
+# expert parallel × FSDP: a mixture of experts' routed experts split over e GPUs of a node, the rest FSDP over all
+EP_OPTIONS = (
+    ("ep_fsdp", "expert parallel ×{e} + FSDP", "EP+FSDP", "written", "ep_fsdp", False, False),
+    ("ep_fsdp_ckpt", "expert parallel ×{e} + FSDP + checkpointing", "EP+FSDP+ckpt", "ckpt", "ep_fsdp", False,
+     False),
+)
+EP_NOTE = ("memory estimated, not measured: the routed experts' parameters and gradients ÷ the EP degree (each GPU "
+           "holds experts/EP of every MoE layer whole, never gathered), their optimizer state and every other "
+           "parameter, gradient and optimizer state ÷ all the GPUs (FSDP; a distributed optimizer over the experts' "
+           "replicas); activations per GPU as FSDP's, plus the routing worst case: dropless routing (transformers', "
+           "the HF Trainer's, Axolotl's) lets every token of the EP group reach one GPU's experts, so that GPU's "
+           "expert activations are sized × EP; pilotrun does not train with EP")
 TP_NOTE = ("memory estimated, not measured: parameters, gradients and optimizer state ÷ the TP × FSDP ranks, "
            "activations ÷ the TP degree (pilotrun does not train with TP; transformers' TP plan, run on 2 CPU ranks "
            "over gloo in tests/test_tp_gloo.py, splits the parameters so, all but the norms)")
@@ -75,6 +93,8 @@ MEANINGS = {
     "tp_fsdp": "tensor parallel within a node (each layer's matmuls split over its GPUs, the architecture's TP "
                "plan) × FSDP across nodes: one data rank per node, so accumulation ÷ nodes keeps the effective "
                "batch; same updates, all-reduces of activations within the node",
+    "ep_fsdp": "expert parallel (a mixture of experts' routed experts split over the GPUs of a node, each token "
+               "sent to its experts' GPU and back) × FSDP for the rest: same updates, all-to-alls per MoE layer",
     "lora": "trains an adapter, not the model: a different experiment",
     "qlora": "trains an adapter on a 4-bit copy of the base: a different experiment (needs bitsandbytes and a "
              "CUDA GPU; merging for export restores a bf16 model)",
@@ -89,7 +109,16 @@ def _variants(loaded, r: int) -> dict:
         lora = ckpt
     else:
         lora = ckpt.with_overrides({"model.adapter": {"kind": "lora", "r": r}})
-    return {"written": loaded, "ckpt": ckpt, "lora": lora}
+    out = {"written": loaded, "ckpt": ckpt, "lora": lora}
+    if c.model.quantization is None:  # already quantised: "as written" is the QLoRA row
+        # QLoRA as users run it (bitsandbytes nf4, double-quantised, bf16 compute), traced through bitsandbytes'
+        # own layers; without bitsandbytes (or for a custom task) the LoRA trace with its linear weights at 4 bits
+        if importlib.util.find_spec("bitsandbytes") is not None and c.task in BUILTIN_TASKS:
+            strategy = {"train.strategy": "ddp"} if c.train.strategy == "fsdp" else {}
+            out["qlora"] = lora.with_overrides({**QLORA, **strategy})
+        else:
+            out["qlora"] = lora
+    return out
 
 
 def options_table(loaded, *, prep=None, rates: dict | None = None, lora_r: int | None = None,
@@ -121,6 +150,7 @@ def options_table(loaded, *, prep=None, rates: dict | None = None, lora_r: int |
     work["net"] = (rates or {}).get("interconnect") or {}
     tp = tp_degree(c.model)
     work["tp"] = tp
+    work["hidden"] = (_config_dict(c.model) or {}).get("hidden_size") or 0
     effective = examples_per_update(c.train)
     cache: dict = {}
     args = (traces, cache, work, effective, r, c, adapter is not None, gpus or CATALOGUE)
@@ -133,6 +163,17 @@ def options_table(loaded, *, prep=None, rates: dict | None = None, lora_r: int |
     else:
         skipped = ("activation checkpointing not evaluated: the campaign as written fits every GPU and count "
                    "planned, and checkpointing only adds compute")
+    # QLoRA runs on the same GPUs as LoRA, slower: traced only where LoRA (the campaign's own adapter as written)
+    # does not fit somewhere, as checkpointing is
+    lora_keys = ("written", "ckpt", "lora") if adapter is not None else ("lora",)
+    if "qlora" in variants:
+        if any(x["trace"] in lora_keys and x["precision_ok"] and not x["fits"] for x in rows):
+            need("qlora")
+            rows = _rows(*args)
+        else:
+            said = (f"QLoRA not evaluated: {'the adapter as written' if adapter is not None else 'LoRA'} fits every "
+                    "GPU and count planned, and QLoRA only adds compute on the same GPUs")
+            skipped = f"{skipped}; {said}" if skipped else said
     for g in gpus or CATALOGUE:
         ours = [x for x in rows if x["gpu"] == g.key]
         if pilot is not None and ours:
@@ -146,16 +187,16 @@ def options_table(loaded, *, prep=None, rates: dict | None = None, lora_r: int |
     return {"rows": rows, "shown": shown, "recommended": rec, "cheapest": cheap if cheap is not rec else None,
             "by": by, "currency": (rates or {}).get("currency", ""), "rates": (rates or {}).get("path"),
             "lora_r": r, "meanings": MEANINGS, "params": traces["written"]["params"],
-            "assumptions": _assumptions(pilot, work["net"]), "effective_batch": effective,
+            "moe": moe_facts(traces["written"]),
+            "assumptions": _assumptions(pilot, work["net"], moe_facts(traces["written"])),
+            "effective_batch": effective,
             "counted": traces["written"].get("counted"), "pilot_run": (pilot or {}).get("run"),
             "skipped": skipped, "left_out": left_out, "tp": tp, "shapes": prep.shapes_said(),
             "why_none": None if rec else why_none(rows, tp, effective), "wall_s": time.perf_counter() - started}
 
 
-def tp_degree(model) -> dict:
-    """{"degree": t, "why": None} for an architecture whose transformers config class carries a tensor-parallel
-    plan (``base_model_tp_plan``) and whose attention and key/value heads t ∈ (8, 4, 2) divides (the largest);
-    else {"degree": None, "why": the reason}."""
+def _config_dict(model) -> dict | None:
+    """model.config, or model.path's config.json, as a dict (with model.config_overrides); None when unreadable."""
     import json
     from pathlib import Path
 
@@ -165,6 +206,36 @@ def tp_degree(model) -> dict:
             cfg = json.loads((Path(model.path) / "config.json").read_text())
         except (OSError, ValueError):
             cfg = None
+    if isinstance(cfg, dict) and getattr(model, "config_overrides", None):
+        cfg = {**cfg, **model.config_overrides}
+    return cfg if isinstance(cfg, dict) else None
+
+
+def moe_facts(tr: dict) -> dict | None:
+    """A mixture of experts' parameters as the table uses them: ``total`` for memory (every expert is held),
+    ``active`` for compute (a token runs through its top_k experts), the experts and how many a token is sent to;
+    None for a dense model."""
+    if not tr.get("experts"):
+        return None
+    params, trainable = active_counts(tr)
+    return {"total": tr["params"], "active": params, "active_trainable": trainable, "experts": tr["experts"],
+            "top_k": tr["top_k"], "moe_layers": tr["moe_layers"], "expert_params": tr["expert_params"]}
+
+
+def ep_degree(experts: int, n: int) -> int | None:
+    """The expert-parallel degree on ``n`` GPUs: the largest of 8, 4, 2 that divides the experts and the GPUs
+    and fits one node (an EP group's all-to-alls stay on the node's interconnect); None for a dense model or when
+    none divides."""
+    if not experts or n < 2:
+        return None
+    return next((e for e in (8, 4, 2) if e <= min(n, 8) and experts % e == 0 and n % e == 0), None)
+
+
+def tp_degree(model) -> dict:
+    """{"degree": t, "why": None} for an architecture whose transformers config class carries a tensor-parallel
+    plan (``base_model_tp_plan``) and whose attention and key/value heads t ∈ (8, 4, 2) divides (the largest);
+    else {"degree": None, "why": the reason}."""
+    cfg = _config_dict(model)
     if not isinstance(cfg, dict) or not cfg.get("model_type"):
         return {"degree": None, "why": "no model config with a model_type to look up a tensor-parallel plan in"}
     from transformers import CONFIG_MAPPING
@@ -216,11 +287,12 @@ def _rows(traces, cache, work, effective, r, c, has_adapter, gpus) -> list[dict]
             if n > 8 and fitted:
                 break
             t = work["tp"]["degree"] if n > 8 else None
-            for opt in OPTIONS + (TP_OPTIONS if t else ()):
+            e = ep_degree(traces["written"].get("experts") or 0, n)
+            for opt in OPTIONS + (TP_OPTIONS if t else ()) + (EP_OPTIONS if e else ()):
                 if opt[3] not in traces:
                     continue
                 row = _evaluate(opt, g, n // 8 * t if opt[4] == "tp_fsdp" else n, traces, cache, work, effective,
-                                r, c, has_adapter, t if opt[4] == "tp_fsdp" else 1)
+                                r, c, has_adapter, t if opt[4] == "tp_fsdp" else 1, e if opt[4] == "ep_fsdp" else 1)
                 if row is None:
                     continue
                 rows.append(row)
@@ -318,20 +390,20 @@ def _ranks_of(t) -> int:
     return data_parallel_ranks(t)
 
 
-def _evaluate(opt, g, n, traces, cache, work, effective, r, c, has_adapter, tp: int = 1) -> dict | None:
+def _evaluate(opt, g, n, traces, cache, work, effective, r, c, has_adapter, tp: int = 1, ep: int = 1) -> dict | None:
     """One row: the option at ``n`` GPUs (``_at_count``, computed once per option and count whatever the GPU)
     priced on ``g``: its memory need with g's overheads, its time at g's rate and bus."""
-    at = _at_count(opt, n, traces, cache, effective, c, has_adapter, tp)
+    at = _at_count(opt, n, traces, cache, effective, c, has_adapter, tp, ep, work.get("hidden") or 0)
     if at is None:
         return None
     need = need_bytes(at["peak"], sum(o["bytes"] for o in overheads(g, n)))
     seconds, how = campaign_seconds(g, n, at["tr"], at["strategy"] if n > 1 else "single", at["offload"],
-                                    at["qlora"], work, math.ceil(at["acc_n"]))
+                                    at["qlora"], dict(work, ep=ep), math.ceil(at["acc_n"]))
     precision_ok = g.bf16 or work["precision"] not in ("bf16-mixed", "bf16-true")
     fits = need <= g.memory_bytes and precision_ok
-    extra = {"tp": tp, "note": TP_NOTE} if tp > 1 else {}
+    extra = {"tp": tp, "note": TP_NOTE} if tp > 1 else {"ep": ep, "note": EP_NOTE} if ep > 1 else {}
     return {"gpu": g.key, "name": g.name, "count": n, "nodes": at["data"] if tp > 1 else max(1, n // 8),
-            "option": at["key"], "label": at["label"].format(r=r, t=tp), "short": at["short"],
+            "option": at["key"], "label": at["label"].format(r=r, t=tp, e=ep), "short": at["short"],
             "gpu_memory": g.memory_bytes, **extra, "trace": at["trace_key"], "peak": at["peak"], "need": need,
             "phase": at["phase"], "fits": fits, "precision_ok": precision_ok,
             "export_peak": at["export_peak"], "export_phase": at["export_phase"],
@@ -340,7 +412,8 @@ def _evaluate(opt, g, n, traces, cache, work, effective, r, c, has_adapter, tp: 
             "memory_from": "predicted: the estimator (fake tensors) replayed through the caching allocator", "accumulation": max(1, round(at["acc_n"]))}
 
 
-def _at_count(opt, n, traces, cache, effective, c, has_adapter, tp: int = 1) -> dict | None:
+def _at_count(opt, n, traces, cache, effective, c, has_adapter, tp: int = 1, ep: int = 1,
+              hidden: int = 0) -> dict | None:
     """What an option is at ``n`` GPUs whatever the GPU: one rank's memory rows (``rows_for``; QLoRA's weights at
     4 bits), the training phases' peak, the export's, the accumulation that keeps the effective batch and what
     the option changes in the experiment; None where the option does not apply. Kept in ``cache``."""
@@ -355,6 +428,8 @@ def _at_count(opt, n, traces, cache, effective, c, has_adapter, tp: int = 1) -> 
         strategy = "fsdp"
     tr = traces[trace_key]
     rows = _memory_rows(tr, cache, trace_key, n, strategy, offload, qlora, tp)
+    if strategy == "ep_fsdp":
+        rows = with_expert_parallel(rows, tr, n, ep, c.train.precision, hidden)
     train = [x for x in rows if x["phase"] in TRAINING]
     top = max(train, key=lambda x: P.row_peak(x) or 0)
     after = max((x for x in rows if x["phase"] not in TRAINING), key=lambda x: P.row_peak(x) or 0)
@@ -380,11 +455,59 @@ def _memory_rows(tr, cache, trace_key, n, strategy, offload, qlora, tp) -> list[
     """One rank's rows of a trace at ``n`` GPUs under a strategy (kept in ``cache``: options share them)."""
     ck = (trace_key, n, strategy if n > 1 else "single", offload, qlora)
     if ck not in cache:
-        rows = rows_for(tr, ranks=n, strategy="fsdp" if tp > 1 else ck[2], offload=offload, tp=tp)
-        if qlora:
+        fsdp = tp > 1 or ck[2] == "ep_fsdp"  # TP × FSDP and EP × FSDP start from FSDP's rows
+        rows = rows_for(tr, ranks=n, strategy="fsdp" if fsdp else ck[2], offload=offload, tp=tp)
+        if qlora and not tr.get("quantization"):  # the LoRA trace standing in for one through bitsandbytes
             rows = _quantized(rows, tr, n if ck[2] == "fsdp" else 1)
         cache[ck] = rows
     return cache[ck]
+
+
+def expert_activation_bytes(tr: dict, tokens: float, precision: str, hidden: int) -> float:
+    """What one GPU's MoE layers keep for the backward pass of ``tokens`` tokens routed to them: each of a token's
+    top_k copies holds its dispatched hidden state, the experts' gate-and-up output (two widths), the activation
+    and the down projection's output — (2 × hidden + 3 × expert width) per copy per MoE layer, the expert width
+    read back from the experts' parameters (3 × hidden × width per expert)."""
+    experts, layers, k = tr.get("experts") or 0, tr.get("moe_layers") or 0, tr.get("top_k") or 0
+    if not experts or not layers or not hidden:
+        return 0.0
+    width = tr["expert_params"] / layers / experts / (3 * hidden)
+    elem = 2 if precision.startswith(("bf16", "fp16")) else 4
+    return tokens * k * layers * (2 * hidden + 3 * width) * elem
+
+
+def with_expert_parallel(rows: list[dict], tr: dict, n: int, e: int, precision: str, hidden: int) -> list[dict]:
+    """FSDP's rows over ``n`` GPUs made expert parallel ×``e``: the routed experts' parameters and gradients ÷ e
+    instead of ÷ n (each GPU holds experts/e of every MoE layer whole), their optimizer state still ÷ n (a
+    distributed optimizer over their n/e replicas), no expert gathered with a block, and in the steps and the
+    validation the routing worst case: every token of the EP group sent to this GPU's experts (dropless routing
+    allows it), its expert activations × e."""
+    f_p = (tr.get("expert_bytes") or 0) / tr["param_bytes"] if tr["param_bytes"] else 0.0
+    f_t = (tr.get("expert_trainable_bytes") or 0) / tr["trainable_bytes"] if tr["trainable_bytes"] else 0.0
+    per_layer = (tr.get("expert_bytes") or 0) / max(1, tr.get("moe_layers") or 1)
+    step = tr["inputs"].get(names("train")[-1], {})
+    tokens = (step.get("micro_batch") or 0) * (step.get("seq_len") or 0)  # the widest micro-batch's forward
+    out = []
+    for x in rows:
+        y = dict(x)
+        resident = (x["parameters"] * f_p + x["gradients"] * f_t) * n * (1 / e - 1 / n)
+        y["parameters"] = x["parameters"] + x["parameters"] * f_p * n * (1 / e - 1 / n)
+        y["gradients"] = x["gradients"] + x["gradients"] * f_t * n * (1 / e - 1 / n)
+        delta = resident
+        if x["phase"] in names("train", "eval"):
+            skew = expert_activation_bytes(tr, tokens, precision, hidden) * (e - 1) if x["phase"] in names("train") \
+                else 0
+            delta += skew - 2 * per_layer  # the worst routing; the experts are never gathered with their block
+            y["activations"] = x["activations"] + skew
+            y["temporaries"] = x["temporaries"] - 2 * per_layer
+        for k in ("peak_allocated", "end_allocated", "peak_reserved", "end_reserved"):
+            if y.get(k) is not None:
+                y[k] = int(max(0, y[k] + (delta if k.startswith("peak") else resident)))
+        if y.get("baseline") is not None and x["phase"] != "load":
+            y["baseline"] = int(y["baseline"] + resident)
+        y["note"] = EP_NOTE
+        out.append(y)
+    return out
 
 
 def _quantized(rows: list[dict], tr: dict, shards: int) -> list[dict]:
@@ -404,7 +527,7 @@ def _quantized(rows: list[dict], tr: dict, shards: int) -> list[dict]:
     return out
 
 
-def _assumptions(pilot: dict | None = None, net: dict | None = None) -> list[str]:
+def _assumptions(pilot: dict | None = None, net: dict | None = None, moe: dict | None = None) -> list[str]:
     measured = [] if pilot is None else [
         f"from pilot {pilot['run']}: the campaign as written on {pilot['ranks']} GPU(s) takes the sheet's memory "
         f"figure ({'measured CUDA counters' if pilot.get('kind') == 'measured' else 'the same estimate'}) and the "
@@ -419,9 +542,18 @@ def _assumptions(pilot: dict | None = None, net: dict | None = None) -> list[str
             f"layer within the node (6 with checkpointing) and FSDP moves 3 × the TP shard across nodes; bus "
             f"bandwidth per GPU " + _net_words(net),
             "tensor parallel × FSDP: " + TP_NOTE,
+            *([] if not moe else [
+                f"a mixture of experts: compute with the {moe['active']:,} active parameters (every token through "
+                f"{moe['top_k']} of {moe['experts']} experts), memory with all {moe['total']:,}",
+                "expert parallel × FSDP: " + EP_NOTE + "; time assumes balanced routing (each GPU computes its own "
+                "tokens' share; the worst case would put the EP group's expert work on one GPU), plus the "
+                "dispatch and combine all-to-alls of every MoE layer (top_k copies of each token's hidden state, "
+                "4 per update, 6 with checkpointing) within the node, FSDP's 3 × the other parameters and the "
+                "experts' gradients reduced over their replicas"]),
             f"optimizer offload: gradients and parameters over PCIe at {HOST_GBS:g} GB/s and a host step at "
             f"{HOST_PARAMS_S:.0e} parameters/s",
-            f"QLoRA: {NF4_BYTES * 8:.2f} bits per decoder-layer linear weight, compute {QLORA_SLOWER:g}× slower",
+            f"QLoRA: traced through bitsandbytes (nf4, double-quantised, bf16 compute) when it is installed, else "
+            f"{NF4_BYTES * 8:.2f} bits per decoder-layer linear weight; compute {QLORA_SLOWER:g}× slower",
             f"memory: the training phases' peak reserved (the caching allocator's replay, cuBLAS's workspaces in it) "
             f"+ the CUDA context and NCCL buffers ≤ the GPU's memory less {HEADROOM_FRACTION:.0%} kept free "
             f"(sheet/gpu_memory.py); export and the reload check "

@@ -65,6 +65,18 @@ def _judged_by(table: dict) -> str:
     return "by GPU-hours; pass --rates FILE for cost"
 
 
+def params_said(table: dict) -> str:
+    """The model's parameters as the table uses them: a mixture of experts' total (memory holds every expert) and
+    active (a token computes with its top_k experts) apart."""
+    moe = table.get("moe")
+    if not moe:
+        return f"{table['params']:,} parameters"
+    return (f"{moe['total']:,} parameters in total, {moe['active']:,} active per token (a mixture of experts: "
+            f"{moe['experts']} routed experts in each of {moe['moe_layers']} MoE layers, {moe['top_k']} per token): "
+            "memory holds the total, compute runs the active; expert parallel rows split the routed experts "
+            f"({moe['expert_params']:,} parameters) by their EP degree and size each GPU for the routing worst case")
+
+
 def blocks(table: dict) -> list[tuple]:
     """The options section in the sheet's block form (sheet/render.py): a "rows" block is a table in
     Markdown and HTML and one line per row on a terminal."""
@@ -73,7 +85,7 @@ def blocks(table: dict) -> list[tuple]:
               f"{table['pilot_run']}'s figures where they exist (see Assumptions)" if table.get("pilot_run") else
               "memory from the estimator (fake tensors), time from the plan's arithmetic")
     out = [("h", "Options that fit (per GPU and count)"),
-           ("p", f"{table['params']:,} parameters; {source}" + (f"; {table['shapes']}" if table.get("shapes") else "")
+           ("p", f"{params_said(table)}; {source}" + (f"; {table['shapes']}" if table.get("shapes") else "")
                  + f". Recommended, the cheapest that keeps the question "
                  f"({_judged_by(table)}): {pick(rec, table)}."
                  + (f" Cheapest overall: {pick(cheap, table)} — {cheap['changes']}." if cheap else ""))]

@@ -33,6 +33,7 @@ from pilotrun.probe.estimate import Accountant, fake_build, unsharded_block_byte
 from pilotrun.probe.stream import ALL_GATHER_STREAM, CUBLAS_WORKSPACE, events
 from pilotrun.probe.trace import SHARDED
 from pilotrun.tasks.loading import positions_of
+from pilotrun.tasks.preference_loss import reference_of
 
 
 def model_max_positions(model) -> int | None:
@@ -47,7 +48,10 @@ def longest_record(prep) -> tuple[int, bool]:
     best, exact = 0, True
     for e in prep.train + prep.validation:
         full = e.length
-        if prep.c.task == "causal-lm" and len(e.labels) == len(e.input_ids):
+        if "rejected_full" in e.meta:  # a preference pair: its longer half, before the cut
+            full = max(full, e.meta["prompt_tokens"] + max(e.target_len_full, e.meta["rejected_full"]))
+            exact = exact and e.meta["prompt_tokens"] < limit
+        elif prep.c.task == "causal-lm" and len(e.labels) == len(e.input_ids):
             full = max(full, e.prompt_len + e.target_len_full)
             exact = exact and e.prompt_len < limit
         elif e.length >= limit:
@@ -56,14 +60,23 @@ def longest_record(prep) -> tuple[int, bool]:
     return best, exact
 
 
-def _synth(example, length: int, n: int) -> list:
-    """``n`` copies of ``example`` stretched or cut to ``length`` tokens: memory depends on shapes only."""
-    ids = (example.input_ids * (length // max(1, len(example.input_ids)) + 1))[:length]
-    labels = example.labels
-    if len(labels) == len(example.input_ids):  # one label per position (causal-lm)
+def _stretched(ids: list, labels: list, length: int) -> tuple[list, list]:
+    out = (ids * (length // max(1, len(ids)) + 1))[:length]
+    if len(labels) == len(ids):  # one label per position (causal-lm)
         labels = (labels * (length // max(1, len(labels)) + 1))[:length]
-        labels = [ids[i] if v < 0 else v for i, v in enumerate(labels)]  # every position a target
-    return [dataclasses.replace(example, input_ids=ids, labels=labels)] * n
+        labels = [out[i] if v < 0 else v for i, v in enumerate(labels)]  # every position a target
+    return out, labels
+
+
+def _synth(example, length: int, n: int) -> list:
+    """``n`` copies of ``example`` stretched or cut to ``length`` tokens: memory depends on shapes only. A preference
+    pair's two sequences both."""
+    ids, labels = _stretched(example.input_ids, example.labels, length)
+    meta = example.meta
+    if "rejected_ids" in meta:
+        r_ids, r_labels = _stretched(meta["rejected_ids"], meta["rejected_labels"], length)
+        meta = dict(meta, rejected_ids=r_ids, rejected_labels=r_labels)
+    return [dataclasses.replace(example, input_ids=ids, labels=labels, meta=meta)] * n
 
 
 class _Collated:
@@ -111,6 +124,8 @@ class Prober:
     def _batch(self, example, length: int, n: int) -> dict:
         import torch
 
+        if "rejected_ids" in example.meta:  # a pair collates to two rows, chosen then rejected: n pairs, built whole
+            return self.task.collate(_synth(example, length, n))
         one = self.task.collate(_synth(example, length, 1))
         return {k: v.expand(n, *v.shape[1:]) if isinstance(v, torch.Tensor) and v.dim() and v.shape[0] == 1
                 else (v * n if isinstance(v, list) else v) for k, v in one.items()}
@@ -124,9 +139,11 @@ class Prober:
         acc = Accountant("cuda")
         acc.cublas = {"forward": 0, "backward": 0}  # a steady step's threads hold their workspaces already
         params = list(self.model.parameters())
+        reference = reference_of(self.model)  # preference: the frozen copy, resident beside the policy
+        held = list(reference.parameters()) + list(reference.buffers()) if reference is not None else []
         with self.fake, acc.tracking(self.model):
             with acc.mark("probe"):
-                for p in params + list(self.model.buffers()):
+                for p in params + list(self.model.buffers()) + held:
                     acc.book(p, "parameters")
                 for p in params:
                     if grads_live and p.requires_grad:

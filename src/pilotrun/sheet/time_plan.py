@@ -86,6 +86,13 @@ def time_plan(sheet, c, t, rows, peaks, pilot, fits, target, ranks, rates) -> No
                      "target": target.key if target else None,
                      "why": P.time_reasons(u["scaling"], terms, [f["campaign_s"] for f in fits if f["fits"]]),
                      "source_gpu": source_gpu if isinstance(source_gpu, str) or source_gpu is None else source_gpu.key}
+    routing = (summary.get("time_model") or {}).get("routing")
+    if routing:  # a mixture of experts: which routing the update times are of
+        sheet["time"]["why"].append(
+            "Routing (a mixture of experts): the update times are those of the routing the model's router chose in "
+            f"the pilot (its worst-case update {P.fmt_duration(measured['steady_step']['seconds'])}); forced, the "
+            "same update took " + ", ".join(f"{P.fmt_duration(v['seconds'])} {mode}" for mode, v in routing.items())
+            + " (skewed: every token to the same top-k experts); the memory figures take the highest of the three")
     sheet["time"]["_terms"] = {g.key: plan_for(g)[1] for g in CATALOGUE}  # for the options table
     u_here, terms_here, per_run_here = plan_for(None)  # the pilot's own machine: nothing scaled
     sheet["time"]["here"] = {"units": u_here["units"], "terms": terms_here, "per_run_s": per_run_here}
@@ -118,7 +125,9 @@ def _unit_plan(c, t, rows, peaks, pilot, measured, counts):
     load_in = peaks["load"].get("inputs", {})
     su = peaks["steady_step"].get("inputs", {})
     ev = peaks["eval_longest"].get("inputs", {})
-    work = {"params": load_in.get("params"), "trainable": load_in.get("trainable") or load_in.get("params"),
+    # a mixture of experts computes with the parameters a token runs through (the pilot's load row says them)
+    params = load_in.get("active_params") or load_in.get("params")
+    work = {"params": params, "trainable": load_in.get("active_trainable") or load_in.get("trainable") or params,
             "tokens_update": su.get("micro_batch", t.micro_batch) * su.get("accumulation", t.accumulation)
             * su.get("seq_len", c.data.max_length),
             "tokens_eval": ev.get("eval_batch", t.eval_batch) * ev.get("seq_len", c.data.max_length),

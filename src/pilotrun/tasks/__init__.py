@@ -1,4 +1,4 @@
-"""Tasks: the Task protocol, the built-in causal-lm and seq-cls tasks, and custom tasks by import path."""
+"""Tasks: the Task protocol, the built-in causal-lm, seq-cls and preference tasks, and custom tasks by import path."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import importlib
 from pilotrun.errors import BadInput
 from pilotrun.tasks.base import IGNORE, REQUIRED_METHODS, Example, Task
 from pilotrun.tasks.causal_lm import CausalLMTask
+from pilotrun.tasks.preference import PreferenceTask
 from pilotrun.tasks.seq_cls import SeqClsTask
 from pilotrun.tasks.shapes import config_vocabulary
 
@@ -22,9 +23,11 @@ def make_task(loaded):
         return CausalLMTask(loaded, config_vocabulary(loaded.campaign))
     if name == "seq-cls":
         return SeqClsTask(loaded, config_vocabulary(loaded.campaign))
+    if name == "preference":
+        return PreferenceTask(loaded, config_vocabulary(loaded.campaign))
     if ":" not in name:
         raise BadInput(f"unknown task '{name}'", where="task",
-                       fix="use causal-lm, seq-cls or a Python task as package.module:Class")
+                       fix="use causal-lm, seq-cls, preference or a Python task as package.module:Class")
     module_name, _, cls_name = name.partition(":")
     try:
         module = _import_task_module(module_name, getattr(loaded, "base_dir", None))

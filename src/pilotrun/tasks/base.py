@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 IGNORE = -100  # the label value cross-entropy skips (torch's default ignore_index)
-BUILTIN_TASKS = ("causal-lm", "seq-cls")  # the tasks pilotrun builds itself; any other is package.module:Class
+BUILTIN_TASKS = ("causal-lm", "seq-cls", "preference")  # the tasks pilotrun builds itself; any other is package.module:Class
 
 
 @dataclass
@@ -42,7 +42,7 @@ class Example:
 
 @runtime_checkable
 class Task(Protocol):
-    """What a task provides. Built-in: causal-lm, seq-cls; custom: ``task: package.module:Class``.
+    """What a task provides. Built-in: causal-lm, seq-cls, preference; custom: ``task: package.module:Class``.
 
     A custom class is constructed as ``Class(campaign)`` with the :class:`LoadedCampaign`.
     """

@@ -51,8 +51,9 @@ def resolve(c, tokenizer, base_dir=None) -> tuple[str, str | None]:
     return "explicit", key
 
 
-def messages_of(record, msgs, name: str = "messages") -> list[dict]:
-    """The record's conversation as [{role, content}] (ShareGPT from/value and role aliases mapped)."""
+def messages_of(record, msgs, name: str = "messages", *, need_assistant: bool = True) -> list[dict]:
+    """The record's conversation as [{role, content}] (ShareGPT from/value and role aliases mapped); without
+    ``need_assistant`` a conversation with no assistant turn is accepted (a preference pair's prompt)."""
     if not isinstance(msgs, list) or not msgs:
         raise BadInput(f"field '{name}' must be a non-empty list of {{role, content}}", where=record.where,
                        fix="give each record a list of messages")
@@ -69,7 +70,7 @@ def messages_of(record, msgs, name: str = "messages") -> list[dict]:
                            f"{type(content if isinstance(content, (list, dict)) else role).__name__}, not text",
                            where=record.where, fix="give every message a string role and a string content")
         out.append({"role": ROLE_ALIASES.get(str(role), str(role)), "content": str(content)})
-    if not any(m["role"] == "assistant" for m in out):
+    if need_assistant and not any(m["role"] == "assistant" for m in out):
         raise BadInput("conversation has no assistant turn: nothing to train on", where=record.where,
                        fix="remove the record or add the assistant's reply")
     return out

@@ -14,6 +14,7 @@ from pilotrun.journal.base_identity import ATTR, describe_base
 from pilotrun.journal.files import reading_weights
 from pilotrun.tasks.hub import fetch_command, missing_weights, snapshot_of
 from pilotrun.tasks.moe import moe_parts
+from pilotrun.tasks import quantized
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
@@ -375,7 +376,7 @@ def _build_model(c, tokenizer, kind: str, labels: list[str] | None):
             config.pad_token_id = pad_id(tokenizer)
         torch.manual_seed(c.seed)  # weights the folder does not hold (a new head) are drawn under the campaign seed
         if shape_only is not None:
-            model = _from_config(auto, config, c, "model.path").to(dtype)
+            model = _quantized(_from_config(auto, config, c, "model.path").to(dtype), c)
         else:
             model = _from_folder(auto, path, config, c, dtype)
     elif c.model.config:
@@ -392,7 +393,7 @@ def _build_model(c, tokenizer, kind: str, labels: list[str] | None):
         if kind == "seq-cls":
             config.pad_token_id = pad_id(tokenizer)
         torch.manual_seed(c.seed)
-        model = _from_config(auto, config, c, "model.config").to(dtype)
+        model = _quantized(_from_config(auto, config, c, "model.config").to(dtype), c)
     else:
         raise BadInput("no model: set model.path (a local model folder) or model.config (random init)",
                        where="model", fix="see `pilotrun init` for both forms")
@@ -431,11 +432,25 @@ def _from_config(auto, config, c, where: str):
                        else "check config.json's sizes (save_pretrained writes them)") from None
 
 
+def _quantized(model, c):
+    """A model built from its config, quantised as ``from_pretrained`` would have loaded it (model.quantization)."""
+    if c.model.quantization is None or _on_meta(model):  # the meta builds name modules: the same names unquantised
+        return model
+    with quiet_transformers():
+        return quantized.quantize_in_place(model, c.model.quantization)
+
+
+def _on_meta(model) -> bool:
+    return any(p.device.type == "meta" for p in model.parameters())
+
+
 def _from_folder(auto, path: Path, config, c, dtype):
+    q = c.model.quantization
+    extra = {} if q is None else {"quantization_config": quantized.bnb_config(q), "device_map": "cpu"}
     try:
         with quiet_transformers():
             model = auto.from_pretrained(str(path), config=config, local_files_only=True, dtype=dtype,
-                                         use_safetensors=True, trust_remote_code=c.model.trust_remote_code)
+                                         use_safetensors=True, trust_remote_code=c.model.trust_remote_code, **extra)
     except Exception as e:
         raise BadInput(f"cannot load the model from {path}: {e}", where="model.path",
                        fix="check that the weights match config.json (save_pretrained writes both)") from None
@@ -450,18 +465,57 @@ def _finish(model, c, tokenizer, kind: str):
 
     check_max_length(c, model.config, c.model.path and f"{Path(c.model.path) / 'config.json'}" or "model.config")
     _check_vocab(model, tokenizer)
-    if c.train.precision == "bf16-true":
+    q = None if _on_meta(model) else c.model.quantization
+    if q is not None:
+        quantized.check_quantized(model, q, "model.path" if c.model.path else "model.config")
+    if c.train.precision == "bf16-true" and q is None:
         model = model.to(torch.bfloat16)
     with quiet_transformers():
-        if c.model.gradient_checkpointing:
+        if q is not None:
+            model = quantized.prepare(model, c)  # checkpointing too, as peft's prepare turns it on
+            if c.train.precision == "bf16-true":  # the quantised layers stay as they are; the rest in bf16
+                _to_bf16_unquantized(model)
+        elif c.model.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-            if hasattr(model.config, "use_cache"):
-                model.config.use_cache = False
+        if c.model.gradient_checkpointing and hasattr(model.config, "use_cache"):
+            model.config.use_cache = False
         if c.model.adapter is not None:
             torch.manual_seed(c.seed)  # the adapter's A matrices: two builds of one campaign are bitwise equal
             model = _apply_adapter(model, c.model.adapter, kind)
             setattr(model, ATTR, describe_base(c))  # checkpoints hold the adapter and name this base
     return model
+
+
+def _to_bf16_unquantized(model) -> None:
+    """bf16-true on a quantised base: every floating parameter and buffer that is not a quantised weight in bf16
+    (transformers refuses ``.to(dtype)`` on a quantised model)."""
+    import torch
+
+    with torch.no_grad():
+        for t in list(model.parameters()) + list(model.buffers()):
+            if t.is_floating_point() and t.dtype != torch.bfloat16 and not hasattr(t, "quant_state"):
+                t.data = t.data.to(torch.bfloat16)
+
+
+def no_dropout(model) -> int:
+    """Zero every dropout probability (modules and config values read at forward time); returns how many."""
+    import torch
+
+    n = 0
+    for m in model.modules():
+        if isinstance(m, torch.nn.Dropout) and m.p:
+            m.p, n = 0.0, n + 1
+        for attr in ("attention_dropout", "dropout", "dropout_p"):
+            if isinstance(getattr(m, attr, None), float) and getattr(m, attr):
+                setattr(m, attr, 0.0)
+                n += 1
+    configs = (getattr(m, "config", None) for m in model.modules())
+    for cfg in {id(c): c for c in configs if hasattr(c, "__dict__")}.values():  # a custom model's dict config has none
+        for key, value in list(vars(cfg).items()):
+            if "dropout" in key and isinstance(value, float) and value:
+                setattr(cfg, key, 0.0)
+                n += 1
+    return n
 
 
 def touch_weights(model) -> None:
@@ -588,7 +642,7 @@ def load_hf_artifact(c, tokenizer, kind: str, path, labels: list[str] | None = N
             from peft import AutoPeftModelForCausalLM, AutoPeftModelForSequenceClassification, PeftModel
 
             base = json.loads((path / "adapter_config.json").read_text()).get("base_model_name_or_path")
-            if base and Path(base).is_dir():
+            if base and Path(base).is_dir() and c.model.quantization is None:  # a quantised base: built below
                 auto = AutoPeftModelForCausalLM if kind == "causal-lm" else AutoPeftModelForSequenceClassification
                 return auto.from_pretrained(str(path), local_files_only=True)
             plain = c.model_copy(update={"model": c.model.model_copy(update={"adapter": None})})
@@ -615,7 +669,11 @@ def save_hf_artifact(model, tokenizer, out_dir, *, merged: bool = False) -> list
         if merged:
             import copy
 
-            full = copy.deepcopy(model).merge_and_unload()
+            full, said = quantized.merged_dequantized(copy.deepcopy(model))
+            if said:
+                full.config.pilotrun_dequantized = said  # config.json says what the merged weights are
+            else:
+                full = copy.deepcopy(model).merge_and_unload()
             full.save_pretrained(str(out_dir / "merged"), safe_serialization=True)
             tokenizer.save_pretrained(str(out_dir / "merged"))
             written.append("merged")

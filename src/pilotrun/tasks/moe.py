@@ -77,3 +77,97 @@ def adapted_moe_parts(parts: tuple[list[str], list[str]], adapted: list[str]) ->
     def hit(names):
         return sorted({n.rpartition(".")[2] for n in names if any(a == n or a.endswith("." + n) for a in adapted)})
     return hit(routers), hit(experts)
+
+
+def top_k_of(config) -> int | None:
+    """Experts each token is routed to (``num_experts_per_tok``; ``moe_topk`` / ``top_k`` in a few families)."""
+    for key in ("num_experts_per_tok", "moe_topk", "top_k", "num_experts_per_token"):
+        k = getattr(config, key, None)
+        if isinstance(k, int) and not isinstance(k, bool) and k > 0:
+            return k
+    return None
+
+
+def expert_counts(model) -> dict:
+    """The routed experts of a model as the options table and the time plan need them: ``experts`` (per MoE layer),
+    ``top_k``, ``moe_layers`` (banks), their parameters and bytes (``expert_params``, ``expert_bytes``) and the
+    trainable part (``expert_trainable``, ``expert_trainable_bytes``); all 0 for a dense model. A shared expert is
+    not routed: every token runs it, so it counts as an ordinary (active) parameter."""
+    _, banks = moe_parts(model)
+    out = {"experts": 0, "top_k": 0, "moe_layers": len(banks), "expert_params": 0, "expert_bytes": 0,
+           "expert_trainable": 0, "expert_trainable_bytes": 0}
+    if not banks:
+        return out
+    modules = dict(model.named_modules())
+    for name in banks:
+        for p in modules[name].parameters():
+            n = p.numel()
+            out["expert_params"] += n
+            out["expert_bytes"] += n * p.element_size()
+            if p.requires_grad:
+                out["expert_trainable"] += n
+                out["expert_trainable_bytes"] += n * p.element_size()
+            if p.dim() == 3:
+                out["experts"] = max(out["experts"], int(p.shape[0]))
+    config = getattr(model, "config", None)
+    out["top_k"] = top_k_of(config) or 0
+    return out
+
+
+def active(total: int, routed: int, experts: int, top_k: int) -> int:
+    """Parameters a token runs through: all but the routed experts it is not sent to (``total`` less
+    ``routed`` × (1 − top_k / experts)); ``total`` for a dense model."""
+    if not experts or not top_k or not routed:
+        return total
+    return int(round(total - routed * (1 - min(top_k, experts) / experts)))
+
+
+ROUTINGS = ("balanced", "skewed")
+
+
+@contextmanager
+def forced_routing(model, mode: str):
+    """Inside, every expert bank receives the routing ``mode`` names instead of its router's choice (the routing
+    weights stay the router's): ``balanced``, token i's j-th choice is expert (i·k + j) mod E, so every expert gets
+    the same number of tokens; ``skewed``, every token goes to experts 0..k−1, the worst a dropless router (no
+    capacity factor: transformers', the trainers') allows. Yields how many banks were forced: 0 where no bank takes
+    an expert index (Llama 4's experts compute every token, weighted by its score: routing changes no cost)."""
+    import torch
+
+    _, banks = moe_parts(model)
+    modules = dict(model.named_modules())
+    forced = []
+
+    def hook(module, args, kwargs):
+        if len(args) < 2 or not isinstance(args[1], torch.Tensor) or args[1].is_floating_point():
+            return None
+        index = args[1]
+        experts = next((int(p.shape[0]) for p in module.parameters() if p.dim() == 3), 0)
+        if not experts or index.dim() != 2:
+            return None
+        tokens, k = index.shape
+        if mode == "balanced":
+            new = torch.arange(tokens * k, device=index.device).view(tokens, k) % experts
+        else:
+            new = torch.arange(k, device=index.device).expand(tokens, k)
+        return (args[0], new.to(index.dtype).contiguous(), *args[2:]), kwargs
+
+    handles = []
+    for name in banks:
+        handles.append(modules[name].register_forward_pre_hook(hook, with_kwargs=True))
+        forced.append(name)
+    try:
+        yield len([n for n in forced if _takes_index(modules[n])])
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def _takes_index(module) -> bool:
+    """Whether an expert bank's forward takes the routers' expert indices (hidden, index, weights)."""
+    import inspect
+
+    try:
+        return len(inspect.signature(module.forward).parameters) >= 3
+    except (TypeError, ValueError):
+        return False

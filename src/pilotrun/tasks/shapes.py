@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pilotrun.errors import BadInput
+from pilotrun.tasks.preference import PairExample
 from pilotrun.tasks.base import IGNORE, Example
 
 # the files AutoTokenizer reads a tokenizer from; a folder with none of them holds no tokenizer
@@ -91,13 +92,19 @@ class ConfigVocabulary:
 
 def shape_examples(kind: str, count: int, length: int, vocab: int, split: str) -> list[Example]:
     """``count`` rows of ``length`` tokens, the last a token shorter when there are two or more (so the worst case
-    holds a padded batch); causal-lm: every token a target but the first, seq-cls: class 0."""
+    holds a padded batch); causal-lm: every token a target but the first, seq-cls: class 0; preference: a pair of two
+    such rows."""
     rows = []
     for k in range(count):
         n = max(1, length - 1) if k == count - 1 and count > 1 else length
         ids = [(i % (vocab - 1)) + 1 if vocab > 1 else 0 for i in range(n)]
-        labels = list(ids) if kind == "causal-lm" else [0]
-        if kind == "causal-lm" and n > 1:
+        labels = list(ids) if kind in ("causal-lm", "preference") else [0]
+        if kind in ("causal-lm", "preference") and n > 1:
             labels[0] = IGNORE  # the first token is predicted by nothing
-        rows.append(Example(ids, labels, f"{split}:shape {k + 1}", prompt_len=1, target_len_full=n - 1))
+        where = f"{split}:shape {k + 1}"
+        if kind == "preference":
+            rows.append(PairExample(ids, labels, where, prompt_len=1, target_len_full=n - 1, meta={
+                "rejected_ids": list(ids), "rejected_labels": list(labels), "rejected_full": n - 1, "prompt_tokens": 1}))
+        else:
+            rows.append(Example(ids, labels, where, prompt_len=1, target_len_full=n - 1))
     return rows

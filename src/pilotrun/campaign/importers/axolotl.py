@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from pilotrun.campaign.importers import rl, schemas
+from pilotrun.campaign.importers import preference, rl, schemas
 from pilotrun.campaign.importers.axolotl_data import axolotl_data
 from pilotrun.campaign.importers.builder import Builder, empty
 from pilotrun.campaign.importers.keys import check_keys, unknown_reason
-from pilotrun.campaign.importers.reasons import AXOLOTL_REASONS, reason
+from pilotrun.campaign.importers.reasons import AXOLOTL_REASONS, PLUGIN_ARGUMENT_REASONS, reason
 from pilotrun.campaign.importers.settings import optimizer, precision, schedule, strategy_from_deepspeed
 from pilotrun.tasks.hub import is_hub_id
 
@@ -47,7 +47,8 @@ def check_axolotl_keys(raw: dict[str, Any], b: Builder) -> set[str]:
         handled.add(k)
         plugin = schemas.plugin_of(k) or "a plugin"
         if any(p.startswith(plugin) for p in loaded):
-            b.skip(k, raw[k], f"an argument of the plugin {plugin}, which the rehearsal does not run")
+            b.skip(k, raw[k], PLUGIN_ARGUMENT_REASONS.get(k) or f"an argument of the plugin {plugin}, which the "
+                                                                "rehearsal does not run")
         else:
             b.skip(k, raw[k], f"an argument of the plugin {plugin}, which the file does not load (plugins:): "
                               "Axolotl ignores it too")
@@ -67,7 +68,7 @@ def check_axolotl_keys(raw: dict[str, Any], b: Builder) -> set[str]:
 def import_axolotl(raw: dict[str, Any], b: Builder) -> None:
     handled = check_axolotl_keys(raw, b)
     for key in ("rl", "reward_model", "process_reward_model"):  # never a supervised campaign (rl.py)
-        if raw.get(key):
+        if raw.get(key) and not (key == "rl" and preference.carries(raw[key])):  # dpo, ipo, orpo, simpo: preference.py
             rl.refuse(b, key, raw[key])
             return
     if raw.get("processor_type") or raw.get("is_multimodal"):
@@ -113,7 +114,10 @@ def import_axolotl(raw: dict[str, Any], b: Builder) -> None:
     _distribution(raw, b, get)
 
     # the data
-    axolotl_data(raw, b, used)
+    if preference.carries(raw.get("rl")):
+        preference.axolotl(raw, b, used)  # rl: its keys, and the data set's prompt and two answers
+    else:
+        axolotl_data(raw, b, used)
     seq, src = value_or_default("sequence_len")
     b.put(src, "data.max_length", int(seq))
     if get("train_on_inputs"):
@@ -165,6 +169,7 @@ def import_axolotl(raw: dict[str, Any], b: Builder) -> None:
         b.put("bfloat16", "train.precision", "bf16-true")
     if get("seed") is not None:
         b.put("seed", "seed", int(raw["seed"]))
+    _quantized_base(raw, b, get)
 
     for k, v in raw.items():
         if k in used or k in handled or empty(v) or v is False:
@@ -184,6 +189,10 @@ def _model(raw: dict[str, Any], b: Builder, get) -> None:
               else b.local_path("tokenizer_config", tok))
     if get("trust_remote_code"):
         b.put("trust_remote_code", "model.trust_remote_code", True)
+    for key in ("overrides_of_model_config", "model_config"):  # model_config: Axolotl's alias
+        overrides = get(key)
+        if isinstance(overrides, dict) and overrides:  # e.g. a mixture of experts' output_router_logits
+            b.put(key, "model.config_overrides", dict(overrides))
     gc = get("gradient_checkpointing")
     if gc:
         b.put("gradient_checkpointing", "model.gradient_checkpointing", True,
@@ -194,7 +203,9 @@ def _model(raw: dict[str, Any], b: Builder, get) -> None:
     for k in ("lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "lora_target_linear"):
         get(k)
     if adapter in ("lora", "qlora"):
-        b.put("adapter", "model.adapter.kind", "lora", "QLoRA's 4-bit base: see load_in_4bit" if adapter == "qlora" else "")
+        b.put("adapter", "model.adapter.kind", "lora", "" if adapter == "lora" else "QLoRA: the 4-bit base is "
+              "load_in_4bit's (model.quantization)" if raw.get("load_in_4bit") else "qlora without load_in_4bit: "
+              "Axolotl loads the base unquantised, and so does the rehearsal")
         if raw.get("lora_r") is not None:
             b.put("lora_r", "model.adapter.r", int(raw["lora_r"]))
         if raw.get("lora_alpha") is not None:
@@ -209,11 +220,53 @@ def _model(raw: dict[str, Any], b: Builder, get) -> None:
         elif raw.get("lora_target_modules"):
             tm = raw["lora_target_modules"]
             b.put("lora_target_modules", "model.adapter.target_modules", [tm] if isinstance(tm, str) else list(tm))
-        if adapter == "qlora" and not raw.get("load_in_4bit"):
-            b.skip("adapter", adapter, AXOLOTL_REASONS["load_in_4bit"])
     elif adapter:
         b.skip("adapter", adapter, f"the {adapter} adapter is not rehearsed: the rehearsal trains the full model, so "
                                    "its gradient and optimizer memory is far larger than the rental's")
+
+
+FSDP_QUANTIZED = ("the source shards a quantised base with FSDP (FSDP-QLoRA: 4-bit weights stored in bf16 so FSDP "
+                  "can shard them), which the rehearsal does not: it holds the base in model.dtype under FSDP, so "
+                  "its weight memory is about 4x (bf16) the rental's; `pilotrun estimate --options` prices QLoRA")
+_BNB_4BIT = {"bnb_4bit_quant_type": "type", "bnb_4bit_use_double_quant": "double_quant",
+             "bnb_4bit_compute_dtype": "compute_dtype"}
+
+
+def _quantized_base(raw: dict[str, Any], b: Builder, get) -> None:
+    """load_in_4bit / load_in_8bit: the base as Axolotl's QLoRA loads it (BitsAndBytesConfig: nf4, double-quantised,
+    computing in the training dtype), with bnb_config_kwargs' 4-bit settings over those defaults."""
+    four, eight, kwargs = get("load_in_4bit"), get("load_in_8bit"), get("bnb_config_kwargs")
+    if not (four or eight):
+        if kwargs:
+            b.skip("bnb_config_kwargs", kwargs, "no load_in_4bit or load_in_8bit: nothing is quantised in the source")
+        return
+    if b.c["train"].get("strategy") == "fsdp":  # FSDP-QLoRA: bf16-stored 4-bit shards, which pilotrun does not shard
+        b.skip("load_in_4bit" if four else "load_in_8bit", True, FSDP_QUANTIZED)
+        return
+    if four and eight:
+        b.skip("load_in_8bit", True, "load_in_4bit wins: the base is rehearsed in 4 bits")
+    if not four:
+        b.put("load_in_8bit", "model.quantization", {"bits": 8}, "bitsandbytes LLM.int8()")
+        if kwargs:
+            b.skip("bnb_config_kwargs", kwargs, "8-bit's settings (thresholds, fp16 weights) are bitsandbytes' "
+                                                "defaults in the rehearsal")
+        return
+    dtype = b.c["model"].get("dtype") or "float32"
+    q = {"bits": 4, "type": "nf4", "double_quant": True, "compute_dtype": dtype}
+    b.put("load_in_4bit", "model.quantization", q, f"Axolotl's QLoRA base: nf4, double-quantised, computing in "
+                                                   f"the training dtype ({dtype})")
+    for k, v in (kwargs or {}).items() if isinstance(kwargs, dict) else []:
+        key = _BNB_4BIT.get(k)
+        if key is None:
+            b.skip(f"bnb_config_kwargs.{k}", v, "bnb_4bit_quant_storage packs the same 4-bit bytes in another dtype "
+                   "(memory alike)" if k == "bnb_4bit_quant_storage" else "a bitsandbytes setting the rehearsal "
+                   "keeps at its default")
+            continue
+        value = str(v).removeprefix("torch.") if key == "compute_dtype" else v
+        if key == "compute_dtype" and value not in ("float32", "bfloat16", "float16"):
+            value = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}.get(str(value), value)
+        q[key] = value
+        b.put(f"bnb_config_kwargs.{k}", f"model.quantization.{key}", value)
 
 
 def _distribution(raw: dict[str, Any], b: Builder, get) -> None:

@@ -37,7 +37,10 @@ CHAT = ("chat_template", "sharegpt", "messages")  # conversation strategies: a f
 KNOWN_TYPES = "alpaca[:style], alpaca_chat, gpteacher, oasst, summarizetldr, completion, chat_template, sharegpt"
 
 
-def axolotl_data(raw: dict[str, Any], b: Builder, used: set[str]) -> None:
+def axolotl_data(raw: dict[str, Any], b: Builder, used: set[str], read_fields=None) -> None:
+    """The data sets' files, and their fields as ``read_fields`` reads a type (default: the supervised types;
+    importers/preference.py passes its own)."""
+    read_fields = read_fields or _fields
     used.update(("datasets", "test_datasets", "chat_template", "chat_template_jinja", "val_set_size",
                  "pretraining_dataset", "streaming"))
     datasets, group = raw.get("datasets") or [], "datasets"
@@ -55,7 +58,7 @@ def axolotl_data(raw: dict[str, Any], b: Builder, used: set[str]) -> None:
     d = datasets[0] if isinstance(datasets[0], dict) else {"path": datasets[0]}
     if group == "pretraining_dataset":  # streamed text: a completion data set of its text column
         d = dict(d, type="completion", field=d.get("text_column") or "text")
-    _one_dataset(raw, b, d, "data.train", f"{group}[0]")
+    _one_dataset(raw, b, d, "data.train", f"{group}[0]", read_fields=read_fields)
     tests = raw.get("test_datasets") or []
     if tests:
         t = tests[0] if isinstance(tests[0], dict) else {"path": tests[0]}
@@ -70,7 +73,8 @@ def axolotl_data(raw: dict[str, Any], b: Builder, used: set[str]) -> None:
         b.to_set.append("data.validation")
 
 
-def _one_dataset(raw: dict[str, Any], b: Builder, d: dict[str, Any], key: str, src: str, fields: bool = True) -> None:
+def _one_dataset(raw: dict[str, Any], b: Builder, d: dict[str, Any], key: str, src: str, fields: bool = True,
+                 read_fields=None) -> None:
     path = d.get("path")
     local = local_path_of(b, path) if path else None
     files = d.get("data_files")
@@ -100,7 +104,7 @@ def _one_dataset(raw: dict[str, Any], b: Builder, d: dict[str, Any], key: str, s
     b.put(f"{src}.path", key, b.local_path(f"{src}.path", str(local)))
     mapped = ("path", "type", "field", "field_messages", "message_property_mappings", "message_field_role",
               "message_field_content", "roles_to_train", "chat_template", "chat_template_jinja", "data_files",
-              "ds_type", "roles", "text_column")
+              "ds_type", "roles", "text_column", "field_chosen", "field_rejected")
     for k, v in d.items():
         if k in mapped or empty(v):
             continue
@@ -108,7 +112,7 @@ def _one_dataset(raw: dict[str, Any], b: Builder, d: dict[str, Any], key: str, s
             "split", "name", "revision", "shards_idx", "shards", "trust_remote_code") else
             "a data set option pilotrun has no equivalent for: the records are read as they are")
     if fields:  # a validation set is read with the training set's fields
-        _fields(raw, b, d, src)
+        (read_fields or _fields)(raw, b, d, src)
 
 
 def _fields(raw: dict[str, Any], b: Builder, d: dict[str, Any], src: str) -> None:
@@ -124,7 +128,7 @@ def _fields(raw: dict[str, Any], b: Builder, d: dict[str, Any], src: str) -> Non
         b.put(f"{src}.type", "data.prompt", "", "completion: no prompt, the whole text is in the loss")
         b.put(f"{src}.field" if d.get("field") else f"{src}.type", "data.response", d.get("field") or "text")
     elif strategy.split(".")[0] in CHAT:
-        _conversations(raw, b, d, src, strategy, style)
+        conversations(raw, b, d, src, strategy, style)
     else:
         b.ask(f"{src}.type = {kind!r} does not say which fields are the prompt and the response",
               f"use one of {KNOWN_TYPES} (or a type dict with field_instruction and field_output), or write the "
@@ -166,7 +170,7 @@ def _user_defined(b: Builder, kind: dict, src: str) -> None:
 TURN_FIELDS = {"role": ("role", "from"), "content": ("content", "value")}
 
 
-def _conversations(raw: dict[str, Any], b: Builder, d: dict[str, Any], src: str, strategy: str, style: str) -> None:
+def conversations(raw: dict[str, Any], b: Builder, d: dict[str, Any], src: str, strategy: str, style: str) -> None:
     sharegpt = strategy.startswith("sharegpt")
     field = d.get("field_messages") or d.get("field") or ("conversations" if sharegpt else "messages")
     b.put(f"{src}.field_messages" if d.get("field_messages") else f"{src}.type", "data.messages", field)
@@ -196,10 +200,10 @@ def _conversations(raw: dict[str, Any], b: Builder, d: dict[str, Any], src: str,
         b.skip(f"{src}.roles_to_train", trained, "the rehearsal's loss is on the assistant turns only")
     if sharegpt and style:
         raw = dict(raw, chat_template=raw.get("chat_template") or style)  # sharegpt:chatml names the template
-    _chat_template(raw, b, d, src)
+    chat_template(raw, b, d, src)
 
 
-def _chat_template(raw: dict[str, Any], b: Builder, d: dict[str, Any], src: str) -> None:
+def chat_template(raw: dict[str, Any], b: Builder, d: dict[str, Any], src: str) -> None:
     jinja = d.get("chat_template_jinja") or raw.get("chat_template_jinja")
     name = d.get("chat_template") or raw.get("chat_template")
     where = f"{src}.chat_template" if d.get("chat_template") else "chat_template"

@@ -1,4 +1,5 @@
-"""Hugging Face ``TrainingArguments`` / TRL ``SFTConfig`` dicts, and ``trl sft --config`` files → campaign.
+"""Hugging Face ``TrainingArguments`` / TRL ``SFTConfig`` and ``DPOConfig`` dicts, and ``trl sft --config`` files →
+campaign (a DPOConfig's own keys: ``preference.py``).
 
 The keys are those of the tools' own schemas (``schemas.py``: TrainingArguments of the installed transformers and
 of the stored versions, TRL's SFTConfig, DPOConfig, ModelConfig and ScriptArguments). A value equal to the tool's
@@ -11,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from pilotrun.campaign.importers import rl, schemas, trl_cli
+from pilotrun.campaign.importers import preference, schemas, trl_cli
 from pilotrun.campaign.importers.builder import Builder, empty
 from pilotrun.campaign.importers.keys import check_keys, unknown_reason
 from pilotrun.campaign.importers.reasons import HF_NOTHING_PREFIXES, HF_REASONS, NOTHING
@@ -62,11 +63,9 @@ def import_hf(raw: dict[str, Any], b: Builder) -> None:
     known = schemas.known("transformers") | schemas.known("trl")
     typos, unknown = check_keys(raw, known, b.source, f"{schemas.label('transformers')} / {schemas.label('trl')}")
     b.problems += typos
-    pref = preference_key(raw)
-    if pref:
-        rl.refuse(b, pref, f"{raw[pref]} (a TRL DPOConfig key: preference tuning)")
-        return
     used: set[str] = set(unknown)
+    if preference_key(raw):  # a DPOConfig: the preference task (importers/preference.py)
+        preference.trl_dpo(raw, b, used, lambda v, k: same(v, defaults.get(k)))
     for k in unknown:
         if not empty(raw[k]):
             b.skip(k, raw[k], unknown_reason("transformers") + "; unknown to " + schemas.label("trl") + " too")

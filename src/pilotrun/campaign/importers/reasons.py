@@ -24,11 +24,6 @@ AXOLOTL_REASONS = {
     "debug": NOTHING, "use_otel_metrics": NOTHING, "otel_metrics_host": NOTHING, "otel_metrics_port": NOTHING,
     "chunked_cross_entropy": "the logits are never held whole on the rental: memory there is smaller than rehearsed",
     "tiled_mlp": "the MLP runs in tiles on the rental: activation memory there is smaller than rehearsed",
-    "load_in_4bit": "the base weights are 4-bit (bitsandbytes) in the source; the rehearsal holds them in "
-                    "model.dtype, so its weight memory is about 4x (bf16) the rental's: `pilotrun estimate "
-                    "--options` prices the QLoRA option",
-    "load_in_8bit": "the base weights are 8-bit in the source; the rehearsal holds them in model.dtype, so its "
-                    "weight memory is about 2x (bf16) the rental's",
     "tf32": "TF32 matmuls on Ampere and later: speed only, the loss moves in the last digits; nothing on CPU",
     "deepspeed": "DeepSpeed is not rehearsed: the nearest strategy (ZeRO-3 → fsdp, ZeRO-1/2 → ddp) is set when the "
                  "file name says the stage; memory per GPU under DeepSpeed differs from FSDP's",
@@ -74,6 +69,21 @@ AXOLOTL_REASONS = {
     "dataset_processes": SPEED, "dataset_num_proc": SPEED, "dataloader_num_workers": SPEED,
     "dataloader_pin_memory": SPEED, "dataloader_prefetch_factor": SPEED,
     "max_grad_norm_": None,
+    # mixtures of experts
+    "experts_implementation": "the experts' kernel: the rehearsal runs transformers' default (grouped_mm where torch "
+                              "has it); the experts' temporaries and speed differ under another",
+    "unfrozen_parameters": "the source trains only the parameters these patterns match (the rest frozen); the "
+                           "rehearsal trains them all, so its gradient and optimizer memory is larger than the rental's",
+    "quantize_moe_experts": "the source quantizes the experts' weights; the rehearsal holds them in model.dtype, so "
+                            "its expert memory is larger than the rental's",
+    "llama4_linearized_experts": "Llama 4's experts as linear layers in the source; the rehearsal keeps "
+                                 "transformers' fused experts (the same parameters)",
+}
+# arguments of a plugin the file loads whose effect the rehearsal can say more precisely than "not run"
+PLUGIN_ARGUMENT_REASONS = {
+    "expert_parallel_size": "expert parallelism (the routed experts split over these GPUs) is not trained in the "
+                            "rehearsal: `pilotrun estimate --options` prices expert parallel × FSDP rows (the experts "
+                            "÷ EP, every GPU sized for the routing worst case)",
 }
 PREFIX_REASONS = (("wandb_", NOTHING), ("use_wandb", NOTHING), ("mlflow_", NOTHING), ("use_mlflow", NOTHING),
                    ("comet_", NOTHING), ("use_comet", NOTHING), ("gradio_", NOTHING), ("hub_", NOTHING),
@@ -112,7 +122,11 @@ HF_REASONS = {
     "no_cuda": "nothing to rehearse: pilotrun picks the device it rehearses on",
     "eval_strategy": "nothing to rehearse: pilotrun validates every train.eval_every updates",
     "attn_implementation": ATTENTION,
-    "load_in_4bit": AXOLOTL_REASONS["load_in_4bit"], "load_in_8bit": AXOLOTL_REASONS["load_in_8bit"],
+    "load_in_4bit": "the base weights are 4-bit (bitsandbytes) in the source; the import does not carry TRL's "
+                    "quantisation keys yet: set model.quantization ({bits: 4, type: nf4, double_quant: true, "
+                    "compute_dtype: bfloat16}) to rehearse them",
+    "load_in_8bit": "the base weights are 8-bit in the source; the import does not carry TRL's quantisation keys "
+                    "yet: set model.quantization: {bits: 8} to rehearse them",
     "use_dora": AXOLOTL_REASONS["peft_use_dora"], "use_rslora": AXOLOTL_REASONS["peft_use_rslora"],
     "lora_modules_to_save": AXOLOTL_REASONS["lora_modules_to_save"],
     "dataset_config": "nothing to rehearse: the local file is read whole",

@@ -1,11 +1,12 @@
-"""Preference and reinforcement-learning configs: never imported as a supervised campaign.
+"""Reinforcement-learning configs and the preference methods pilotrun does not rehearse: never imported as a
+supervised campaign.
 
-An Axolotl ``rl:`` (any value), ``reward_model`` / ``process_reward_model``, or a TRL ``DPOConfig`` dict trains
-something other than next-token prediction on one response; rehearsing it as SFT would give figures of another
-experiment. Each is exit 2 naming the key that says it, with the reason: online RL (``grpo``, ``ppo`` ...) generates
-and scores completions, which pilotrun does not rehearse; offline preference methods (``dpo``, ``ipo``, ``orpo``,
-``kto``, ``simpo`` ...) train on chosen and rejected responses: pilotrun's preference task rehearses them where it is
-present (``task: preference``), and until it is they are refused like the rest.
+An Axolotl ``rl:`` other than ``dpo``, ``ipo``, ``orpo`` and ``simpo`` (which ``preference.py`` imports as
+``task: preference``), or ``reward_model`` / ``process_reward_model``, trains something other than next-token
+prediction on one response; rehearsing it as SFT would give figures of another experiment. Each is exit 2 naming the
+key that says it, with the reason: online RL (``grpo``, ``ppo`` ...) generates and scores completions during training,
+which pilotrun does not rehearse; the other offline preference methods (``kto``: unpaired answers; ``cpo``, ``bco``
+...) are not among the preference task's losses.
 """
 
 from __future__ import annotations
@@ -32,8 +33,10 @@ def refuse(b: Builder, key: str, value: Any) -> None:
         fix = ("rehearse the supervised stage before it: remove `rl:` and give a data set of prompts with responses "
                "(its memory is a lower bound of the RL run's)")
     else:
-        why = (f"{key}: {value} trains on preference pairs (a chosen and a rejected response per prompt): pilotrun "
-               "rehearses preference tuning with its preference task, which this version does not have; importing "
-               "it as supervised fine-tuning would give the figures of another experiment")
-        fix = "remove `rl:` (and the preference keys) to rehearse a supervised fine-tune of the chosen responses instead"
+        unpaired = " (it learns from unpaired good and bad answers, not from pairs)" if name == "kto" else ""
+        why = (f"{key}: {value} is a preference method pilotrun does not rehearse{unpaired}: its preference task "
+               "(task: preference) trains dpo, ipo, simpo and orpo on a chosen and a rejected answer per prompt; "
+               "importing it as supervised fine-tuning would give the figures of another experiment")
+        fix = ("set rl: dpo (or ipo, simpo, orpo) on pairs of answers to rehearse preference tuning, or remove `rl:` "
+               "to rehearse a supervised fine-tune of the chosen answers")
     b.ask(why, fix)

@@ -9,6 +9,9 @@ from pilotrun.campaign.importers.builder import Builder
 from pilotrun.campaign.importers.reasons import AXOLOTL_REASONS
 
 SCHEDULES = {"cosine": "cosine", "linear": "linear", "constant": "constant", "constant_with_warmup": "constant"}
+# the trainers' names of bitsandbytes' AdamW variants (Axolotl and the HF Trainer spell them alike)
+BNB_ADAMW = {"adamw_bnb_8bit": "adamw_8bit", "adamw_8bit": "adamw_8bit", "paged_adamw_8bit": "paged_adamw_8bit",
+             "paged_adamw_32bit": "paged_adamw_32bit"}
 ADAMW = {"adamw", "adamw_torch", "adamw_torch_fused", "adamw_hf", "adamw_apex_fused", "adamw_torch_xla"}
 
 
@@ -28,6 +31,8 @@ def optimizer(b: Builder, src: str, name: Any) -> None:
     name = str(name)
     if name in ADAMW:
         b.put(src, "train.optimizer", "adamw")
+    elif name in BNB_ADAMW:
+        b.put(src, "train.optimizer", BNB_ADAMW[name], "bitsandbytes'")
     elif name.startswith("sgd"):
         b.put(src, "train.optimizer", "sgd")
     else:

@@ -88,6 +88,11 @@ def _fields(raw: dict[str, Any], b: Builder, train: Path, defaults: dict[str, An
         b.problems.append(e)
         return
     first = records[0].fields if records else {}
+    if b.c.get("task") == "preference":  # a DPOConfig: prompt, chosen and rejected (importers/preference.py)
+        if first and "prompt" not in first:
+            b.put("dataset_name (no prompt column)", "data.prompt", None,
+                  "the two answers are whole conversations: their shared start is the prompt")
+        return
     text = raw.get("dataset_text_field") or defaults.get("dataset_text_field") or "text"
     if "messages" in first:
         b.put("dataset_name (conversations)", "data.messages", "messages", "TRL reads a 'messages' field as "

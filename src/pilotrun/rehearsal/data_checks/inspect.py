@@ -5,21 +5,26 @@ from __future__ import annotations
 from dataclasses import asdict
 
 from pilotrun.campaign.prepare import adapter_choice, adapted_router, prepare
+from pilotrun.console.progress import note
 from pilotrun.data.checks import run_checks
+from pilotrun.data.pairs import SWAP_MIN, SWAP_SAMPLE, mean_logps, reference_preference
 from pilotrun.data.labels import head_name
 from pilotrun.errors import BadInput
 from pilotrun.tasks import common
 from pilotrun.tasks.base import IGNORE
 from pilotrun.tasks.chat import FIX_FORMAT
+from pilotrun.tasks.preference_loss import MEAN_PER_TOKEN
 from pilotrun.verdicts import Check, StageResult, plural
 
-INFO_CHECKS = ("classes", "chat format", "lora targets")  # ok checks whose message is worth printing
+INFO_CHECKS = ("classes", "chat format", "lora targets", "swapped-pairs")  # ok checks whose message is worth printing
 
 
 def inspect(loaded, n: int = 0, split: str | None = None) -> StageResult:
     """Run the checks; with ``n`` > 0, also the first n examples of ``split`` token by token in ``data``."""
     task = prepare(loaded, splits=()).task
     report = run_checks(task, loaded)
+    if getattr(task, "kind", None) == "preference":
+        report.checks.append(swapped_pairs(task, loaded))
     fmt = format_check(task, loaded)
     if fmt is not None:
         report.checks.insert(0, fmt)
@@ -33,7 +38,9 @@ def inspect(loaded, n: int = 0, split: str | None = None) -> StageResult:
     shown = [c for c in report.checks if c.verdict != "ok" or c.name in INFO_CHECKS]
     messages = [c.line() for c in shown]
     for s in report.splits.values():
-        messages.append(f"{s['split']}: {plural(s['examples'], 'example')}, length {s['min']}..{s['max']} (median "
+        what = (f"{plural(s['examples'], 'pair')} ({s['sequences']} sequences)" if "sequences" in s
+                else plural(s["examples"], "example"))
+        messages.append(f"{s['split']}: {what}, length {s['min']}..{s['max']} (median "
                         f"{s['median']}), {s['at_max_length']} at data.max_length; max_length {s['keep_99']} keeps "
                         f"99% of {s.get('keeps', 'targets')}, {s['keep_100']} all; lengths "
                         f"0..{loaded.campaign.data.max_length} "
@@ -41,7 +48,8 @@ def inspect(loaded, n: int = 0, split: str | None = None) -> StageResult:
     n_ex = sum(s["examples"] for s in report.splits.values())
     fails = sum(c.verdict == "fail" for c in report.checks)
     warns = sum(c.verdict == "warn" for c in report.checks)
-    summary = (f"{n_ex} examples in {len(report.splits)} splits through task.encode: "
+    unit = "pairs" if getattr(task, "kind", None) == "preference" else "examples"
+    summary = (f"{n_ex} {unit} in {plural(len(report.splits), 'split')} through task.encode: "
                + ("every check passed" if not fails and not warns else
                   f"{fails} failing, {warns} warning{'s' if warns != 1 else ''}"))
     data = {"checks": [asdict(c) for c in report.checks], "splits": report.splits}
@@ -105,6 +113,8 @@ def view_examples(task, loaded, split: str, n: int) -> list[dict]:
     if not records:
         raise BadInput(f"the campaign has no {split} split", where=f"data.{split}",
                        fix="choose --split train, validation or test, whichever the campaign sets")
+    if getattr(task, "kind", None) == "preference":
+        return view_pairs(task, records[:n])
     examples = [task.encode(r) for r in records[:n]]
     batch = task.collate(examples)
     ids, mask = batch["input_ids"].tolist(), batch["attention_mask"].tolist()
@@ -138,6 +148,51 @@ def view_examples(task, loaded, split: str, n: int) -> list[dict]:
                         label=names[cid] if 0 <= cid < len(names) else None, head_label=head_name(c, cid))
         out.append(item)
     return out
+
+
+def view_pairs(task, records: list) -> list[dict]:
+    """Each pair as the concatenated forward sees it: its chosen and its rejected sequence, padded to the wider, each
+    token trained (the answer: in that half's log-probability), masked (the shared prompt) or padding, and what each
+    half adds to the loss."""
+    tok, out = task.tokenizer, []
+    mean = task.loss_name in MEAN_PER_TOKEN
+    for r in records:
+        e = task.encode(r)
+        batch = task.collate([e])
+        ids, mask, labels = batch["input_ids"].tolist(), batch["attention_mask"].tolist(), batch["labels"].tolist()
+        diff = e.meta.get("common_start", 0)
+        for k, (half, sign) in enumerate((("chosen", "+"), ("rejected", "−"))):
+            kinds = ["padding" if not mask[k][p] else "trained" if labels[k][p] != IGNORE else "masked"
+                     for p in range(len(ids[k]))]
+            answer = [t for t, y in zip(ids[k], labels[k]) if y != IGNORE]
+            full = e.target_len_full if k == 0 else e.meta["rejected_full"]
+            cut = f", {full - len(answer)} cut by data.max_length" if len(answer) < full else ""
+            contributes = (f"{half}: {plural(len(answer), 'answer token')}{cut} give log π({half}), "
+                           f"{'their mean' if mean else 'summed'}; it enters the margin with {sign}; the "
+                           f"{plural(e.prompt_len, 'prompt token')} are the same in both halves and masked; the answers "
+                           + ("are identical" if e.meta.get("identical") else f"first differ at answer token {diff + 1}"))
+            out.append({"rid": f"{e.rid} ({half})", "tokens": [[t, piece, kd] for t, piece, kd in
+                                                               zip(ids[k], pieces(tok, ids[k]), kinds)],
+                        "attention_mask": mask[k], "prompt": tok.decode(ids[k][: e.prompt_len]),
+                        "trained": tok.decode(answer), "half": half, "contributes": contributes})
+    return out
+
+
+def swapped_pairs(task, loaded) -> Check:
+    """The starting model's preference on up to SWAP_SAMPLE train pairs (``data/pairs.reference_preference``)."""
+    import torch
+
+    if loaded.campaign.model.path is None:
+        return Check("swapped-pairs", "ok", "not read: model.config builds random weights, which prefer no answer "
+                     "(the check reads a pretrained model.path)", "train")
+    pairs = [e for e in (task.encode(r) for r in task.records("train")[:SWAP_SAMPLE]) if e.n_targets]
+    if len(pairs) < SWAP_MIN:
+        return reference_preference(pairs, [])
+    note(f"the starting model reads {plural(len(pairs), 'train pair')} (swapped-pairs check)", log=True)
+    torch.manual_seed(loaded.campaign.seed)
+    model = task.build_policy()
+    means = mean_logps(task, model, pairs, loaded.campaign.train.eval_batch, torch.device("cpu"))
+    return reference_preference(pairs, means)
 
 
 def vs_inference(ids: list[int], prompt: list[int], tok) -> str:

@@ -24,9 +24,11 @@ from pilotrun.engine.loop import Hooks, make_state, out_of_memory_reason, run_up
 from pilotrun.engine.oom import is_oom
 from pilotrun.journal.runs import RunRecorder
 from pilotrun.journal.store import Journal
+from pilotrun.rehearsal.mechanics.overfit_pairs import is_pair_task, pair_check, pair_findings, pair_state
 from pilotrun.rehearsal.mechanics.plateau import conflict_text, conflicting_inputs, plateau_causes
 from pilotrun.sheet.shape import padded_tokens
 from pilotrun.tasks.base import IGNORE
+from pilotrun.tasks.loading import no_dropout
 from pilotrun.tasks.moe import without_router_aux
 from pilotrun.verdicts import StageResult, headline, plural
 
@@ -46,27 +48,6 @@ SPIKE_GAP = 3  # updates after a back-off before another: the loss needs a few t
 GENERATE_EXAMPLES = 3
 ACCUM_MICRO_BATCHES = 2
 ACCUM_PER_MICRO_BATCH = 2
-
-
-def _no_dropout(model) -> int:
-    """Zero every dropout probability (modules and config values read at forward time); returns how many."""
-    import torch
-
-    n = 0
-    for m in model.modules():
-        if isinstance(m, torch.nn.Dropout) and m.p:
-            m.p, n = 0.0, n + 1
-        for attr in ("attention_dropout", "dropout", "dropout_p"):
-            if isinstance(getattr(m, attr, None), float) and getattr(m, attr):
-                setattr(m, attr, 0.0)
-                n += 1
-    configs = (getattr(m, "config", None) for m in model.modules())
-    for cfg in {id(c): c for c in configs if hasattr(c, "__dict__")}.values():  # a custom model's dict config has none
-        for key, value in list(vars(cfg).items()):
-            if "dropout" in key and isinstance(value, float) and value:
-                setattr(cfg, key, 0.0)
-                n += 1
-    return n
 
 
 def _grads(model):
@@ -123,7 +104,7 @@ def accumulation_check(prep, model=None) -> dict:
     if not any(p.requires_grad for p in model.parameters()):
         return {"verdict": "warn", "message": "accumulation check skipped: no trainable parameters",
                 "tolerance": tol}
-    _no_dropout(model)
+    no_dropout(model)
     state = make_state(model, t, n_train=len(prep.train), seed=prep.c.seed, total_updates=1)
     started = time.perf_counter()
     with without_router_aux(model) as aux_left_out:  # a load-balancing term is per micro-batch by definition
@@ -213,8 +194,12 @@ def _targets(task, batch, examples) -> list[list[int]]:
 
 
 def prediction_check(task, model, examples, device) -> dict:
-    """Teacher-forced argmax at every target; greedy generation for a few causal-lm examples."""
+    """Teacher-forced argmax at every target; greedy generation for a few causal-lm examples; for preference pairs,
+    the reward's preference of each pair (``overfit_pairs.pair_check``)."""
     import torch
+
+    if is_pair_task(task):
+        return pair_check(task, model, examples, device)
 
     model.eval()
     with torch.no_grad():
@@ -383,7 +368,7 @@ def _memorised(checks: dict, chosen: list) -> bool:
     if not (checks["teacher_forced_wrong"] or checks["generation_wrong"]):
         return True
     return (not checks["teacher_forced_wrong"] and all(w["never_stops"] for w in checks["generation_wrong"])) \
-        or bool(conflicting_inputs(chosen))
+        or ("pairs" not in checks and bool(conflicting_inputs(chosen)))
 
 
 def _checked_model(prep):
@@ -416,12 +401,13 @@ def _memorise(loaded, home, prep, model, chosen: list, mt, budget: UpdateBudget,
     """The memorising run, journalled as a run of kind overfit: chunks of the one loop, each ended by _StopRule,
     until the predictions reproduce the targets or the budget is spent. Returns what it learnt."""
     c, task = prep.c, prep.task
-    zeroed = _no_dropout(model)
+    zeroed = no_dropout(model)
     device = default_device()
     model.to(device)
     state = make_state(model, mt, n_train=len(chosen), seed=c.seed, total_updates=budget.ceiling, device=device)
     history, checks, back_off, stop = [], {}, BackOff(c.train.lr), _StopRule(budget)
-    head(f"memorising {plural(len(chosen), 'example')}")
+    pairs = pair_state(task, model, chosen, device) if is_pair_task(task) else None  # margins and the reference
+    head(f"memorising {plural(len(chosen), 'pair' if pairs else 'example')}")
     with RunRecorder(Journal(home), loaded, kind="overfit") as rec:
         def on_update(st, out):
             parts = out.get("loss_parts") or {}
@@ -453,6 +439,10 @@ def _memorise(loaded, home, prep, model, chosen: list, mt, budget: UpdateBudget,
         failed = [res.reason] if status == "failed" else _diagnose(
             history, checks, state, mt, causes=lambda: plateau_causes(task, chosen, model), examples=chosen,
             budget=budget)
+        pair_lines = []
+        if pairs is not None and status != "failed":
+            pair_lines, found = pair_findings(task, pairs, pair_state(task, model, chosen, device), chosen, history)
+            failed = found + [f for f in failed if not found or not f.startswith("loss flat")]
         summary = {"verdict": "fail" if failed or acc["verdict"] == "fail" else acc["verdict"],
                    "accumulation": acc, "setting": setting, "updates": state.update, "budget": budget.data(),
                    "first_loss": history[0]["loss"] if history else None,
@@ -460,7 +450,7 @@ def _memorise(loaded, home, prep, model, chosen: list, mt, budget: UpdateBudget,
         rec.progress(state.update, state.examples_seen)
         rec.finish(status, summary)
     return {"run_id": rec.run_id, "updates": state.update, "history": history, "checks": checks,
-            "back_offs": back_off.events, "failed": failed, "dropout_zeroed": zeroed}
+            "back_offs": back_off.events, "failed": failed, "dropout_zeroed": zeroed, "pair_lines": pair_lines}
 
 
 def _closing_lines(task, chosen: list, run: dict, acc: dict, budget: UpdateBudget) -> list[str]:
@@ -469,9 +459,12 @@ def _closing_lines(task, chosen: list, run: dict, acc: dict, budget: UpdateBudge
     if not run["failed"] and history:
         n_gen = run["checks"].get("generated", 0)
         reproduced = (f"argmax reproduces every target; greedy generation reproduces {n_gen} of {n_gen} examples"
-                      if task.kind == "causal-lm" else "the predicted ids reproduce every target")
-        lines.append(f"memorised {plural(len(chosen), 'example')} in {plural(run['updates'], 'update')}: loss "
+                      if task.kind == "causal-lm" else "the reward prefers the chosen answer of every pair"
+                      if is_pair_task(task) else "the predicted ids reproduce every target")
+        what = plural(len(chosen), "pair" if is_pair_task(task) else "example")
+        lines.append(f"memorised {what} in {plural(run['updates'], 'update')}: loss "
                      f"{history[0]['loss']:.3f} → {history[-1]['loss']:.4f} < {LOSS_THRESHOLD}; {reproduced}")
+    lines += run.get("pair_lines", [])
     for part in (history[-1].get("loss_parts") or {}) if history else ():
         first, last = history[0]["loss_parts"][part], history[-1]["loss_parts"][part]
         lines.append(f"{part}: {first:.4g} → {last:.4g}, finite in every update: trained with the targets' loss "
@@ -546,6 +539,10 @@ def _diagnose(history: list[dict], checks: dict, state, mt, causes=None, example
         return [f"loss fell from {first:.4f} to {last:.4f} in {state.update} updates{cut} but not under "
                 f"{LOSS_THRESHOLD}: the model cannot memorise these examples at this setting; likely causes, most "
                 "evidence first: " + "; ".join(listed)]
+    if checks.get("pairs") is not None and checks.get("teacher_forced_wrong"):
+        wrong = checks["teacher_forced_wrong"]
+        return [f"loss {last:.4f} is under {LOSS_THRESHOLD} but the reward still prefers the rejected answer of "
+                f"{plural(len(wrong), 'pair')} (first {wrong[0][0]}): the loss and the reward disagree"]
     if checks.get("teacher_forced_wrong") or checks.get("generation_wrong"):
         clash = conflicting_inputs(examples or [])
         if clash:  # measured before any position or format is blamed: no model reproduces both targets

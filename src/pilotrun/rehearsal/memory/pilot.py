@@ -59,7 +59,13 @@ def _fix_for(row: dict, c) -> str:
 
 def _show_inputs(inputs: dict) -> str:
     keep = ("micro_batch", "accumulation", "ranks", "seq_len", "eval_batch", "precision", "targets", "bytes")
-    return ", ".join(f"{k} {v}" for k, v in inputs.items() if k in keep)
+    shown = [f"{k} {v}" for k, v in inputs.items() if k in keep]
+    if inputs.get("reference") not in (None, "none"):  # preference: the second model the phase holds
+        held = inputs.get("reference_bytes")
+        shown.append(f"reference {inputs['reference']}" + (
+            f" ({fmt_bytes(held)}, {inputs['reference_params']:,} params, beside the policy's {inputs['params']:,})"
+            if held else ""))
+    return ", ".join(shown)
 
 
 def pilot(loaded, home, *, memory_limit=None, inject=None) -> StageResult:
@@ -101,6 +107,9 @@ def pilot(loaded, home, *, memory_limit=None, inject=None) -> StageResult:
                 f"accumulation {arith['accumulation']} × ranks {arith['ranks']})"]
     if inject:
         messages.append(f"TEST SWITCH {INJECT_ENV} active: {inject}")
+    routed = routing_said(_read_json(rec.dir / "time_model.json") or {}, rows)
+    if routed:
+        messages.append(routed)
     if rows and rows[0].get("counter") == "rss":
         messages.append("CPU counters are process RSS (peak within the phase), shown in the allocated columns")
     if rows and rows[0].get("counter") == "tensors+rss":
@@ -123,6 +132,21 @@ def pilot(loaded, home, *, memory_limit=None, inject=None) -> StageResult:
     ranks.share("fail" if bad else "ok")
     return StageResult("pilot", "fail" if bad else "ok", summary, messages,
                        {"run_id": rec.run_id, "memory_limit": limit, "rows": rows}, columns=_columns(rows), rows=table)
+
+
+def routing_said(model: dict, rows: list[dict]) -> str | None:
+    """A mixture of experts' steady update under forced routing against the routing its router chose (the ledger's
+    steady_step): the rise in tensor bytes and the seconds, balanced and skewed; None for a dense model."""
+    routing = model.get("routing")
+    steady = next((r for r in rows if r["phase"] == "steady_step" and r["rank"] == 0), None)
+    if not routing or steady is None:
+        return None
+    own = steady["peak_allocated"] - steady["baseline"]
+    parts = [f"{mode} {fmt_bytes(v['peak_allocated'])} in {v['seconds']:.3g} s" for mode, v in routing.items()]
+    return (f"routing (a mixture of experts): the worst-case update rose {fmt_bytes(own)} above its start in "
+            f"{steady['duration_s']:.3g} s as the router chose; forced {', '.join(parts)} (skewed: every token to "
+            "the same top-k experts, the worst dropless routing allows); the sheet's memory takes the highest, "
+            "its time plan the router's own")
 
 
 def _columns(rows: list[dict]) -> list[str]:

@@ -30,6 +30,7 @@ from pilotrun.phases.worst import worst_case
 from pilotrun.probe.recorder import phase
 from pilotrun.sheet import shape
 from pilotrun.tasks.base import loss_parts
+from pilotrun.tasks.moe import ROUTINGS, forced_routing, moe_parts
 
 INJECT_KINDS = ("oom", "nan", "error", "short")
 # Test switch: "oom:eval_longest,nan:first_step". "short:steady_step" (or first_step) feeds the train
@@ -78,6 +79,10 @@ class _NanLoss:
     def loss(self, model, batch):
         s, n, parts = loss_parts(self._task.loss(model, batch))
         return s * float("nan"), n, parts
+
+    def reload_loss(self, model, batch):
+        s, n = getattr(self._task, "reload_loss", self._task.loss)(model, batch)
+        return s * float("nan"), n
 
 
 def _plant(job: PilotJob, name: str, task):
@@ -144,6 +149,7 @@ def _time_model(job: PilotJob, prep, state, wc: dict, rank: int, world: int) -> 
         run_update(state, prep.task, mbs, max_grad_norm=t.max_grad_norm)
         _sync(default_device())
         typical.append({"tokens": shape.padded_tokens(mbs), "seconds": time.perf_counter() - t0})
+    routing = _routing(prep, state, wc, rank)
     pool = prep.validation or prep.train
     control_s, warm_load_s = _run_extras(prep, state, rank)
     model = {"worst_update_tokens": shape.padded_tokens(wc["micro_batches"]), "typical": typical,
@@ -151,10 +157,31 @@ def _time_model(job: PilotJob, prep, state, wc: dict, rank: int, world: int) -> 
              "budget_update_tokens": shape.budget_tokens(prep.train, t, c.seed, prep.arithmetic()["updates"], rank,
                                                          world),
              "worst_eval_tokens": shape.padded_tokens([wc["eval"][rank::world][: t.eval_batch]]) if wc["eval"] else 0,
-             "eval_batch_tokens": shape.eval_tokens(pool, t.eval_batch, rank, world)}
+             "eval_batch_tokens": shape.eval_tokens(pool, t.eval_batch, rank, world),
+             **({"routing": routing} if routing else {})}
     barrier()
     if rank == 0:
         atomic_write_json(Path(job.run_dir) / "time_model.json", model)
+
+
+def _routing(prep, state, wc: dict, rank: int) -> dict | None:
+    """A mixture of experts' worst-case update once more under each forced routing (tasks/moe.forced_routing:
+    balanced, and every token to the same top-k experts), each under the exact memory counter: its peak tensor
+    bytes and seconds. None for a dense model (or experts that take no routing: Llama 4's)."""
+    model = getattr(state.model, "module", state.model)
+    if not any(moe_parts(model)[1:]):
+        return None
+    out = {}
+    for mode in ROUTINGS:
+        rows: list = []
+        with forced_routing(model, mode) as forced:
+            if not forced:
+                return None
+            with phase(f"steady_step ({mode} routing)", {}, rank=rank, rows=rows, device=default_device()):
+                run_update(state, prep.task, wc["micro_batches"], max_grad_norm=prep.c.train.max_grad_norm)
+        out[mode] = {"peak_allocated": rows[0]["peak_allocated"] - rows[0]["baseline"],
+                     "seconds": rows[0]["duration_s"]}
+    return out
 
 
 def _run_extras(prep, state, rank: int) -> tuple[float | None, float | None]:

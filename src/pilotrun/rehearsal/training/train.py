@@ -177,8 +177,8 @@ def _ranked_run(job: TrainJob, prep: Prepared, rec: RunRecorder | None, hooks: H
                        timing=timing)
     timing["total_s"] = time.perf_counter() - t_start
     rec.seal()
-    evals = [{"update": e["update"], "val_loss": e["val_loss"], "examples_seen": e["examples_seen"]}
-             for e in result.evals]
+    evals = [{"update": e["update"], **{k: v for k, v in e.items() if k.startswith("val_")},
+              "examples_seen": e["examples_seen"]} for e in result.evals]
     return {"status": result.status, "summary": summary, "evals": evals, "control": len(control)}
 
 
@@ -210,7 +210,8 @@ def _journal_hooks(rec: RunRecorder | None, user: Hooks, watch) -> Hooks:
     def on_update(st, out):
         if rec is not None:
             rec.log("train", out["update"], {"loss": out["loss"], **out.get("loss_parts", {}), "lr": out["lr"],
-                                             "grad_norm": out["grad_norm"], "targets": out["targets"]},
+                                             "grad_norm": out["grad_norm"], "targets": out["targets"],
+                                             **out.get("metrics", {})},
                     examples_seen=out["examples_seen"], wall_s=out["wall_s"])
             rec.progress(st.update, st.examples_seen)
             if out.get("skipped"):  # keyed by attempt: a skipped update shares its number with the next one
@@ -222,7 +223,8 @@ def _journal_hooks(rec: RunRecorder | None, user: Hooks, watch) -> Hooks:
 
     def on_eval(st, ev):
         if rec is not None:
-            rec.log("validation", ev["update"], {"val_loss": ev["val_loss"]}, examples_seen=ev["examples_seen"],
+            rec.log("validation", ev["update"], {k: v for k, v in ev.items() if k.startswith("val_")},
+                    examples_seen=ev["examples_seen"],
                     wall_s=ev["wall_s"], flush=True)
         if user.on_eval:
             user.on_eval(st, ev)

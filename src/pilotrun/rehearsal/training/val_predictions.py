@@ -32,9 +32,17 @@ def store_validation_predictions(recorder, prep, model) -> int:
         for i in range(0, len(examples), batch_size):
             chunk = examples[i: i + batch_size]
             batch = to_device(prep.task.collate(chunk), device)
+            if hasattr(prep.task, "pair_margins"):  # preference: which answer each pair's rewards prefer, by how much
+                items += _pair_items(chunk, prep.task.pair_margins(model, batch))
+                continue
             for e, pred in zip(chunk, prep.task.predict(model, batch)):
                 target = _targets(prep.task, e)
                 items.append((e.rid, {"pred": pred, "target": target, "exact": pred == target}))
     if recorder is not None:
         recorder.journal.add_predictions(recorder.run_id, "validation", items)
     return len(items)
+
+
+def _pair_items(chunk: list, margins: dict) -> list[tuple]:
+    return [(e.rid, {"margin": m, "preferred": m > 0, "chosen_logp": c, "rejected_logp": r})
+            for e, m, c, r in zip(chunk, margins["margin"], margins["chosen"], margins["rejected"])]

@@ -1,0 +1,248 @@
+"""A quantised base (model.quantization): bitsandbytes' real 4-bit and 8-bit layers on the CPU, under an adapter.
+
+The keys are validated without torch; the base is built as transformers loads it (a folder through
+``from_pretrained(quantization_config=...)``, model.config quantised in place by the same pieces) and checked to hold
+what the campaign asks (a folder whose own config.json silently wins is refused); checkpoints name the quantised base
+and refuse another; the estimate's trace of the quantised demo matches the pilot's exact counter per phase."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+import torch
+import yaml
+from conftest import TINY_LLAMA, simple_records, tiny_causal_campaign
+
+from pilotrun.campaign import load_campaign
+from pilotrun.campaign.consistency import check_consistency
+from pilotrun.errors import BadInput
+from pilotrun.tasks import make_task
+
+LORA = {"kind": "lora", "r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}
+LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def _campaign(tmp_path, model: dict, name="c"):
+    path = tiny_causal_campaign(tmp_path / name, simple_records(24))
+    c = yaml.safe_load(path.read_text())
+    c["model"] = model
+    path.write_text(yaml.safe_dump(c))
+    return path
+
+
+def _base(folder, quantization_config: dict | None = None):
+    """A tiny Llama saved with save_pretrained (and, to plant a defect, a quantization_config in its config.json)."""
+    from transformers import AutoConfig, AutoModelForCausalLM, ByT5Tokenizer
+
+    if not (folder / "config.json").is_file():
+        cfg = dict(TINY_LLAMA)
+        torch.manual_seed(0)
+        AutoModelForCausalLM.from_config(AutoConfig.for_model(cfg.pop("model_type"), **cfg)).save_pretrained(folder)
+        ByT5Tokenizer().save_pretrained(folder)
+    if quantization_config is not None:
+        cfg = json.loads((folder / "config.json").read_text())
+        cfg["quantization_config"] = quantization_config
+        (folder / "config.json").write_text(json.dumps(cfg))
+    return folder
+
+
+# --- the keys, without torch ------------------------------------------------------------------------------
+def test_a_4bit_base_without_an_adapter_is_bad_input_naming_both_keys(tmp_path):
+    path = _campaign(tmp_path, {"config": dict(TINY_LLAMA), "tokenizer": "byte", "quantization": {"bits": 4}})
+    with pytest.raises(BadInput) as e:
+        check_consistency(load_campaign(path).campaign)
+    assert "model.quantization" in str(e.value) and "model.adapter" in str(e.value)
+
+
+def test_a_quantised_base_under_fsdp_says_what_bitsandbytes_needs(tmp_path):
+    path = _campaign(tmp_path, {"config": dict(TINY_LLAMA), "tokenizer": "byte", "quantization": {"bits": 4},
+                                "adapter": LORA})
+    loaded = load_campaign(path, {"train.strategy": "fsdp", "train.nproc": 2})
+    with pytest.raises(BadInput) as e:
+        check_consistency(loaded.campaign)
+    assert e.value.where == "train.strategy" and "bnb_4bit_quant_storage" in str(e.value)
+    check_consistency(load_campaign(path, {"train.strategy": "ddp", "train.nproc": 2}).campaign)  # replicated: fine
+
+
+def test_4bit_settings_on_an_8bit_base_are_bad_input_naming_them(tmp_path):
+    path = _campaign(tmp_path, {"config": dict(TINY_LLAMA), "tokenizer": "byte", "adapter": LORA,
+                                "quantization": {"bits": 8, "type": "fp4"}})
+    with pytest.raises(BadInput) as e:
+        load_campaign(path)
+    assert "model.quantization.type" in str(e.value) and "bits: 4" in str(e.value)
+
+
+def test_without_bitsandbytes_a_quantised_campaign_is_bad_input_naming_the_extra(tmp_path, monkeypatch):
+    path = _campaign(tmp_path, {"config": dict(TINY_LLAMA), "tokenizer": "byte", "adapter": LORA,
+                                "quantization": {"bits": 4}})
+    check_consistency(load_campaign(path).campaign)  # installed: valid
+    monkeypatch.setitem(sys.modules, "bitsandbytes", None)  # Python's own "not importable" marker
+    with pytest.raises(BadInput) as e:
+        check_consistency(load_campaign(path).campaign)
+    assert "pilotrun[qlora]" in str(e.value.fix)
+    from pilotrun.tasks.quantized import import_bitsandbytes
+
+    with pytest.raises(BadInput, match="bitsandbytes"):
+        import_bitsandbytes()
+
+
+# --- the build --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("q,layer", [({"bits": 4, "type": "fp4", "double_quant": False, "compute_dtype": "float32"},
+                                      "Linear4bit"), ({"bits": 8}, "Linear8bitLt")])
+def test_model_config_is_quantised_as_from_pretrained_would_and_trains_its_adapter(tmp_path, q, layer):
+    path = _campaign(tmp_path, {"config": dict(TINY_LLAMA), "tokenizer": "byte", "adapter": LORA, "quantization": q})
+    loaded = load_campaign(path)
+    task = make_task(loaded)
+    model = task.build_model()
+    base = model.base_model.model.model.layers[0]
+    assert type(base.mlp.up_proj).__name__ == layer and type(base.self_attn.q_proj.base_layer).__name__ == layer
+    assert type(model.base_model.model.lm_head).__name__ == "Linear"  # the head stays unquantised, as transformers
+    assert all(not p.requires_grad for n, p in model.named_parameters() if "lora_" not in n)
+    from pilotrun.engine.loop import make_state, run_update
+
+    state = make_state(model, loaded.campaign.train, n_train=8, seed=0, total_updates=4)
+    examples = [task.encode(r) for r in task.records("train")[:4]]
+    before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+    out = run_update(state, task, [examples[:2], examples[2:]], max_grad_norm=1.0)
+    assert out["finite"]
+    moved = {n for n, p in model.named_parameters() if p.requires_grad and not torch.equal(before[n], p)}
+    assert moved == {n for n in before if "lora_B" in n}  # B starts at zero, so A's first gradient is zero
+
+
+def test_a_validation_does_not_cut_the_adapters_gradients(tmp_path):
+    """bitsandbytes 0.50 repacks a 4-bit weight for its CPU inference kernel the first time it runs in eval mode
+    (on AVX512-BF16 CPUs), after which training forwards go through a kernel without a backward: pilotrun turns
+    the repacking off, so an update after a validation still reaches every LoRA matrix."""
+    path = _campaign(tmp_path, {"config": dict(TINY_LLAMA), "tokenizer": "byte", "adapter": LORA,
+                                "quantization": {"bits": 4}})
+    task = make_task(load_campaign(path))
+    model = task.build_model()
+    batch = task.collate([task.encode(r) for r in task.records("train")[:2]])
+    model.eval()
+    with torch.no_grad():
+        model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+    model.train()
+    model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"]).loss.backward()
+    assert all(p.grad is not None for n, p in model.named_parameters() if p.requires_grad)
+
+
+@pytest.mark.parametrize("planted", [{"skip": LINEAR + ["lm_head"]}, {"skip": ["gate_proj", "lm_head"]},
+                                     {"eight": True}], ids=["every-layer-skipped", "pre-quantised-4bit", "8bit"])
+def test_a_4bit_base_silently_loaded_otherwise_is_refused(tmp_path, planted):
+    """The folder's own config.json carries a bitsandbytes quantization_config, which transformers uses instead of
+    the campaign's with a warning alone (hidden unless --verbose): every linear layer skipped (nn.Linear), or a
+    config that says the folder is already quantised over plain weights (bitsandbytes' classes, unpacked weights),
+    4- or 8-bit. The base loads in full precision; the build refuses it, naming what the model holds."""
+    said = "none of its 14 linear layers is quantised"
+    from transformers import BitsAndBytesConfig
+
+    folder_cfg = (BitsAndBytesConfig(load_in_8bit=True) if planted.get("eight") else
+                  BitsAndBytesConfig(load_in_4bit=True, llm_int8_skip_modules=planted["skip"])).to_dict()
+    base = _base(tmp_path / "base", folder_cfg)
+    path = _campaign(tmp_path, {"path": str(base), "dtype": "bfloat16", "adapter": LORA,
+                                "quantization": {"bits": 4, "type": "nf4"}})
+    with pytest.raises(BadInput) as e:
+        make_task(load_campaign(path)).build_model()
+    assert e.value.where == "model.quantization" and said in str(e.value), str(e.value)
+    assert "config.json" in e.value.fix
+
+
+def test_a_folder_base_loads_in_4bit_and_the_checkpoint_refuses_another_quantisation(tmp_path):
+    from pilotrun.engine.loop import make_state
+    from pilotrun.engine.state import load_state, save_state
+
+    base = _base(tmp_path / "base")
+    path = _campaign(tmp_path, {"path": str(base), "dtype": "bfloat16", "adapter": LORA,
+                                "quantization": {"bits": 4, "type": "nf4"}})
+    loaded = load_campaign(path)
+    model = make_task(loaded).build_model()
+    assert type(model.base_model.model.model.layers[1].mlp.down_proj).__name__ == "Linear4bit"
+    state = make_state(model, loaded.campaign.train, n_train=8, seed=0, total_updates=4)
+    ckpt = save_state(state, tmp_path / "ckpt")
+    saved = json.loads((ckpt / "base.json").read_text())
+    assert saved["quantization"]["bits"] == 4 and len(saved["quantized_sha256"]) == 64
+    same = make_state(make_task(loaded).build_model(), loaded.campaign.train, n_train=8, seed=0, total_updates=4)
+    load_state(same, ckpt)  # the same base reloaded: the same quantised bytes
+    fp4 = load_campaign(path, {"model.quantization.type": "fp4"})
+    other = make_state(make_task(fp4).build_model(), fp4.campaign.train, n_train=8, seed=0, total_updates=4)
+    with pytest.raises(BadInput) as e:
+        load_state(other, ckpt)
+    assert "4-bit nf4" in str(e.value) and "4-bit fp4" in str(e.value)
+
+
+# --- the estimate against the pilot -----------------------------------------------------------------------
+def test_estimate_matches_the_pilot_of_the_quantised_demo_in_every_phase(demo_dir, tmp_path):
+    """The fake trace runs bitsandbytes' own layers (their ops' fake kernels): packed weights, absmax and nested
+    statistics, the originals a model.config build holds before quantising, the statistics export packs anew."""
+    from pilotrun.rehearsal.memory.estimate import estimate
+    from pilotrun.rehearsal.memory.pilot import pilot
+
+    loaded = load_campaign(demo_dir / "campaign.yaml", {"model.quantization": {"bits": 4}, "model.adapter": LORA})
+    result = pilot(loaded, tmp_path / "home")
+    assert result.verdict == "ok", result.messages
+    load = next(r for r in result.data["rows"] if r["phase"] == "load")
+    assert load["inputs"]["quantization"] == "4-bit nf4 (double-quantised, bfloat16 compute)"
+    measured = {r["phase"]: r["peak_allocated"] for r in result.data["rows"]}
+    predicted = {r["phase"]: r["peak_allocated"] for r in estimate(loaded, device="cpu").data["phases"]}
+    off = [(k, predicted[k], v) for k, v in measured.items() if abs(predicted[k] - v) > 0.05 * v]
+    assert not off, off
+
+
+# --- the estimate on CUDA ---------------------------------------------------------------------------------
+def _summary(device: str, work) -> dict:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from pilotrun.probe.estimate import Accountant
+
+    acc = Accountant(device)
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        run = work()
+        with acc.tracking(), acc.mark("it"):
+            run()
+    return acc.summary("it")
+
+
+def test_the_cuda_estimate_counts_the_weight_gemm_4bit_dequantises_inside_itself():
+    """bitsandbytes' CUDA gemm_4bit dequantises the weight (and the double-quantised block constants) into
+    temporaries no dispatch mode sees; on the CPU both the exact counter and the estimate count op outputs only."""
+    import bitsandbytes as bnb
+
+    shapes = {}
+
+    def work():
+        from pilotrun.tasks import quantized
+
+        with quantized._real_meta():
+            bnb.functional.name2qmap.setdefault("dynamic", bnb.functional.create_dynamic_map())
+        w, state = bnb.functional.quantize_4bit(torch.empty(256, 128), quant_type="nf4", compress_statistics=True)
+        a = torch.empty(8, 128, dtype=torch.bfloat16)
+        shapes["absmax"] = state.absmax.numel()
+        return lambda: torch.ops.bitsandbytes.gemm_4bit.default(
+            a, w, state.shape, state.state2.absmax, state.blocksize, state.quant_type, absmax_8bit=state.absmax,
+            absmax_code=state.state2.code, absmax_offset=state.offset)
+
+    cuda, cpu = _summary("cuda", work)["peak_allocated"], _summary("cpu", work)["peak_allocated"]
+    inner = 256 * 128 * 2 + shapes["absmax"] * 4
+    assert cpu == 8 * 256 * 2 and cuda >= cpu + inner, (cuda, cpu, inner)
+
+
+def test_paged_optimizer_state_is_outside_the_cuda_allocators_count():
+    import types
+
+    from pilotrun.engine.optim import make_optimizer
+
+    def work(name):
+        def build():
+            m = torch.nn.Linear(1000, 200, bias=False)  # 200,000 elements: past bitsandbytes' paging threshold
+            opt = make_optimizer(m, types.SimpleNamespace(optimizer=name, lr=1e-3, weight_decay=0.0))
+            m.weight.grad = torch.empty_like(m.weight)
+            return opt.step
+        return build
+
+    state = {(d, n): _summary(d, work(n))["optimizer_state"] for d in ("cuda", "cpu")
+             for n in ("paged_adamw_8bit", "adamw_8bit")}
+    assert state["cpu", "paged_adamw_8bit"] == state["cpu", "adamw_8bit"] >= 2 * 200_000  # two 8-bit moments
+    assert state["cuda", "adamw_8bit"] >= 2 * 200_000
+    assert state["cuda", "paged_adamw_8bit"] < 0.05 * state["cuda", "adamw_8bit"]  # its block constants alone
