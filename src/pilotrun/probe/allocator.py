@@ -157,6 +157,7 @@ class CachingAllocator:
         self.allocated = self.reserved = 0
         self.peak_allocated = self.peak_reserved = 0
         self.retries = self.segments_allocated = self.segments_released = 0
+        self.grown: list[int] = []  # each segment allocated (or range mapped), in order: what torch's trace records
         self._next_addr = 1 << 40
         self.expandable: list[_Segment] = []
         self.live: dict[int, Block] = {}
@@ -263,6 +264,7 @@ class CachingAllocator:
         seg = _Segment(self._new_addr(n), n)
         self._reserve(n)
         self.segments_allocated += 1
+        self.grown.append(n)
         return Block(stream, n, seg.addr, pool.small, seg)
 
     # --- releasing cached segments ----------------------------------------------------------------------------
@@ -392,6 +394,7 @@ class CachingAllocator:
         pool.insert(b)
         self._reserve(n)
         self.segments_allocated += 1
+        self.grown.append(n)
         return b
 
     def _unmap(self, pool: _Pool, b: Block) -> None:

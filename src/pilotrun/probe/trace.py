@@ -44,8 +44,10 @@ def _bytes(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def trace(loaded, *, device: str = "cuda", prep=None, counted: bool | None = None) -> dict:
-    """Run every phase on fake tensors; returns {"rows": [...], "params": n, "trainable": n, "wall_s": s}.
+def trace(loaded, *, device: str = "cuda", prep=None, counted: bool | None = None,
+          settings: Settings = DEFAULTS) -> dict:
+    """Run every phase on fake tensors; returns {"rows": [...], "params": n, "trainable": n, "wall_s": s}; on CUDA
+    the rows' counters are the caching allocator's replay under ``settings``.
 
     ``counted``: count identical decoder layers and micro-batches from two shallow traces
     (probe/counted.py) instead of tracing them all; None: when the model has enough layers of one shape
@@ -54,7 +56,7 @@ def trace(loaded, *, device: str = "cuda", prep=None, counted: bool | None = Non
     tr = traced(loaded, device=device, prep=prep, counted=counted)
     t = loaded.campaign.train
     ranks = data_parallel_ranks(t)
-    rows = rows_for(tr, ranks=ranks, strategy=t.strategy)
+    rows = rows_for(tr, ranks=ranks, strategy=t.strategy, settings=settings)
     return {"rows": rows, "params": tr["params"], "trainable": tr["trainable"], "ranks": ranks,
             "counted": tr["counted"], "wall_s": time.perf_counter() - started}
 

@@ -124,7 +124,7 @@ def options(sheet, loaded, prep, rates, gpu_rows, kind, ranks) -> None:
 EXPANDABLE = "expandable_segments:True"
 
 
-def expandable_advice(sheet, loaded, fits, gpu_rows, ranks, t, bf16: bool) -> None:
+def expandable_advice(sheet, loaded, fits, gpu_rows, ranks, t, bf16: bool, gpus=CATALOGUE) -> None:
     """The catalogue cards that do not fit as the campaign is launched but fit with ``expandable_segments:True``
     (the same trace replayed with it, kept in the home): ``sheet["advice"]``, each with both figures; the launch
     files set the variable when the sheet's target is one of them (``sheet["launch_env"]``)."""
@@ -140,7 +140,7 @@ def expandable_advice(sheet, loaded, fits, gpu_rows, ranks, t, bf16: bool) -> No
         if tr is None:
             _, tr = predict_rows(loaded, sheet["_prep"](), settings)
         rows = rows_for(tr, ranks=ranks, strategy=t.strategy, settings=settings)
-        return {"rows": rows, "cards": on_cards(tr, rows, [g for g in CATALOGUE if g.key in {f["gpu"] for f in short}],
+        return {"rows": rows, "cards": on_cards(tr, rows, [g for g in gpus if g.key in {f["gpu"] for f in short}],
                                                  ranks=ranks, strategy=t.strategy, settings=settings)}
 
     try:
@@ -149,7 +149,7 @@ def expandable_advice(sheet, loaded, fits, gpu_rows, ranks, t, bf16: bool) -> No
     except Exception as e:  # noqa: BLE001 - the sheet stands without the advice; say why
         sheet["warnings"].append(f"no allocator advice: the replay could not run ({type(e).__name__}: {e})")
         return
-    by_key = {g.key: g for g in CATALOGUE}
+    by_key = {g.key: g for g in gpus}
     again = fit_table(kept["rows"], "predicted", [by_key[f["gpu"]] for f in short], needs_bf16=bf16, ranks=ranks,
                       cards=kept["cards"])
     advice = []

@@ -233,3 +233,20 @@ def routing_worst(rows: list[dict], routing: dict | None) -> list[dict]:
                          **{k: r[k] + extra for k in ("peak_allocated", "peak_reserved") if r.get(k) is not None})
         out.append(r)
     return out
+
+
+def fragmentation(measured: list[dict], predicted: list[dict]) -> list[dict]:
+    """Per phase of a CUDA pilot: the fragmentation it measured (reserved − allocated at the phase's peaks, the worst
+    rank) beside the replay's for the same campaign, each with its reserved."""
+    pred = {r["phase"]: r for r in predicted}
+    out = []
+    for name in dict.fromkeys(r["phase"] for r in measured):
+        rs = [r for r in measured if r["phase"] == name and r.get("peak_reserved") is not None]
+        p = pred.get(name)
+        if not rs or p is None or p.get("peak_reserved") is None:
+            continue
+        m = max(rs, key=lambda r: r["peak_reserved"])
+        out.append({"phase": name, "rank": m.get("rank", 0), "measured_reserved": m["peak_reserved"],
+                    "measured": m["peak_reserved"] - m["peak_allocated"], "replay_reserved": p["peak_reserved"],
+                    "replay": p["peak_reserved"] - p["peak_allocated"]})
+    return out

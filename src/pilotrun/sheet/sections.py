@@ -57,8 +57,7 @@ def memory(s: dict) -> list[tuple]:
         out.append(("p", "Fragmentation (reserved − allocated at each phase's peaks): measured by the pilot on its "
                          "card, beside the caching allocator's replay of the estimator's trace for the same campaign "
                          "(on a card that never fills)."))
-        out.append(("table", ["phase", "rank", "measured reserved", "measured fragmentation", "replay reserved",
-                              "replay fragmentation"],
+        out.append(("table", ["phase", "rank", "reserved", "fragmentation", "replay: reserved", "fragmentation"],
                     [[f["phase"], f["rank"], size(f["measured_reserved"]), size(f["measured"]),
                       size(f["replay_reserved"]), size(f["replay"])] for f in m["fragmentation"]]))
     if m.get("proof"):

@@ -9,10 +9,11 @@ its memory less the context, NCCL's buffers and the headroom): its reserved peak
 allocator's retry path (cached segments released) keeps it within it.
 
 Reserved is not monotonic in a size (a block one size larger no longer fits a cached segment: the demo's
-eval batch reserves more at 21 than at 23), so the answer is not the last size that fits in probe order. The
-search finds a boundary (a size that fits, the next does not); below it, every size is probed downwards until
-one fits with room for the most fragmentation any probe showed (reserved − allocated): allocated grows with the
-size, so every smaller size then fits too, unless it fragments more than any size probed did.
+micro_batch at 34 tokens reserves 112 MiB at 20, 134 at 21 and 22, 118 at 23), so the answer is not the last size
+that fits in probe order. The search finds a boundary (a size that fits, the next does not); below it, every size
+is probed downwards until one fits with room for the most fragmentation (reserved − allocated) the probes up to the
+boundary showed: allocated grows with the size, so every smaller size then fits too, unless it fragments more than
+any size probed there did.
 
 A size is also capped by what can exist, whatever the memory: the model's maximum positions, the
 longest record the data holds (a longer seq_len only pads), the examples a rank gets from the split.
@@ -252,9 +253,9 @@ def boundary(measure, limit: int, start: int, cap: int, seen: dict | None = None
 
 def largest(measure, limit: int, start: int, cap: int, scan: dict | None = None) -> int:
     """The largest n in [1, cap] such that every size from 1 to n fits (0 when 1 does not): ``boundary``, then
-    downwards from it every size until one fits with room for the most fragmentation seen (its reserved plus
-    the largest reserved − allocated of any probe within ``limit``), each one that does not fit lowering the
-    answer below it. ``scan`` (a dict) receives how it ended: "checked" (the sizes probed below the boundary)
+    downwards from it every size until one fits with room for the most fragmentation seen at sizes up to the
+    boundary's next (its reserved plus the largest reserved − allocated of those probes within ``limit``), each
+    one that does not fit lowering the answer below it. ``scan`` (a dict) receives how it ended: "checked" (the sizes probed below the boundary)
     and "assumed" (the size below which fitting is inferred, not probed; 0 when every size was)."""
     seen: dict[int, tuple] = {}
     best = boundary(measure, limit, start, cap, seen)
@@ -266,7 +267,7 @@ def largest(measure, limit: int, start: int, cap: int, scan: dict | None = None)
         reserved, allocated, fits = seen[n]
         if not fits:
             best = n - 1
-        elif reserved + max(r - a for r, a, _ in seen.values()) <= limit or checked >= MAX_SCAN:
+        elif reserved + max(r - a for k, (r, a, _) in seen.items() if k <= best + 1) <= limit or checked >= MAX_SCAN:
             assumed = n - 1
             break
         n -= 1
