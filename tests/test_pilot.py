@@ -7,6 +7,7 @@ from conftest import simple_records, tiny_causal_campaign, write_campaign
 from pilotrun.campaign import load_campaign
 from pilotrun.rehearsal.memory.pilot import pilot
 from pilotrun.phases import PHASES
+from pilotrun.probe.sizes import fmt_bytes
 
 COUNTERS = ("baseline", "peak_allocated", "end_allocated")
 
@@ -27,6 +28,12 @@ def test_demo_pilot_has_seven_ok_rows_with_real_numbers(cli, demo_campaign, tmp_
     from pilotrun.journal import Journal
 
     assert len(Journal(tmp_path / "home").phase_rows(r.json["data"]["run_id"])) == 7
+    # one figure for the GPU, named; RSS only as the host's memory (issue 43: "the peak is reload (2.47 GiB)" was RSS)
+    top = max(rows, key=lambda x: x["peak_allocated"])
+    assert r.json["summary"].endswith(f"the peak is {top['phase']} ({fmt_bytes(top['peak_allocated'])} live tensors)")
+    rss = max(rows, key=lambda x: x["peak_reserved"])
+    assert (f"host memory: the process RSS peaked at {fmt_bytes(rss['peak_reserved'])} at {rss['phase']} "
+            "(the interpreter and libraries too: this machine's, never a GPU figure") in "\n".join(r.json["messages"])
 
 
 def _long_validation_campaign(tmp_path):

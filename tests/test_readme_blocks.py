@@ -40,7 +40,7 @@ NOT_COMMANDS = {"json": "the JSON envelope's shape, not a command", "text": "sam
 # Lines that run full stages (the demo's `all`, sweeps, two gloo ranks): the slow test runs them.
 SLOW = [r"^pilotrun demo\b", r"^pilotrun all\b", r"^cd examples && pilotrun all\b", r"train\.nproc=2",
         r"^pilotrun sweep\b", r"^pilotrun fit\b", r"^pilotrun overfit\b", r"^pilotrun pilot\b", r"^pilotrun resume\b",
-        r"--options\b", r"^pilotrun sheet\b"]
+        r"--options\b", r"^pilotrun sheet\b", r"^pilotrun export\b", r"--track\b"]
 SLOW_PYTHON = ("PilotrunTrainerCallback", "PilotrunLightningCallback")
 FAST = [r"^pilotrun (init|import|validate|train|runs|show|note|inspect|leakage|split|estimate|verify|archive|report|env)\b"]
 

@@ -1,6 +1,6 @@
 """What `all`'s stages reuse in its process, and what the sheet reuses across processes (issue 34): the encoded
 splits and a model's pristine weights keyed by the campaign's identity (config hash, files' path, size,
-mtime_ns, content hash), a changed file read again; the estimator's traces kept in the journal's home, a
+content hash), a changed file read again; the estimator's traces kept in the journal's home, a
 changed config traced again."""
 
 from __future__ import annotations
@@ -194,3 +194,144 @@ def test_weights_changed_in_the_model_folder_between_two_builds_are_read_again(t
     assert reuse.COUNTS["pristine_hits"] == before["pristine_hits"]
     name, value = next(iter(second.state_dict().items()))
     assert torch.allclose(value, first.state_dict()[name] * 0.5), name
+
+
+def _reseed():
+    """The tensor counter counts what is alive at a process's first phase: seen again here, as a fresh ``all``'s
+    first measured phase sees it (an earlier test of this process seeded it before the cache existed)."""
+    import gc
+
+    from pilotrun.engine.tensors import LIVE
+
+    gc.collect()
+    LIVE.seeded = False
+    LIVE.seed()
+    return LIVE.bytes
+
+
+def _keep(path, what: str):
+    """What an earlier stage of `all` leaves in the process (overfit: the encoded splits, then the pristine model)."""
+    with reuse.sharing():
+        prep = prepare(load_campaign(path), splits=("train", "validation"))
+        if what == "pristine":
+            prep.task.build_model()
+    return prep
+
+
+def test_a_stage_that_measures_memory_holds_nothing_all_kept(tmp_path):
+    """Issue 43: `all`'s pilot counted the deep copy of the model `all` kept between stages (a baseline of one
+    model). Each kept thing — the task with its encoded splits, the pristine model, its generator state — is no
+    longer alive once a measured stage (the pilot, a train run: ``unshared``) starts, and a later stage that shares
+    builds it again."""
+    import gc
+    import weakref
+
+    path = tiny_causal_campaign(tmp_path / "c", simple_records(12), simple_records(4, start=50))
+    _keep(path, "pristine")
+    (kept,), (pristine,) = reuse._ENCODED.values(), reuse._PRISTINE.values()
+    refs = {"task": weakref.ref(kept["task"]), "model": weakref.ref(pristine[0]), "rng": weakref.ref(pristine[1])}
+    del kept, pristine
+    with reuse.sharing():
+        with reuse.unshared():
+            gc.collect()
+            assert {k: r() is None for k, r in refs.items()} == {"task": True, "model": True, "rng": True}
+            assert not reuse._ENCODED and not reuse._PRISTINE
+        prepare(load_campaign(path), splits=("train",))
+    assert reuse._ENCODED
+
+
+def _tensor_columns(result) -> list[tuple]:
+    return [(r["phase"], r["rank"], r["baseline"], r["peak_allocated"], r["end_allocated"])
+            for r in result.data["rows"]]
+
+
+@pytest.mark.slow
+def test_the_pilot_inside_all_measures_the_ledger_of_the_pilot_alone(tmp_path):
+    """The same through the stage itself: with what overfit leaves kept, `all`'s pilot gives the tensor ledger of the
+    same pilot alone, row for row (issue 43 saw a baseline of one model and a steady step ~30 % higher)."""
+    from pilotrun.rehearsal.all import Budgets, _pilot
+    from pilotrun.rehearsal.memory.pilot import pilot
+
+    path = tiny_causal_campaign(tmp_path / "c", simple_records(12), simple_records(4, start=50))
+    _keep(path, "pristine")
+    with reuse.sharing():
+        _reseed()
+        inside = _pilot(load_campaign(path), tmp_path / "home", Budgets())
+    reuse.forget()
+    _reseed()
+    alone = pilot(load_campaign(path), tmp_path / "home2")
+    assert inside.verdict == alone.verdict == "ok"
+    assert _tensor_columns(inside) == _tensor_columns(alone)
+
+
+@pytest.mark.slow
+def test_the_train_stage_inside_all_observes_the_peaks_of_a_train_run_alone(tmp_path):
+    """The second stage `all` measures: its train run's observed_* rows (each run's worst block per kind, set against
+    the pilot) are those of the same run alone, with what overfit leaves kept in the process."""
+    from pilotrun.journal.store import Journal
+    from pilotrun.rehearsal.all import Budgets, _train
+    from pilotrun.rehearsal.training.train import train_run
+
+    path = tiny_causal_campaign(tmp_path / "c", simple_records(12), simple_records(4, start=50))
+
+    def observed(home, run_id):
+        return [(r["phase"], r["baseline"], r["peak_allocated"], r["end_allocated"])
+                for r in Journal(home).phase_rows(run_id) if r["phase"].startswith("observed_")]
+
+    _keep(path, "pristine")
+    with reuse.sharing():
+        _reseed()
+        inside = _train(load_campaign(path), tmp_path / "home", Budgets())
+    reuse.forget()
+    _reseed()
+    alone = train_run(load_campaign(path), tmp_path / "home2", progress=False)
+    assert inside.verdict == alone.verdict == "ok"
+    rows = observed(tmp_path / "home", inside.data["run_id"])
+    assert rows and rows == observed(tmp_path / "home2", alone.data["run_id"])
+
+
+def test_a_file_over_4_mib_replaced_at_the_same_size_and_mtime_is_another_identity(tmp_path):
+    """Issue 44: above 4 MiB the key held path, size and mtime only: a file replaced by one of the same size and
+    mtime (a restore, ``rsync -t``) served the old encoded data. The key holds the content's hash at any size
+    (here the validation file, over 4 MiB; the issue's was the train file)."""
+    path = tiny_causal_campaign(tmp_path / "c", simple_records(12), simple_records(4, start=50))
+    valid = tmp_path / "c" / "data" / "validation.jsonl"
+    line = json.dumps({"instruction": "reverse " + "a" * 200, "output": "b" * 200}) + "\n"
+    valid.write_text(line * (4 * 2**20 // len(line) + 200))
+    assert valid.stat().st_size > 4 * 2**20
+    key = reuse.identity(load_campaign(path))
+    assert reuse.identity(load_campaign(path)) == key  # the clean case: unchanged, the same key
+    st = valid.stat()
+    valid.write_text(valid.read_text().replace("a" * 200, "c" * 200, 1))
+    os.utime(valid, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert valid.stat().st_size == st.st_size and valid.stat().st_mtime_ns == st.st_mtime_ns
+    assert reuse.identity(load_campaign(path)) != key
+
+
+def test_a_kept_trace_edited_or_cut_is_a_miss_traced_again(tmp_path):
+    """Issue 44: a trace file reduced to its key made the next sheet FAIL "no GPU fits". Any entry that is not
+    whole — here a figure edited in its body — is a miss, traced again, and
+    the figures are the fresh trace's."""
+    import gzip
+
+    from pilotrun.probe.trace import rows_for, traced
+
+    path = tiny_causal_campaign(tmp_path / "c", simple_records(12), simple_records(4, start=50))
+    loaded = load_campaign(path)
+    prep = prepare(loaded, splits=("train", "validation"))
+    home = tmp_path / "home"
+    with reuse.keeping_traces(home):
+        fresh = rows_for(traced(loaded, prep=prep, counted=False))
+    kept = next((home / "traces").glob("*.json.gz"))
+    head, _, body = gzip.decompress(kept.read_bytes()).partition(b"\n")
+    data = json.loads(body)
+    data["params"] = data["params"] * 1000  # edited behind pilotrun's back: the header's hash no longer holds
+    kept.write_bytes(gzip.compress(head + b"\n" + json.dumps(data).encode()))
+    before = _counts()
+    with reuse.keeping_traces(home):
+        again = rows_for(traced(loaded, prep=prep, counted=False))
+    assert reuse.COUNTS["trace_builds"] - before["trace_builds"] == 1 and again == fresh
+    before = _counts()
+    with reuse.keeping_traces(home):  # the clean case: the entry the retrace wrote is read back
+        assert rows_for(traced(loaded, prep=prep, counted=False)) == fresh
+    assert reuse.COUNTS["trace_hits"] - before["trace_hits"] == 1

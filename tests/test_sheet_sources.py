@@ -166,7 +166,8 @@ def test_launch_files_parse_and_hold_the_sweep_in_order(sheets):
     # the runs' own commands as comments, in order; what runs is the sweep of the fixed id (resumable)
     assert [line.split(": ", 1)[1] for line in script.splitlines() if line.startswith("#   ")] == expected
     run_lines = [line for line in script.splitlines() if line.startswith("pilotrun")]
-    assert run_lines == [f'pilotrun sweep campaign.yaml --id {sid} --home "${{PILOTRUN_HOME:-{folder}/home}}"']
+    assert run_lines == [f'pilotrun sweep campaign.yaml --id {sid} --home "$PILOTRUN_HOME"']
+    assert f"PILOTRUN_HOME=${{PILOTRUN_HOME:-{folder}/home}}" in script.splitlines()  # the home, quoted by shell.py
     sky = yaml.safe_load((folder / "sheet.sky.yaml").read_text())
     assert sky["resources"]["accelerators"] == "RTX4090:1" and sky["workdir"] == str(folder.resolve())
     assert sky["resources"]["job_recovery"]["strategy"] == "FAILOVER"
@@ -176,13 +177,13 @@ def test_launch_files_parse_and_hold_the_sweep_in_order(sheets):
     setup = sky["setup"].splitlines()
     assert setup[0] == "pip install torch==" + piloted["torch"].split("+")[0]
     assert f"transformers=={piloted['transformers']}" in setup[1] and f"peft=={piloted['peft']}" in setup[1]
-    assert setup[1].endswith(f'"$HOME/pilotrun-wheel/{wheel.name}"') and " pilotrun " not in setup[1] + " "
+    assert setup[1].endswith(f'"$HOME"/pilotrun-wheel/{wheel.name}') and " pilotrun " not in setup[1] + " "
     # the sweep on the instance's disk (SQLite's WAL and locks need a local file system), the home restored
     # from the bucket mount before it and copied back after it (journal/mirror.py)
     assert [line.strip() for line in sky["run"].splitlines() if line.strip().startswith("pilotrun")] == [
         'pilotrun _mirror-home /pilotrun-home "$PILOTRUN_LOCAL_HOME" --restore || exit 1',
         f'pilotrun sweep campaign.yaml --id {sid} --home "$PILOTRUN_LOCAL_HOME"',
-        'pilotrun _mirror-home "$PILOTRUN_LOCAL_HOME" /pilotrun-home $JOURNAL || rc=1']
+        'pilotrun _mirror-home "$PILOTRUN_LOCAL_HOME" /pilotrun-home "$JOURNAL" || rc=1']
     sbatch = (folder / "sheet.sbatch").read_text()
     opts = dict(line[len("#SBATCH --"):].split("=", 1) if "=" in line else (line[len("#SBATCH --"):], "")
                 for line in sbatch.splitlines() if line.startswith("#SBATCH"))

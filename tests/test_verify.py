@@ -123,3 +123,120 @@ def test_lora_adapter_reloads_through_peft(cli, tmp_path):
     text = "\n".join(r.json["messages"])
     assert "artifact/adapter: loaded as a user would (PeftModelForCausalLM" in text
     assert "artifact/merged: loaded as a user would (LlamaForCausalLM" in text
+
+
+def _lora_on_saved_base(tmp_path, **train):
+    """A LoRA run (2 updates) on a tiny Llama saved in fp32, trained as ``train`` says (dtype, precision)."""
+    from conftest import simple_records, tiny_causal_campaign
+    from transformers import AutoConfig, AutoModelForCausalLM, ByT5Tokenizer
+
+    from pilotrun.campaign import load_campaign
+    from pilotrun.rehearsal.training.train import train_run
+
+    cfg = dict(TINY_LLAMA)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(AutoConfig.for_model(cfg.pop("model_type"), **cfg)).save_pretrained(
+        tmp_path / "base")
+    ByT5Tokenizer().save_pretrained(tmp_path / "base")
+    path = tiny_causal_campaign(tmp_path / "c", simple_records(8), simple_records(4, 100))
+    c = yaml.safe_load(path.read_text())
+    c["model"] = {"path": str(tmp_path / "base"), "dtype": train.pop("dtype"),
+                  "adapter": {"kind": "lora", "r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}}
+    c["train"].update(updates=2, eval_every=2, **train)
+    path.write_text(yaml.safe_dump(c))
+    res = train_run(load_campaign(path), tmp_path / "home", progress=False)
+    assert res.verdict == "ok", res.messages
+    return tmp_path / "home", res.data["run_id"]
+
+
+def _worker_in_process(home, run_id, tmp_path):
+    """verify's fresh-process half, called here (the comparison is under test, not the process start)."""
+    import json
+
+    from pilotrun.journal.store import Journal
+    from pilotrun.rehearsal.mechanics.verify import compare, verify_worker
+
+    control = Journal(home).predictions(run_id, "control")
+    tmp_path.mkdir()
+    (tmp_path / "control.json").write_text(json.dumps(control))
+    verify_worker(str(home / "runs" / run_id), str(tmp_path / "control.json"), str(tmp_path / "out.json"))
+    return compare(run_id, control, json.loads((tmp_path / "out.json").read_text()))
+
+
+@pytest.mark.slow
+def test_fp16_adapter_on_an_fp32_base_folder_reloads_in_the_trained_dtype(tmp_path):
+    """Issue 43: a bf16 campaign's adapter was reloaded onto its base in the folder's dtype and failed on logits its
+    own dtype rounds. Here another instance: fp16 weights (model.dtype float16, fp32 precision: the math is fp16)
+    over a folder saved in fp32 — reloaded in fp16, judged at fp16's tolerance; the same artifact with its adapter
+    scaled (another model) still fails."""
+    from safetensors.torch import load_file, save_file
+
+    home, run_id = _lora_on_saved_base(tmp_path, dtype="float16", precision="fp32")
+    res = _worker_in_process(home, run_id, tmp_path / "clean")
+    assert res.verdict == "ok", res.messages
+    row = res.rows[0]
+    assert row["dtype"] == "float16" and row["ids_equal"] and row["max_logit_diff"] <= row["tolerance"]
+    assert 1e-4 < row["tolerance"] < 5e-2  # fp16's spacing at the logits' scale, not fp32's 1e-4
+    assert "loaded as a user would (PeftModelForCausalLM, torch.float16)" in "\n".join(res.messages)
+
+    weights = home / "runs" / run_id / "artifact" / "adapter" / "adapter_model.safetensors"
+    save_file({k: v * 40 for k, v in load_file(str(weights)).items()}, str(weights), metadata={"format": "pt"})
+    write_manifest(home / "runs" / run_id, {"kind": "pilotrun-run", "run_id": run_id})
+    res = _worker_in_process(home, run_id, tmp_path / "planted")
+    assert res.verdict == "fail"
+    assert "artifact/adapter: logits differ from training by up to" in "\n".join(res.messages)
+
+
+def test_a_flip_at_a_near_tie_is_said_and_a_real_difference_fails():
+    """The ids may differ only where the training-time logits of both ids were within the tolerance."""
+    from pilotrun.rehearsal.mechanics.verify import compare, logit_tolerance, near_ties
+
+    tol = logit_tolerance("bfloat16", 12.0)
+    assert tol == pytest.approx(8 * 2 ** -7 * 12.0) and logit_tolerance("float32", 12.0) == 1e-4
+    values = torch.tensor([[12.0, 9.0, 3.0], [12.0, 11.99, 11.9], [12.0, 11.9, 11.8]])
+    indices = torch.tensor([[5, 6, 7], [8, 9, 10], [1, 2, 3]])
+    control = {"a": {"pred": [5, 8, 1]}, "b": {"pred": [5, 8, 1]}, "c": {"pred": [5, 8, 1]}}
+    # a: a tie flipped, and an id below a top-k that is flat within the tolerance; b: 3 apart; c: far below the top-k
+    pred = {"a": [5, 9, 77], "b": [6, 8, 1], "c": [42, 8, 1]}
+    stored = {r: (values, indices) for r in control}
+    ties = near_ties(control, pred, stored, tol)
+    assert set(ties) == {"a"} and [t["position"] for t in ties["a"]] == [1, 2]
+    assert ties["a"][0]["gap"] == pytest.approx(0.01, abs=1e-3)
+    reloaded = {"pid": 1, "artifacts": {"model": {"pred": pred, "ties": ties, "atol": tol, "max_logit_diff": 0.01,
+                                                  "compute_dtype": "bfloat16", "tokenizer": "same", "loaded": "x"}}}
+    res = compare("r1", control, reloaded)
+    text = "\n".join(res.messages)
+    assert res.verdict == "fail" and "(2 of 3 control examples differ beyond a near tie)" in text
+    assert "predicted ids of b differ from the end of training at target 0: [6, 8, 1] against [5, 8, 1]" in text
+    assert "2 target position(s) of 1 control example(s) predict the other id of a near tie" in text
+    del pred["b"], pred["c"], control["b"], control["c"]
+    assert compare("r1", control, reloaded).verdict == "ok"
+
+
+@pytest.mark.parametrize("dtype,precision,held", [("float16", "fp32", torch.float16),
+                                                  ("float32", "bf16-true", torch.bfloat16)])
+def test_an_artifact_reloads_in_the_dtype_it_was_trained_in(tmp_path, dtype, precision, held):
+    """An adapter over a base folder saved in fp32, and a whole model, reload in the weights' dtype of the run (the
+    folder's own dtype would compute other logits), as verify's fresh process loads them."""
+    from transformers import AutoConfig, AutoModelForCausalLM, ByT5Tokenizer
+
+    from pilotrun.campaign import load_campaign
+    from pilotrun.tasks import make_task
+
+    cfg = dict(TINY_LLAMA)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(AutoConfig.for_model(cfg.pop("model_type"), **cfg)).save_pretrained(
+        tmp_path / "base")
+    ByT5Tokenizer().save_pretrained(tmp_path / "base")
+    from conftest import simple_records, tiny_causal_campaign
+
+    lora = {"kind": "lora", "r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}
+    for adapter in (lora, None):
+        path = tiny_causal_campaign(tmp_path / f"c{bool(adapter)}", simple_records(4), model__path=str(tmp_path / "base"),
+                                    model__config=None, model__tokenizer=None, model__dtype=dtype,
+                                    model__adapter=adapter, train__precision=precision)
+        task = make_task(load_campaign(path))
+        written = task.save_artifact(task.build_model(), tmp_path / f"art{bool(adapter)}")
+        reloaded = task.load_artifact(tmp_path / f"art{bool(adapter)}" / written[0])
+        base = reloaded.get_base_model() if adapter else reloaded
+        assert base.model.embed_tokens.weight.dtype == held, (adapter, written)

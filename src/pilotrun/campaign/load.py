@@ -50,6 +50,7 @@ class LoadedCampaign:
     def with_overrides(self, overrides: dict[str, Any]) -> "LoadedCampaign":
         raw = apply_overrides(self.resolved_dict(), overrides, where=str(self.source or "campaign"))
         c = _validate(raw, self.source, {})
+        c.track = self.campaign.track  # not in the resolved config (where runs are logged is no part of the experiment)
         hub = _resolve_paths(c, self.base_dir)  # an overridden relative path is relative to the campaign file too
         return LoadedCampaign(c, self.source, self.base_dir, {**self.hub, **hub})
 

@@ -58,7 +58,9 @@ class QuantizationConfig(BaseModel):
 
     @model_validator(mode="after")
     def _eight_bit(self) -> "QuantizationConfig":
-        said = sorted(k for k in ("type", "double_quant", "compute_dtype") if k in self.model_fields_set)
+        # a 4-bit setting away from its default (a campaign written back whole, --set included, holds the defaults)
+        said = sorted(k for k in ("type", "double_quant", "compute_dtype")
+                      if getattr(self, k) != type(self).model_fields[k].default)
         if self.bits == 8 and said:
             raise ValueError(f"{', '.join(said)} {'is a 4-bit setting' if len(said) == 1 else 'are 4-bit settings'}"
                              "; 8-bit (LLM.int8()) has none: remove "
@@ -264,6 +266,18 @@ class ImportedConfig(BaseModel):
     """The source's settings the rehearsal does not reproduce; ``all`` and the sheet say them once."""
 
 
+class TrackConfig(BaseModel):
+    model_config = _STRICT
+    to: Literal["mlflow", "wandb"]
+    """The team's tracker: ``train``, ``sweep`` and ``all`` log their runs to it as they go (``--track`` says the
+    same for one command; ``pilotrun export`` sends what the journal already holds)."""
+    uri: str | None = None
+    """MLflow's tracking URI; default $MLFLOW_TRACKING_URI, else a SQLite store in the home (HOME/mlflow.db).
+    W&B reads its own settings (WANDB_MODE, WANDB_DIR, WANDB_BASE_URL): offline files unless they say otherwise."""
+    experiment: str | None = None
+    """The MLflow experiment, or the W&B project; default the campaign's name."""
+
+
 class Campaign(BaseModel):
     model_config = _STRICT
     name: str = "campaign"
@@ -286,3 +300,6 @@ class Campaign(BaseModel):
     """The rental being planned."""
     imported: ImportedConfig | None = None
     """Written by ``pilotrun import``: the source config and the settings of it the rehearsal does not reproduce."""
+    track: TrackConfig | None = Field(None, exclude=True)
+    """Live logging to the team's tracker (off by default). Where runs are logged is not part of the experiment:
+    left out of the resolved config and its sha256, so turning it on keeps the campaign's pilots and sweeps."""

@@ -49,5 +49,10 @@ def check_sweep_id(sweep_id: str) -> None:
 def launch_sweep_id(loaded) -> str:
     """The sweep id a launch file fixes: the campaign's name and its config sha256 (the plan is part of it), so
     a changed campaign gets a new id (a new sweep) and the same campaign the same one."""
-    slug = "".join(ch if ch.isalnum() or ch in "-_" else "-" for ch in loaded.c.name.lower())[:40] or "campaign"
-    return f"sweep-{slug}-{loaded.config_sha256()[:12]}"
+    return f"sweep-{slug(loaded.c.name)[:40]}-{loaded.config_sha256()[:12]}"
+
+
+def slug(name: str) -> str:
+    """``name`` lower-cased, each character but ASCII letters, digits, '-' and '_' a '-': it names a sweep, a
+    bucket and a scheduler's job, and `sweep --id` takes [A-Za-z0-9._-] only (check_sweep_id)."""
+    return "".join(ch if (ch.isascii() and ch.isalnum()) or ch in "-_" else "-" for ch in name.lower()) or "campaign"

@@ -1,10 +1,10 @@
-"""The journal verbs: runs, show, note."""
+"""The journal verbs: runs, show, note, export."""
 
 from __future__ import annotations
 
 import click
 
-from pilotrun.cli.common import common_options, emit_data, home_for
+from pilotrun.cli.common import common_options, emit_data, home_for, load
 from pilotrun.cli.main import cli
 # The verbs' work is imported inside each command: `pilotrun --help` imports this module (lazy on purpose).
 
@@ -19,14 +19,14 @@ def _journal(home):
 @click.option("--kind", default=None, help="only runs of this kind (train, pilot, overfit, sweep ...)")
 @common_options
 def runs(kind, home, as_json):
-    """Every run in the journal, oldest first, with its status."""
+    """Every run in the journal, newest first (as the report lists them), with its status."""
     from pilotrun.journal.runs import run_table_rows
     from pilotrun.report.terminal import render_runs
 
     j = _journal(home)
-    data = run_table_rows(j, j.list_runs(kind=kind))
+    data = run_table_rows(j, j.list_runs(kind=kind))[::-1]  # newest first, the one order of runs and the report
     return emit_data({"runs": data}, as_json, lambda con, d: render_runs(con, d["runs"]),
-                     summary=f"{len(data)} runs" + (f" of kind {kind}" if kind else ""))
+                     summary=f"{len(data)} runs" + (f" of kind {kind}" if kind else "") + ", newest first")
 
 
 @cli.command()
@@ -79,6 +79,45 @@ def note(text, run_id, decision, home, as_json):
     data = {"note_id": note_id, "run_id": run_id, "decision": decision, "text": text}
     said = f"{'decision' if decision else 'note'} {note_id} recorded" + (f" for run {run_id}" if run_id else "")
     return emit_data(data, as_json, lambda con, d: con.print(said, markup=False), summary=said)
+
+
+@cli.command()
+@click.argument("what", required=False, metavar="[RUN_ID | SWEEP_ID | CAMPAIGN]")
+@click.option("--to", "to", type=click.Choice(["mlflow", "wandb"]), default=None,
+              help="the tracker (default: the campaign's track.to)")
+@click.option("--uri", default=None, help="MLflow's tracking URI (default: the campaign's track.uri, else "
+                                          "$MLFLOW_TRACKING_URI, else sqlite:///HOME/mlflow.db)")
+@click.option("--experiment", default=None, help="the MLflow experiment or W&B project (default: the campaign's "
+                                                 "track.experiment, else its name)")
+@common_options
+def export(what, to, uri, experiment, home, as_json):
+    """Send the journal's runs (one run, a sweep, a campaign file's runs, or with nothing named every run) to
+    MLflow or Weights & Biases: config, metrics, verdicts, ledger, sheet, report. Idempotent."""
+    from pathlib import Path
+
+    from pilotrun.cli.common import emit
+    from pilotrun.errors import BadInput
+    from pilotrun.integrations.trackers.export import export as run_export
+
+    campaign_name, track = None, None
+    if what is not None and Path(what).is_file():  # a campaign file: its runs, its track key, its home
+        loaded = load(what)
+        campaign_name, track = loaded.campaign.name, loaded.campaign.track
+        home = home_for(home, what)
+    else:
+        home = home_for(home)
+    to = to or (track.to if track else None)
+    if to is None:
+        raise BadInput("no tracker named", where="--to", fix="pass --to mlflow or --to wandb (or set the campaign's "
+                                                              "track: {to: mlflow})")
+    same = track is not None and track.to == to
+    from pilotrun.journal.store import Journal
+
+    journal = Journal(home, create=False)
+    result = run_export(journal, to, what if campaign_name is None else None, campaign_name=campaign_name,
+                        uri=uri or (track.uri if same else None),
+                        experiment=experiment or (track.experiment if same else None))
+    return emit(result, as_json)
 
 
 @cli.command(name="_mirror-home", hidden=True)

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import click
 
-from pilotrun.cli.common import campaign_argument, common_options, emit, home_for, live_renderer, load, set_option
+from pilotrun.cli.common import (campaign_argument, common_options, emit, fresh_processes_ready, home_for, live_renderer,
+                                 load, set_option, track_option, tracking)
 from pilotrun.cli.main import cli
 from pilotrun.console.progress import stage_progress
 from pilotrun.errors import BadInput
@@ -47,7 +48,7 @@ def _run_all(loaded, home, as_json, budgets) -> int:
     from pilotrun.rehearsal.all import run_all
 
     results = run_all(loaded, home, on_result=live_renderer(as_json), budgets=budgets)
-    return emit(results, as_json, rendered=True, notes=budgets.lines(loaded))
+    return emit(results, as_json, rendered=True, notes=budgets.lines(loaded, results))
 
 
 @cli.command()
@@ -130,25 +131,31 @@ def validate(campaign, sets, home, as_json):
 @set_option
 @click.option("--seed", type=int, default=None, help="seed of this run (overrides the campaign's seed)")
 @click.option("--supersedes", default=None, metavar="RUN_ID", help="the earlier run this one replaces")
+@track_option
 @common_options
-def train(campaign, sets, seed, supersedes, home, as_json):
+def train(campaign, sets, seed, supersedes, track, home, as_json):
     """One run through the training loop, with a new run id."""
     from pilotrun.rehearsal.training.train import train_run
 
     sets = tuple(sets) + ((f"seed={seed}",) if seed is not None else ())
 
     loaded = load(campaign, sets)
-    with stage_progress("train"):
-        result = train_run(loaded, home_for(home, campaign), supersedes=supersedes)
-    return emit(result, as_json)
+    home = home_for(home, campaign)
+    with tracking(loaded, home, track, campaign):
+        with stage_progress("train"):
+            result = train_run(loaded, home, supersedes=supersedes)
+        return emit(result, as_json)
 
 
 @cli.command(name="all")
 @campaign_argument
 @set_option
 @budget_options
+@track_option
 @common_options
-def all_(campaign, sets, quick, examples, max_updates, at, train_updates, home, as_json):
+def all_(campaign, sets, quick, examples, max_updates, at, train_updates, track, home, as_json):
     """The full rehearsal, every stage in order, with one summary table (each stage's time, the budgets used)."""
-    return _run_all(load(campaign, sets), home_for(home, campaign), as_json,
-                    _budgets(quick, examples, max_updates, at, train_updates))
+    fresh_processes_ready()  # before the campaign is loaded: nothing of the run in the zygote
+    loaded, home = load(campaign, sets), home_for(home, campaign)
+    with tracking(loaded, home, track, campaign, campaign_run=True):
+        return _run_all(loaded, home, as_json, _budgets(quick, examples, max_updates, at, train_updates))

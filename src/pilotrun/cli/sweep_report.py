@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from pilotrun.cli.common import campaign_argument, common_options, emit, home_for, load
+from pilotrun.cli.common import campaign_argument, common_options, emit, home_for, load, track_option, tracking
 from pilotrun.cli.main import cli
 from pilotrun.console.progress import head, say, stage_progress
 from pilotrun.verdicts import StageResult
@@ -22,8 +22,9 @@ from pilotrun.verdicts import StageResult
 @click.option("--ray", "ray_address", default=None, metavar="ADDRESS",
               help="run each run as a task on this Ray cluster ('auto': the one this machine is attached to); "
                    "the journal stays here")
+@track_option
 @common_options
-def sweep(campaign, continue_id, fixed_id, sets, ray_address, home, as_json):
+def sweep(campaign, continue_id, fixed_id, sets, ray_address, track, home, as_json):
     """The control and each variant of `plan`, for every seed, each its own run; then the comparison."""
     from pilotrun.rehearsal.training.sweep import sweep as run_sweep
 
@@ -45,10 +46,12 @@ def sweep(campaign, continue_id, fixed_id, sets, ray_address, home, as_json):
         say(f"run {r['index']}/{r['of']}: {r['arm']} [{r['label']}] seed {r['seed']} → {r['run_id']} "
             f"{r['status']}{again}{where}")
 
-    with stage_progress("sweep"):
-        result = run_sweep(loaded, home_for(home, campaign), continue_id=continue_id, on_run=on_run,
-                           sets=tuple(sets), on_start=on_start, ray_address=ray_address, fixed_id=fixed_id)
-    return emit(result, as_json)
+    home = home_for(home, campaign)
+    with tracking(loaded, home, track, campaign):
+        with stage_progress("sweep"):
+            result = run_sweep(loaded, home, continue_id=continue_id, on_run=on_run, sets=tuple(sets),
+                               on_start=on_start, ray_address=ray_address, fixed_id=fixed_id)
+        return emit(result, as_json)
 
 
 @cli.command()

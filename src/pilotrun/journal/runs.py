@@ -18,7 +18,8 @@ from pathlib import Path
 from pilotrun.errors import BadInput, DiskFull
 from pilotrun.journal.files import atomic_write_json, atomic_write_text, dump_yaml, write_manifest
 from pilotrun.journal.files import is_disk_full as disk_full
-from pilotrun.journal.store import Journal, Lease, check_fence
+from pilotrun.journal.observers import tell
+from pilotrun.journal.store import Journal, Lease, check_fence, iso, last_heartbeat, wall_time
 from pilotrun.provenance import (command_line, config_sha256, file_sha256, git_revision, package_versions,
                                  plain_config)
 from pilotrun.signals import interruption
@@ -66,7 +67,9 @@ def ending(exc: BaseException) -> tuple[str, dict]:
     stopped = interruption(exc)
     if stopped is not None:
         return "interrupted", {"reason": getattr(stopped, "reason", INTERRUPTED)}
-    return "failed", {"reason": f"{type(exc).__name__}: {exc}"}
+    if isinstance(exc, BadInput):  # the user's to fix: the message names it (no class name in what they read)
+        return "failed", {"reason": f"bad input: {exc}"}
+    return "failed", {"reason": f"{type(exc).__name__}: {exc}"}  # a bug: the exception, as it reads in a report
 
 
 def end_run(journal: Journal, run_id: str, exc: BaseException) -> None:
@@ -87,17 +90,110 @@ def phase_summary(journal: Journal, run_id: str) -> dict:
     return {"phases": len(verdicts), "failing": sum(v != "ok" for v in verdicts)}
 
 
-def find_pilot(journal, name: str, sha: str | None) -> tuple[dict | None, str | None]:
-    """The latest pilot of the campaign with phase rows, preferring the same config sha256."""
-    runs = [r for r in journal.list_runs(kind="pilot", name=name) if journal.phase_rows(r["run_id"])]
-    same = [r for r in runs if r["config_sha256"] == sha]
+# What a pilot's measurements (memory per phase, seconds per update) do not depend on: the campaign's name, its
+# plan and hardware, how long it trains, when it validates and saves, the optimizer's numbers (not its kind), the
+# seed, where it was imported from; the data files are compared by content (a copy elsewhere is the same data)
+NOT_MEASURED = ("name", "plan", "hardware", "imported", "seed", "train.updates", "train.epochs", "train.eval_every",
+                "train.save_every", "train.keep_checkpoints", "train.lr", "train.weight_decay", "train.schedule",
+                "train.warmup", "train.max_grad_norm", "train.stop", "data.train", "data.validation", "data.test")
+IDENTITY = ("task", "model.path", "model.config")  # a pilot of another model or task is never the nearest
+
+
+def flat(d: dict, prefix: str = "") -> dict[str, object]:
+    """A (resolved) config's nested dicts as dotted keys (``train.lr``); lists and other values as they are."""
+    out: dict[str, object] = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out.update(flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def _free(key: str) -> bool:
+    return any(key == f or key.startswith(f + ".") for f in NOT_MEASURED)
+
+
+def measured_differences(config: dict, run: dict, hashes: dict | None = None) -> list[str]:
+    """The keys whose values differ between the config ``config`` and what the pilot ``run`` measured: settings
+    that change its measurements, and each data split by content (``hashes``: the sha256 of files read so far)."""
+    a, b = flat(config), flat(run.get("config") or {})
+    keys = sorted(k for k in set(a) | set(b) if not _free(k) and a.get(k) != b.get(k))
+    hashes = {} if hashes is None else hashes
+    for split in SPLITS:
+        cur, rec = (config.get("data") or {}).get(split), (run.get("data") or {}).get(split)
+        if cur is None and rec is None:
+            continue
+        if cur is None or rec is None:
+            keys.append(f"data.{split}")
+        else:  # by content, the same path included: a file replaced since (a restore, rsync -t) is other data
+            if cur not in hashes:
+                try:
+                    hashes[cur] = file_sha256(cur)
+                except OSError:
+                    hashes[cur] = None
+            if hashes[cur] != rec.get("sha256"):
+                keys.append(f"data.{split}")
+    return keys
+
+
+def _said(keys: list[str], config: dict | None, run: dict, hashes: dict) -> str:
+    """The differences ``keys`` in words: a data file at the path the pilot read, whose content changed since,
+    named as such with both hashes."""
+    out = []
+    for k in keys:
+        split = k.removeprefix("data.")
+        cur, rec = ((config or {}).get("data") or {}).get(split), (run.get("data") or {}).get(split) or {}
+        if k.startswith("data.") and cur is not None and cur == rec.get("path"):
+            now = hashes.get(cur)
+            out.append(f"{k} (the file {cur} holds other data now: sha256 {str(rec.get('sha256'))[:12]} when the "
+                       f"pilot read it, {str(now)[:12] if now else 'unreadable'} now)")
+        else:
+            out.append(k)
+    return _keys(out)
+
+
+def find_pilot(journal, name: str, sha: str | None, config: dict | None = None) -> tuple[dict | None, str | None]:
+    """The pilot whose measurements stand for this campaign, and None or why they may not.
+
+    The latest pilot of the campaign ``name`` with the config sha256 ``sha``; else, given the resolved ``config``,
+    the latest pilot of any name that measured the same thing (``measured_differences`` empty: a copy of the
+    campaign under another name, another budget or learning rate); else the latest of the same name, or the
+    nearest pilot of the same task and model (fewest measured differences), said as another config's."""
+    runs = [r for r in journal.list_runs(kind="pilot") if journal.phase_rows(r["run_id"])]
+    mine = [r for r in runs if r["name"] == name]
+    hashes: dict = {}
+    diffs = {r["run_id"]: measured_differences(config, r, hashes) for r in runs} if config is not None else {}
+    same = [r for r in mine if r["config_sha256"] == sha and not diffs.get(r["run_id"])]  # its data by content too
     if same:
         return same[-1], None
-    if runs:
-        return runs[-1], (f"the latest pilot {runs[-1]['run_id']} measured another version of the campaign "
-                          f"(config sha256 {runs[-1]['config_sha256'][:12]} vs {str(sha)[:12]}); rerun "
-                          f"`pilotrun pilot` for numbers of this version")
-    return None, None
+    measured_same = [r for r in runs if config is not None and not diffs[r["run_id"]]]
+    if measured_same:
+        return measured_same[-1], None
+    if mine:
+        run = mine[-1]
+        what = (f"another setting of {_said(diffs[run['run_id']], config, run, hashes)}" if diffs.get(run["run_id"]) else
+                f"another version of the campaign (config sha256 {run['config_sha256'][:12]} vs {str(sha)[:12]})")
+        return run, f"the latest pilot {run['run_id']} measured {what}; rerun `pilotrun pilot` for numbers of this version"
+    if config is None:
+        return None, None
+    near = [r for r in runs if not any(k == i or k.startswith(i + ".") for k in diffs[r["run_id"]] for i in IDENTITY)]
+    if not near:
+        return None, None
+    run = min(reversed(near), key=lambda r: len(diffs[r["run_id"]]))  # the latest among the nearest
+    return run, (f"no pilot of campaign {name!r} measured this config; the nearest is pilot {run['run_id']} of campaign "
+                 f"{run['name']!r}, which measured another setting of {_said(diffs[run['run_id']], config, run, hashes)}: its figures are "
+                 "for that config; run `pilotrun pilot` for this one")
+
+
+def _keys(keys: list[str]) -> str:
+    return ", ".join(keys[:5]) + (f" and {len(keys) - 5} more" if len(keys) > 5 else "")
+
+
+def still_alive(run: dict) -> str:
+    """Where a running run lives and when it last renewed its lease (the journal's wall clock)."""
+    beat = last_heartbeat(run)
+    return f"pid {run['pid']} on host {run['host']}, last heartbeat {iso(beat)} ({wall_time() - beat:.0f}s ago)"
 
 
 def user_command() -> str:
@@ -128,6 +224,7 @@ class RunRecorder:
                                                                                 "config_sha256", "trust_remote_code")},
                                                         "hub": hub_revisions(loaded)})
         self._open_metrics()
+        tell("started", journal, self.run_id)
 
     @classmethod
     def attach(cls, journal: Journal, run_id: str) -> "RunRecorder":
@@ -167,7 +264,9 @@ class RunRecorder:
         Called before anything hashes the run folder (a checkpoint, the run's manifest) and at the end."""
         if self._rows or self._progress is not None:
             self.journal.add_metrics(self.run_id, self._rows, progress=self._progress)
-            self._rows, self._progress = [], None
+            logged, self._rows, self._progress = bool(self._rows), [], None
+            if logged:
+                tell("logged", self.journal, self.run_id)
         if self._lines:
             self._metrics.write("".join(self._lines))
             self._lines = []
@@ -193,6 +292,7 @@ class RunRecorder:
         self._metrics.close()
         self.journal.finish_run(self.run_id, status, summary)
         self.finished = True
+        tell("finished", self.journal, self.run_id)
 
     def __enter__(self):
         return self

@@ -110,9 +110,20 @@ CREATE TABLE IF NOT EXISTS claims (
     heartbeat_at REAL NOT NULL,
     PRIMARY KEY (sweep_id, arm, seed)
 );
+CREATE TABLE IF NOT EXISTS tracked (
+    tracker TEXT NOT NULL,
+    target TEXT NOT NULL,
+    subject TEXT NOT NULL,
+    tracker_run_id TEXT NOT NULL,
+    experiment TEXT,
+    state TEXT NOT NULL,
+    digest TEXT,
+    updated_at TEXT NOT NULL,
+    PRIMARY KEY (tracker, target, subject)
+);
 """
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """Stamped in the file as ``PRAGMA user_version``; bump it (and add a step to MIGRATIONS) with any change
 to SCHEMA. A journal stamped higher is refused before anything is written to it."""
 
@@ -133,4 +144,5 @@ MIGRATIONS: dict[int, object] = {
     0: "",  # journals written before the stamp: the schema is the same, only the stamp is new
     1: _to_v2,  # a step is SQL, or a function of the open connection that returns it
     2: "",  # version 3: the sweep cells' claims (a new table, created by SCHEMA)
+    3: "",  # version 4: ``tracked``, each run's (sweep's, campaign's) id in a tracker (a new table, created by SCHEMA)
 }

@@ -11,6 +11,7 @@ the report read the names and kinds from here. Adding a phase is one entry here 
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -103,6 +104,7 @@ def _load_traced(ctx) -> None:
 
     c, t, fake, acc = ctx.prep.c, ctx.prep.c.train, ctx.fake, ctx.fake["acc"]
     model = fake["model"]
+    _built_in_float32(acc, model, c)
     if c.model.quantization is not None:
         _quantized_load_traced(acc, model, c)
     reference = reference_of(model)  # preference: the frozen copy beside the policy, resident from load on
@@ -122,6 +124,26 @@ def _load_traced(ctx) -> None:
                            total_updates=ctx.prep.arithmetic()["updates"], device=torch.device("cpu"),
                            kernel_device=fake["device"],
                            sharded=t.strategy == "fsdp" and data_parallel_ranks(t) > 1)
+
+
+def _built_in_float32(acc, model, c) -> None:
+    """A model built from model.config in a 16-bit model.dtype is initialised in float32 (``from_config`` in torch's
+    default dtype) and then converted one tensor at a time (``Module.to``): the whole float32 model and the largest
+    converted tensor at once, before the build goes on. The fake build makes it in its dtype directly."""
+    import torch
+
+    dtype = torch_dtype(c.model.dtype)
+    if c.model.config is None or dtype == torch.float32:
+        return
+    tensors = [t for t in list(model.parameters()) + list(model.buffers()) if t.is_floating_point()
+               or getattr(t, "quant_state", None) is not None]
+    if not tensors:
+        return
+    numel = [logical_numel(t) for t in tensors]
+    full = acc.allocate(sum(numel) * 4, "temporaries")
+    largest = acc.allocate(max(numel) * torch.empty((), dtype=dtype).element_size(), "temporaries")
+    acc.release(largest)
+    acc.release(full)
 
 
 def _quantized_load_traced(acc, model, c) -> None:
@@ -235,6 +257,9 @@ def _export(ctx, p) -> None:
     ctx.written = export_artifact(task, ctx.state.model, art, ctx.rank, ctx.prep.c.train.strategy)
     if ctx.rank == 0:
         p.inputs.update(parts=ctx.written, bytes=_dir_bytes(art))
+        merged = art / "merged" / "config.json"
+        if ctx.prep.c.model.quantization is not None and merged.is_file():  # what the merged weights are
+            p.inputs["merged"] = json.loads(merged.read_text()).get("pilotrun_dequantized")
 
 
 def _export_traced(ctx) -> None:
@@ -252,9 +277,16 @@ def _export_traced(ctx) -> None:
                                    "are written from host copies")
     if ctx.prep.c.model.adapter is not None and ctx.prep.c.model.adapter.merged_copy:
         # save_hf_artifact merges a deep copy of the adapted model, on the model's device
-        copy = fake["acc"].allocate(_bytes(model.parameters()) + _bytes(model.buffers()), "temporaries")
+        q = ctx.prep.c.model.quantization
+        held = _bytes(model.parameters()) + _bytes(model.buffers())
+        if q is not None:  # the copy's quantised layers dequantised beside it, each summed with its delta in float32
+            layers = original_bytes(model, torch_dtype(q.compute_dtype) if q.bits == 4 else torch_dtype("float16"))
+            held += _bytes(quant_tensors(model)) + sum(n for _, n in layers)
+            held += max((m.in_features * m.out_features * 4 for m, _ in layers), default=0)
+        copy = fake["acc"].allocate(held, "temporaries")
         fake["acc"].release(copy)
-        fake["notes"]["export"] = "the merged copy of the adapted model is counted; files are written from host copies"
+        fake["notes"]["export"] = "the merged copy of the adapted model is counted" + (
+            " (its quantised layers dequantised)" if q is not None else "") + "; files are written from host copies"
 
 
 def _reverted_copies(model) -> bool:
@@ -333,6 +365,7 @@ def _reload_traced(ctx) -> None:
         with acc.paused():  # not built on the chance of a replay: built now, booked from the phase as before
             reloaded = ctx.fake["rebuild"]()
     c = ctx.prep.c
+    _built_in_float32(acc, reloaded, c)
     if c.model.quantization is not None:
         _quantized_load_traced(acc, reloaded, c)
     for p in list(reloaded.parameters()) + list(reloaded.buffers()) + quant_tensors(reloaded):
@@ -343,6 +376,15 @@ def _reload_traced(ctx) -> None:
     with torch.no_grad(), autocast(ctx.prep.c.train.precision, "cpu"):
         artifact_loss(ctx.task)(reloaded, ctx.task.collate(_sample(ctx)))
     del reloaded
+    if "rebuild_merged" in ctx.fake:  # a quantised base's merged copy, reloaded after the adapter: dequantised
+        with acc.paused():
+            merged = ctx.fake["rebuild_merged"]()
+        for p in list(merged.parameters()) + list(merged.buffers()):
+            acc.book(p, "parameters")
+        merged.eval()
+        with torch.no_grad():
+            artifact_loss(ctx.task)(merged, ctx.task.collate(_sample(ctx)))
+        del merged
 
 
 REGISTRY: tuple[Phase, ...] = (

@@ -21,7 +21,7 @@ def stand_in(func, args, kwargs: dict, cuda: bool):
     import torch
 
     if func is not torch.ops.aten._grouped_mm.default:
-        return None
+        return _int8_outliers(func, args, kwargs)
     a, b = args[0], args[1]
     offs = args[2] if len(args) > 2 else kwargs.get("offs")
     out_dtype = (args[4] if len(args) > 4 else kwargs.get("out_dtype")) or a.dtype
@@ -62,3 +62,26 @@ def inner_temporaries(func, args, kwargs: dict, cuda: bool) -> list[int]:
     if absmax_8bit is not None:
         out.insert(0, absmax_8bit.numel() * 4)
     return out
+
+
+def _int8_outliers(func, args, kwargs: dict):
+    """bitsandbytes' LLM.int8() quantisation of activations with an outlier threshold (8-bit layers' forward without
+    gradients: validation, reload): how many columns pass the threshold depends on the values, which fake tensors do
+    not have (its fake kernel asks for a dynamic size). Answered with none: the int8 rows and their scales are
+    counted; the fp16 copy of the outlier columns (a few per layer in practice) is not."""
+    name = getattr(getattr(func, "_schema", None), "name", None)
+    if name not in ("bitsandbytes::int8_vectorwise_quant", "bitsandbytes::int8_mixed_scaled_mm"):
+        return None
+    import torch
+
+    a = args[0]
+    if name == "bitsandbytes::int8_mixed_scaled_mm":  # the matmul beside the outliers: its output, no outlier rows
+        ca, cb = args[1], args[2]
+        return (torch.empty((*ca.shape[:-1], cb.shape[0]), device=a.device, dtype=a.dtype),
+                torch.empty(0, device=a.device, dtype=torch.int64))
+    threshold = args[1] if len(args) > 1 else kwargs.get("threshold", 0.0)
+    if not threshold:
+        return None
+    return (torch.empty(a.shape, device=a.device, dtype=torch.int8),
+            torch.empty(a.numel() // a.shape[-1], device=a.device, dtype=torch.float32),
+            torch.empty(0, device=a.device, dtype=torch.int64))

@@ -8,7 +8,9 @@
 The block's duration and memory (see ``probe.memory``) become a row with a verdict:
 ok | over-budget (peak above ``memory_limit``) | oom (an out-of-memory error, caught: the program
 goes on) | nan (signalled in the block, or ``NonFinite`` raised) | error (any other exception; the
-row is written, then the exception propagates unless ``catch_errors=True``).
+row is written, then the exception propagates unless ``catch_errors=True``). A signal is no verdict: a block
+ended by one (``signals.Preempted``, Ctrl-C, an error that follows a signal) writes no row and always propagates,
+so an interrupted phase is never read as a measurement (an "error", a "does not fit").
 Under torch.distributed every rank reads its counters after a barrier at the same boundaries.
 """
 
@@ -26,6 +28,7 @@ from pilotrun.journal.runs import create_run, end_run, user_command
 from pilotrun.journal.store import Journal, resolve_home
 from pilotrun.probe.memory import make_probe
 from pilotrun.probe.sizes import fmt_bytes
+from pilotrun.signals import interruption
 
 VERDICTS = ("ok", "over-budget", "oom", "nan", "error")
 ROW_KEYS = ("phase", "rank", "device", "counter", "inputs", "baseline", "peak_allocated", "peak_reserved",
@@ -37,10 +40,29 @@ class NonFinite(Exception):
 
 
 def peak_of(row: dict) -> int | None:
-    """The number checked against a memory limit: on CUDA the reserved peak (what the card holds for
-    the process, which a new allocation must fit beside), else the allocated/RSS peak."""
+    """The device's figure, the one a memory limit (a GPU's memory) is checked against: on CUDA the reserved peak
+    (what the card holds for the process, which a new allocation must fit beside); on CPU with the exact counter
+    the live tensors' peak (CUDA's allocated semantics) — the process RSS beside it is this host's memory (the
+    interpreter, the libraries), never judged as a GPU's; RSS only where it is the one counter (``rss``)."""
+    if row.get("counter") == "tensors+rss" and row.get("peak_allocated") is not None:
+        return row["peak_allocated"]
     vals = [v for v in (row.get("peak_allocated"), row.get("peak_reserved")) if v is not None]
     return max(vals) if vals else None
+
+
+def host_peak(row: dict) -> int | None:
+    """The process RSS peak of a CPU row (the host's memory), None on a GPU."""
+    counter = row.get("counter")
+    return row.get("peak_reserved") if counter == "tensors+rss" else row.get("peak_allocated") if counter == "rss" \
+        else None
+
+
+FIGURE = {"tensors+rss": "live tensors", "cuda": "CUDA reserved", "rss": "host RSS", "mps": "MPS allocated"}
+
+
+def figure(row: dict) -> str:
+    """What ``peak_of`` of this row is, in words (the over-budget note, the pilot's summary, the report)."""
+    return FIGURE.get(row.get("counter"), row.get("counter") or "peak")
 
 
 def describe_inputs(inputs: dict) -> str:
@@ -105,6 +127,17 @@ class Phase:
         duration = time.perf_counter() - self._t0
         verdict, note = "ok", self.note
         if exc is not None:
+            stopped = exc if not isinstance(exc, Exception) else interruption(exc)
+            if stopped is not None:
+                # a signal (or an error that is part of one, signals.interruption) is no measurement: no row, not
+                # even under catch_errors, and it goes on up as the interruption it is (exit 143/130/129)
+                try:
+                    self.probe.stop()  # its sampling thread ends with the phase
+                except Exception:  # noqa: BLE001 - the interruption is what goes on up, not a counter's error
+                    pass
+                if stopped is exc:
+                    return False
+                raise stopped from exc
             if is_oom(exc):
                 verdict, note = "oom", f"out of memory: {_first_line(exc)}"
             elif isinstance(exc, NonFinite):
@@ -125,7 +158,7 @@ class Phase:
         peak = peak_of(row)
         if verdict == "ok" and self.memory_limit and peak is not None and peak > self.memory_limit:
             row["verdict"] = "over-budget"
-            row["note"] = (f"peak {fmt_bytes(peak)} ({row['counter']}) is above the limit "
+            row["note"] = (f"peak {fmt_bytes(peak)} ({figure(row)}) is above the limit "
                            f"{fmt_bytes(self.memory_limit)} at phase {self.name} ({describe_inputs(self.inputs)})")
         self.row = {k: row.get(k) for k in ROW_KEYS}
         if self.rows is not None:

@@ -31,6 +31,7 @@ from pilotrun.probe.estimate import Accountant, architecture_config, fake_build,
 from pilotrun.probe.alloc_conf import DEFAULTS, Settings
 from pilotrun.probe.stream import ALL_GATHER_STREAM, CUBLAS_WORKSPACE, overheads, replayed, threads
 from pilotrun.tasks.base import BUILTIN_TASKS
+from pilotrun.tasks.preference_loss import resident_bytes
 from pilotrun.tasks.moe import expert_counts
 from pilotrun.tasks.quantized import logical_numel, said
 
@@ -92,7 +93,7 @@ def traced(loaded, *, device: str = "cuda", prep=None, counted: bool | None = No
         key, layers = depth
         low, high = (_trace_once(loaded, device, prep, wc, steps_only, K.with_depth(cfg, key, d)) for d in K.DEPTHS)
         per_layer = {k: high[k] - low[k] for k in ("params", "trainable", "trainable_bytes", "param_bytes",
-                                                   "linear_bytes", "linear_numel") + MOE_COUNTED}
+                                                   "linear_bytes", "linear_numel", "reference_bytes") + MOE_COUNTED}
         out = dict(high, **{k: high[k] + (layers - K.DEPTHS[1]) * v for k, v in per_layer.items()},
                    summarize=lambda name, scale, f1=low["summarize"], f2=high["summarize"], n=layers:
                    K.count(f1(name, scale), f2(name, scale), n),
@@ -139,8 +140,11 @@ def _trace_once(loaded, device: str, prep, wc: dict, steps_only: bool = False, o
     key = reuse.trace_key(loaded, {"device": device, "steps_only": steps_only, "overrides": overrides,
                                    "micro_batches": len(wc["micro_batches"])})
     kept = reuse.stored_trace(key)
-    if kept is not None:
-        acc = Accountant.from_state(kept.pop("accountant"))
+    try:
+        acc = Accountant.from_state(kept.pop("accountant")) if kept is not None else None
+    except Exception:  # noqa: BLE001 - a kept trace this code cannot read back is a miss: traced again
+        acc = None
+    if acc is not None:
         out = dict(kept, summarize=lambda name, scale: acc.summary(name, scale, by_stage=True))
     else:
         out = _traced_once(loaded, device, prep, wc, steps_only, overrides)
@@ -179,6 +183,12 @@ def _traced_once(loaded, device: str, prep, wc: dict, steps_only: bool, override
     ctx = PhaseContext(prep, wc, fake={"acc": acc, "model": model, "reloaded": reloaded, "reload": reload,
                                        "rebuild": lambda: fake_build(plain, fake_mode, overrides), "ranks": 1,
                                        "device": device, "notes": notes})
+    q = c.model.quantization
+    if q is not None and c.model.adapter is not None and c.model.adapter.merged_copy:
+        # the merged copy of a quantised base, reloaded after the adapter: unquantised, and in float32, the dtype its
+        # config.json names (peft's preparation upcast the base's other parameters to float32)
+        merged = plain.with_overrides({"model.quantization": None, "model.dtype": "float32"})
+        ctx.fake["rebuild_merged"] = lambda: fake_build(merged, fake_mode, overrides)
     del reloaded
     inputs: dict = {}
 
@@ -199,7 +209,7 @@ def _traced_once(loaded, device: str, prep, wc: dict, steps_only: bool, override
     return {"summarize": lambda name, scale: acc.summary(name, scale, by_stage=True), "inputs": inputs,
             "notes": notes, "params": sum(logical_numel(p) for p in params), "trainable": sum(p.numel() for p in trainable),
             "trainable_bytes": _bytes(trainable), "param_bytes": _bytes(params), **_frozen_linear(model),
-            **expert_counts(model),
+            **expert_counts(model), "reference_bytes": resident_bytes(model),  # preference: a frozen copy beside it
             "block": unsharded_block_bytes(model), "root": root_bytes(model), "device": device,
             "quantization": said(c.model.quantization) if c.model.quantization is not None else None,
             "gradient_checkpointing": c.model.gradient_checkpointing, "accountant": acc}

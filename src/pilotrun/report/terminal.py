@@ -135,7 +135,8 @@ def render_run(con, data) -> None:
         for p in data["phases"]:
             peak = max((v for v in (p.get("peak_allocated"), p.get("peak_reserved")) if v is not None), default=None)
             both = p.get("counter") == "tensors+rss" and p.get("peak_allocated") is not None
-            shown = (f"  peak tensors {fmt_bytes(p['peak_allocated'])}, RSS {fmt_bytes(p.get('peak_reserved'))}" if both
+            shown = (f"  peak tensors {fmt_bytes(p['peak_allocated'])}, host RSS {fmt_bytes(p.get('peak_reserved'))}"
+                     if both
                      else f"  peak {fmt_bytes(peak)} ({p.get('counter')})" if peak is not None else "")
             print_wrapped(con, f"{p['phase']:19} rank {p['rank']} {p['verdict']:11} {fmt_duration(p['duration_s']):>8}"
                           + shown + (f"  — {p['note']}" if p.get("note") and p["verdict"] != "ok" else ""), "    ")

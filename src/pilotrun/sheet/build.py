@@ -17,6 +17,7 @@ from pilotrun.sheet.catalogue import CATALOGUE, get_gpu, match_gpu
 from pilotrun.sheet.render import to_html
 from pilotrun.sheet.stack import check_stack, needs_bf16, required_stack
 from pilotrun.sheet.time_plan import time_plan
+from pilotrun.signals import unless_stopping
 
 
 def _rate_key(g, precision):
@@ -184,6 +185,7 @@ def sheet_section_html(journal) -> str:
         try:
             parts.append(to_html(build_sheet(pilot["config"], journal, pilot)))
         except Exception as e:  # noqa: BLE001 - one unreadable pilot must not take the whole report down
+            unless_stopping(e)
             parts.append(html.escape(f"sheet of {pilot['name']} ({pilot['run_id']}) could not be built: "
                                      f"{type(e).__name__}: {e}").join(("<p>", "</p>")))
     return "".join(parts)

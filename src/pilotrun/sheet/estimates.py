@@ -15,6 +15,7 @@ from pilotrun.probe.alloc_conf import parse_settings
 from pilotrun.probe.trace import rows_for
 from pilotrun.sheet.gpu_memory import capacity, fit_table, on_cards, phase_needs, workspace_bytes
 from pilotrun.sheet.options import TRAINING, options_table
+from pilotrun.signals import unless_stopping
 
 
 class _Prepared:
@@ -30,6 +31,7 @@ class _Prepared:
             try:
                 self.prep = prepare(self.loaded, splits=("train", "validation"), shapes=True)
             except Exception as e:  # noqa: BLE001 - each caller names it in its own words
+                unless_stopping(e)
                 self.error = e
         if self.error is not None:
             raise self.error
@@ -55,6 +57,7 @@ def prediction(loaded, rows: list[dict], sheet: dict, settings: Settings = DEFAU
     try:
         kept = kept_result(loaded, {"predicted_rows": "cuda", "allocator": settings.text}, predicted)
     except Exception as e:  # noqa: BLE001 - a campaign fake tensors cannot build is named, not fatal
+        unless_stopping(e)
         if rows[0].get("counter") != "cuda":
             sheet["problems"].append(
                 f"no GPU memory figure: the pilot ran on CPU (its RSS is not GPU memory) and `pilotrun estimate` "
@@ -84,6 +87,7 @@ def largest(loaded, prep, rows, target, kind, ranks, t, c, settings: Settings = 
                 seq_len=asked["seq_len"], eval_seq_len=asked["eval_seq_len"], total=asked["total"],
                 prober=Prober(loaded, prep(), settings=settings, workspace=asked["workspace"])))
         except Exception as e:  # noqa: BLE001 - fall back to the measured growth, saying why
+            unless_stopping(e)
             why = "the data could not be prepared" if prep.error is e else f"{type(e).__name__}: {e}"
     else:
         why = "the data could not be prepared"
@@ -117,6 +121,7 @@ def options(sheet, loaded, prep, rates, gpu_rows, kind, ranks) -> None:
             loaded, prep=prep(), rates=rates, written=sheet.get("_trace"), pilot=pilot))
         sheet["options"]["wall_s"] = time.perf_counter() - started  # this sheet's, a kept table's read included
     except Exception as e:  # noqa: BLE001 - the sheet stands without its options table; say why
+        unless_stopping(e)
         sheet["options"] = None
         sheet["warnings"].append(f"no options table: the estimator could not run ({type(e).__name__}: {e})")
 

@@ -19,26 +19,30 @@ the first node).
 from __future__ import annotations
 
 import math
-import shlex
+import os
 from pathlib import Path
 
 from pilotrun.campaign.arms import plan_arms
 from pilotrun.campaign.load import parse_set
-from pilotrun.campaign.sweep_runs import arm_command, launch_sweep_id
+from pilotrun.campaign.sweep_runs import arm_command, launch_sweep_id, slug
+from pilotrun.errors import BadInput
 from pilotrun.journal.files import atomic_write_text
 from pilotrun.sheet.catalogue import BY_KEY
 from pilotrun.sheet.options import OPTIONS
 from pilotrun.sheet.options_view import pick
 from pilotrun.sheet.plan import fmt_duration
+from pilotrun.sheet.shell import comment, default, under_home, word, words
 from pilotrun.sheet.ship import build_wheel, campaign_inputs, pilotrun_source, pins, remote_path
 from pilotrun.tasks.hub import fetch_command, split_id
 
 TIME_MARGIN = 0.5  # the time plan is an estimate: half again on the campaign's time
 GRACE_S = 120  # SIGTERM this long before the limit: the current update and a checkpoint (SLURM --signal)
 STARTUP_S = 60  # python start-up, the journal, reading the data: once per job start
+SETUP_S = 900  # the job's first start creates a venv and installs torch, transformers, peft: ~15 min on a rental
+SETUP_ENV = "PILOTRUN_SETUP_S"  # the set-up's seconds where the site knows better (a prebuilt venv: 0)
 PORT = 29500  # torchrun's rendezvous port on the first node
 SKY_HOME = "/pilotrun-home"  # the bucket mount the home is copied to (journal/mirror.py: not where SQLite runs)
-LOCAL_HOME = "$HOME/pilotrun-local"  # the home on the instance's own disk, where the journal is written
+LOCAL_HOME = "pilotrun-local"  # below $HOME: the home on the instance's own disk, where the journal is written
 MIRROR_S = 120  # seconds between the copies of the home to the bucket while the sweep runs
 
 
@@ -63,17 +67,52 @@ def lanes_of(plan: dict | None, labels: list[str], lanes: int) -> tuple[list[lis
     return out, list(plan["not_fitting"])
 
 
+def setup_seconds() -> float:
+    """The set-up's seconds in the time limit: ``PILOTRUN_SETUP_S`` when set, else SETUP_S (a stated default)."""
+    raw = os.environ.get(SETUP_ENV)
+    if raw is None or not raw.strip():
+        return float(SETUP_S)
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not math.isfinite(value) or value < 0:
+        raise BadInput(f"{SETUP_ENV}={raw!r} is not a number of seconds", where=SETUP_ENV,
+                       fix=f"set it to the seconds the job's set-up takes (0 for a prebuilt venv), or unset it for "
+                           f"the default {SETUP_S} s")
+    return value
+
+
 def time_limit(campaign_s: float | None, reserve: float, days: int,
-               what: str = "the time plan's campaign time") -> tuple[int, str]:
-    """The scheduler's limit in seconds (whole minutes) and how: the time plan's campaign time × (1 + margin +
-    the rental's reserve share) + start-up + the SIGTERM grace; the tier's length when there is no plan."""
+               what: str = "the time plan's campaign time", restart_s: float | None = None) -> tuple[int, str]:
+    """The scheduler's limit in seconds (whole minutes) and how: the job's set-up (its first start installs the
+    stack: ``setup_seconds``), its start-up, the time plan's campaign time × (1 + margin + the rental's reserve
+    share), one requeue's restart (``restart_s``: start-up, the model's load and the work since the last
+    checkpoint, done again) and the SIGTERM grace; the tier's length when there is no plan."""
     if campaign_s is None or not math.isfinite(campaign_s):
         return days * 86400, f"the {days}-day plan (no campaign time in the time plan)"
-    s = campaign_s * (1 + TIME_MARGIN + reserve) + STARTUP_S + GRACE_S
+    setup = setup_seconds()
+    restart = STARTUP_S if restart_s is None else restart_s
+    s = setup + STARTUP_S + campaign_s * (1 + TIME_MARGIN + reserve) + restart + GRACE_S
     limit = int(math.ceil(s / 60) * 60)
+    said = f"{SETUP_ENV}=SECONDS sets it" if os.environ.get(SETUP_ENV, "").strip() == "" else f"from {SETUP_ENV}"
+    return limit, (f"{fmt_duration(setup)} set-up (the first start's venv and stack; {said}) + "
+                   f"{STARTUP_S} s start-up + {what} {fmt_duration(campaign_s)} × (1 + {TIME_MARGIN:g} margin + "
+                   f"{reserve:g} reserve) + {fmt_duration(restart)} for a requeue's restart (start-up, load, the work "
+                   f"since the last checkpoint) + {GRACE_S} s SIGTERM grace, in whole minutes")
 
-    return limit, (f"{what} {fmt_duration(campaign_s)} × (1 + {TIME_MARGIN:g} margin + "
-                   f"{reserve:g} reserve) + {STARTUP_S} s start-up + {GRACE_S} s SIGTERM grace, in whole minutes")
+
+def restart_seconds(s: dict, save_every: int | None) -> float | None:
+    """What a requeued job does again before it is back where it stopped: the start-up, the model's load, and the
+    updates since the run's last checkpoint (every ``save_every``; without one, a whole run), by the time plan's
+    units. None without a time plan."""
+    tm = s.get("time") or {}
+    units = tm.get("units") or {}
+    if not units.get("update"):
+        return None
+    per_run = tm.get("per_run_s") or 0.0
+    lost = per_run if not save_every else min(per_run or math.inf, save_every * units["update"])
+    return STARTUP_S + (units.get("load") or 0.0) + lost
 
 
 def slurm_time(seconds: int) -> str:
@@ -82,16 +121,17 @@ def slurm_time(seconds: int) -> str:
 
 
 def _sweep_line(launch: dict, home: str, prefix: str = "pilotrun") -> str:
-    sets = "".join(f" --set {shlex.quote(s)}" for s in launch["sets"])
-    return (f"{prefix} sweep {shlex.quote(launch['campaign_file'])} --id {launch['sweep_id']} "
-            f"--home \"{home}\"{sets}")
+    """``home``: a shell expression (a variable the file set through ``shell.default``), never a value."""
+    sets = "".join(f" --set {word(s)}" for s in launch["sets"])
+    return f"{prefix} sweep {word(launch['campaign_file'])} --id {word(launch['sweep_id'])} --home {home}{sets}"
 
 
 def _body(launch: dict, home: str, *, nodes_head: str | None = None, nnodes: str = "", node_rank: str = "",
           srun: str = "", pilotrun: str = "pilotrun") -> list[str]:
     """The job's commands: the sweep of the fixed id; lanes side by side on one node, or each run on all
     the nodes (torchrun, c10d rendezvous on ``nodes_head``)."""
-    lines = ["set -u", f'cd "${{PILOTRUN_CAMPAIGN_DIR:-{launch["campaign_dir"]}}}"']
+    lines = ["set -u", default("PILOTRUN_CAMPAIGN_DIR", "PILOTRUN_CAMPAIGN_DIR", launch["campaign_dir"]),
+             'cd "$PILOTRUN_CAMPAIGN_DIR" || exit 1']
     lines += [f"export {k}={shlex.quote(v)}  # the allocator the sheet's memory figures were replayed with"
               for k, v in (launch.get("env") or {}).items()]
     if launch["nodes"] > 1:
@@ -101,7 +141,7 @@ def _body(launch: dict, home: str, *, nodes_head: str | None = None, nnodes: str
             nnodes = str(launch["nodes"])
         lines += [f"HEAD={nodes_head}",
                   f"{srun}torchrun --nnodes {nnodes} --nproc_per_node {launch['per_node']}{node_rank} "
-                  f"--rdzv-backend c10d --rdzv-endpoint \"$HEAD:{PORT}\" --rdzv-id {launch['sweep_id']} "
+                  f"--rdzv-backend c10d --rdzv-endpoint \"$HEAD:{PORT}\" --rdzv-id {word(launch['sweep_id'])} "
                   + _sweep_line(launch, home, "-m pilotrun")]
         return lines
     groups = [g for g in launch["lanes"] if g]
@@ -126,29 +166,29 @@ def _inputs_comments(launch: dict, where: str) -> list[str]:
                        f"its package in the set-up")
         elif not f["inside"]:
             out.append(f"{f['key']} {f['local']}: outside the campaign folder; {where}")
-    return out
+    return [comment(x) for x in out]
 
 
 def commands_script(s: dict, launch: dict) -> str:
     head = ["#!/usr/bin/env bash",
-            f"# The sweep of campaign {s['campaign']} on {launch['gpu_name']} × {launch['gpus']}, "
-            f"{launch['days']}-day plan: {len(launch['runs'])} runs, control first.",
-            f"# Sweep {launch['sweep_id']}: run this again after an interruption and it continues the sweep "
-            "(finished runs are skipped).",
+            "# " + comment(f"The sweep of campaign {s['campaign']} on {launch['gpu_name']} × {launch['gpus']}, "
+                           f"{launch['days']}-day plan: {len(launch['runs'])} runs, control first."),
+            "# " + comment(f"Sweep {launch['sweep_id']}: run this again after an interruption and it continues the "
+                           "sweep (finished runs are skipped)."),
             "# Its runs, as each records its own command:",
-            *[f"#   {r['label']}: {r['command']}" for r in launch["runs"]],
-            *[f"# not placed by the plan (does not fit its time): {lab}" for lab in launch["not_placed"]]]
-    home = f"${{PILOTRUN_HOME:-{launch['home']}}}"
-    return "\n".join(head + _body(launch, home)) + "\n"
+            *[f"#   {comment(r['label'])}: {comment(r['command'])}" for r in launch["runs"]],
+            *[f"# not placed by the plan (does not fit its time): {comment(lab)}" for lab in launch["not_placed"]],
+            default("PILOTRUN_HOME", "PILOTRUN_HOME", launch["home"])]
+    return "\n".join(head + _body(launch, '"$PILOTRUN_HOME"')) + "\n"
 
 
 def setup_lines(launch: dict, wheel_ref: str | None) -> list[str]:
     """Installs the checked stack and pilotrun (the wheel's path on the machine, or the VCS requirement)."""
-    torch_line = f"pip install {shlex.quote(launch['torch'])}"
+    torch_line = f"pip install {word(launch['torch'])}"
     if launch["rocm"]:
         torch_line += " --index-url https://download.pytorch.org/whl/rocm6.4  # a ROCm build"
-    ref = wheel_ref if wheel_ref is not None else shlex.quote(launch["pilotrun"]["requirement"])
-    lines = [torch_line, "pip install " + " ".join([shlex.quote(p) for p in launch["packages"]] + [ref])]
+    ref = wheel_ref if wheel_ref is not None else word(launch["pilotrun"]["requirement"])
+    lines = [torch_line, "pip install " + " ".join([words(launch["packages"]), ref]).strip()]
     for f in launch["inputs"]:
         if f["kind"] == "hub":
             lines.append(hub_download(f["written"]))
@@ -160,7 +200,7 @@ def hub_download(spec: str) -> str:
     CLI takes the revision as ``--revision``, never in the id; the folder is the path as written, so the
     campaign file, unchanged, reads the local folder (a local folder wins over a hub id, tasks/hub.py)."""
     repo, rev = split_id(spec)
-    return f"[ -d {shlex.quote(spec)} ] || {fetch_command(repo, rev)} --local-dir {shlex.quote(spec)}"
+    return f"[ -d {word(spec)} ] || {fetch_command(repo, rev)} --local-dir {word(spec)}"
 
 
 def sky_task(s: dict, launch: dict, wheel: Path | None) -> dict:
@@ -168,7 +208,7 @@ def sky_task(s: dict, launch: dict, wheel: Path | None) -> dict:
     wheel_ref = None
     if wheel is not None:
         mounts[f"~/pilotrun-wheel/{wheel.name}"] = str(wheel)
-        wheel_ref = f'"$HOME/pilotrun-wheel/{wheel.name}"'
+        wheel_ref = under_home(f"pilotrun-wheel/{wheel.name}")
     for f in launch["inputs"]:
         if f["kind"] in ("hub", "installed") or f["inside"]:
             continue
@@ -178,10 +218,10 @@ def sky_task(s: dict, launch: dict, wheel: Path | None) -> dict:
             mounts[dest] = f["local"]
     resources = {"accelerators": f"{launch['sky']}:{launch['per_node']}",
                  "job_recovery": {"strategy": "FAILOVER", "max_restarts_on_errors": 3}}
-    task = {"name": f"pilotrun-{_slug(s['campaign'])}", "resources": resources}
+    task = {"name": f"pilotrun-{slug(s['campaign'])}", "resources": resources}
     if launch["nodes"] > 1:
         task["num_nodes"] = launch["nodes"]
-    body = _body(launch, "$PILOTRUN_LOCAL_HOME", nodes_head='$(echo "$SKYPILOT_NODE_IPS" | head -n1)',
+    body = _body(launch, '"$PILOTRUN_LOCAL_HOME"', nodes_head='$(echo "$SKYPILOT_NODE_IPS" | head -n1)',
                  nnodes='"$SKYPILOT_NUM_NODES"', node_rank=' --node_rank "$SKYPILOT_NODE_RANK"')
     task.update({"workdir": launch["campaign_dir"], "file_mounts": mounts,
                  "setup": "\n".join(setup_lines(launch, wheel_ref)) + "\n",
@@ -193,13 +233,13 @@ def mirrored(body: list[str]) -> list[str]:
     """The job's commands with the home on this instance's disk: restored from the bucket first (a recovered
     job), copied to it every MIRROR_S seconds and once more at the end; the journal from the first node only
     (rank 0 writes it), every node's own files (its FSDP shards) from each. journal/mirror.py says why."""
-    to_bucket = f'pilotrun _mirror-home "$PILOTRUN_LOCAL_HOME" {SKY_HOME} $JOURNAL'
+    to_bucket = f'pilotrun _mirror-home "$PILOTRUN_LOCAL_HOME" {word(SKY_HOME)} "$JOURNAL"'
     return ["# SQLite's WAL and locks need a local file system, which a bucket mount is not: the journal lives on",
             f"# this instance's disk and is copied to the bucket ({SKY_HOME}) as a whole snapshot, with the run",
             f"# folders, every {MIRROR_S} s and at the end; a recovered job restores it from there first",
-            f'export PILOTRUN_LOCAL_HOME="{LOCAL_HOME}"',
+            f"export PILOTRUN_LOCAL_HOME={under_home(LOCAL_HOME)}",
             'JOURNAL=--journal; [ "${SKYPILOT_NODE_RANK:-0}" = 0 ] || JOURNAL=--no-journal',
-            f'pilotrun _mirror-home {SKY_HOME} "$PILOTRUN_LOCAL_HOME" --restore || exit 1',
+            f'pilotrun _mirror-home {word(SKY_HOME)} "$PILOTRUN_LOCAL_HOME" --restore || exit 1',
             # the loop's own sleep goes with it (an orphaned sleep would hold the job's output open)
             f"( trap 'kill $s 2>/dev/null; exit 0' TERM; while :; do sleep {MIRROR_S} & s=$!; wait $s; {to_bucket}; "
             "done ) &",
@@ -212,17 +252,17 @@ def mirrored(body: list[str]) -> list[str]:
 
 
 def sky_header(s: dict, launch: dict) -> str:
-    lines = [f"# SkyPilot managed job for campaign {s['campaign']}: `sky jobs launch {launch['stem']}.sky.yaml` "
-             "(add --use-spot for spot).",
-             f"# A preempted or failed node is recovered (job_recovery) and the run command starts again: sweep "
-             f"{launch['sweep_id']}",
-             f"# continues from the home restored from the bucket {launch['bucket']} ({SKY_HOME}; rename it if the "
-             "name is taken).",
-             f"# Stack: {launch['pins_from']}; pilotrun: {launch['pilotrun']['why']}.",
+    lines = ["# " + comment(f"SkyPilot managed job for campaign {s['campaign']}: `sky jobs launch "
+                            f"{launch['stem']}.sky.yaml` (add --use-spot for spot)."),
+             "# " + comment("A preempted or failed node is recovered (job_recovery) and the run command starts "
+                            f"again: sweep {launch['sweep_id']}"),
+             "# " + comment(f"continues from the home restored from the bucket {launch['bucket']} ({SKY_HOME}; "
+                            "rename it if the name is taken)."),
+             "# " + comment(f"Stack: {launch['pins_from']}; pilotrun: {launch['pilotrun']['why']}."),
              "# Uploaded: the workdir (the campaign folder), and in file_mounts the files outside it."]
     lines += [f"#   {x}" for x in _inputs_comments(launch, "mounted at the path the campaign file names")]
-    lines += [f"#   not reachable from the workdir by the path the campaign file writes, not uploaded: {f['key']} "
-              f"{f['written']}" for f in launch["inputs"]
+    lines += ["#   " + comment("not reachable from the workdir by the path the campaign file writes, not uploaded: "
+                                f"{f['key']} {f['written']}") for f in launch["inputs"]
               if f["kind"] not in ("hub", "installed") and not f["inside"] and _remote(f) is None]
     return "\n".join(lines) + "\n"
 
@@ -233,11 +273,9 @@ def _remote(f):
 
 def sbatch_script(s: dict, launch: dict, wheel: Path | None) -> str:
     n, g = launch["nodes"], launch["per_node"]
-    venv = f"${{PILOTRUN_VENV:-{launch['campaign_dir']}/.pilotrun/venv}}"
-    home = f"${{PILOTRUN_HOME:-{launch['home']}}}"
-    wheel_ref = shlex.quote(str(wheel)) if wheel is not None else None
+    wheel_ref = word(wheel) if wheel is not None else None
     lines = ["#!/bin/bash",
-             f"#SBATCH --job-name=pilotrun-{_slug(s['campaign'])}",
+             f"#SBATCH --job-name=pilotrun-{slug(s['campaign'])}",
              f"#SBATCH --nodes={n}",
              "#SBATCH --ntasks-per-node=1",
              f"#SBATCH --gres=gpu:{launch['gres']}:{g}",
@@ -248,29 +286,26 @@ def sbatch_script(s: dict, launch: dict, wheel: Path | None) -> str:
              "#SBATCH --open-mode=append",
              "#SBATCH --output=pilotrun-%x-%j.out",
              f"# Time limit: {launch['time_how']}; the sheet's tier is the {launch['days']}-day plan.",
-             f"# A requeued job (preemption, node failure) runs this script again: sweep {launch['sweep_id']} "
-             "continues from the",
+             "# " + comment(f"A requeued job (preemption, node failure) runs this script again: sweep "
+                            f"{launch['sweep_id']} continues from the"),
              "# journal on the shared file system (PILOTRUN_HOME), skipping the runs that finished. SIGTERM comes "
              f"{GRACE_S} s before the limit.",
              f"# GPU type '{launch['gres']}' is the usual GRES name of the {launch['gpu_name']}; sites name "
              "their own (`sinfo -o %G`).",
-             f"# Stack: {launch['pins_from']}; pilotrun: {launch['pilotrun']['why']}.",
+             "# " + comment(f"Stack: {launch['pins_from']}; pilotrun: {launch['pilotrun']['why']}."),
              "# The files the campaign reads are read where they are: the campaign folder and these must be on "
              "the shared file system:",
              *[f"#   {x}" for x in _inputs_comments(launch, "it must be reachable at this path from the nodes")],
-             f'VENV="{venv}"',
+             default("VENV", "PILOTRUN_VENV", f"{launch['campaign_dir']}/.pilotrun/venv"),
              'if [ ! -x "$VENV/bin/pilotrun" ]; then  # once: a requeued job finds it',
              '  python3 -m venv "$VENV" && . "$VENV/bin/activate" || exit 1',
              *[f"  {x} || exit 1" for x in setup_lines(launch, wheel_ref)],
              "fi",
              '. "$VENV/bin/activate"']
     head = '$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)'
-    lines += _body(launch, home, nodes_head=head, nnodes='"$SLURM_NNODES"', srun="srun --kill-on-bad-exit=1 ")
+    lines.append(default("PILOTRUN_HOME", "PILOTRUN_HOME", launch["home"]))
+    lines += _body(launch, '"$PILOTRUN_HOME"', nodes_head=head, nnodes='"$SLURM_NNODES"', srun="srun --kill-on-bad-exit=1 ")
     return "\n".join(lines) + "\n"
-
-
-def _slug(name: str) -> str:
-    return "".join(ch if ch.isalnum() or ch in "-_" else "-" for ch in name.lower()) or "campaign"
 
 
 def write_launch(s: dict, loaded, out: Path, launch: dict) -> list[Path]:
@@ -315,7 +350,8 @@ def launch_plan(s: dict, loaded, gpu, plan: dict | None, sets: tuple[str, ...] =
     days = plan["days"] if plan else max(s["hardware"]["rental_days"])
     if campaign_s is None and plan is not None:
         campaign_s = plan["used_s"]
-    limit, how = time_limit(campaign_s, s["hardware"].get("reserve", 0.0), days, time_from)
+    limit, how = time_limit(campaign_s, s["hardware"].get("reserve", 0.0), days, time_from,
+                            restart_seconds(s, loaded.campaign.train.save_every))
     torch, packages, pins_from = pins((s.get("stack") or {}).get("piloted"))
     campaign_dir = str(Path(loaded.source).resolve().parent)
     loaded_sets = loaded.with_overrides(parse_set(list(run_sets))) if run_sets else loaded

@@ -27,14 +27,57 @@ def _price_column(table: dict) -> str:
     return (f"cost {table['currency']}".strip()) if table["by"] == "cost" else "GPU-hours"
 
 
+WORTH = 0.75  # more GPUs, or an option that changes the experiment, is listed when it takes ≤ 75 % of the time
+
+
+def listed(table: dict) -> list[dict]:
+    """The rows of ``shown`` worth reading: per GPU, more GPUs only where fewer do not fit or the row is at least
+    a quarter faster than every listed row with fewer; an option that changes the experiment only where nothing
+    that keeps it fits at that count or it is at least a quarter faster. A campaign that fits one GPU of every
+    kind listed 2, 4 and 8 of each with LoRA beside them, ~60 rows a few % apart (issue 43); ``--json`` keeps all."""
+    keeps = {(x["gpu"], x["count"]): x["seconds"] for x in table["shown"] if x["keeps"]}
+    out: list[dict] = []
+    for x in sorted(table["shown"], key=lambda x: (x["count"], not x["keeps"])):
+        if not x["keeps"] and (x["gpu"], x["count"]) in keeps and x["seconds"] > WORTH * keeps[(x["gpu"], x["count"])]:
+            continue
+        fewer = [y["seconds"] for y in out if y["gpu"] == x["gpu"] and y["keeps"] == x["keeps"]
+                 and y["count"] < x["count"]]
+        if fewer and x["seconds"] > WORTH * min(fewer):
+            continue
+        out.append(x)
+    order = {id(x): i for i, x in enumerate(table["shown"])}
+    return sorted(out, key=lambda x: order[id(x)])
+
+
+def left_unlisted(table: dict) -> str | None:
+    n = len(table["shown"]) - len(listed(table))
+    return (f"{n} row(s) not listed: more GPUs of a kind less than a quarter faster than fewer, or an option "
+            "that changes the experiment less than a quarter faster than one that keeps it (`--json` has every "
+            "row)") if n else None
+
+
 def compact_rows(table: dict) -> tuple[list[str], list[list]]:
     """The table narrow enough for a 100-column sheet.md: GPU keys, short option names, keeps/changes."""
     priced = table["by"] == "cost"
     cols = ["GPUs", "option", "peak/GPU", "set by", "time", _price_column(table), "question"]
     rows = [[f"{x['count']} × {x['gpu']}", x["short"], P.size(x["peak"]) + ("*" if _measured(x) else ""),
              x["phase"], P.fmt_duration(x["seconds"]), money(x["cost"]) if priced else f"{x['gpu_hours']:.3g}",
-             "keeps" if x["keeps"] else "changes"] for x in table["shown"]]
+             "keeps" if x["keeps"] else "changes"] for x in listed(table)]
     return cols, rows
+
+
+def items(table: dict) -> list[str]:
+    """One line per listed row, the GPUs whose rows read the same (count, option, peak, time, price) said in one:
+    ``1 × T4 16GB, L4 24GB or A10 24GB: as written — …``."""
+    groups: dict[tuple, list[dict]] = {}
+    for x in listed(table):
+        groups.setdefault((x["count"], _item(x, table).split(": ", 1)[1]), []).append(x)
+    out = []
+    for (count, rest), xs in groups.items():
+        names = [x["name"] for x in xs]
+        said = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
+        out.append(f"{count} × {said}: {rest}")
+    return out
 
 
 def _measured(x: dict) -> bool:
@@ -67,14 +110,24 @@ def _judged_by(table: dict) -> str:
 
 def params_said(table: dict) -> str:
     """The model's parameters as the table uses them: a mixture of experts' total (memory holds every expert) and
-    active (a token computes with its top_k experts) apart."""
+    active (a token computes with its top_k experts) apart; a preference campaign's reference model beside them."""
+    ref = table.get("reference")
+    if ref and ref["kind"] == "copy":
+        reference = (f"; a frozen reference copy ({P.size(ref['bytes'])}) is resident beside the policy in every row that "
+                     "trains the whole model (sharded with it under FSDP), and the reference's no-grad forward of "
+                     "both halves is in each step; the LoRA rows compare with the base under a disabled adapter")
+    elif ref and ref["kind"] == "adapter":
+        reference = "; the reference is the base under a disabled adapter (no copy resident), its forward in each step"
+    else:
+        reference = ""
     moe = table.get("moe")
     if not moe:
-        return f"{table['params']:,} parameters"
+        return f"{table['params']:,} parameters{reference}"
     return (f"{moe['total']:,} parameters in total, {moe['active']:,} active per token (a mixture of experts: "
             f"{moe['experts']} routed experts in each of {moe['moe_layers']} MoE layers, {moe['top_k']} per token): "
             "memory holds the total, compute runs the active; expert parallel rows split the routed experts "
-            f"({moe['expert_params']:,} parameters) by their EP degree and size each GPU for the routing worst case")
+            f"({moe['expert_params']:,} parameters) by their EP degree and size each GPU for the routing worst case"
+            + reference)
 
 
 def blocks(table: dict) -> list[tuple]:
@@ -96,7 +149,9 @@ def blocks(table: dict) -> list[tuple]:
                          "changes it when that is faster; \"question\": whether the row keeps the experiment's "
                          "question (each option and what it changes: below); `--json` holds every option evaluated."
                          + mark))
-        out.append(("rows", cols, rows, [_item(x, table) for x in table["shown"]]))
+        out.append(("rows", cols, rows, items(table)))
+        if left_unlisted(table):
+            out.append(("p", left_unlisted(table)[0].upper() + left_unlisted(table)[1:] + "."))
     else:
         out.append(("p", "No option fits any catalogue GPU at up to 64 GPUs."))
     if table.get("why_none"):

@@ -76,7 +76,9 @@ def cache_dir() -> str:
 
 def fetch_command(repo_id: str, revision: str = "main") -> str:
     """The command that would put the model into the cache (run where there is a network)."""
-    return f"hf download {repo_id}" + (f" --revision {revision}" if revision != "main" else "")
+    import shlex
+
+    return f"hf download {shlex.quote(repo_id)}" + (f" --revision {shlex.quote(revision)}" if revision != "main" else "")
 
 
 def resolve(spec: str, key: str = "model.path", local: Path | None = None) -> HubModel:

@@ -74,6 +74,11 @@ def torch_dtype(name: str):
     return getattr(torch, _DTYPES[name])
 
 
+def weights_dtype(model_dtype: str, precision: str) -> str:
+    """The dtype the trained weights are held in (``_finish`` casts them to bf16 under bf16-true): a reload's."""
+    return "bfloat16" if precision == "bf16-true" else model_dtype
+
+
 def load_tokenizer(c) -> Any:
     """The campaign's tokenizer: "byte" is transformers' ByT5Tokenizer, otherwise a local folder."""
     spec = c.model.tokenizer or c.model.path
@@ -446,7 +451,8 @@ def _on_meta(model) -> bool:
 
 def _from_folder(auto, path: Path, config, c, dtype):
     q = c.model.quantization
-    extra = {} if q is None else {"quantization_config": quantized.bnb_config(q), "device_map": "cpu"}
+    extra = {} if q is None else {"quantization_config": quantized.bnb_config(q),
+                                  "device_map": {"": quantized.load_device()}}
     try:
         with quiet_transformers():
             model = auto.from_pretrained(str(path), config=config, local_files_only=True, dtype=dtype,
@@ -637,6 +643,10 @@ def load_hf_artifact(c, tokenizer, kind: str, path, labels: list[str] | None = N
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
     path = Path(path)
+    # in the dtype the run trained in, as its user loads it (a base folder saved in fp32 under a bf16 campaign
+    # would otherwise come back in fp32: other logits, not another model); a quantised base's merged copy says its own
+    held = {} if c.model.quantization is not None else {"dtype": torch_dtype(weights_dtype(c.model.dtype,
+                                                                                          c.train.precision))}
     with quiet_transformers(), reading_weights(path, "artifact"):
         if (path / "adapter_config.json").is_file():
             from peft import AutoPeftModelForCausalLM, AutoPeftModelForSequenceClassification, PeftModel
@@ -644,11 +654,11 @@ def load_hf_artifact(c, tokenizer, kind: str, path, labels: list[str] | None = N
             base = json.loads((path / "adapter_config.json").read_text()).get("base_model_name_or_path")
             if base and Path(base).is_dir() and c.model.quantization is None:  # a quantised base: built below
                 auto = AutoPeftModelForCausalLM if kind == "causal-lm" else AutoPeftModelForSequenceClassification
-                return auto.from_pretrained(str(path), local_files_only=True)
+                return auto.from_pretrained(str(path), local_files_only=True, **held)
             plain = c.model_copy(update={"model": c.model.model_copy(update={"adapter": None})})
             return PeftModel.from_pretrained(build_model(plain, tokenizer, kind, labels), str(path))
         auto = AutoModelForCausalLM if kind == "causal-lm" else AutoModelForSequenceClassification
-        return auto.from_pretrained(str(path), local_files_only=True, use_safetensors=True)
+        return auto.from_pretrained(str(path), local_files_only=True, use_safetensors=True, **held)
 
 
 def save_hf_artifact(model, tokenizer, out_dir, *, merged: bool = False) -> list[str]:

@@ -30,10 +30,10 @@ from typing import Any
 from pilotrun.errors import BadInput
 from pilotrun.tasks import chat, common
 from pilotrun.tasks.base import IGNORE, Example
-from pilotrun.tasks.loading import (build_model, eos_id, leading_specials, load_hf_artifact, no_dropout,
-                                    save_hf_artifact)
-from pilotrun.tasks.preference_loss import (MEAN_PER_TOKEN, attach_reference, beta_of, pair_terms, reference_kind,
-                                            reference_of, unwrapped)
+from pilotrun.tasks.loading import build_model, eos_id, load_hf_artifact, no_dropout
+from pilotrun.tasks.moe import plus_router_aux
+from pilotrun.tasks.preference_loss import (MEAN_PER_TOKEN, attach_reference, beta_of, mark_reference, pair_terms,
+                                            reference_kind, reference_kind_of, reference_of, unwrapped)
 
 HALVES = ("chosen", "rejected")
 
@@ -43,7 +43,10 @@ class PairExample(Example):
     """A pair: the chosen half in ``input_ids``/``labels``, the rejected half in ``meta`` (``rejected_ids``,
     ``rejected_labels``, ``rejected_full``: its answer's tokens before the cut). ``length`` is the wider half: what
     the concatenated forward pads every row of the batch to. ``n_targets`` is 1 for a pair whose halves both keep a
-    target (the pair is in the loss), else 0."""
+    target (the pair is in the loss), else 0. ``rows``: the sequences the forward computes per pair (the sheet's
+    padded tokens)."""
+
+    rows = 2  # a class attribute, not a field
 
     @property
     def length(self) -> int:
@@ -78,19 +81,14 @@ class PreferenceTask(common.CampaignTask):
         self.reference = reference_kind(self.c)
         self.eos = eos_id(self.tokenizer)
         self._seen: list = []  # per loss call: the detached per-pair sums ``take_metrics`` reports
-        if getattr(self.tokenizer, "shapes_only", False):  # config.json alone (tasks/shapes.py): nothing to render
-            self.lead, self.bos, self.chat_format, self.chat_template = [], None, "plain", None
-            return
-        self.lead = leading_specials(self.tokenizer)
-        self.bos = self.lead[0] if self.lead else None
-        self.chat_format, self.chat_template = chat.resolve(self.c, self.tokenizer, getattr(campaign, "base_dir", None))
+        self.lead, self.bos, self.chat_format, self.chat_template = common.rendering(self.tokenizer, self.c, campaign)
 
     # --- data -------------------------------------------------------------------------------------
     def tokenize_kwargs(self) -> dict:
         return {"add_special_tokens": False}
 
-    def _tok(self, text: str) -> list[int]:
-        return list(self.tokenizer(text, **self.tokenize_kwargs())["input_ids"])
+    def _tok(self, text: str) -> list[int]:  # as causal-lm tokenizes: no specials, the template writes its own
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def _answer(self, record, key: str):
         name = getattr(self.c.data, key)
@@ -104,6 +102,8 @@ class PreferenceTask(common.CampaignTask):
         d = self.c.data
         if d.messages:
             msgs = common.field(record, d.messages, "data.messages")
+            if isinstance(msgs, str) and msgs.strip():  # one user turn, as Axolotl reads a text field_messages
+                return [{"role": "user", "content": msgs}]
             if not isinstance(msgs, list) or not msgs:
                 raise BadInput(f"field '{d.messages}' (named by data.messages) must be a non-empty list of "
                                "{role, content}", where=record.where, fix="give each record the conversation before "
@@ -129,6 +129,8 @@ class PreferenceTask(common.CampaignTask):
             prompt, chosen, rejected = chosen[:k], chosen[k:], rejected[k:]
         elif isinstance(prompt, str):
             prompt = [{"role": "user", "content": prompt}] if prompt else []
+        if prompt and chosen[: len(prompt)] == prompt and rejected[: len(prompt)] == prompt:
+            chosen, rejected = chosen[len(prompt):], rejected[len(prompt):]  # answers given with their prompt (ultra)
         for key, turns in (("chosen", chosen), ("rejected", rejected)):
             if not any(m["role"] == "assistant" for m in turns):
                 raise BadInput(f"the {key} answer has no assistant turn after the prompt: nothing to compare",
@@ -214,6 +216,19 @@ class PreferenceTask(common.CampaignTask):
                            meta={"rejected_ids": ri, "rejected_labels": rl, "rejected_full": rf, "prompt_tokens": len(p),
                                  "identical": c_ids == r_ids, "common_start": common_start})
 
+    def pairs_templated(self) -> bool:
+        return self._templated_text()
+
+    def format_problem(self) -> str | None:
+        """Why the campaign trains its pairs in a format the model will not see at inference, else None."""
+        own = chat.model_template(self.tokenizer)
+        if own and not self.c.data.messages and self.c.data.chat_template == "auto" \
+                and isinstance(self.c.data.prompt, str):
+            return ("the tokenizer ships a chat template but the campaign trains plain prompt + answer text "
+                    "(data.prompt / data.chosen / data.rejected): the model would be tuned in a format it does not "
+                    "see at inference")
+        return None
+
     def inference_prompt(self, record) -> list[int]:
         """The ids a user feeds the model for this prompt: tokenizer(prompt), or the template with its generation
         prompt."""
@@ -240,14 +255,18 @@ class PreferenceTask(common.CampaignTask):
     # --- log-probabilities, loss and what it saw -----------------------------------------------------------
     def token_logps(self, model, batch):
         """Per row, the log-probability of each target token (0 elsewhere), in fp32, and the target mask."""
+        return self._forward(model, batch)[:2]
+
+    def _forward(self, model, batch):
+        """``token_logps`` and the forward's output (its router auxiliary loss, on a mixture of experts)."""
         import torch.nn.functional as F
 
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-        logits = logits[:, :-1].float()  # position t predicts token t+1; fp32 as the causal-lm loss
+        out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+        logits = out.logits[:, :-1].float()  # position t predicts token t+1; fp32 as the causal-lm loss
         target = batch["labels"][:, 1:]
         logp = -F.cross_entropy(logits.reshape(-1, logits.size(-1)), target.reshape(-1), ignore_index=IGNORE,
                                 reduction="none").view(target.shape)
-        return logp, target != IGNORE
+        return logp, target != IGNORE, out
 
     def _per_pair(self, logp, mask):
         """(chosen, rejected) log-probabilities per pair: summed (dpo), or the mean per token."""
@@ -269,14 +288,15 @@ class PreferenceTask(common.CampaignTask):
         """(chosen, rejected) of the reference, under no_grad in eval mode; None for a reference-free loss."""
         import torch
 
-        if self.reference == "none":
+        kind = reference_kind_of(model) or self.reference
+        if kind == "none":
             return None
-        with torch.no_grad(), _evaluating(*self._reference_model(model, batch)) as ref:
+        with torch.no_grad(), _evaluating(*self._reference_model(model, batch, kind)) as ref:
             return self._per_pair(*self.token_logps(ref, batch))
 
-    def _reference_model(self, model, batch):
+    def _reference_model(self, model, batch, kind: str):
         """(the module the reference forward runs, the context that makes it the reference)."""
-        if self.reference == "adapter":
+        if kind == "adapter":
             inner = unwrapped(model)
             return inner, inner.disable_adapter()
         ref = reference_of(model)
@@ -290,12 +310,14 @@ class PreferenceTask(common.CampaignTask):
         return ref, _nothing()
 
     def loss(self, model, batch):
-        policy = self.policy_logps(model, batch)
+        logp, mask, out = self._forward(model, batch)
+        policy = self._per_pair(logp, mask)
         reference = self.reference_logps(model, batch)
         terms = pair_terms(self.loss_name, self.beta, self.gamma, policy, reference)
         keep = batch["pair_mask"].to(terms.losses.device)
         self._note(terms, keep)
-        return (terms.losses * keep).sum(), keep.sum()
+        # TRL's DPOTrainer adds coef × the policy forward's aux loss (both halves, one forward) to its mean over pairs
+        return plus_router_aux(model, out, (terms.losses * keep).sum(), keep.sum())
 
     def _note(self, terms, keep) -> None:
         """Keep the batch's detached sums over its pairs in the loss: pairs, correct, margin, both rewards and both
@@ -386,11 +408,8 @@ class PreferenceTask(common.CampaignTask):
         model = self.build_policy()
         if self.reference == "copy":
             attach_reference(model, copy.deepcopy(model))
+        mark_reference(model, self.reference)
         return model
-
-    def save_artifact(self, model, out_dir) -> list[str]:
-        merged = self.c.model.adapter is not None and self.c.model.adapter.merged_copy
-        return save_hf_artifact(model, self.tokenizer, out_dir, merged=merged)
 
     def load_artifact(self, path):
         return load_hf_artifact(self.c, self.tokenizer, "causal-lm", path)

@@ -35,6 +35,8 @@ if not os.environ.get("PILOTRUN_VERBOSE"):
         logging.getLogger(_name).setLevel(logging.ERROR)
     # the paged optimizers' fallback on the CPU, at every state's creation; pilotrun's own words say it once
     warnings.filterwarnings("ignore", message="Paged optimizers are not supported on CPU")
+    # LLM.int8()'s fp16 matmul without gradients (validation), said at every call: what 8-bit is, by design
+    warnings.filterwarnings("ignore", message="MatMul8bitLt: inputs will be cast")
 
 
 @contextmanager
@@ -89,6 +91,17 @@ def held(model) -> str | None:
            f"{found['compute_dtype']} compute)"
 
 
+def load_device() -> str:
+    """Where a quantised base is quantised and held: the run's device (the GPU of this rank, as
+    ``engine/distributed.default_device`` picks it, which a user's ``device_map`` names), else the CPU. A 4-bit base
+    quantised on the host and moved would show the GPU only the packed bytes at load, not the user's load."""
+    import torch
+
+    if torch.cuda.is_available():
+        return f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
+    return "cpu"
+
+
 def bnb_config(q):
     """transformers' BitsAndBytesConfig for model.quantization."""
     import torch
@@ -105,7 +118,7 @@ def quantize_in_place(model, q):
     """Quantise a model built with ``from_config`` (model.config, or the estimator's fake build) as
     ``from_pretrained(quantization_config=...)`` quantises one read from a folder: the same modules converted
     (transformers' skips: the output head, tied and fp32-kept modules), each weight handed to bitsandbytes'
-    parameter class and moved to the CPU, which quantises it."""
+    parameter class and moved to the run's device, which quantises it (``load_device``)."""
     import torch
     from transformers.integrations.bitsandbytes import replace_with_bnb_linear
     from transformers.pytorch_utils import Conv1D
@@ -131,10 +144,10 @@ def quantize_in_place(model, q):
             if _is_fake(value):
                 m.weight = _fake_quantized(bnb, value, kwargs, q)
             elif q.bits == 4:
-                m.weight = bnb.nn.Params4bit(value, requires_grad=False, **kwargs).to("cpu")
+                m.weight = bnb.nn.Params4bit(value, requires_grad=False, **kwargs).to(load_device())
             else:
                 kwargs.pop("SCB", None)
-                m.weight = bnb.nn.Int8Params(value, requires_grad=False, **kwargs).to("cpu")
+                m.weight = bnb.nn.Int8Params(value.to("cpu"), requires_grad=False, **kwargs).to(load_device())
             if bias is not None:
                 m.bias = torch.nn.Parameter(bias.detach(), requires_grad=False)
             del weight, value
@@ -372,8 +385,8 @@ def merged_dequantized(peft_model):
     would quantise the sum back to 4 bits. Returns (model, what was done in words); changes ``peft_model``."""
     import torch
 
-    layers = [m for m in peft_model.modules() if hasattr(getattr(m, "weight", None), "quant_state")
-              or getattr(getattr(m, "weight", None), "SCB", None) is not None]
+    bnb = import_bitsandbytes()
+    layers = [m for m in peft_model.modules() if isinstance(m, (bnb.nn.Linear4bit, bnb.nn.Linear8bitLt))]
     if not layers:
         return None, None
     first = layers[0]

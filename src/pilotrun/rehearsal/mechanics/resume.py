@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,10 +23,12 @@ from pilotrun.campaign.arithmetic import data_parallel_ranks, per_rank_update
 from pilotrun.campaign.load import load_campaign
 from pilotrun.campaign.prepare import prepare, require_weights
 from pilotrun.console.progress import head, note
+from pilotrun.engine import fresh
 from pilotrun.engine.control import store_control_predictions
 from pilotrun.engine.distributed import check_strategy, default_device, under_launcher
 from pilotrun.engine.launcher import Ranks
 from pilotrun.engine.loop import Hooks, make_state, train
+from pilotrun.engine.precision import campaign_compute_dtype
 from pilotrun.engine.state import COMPONENTS, load_state, save_state
 from pilotrun.errors import BadInput
 from pilotrun.journal.files import atomic_write_json, write_dir_atomically
@@ -292,7 +292,7 @@ def _setting(prep, at: int, launcher) -> _Setting:
                        where="train.micro_batch", fix="lower train.micro_batch or train.accumulation")
     device = default_device()
     return _Setting(n, per_epoch, per_update, ranks, at, 2 * at, device,
-                    exact=t.precision == "fp32" and device.type == "cpu")
+                    exact=campaign_compute_dtype(prep.c) == "float32" and device.type == "cpu")
 
 
 def _joined(launcher) -> StageResult:
@@ -326,8 +326,7 @@ def _fresh_process(rec, spec: dict, at: int):
     """``python -m pilotrun _resume-worker``: loads the state saved at K and continues; ``(its outcome or None,
     the finished process)``."""
     head(f"resumed run (a new process, from update {at})", spent="startup")  # until the worker's first note
-    proc = subprocess.run([sys.executable, "-m", "pilotrun", "_resume-worker", str(rec.dir / "resume_spec.json")],
-                          capture_output=True, text=True, env=dict(os.environ), timeout=3600)
+    proc = fresh.run(["_resume-worker", str(rec.dir / "resume_spec.json")], timeout=3600)
     return (json.loads(Path(spec["out"]).read_text()) if proc.returncode == 0 else None), proc
 
 

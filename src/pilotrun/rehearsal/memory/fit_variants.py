@@ -8,6 +8,7 @@ from pathlib import Path
 from pilotrun.campaign.load import PATH_KEYS, apply_overrides, load_campaign
 from pilotrun.console.progress import head
 from pilotrun.errors import BadInput
+from pilotrun.engine.precision import campaign_compute_dtype
 from pilotrun.journal.files import atomic_write_text
 from pilotrun.journal.store import Journal
 from pilotrun.probe.recorder import describe_inputs, peak_of
@@ -55,7 +56,7 @@ def try_variants(job, over: dict) -> list[str]:
     """Run the variants that apply to the phase over the limit, least change first; returns messages."""
     t = job.prep.c.train
     name = over["phase"]
-    rtol = FP32_RTOL if t.precision == "fp32" else MIXED_RTOL
+    rtol = FP32_RTOL if campaign_compute_dtype(job.prep.c) == "float32" else MIXED_RTOL
     messages = []
     kind = "eval" if name in EVAL_BOUND else "train"
     if name in TRAIN_BOUND:

@@ -21,6 +21,7 @@ from pilotrun.phases import PHASES
 from pilotrun.phases.registry import BY_NAME
 from pilotrun.probe.alloc_conf import settings_from_env
 from pilotrun.probe.memory import release_free_memory
+from pilotrun.probe.recorder import figure, host_peak, peak_of
 from pilotrun.probe.sizes import fmt_bytes, parse_size
 from pilotrun.rehearsal.memory.pilot_phases import INJECT_ENV, PilotJob, parse_inject, run_phases
 from pilotrun.sheet.gpu_memory import fragmentation
@@ -116,8 +117,13 @@ def pilot(loaded, home, *, memory_limit=None, inject=None) -> StageResult:
     if rows and rows[0].get("counter") == "rss":
         messages.append("CPU counters are process RSS (peak within the phase), shown in the allocated columns")
     if rows and rows[0].get("counter") == "tensors+rss":
-        messages.append("CPU counters: allocated = bytes held by live tensors (exact, true peak), "
-                        "reserved = process RSS (peak within the phase)")
+        messages.append("CPU counters: allocated = bytes held by live tensors (exact, true peak: a GPU's allocated "
+                        "bytes, what the limit is judged on), reserved = process RSS (this host's memory, not a GPU's)")
+    host = max(rows, key=lambda r: host_peak(r) or 0, default=None)
+    if host is not None and host_peak(host) is not None:
+        messages.append(f"host memory: the process RSS peaked at {fmt_bytes(host_peak(host))} at {host['phase']} (the "
+                        "interpreter and libraries too: this machine's, never a GPU figure; `pilotrun sheet` sizes "
+                        "the GPU: its need adds the allocator's reserve and the CUDA context to the tensors)")
     for r in bad:
         messages.append(f"{r['verdict']} at {r['phase']} (rank {r['rank']}; {_show_inputs(r['inputs'])}): "
                         f"{r.get('note') or ''}".rstrip())
@@ -137,11 +143,10 @@ def pilot(loaded, home, *, memory_limit=None, inject=None) -> StageResult:
         messages.append("fragmentation = reserved − allocated at the phase's peaks, measured on this GPU, beside the "
                         "caching allocator's replay of `pilotrun estimate`'s trace for CUDA (bench/RESULTS.md: the "
                         "replay's calibration)")
-    peak = max(rows, key=lambda r: max(r.get("peak_reserved") or 0, r.get("peak_allocated") or 0), default=None)
+    peak = max(rows, key=lambda r: peak_of(r) or 0, default=None)
     summary = (f"{len(bad)} of {len(rows)} phase rows failing" if bad else
                f"every phase ran within {fmt_bytes(limit)}; the peak is {peak['phase']} "
-               f"({fmt_bytes(max(peak.get('peak_reserved') or 0, peak.get('peak_allocated') or 0))})" if peak
-               else "no rows")
+               f"({fmt_bytes(peak_of(peak) or 0)} {figure(peak)})" if peak else "no rows")
     ranks.share("fail" if bad else "ok")
     return StageResult("pilot", "fail" if bad else "ok", summary, messages,
                        {"run_id": rec.run_id, "memory_limit": limit, "rows": rows, "fragmentation": beside},

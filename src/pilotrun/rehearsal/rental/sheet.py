@@ -1,6 +1,6 @@
 """sheet: the selection sheet and rental time plan, from the pilot's ledger rows in the journal.
 
-The pilot is found by campaign name, preferring one with the same config sha256 (``journal.runs.find_pilot``);
+The pilot is found by what it measured, whatever the campaign's name (``journal.runs.find_pilot``);
 the sheet itself is built below the stages (``sheet.build.build_sheet``). No pilot is a
 failing verdict (exit 1), not a bad input: the campaign is fine, a stage it depends on has not run,
 and inside ``all`` a failing verdict lets the summary table still print where BadInput would stop it.
@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pilotrun.campaign.importers import not_reproduced_lines
+from pilotrun.errors import DiskFull, from_os_error
 from pilotrun.journal.files import atomic_write_text
 from pilotrun.journal.runs import find_pilot
 from pilotrun.journal.store import Journal
@@ -23,6 +24,7 @@ from pilotrun.sheet.rates import read_rates
 from pilotrun.sheet.render import to_lines, to_markdown
 from pilotrun.sheet.sections import size
 from pilotrun.sheet.stack import read_target_env
+from pilotrun.signals import unless_stopping
 from pilotrun.verdicts import StageResult, worst
 
 
@@ -57,7 +59,7 @@ def _sheet_stage(loaded, home, *, target_env_path: str | None = None, gpu: str |
         rates = read_rates(rates_path)
     journal = Journal(home)
     c = loaded.campaign
-    pilot, stale = find_pilot(journal, c.name, loaded.config_sha256())
+    pilot, stale = find_pilot(journal, c.name, loaded.config_sha256(), loaded.resolved_dict())
     if pilot is None:
         too_large = too_large_here(loaded)  # the estimator knows the model's size before anything is loaded
         if too_large is not None:
@@ -112,6 +114,10 @@ def _write(sheet, loaded, out: Path, sets) -> list[Path]:
         try:
             sheet["launch"]["files"] = launch_plan(sheet, loaded, BY_KEY[ch["gpu"]], ch["plan"], sets)
         except Exception as e:  # noqa: BLE001 - the sheet stands without its launch files; say why
+            unless_stopping(e)
+            refused = e if isinstance(e, DiskFull) else from_os_error(e, out.parent)
+            if refused is not None:  # a full disk, a read-only --out: exit 2 naming it, not a sheet without files
+                raise refused from None
             sheet["warnings"].append(f"no launch files: {type(e).__name__}: {e}")
     elif not ch:
         sheet["warnings"].append("no launch files: no GPU and plan to launch (see the problems above)")
