@@ -31,7 +31,7 @@ from pilotrun.sheet.catalogue import BY_KEY
 from pilotrun.sheet.options import OPTIONS
 from pilotrun.sheet.options_view import pick
 from pilotrun.sheet.plan import fmt_duration
-from pilotrun.sheet.shell import comment, default, under_home, word, words
+from pilotrun.sheet.shell import comment, default, export, under_home, word, words
 from pilotrun.sheet.ship import build_wheel, campaign_inputs, pilotrun_source, pins, remote_path
 from pilotrun.tasks.hub import fetch_command, split_id
 
@@ -132,7 +132,7 @@ def _body(launch: dict, home: str, *, nodes_head: str | None = None, nnodes: str
     the nodes (torchrun, c10d rendezvous on ``nodes_head``)."""
     lines = ["set -u", default("PILOTRUN_CAMPAIGN_DIR", "PILOTRUN_CAMPAIGN_DIR", launch["campaign_dir"]),
              'cd "$PILOTRUN_CAMPAIGN_DIR" || exit 1']
-    lines += [f"export {k}={shlex.quote(v)}  # the allocator the sheet's memory figures were replayed with"
+    lines += [export(k, v) + "  # the allocator the sheet's memory figures were replayed with"
               for k, v in (launch.get("env") or {}).items()]
     if launch["nodes"] > 1:
         if nodes_head is None:  # by hand: the same script on each node, told the first node's address
