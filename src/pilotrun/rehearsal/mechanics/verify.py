@@ -20,7 +20,7 @@ from pathlib import Path
 from pilotrun.campaign.load import load_campaign
 from pilotrun.console.progress import head, note, spend, spending
 from pilotrun.engine import fresh
-from pilotrun.engine.control import CONTROL_FILE, load_control, target_logits
+from pilotrun.engine.control import CONTROL_FILE, load_control, predictions_and_logits
 from pilotrun.engine.precision import EPS, autocast, campaign_compute_dtype
 from pilotrun.errors import BadInput
 from pilotrun.journal.checkpoints import reference, resolve
@@ -193,8 +193,7 @@ def verify_worker(run_dir: str, control_path: str, out_path: str) -> int:
         dtype = str(next(model.parameters()).dtype)
         with torch.no_grad(), autocast(precision, "cpu"):  # as the run computed its control predictions
             batch = task.collate(examples)
-            preds = task.predict(model, batch)
-            logits = target_logits(task, model, batch) if stored else None
+            preds, logits = predictions_and_logits(task, model, batch, logits=bool(stored))
         pred = dict(zip(rids, preds))
         computed = campaign_compute_dtype(loaded.campaign)
         diff, ties, tol = None, {}, logit_tolerance(computed, 0.0)
