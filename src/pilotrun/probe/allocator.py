@@ -143,6 +143,18 @@ class _Pool:
         del self.unmapped_at[k]
 
 
+
+def _split(block: Block, size: int) -> Block:
+    """``block`` cut to its first ``size`` bytes; the rest, a free block after it in the same segment, returned."""
+    rest = Block(block.stream, block.size - size, block.addr + size, block.small, block.segment)
+    rest.prev, rest.next = block, block.next
+    if block.next is not None:
+        block.next.prev = rest
+    block.next = rest
+    block.size = size
+    return rest
+
+
 class CachingAllocator:
     """One device's caching allocator. ``capacity``: the bytes cudaMalloc can hand out (the card less what lives
     outside the allocator), None for a card that never fills; ``total``: the card's memory (expandable segments'
@@ -195,13 +207,7 @@ class CachingAllocator:
             if block is None:
                 raise OutOfMemory(size, self.allocated, self.reserved, self._limit())
         if self._should_split(block, size):
-            rest = Block(stream, block.size - size, block.addr + size, small, block.segment)
-            rest.prev, rest.next = block, block.next
-            if block.next is not None:
-                block.next.prev = rest
-            block.next = rest
-            block.size = size
-            pool.insert(rest)
+            pool.insert(_split(block, size))
         block.allocated = True
         block.requested = int(nbytes)
         self.live[id(block)] = block
@@ -382,13 +388,8 @@ class CachingAllocator:
         pool.remove_unmapped(b)
         b.mapped = True
         if n < b.size:
-            rest = Block(b.stream, b.size - n, b.addr + n, b.small, b.segment)
+            rest = _split(b, n)
             rest.mapped = False
-            rest.prev, rest.next = b, b.next
-            if b.next is not None:
-                b.next.prev = rest
-            b.next = rest
-            b.size = n
             pool.insert_unmapped(rest)
         b = self._merge_free_neighbours(pool, b)
         pool.insert(b)
