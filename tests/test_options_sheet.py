@@ -136,7 +136,7 @@ def test_piloted_options_take_the_pilots_memory_and_time_plan(piloted):
     table = data["options"]
     anchor = next(x for x in table["rows"] if x["gpu"] == "h100-sxm" and x["option"] == "written"
                   and x["count"] == 1)
-    overhead = sum(o["bytes"] for o in GM.overheads(None, 1, True))
+    overhead = sum(o["bytes"] for o in GM.overheads(None, 1))
     assert anchor["phase"] == "steady_step" and anchor["peak"] == 3 * GiB
     assert anchor["need"] == GM.need_bytes(3 * GiB, overhead)
     assert anchor["memory_from"].startswith(f"measured: pilot {piloted['run']}")
