@@ -250,7 +250,7 @@ def _ledger(loaded, monkeypatch, replay: bool) -> tuple[list, list, int]:
 
 
 def _whole(acc) -> list:
-    return [acc.timeline, acc.reserved, acc.stages, sorted(acc.marks.items()),
+    return [acc.timeline, acc.cublas, acc.stages, sorted(acc.marks.items()),
             [(b.nbytes, b.category, b.born, b.died, b.in_optimizer) for b in acc.blocks]]
 
 

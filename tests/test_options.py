@@ -21,7 +21,6 @@ def test_counted_layers_and_micro_batches_match_the_full_trace(tmp_path):
     """6 identical layers and 4 micro-batches: two traces of 2 and 3 layers with 2 micro-batches give the
     same allocated bytes, per phase and category, as tracing all of them."""
     from pilotrun.campaign.load import load_campaign
-    from pilotrun.probe.estimate import MID_SEGMENT
     from pilotrun.probe.trace import trace
 
     cfg = dict(TINY_LLAMA, num_hidden_layers=6, hidden_size=128, intermediate_size=256)
@@ -37,8 +36,9 @@ def test_counted_layers_and_micro_batches_match_the_full_trace(tmp_path):
         for key in ("baseline", "peak_allocated", "end_allocated", "parameters", "gradients", "optimizer_state",
                     "activations", "temporaries"):
             assert a[key] == b[key], (a["phase"], key, a[key], b[key])
-        # reserved: segment rounding of the small pools is not linear in the layers (a tiny model's floor)
-        assert abs(a["peak_reserved"] - b["peak_reserved"]) <= MID_SEGMENT, a["phase"]
+        # reserved: counted, the allocated peak plus the shallow replays' fragmentation (probe/stream.py), which
+        # the whole trace's replay can exceed by a segment's packing per layer pair
+        assert a["peak_allocated"] <= b["peak_reserved"] and abs(a["peak_reserved"] - b["peak_reserved"]) <= 20 * 2**20
 
 
 def test_uneven_layers_are_traced_whole():

@@ -373,7 +373,9 @@ def _reload_traced(ctx) -> None:
     for p in list(reloaded.parameters()) + list(reloaded.buffers()) + quant_tensors(reloaded):
         acc.book(p, "parameters")
     reloaded.eval()
-    with torch.no_grad():
+    # under the precision's autocast, as ``_reload`` runs it: bf16-mixed casts the reloaded weights and keeps the
+    # casts (autocast's weight cache) until the loss is computed — the reload's rise the H200 measured
+    with torch.no_grad(), autocast(ctx.prep.c.train.precision, "cpu"):
         artifact_loss(ctx.task)(reloaded, ctx.task.collate(_sample(ctx)))
     del reloaded
     if "rebuild_merged" in ctx.fake:  # a quantised base's merged copy, reloaded after the adapter: dequantised
