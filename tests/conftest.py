@@ -11,6 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+# one fork server for the session: in-process resume/verify/all fork their fresh processes from it (engine/fresh.py)
+pytest_plugins = ["zygote_plugin"]
+
 def _shared_data() -> Path:
     """../shared/data beside the repository (as CI lays it), else $PILOTRUN_SHARED_DATA, else /work/shared/data."""
     candidates = [Path(__file__).resolve().parents[1].parent / "shared" / "data"]

@@ -218,6 +218,7 @@ def _campaign_of(tmp_path, config: dict):
     return path
 
 
+@pytest.mark.slow  # end to end and among the suite's costliest (its 12 minutes); `pytest -m slow` runs it
 def test_405b_gets_tensor_parallel_across_nodes_that_keeps_the_batch(tmp_path, cli):
     """FSDP over 64 GPUs multiplies the effective batch (8 → 64); TP ×8 within a node × FSDP over the nodes has
     one data rank per node, so accumulation ÷ nodes keeps 8, and 405B's state over 64 ranks fits."""
@@ -248,6 +249,7 @@ def test_405b_gets_tensor_parallel_across_nodes_that_keeps_the_batch(tmp_path, c
                                       "runs keeps the experiment and fits")
 
 
+@pytest.mark.slow  # end to end and among the suite's costliest (its 12 minutes); `pytest -m slow` runs it
 def test_heads_tp_cannot_divide_get_no_tp_row_and_the_reason(tmp_path, cli):
     """127 heads: no TP degree divides them, so no TP row; no option keeps the experiment and each one's broken
     constraint is named."""

@@ -101,6 +101,7 @@ def _fits(lines: list[str], cols: int) -> None:
     assert unwrapped(lines) == "\n".join(ln.rstrip() for ln in lines), "the live line wrapped"
 
 
+@pytest.mark.slow  # end to end and among the suite's costliest (its 12 minutes); `pytest -m slow` runs it
 def test_pilot_shows_its_phase_of_eight(setup):
     campaign, home = setup
     p = run_pipe("pilot", campaign, "--home", home)
@@ -130,9 +131,10 @@ def test_overfit_shows_updates_and_loss(setup):
     _fits(shown, 100)
     p = run_pipe("overfit", campaign, "--home", home, "--max-updates", "30")
     assert "pilotrun overfit: accumulation check" in p.stderr, p.stderr
-    assert _counts(r"pilotrun overfit: memorising 8 examples — update (\d+)/(\d+), loss", p.stderr), p.stderr
+    assert _counts(r"pilotrun overfit: memorising 8 examples — update (\d+)/≤?(\d+), loss", p.stderr), p.stderr
 
 
+@pytest.mark.slow  # end to end and among the suite's costliest (its 12 minutes); `pytest -m slow` runs it
 def test_resume_and_verify_show_their_workers_counts(setup):
     campaign, home = setup
     p = run_pipe("resume", campaign, "--home", home, "--at", "2", "--json")
@@ -165,6 +167,7 @@ def test_resume_and_verify_show_their_workers_counts(setup):
     _fits(shown, 100)
 
 
+@pytest.mark.slow  # end to end and among the suite's costliest (its 12 minutes); `pytest -m slow` runs it
 def test_fit_shows_the_probe_and_its_bound(heavy):
     campaign, home = heavy
     import json
@@ -215,6 +218,7 @@ def test_the_line_counts_the_time_left(log_stream):
                             r"\(\d s, about (9\.\d|10\.0) min left\)", ln) for ln in lines), lines
 
 
+@pytest.mark.slow  # end to end and among the suite's costliest (its 12 minutes); `pytest -m slow` runs it
 def test_sweep_says_the_run_and_its_update_while_it_trains(tmp_path):
     """The sweep's line followed the data's encoding and then nothing of the run: through the model's build,
     the first validation and every update it said ``reading and encoding the validation split``. Now each

@@ -435,6 +435,7 @@ def _without_walls(value):
     return value
 
 
+@pytest.mark.slow  # end to end and among the suite's costliest (its 12 minutes); `pytest -m slow` runs it
 def test_the_next_sheet_reads_its_estimates_from_the_home_without_importing_torch(tmp_path):
     """A CPU pilot's sheet estimates GPU memory, the largest sizes and the options table, and keeps them in the
     home: the next sheet of the same campaign, files and pilotrun, in a fresh process, reads them back without
