@@ -62,6 +62,7 @@ def _by_arm_seed(home, sweep_id):
     return out
 
 
+@pytest.mark.slow  # end to end and among the suite's costliest (its 12 minutes); `pytest -m slow` runs it
 def test_a_sweep_spreads_over_both_nodes_and_matches_a_local_sweep(cluster, demo_dir):
     from pilotrun.campaign.load import load_campaign
     from pilotrun.journal.files import verify_manifest
@@ -95,6 +96,7 @@ def test_a_sweep_spreads_over_both_nodes_and_matches_a_local_sweep(cluster, demo
         assert run["updates_done"] == 6
 
 
+@pytest.mark.slow  # end to end and among the suite's costliest (its 12 minutes); `pytest -m slow` runs it
 def test_a_lost_node_interrupts_its_run_and_continue_reruns_it(cluster, demo_dir):
     import ray
 

@@ -205,6 +205,14 @@ def _child(request: dict, fds: list[int]) -> None:
         os.environ.clear()
         os.environ.update(request["env"])
         os.chdir(request["cwd"])
+        # the module search path a cold ``python -m pilotrun`` starts with: its folder first, then the request's
+        # PYTHONPATH (read once, at a cold interpreter's start; the server started with another) - a campaign's
+        # task module beside its file is found through them (tasks.resolve)
+        import importlib
+
+        start = [request["cwd"]] + [p for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
+        sys.path[:0] = [p for p in dict.fromkeys(start) if p not in sys.path]
+        importlib.invalidate_caches()
         sys.argv = [sys.executable, *request["args"]]
         sys.orig_argv = [sys.executable, "-m", "pilotrun", *request["args"]]
         import runpy
