@@ -45,6 +45,7 @@ def test_wordpiece_view_in_a_log_file_marks_each_token(cli, tmp_path):
     assert "legend:  input " in r.out and " masked " not in r.out  # the legend names what the tokens are
 
 
+@pytest.mark.slow  # end to end and among the suite's costliest (its 12 minutes); `pytest -m slow` runs it
 def test_load_report_only_with_verbose(tmp_path):
     path = minilm_campaign(tmp_path)
     code = ("import sys; from pilotrun.campaign import load_campaign; from pilotrun.tasks import make_task; "

@@ -136,6 +136,7 @@ def test_70b_sheet_without_pilot_lists_options(tmp_path, cli):
     assert "## Launch files" in text and payload["messages"][-1].startswith(f"written to {tmp_path}: sheet.md, ")
 
 
+@pytest.mark.slow  # end to end and among the suite's costliest (its 12 minutes); `pytest -m slow` runs it
 def test_70b_sheet_without_pilot_writes_two_node_launch_files(tmp_path, cli, monkeypatch):
     """A 70B full fine-tune of effective batch 16 priced on H100s only: one node fits only with optimizer
     offload, so the table goes over nodes; its recommendation (TP × FSDP) is not one pilotrun runs, so the

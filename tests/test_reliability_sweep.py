@@ -172,6 +172,7 @@ def _sweep_killed_and_continued(demo_dir, moments: list[str], seed: int, seeds=(
     return runs
 
 
+@pytest.mark.slow  # end to end and among the suite's costliest (its 12 minutes); `pytest -m slow` runs it
 def test_sweep_killed_twice_then_continued(demo_dir):
     runs = _sweep_killed_and_continued(demo_dir, ["checkpoint", "finished"], seed=3)
     assert any(r["status"] == "interrupted" for r in runs)

@@ -177,6 +177,7 @@ def _ray_view() -> str:
             f"processes: {' | '.join(line[:160] for line in busiest)}")
 
 
+@pytest.mark.slow  # end to end and among the suite's costliest (its 12 minutes); `pytest -m slow` runs it
 def test_ctrl_c_on_the_driver_cancels_and_records_interrupted(cluster, demo_dir):
     from pilotrun.journal.store import Journal
 
