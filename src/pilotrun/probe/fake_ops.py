@@ -10,6 +10,9 @@ for a CUDA device (each row padded to 16 bytes).
 
 from __future__ import annotations
 
+import sys
+from contextlib import contextmanager
+
 # bitsandbytes' CUDA gemm_4bit (bitsandbytes/backends/cuda/ops.py): past this many rows of A (or for a K not aligned to
 # the block size) it dequantises the weight into a temporary of the compute dtype and runs F.linear; below it a fused
 # kernel may be chosen per architecture and shape. The estimate counts the temporary at every size: an upper bound.
@@ -85,3 +88,30 @@ def _int8_outliers(func, args, kwargs: dict):
     return (torch.empty(a.shape, device=a.device, dtype=torch.int8),
             torch.empty(a.numel() // a.shape[-1], device=a.device, dtype=torch.float32),
             torch.empty(0, device=a.device, dtype=torch.int64))
+
+
+@contextmanager
+def device_paths(cuda: bool):
+    """Inside, for a trace that stands for CUDA, bitsandbytes' 8-bit layers take the path they take on a GPU:
+    ``bitsandbytes.matmul`` picks by the input's device, and the fake tensors sit on the CPU, where training goes
+    through MatMul8bitFp (the weight dequantised, a float matmul) instead of CUDA's MatMul8bitLt (LLM.int8(): int8
+    activations, an int8 matmul, the outliers beside it). bitsandbytes not imported: nothing to do."""
+    bnb = sys.modules.get("bitsandbytes")
+    if not cuda or bnb is None:
+        yield
+        return
+    from bitsandbytes.autograd import _functions as f
+
+    original = bnb.matmul
+
+    def matmul(A, B, out=None, state=None, threshold=0.0, bias=None):
+        state = state or f.MatmulLtState()
+        if threshold > 0.0:
+            state.threshold = threshold
+        return f.MatMul8bitLt.apply(A, B, out, bias, state)
+
+    bnb.matmul = matmul
+    try:
+        yield
+    finally:
+        bnb.matmul = original

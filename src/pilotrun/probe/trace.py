@@ -27,6 +27,7 @@ from pilotrun.phases.driver import PhaseContext, drive
 from pilotrun.phases.registry import BY_NAME
 from pilotrun.phases.worst import worst_case
 from pilotrun.probe import counted as K
+from pilotrun.probe.fake_ops import device_paths
 from pilotrun.probe.estimate import Accountant, architecture_config, fake_build, unsharded_block_bytes
 from pilotrun.tasks.base import BUILTIN_TASKS
 from pilotrun.tasks.moe import expert_counts
@@ -164,7 +165,7 @@ def _traced_once(loaded, device: str, prep, wc: dict, steps_only: bool, override
         with acc.mark(name):
             yield None
 
-    with fake_mode, acc.tracking(model):
+    with fake_mode, acc.tracking(model), device_paths(device == "cuda"):
         drive(ctx, mark, names("load", "train") if steps_only else PHASES, traced=True)
     if key is not None and reload is None and "reload" in acc.marks and acc.replayable("reload"):
         _RELOADS[key] = (prep, acc.recorded("reload"))
