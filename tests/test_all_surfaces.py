@@ -34,6 +34,34 @@ def test_all_logs_each_stage_start_and_end_with_its_time(cli, tmp_path, monkeypa
     assert max(map(len, summary)) <= 80, summary
 
 
+def test_budgets_said_are_the_ones_used(tmp_path):
+    """Issue 43: overfit's line read "update 2/150 … about 24.1 min left", then "update 6/40", and `all`'s summary
+    "≤ 150 updates" while 40 were used. A memorising run's total is a ceiling it stops before (said "≤", "at most …
+    left"), and the summary names the budget overfit sized and the updates it took — here for a budget sized from
+    a pilot (the second instance: the issue's was sized from the run's own updates), and one given."""
+    from types import SimpleNamespace
+
+    from pilotrun.engine.loop import update_line
+    from pilotrun.rehearsal.all import Budgets
+    from pilotrun.verdicts import StageResult
+
+    out = {"loss": 0.5, "lr": 1e-3, "examples": 8, "seconds": 2.0}
+    assert update_line(SimpleNamespace(update=6, total_updates=40, bound=True), out).startswith("update 6/≤40, ")
+    assert update_line(SimpleNamespace(update=6, total_updates=40, bound=False), out).startswith("update 6/40, ")
+    loaded = SimpleNamespace(campaign=SimpleNamespace(train=SimpleNamespace(updates=200, epochs=None)))
+    sized = StageResult("overfit", "ok", "", data={"updates": 12, "budget": {
+        "updates": 40, "ceiling": 150, "sized": True, "seconds_per_update": 3.0, "seconds": 120.0,
+        "source": "pilot r1: 6 timed updates"}})
+    line = Budgets().lines(loaded, [sized])[0]
+    assert line.startswith("budgets: overfit 8 examples, ≤ 40 updates (sized to 120 s at 3 s each; ceiling 150), "
+                           "12 taken; resume at update 4"), line
+    given = StageResult("overfit", "fail", "", data={"updates": 3, "budget": {
+        "updates": 3, "ceiling": 3, "sized": False, "seconds_per_update": None, "seconds": 120.0, "source": ""}})
+    assert Budgets(max_updates=3, sized=False).lines(loaded, [given])[0].startswith(
+        "budgets: overfit 8 examples, ≤ 3 updates, 3 taken; resume")
+    assert Budgets().lines(loaded)[0].startswith("budgets: overfit 8 examples, ≤ 150 updates; resume")
+
+
 @pytest.mark.slow
 def test_all_through_a_pipe_says_each_stage_and_its_time(tmp_path):
     from pilotrun.rehearsal.all import STAGES
@@ -53,7 +81,7 @@ def test_all_through_a_pipe_says_each_stage_and_its_time(tmp_path):
     head = out.index("rehearsal summary") + 1
     assert out[head].split() == ["stage", "verdict", "time"], out[head:]  # the summary shown moves below at 80
     assert re.search(r"^overfit\s+fail\s+\d", p.stdout, re.M), p.stdout  # 3 updates cannot memorise
-    assert "budgets: overfit 4 examples, ≤ 3 updates; resume at update 2 (reference 4); train ≤ 2 updates " \
+    assert "budgets: overfit 4 examples, ≤ 3 updates, 3 taken; resume at update 2 (reference 4); train ≤ 2 updates " \
            "(the campaign's budget is 4 updates)" in p.stdout.replace("\n ", " ").replace("  ", " "), p.stdout
     assert re.search(r"^total \d", p.stdout, re.M), p.stdout
     assert max(map(len, out)) <= 80, [ln for ln in out if len(ln) > 80]

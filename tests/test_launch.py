@@ -2,6 +2,7 @@
 model downloaded by the set-up, pilotrun shipped as something an installer reaches, several nodes joined by
 torchrun, the time limit from the plan."""
 
+import math
 import subprocess
 import zipfile
 
@@ -11,6 +12,7 @@ from conftest import TINY_LLAMA, write_campaign, write_jsonl
 from hubcache import config_only
 
 from pilotrun.campaign.load import load_campaign
+from pilotrun.errors import BadInput
 from pilotrun.sheet.catalogue import BY_KEY
 from pilotrun.sheet.launch import launch_plan, sbatch_script, sky_task, slurm_time, time_limit, write_launch
 
@@ -89,8 +91,9 @@ def test_several_nodes_run_each_run_on_all_of_them_through_torchrun(tmp_path):
                            '--rdzv-backend c10d --rdzv-endpoint "$HEAD:29500"')
     assert f"-m pilotrun sweep campaign.yaml --id {launch['sweep_id']}" in line
     assert "--set train.strategy=fsdp --set train.nproc=16" in line
-    # 3 h × 1.7 + 3 min, in minutes: the plan, not the 7-day tier
-    assert f"#SBATCH --time={slurm_time(3 * 3600 * 1.7 + 180)}\n" in sbatch and "--time=0-05:09:00" in sbatch
+    # 15 min set-up + 1 min start-up + 3 h × 1.7 + 1 min restart + 2 min grace, in minutes: the plan, not the tier
+    assert f"#SBATCH --time={slurm_time(900 + 60 + 3 * 3600 * 1.7 + 60 + 120)}\n" in sbatch
+    assert "--time=0-05:25:00" in sbatch
     sky = yaml.safe_load((tmp_path / "sheet.sky.yaml").read_text())
     assert sky["num_nodes"] == 2 and sky["resources"]["accelerators"] == "H100:8"
     run = sky["run"]
@@ -102,11 +105,38 @@ def test_several_nodes_run_each_run_on_all_of_them_through_torchrun(tmp_path):
     assert launch["sweep_id"] != launch_plan(_sheet(), loaded, BY_KEY["h100-sxm"], None)["sweep_id"]
 
 
-def test_the_time_limit_is_the_plan_with_its_margin_and_the_tier_only_without_a_plan():
+def test_the_time_limit_counts_the_set_up_and_a_restart(monkeypatch):
+    """Issue 43: the sbatch reserved 4 minutes for a 17 s campaign whose first step creates a venv and installs
+    torch. The limit counts the set-up (a stated default, PILOTRUN_SETUP_S overrides), the start-up, the plan with
+    its margin, one requeue's restart and the grace; only the tier without a plan."""
+    monkeypatch.delenv("PILOTRUN_SETUP_S", raising=False)
     limit, how = time_limit(17.0, 0.2, 3)
-    assert limit == 240 and "17 s × (1 + 0.5 margin + 0.2 reserve)" in how  # 28.9 + 60 + 120 s → 4 min
+    assert limit == 1200 and "17 s × (1 + 0.5 margin + 0.2 reserve)" in how  # 900 + 60 + 28.9 + 60 + 120 s → 20 min
+    assert how.startswith("15.0 min set-up (the first start's venv and stack; PILOTRUN_SETUP_S=SECONDS sets it)")
     assert time_limit(None, 0.2, 3) == (3 * 86400, "the 3-day plan (no campaign time in the time plan)")
     assert slurm_time(90061) == "1-01:02:00"
+    monkeypatch.setenv("PILOTRUN_SETUP_S", "0")  # a prebuilt venv
+    assert time_limit(17.0, 0.2, 3)[0] == 300 and "from PILOTRUN_SETUP_S" in time_limit(17.0, 0.2, 3)[1]
+    monkeypatch.setenv("PILOTRUN_SETUP_S", "ten minutes")
+    with pytest.raises(BadInput) as e:
+        time_limit(17.0, 0.2, 3)
+    assert e.value.where == "PILOTRUN_SETUP_S" and "0 for a prebuilt venv" in e.value.fix
+
+
+def test_a_restart_redoes_the_work_since_the_last_checkpoint(tmp_path, monkeypatch):
+    """The second instance: a long run that checkpoints rarely. A requeued job starts again, loads the model and
+    redoes the updates since the last checkpoint; the limit holds that, by the time plan's units."""
+    from pilotrun.sheet.launch import STARTUP_S, restart_seconds
+
+    monkeypatch.setenv("PILOTRUN_SETUP_S", "0")
+    s = dict(_sheet(), time={"units": {"update": 2.0, "load": 30.0}, "per_run_s": 4000.0})
+    assert restart_seconds(s, 500) == STARTUP_S + 30.0 + 1000.0
+    assert restart_seconds(s, None) == STARTUP_S + 30.0 + 4000.0  # no checkpoint: the whole run again
+    assert restart_seconds(_sheet(), 500) is None
+    loaded = load_campaign(_far_campaign(tmp_path), {"train.save_every": 500})
+    launch = launch_plan(s, loaded, BY_KEY["h100-sxm"], {"days": 3, "used_s": 3600.0, "placed": [], "not_fitting": []})
+    assert launch["time_limit_s"] == math.ceil((60 + 3600 * 1.7 + 1090 + 120) / 60) * 60
+    assert "18.2 min for a requeue's restart" in launch["time_how"], launch["time_how"]
 
 
 def test_pilotrun_ships_as_a_wheel_of_this_source_unless_a_pushed_revision_can_be_named(tmp_path):

@@ -189,6 +189,9 @@ def test_inspect_shows_each_half_token_by_token_with_what_it_adds(tmp_path, cli,
     kinds = {k for _, _, k in shown[1]["tokens"]}
     assert {"masked", "trained"} <= kinds
     assert len(shown[0]["tokens"]) == len(shown[1]["tokens"])  # both rows padded to the pair's wider half
+    # the BPE tokenizer ships a ChatML template and the pairs are plain text: the format the model sees is not its own
+    (fmt,) = [c for c in r.json["data"]["checks"] if c["name"] == "prompt format"]
+    assert fmt["verdict"] == "warn" and "data.chosen / data.rejected" in fmt["message"]
 
 
 # --- campaign keys -------------------------------------------------------------------------------------------------
@@ -249,7 +252,7 @@ def test_a_reference_that_moves_with_the_policy_fails_overfit(tmp_path):
     (tmp_path / "moving_reference.py").write_text(MOVING_REFERENCE)
     path = preference_campaign(tmp_path, short_pairs(chars=48)[:8], data__max_length=96,
                                task="moving_reference:SharedReference")
-    r = overfit(load_campaign(path), tmp_path / "home", examples=4, max_updates=6, sized=False)
+    r = overfit(load_campaign(path), tmp_path / "home", examples=2, max_updates=3, sized=False)
     assert r.verdict == "fail"
     assert r.summary.startswith("the reference moved")
     assert "its log-probability of the chosen answer of" in "\n".join(r.messages)
@@ -279,6 +282,22 @@ def test_a_restored_state_holds_the_trained_policy_and_the_starting_reference(tm
 
 
 # --- memory: both models in the ledger, the estimate on the pilot's figures -------------------------------------------
+def test_the_estimate_holds_the_reference_copy_from_load_and_the_options_table_knows_lora_drops_it(tmp_path):
+    from pilotrun.probe.trace import trace
+    from pilotrun.sheet.options import options_table
+    from pilotrun.sheet.options_view import params_said
+
+    loaded = load_campaign(preference_campaign(tmp_path, short_pairs(chars=48)[:8], data__max_length=64))
+    load = trace(loaded, device="cpu")["rows"][0]
+    assert load["inputs"]["reference"] == "copy"
+    table = options_table(loaded, gpus=[])  # the campaign as written, and its LoRA variant
+    ref = table["reference"]
+    assert ref["kind"] == "copy" and ref["bytes"] == pytest.approx(4 * table["params"], rel=1e-3)  # fp32 copy
+    assert load["parameters"] == pytest.approx(2 * ref["bytes"], rel=1e-3)  # the policy and its frozen copy
+    assert "a frozen reference copy" in params_said(table) and "no longer resident" in table["meanings"]["lora"]
+
+
+@pytest.mark.slow  # the pilot's phases on a tiny model: the real model's test (test_preference_real.py) is slower
 def test_the_pilot_ledger_holds_both_models_and_the_estimate_matches_it_per_phase(tmp_path):
     from pilotrun.rehearsal.memory.estimate import estimate
     from pilotrun.rehearsal.memory.pilot import pilot

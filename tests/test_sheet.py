@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import simple_records, tiny_causal_campaign
+from conftest import simple_records, tiny_causal_campaign, write_campaign
 
 from pilotrun.campaign.load import load_campaign
 from pilotrun.journal.store import Journal
@@ -95,8 +95,11 @@ def test_eval_over_24gib_fails_a_24gib_rental_and_fits_80gib(tmp_path):
     assert any(row["gpu"] == "L4 24GB" and row["verdict"] == "does not fit: eval_longest" for row in r.rows)
     # the same pilot with an 80 GiB rental: ok
     ok = sheet_stage(load_campaign(path, {"hardware.memory_per_gpu": "80GiB"}), home, options=False)
-    assert ok.data["pilot_run"] == run  # found by name though the config sha differs
-    assert ok.data["warnings"][0].startswith(f"the latest pilot {run} measured another version")
+    assert ok.data["pilot_run"] == run  # found by what it measured: the config sha differs, the rental is no part of it
+    assert not any("measured another" in w for w in ok.data["warnings"]), ok.data["warnings"]
+    later = sheet_stage(load_campaign(path, {"train.micro_batch": 4}), home, options=False)
+    assert later.data["pilot_run"] == run and later.data["warnings"][0].startswith(
+        f"the latest pilot {run} measured another setting of train.micro_batch; rerun `pilotrun pilot`")
 
 
 def test_target_without_bf16_fails_the_stack_check_of_a_bf16_campaign(tmp_path):
@@ -195,6 +198,43 @@ def test_bad_target_env_and_bad_gpu_are_bad_input(tmp_path, cli):
     assert res.code == 2 and "not a `pilotrun env --json` output: missing cuda" in res.err
     res = cli("sheet", path, "--home", home, "--gpu", "v100")
     assert res.code == 2 and "no GPU 'v100' in the built-in catalogue" in res.err
+
+
+def test_a_renamed_copy_finds_the_pilot_by_what_it_measured(tmp_path):
+    """Issue 43: a copy of the campaign under another name (``minilm-sweep``) lost its pilot ("time plan: not
+    compared — no pilot"). The pilot is found by what it measured — model, data by content, shapes, precision —
+    whatever the name, budget or learning rate; a copy that changes a measured setting gets the nearest pilot of
+    the same model, said as another config's, and a pilot of another model is never taken."""
+    import shutil
+
+    path = campaign(tmp_path)
+    home = tmp_path / "home"
+    run = record_pilot(path, home, {})
+    copy = tmp_path / "elsewhere"
+    shutil.copytree(path.parent / "data", copy / "data")  # the same data in another folder: compared by content
+    raw = yaml.safe_load(path.read_text())
+    raw.update(name="tiny-sweep")
+    raw["train"].update(lr=0.5, updates=999)
+    renamed = write_campaign(copy, raw)
+    pilot, stale = find_pilot(Journal(home), "tiny-sweep", load_campaign(renamed).config_sha256(),
+                              load_campaign(renamed).resolved_dict())
+    assert pilot["run_id"] == run and stale is None
+    r = sheet_stage(load_campaign(renamed), home, options=False)
+    assert r.data["pilot_run"] == run and not any("pilot" in w for w in r.data["warnings"]), r.data["warnings"]
+
+    raw["train"]["precision"] = "bf16-mixed"
+    other = write_campaign(copy, raw, "other.yaml")
+    pilot, stale = find_pilot(Journal(home), "tiny-sweep", load_campaign(other).config_sha256(),
+                              load_campaign(other).resolved_dict())
+    assert pilot["run_id"] == run
+    assert stale.startswith(f"no pilot of campaign 'tiny-sweep' measured this config; the nearest is pilot {run} of "
+                            "campaign 'tiny', which measured another setting of train.precision")
+    (copy / "data" / "train.jsonl").write_text((copy / "data" / "train.jsonl").read_text().replace("word", "ward"))
+    raw["train"]["precision"] = "fp32"
+    assert "data.train" in find_pilot(Journal(home), "tiny-sweep", "x", load_campaign(renamed).resolved_dict())[1]
+    raw["model"]["config"] = dict(raw["model"]["config"], hidden_size=128)
+    model = write_campaign(copy, raw, "model.yaml")
+    assert find_pilot(Journal(home), "tiny-sweep", "x", load_campaign(model).resolved_dict()) == (None, None)
 
 
 def test_prefers_the_pilot_of_the_same_config(tmp_path):

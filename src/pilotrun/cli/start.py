@@ -48,7 +48,7 @@ def _run_all(loaded, home, as_json, budgets) -> int:
     from pilotrun.rehearsal.all import run_all
 
     results = run_all(loaded, home, on_result=live_renderer(as_json), budgets=budgets)
-    return emit(results, as_json, rendered=True, notes=budgets.lines(loaded))
+    return emit(results, as_json, rendered=True, notes=budgets.lines(loaded, results))
 
 
 @cli.command()

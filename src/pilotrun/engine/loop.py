@@ -78,6 +78,7 @@ class TrainState:
     evals_without_improvement: int = 0
     best_checkpoint: dict | None = None  # {"update", "metric"}: the saved checkpoint best by plan.metric
     attempts: int = 0  # updates tried, skipped ones included: the key of the journal's "skipped" rows
+    bound: bool = False  # total_updates is a ceiling the run may stop before (overfit): said "≤", "at most … left"
 
     def counters(self) -> dict:
         return {"update": self.update, "examples_seen": self.examples_seen, "initial_loss": self.initial_loss,
@@ -262,7 +263,8 @@ def rate_text(examples: int, seconds: float) -> str:
 def update_line(state, out: dict) -> str:
     """The progress line of one update: its number, loss, learning rate and examples per second."""
     parts = "".join(f" ({k} {v:.4f})" for k, v in out.get("loss_parts", {}).items())
-    return (f"update {state.update}/{state.total_updates}, loss {out['loss']:.4f}{parts}, lr {out['lr']:.2e}, "
+    total = f"≤{state.total_updates}" if state.bound else state.total_updates
+    return (f"update {state.update}/{total}, loss {out['loss']:.4f}{parts}, lr {out['lr']:.2e}, "
             f"{rate_text(out['examples'], out['seconds'])}")
 
 
@@ -438,7 +440,8 @@ class _Loop:
         if self.hooks.on_update:
             self.hooks.on_update(state, out)
         self.said = update_line(state, out)
-        note(self.said, done=state.update, total=state.total_updates, log=state.update == self.end, spent="work")
+        note(self.said, done=state.update, total=state.total_updates, at_most=state.bound, log=state.update == self.end,
+             spent="work")
         if self.progress is not None:
             self.progress(state, out)
         return out

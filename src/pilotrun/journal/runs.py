@@ -88,17 +88,87 @@ def phase_summary(journal: Journal, run_id: str) -> dict:
     return {"phases": len(verdicts), "failing": sum(v != "ok" for v in verdicts)}
 
 
-def find_pilot(journal, name: str, sha: str | None) -> tuple[dict | None, str | None]:
-    """The latest pilot of the campaign with phase rows, preferring the same config sha256."""
-    runs = [r for r in journal.list_runs(kind="pilot", name=name) if journal.phase_rows(r["run_id"])]
-    same = [r for r in runs if r["config_sha256"] == sha]
+# What a pilot's measurements (memory per phase, seconds per update) do not depend on: the campaign's name, its
+# plan and hardware, how long it trains, when it validates and saves, the optimizer's numbers (not its kind), the
+# seed, where it was imported from; the data files are compared by content (a copy elsewhere is the same data)
+NOT_MEASURED = ("name", "plan", "hardware", "imported", "seed", "train.updates", "train.epochs", "train.eval_every",
+                "train.save_every", "train.keep_checkpoints", "train.lr", "train.weight_decay", "train.schedule",
+                "train.warmup", "train.max_grad_norm", "train.stop", "data.train", "data.validation", "data.test")
+IDENTITY = ("task", "model.path", "model.config")  # a pilot of another model or task is never the nearest
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def _free(key: str) -> bool:
+    return any(key == f or key.startswith(f + ".") for f in NOT_MEASURED)
+
+
+def measured_differences(config: dict, run: dict, hashes: dict | None = None) -> list[str]:
+    """The keys whose values differ between the config ``config`` and what the pilot ``run`` measured: settings
+    that change its measurements, and each data split by content (``hashes``: the sha256 of files read so far)."""
+    a, b = _flat(config), _flat(run.get("config") or {})
+    keys = sorted(k for k in set(a) | set(b) if not _free(k) and a.get(k) != b.get(k))
+    hashes = {} if hashes is None else hashes
+    for split in SPLITS:
+        cur, rec = (config.get("data") or {}).get(split), (run.get("data") or {}).get(split)
+        if cur is None and rec is None:
+            continue
+        if cur is None or rec is None:
+            keys.append(f"data.{split}")
+        elif cur != rec.get("path"):  # the same path is the same file (as the config hash treats it)
+            if cur not in hashes:
+                try:
+                    hashes[cur] = file_sha256(cur)
+                except OSError:
+                    hashes[cur] = None
+            if hashes[cur] != rec.get("sha256"):
+                keys.append(f"data.{split}")
+    return keys
+
+
+def find_pilot(journal, name: str, sha: str | None, config: dict | None = None) -> tuple[dict | None, str | None]:
+    """The pilot whose measurements stand for this campaign, and None or why they may not.
+
+    The latest pilot of the campaign ``name`` with the config sha256 ``sha``; else, given the resolved ``config``,
+    the latest pilot of any name that measured the same thing (``measured_differences`` empty: a copy of the
+    campaign under another name, another budget or learning rate); else the latest of the same name, or the
+    nearest pilot of the same task and model (fewest measured differences), said as another config's."""
+    runs = [r for r in journal.list_runs(kind="pilot") if journal.phase_rows(r["run_id"])]
+    mine = [r for r in runs if r["name"] == name]
+    same = [r for r in mine if r["config_sha256"] == sha]
     if same:
         return same[-1], None
-    if runs:
-        return runs[-1], (f"the latest pilot {runs[-1]['run_id']} measured another version of the campaign "
-                          f"(config sha256 {runs[-1]['config_sha256'][:12]} vs {str(sha)[:12]}); rerun "
-                          f"`pilotrun pilot` for numbers of this version")
-    return None, None
+    hashes: dict = {}
+    diffs = {r["run_id"]: measured_differences(config, r, hashes) for r in runs} if config is not None else {}
+    measured_same = [r for r in runs if config is not None and not diffs[r["run_id"]]]
+    if measured_same:
+        return measured_same[-1], None
+    if mine:
+        run = mine[-1]
+        what = (f"another setting of {_keys(diffs[run['run_id']])}" if diffs.get(run["run_id"]) else
+                f"another version of the campaign (config sha256 {run['config_sha256'][:12]} vs {str(sha)[:12]})")
+        return run, f"the latest pilot {run['run_id']} measured {what}; rerun `pilotrun pilot` for numbers of this version"
+    if config is None:
+        return None, None
+    near = [r for r in runs if not any(k == i or k.startswith(i + ".") for k in diffs[r["run_id"]] for i in IDENTITY)]
+    if not near:
+        return None, None
+    run = min(reversed(near), key=lambda r: len(diffs[r["run_id"]]))  # the latest among the nearest
+    return run, (f"no pilot of campaign {name!r} measured this config; the nearest is pilot {run['run_id']} of campaign "
+                 f"{run['name']!r}, which measured another setting of {_keys(diffs[run['run_id']])}: its figures are "
+                 "for that config; run `pilotrun pilot` for this one")
+
+
+def _keys(keys: list[str]) -> str:
+    return ", ".join(keys[:5]) + (f" and {len(keys) - 5} more" if len(keys) > 5 else "")
 
 
 def user_command() -> str:

@@ -30,6 +30,7 @@ from pilotrun.probe import counted as K
 from pilotrun.probe.fake_ops import device_paths
 from pilotrun.probe.estimate import Accountant, architecture_config, fake_build, unsharded_block_bytes
 from pilotrun.tasks.base import BUILTIN_TASKS
+from pilotrun.tasks.preference_loss import resident_bytes
 from pilotrun.tasks.moe import expert_counts
 from pilotrun.tasks.quantized import logical_numel, said
 
@@ -87,7 +88,7 @@ def traced(loaded, *, device: str = "cuda", prep=None, counted: bool | None = No
         key, layers = depth
         low, high = (_trace_once(loaded, device, prep, wc, steps_only, K.with_depth(cfg, key, d)) for d in K.DEPTHS)
         per_layer = {k: high[k] - low[k] for k in ("params", "trainable", "trainable_bytes", "param_bytes",
-                                                   "linear_bytes", "linear_numel") + MOE_COUNTED}
+                                                   "linear_bytes", "linear_numel", "reference_bytes") + MOE_COUNTED}
         out = dict(high, **{k: high[k] + (layers - K.DEPTHS[1]) * v for k, v in per_layer.items()},
                    summarize=lambda name, scale, f1=low["summarize"], f2=high["summarize"], n=layers:
                    K.count(f1(name, scale), f2(name, scale), n))
@@ -176,7 +177,7 @@ def _traced_once(loaded, device: str, prep, wc: dict, steps_only: bool, override
     return {"summarize": lambda name, scale: acc.summary(name, scale, by_stage=True), "inputs": inputs,
             "notes": notes, "params": sum(logical_numel(p) for p in params), "trainable": sum(p.numel() for p in trainable),
             "trainable_bytes": _bytes(trainable), "param_bytes": _bytes(params), **_frozen_linear(model),
-            **expert_counts(model),
+            **expert_counts(model), "reference_bytes": resident_bytes(model),  # preference: a frozen copy beside it
             "block": unsharded_block_bytes(model), "device": device,
             "quantization": said(c.model.quantization) if c.model.quantization is not None else None,
             "gradient_checkpointing": c.model.gradient_checkpointing, "accountant": acc}

@@ -38,14 +38,25 @@ class Budgets:
     def quick(cls) -> "Budgets":
         return cls(examples=4, max_updates=120, at=2, train_updates=8)
 
-    def lines(self, loaded) -> list[str]:
-        """What the summary says about the budgets used."""
+    def lines(self, loaded, results: list | None = None) -> list[str]:
+        """What the summary says about the budgets used: overfit's as its stage sized and took it (``results``)."""
         t = loaded.campaign.train
         own = f"{t.updates} updates" if t.updates is not None else f"{t.epochs:g} epochs"
         train = (f"train ≤ {self.train_updates} updates (the campaign's budget is {own})"
                  if self._bounds_train(loaded) else f"train {own} (the campaign's budget)")
-        return [f"budgets: overfit {self.examples} examples, ≤ {self.max_updates} updates; resume at update "
+        return [f"budgets: {self._overfit(results)}; resume at update "
                 f"{self.at or DEFAULT_AT} (reference {2 * (self.at or DEFAULT_AT)}); {train}"]
+
+    def _overfit(self, results) -> str:
+        """overfit's examples and update budget: the one its stage sized and how many it took, once it ran."""
+        ran = next((r for r in results or [] if r.stage == "overfit"), None)
+        b, used = ((ran.data or {}).get("budget"), (ran.data or {}).get("updates")) if ran else (None, None)
+        if not b:
+            return f"overfit {self.examples} examples, ≤ {self.max_updates} updates"
+        sized = (f" (sized to {b['seconds']:g} s at {b['seconds_per_update']:.3g} s each; ceiling {b['ceiling']})"
+                 if b.get("sized") and b.get("seconds_per_update") else "")
+        took = f", {used} taken" if used is not None else ""
+        return f"overfit {self.examples} examples, ≤ {b['updates']} updates{sized}{took}"
 
     def _bounds_train(self, loaded) -> bool:
         t = loaded.campaign.train

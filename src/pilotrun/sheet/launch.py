@@ -19,11 +19,13 @@ the first node).
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 
 from pilotrun.campaign.arms import plan_arms
 from pilotrun.campaign.load import parse_set
 from pilotrun.campaign.sweep_runs import arm_command, launch_sweep_id, slug
+from pilotrun.errors import BadInput
 from pilotrun.journal.files import atomic_write_text
 from pilotrun.sheet.catalogue import BY_KEY
 from pilotrun.sheet.options import OPTIONS
@@ -36,6 +38,8 @@ from pilotrun.tasks.hub import fetch_command, split_id
 TIME_MARGIN = 0.5  # the time plan is an estimate: half again on the campaign's time
 GRACE_S = 120  # SIGTERM this long before the limit: the current update and a checkpoint (SLURM --signal)
 STARTUP_S = 60  # python start-up, the journal, reading the data: once per job start
+SETUP_S = 900  # the job's first start creates a venv and installs torch, transformers, peft: ~15 min on a rental
+SETUP_ENV = "PILOTRUN_SETUP_S"  # the set-up's seconds where the site knows better (a prebuilt venv: 0)
 PORT = 29500  # torchrun's rendezvous port on the first node
 SKY_HOME = "/pilotrun-home"  # the bucket mount the home is copied to (journal/mirror.py: not where SQLite runs)
 LOCAL_HOME = "pilotrun-local"  # below $HOME: the home on the instance's own disk, where the journal is written
@@ -63,17 +67,52 @@ def lanes_of(plan: dict | None, labels: list[str], lanes: int) -> tuple[list[lis
     return out, list(plan["not_fitting"])
 
 
+def setup_seconds() -> float:
+    """The set-up's seconds in the time limit: ``PILOTRUN_SETUP_S`` when set, else SETUP_S (a stated default)."""
+    raw = os.environ.get(SETUP_ENV)
+    if raw is None or not raw.strip():
+        return float(SETUP_S)
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not math.isfinite(value) or value < 0:
+        raise BadInput(f"{SETUP_ENV}={raw!r} is not a number of seconds", where=SETUP_ENV,
+                       fix=f"set it to the seconds the job's set-up takes (0 for a prebuilt venv), or unset it for "
+                           f"the default {SETUP_S} s")
+    return value
+
+
 def time_limit(campaign_s: float | None, reserve: float, days: int,
-               what: str = "the time plan's campaign time") -> tuple[int, str]:
-    """The scheduler's limit in seconds (whole minutes) and how: the time plan's campaign time × (1 + margin +
-    the rental's reserve share) + start-up + the SIGTERM grace; the tier's length when there is no plan."""
+               what: str = "the time plan's campaign time", restart_s: float | None = None) -> tuple[int, str]:
+    """The scheduler's limit in seconds (whole minutes) and how: the job's set-up (its first start installs the
+    stack: ``setup_seconds``), its start-up, the time plan's campaign time × (1 + margin + the rental's reserve
+    share), one requeue's restart (``restart_s``: start-up, the model's load and the work since the last
+    checkpoint, done again) and the SIGTERM grace; the tier's length when there is no plan."""
     if campaign_s is None or not math.isfinite(campaign_s):
         return days * 86400, f"the {days}-day plan (no campaign time in the time plan)"
-    s = campaign_s * (1 + TIME_MARGIN + reserve) + STARTUP_S + GRACE_S
+    setup = setup_seconds()
+    restart = STARTUP_S if restart_s is None else restart_s
+    s = setup + STARTUP_S + campaign_s * (1 + TIME_MARGIN + reserve) + restart + GRACE_S
     limit = int(math.ceil(s / 60) * 60)
+    said = f"{SETUP_ENV}=SECONDS sets it" if os.environ.get(SETUP_ENV, "").strip() == "" else f"from {SETUP_ENV}"
+    return limit, (f"{fmt_duration(setup)} set-up (the first start's venv and stack; {said}) + "
+                   f"{STARTUP_S} s start-up + {what} {fmt_duration(campaign_s)} × (1 + {TIME_MARGIN:g} margin + "
+                   f"{reserve:g} reserve) + {fmt_duration(restart)} for a requeue's restart (start-up, load, the work "
+                   f"since the last checkpoint) + {GRACE_S} s SIGTERM grace, in whole minutes")
 
-    return limit, (f"{what} {fmt_duration(campaign_s)} × (1 + {TIME_MARGIN:g} margin + "
-                   f"{reserve:g} reserve) + {STARTUP_S} s start-up + {GRACE_S} s SIGTERM grace, in whole minutes")
+
+def restart_seconds(s: dict, save_every: int | None) -> float | None:
+    """What a requeued job does again before it is back where it stopped: the start-up, the model's load, and the
+    updates since the run's last checkpoint (every ``save_every``; without one, a whole run), by the time plan's
+    units. None without a time plan."""
+    tm = s.get("time") or {}
+    units = tm.get("units") or {}
+    if not units.get("update"):
+        return None
+    per_run = tm.get("per_run_s") or 0.0
+    lost = per_run if not save_every else min(per_run or math.inf, save_every * units["update"])
+    return STARTUP_S + (units.get("load") or 0.0) + lost
 
 
 def slurm_time(seconds: int) -> str:
@@ -309,7 +348,8 @@ def launch_plan(s: dict, loaded, gpu, plan: dict | None, sets: tuple[str, ...] =
     days = plan["days"] if plan else max(s["hardware"]["rental_days"])
     if campaign_s is None and plan is not None:
         campaign_s = plan["used_s"]
-    limit, how = time_limit(campaign_s, s["hardware"].get("reserve", 0.0), days, time_from)
+    limit, how = time_limit(campaign_s, s["hardware"].get("reserve", 0.0), days, time_from,
+                            restart_seconds(s, loaded.campaign.train.save_every))
     torch, packages, pins_from = pins((s.get("stack") or {}).get("piloted"))
     campaign_dir = str(Path(loaded.source).resolve().parent)
     loaded_sets = loaded.with_overrides(parse_set(list(run_sets))) if run_sets else loaded

@@ -38,6 +38,7 @@ from pilotrun.sheet.option_time import BUS_GBS, HOST_GBS, HOST_PARAMS_S, NODE_GB
 from pilotrun.sheet.rates import rent
 from pilotrun.sheet.shape import budget_tokens, eval_tokens
 from pilotrun.tasks.base import BUILTIN_TASKS
+from pilotrun.tasks.preference_loss import reference_kind
 
 COUNTS = (1, 2, 4, 8)  # GPUs on one node
 NODES = (2, 4, 8)  # nodes of 8, tried for a GPU only when nothing that keeps the question fits one node
@@ -186,13 +187,30 @@ def options_table(loaded, *, prep=None, rates: dict | None = None, lora_r: int |
                 for g in gpus or CATALOGUE if g.rate_tflops(c.train.precision) <= 0]  # what _rows leaves out
     return {"rows": rows, "shown": shown, "recommended": rec, "cheapest": cheap if cheap is not rec else None,
             "by": by, "currency": (rates or {}).get("currency", ""), "rates": (rates or {}).get("path"),
-            "lora_r": r, "meanings": MEANINGS, "params": traces["written"]["params"],
+            "lora_r": r, "meanings": _meanings(c), "params": traces["written"]["params"],
+            "reference": _reference(c, traces["written"]),
             "moe": moe_facts(traces["written"]),
             "assumptions": _assumptions(pilot, work["net"], moe_facts(traces["written"])),
             "effective_batch": effective,
             "counted": traces["written"].get("counted"), "pilot_run": (pilot or {}).get("run"),
             "skipped": skipped, "left_out": left_out, "tp": tp, "shapes": prep.shapes_said(),
             "why_none": None if rec else why_none(rows, tp, effective), "wall_s": time.perf_counter() - started}
+
+
+def _reference(c, tr: dict) -> dict | None:
+    """A preference campaign's reference model: what it is and the bytes of a frozen copy (0 under LoRA, whose
+    reference is the base with the adapter disabled); None for another task."""
+    if c.task != "preference":
+        return None
+    return {"kind": reference_kind(c), "bytes": tr.get("reference_bytes", 0)}
+
+
+def _meanings(c) -> dict:
+    """What each option changes; a preference campaign's LoRA rows also change the reference (no resident copy)."""
+    if c.task != "preference" or reference_kind(c) != "copy":
+        return MEANINGS
+    return dict(MEANINGS, lora=MEANINGS["lora"] + "; its reference is the base with the adapter disabled, so the "
+                                                  "frozen reference copy the campaign holds is no longer resident")
 
 
 def _config_dict(model) -> dict | None:

@@ -67,14 +67,24 @@ def _judged_by(table: dict) -> str:
 
 def params_said(table: dict) -> str:
     """The model's parameters as the table uses them: a mixture of experts' total (memory holds every expert) and
-    active (a token computes with its top_k experts) apart."""
+    active (a token computes with its top_k experts) apart; a preference campaign's reference model beside them."""
+    ref = table.get("reference")
+    if ref and ref["kind"] == "copy":
+        reference = (f"; a frozen reference copy ({P.size(ref['bytes'])}) is resident beside the policy in every row that "
+                     "trains the whole model (sharded with it under FSDP), and the reference's no-grad forward of "
+                     "both halves is in each step; the LoRA rows compare with the base under a disabled adapter")
+    elif ref and ref["kind"] == "adapter":
+        reference = "; the reference is the base under a disabled adapter (no copy resident), its forward in each step"
+    else:
+        reference = ""
     moe = table.get("moe")
     if not moe:
-        return f"{table['params']:,} parameters"
+        return f"{table['params']:,} parameters{reference}"
     return (f"{moe['total']:,} parameters in total, {moe['active']:,} active per token (a mixture of experts: "
             f"{moe['experts']} routed experts in each of {moe['moe_layers']} MoE layers, {moe['top_k']} per token): "
             "memory holds the total, compute runs the active; expert parallel rows split the routed experts "
-            f"({moe['expert_params']:,} parameters) by their EP degree and size each GPU for the routing worst case")
+            f"({moe['expert_params']:,} parameters) by their EP degree and size each GPU for the routing worst case"
+            + reference)
 
 
 def blocks(table: dict) -> list[tuple]:

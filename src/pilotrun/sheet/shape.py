@@ -30,8 +30,9 @@ def more_typical(timed: list[float], world: int = 1) -> bool:
 
 
 def padded_tokens(micro_batches: list[list]) -> int:
-    """Tokens an update computes on: each micro-batch padded to its longest example."""
-    return sum(len(mb) * max(e.length for e in mb) for mb in micro_batches if mb)
+    """Tokens an update computes on: each micro-batch padded to its longest example, times the rows an example is
+    (a preference pair: its chosen and its rejected sequence, ``rows`` 2)."""
+    return sum(len(mb) * getattr(mb[0], "rows", 1) * max(e.length for e in mb) for mb in micro_batches if mb)
 
 
 def budget_tokens(examples: list, t, seed: int, updates: int, rank: int = 0, world: int = 1) -> list[int]:

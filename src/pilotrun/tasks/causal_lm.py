@@ -10,7 +10,7 @@ from typing import Any
 
 from pilotrun.tasks import chat, common
 from pilotrun.tasks.base import IGNORE, Example
-from pilotrun.tasks.loading import build_model, eos_id, leading_specials, load_hf_artifact, save_hf_artifact
+from pilotrun.tasks.loading import build_model, eos_id, load_hf_artifact, save_hf_artifact
 from pilotrun.tasks.moe import router_aux
 
 
@@ -21,12 +21,7 @@ class CausalLMTask(common.CampaignTask):
         super().__init__(campaign, tokenizer)
         self.eos = eos_id(self.tokenizer)
         self._cache: dict[str, list[int]] = {}
-        if getattr(self.tokenizer, "shapes_only", False):  # config.json alone (tasks/shapes.py): nothing to render
-            self.lead, self.bos, self.chat_format, self.chat_template = [], None, "plain", None
-            return
-        self.lead = leading_specials(self.tokenizer)  # what tokenizer(text) puts before the text (a BOS, or none)
-        self.bos = self.lead[0] if self.lead else None
-        self.chat_format, self.chat_template = chat.resolve(self.c, self.tokenizer, getattr(campaign, "base_dir", None))
+        self.lead, self.bos, self.chat_format, self.chat_template = common.rendering(self.tokenizer, self.c, campaign)
 
     # --- data -------------------------------------------------------------------------------------
     def tokenize_kwargs(self) -> dict:

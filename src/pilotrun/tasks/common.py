@@ -8,8 +8,9 @@ from typing import Any
 
 from pilotrun.errors import BadInput
 from pilotrun.records.readers import read_records
+from pilotrun.tasks import chat
 from pilotrun.tasks.base import IGNORE, Example
-from pilotrun.tasks.loading import load_tokenizer, pad_id
+from pilotrun.tasks.loading import leading_specials, load_tokenizer, pad_id
 
 SPLITS = ("train", "validation", "test")
 
@@ -103,3 +104,14 @@ class CampaignTask:
 
     def group_key(self, record) -> str | None:
         return group_of(record, self.c)
+
+
+def rendering(tokenizer, c, campaign) -> tuple[list[int], int | None, str, str | None]:
+    """How a text task renders records (causal-lm, preference): (the specials tokenizer(text) puts before a text, the
+    BOS among them or None, the chat format, the chat template's text); none of it without a tokenizer (config.json
+    alone: ``tasks/shapes.py``)."""
+    if getattr(tokenizer, "shapes_only", False):
+        return [], None, "plain", None
+    lead = leading_specials(tokenizer)  # what tokenizer(text) puts before the text (a BOS, or none)
+    return (lead, lead[0] if lead else None,
+            *chat.resolve(c, tokenizer, getattr(campaign, "base_dir", None)))

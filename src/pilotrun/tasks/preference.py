@@ -30,10 +30,9 @@ from typing import Any
 from pilotrun.errors import BadInput
 from pilotrun.tasks import chat, common
 from pilotrun.tasks.base import IGNORE, Example
-from pilotrun.tasks.loading import (build_model, eos_id, leading_specials, load_hf_artifact, no_dropout,
-                                    save_hf_artifact)
-from pilotrun.tasks.preference_loss import (MEAN_PER_TOKEN, attach_reference, beta_of, pair_terms, reference_kind,
-                                            reference_of, unwrapped)
+from pilotrun.tasks.loading import build_model, eos_id, load_hf_artifact, no_dropout, save_hf_artifact
+from pilotrun.tasks.preference_loss import (MEAN_PER_TOKEN, attach_reference, beta_of, mark_reference, pair_terms,
+                                            reference_kind, reference_kind_of, reference_of, unwrapped)
 
 HALVES = ("chosen", "rejected")
 
@@ -43,7 +42,10 @@ class PairExample(Example):
     """A pair: the chosen half in ``input_ids``/``labels``, the rejected half in ``meta`` (``rejected_ids``,
     ``rejected_labels``, ``rejected_full``: its answer's tokens before the cut). ``length`` is the wider half: what
     the concatenated forward pads every row of the batch to. ``n_targets`` is 1 for a pair whose halves both keep a
-    target (the pair is in the loss), else 0."""
+    target (the pair is in the loss), else 0. ``rows``: the sequences the forward computes per pair (the sheet's
+    padded tokens)."""
+
+    rows = 2  # a class attribute, not a field
 
     @property
     def length(self) -> int:
@@ -78,19 +80,14 @@ class PreferenceTask(common.CampaignTask):
         self.reference = reference_kind(self.c)
         self.eos = eos_id(self.tokenizer)
         self._seen: list = []  # per loss call: the detached per-pair sums ``take_metrics`` reports
-        if getattr(self.tokenizer, "shapes_only", False):  # config.json alone (tasks/shapes.py): nothing to render
-            self.lead, self.bos, self.chat_format, self.chat_template = [], None, "plain", None
-            return
-        self.lead = leading_specials(self.tokenizer)
-        self.bos = self.lead[0] if self.lead else None
-        self.chat_format, self.chat_template = chat.resolve(self.c, self.tokenizer, getattr(campaign, "base_dir", None))
+        self.lead, self.bos, self.chat_format, self.chat_template = common.rendering(self.tokenizer, self.c, campaign)
 
     # --- data -------------------------------------------------------------------------------------
     def tokenize_kwargs(self) -> dict:
         return {"add_special_tokens": False}
 
-    def _tok(self, text: str) -> list[int]:
-        return list(self.tokenizer(text, **self.tokenize_kwargs())["input_ids"])
+    def _tok(self, text: str) -> list[int]:  # as causal-lm tokenizes: no specials, the template writes its own
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def _answer(self, record, key: str):
         name = getattr(self.c.data, key)
@@ -214,6 +211,19 @@ class PreferenceTask(common.CampaignTask):
                            meta={"rejected_ids": ri, "rejected_labels": rl, "rejected_full": rf, "prompt_tokens": len(p),
                                  "identical": c_ids == r_ids, "common_start": common_start})
 
+    def pairs_templated(self) -> bool:
+        return self._templated_text()
+
+    def format_problem(self) -> str | None:
+        """Why the campaign trains its pairs in a format the model will not see at inference, else None."""
+        own = chat.model_template(self.tokenizer)
+        if own and not self.c.data.messages and self.c.data.chat_template == "auto" \
+                and isinstance(self.c.data.prompt, str):
+            return ("the tokenizer ships a chat template but the campaign trains plain prompt + answer text "
+                    "(data.prompt / data.chosen / data.rejected): the model would be tuned in a format it does not "
+                    "see at inference")
+        return None
+
     def inference_prompt(self, record) -> list[int]:
         """The ids a user feeds the model for this prompt: tokenizer(prompt), or the template with its generation
         prompt."""
@@ -269,14 +279,15 @@ class PreferenceTask(common.CampaignTask):
         """(chosen, rejected) of the reference, under no_grad in eval mode; None for a reference-free loss."""
         import torch
 
-        if self.reference == "none":
+        kind = reference_kind_of(model) or self.reference
+        if kind == "none":
             return None
-        with torch.no_grad(), _evaluating(*self._reference_model(model, batch)) as ref:
+        with torch.no_grad(), _evaluating(*self._reference_model(model, batch, kind)) as ref:
             return self._per_pair(*self.token_logps(ref, batch))
 
-    def _reference_model(self, model, batch):
+    def _reference_model(self, model, batch, kind: str):
         """(the module the reference forward runs, the context that makes it the reference)."""
-        if self.reference == "adapter":
+        if kind == "adapter":
             inner = unwrapped(model)
             return inner, inner.disable_adapter()
         ref = reference_of(model)
@@ -386,6 +397,7 @@ class PreferenceTask(common.CampaignTask):
         model = self.build_policy()
         if self.reference == "copy":
             attach_reference(model, copy.deepcopy(model))
+        mark_reference(model, self.reference)
         return model
 
     def save_artifact(self, model, out_dir) -> list[str]:

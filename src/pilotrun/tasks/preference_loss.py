@@ -26,6 +26,7 @@ REFERENCE_FREE = ("simpo", "orpo")
 DEFAULT_BETA = {"dpo": 0.1, "ipo": 0.1, "simpo": 2.0, "orpo": 0.1}  # TRL's DPOConfig, CPOConfig (simpo), ORPOConfig
 MEAN_PER_TOKEN = ("ipo", "simpo", "orpo")
 REFERENCE_ATTR = "pilotrun_reference"
+REFERENCE_KIND_ATTR = "pilotrun_reference_kind"  # what the build made the reference (a variant's build may differ)
 
 
 def beta_of(p) -> float:
@@ -95,6 +96,16 @@ def attach_reference(model, reference) -> None:
     reference.eval()
     reference.requires_grad_(False)
     model.__dict__[REFERENCE_ATTR] = reference
+
+
+def mark_reference(model, kind: str) -> None:
+    """Say on the model what its reference is (copy, adapter, none): the builder knows; a task serving several
+    builds (the options table's variants: LoRA's reference is the adapter-disabled base) reads it per model."""
+    model.__dict__[REFERENCE_KIND_ATTR] = kind
+
+
+def reference_kind_of(model) -> str | None:
+    return unwrapped(model).__dict__.get(REFERENCE_KIND_ATTR)
 
 
 def reference_of(model):

@@ -65,29 +65,34 @@ SEPARATOR_SAMPLE = 2000  # records read for the separator check: the format is t
 
 
 def pair_checks(task, loaded) -> list:
-    """Plain prompt/response: a warning when the model ships a chat template, and when prompt and response
-    meet with no separator, a letter running into a letter (the model cannot tell where its answer starts)."""
+    """Plain prompt/response (a preference pair's prompt and chosen answer alike): a warning when the model ships a
+    chat template, and when prompt and response meet with no separator, a letter running into a letter (the model
+    cannot tell where its answer starts)."""
     d = loaded.campaign.data
-    if d.messages or getattr(task, "kind", None) != "causal-lm" or not hasattr(task, "format_problem"):
+    kind = getattr(task, "kind", None)
+    if d.messages or kind not in ("causal-lm", "preference") or not hasattr(task, "format_problem"):
         return []
+    answer, what = (d.chosen, "chosen answer") if kind == "preference" else (d.response, "response")
     out = []
     problem = task.format_problem()
     if problem:
         out.append(Check("prompt format", "warn", f"{problem}; fix: {PAIR_FIX}"))
-    if getattr(task, "pairs_templated", lambda: False)() or d.prompt is None or d.response is None:
+    if getattr(task, "pairs_templated", lambda: False)() or d.prompt is None or answer is None:
         return out
     joined, n = [], 0
     for r in task.records("train")[:SEPARATOR_SAMPLE]:
         prompt = common.render_prompt(r, d.prompt)
-        response = common.text_field(r, d.response, "data.response", allow_empty=True)
+        response = r.fields.get(answer)
         n += 1
+        if not isinstance(response, str):  # an assistant turn or a conversation: the template separates it
+            continue
         if prompt and response and prompt[-1].isalpha() and response[0].isalpha():  # "what" + "The": one word
             joined.append((r.where, prompt, response))
     if joined:
         where, prompt, response = joined[0]
         out.append(Check("prompt separator", "warn", (
-            f"{len(joined)} of {n} train records' prompt and response meet with no separator: the prompt's last word "
-            f"and the response's first run into one, e.g. {where}: …{prompt[-24:]!r} + {response[:24]!r}…; the model "
+            f"{len(joined)} of {n} train records' prompt and {what} meet with no separator: the prompt's last word "
+            f"and the {what}'s first run into one, e.g. {where}: …{prompt[-24:]!r} + {response[:24]!r}…; the model "
             "cannot tell where the answer starts; "
             "fix: end data.prompt with a separator (a template such as \"{question}\\n\\n\" or \"Q: {question}\\nA: \"), or "
             "set data.chat_template: model")))

@@ -18,7 +18,7 @@ def pilot_checkpoint_bytes(loaded, home) -> int | None:
         if not (h / "journal.sqlite").is_file():
             return None
         journal = Journal(h, create=False)
-        pilot, _ = find_pilot(journal, loaded.campaign.name, loaded.config_sha256())
+        pilot, _ = find_pilot(journal, loaded.campaign.name, loaded.config_sha256(), loaded.resolved_dict())
         rows = [r for r in journal.phase_rows(pilot["run_id"]) if r["phase"] == "save"] if pilot else []
         return next((int(r["inputs"]["bytes"]) for r in rows if r["inputs"].get("bytes")), None)
     except Exception:  # noqa: BLE001 - a size for one printed line never fails validate

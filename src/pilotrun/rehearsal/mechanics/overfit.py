@@ -18,12 +18,12 @@ from __future__ import annotations
 import math
 
 from pilotrun.campaign.prepare import prepare, require_weights
-from pilotrun.console.progress import head
+from pilotrun.console.progress import head, say
 from pilotrun.engine.distributed import default_device
 from pilotrun.engine.loop import Hooks, make_state, out_of_memory_reason, run_update, to_device, train
 from pilotrun.engine.oom import is_oom
 from pilotrun.engine.precision import campaign_compute_dtype
-from pilotrun.journal.runs import RunRecorder
+from pilotrun.journal.runs import RunRecorder, find_pilot
 from pilotrun.journal.store import Journal
 from pilotrun.rehearsal.mechanics.overfit_pairs import is_pair_task, pair_check, pair_findings, pair_state
 from pilotrun.rehearsal.mechanics.plateau import conflict_text, conflicting_inputs, plateau_causes
@@ -321,15 +321,13 @@ class UpdateBudget:
 
 def pilot_update_seconds(home, loaded, chosen: list) -> tuple[float, str] | None:
     """(seconds, where from) of one memorising update — every chosen example in one micro-batch — from the time
-    model of the latest pilot of this campaign's config (its sha256) in the journal: a line through the pilot's
-    timed updates (seconds against padded tokens: a fixed cost, the optimizer's step, and a cost per token),
-    read at the memorising batch's padded tokens. None when no such pilot measured its updates."""
-    sha = loaded.config_sha256()
-    runs = [r for r in Journal(home).list_runs(kind="pilot", name=loaded.campaign.name)
-            if r["config_sha256"] == sha and ((r.get("summary") or {}).get("time_model") or {}).get("typical")]
-    if not runs:
+    model of the latest pilot that measured this config (``find_pilot``: under any name) in the journal: a line
+    through the pilot's timed updates (seconds against padded tokens: a fixed cost, the optimizer's step, and a
+    cost per token), read at the memorising batch's padded tokens. None when no such pilot measured its updates."""
+    run, stale = find_pilot(Journal(home), loaded.campaign.name, loaded.config_sha256(), loaded.resolved_dict())
+    model = ((run or {}).get("summary") or {}).get("time_model") or {}
+    if run is None or stale or not model.get("typical"):  # a pilot of this config (by what it measured), timed
         return None
-    run, model = runs[-1], runs[-1]["summary"]["time_model"]
     points = [(p["tokens"], p["seconds"]) for p in model["typical"]]
     if model.get("worst_update_s") and model.get("worst_update_tokens"):
         points.append((model["worst_update_tokens"], model["worst_update_s"]))
@@ -406,6 +404,7 @@ def _memorise(loaded, home, prep, model, chosen: list, mt, budget: UpdateBudget,
     device = default_device()
     model.to(device)
     state = make_state(model, mt, n_train=len(chosen), seed=c.seed, total_updates=budget.ceiling, device=device)
+    state.bound, state.total_updates = True, budget.updates  # a run that memorises stops before its budget
     history, checks, back_off, stop = [], {}, BackOff(c.train.lr), _StopRule(budget)
     pairs = pair_state(task, model, chosen, device) if is_pair_task(task) else None  # margins and the reference
     head(f"memorising {plural(len(chosen), 'pair' if pairs else 'example')}")
@@ -423,7 +422,9 @@ def _memorise(loaded, home, prep, model, chosen: list, mt, budget: UpdateBudget,
                 seconds = sorted(h["seconds"] for h in history[1:])[SIZE_AFTER // 2]  # the first: a warm-up
                 budget.size(seconds, f"the median of its own updates 2..{SIZE_AFTER + 1}: no pilot of this "
                                      "campaign's config in the journal")
-                st.total_updates = budget.updates  # the progress line's total
+                st.total_updates = budget.updates  # the progress line's total, from now on the sized one
+                say(f"update budget sized: ≤ {budget.updates} updates ({BUDGET_SECONDS:g} s at {seconds:.3g} s "
+                    f"each; the ceiling was {budget.ceiling})")
 
         status, res = "completed", None
         while state.update < budget.updates:

@@ -1,6 +1,6 @@
 """sheet: the selection sheet and rental time plan, from the pilot's ledger rows in the journal.
 
-The pilot is found by campaign name, preferring one with the same config sha256 (``journal.runs.find_pilot``);
+The pilot is found by what it measured, whatever the campaign's name (``journal.runs.find_pilot``);
 the sheet itself is built below the stages (``sheet.build.build_sheet``). No pilot is a
 failing verdict (exit 1), not a bad input: the campaign is fine, a stage it depends on has not run,
 and inside ``all`` a failing verdict lets the summary table still print where BadInput would stop it.
@@ -57,7 +57,7 @@ def _sheet_stage(loaded, home, *, target_env_path: str | None = None, gpu: str |
         rates = read_rates(rates_path)
     journal = Journal(home)
     c = loaded.campaign
-    pilot, stale = find_pilot(journal, c.name, loaded.config_sha256())
+    pilot, stale = find_pilot(journal, c.name, loaded.config_sha256(), loaded.resolved_dict())
     if pilot is None:
         too_large = too_large_here(loaded)  # the estimator knows the model's size before anything is loaded
         if too_large is not None:

@@ -185,7 +185,8 @@ def _planned_run_s(journal: Journal, loaded) -> float | None:
     """Seconds per run of this campaign (its budget, as ``--set`` left it) by the pilot's measured units: the
     campaign's latest pilot on this machine, if there is one, as the time check at the sweep's end does."""
     try:
-        pilot, _ = find_pilot(journal, loaded.campaign.name, None)
+        pilot, _ = find_pilot(journal, loaded.campaign.name, loaded.config_sha256(),
+                               loaded.resolved_dict())
         if pilot is None:
             return None
         # the time plan only: the estimator's traces (GPU memory, largest sizes) took ~10 s of every sweep's

@@ -130,7 +130,8 @@ def run_remote(todo: list, *, journal, sweep_id: str, plan: dict, sets: tuple, a
                 pending.pop(0)
                 rec = RunRecorder(journal, run_loaded, kind="sweep", supersedes=supersedes, sweep_id=sweep_id,
                                   arm=arm.name, command=arm_command(plan["campaign_path"], arm, seed, sets))
-                pilot, _ = find_pilot(journal, run_loaded.c.name, run_loaded.config_sha256())
+                pilot, _ = find_pilot(journal, run_loaded.c.name, run_loaded.config_sha256(),
+                                      run_loaded.resolved_dict())
                 spec = {"loaded": run_loaded, "run_id": rec.run_id, "sweep_id": sweep_id, "arm": arm.name,
                         "command": rec.journal.get_run(rec.run_id)["command"], "tracker": tracker,
                         "pilot": _pilot_bundle(journal, pilot), "expect": _expectations(rec.journal, rec.run_id)}

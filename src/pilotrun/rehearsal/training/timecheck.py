@@ -62,7 +62,7 @@ def sweep_time_check(journal, sweep_id: str) -> dict | None:
     runs = [r for r in journal.list_runs(sweep_id=sweep_id) if (r.get("summary") or {}).get("timing")]
     if not runs:
         return None
-    pilot, stale = find_pilot(journal, runs[0]["name"], runs[0]["config_sha256"])
+    pilot, stale = find_pilot(journal, runs[0]["name"], runs[0]["config_sha256"], runs[0]["config"])
     if pilot is None:
         return {"pilot_run": None, "runs": [], "why": f"no pilot of campaign {runs[0]['name']!r} in the journal"}
     sheet = build_sheet(runs[0]["config"], journal, pilot, predict=False)

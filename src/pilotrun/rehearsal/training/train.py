@@ -8,7 +8,6 @@ from pathlib import Path
 
 from pilotrun import startup
 from pilotrun.campaign.arithmetic import data_parallel_ranks
-from pilotrun.campaign.arms import COST_FREE
 from pilotrun.campaign.prepare import Prepared, prepare, require_weights
 from pilotrun.console.progress import note
 from pilotrun.engine.artifact import export_artifact
@@ -335,37 +334,15 @@ def skipped_lines(skipped: list[dict], updates: int, show: int = 5) -> tuple[boo
     return bool(bad) or too_many, lines
 
 
-def _flat(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
-def memory_keys_changed(a: dict, b: dict) -> list[str]:
-    """Keys that differ between two resolved configs, except those that cannot change memory per step."""
-    fa, fb = _flat(a), _flat(b)
-    free = COST_FREE + ("plan", "hardware", "name", "train.updates", "train.epochs", "train.eval_every",
-                        "train.save_every")
-    return sorted(k for k in set(fa) | set(fb) if fa.get(k) != fb.get(k)
-                  and not any(k == f or k.startswith(f + ".") for f in free))
-
-
 def record_memory_bound(journal, run_id: str, name: str, sha: str, observed: list[dict],
                         run_config: dict | None = None) -> dict:
     """The run's observed peaks (``PeakWatch.rows()``, every rank's) as ledger rows, each against the pilot's
     peak for the same phase kind and rank."""
-    pilot, stale = find_pilot(journal, name, sha)
+    pilot, stale = find_pilot(journal, name, sha, run_config)
     pilot_rows = journal.phase_rows(pilot["run_id"]) if pilot else []
     rows, bound = bound_rows(observed, pilot_rows, pilot["run_id"] if pilot else None)
-    if stale and run_config is not None:
-        changed = memory_keys_changed(pilot["config"], run_config)
-        if changed:
-            bound["stale"] = (f"the pilot {pilot['run_id']} measured another setting of "
-                              f"{', '.join(changed[:5])}: the ratio compares different work")
+    if stale and run_config is not None:  # find_pilot took it for want of one that measured this config
+        bound["stale"] = f"{stale} (the ratio compares different work)"
     journal.add_phase_rows(run_id, rows)
     return bound
 
