@@ -34,7 +34,7 @@ demo: $(VENV)/.installed
 	$(VENV)/bin/pilotrun demo --out $(or $(OUT),demo-out)
 
 test: $(VENV)/.installed-dev
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25
 
 bench: $(VENV)/.installed-dev
 	$(PY) bench/run.py

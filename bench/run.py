@@ -3,6 +3,10 @@
 Usage: ``python bench/run.py [--quick] [--only NAME ...]``. ``--quick`` is passed to modules whose
 ``run`` takes a ``quick`` argument (fewer repetitions); the others run as they are. A module that
 raises gives one row saying so, and the other modules still run.
+
+run.py owns the table, its notes and the machine line, the top of RESULTS.md down to the line that starts
+with ``Machine:``. Whatever follows it (the sections engineers write by hand about an issue's runs: how the
+table was run, before and after figures) is kept as it is, below the new table.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
+MACHINE = "Machine:"
 COLUMNS = ("figure", "median", "min–max", "runs", "target", "met", "command")
 
 
@@ -47,7 +52,7 @@ def machine_line() -> str:
     except ImportError:
         torch_version = "not installed"
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return (f"Machine: {cpu}, {cores} cores, torch {torch_version}, Python {platform.python_version()}, "
+    return (f"{MACHINE} {cpu}, {cores} cores, torch {torch_version}, Python {platform.python_version()}, "
             f"{dt.datetime.now(dt.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}")
 
 
@@ -69,6 +74,25 @@ def markdown(rows: list[dict], machine: str | None = None, quick: bool = False) 
     if machine:
         out += ["", machine]
     return "\n".join(out) + "\n"
+
+
+def kept_sections(old: str) -> str:
+    """What of an earlier RESULTS.md run.py does not own: everything after its machine line (or, in a file
+    without one, from its first ``##`` heading on); "" when there is nothing."""
+    lines = old.splitlines()
+    at = next((i + 1 for i, line in enumerate(lines) if line.startswith(MACHINE)), None)
+    if at is None:
+        at = next((i for i, line in enumerate(lines) if line.startswith("##")), len(lines))
+    return "\n".join(lines[at:]).strip("\n")
+
+
+def with_kept_sections(text: str, path: Path) -> str:
+    """The new table ``text`` followed by the sections of ``path`` (if it exists) that run.py does not own."""
+    try:
+        tail = kept_sections(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        tail = ""
+    return text + ("\n" + tail + "\n" if tail else "")
 
 
 def write_results(text: str, path: Path) -> None:
@@ -120,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"running {path.name} ...", file=sys.stderr, flush=True)
         rows += run_module(path, args.quick)
     text = markdown(rows, machine_line(), args.quick)
-    write_results(text, args.out)
+    write_results(with_kept_sections(text, args.out), args.out)
     print(text)
     return 0
 

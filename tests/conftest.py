@@ -11,6 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+# one fork server for the session: in-process resume/verify/all fork their fresh processes from it (engine/fresh.py)
+pytest_plugins = ["zygote_plugin"]
+
 def _shared_data() -> Path:
     """../shared/data beside the repository (as CI lays it), else $PILOTRUN_SHARED_DATA, else /work/shared/data."""
     candidates = [Path(__file__).resolve().parents[1].parent / "shared" / "data"]
@@ -32,6 +35,22 @@ def pytest_configure(config):
     expr = config.getoption("markexpr", "") or ""
     if "gpu" not in expr.replace("not gpu", ""):
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _wandb_keeps_to_the_tests(tmp_path_factory):
+    """W&B writes its service's logs, its artifact staging and its settings under the user's home
+    (~/.cache/wandb, ~/.local/share/wandb, ~/.config/wandb): for the tests, under a temp folder of theirs."""
+    root = tmp_path_factory.mktemp("wandb-home")
+    keys = {"WANDB_CACHE_DIR": "cache", "WANDB_DATA_DIR": "data", "WANDB_CONFIG_DIR": "config"}
+    before = {k: os.environ.get(k) for k in keys}
+    os.environ.update({k: str(root / v) for k, v in keys.items()})
+    yield
+    for k, v in before.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
 
 
 TINY_LLAMA = {
@@ -170,6 +189,25 @@ def smollm2_folder(folder: Path) -> Path:
     tok.save_pretrained(folder)
     model.save_pretrained(folder)
     return folder
+
+
+def smollm2_axolotl(root: Path, name: str, **keys) -> Path:
+    """An Axolotl chat config over the real SmolLM2 (``smollm2_folder``) and 8 training and 4 validation chat turns
+    (``alpaca_chat_turns``), written to ``root/cfg/NAME``: sequence_len 128, 1 × 2 examples per update, a constant
+    schedule, seed 0; ``keys`` add to it (the adapter, the precision, the steps)."""
+    import yaml
+
+    base = smollm2_folder(root / "smollm2")
+    turns = alpaca_chat_turns(12)
+    write_jsonl(root / "cfg" / "data" / "train.jsonl", turns[:8])
+    write_jsonl(root / "cfg" / "data" / "val.jsonl", turns[8:12])
+    chat = {"type": "chat_template", "field_messages": "messages", "roles_to_train": ["assistant"]}
+    cfg = {"base_model": str(base), "chat_template": "tokenizer_default",
+           "datasets": [dict(chat, path="data/train.jsonl")], "test_datasets": [dict(chat, path="data/val.jsonl")],
+           "sequence_len": 128, "micro_batch_size": 1, "gradient_accumulation_steps": 2, "lr_scheduler": "constant",
+           "seed": 0, **keys}
+    (root / "cfg" / name).write_text(yaml.safe_dump(cfg))
+    return root / "cfg" / name
 
 
 def alpaca_chat_turns(n: int = 12) -> list[dict]:

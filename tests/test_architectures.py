@@ -254,10 +254,9 @@ def test_resume_is_exact(folders, tmp_path, cli, family):
 
 @pytest.mark.slow
 @pytest.mark.distributed
-@pytest.mark.parametrize("family", ["qwen2", pytest.param("mistral", marks=pytest.mark.xfail(strict=True, reason=(
-    "known: with untied embeddings the estimate adds two decoder blocks' gathers, but FSDP2 keeps the root's "
-    "unsharded embedding and lm_head through forward and backward: the steps read 14-19 % under the pilot at "
-    "64 wide, vocabulary 2048")))])  # tied and untied embeddings
+@pytest.mark.parametrize("family", ["qwen2", "mistral"])  # tied and untied embeddings: FSDP2 keeps the root's
+# unsharded embedding (and, untied, lm_head) through forward and backward (probe/trace.py ``_root_unsharded``);
+# the untied steps read 14-19 % under the pilot without it
 def test_fsdp_on_two_ranks_matches_the_estimate(folders, tmp_path, family):
     from pilotrun.rehearsal.memory.estimate import estimate
     from pilotrun.rehearsal.memory.pilot import pilot
@@ -274,7 +273,7 @@ def test_fsdp_on_two_ranks_matches_the_estimate(folders, tmp_path, family):
     for name, want in ((k, v) for k, v in predicted.items() if k not in ("save", "export")):
         measured = [r["peak_allocated"] for r in rows if r["phase"] == name]
         checked = measured if name in ("first_step", "steady_step", "eval_longest") else [max(measured)]
-        off += [(name, got, want) for got in checked if abs(got - want) > 0.10 * want]  # test_fsdp's bound
+        off += [(name, got, want) for got in checked if abs(got - want) > 0.05 * got]  # within 5 % of the pilot
     assert not off, off
 
 

@@ -1,6 +1,7 @@
 """archive: a run's folder packed for backups; unpacking refuses members that escape the target."""
 
 import io
+import os
 import tarfile
 
 import pytest
@@ -74,3 +75,37 @@ def test_extract_refuses_escaping_members(tmp_path, member, words):
     assert words in str(err.value) and member.name in str(err.value)
     assert not (tmp_path / "evil.txt").exists() and not (tmp_path / "target" / "evil.txt").exists()
     assert not target.exists() or not any(target.iterdir())  # nothing half-written
+
+
+def test_archive_says_files_that_no_longer_match_the_manifest_and_refuses_a_running_run(cli, tmp_path):
+    """Issue 44, item 7: a run whose weights were changed after its manifest was written was packed without a word;
+    now each file that differs (here a checkpoint's weights, and an artifact file gone; the issue's was the
+    artifact's weights) is said as verify says it, the files packed as they are. Item 5: a run still running (a live
+    lease) is refused, exit 2 naming it, nothing written; once it ends it packs clean."""
+    from pilotrun.journal.archive import pack
+    from pilotrun.journal.files import write_manifest
+    from pilotrun.journal.runs import create_run
+
+    j = Journal(tmp_path / "home")
+    run_id = create_run(j, kind="train", name="c", config={"name": "c"})
+    d = j.run_dir(run_id)
+    for rel, data in (("artifact/model.safetensors", b"w" * 64), ("artifact/config.json", b"{}"),
+                      ("checkpoints/2/model.safetensors", b"c" * 64)):
+        (d / rel).parent.mkdir(parents=True, exist_ok=True)
+        (d / rel).write_bytes(data)
+    write_manifest(d / "checkpoints" / "2")
+    write_manifest(d)
+    out = tmp_path / "run.tar.gz"
+    r = cli("archive", run_id, "--home", tmp_path / "home", "--out", out)
+    assert r.code == 2 and f"run {run_id} is still running (pid {os.getpid()} on host" in r.err, r.err
+    assert "fix: archive it once it ends" in r.err and not list(tmp_path.glob("run.tar.gz*"))
+    j.finish_run(run_id, "completed")
+    assert pack(j, run_id, out)["problems"] == []  # the clean case
+    (d / "checkpoints" / "2" / "model.safetensors").write_bytes(b"x" * 64)  # same size, other bytes
+    (d / "artifact" / "config.json").unlink()
+    got = pack(j, run_id, out)["problems"]
+    assert sorted(got) == ["artifact/config.json: missing",
+                           "checkpoints/2/model.safetensors: sha256 differs from manifest.json"], got
+    r = cli("archive", run_id, "--home", tmp_path / "home", "--out", out, "--json")
+    assert r.code == 0 and r.json["verdict"] == "warn" and r.json["data"]["problems"] == got
+    assert "WARN: 2 file(s) no longer match the run's manifest, so `pilotrun verify` refuses" in r.json["summary"]

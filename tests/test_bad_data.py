@@ -1,5 +1,7 @@
 """Malformed data exits 2 naming file and line; nothing reaches the journal for a run that never started."""
 
+import tempfile
+
 import pytest
 from conftest import simple_records, tiny_causal_campaign
 
@@ -73,6 +75,10 @@ def test_internal_error_exits_3(cli, tmp_path, monkeypatch):
         raise ZeroDivisionError("planted bug")
 
     monkeypatch.setattr(v, "validate", broken)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))  # the traceback's file lands here, not in TMPDIR
+    (tmp_path / "tmp").mkdir()
     path = tiny_causal_campaign(tmp_path, simple_records(2))
     r = cli("validate", path)
     assert r.code == 3 and "internal error" in r.err and "planted bug" in r.err and "Traceback" not in r.err
+    (saved,) = (tmp_path / "tmp").glob("pilotrun-error-*.txt")
+    assert str(saved) in r.err and "ZeroDivisionError: planted bug" in saved.read_text()

@@ -32,3 +32,29 @@ def test_results_table_has_every_row_target_and_machine(tmp_path):
     assert "- rehearsal: not measured: pilot stage missing" in lines
     assert lines[-1] == "Machine: test cpu, 2 cores"
     assert [p.name for p in tmp_path.iterdir()] == ["RESULTS.md"]  # no temporary file left behind
+
+
+def test_a_new_table_keeps_the_sections_it_does_not_own(tmp_path, monkeypatch, capsys):
+    """run.py rewrites its table, notes and machine line; the hand-written issue sections after them stay,
+    word for word, below the new table (the old writer rewrote them away)."""
+    run = _run_module()
+    hand = ("How this table was run: alone on the quiet machine.\n\n"
+            "## Issue 9 (loaded machine)\n\n| figure | before | after |\n| --- | --- | --- |\n| x | 2 s | 1 s |\n\n"
+            "### Issue 12, the sheet\n\nMachine: a line a person wrote, kept too\n")
+    out = tmp_path / "RESULTS.md"
+    old = run.markdown([{"figure": "old row", "median": 9.0, "runs": 1, "target": "", "met": None,
+                         "command": "python bench/old.py"}], "Machine: old cpu, 2 cores")
+    out.write_text(old + "\n" + hand)
+    monkeypatch.setattr(run, "machine_line", lambda: "Machine: new cpu, 2 cores")
+    assert run.main(["--only", "no_such_module", "--out", str(out)]) == 0
+    capsys.readouterr()
+    text = out.read_text()
+    assert "old row" not in text and "Machine: old cpu" not in text  # the table itself is run.py's: rewritten
+    assert text.index("Machine: new cpu, 2 cores") < text.index("How this table was run")
+    assert text.endswith(hand)  # every kept line, in order, after the new machine line
+    # a file with no machine line (written by hand): its sections from the first heading on are kept
+    out.write_text("# pilotrun benchmarks\n\nsome stale table\n\n## Issue 50\n\nkept\n")
+    run.main(["--only", "no_such_module", "--out", str(out)])
+    assert out.read_text().endswith("Machine: new cpu, 2 cores\n\n## Issue 50\n\nkept\n")
+    assert "stale table" not in out.read_text()
+    capsys.readouterr()

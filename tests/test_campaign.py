@@ -55,7 +55,21 @@ def test_negative_size_refused(cli, demo_campaign):
 def test_missing_data_file(cli, demo_campaign):
     _edit(demo_campaign, lambda c: c["data"].update(validation="data/nope.jsonl"))
     r = cli("validate", demo_campaign)
-    assert r.code == 2 and "nope.jsonl" in r.err and "data file not found" in r.err
+    assert r.code == 2 and "nope.jsonl" in r.err and "data file not found (named by data.validation)" in r.err
+    assert "a file of a close name" not in r.err, r.err
+
+
+def test_a_misspelt_data_path_names_its_key_and_the_near_match(cli, demo_campaign):
+    """Issue 43 saw ``data/trian.jsonl`` named by neither its key nor the file meant; here the validation split's
+    ``data/vaildation.jsonl`` (another key, another slip): both said, and the fix sets the key to the file."""
+    data = demo_campaign.parent / "data"
+    real = next(p for p in sorted(data.iterdir()) if p.name.startswith("val"))
+    slip = real.name[0] + real.name[2] + real.name[1] + real.name[3:]
+    _edit(demo_campaign, lambda c: c["data"].update(validation=f"data/{slip}"))
+    r = cli("validate", demo_campaign)
+    assert r.code == 2 and "data file not found (named by data.validation)" in r.err, r.err
+    assert f"a file of a close name is beside it: {data / real.name}" in r.err
+    assert f"fix: set data.validation to {data / real.name}" in r.err
 
 
 def test_missing_field_in_records(cli, demo_campaign):

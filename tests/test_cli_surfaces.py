@@ -75,6 +75,30 @@ def test_runs_never_cuts_an_id_at_any_width(tmp_path):
         assert "…" not in text and max(map(len, text.splitlines())) <= width, text
 
 
+def test_runs_and_the_report_list_runs_in_one_order_and_the_report_never_breaks_an_id(cli, tmp_path):
+    """Issue 43: `runs --json` listed oldest first, the report newest first; and the report's table broke run ids
+    and timestamps across lines at 1280 px. One order (newest first) in the terminal table, --json and the report;
+    an id, a time and a status kept on one line, the columns no run fills left out (here four runs of two kinds)."""
+    import re
+
+    home = tmp_path / "home"
+    ids = _runs(home, 2) + _runs(home, 2, kind="pilot")
+    r = cli("runs", "--home", home, "--json")
+    assert [x["run_id"] for x in r.json["data"]["runs"]] == ids[::-1] and r.json["summary"] == "4 runs, newest first"
+    text = cli("runs", "--home", home).out
+    assert [text.index(i) for i in ids[::-1]] == sorted(text.index(i) for i in ids)
+    r = cli("report", "--home", home, "--out", tmp_path / "r.html")
+    assert r.code == 0, r.err
+    html = (tmp_path / "r.html").read_text()
+    table = html[html.index('<table class="runs">'):]
+    table = table[:table.index("</table>")]
+    assert [table.index(i) for i in ids[::-1]] == sorted(table.index(i) for i in ids)
+    assert "<th>sweep</th>" not in table and "<th>arm</th>" not in table
+    assert len(re.findall(r'<td class="id">', table)) == 4 and len(re.findall(r'<td class="time">', table)) == 4
+    assert "white-space:nowrap" in html and 'class="scroll"' in html and "T" not in re.findall(
+        r'<td class="time">([^<]*)<', table)[0]
+
+
 # --- 5. one JSON envelope -------------------------------------------------------------------------
 ENVELOPE_KEYS = ["ok", "exit_code", "verb", "verdict", "summary", "messages", "data", "stages", "error"]
 

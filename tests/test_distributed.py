@@ -133,7 +133,8 @@ def test_pilot_under_torchrun_makes_one_run_with_both_ranks(tmp_path):
                                 train__nproc=2)
     home = tmp_path / "home"
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-                           str(free_port()), "-m", "pilotrun", "pilot", str(path), "--home", str(home)],
+                           str(free_port()), "--log-dir", str(tmp_path / "torchrun-logs"),  # not in TMPDIR
+                           "-m", "pilotrun", "pilot", str(path), "--home", str(home)],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (run,) = Journal(home).list_runs(kind="pilot")  # one run, owned by rank 0, not one per rank
@@ -189,7 +190,8 @@ def test_train_under_torchrun_makes_one_run_of_two_ranks(tmp_path):
                                 train__nproc=2, train__updates=2, train__eval_every=2)
     home = tmp_path / "home"
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-                           str(free_port()), "-m", "pilotrun", "train", str(path), "--home", str(home)],
+                           str(free_port()), "--log-dir", str(tmp_path / "torchrun-logs"),  # not in TMPDIR
+                           "-m", "pilotrun", "train", str(path), "--home", str(home)],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (run,) = Journal(home).list_runs(kind="train")  # rank 1 joined rank 0's run

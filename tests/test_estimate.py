@@ -94,6 +94,7 @@ MEASURE = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # end to end and among the suite's costliest (its 12 minutes); `pytest -m slow` runs it
 def test_peak_matches_measured_rss_within_tolerance(tmp_path):
     """RSS is noisy; measured in a fresh process where glibc returns freed tensors to the OS at once
     (a fixed mmap threshold), after a warm-up, as the increase over the phase's baseline."""
@@ -250,7 +251,7 @@ def _ledger(loaded, monkeypatch, replay: bool) -> tuple[list, list, int]:
 
 
 def _whole(acc) -> list:
-    return [acc.timeline, acc.reserved, acc.stages, sorted(acc.marks.items()),
+    return [acc.timeline, acc.cublas, acc.stages, sorted(acc.marks.items()),
             [(b.nbytes, b.category, b.born, b.died, b.in_optimizer) for b in acc.blocks]]
 
 

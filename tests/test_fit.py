@@ -76,6 +76,7 @@ def _between(big: dict, small: dict) -> int:
     return limit
 
 
+@pytest.mark.slow  # end to end and among the suite's costliest (its 12 minutes); `pytest -m slow` runs it
 def test_halved_micro_batch_with_doubled_accumulation_fits_and_matches(tmp_path):
     _in_fresh_process(_halved_micro_batch, tmp_path)
 

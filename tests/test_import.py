@@ -129,7 +129,8 @@ def test_axolotl_lora_with_packing_and_epochs(tmp_path, data, cache):
     assert set(skipped) == {"datasets[0].type", "test_datasets[0].split", "model_type", "tokenizer_type",
                             "dataset_prepared_path", "output_dir", "sample_packing", "pad_to_sequence_len",
                             "wandb_project", "logging_steps", "flash_attention", "special_tokens"}
-    assert "packed sequence of sequence_len tokens" in skipped["sample_packing"]
+    assert "packing is not rehearsed" in skipped["sample_packing"]  # issue 43: its old advice could not be followed
+    assert "not for full packed sequence_len rows" in skipped["sample_packing"]
     assert "eager attention" in skipped["flash_attention"]
     assert "nothing to rehearse" in skipped["wandb_project"] and "nothing to rehearse" in skipped["logging_steps"]
     assert carried(imp)["train.optimizer"] == ("optimizer", "adamw_8bit")  # bitsandbytes' AdamW8bit, rehearsed
@@ -344,7 +345,7 @@ def test_sft_config_yaml_imports_with_packing_and_epochs(tmp_path, data):
     assert got["train.optimizer"] == ("optim", "adamw_8bit")
     # no data: the ratios cannot become updates; the note says what to set
     assert "train.warmup" in imp.to_set and "train.save_every" in imp.to_set
-    assert "packed sequence of max_length tokens" in skipped["packing"]
+    assert "not for full packed max_length rows" in skipped["packing"]
     check_round_trip(imp, **{"model.config": dict(TINY_LLAMA), "model.tokenizer": "byte",
                              "data.train": str(data / "chat.jsonl"), "data.validation": str(data / "chat_val.jsonl"),
                              "data.messages": "conversation", "train.warmup": 2, "train.save_every": 10})

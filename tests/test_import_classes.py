@@ -106,6 +106,21 @@ def test_rl_configs_are_refused_naming_rl(folder, rl, words, cli):
     assert not (folder / "campaign.yaml").exists()
 
 
+@pytest.mark.parametrize("cfg, key, words", [
+    ({"num_generations": 8, "beta": 0.04, "max_completion_length": 256, "dataset_name": "trl-lib/tldr"},
+     "num_generations: 8 is a key of TRL's GRPOConfig", "online reinforcement learning"),
+    ({"num_ppo_epochs": 4, "kl_coef": 0.05, "reward_model_path": "rm"}, "num_ppo_epochs: 4 is a key of TRL's PPOConfig",
+     "online reinforcement learning"),
+    ({"desirable_weight": 1.0, "undesirable_weight": 1.0, "beta": 0.1}, "desirable_weight: 1.0 is a key of TRL's "
+     "KTOConfig (kto)", "a preference method pilotrun does not rehearse")])
+def test_trl_configs_of_other_trainers_are_refused_naming_their_key(folder, cfg, key, words, cli):
+    """A GRPOConfig dict holds DPOConfig's beta: it imported with exit 0 as task: preference (and with a hub data set,
+    was refused naming the data set); any trainer other than SFT and DPO is exit 2 naming its own key."""
+    r = cli("import", write(folder / "trl.json", {"per_device_train_batch_size": 2, "learning_rate": 1e-6, **cfg}))
+    assert r.code == 2 and key in r.err and words in r.err, r.err
+    assert "hub data set" not in r.err and not (folder / "campaign.yaml").exists()
+
+
 def _pairs(folder):
     """Stack Exchange pairs as Intel's orca_dpo_pairs lays them out (question, chosen, rejected) and as whole
     conversations (chosen / rejected: a user turn and an assistant turn)."""

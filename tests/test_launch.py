@@ -209,15 +209,15 @@ def test_a_pilotrun_installed_from_a_wheel_is_repacked_into_one_pip_installs(tmp
         (site / "pilotrun" / "sheet" / "launch.py").read_text()
 
 
-def _sky_python() -> str:
+def _sky_python(config) -> str:
     """A venv of its own holding SkyPilot (its click pin conflicts with the CLI's in one environment): made once
-    under the temporary folder ($PILOTRUN_SKY_VENV names another), reused after."""
+    in pytest's cache folder, not the temp directory the suite must leave as it found it ($PILOTRUN_SKY_VENV
+    names another), reused after."""
     import os
     import sys
-    import tempfile
     from pathlib import Path
 
-    venv = Path(os.environ.get("PILOTRUN_SKY_VENV") or Path(tempfile.gettempdir()) / "pilotrun-skypilot-venv")
+    venv = Path(os.environ.get("PILOTRUN_SKY_VENV") or config.cache.mkdir("pilotrun-skypilot-venv"))
     py = venv / "bin" / "python"
     if py.exists() and subprocess.run([str(py), "-c", "import sky"], capture_output=True).returncode == 0:
         return str(py)
@@ -232,7 +232,7 @@ def _sky_python() -> str:
 
 
 @pytest.mark.slow
-def test_skypilots_own_loader_reads_the_two_node_task(tmp_path, _hub_cache):
+def test_skypilots_own_loader_reads_the_two_node_task(tmp_path, _hub_cache, pytestconfig):
     """SkyPilot's Task.from_yaml (in an isolated venv) reads the file: two nodes of 8 H100, recovery, the
     journal's bucket as a storage mount, the wheel and the outside data as file mounts."""
     import json
@@ -245,7 +245,7 @@ def test_skypilots_own_loader_reads_the_two_node_task(tmp_path, _hub_cache):
             "print(json.dumps({'nodes': t.num_nodes, 'acc': r.accelerators, 'recovery': r.job_recovery, "
             "'files': t.file_mounts, 'storage': {k: [v.name, str(v.mode)] for k, v in t.storage_mounts.items()}, "
             "'run': t.run, 'workdir': t.workdir}))")
-    p = subprocess.run([_sky_python(), "-c", code, str(files[1])], capture_output=True, text=True, timeout=300)
+    p = subprocess.run([_sky_python(pytestconfig), "-c", code, str(files[1])], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     task = json.loads(p.stdout.strip().splitlines()[-1])
     assert task["nodes"] == 2 and task["acc"] == {"H100": 8}

@@ -246,3 +246,25 @@ def test_the_sheet_sizes_a_step_for_the_worst_routing_the_pilot_measured():
     assert out[0] == load and out[1]["peak_allocated"] == 170 and out[1]["peak_reserved"] == 220
     assert out[1]["inputs"]["routing"] == "skewed (forced; +20 bytes)"
     assert routing_worst([load, steady], {"skewed": {"peak_allocated": 50, "seconds": 1}})[1] == steady
+
+
+def test_a_preference_campaign_on_a_mixture_of_experts_trains_the_router_loss_beside_the_pair_loss(tmp_path):
+    """The preference task too (TRL's DPOTrainer adds router_aux_loss_coef × the policy forward's aux loss to its
+    mean over pairs; it left it out): at the first update the policy is the reference, so the DPO loss of every
+    pair is log 2, and the update's loss is log 2 + coef × aux of the concatenated forward; with the router logits
+    off, log 2 alone."""
+    import math
+
+    from preference_data import bpe_tokenizer, preference_campaign, short_pairs
+
+    tok = str(bpe_tokenizer(tmp_path / "tok"))
+    for on in (True, False):
+        cfg = dict(QWEN3_MOE, vocab_size=2048, router_aux_loss_coef=0.3, output_router_logits=on)
+        loaded = load_campaign(preference_campaign(tmp_path / str(on), short_pairs(80)[:2], model={"config": cfg,
+                               "tokenizer": tok}, data__max_length=256, train__accumulation=1))
+        out, ref, _ = _first_update(loaded)
+        if on:
+            assert out["loss_parts"]["router_aux"] == pytest.approx(0.3 * float(ref.aux_loss), rel=1e-5)
+            assert out["loss"] == pytest.approx(math.log(2) + 0.3 * float(ref.aux_loss), rel=1e-5)
+        else:
+            assert "loss_parts" not in out and out["loss"] == pytest.approx(math.log(2), rel=1e-5)

@@ -26,7 +26,9 @@ def _two_nodes(argv, tmp_path, timeout=400):
            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "pilotrun-test",
            "-m", "pilotrun", *map(str, argv)]
     logs = [open(tmp_path / f"agent-{k}.log", "w+") for k in range(2)]
-    procs = [subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT) for log in logs]
+    # each agent's own log folder under tmp_path (torchrun makes a torchelastic_* one in the temp dir otherwise)
+    procs = [subprocess.Popen(cmd[:3] + ["--log-dir", str(tmp_path / f"agent-{k}")] + cmd[3:], env=env, stdout=log,
+                              stderr=subprocess.STDOUT) for k, log in enumerate(logs)]
     codes = []
     try:
         for p in procs:

@@ -21,7 +21,6 @@ def test_counted_layers_and_micro_batches_match_the_full_trace(tmp_path):
     """6 identical layers and 4 micro-batches: two traces of 2 and 3 layers with 2 micro-batches give the
     same allocated bytes, per phase and category, as tracing all of them."""
     from pilotrun.campaign.load import load_campaign
-    from pilotrun.probe.estimate import MID_SEGMENT
     from pilotrun.probe.trace import trace
 
     cfg = dict(TINY_LLAMA, num_hidden_layers=6, hidden_size=128, intermediate_size=256)
@@ -37,8 +36,9 @@ def test_counted_layers_and_micro_batches_match_the_full_trace(tmp_path):
         for key in ("baseline", "peak_allocated", "end_allocated", "parameters", "gradients", "optimizer_state",
                     "activations", "temporaries"):
             assert a[key] == b[key], (a["phase"], key, a[key], b[key])
-        # reserved: segment rounding of the small pools is not linear in the layers (a tiny model's floor)
-        assert abs(a["peak_reserved"] - b["peak_reserved"]) <= MID_SEGMENT, a["phase"]
+        # reserved: counted, the allocated peak plus the shallow replays' fragmentation (probe/stream.py), which
+        # the whole trace's replay can exceed by a segment's packing per layer pair
+        assert a["peak_allocated"] <= b["peak_reserved"] and abs(a["peak_reserved"] - b["peak_reserved"]) <= 20 * 2**20
 
 
 def test_uneven_layers_are_traced_whole():
@@ -136,7 +136,7 @@ def test_70b_sheet_without_pilot_lists_options(tmp_path, cli):
     assert "## Launch files" in text and payload["messages"][-1].startswith(f"written to {tmp_path}: sheet.md, ")
 
 
-def test_70b_sheet_without_pilot_writes_two_node_launch_files(tmp_path, cli):
+def test_70b_sheet_without_pilot_writes_two_node_launch_files(tmp_path, cli, monkeypatch):
     """A 70B full fine-tune of effective batch 16 priced on H100s only: one node fits only with optimizer
     offload, so the table goes over nodes; its recommendation (TP × FSDP) is not one pilotrun runs, so the
     files are for FSDP on 2 nodes × 8, launched as torchrun over both, the limit from that row's time."""
@@ -147,6 +147,7 @@ def test_70b_sheet_without_pilot_writes_two_node_launch_files(tmp_path, cli):
     from pilotrun.campaign.load import load_campaign, parse_set
     from pilotrun.sheet.launch import slurm_time
 
+    monkeypatch.delenv("PILOTRUN_SETUP_S", raising=False)  # the stated 15-minute set-up
     path = _campaign_70b(tmp_path)
     c = yaml.safe_load(path.read_text())
     c["train"]["accumulation"] = 16
@@ -176,7 +177,9 @@ def test_70b_sheet_without_pilot_writes_two_node_launch_files(tmp_path, cli):
                            '--rdzv-backend c10d --rdzv-endpoint "$HEAD:29500"')
     assert f"-m pilotrun sweep campaign.yaml --id {launch['files']['sweep_id']} " in line
     assert " ".join(f"--set {x}" for x in sets) in line
-    limit = math.ceil((row["seconds"] * (1 + 0.5 + 0.2) + 180) / 60) * 60
+    # set-up 15 min + start-up 60 s + the row's time × (1 + margin + reserve) + a restart without a plan (a start-up)
+    # + the SIGTERM grace, in whole minutes
+    limit = math.ceil((900 + 60 + row["seconds"] * (1 + 0.5 + 0.2) + 60 + 120) / 60) * 60
     assert f"#SBATCH --time={slurm_time(limit)}\n" in sbatch and "the options row's estimated campaign time" in sbatch
     sky = yaml.safe_load((tmp_path / "sheet.sky.yaml").read_text())
     assert sky["num_nodes"] == 2 and sky["resources"]["accelerators"] == "H100:8"
@@ -215,6 +218,7 @@ def _campaign_of(tmp_path, config: dict):
     return path
 
 
+@pytest.mark.slow  # end to end and among the suite's costliest (its 12 minutes); `pytest -m slow` runs it
 def test_405b_gets_tensor_parallel_across_nodes_that_keeps_the_batch(tmp_path, cli):
     """FSDP over 64 GPUs multiplies the effective batch (8 → 64); TP ×8 within a node × FSDP over the nodes has
     one data rank per node, so accumulation ÷ nodes keeps 8, and 405B's state over 64 ranks fits."""
@@ -245,6 +249,7 @@ def test_405b_gets_tensor_parallel_across_nodes_that_keeps_the_batch(tmp_path, c
                                       "runs keeps the experiment and fits")
 
 
+@pytest.mark.slow  # end to end and among the suite's costliest (its 12 minutes); `pytest -m slow` runs it
 def test_heads_tp_cannot_divide_get_no_tp_row_and_the_reason(tmp_path, cli):
     """127 heads: no TP degree divides them, so no TP row; no option keeps the experiment and each one's broken
     constraint is named."""

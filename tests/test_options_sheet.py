@@ -136,7 +136,7 @@ def test_piloted_options_take_the_pilots_memory_and_time_plan(piloted):
     table = data["options"]
     anchor = next(x for x in table["rows"] if x["gpu"] == "h100-sxm" and x["option"] == "written"
                   and x["count"] == 1)
-    overhead = sum(o["bytes"] for o in GM.overheads(None, 1, True))
+    overhead = sum(o["bytes"] for o in GM.overheads(None, 1))
     assert anchor["phase"] == "steady_step" and anchor["peak"] == 3 * GiB
     assert anchor["need"] == GM.need_bytes(3 * GiB, overhead)
     assert anchor["memory_from"].startswith(f"measured: pilot {piloted['run']}")
@@ -158,8 +158,12 @@ def test_piloted_options_read_at_80_100_160_columns(piloted):
 
     md = piloted["md"]
     assert not [line for line in md.splitlines() if len(line) > 100]
+    from pilotrun.sheet.options_view import items as option_items
+    from pilotrun.sheet.options_view import listed
+
     items = [line for line in piloted["result"].messages if line.startswith("  - ") and " per GPU at " in line]
-    assert len(items) == len(piloted["result"].data["options"]["shown"])
+    table = piloted["result"].data["options"]
+    assert [x[4:] for x in items] == option_items(table) and len(items) <= len(listed(table)) <= len(table["shown"])
     for width in (80, 100, 160):
         buf = io.StringIO()
         render_result(piloted["result"], Console(file=buf, width=width, color_system=None, force_terminal=False))
@@ -198,3 +202,31 @@ def test_when_no_priced_gpu_keeps_the_question_the_recommendation_says_so():
     rows.append(row("a10", True, 5.0, 0.4))
     rec, cheap, by = _choose(rows, {"path": "r.yaml", "gpus": {}})
     assert (rec["gpu"], cheap["gpu"], by) == ("a10", "a10", "cost")
+
+
+def test_the_options_list_leaves_out_rows_not_worth_reading_and_says_alike_gpus_once():
+    """Issue 43: a campaign that fits one GPU of every kind listed 2, 4 and 8 of each, with LoRA beside them, ~60
+    rows a few % apart. Here the other instance — a compute-bound campaign that needs 2 of a small GPU: more GPUs
+    are listed where fewer do not fit or they are at least a quarter faster, LoRA where as written does not fit
+    or it is a quarter faster; GPUs whose rows read the same are said in one line; the JSON keeps every row."""
+    from pilotrun.sheet.options_view import blocks, items, listed
+
+    def row(gpu, count, seconds, keeps=True):
+        return {"option": "written" if keeps else "lora", "gpu": gpu, "name": gpu.upper(), "count": count,
+                "seconds": seconds, "fits": True, "peak": 3 * GiB, "phase": "steady_step", "short": "w",
+                "label": "as written" if keeps else "LoRA r=16", "keeps": keeps, "cost": None,
+                "changes": "keeps the experiment" if keeps else "trains an adapter", "gpu_hours": seconds * count / 3600}
+
+    shown = [row("l4", 2, 1000.0), row("l4", 1, 900.0, keeps=False),   # as written needs 2: LoRA on 1 is listed
+             row("l4", 4, 520.0), row("l4", 8, 480.0),                   # 4 halves the time: listed; 8 does not
+             row("a100", 1, 400.0), row("a100", 1, 350.0, keeps=False),  # LoRA 12 % faster: not worth a change
+             row("h100", 1, 400.0), row("h100", 2, 390.0)]               # as the A100's: one line; 2 barely faster
+    table = {"recommended": shown[0], "cheapest": None, "pilot_run": None, "params": 10, "by": "gpu_hours",
+             "currency": "", "shown": shown, "meanings": {}, "assumptions": [], "skipped": None, "rows": shown}
+    assert [(x["gpu"], x["count"], x["keeps"]) for x in listed(table)] == [
+        ("l4", 2, True), ("l4", 1, False), ("l4", 4, True), ("a100", 1, True), ("h100", 1, True)]
+    said = items(table)
+    assert said[-1].startswith("1 × A100 or H100: as written — 3.00 GiB per GPU at steady_step, 6.7 min"), said
+    assert len(said) == 4 and said[1].startswith("1 × L4: LoRA r=16"), said
+    text = " ".join(str(b[-1]) for b in blocks(table))
+    assert "3 row(s) not listed: more GPUs of a kind less than a quarter faster than fewer" in text, text

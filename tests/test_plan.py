@@ -28,9 +28,9 @@ def test_eval_over_24gib_does_not_fit_24gib_gpus_and_fits_80gib():
     rows = cuda_rows({"load": 6, "first_step": 14, "steady_step": 14, "eval_longest": 30})
     need = GM.memory_summary(rows, rows, "measured", ranks=1)
     assert need["phase"] == "eval_longest" and need["peak"] == 30 * GiB and need["kind"] == "measured"
-    # measured reserved already holds cuBLAS's workspace: only the CUDA context is added
+    # measured reserved already holds cuBLAS's workspaces: only the CUDA context lives outside the allocator
     assert [o["what"] for o in need["overheads"]] == ["CUDA context"]
-    assert need["need"] == math.ceil(30 * GiB * 1.1) + GM.CUDA_CONTEXT_BYTES
+    assert need["need"] == math.ceil((30 * GiB + GM.CUDA_CONTEXT_BYTES) / (1 - GM.HEADROOM_FRACTION))
     assert need["inputs"] == {"eval_batch": 64, "seq_len": 4096} and "run R1 phase eval_longest" in need["source"]
     assert need["source"].startswith("measured: ") and "CUDA reserved counter" in need["source"]
     table = {f["gpu"]: f for f in GM.fit_table(rows, "measured", CATALOGUE, needs_bf16=False, ranks=1)}
@@ -39,22 +39,34 @@ def test_eval_over_24gib_does_not_fit_24gib_gpus_and_fits_80gib():
         assert table[key]["phases"]["steady_step"] == "fits" and not table[key]["fits"]
     for key in ("a100-80gb", "h100-sxm", "h100-pcie", "h200", "b200", "mi300x"):
         assert table[key]["verdict"] == "fits" and table[key]["fits"]
-    # the margin matters: 30 GiB fits 40 GiB only because 30 × 1.1 + 0.75 = 33.75 GiB <= 40
-    assert table["a100-40gb"]["fits"]
-    assert not GM.fit_table(cuda_rows({"eval_longest": 36}), "measured", [BY_KEY["a100-40gb"]],
-                            needs_bf16=False, ranks=1)[0]["fits"]
+    # a phase fits while its reserved peak is within the card's capacity: memory less headroom and context
+    a100 = BY_KEY["a100-40gb"]
+    cap = GM.capacity(a100, 1)
+    assert cap == int(a100.memory_bytes * (1 - GM.HEADROOM_FRACTION)) - GM.CUDA_CONTEXT_BYTES
+    at = cuda_rows({})
+    for r in at:
+        r["peak_reserved"] = cap if r["phase"] == "eval_longest" else GiB
+    assert GM.fit_table(at, "measured", [a100], needs_bf16=False, ranks=1)[0]["fits"]
+    at[3]["peak_reserved"] = cap + 2**20
+    assert not GM.fit_table(at, "measured", [a100], needs_bf16=False, ranks=1)[0]["fits"]
 
 
-def test_predicted_figures_add_the_cublas_workspace_of_each_gpu_and_nccl_for_ranks():
+def test_predicted_figures_hold_the_cublas_workspaces_and_add_nccl_for_ranks():
+    """The replay allocates cuBLAS's workspaces (of each card's size: sheet/gpu_memory.on_cards, tests/test_replay.py):
+    a predicted figure adds only what lives outside the caching allocator."""
     rows = cuda_rows({"steady_step": 2})
     h100 = GM.phase_needs(rows, "predicted", BY_KEY["h100-sxm"], ranks=1)
-    a100 = GM.phase_needs(rows, "predicted", BY_KEY["a100-80gb"], ranks=1)
     steady = {p["phase"]: p for p in h100}["steady_step"]
-    assert steady["need"] == math.ceil(2 * GiB * 1.1) + GM.CUDA_CONTEXT_BYTES + 2 * 32 * 2**20  # two cuBLAS handles
-    assert steady["source"].startswith("predicted: `pilotrun estimate`") and steady["tag"] == "predicted"
-    assert {p["phase"]: p for p in a100}["steady_step"]["need"] == steady["need"] - 2 * 32 * 2**20 + 2 * 8_519_680
+    assert steady["need"] == math.ceil((2 * GiB + GM.CUDA_CONTEXT_BYTES) / (1 - GM.HEADROOM_FRACTION))
+    assert steady["source"].startswith("predicted: the caching allocator's replay") and steady["tag"] == "predicted"
     two = {p["phase"]: p for p in GM.phase_needs(rows, "predicted", BY_KEY["h100-sxm"], ranks=2)}
-    assert two["steady_step"]["need"] == steady["need"] + GM.NCCL_BYTES
+    assert two["steady_step"]["need"] == math.ceil((2 * GiB + GM.CUDA_CONTEXT_BYTES + GM.NCCL_BYTES)
+                                                   / (1 - GM.HEADROOM_FRACTION))
+    assert GM.workspace_bytes(BY_KEY["h100-sxm"]) == 32 * 2**20 and GM.workspace_bytes(BY_KEY["a100-80gb"]) == 8_519_680
+    # a card's own replay (its workspaces, its capacity) replaces the calibration card's reserved bytes
+    card = {"steady_step": {"reserved": GiB, "how": "replay on this card"}}
+    mine = {p["phase"]: p for p in GM.phase_needs(rows, "predicted", BY_KEY["a100-80gb"], 1, card=card)}
+    assert mine["steady_step"]["reserved"] == GiB and mine["load"]["reserved"] == GiB
 
 
 def test_reserved_counter_wins_over_allocated_and_rss_uses_allocated():

@@ -81,6 +81,14 @@ def test_conversations_render_with_the_chat_template_and_an_implicit_prompt_is_t
         f"<|im_start|>user\n{base[0]['question']}<|im_end|>\n<|im_start|>assistant\n"
     assert tok.decode([t for t in e.labels if t != IGNORE]) == base[0]["response_j"] + "<|im_end|>\n"
     assert e.meta["rejected_ids"][: e.prompt_len] == e.input_ids[: e.prompt_len]
+    # the same pairs with the prompt in its own field (UltraFeedback's layout: each answer repeats the user turn)
+    for r, b in zip(records, base):
+        r["prompt"] = b["question"]
+    write_jsonl(tmp_path / "data" / "train.jsonl", records)
+    ultra = make_task(load_campaign(path, {"data.prompt": "prompt", "data.chosen": "chosen",
+                                           "data.rejected": "rejected", "data.chat_template": "model"}))
+    u = ultra.encode(ultra.records("train")[0])
+    assert (u.input_ids, u.labels, u.meta["rejected_ids"]) == (e.input_ids, e.labels, e.meta["rejected_ids"])
 
 
 # --- the data checks, each planted in real pairs, and the clean case ---------------------------------------------
@@ -313,3 +321,14 @@ def test_the_pilot_ledger_holds_both_models_and_the_estimate_matches_it_per_phas
     predicted = {r["phase"]: r["peak_allocated"] for r in estimate(loaded, device="cpu").data["phases"]}
     off = {k: (predicted[k], v) for k, v in measured.items() if abs(predicted[k] - v) > 0.05 * v}
     assert not off, off
+
+
+def test_the_time_plan_counts_both_halves_and_the_references_forward():
+    from pilotrun.sheet.plan import flops_per_update
+    from pilotrun.sheet.shape import padded_tokens
+    from pilotrun.tasks.preference import PairExample
+
+    pair = PairExample([1] * 10, [1] * 10, "a", meta={"rejected_ids": [1] * 14, "rejected_labels": [1] * 14})
+    assert padded_tokens([[pair, pair]]) == 2 * 2 * 14  # two pairs, each two rows padded to the wider half
+    n, t = 1000, 56
+    assert flops_per_update(n, n, t, False, reference=True) - flops_per_update(n, n, t, False) == 2 * n * t

@@ -290,25 +290,13 @@ def test_all_is_green_on_smollm2_in_4bit_nf4_imported_from_an_axolotl_qlora_conf
     """Axolotl's QLoRA recipe (examples/llama-3/qlora.yml's shape) over the real SmolLM2-135M-Instruct weights:
     imported, then the whole rehearsal in fresh processes (resume and verify start their own); the ledger's load row
     says the base is 4-bit nf4, and the run's checkpoints name the quantised base."""
-    from conftest import alpaca_chat_turns, run_cli_process, smollm2_folder, write_jsonl
+    from conftest import run_cli_process, smollm2_axolotl
 
     from pilotrun.journal.store import Journal
 
-    base = smollm2_folder(tmp_path / "smollm2")
-    turns = alpaca_chat_turns(12)
-    write_jsonl(tmp_path / "cfg" / "data" / "train.jsonl", turns[:8])
-    write_jsonl(tmp_path / "cfg" / "data" / "val.jsonl", turns[8:12])
-    chat = {"type": "chat_template", "field_messages": "messages", "roles_to_train": ["assistant"]}
-    axolotl = {
-        "base_model": str(base), "load_in_4bit": True, "adapter": "qlora", "lora_r": 16, "lora_alpha": 32,
-        "lora_dropout": 0.0, "lora_target_linear": True, "chat_template": "tokenizer_default",
-        "datasets": [dict(chat, path="data/train.jsonl")], "test_datasets": [dict(chat, path="data/val.jsonl")],
-        "sequence_len": 128, "micro_batch_size": 1, "gradient_accumulation_steps": 2, "max_steps": 6,
-        "optimizer": "paged_adamw_8bit", "lr_scheduler": "constant", "learning_rate": 2e-4, "bf16": True,
-        "eval_steps": 3, "save_steps": 3, "seed": 0,
-    }
-    src = tmp_path / "cfg" / "qlora.yml"
-    src.write_text(yaml.safe_dump(axolotl))
+    src = smollm2_axolotl(tmp_path, "qlora.yml", load_in_4bit=True, adapter="qlora", lora_r=16, lora_alpha=32,
+                          lora_dropout=0.0, lora_target_linear=True, max_steps=6, optimizer="paged_adamw_8bit",
+                          learning_rate=2e-4, bf16=True, eval_steps=3, save_steps=3)
     out = tmp_path / "campaign.yaml"
     done = run_cli_process("import", src, "--out", out)
     assert done.returncode == 0, done.stderr
@@ -390,3 +378,4 @@ def test_a_cuda_trace_runs_8bit_layers_through_llm_int8_as_a_gpu_does():
     assert "bitsandbytes::int8_vectorwise_quant" in ops(True)
     assert "bitsandbytes::int8_vectorwise_quant" not in ops(False)
     assert bnb.matmul.__module__.startswith("bitsandbytes")  # put back
+    assert layer.state.is_training  # the state's flag too

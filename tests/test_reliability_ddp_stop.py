@@ -24,7 +24,8 @@ def _torchrun(campaign: Path, home: Path, env: dict | None = None):
     from pilotrun.engine.distributed import free_port
 
     return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-                             str(free_port()), "-m", "pilotrun", "train", str(campaign), "--home", str(home)],
+                             str(free_port()), "--log-dir", str(home.parent / "torchrun-logs"),  # not in TMPDIR
+                             "-m", "pilotrun", "train", str(campaign), "--home", str(home)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=campaign.parent,
                             env=dict(os.environ, OMP_NUM_THREADS="1", **(env or {})))
 

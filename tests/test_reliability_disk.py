@@ -82,3 +82,71 @@ def test_a_full_disk_during_train(cli, tmp_path, small_fs):
     home = small_fs / "home"
     r = cli("train", path, "--home", home)
     _check_disk_full(r, home, str(home / "runs"))
+
+
+def _ended_run(tmp_path, size: int):
+    """A run folder as a finished run leaves it: the journal row ended, an incompressible weights file of ``size``."""
+    from pilotrun.journal.files import write_manifest
+    from pilotrun.journal.runs import create_run
+
+    j = Journal(tmp_path / "home")
+    run_id = create_run(j, kind="train", name="c", config={"name": "c"})
+    (j.run_dir(run_id) / "artifact").mkdir(parents=True)
+    (j.run_dir(run_id) / "artifact" / "model.safetensors").write_bytes(os.urandom(size))
+    write_manifest(j.run_dir(run_id))
+    j.finish_run(run_id, "completed")
+    return run_id
+
+
+def test_archive_out_on_a_full_disk_is_exit_2_and_leaves_nothing(cli, tmp_path, small_fs):
+    """Issue 44, item 5: `archive --out` on a full disk was exit 3 ("No space left on device"): now exit 2 naming
+    --out, the partial copy removed. The clean case: the same run archived where there is room."""
+    run_id = _ended_run(tmp_path, 3 * 2**20)  # more than the 1.5 MiB tmpfs holds
+    out = small_fs / "backup" / "run.tar.gz"
+    r = cli("archive", run_id, "--home", tmp_path / "home", "--out", out)
+    assert r.code == 2 and f"no space left on device while writing {out}" in r.err, (r.code, r.err)
+    assert "Traceback" not in r.err and list(small_fs.rglob("*.tar.gz*")) == []
+    assert cli("archive", run_id, "--home", tmp_path / "home", "--out", tmp_path / "run.tar.gz").code == 0
+
+
+@pytest.mark.parametrize("home_of", [
+    lambda t: t / "/".join(["d" * 200] * 3),  # the issue's: every name legal, the path past SQLite's 512 bytes
+    lambda t: t / ("e" * 300),  # one name past the file system's 255 bytes
+], ids=["past-sqlite-path-limit", "name-past-255-bytes"])
+def test_a_home_past_the_path_limits_is_exit_2(cli, tmp_path, home_of):
+    home = home_of(tmp_path)
+    r = cli("note", "hello", "--home", home)
+    assert r.code == 2 and "Traceback" not in r.err and "internal error" not in r.err, (r.code, r.err)
+    assert ("SQLite opens paths of at most 512 bytes" in r.err or "longer than the file system allows" in r.err), r.err
+    assert "fix: " in r.err
+    assert cli("note", "hello", "--home", tmp_path / "h").code == 0  # the clean case
+
+
+def test_restoring_over_a_link_or_a_name_past_255_bytes_is_refused_before_writing(tmp_path):
+    """Issue 44, item 5: restoring over a dangling symlink (and a member name over the file-name limit) was a raw
+    OSError midway; both are refused, exit 2 naming them, nothing written. A second instance: a link to a folder."""
+    import io
+    import tarfile
+
+    from pilotrun.errors import BadInput
+    from pilotrun.journal.archive import extract
+
+    def tar_of(name):
+        path = tmp_path / f"{len(name)}.tar.gz"
+        with tarfile.open(path, "w:gz") as tar:
+            info = tarfile.TarInfo(name)
+            info.size = 2
+            tar.addfile(info, io.BytesIO(b"ok"))
+        return path
+
+    target = tmp_path / "restore"
+    target.mkdir()
+    (target / "run1").symlink_to(tmp_path / "gone")  # the issue's: dangling
+    (target / "run2").symlink_to(tmp_path)  # a link to a folder that exists
+    for run in ("run1", "run2"):
+        with pytest.raises(BadInput, match=f"{target / run} already exists: a symlink"):
+            extract(tar_of(f"{run}/ok.txt"), target)
+    with pytest.raises(BadInput, match="has a name of 300 bytes; file systems take at most 255"):
+        extract(tar_of("run3/" + "n" * 300), target)
+    assert sorted(p.name for p in target.iterdir()) == ["run1", "run2"]
+    assert [p.name for p in extract(tar_of("run4/ok.txt"), target)] == ["ok.txt"]  # the clean case

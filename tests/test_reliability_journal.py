@@ -181,3 +181,41 @@ def test_a_home_on_a_read_only_file_system(cli, trained, tmp_path):
             assert "Traceback" not in r.err
     finally:
         subprocess.run(["umount", str(ro)], capture_output=True)
+
+
+def test_a_home_copied_with_rows_only_in_the_wal_then_mounted_read_only_shows_them(cli, tmp_path):
+    """Issue 44, item 4: a home copied while committed rows were still only in journal.sqlite-wal, then mounted
+    read-only, was opened ``immutable`` (SQLite skips the WAL there): ``runs`` and ``show`` exit 0 without them.
+    Here a run ended and a note on it are only in the WAL (the issue's was a note alone): both are shown, and the
+    private copy that read the log is gone from the temp folder. The clean case: the same home writable."""
+    import glob
+    import shutil
+    import tempfile
+
+    from pilotrun.journal.runs import create_run
+
+    home, copy, ro = tmp_path / "home", tmp_path / "copy", tmp_path / "ro"
+    j = Journal(home)
+    run_id = create_run(j, kind="train", name="c", config={"name": "c"})
+    keep = sqlite3.connect(home / "journal.sqlite")  # an open connection: nothing is folded into the file
+    keep.execute("SELECT 1 FROM runs").fetchall()
+    j.finish_run(run_id, "completed", {"reason": "done"})
+    j.add_note("kept only in the log", run_id=run_id)
+    copy.mkdir()
+    for name in ("journal.sqlite", "journal.sqlite-wal"):
+        shutil.copyfile(home / name, copy / name)
+    keep.close()
+    assert (copy / "journal.sqlite-wal").stat().st_size > 32
+    if not _mount_read_only(copy, ro):
+        pytest.skip("cannot bind-mount a read-only folder here (needs root and mount)")
+    try:
+        before = set(glob.glob(f"{tempfile.gettempdir()}/pilotrun-journal-*"))
+        r = cli("runs", "--home", ro, "--json")
+        assert r.code == 0 and [x["status"] for x in r.json["data"]["runs"]] == ["completed"], r.err
+        r = cli("show", run_id, "--home", ro)
+        assert r.code == 0 and "kept only in the log" in r.out + r.err, r.out
+        assert set(glob.glob(f"{tempfile.gettempdir()}/pilotrun-journal-*")) == before
+    finally:
+        subprocess.run(["umount", str(ro)], capture_output=True)
+    r = cli("show", run_id, "--home", copy)  # writable: SQLite reads the log itself
+    assert r.code == 0 and "kept only in the log" in r.out + r.err

@@ -41,7 +41,7 @@ def test_an_own_loop_journal_gets_its_curve_ledger_and_bound(own_loop_home, cli,
     assert r.code == 0, r.err
     text = out.read_text()
     assert f"loss curve of {run_id}" in text and f"phase ledger of {run_id}" in text
-    assert "memory bound: this run&#x27;s peak is" in text or "memory bound: this run's peak is" in text
+    assert "memory: this run&#x27;s peak is" in text or "memory: this run's peak is" in text
     assert text.count("<svg") >= 2 and "http://" not in text.replace("http://www.w3.org", "")
     # the CPU chart shows what each phase added over its own baseline, with its duration
     assert "MiB added over the phase&#x27;s own baseline" in text or "MiB added over the phase's own baseline" in text

@@ -38,6 +38,7 @@ def test_clean_demo_resumes_exactly_across_epochs(cli, demo_campaign, tmp_path):
 
 def test_scheduler_left_out_is_caught_by_the_lr(cli, demo_campaign, tmp_path, monkeypatch):
     monkeypatch.setenv(SKIP_ENV, "scheduler")
+    monkeypatch.setenv("PILOTRUN_FRESH", "cold")  # the cold interpreter's path, whatever zygote the session runs
     r = cli("resume", demo_campaign, "--home", tmp_path / "home", "--at", "3", "--set", "train.micro_batch=2", "--json")
     assert r.code == 1
     problem = r.json["data"]["problem"]

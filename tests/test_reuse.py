@@ -1,6 +1,6 @@
 """What `all`'s stages reuse in its process, and what the sheet reuses across processes (issue 34): the encoded
 splits and a model's pristine weights keyed by the campaign's identity (config hash, files' path, size,
-mtime_ns, content hash), a changed file read again; the estimator's traces kept in the journal's home, a
+content hash), a changed file read again; the estimator's traces kept in the journal's home, a
 changed config traced again."""
 
 from __future__ import annotations
@@ -288,3 +288,50 @@ def test_the_train_stage_inside_all_observes_the_peaks_of_a_train_run_alone(tmp_
     assert inside.verdict == alone.verdict == "ok"
     rows = observed(tmp_path / "home", inside.data["run_id"])
     assert rows and rows == observed(tmp_path / "home2", alone.data["run_id"])
+
+
+def test_a_file_over_4_mib_replaced_at_the_same_size_and_mtime_is_another_identity(tmp_path):
+    """Issue 44: above 4 MiB the key held path, size and mtime only: a file replaced by one of the same size and
+    mtime (a restore, ``rsync -t``) served the old encoded data. The key holds the content's hash at any size
+    (here the validation file, over 4 MiB; the issue's was the train file)."""
+    path = tiny_causal_campaign(tmp_path / "c", simple_records(12), simple_records(4, start=50))
+    valid = tmp_path / "c" / "data" / "validation.jsonl"
+    line = json.dumps({"instruction": "reverse " + "a" * 200, "output": "b" * 200}) + "\n"
+    valid.write_text(line * (4 * 2**20 // len(line) + 200))
+    assert valid.stat().st_size > 4 * 2**20
+    key = reuse.identity(load_campaign(path))
+    assert reuse.identity(load_campaign(path)) == key  # the clean case: unchanged, the same key
+    st = valid.stat()
+    valid.write_text(valid.read_text().replace("a" * 200, "c" * 200, 1))
+    os.utime(valid, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert valid.stat().st_size == st.st_size and valid.stat().st_mtime_ns == st.st_mtime_ns
+    assert reuse.identity(load_campaign(path)) != key
+
+
+def test_a_kept_trace_edited_or_cut_is_a_miss_traced_again(tmp_path):
+    """Issue 44: a trace file reduced to its key made the next sheet FAIL "no GPU fits". Any entry that is not
+    whole — here a figure edited in its body — is a miss, traced again, and
+    the figures are the fresh trace's."""
+    import gzip
+
+    from pilotrun.probe.trace import rows_for, traced
+
+    path = tiny_causal_campaign(tmp_path / "c", simple_records(12), simple_records(4, start=50))
+    loaded = load_campaign(path)
+    prep = prepare(loaded, splits=("train", "validation"))
+    home = tmp_path / "home"
+    with reuse.keeping_traces(home):
+        fresh = rows_for(traced(loaded, prep=prep, counted=False))
+    kept = next((home / "traces").glob("*.json.gz"))
+    head, _, body = gzip.decompress(kept.read_bytes()).partition(b"\n")
+    data = json.loads(body)
+    data["params"] = data["params"] * 1000  # edited behind pilotrun's back: the header's hash no longer holds
+    kept.write_bytes(gzip.compress(head + b"\n" + json.dumps(data).encode()))
+    before = _counts()
+    with reuse.keeping_traces(home):
+        again = rows_for(traced(loaded, prep=prep, counted=False))
+    assert reuse.COUNTS["trace_builds"] - before["trace_builds"] == 1 and again == fresh
+    before = _counts()
+    with reuse.keeping_traces(home):  # the clean case: the entry the retrace wrote is read back
+        assert rows_for(traced(loaded, prep=prep, counted=False)) == fresh
+    assert reuse.COUNTS["trace_hits"] - before["trace_hits"] == 1

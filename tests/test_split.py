@@ -85,3 +85,31 @@ def test_bad_ratios_and_fields_exit_2(tmp_path, cli):
     res = cli("split", data, "--by", "x", "--period", "when", "--out", tmp_path / "o")
     assert res.code == 2 and "no field 'when' (named by --period)" in res.err
     assert not (tmp_path / "o").exists()  # nothing written on bad input
+
+
+def test_records_with_no_unit_field_split_by_record_and_a_list_unit_stays_whole(tmp_path, cli):
+    """Issue 43: split demanded --by for records with no unit field (here question/answer pairs, the second instance:
+    the issue's were chat records); without it each record is its own unit, an exact copy lands with its twin. A
+    list field as the unit (who took part) is one value taken whole: records with equal lists share a split."""
+    pairs = [{"prompt": f"q{i}", "response": f"a{i}"} for i in range(40)]
+    twins = pairs + [dict(pairs[3]), dict(pairs[17])]
+    data = write_jsonl(tmp_path / "pairs.jsonl", twins)
+    res = cli("split", data, "--ratios", "0.8,0.2", "--out", tmp_path / "r", "--json")
+    assert res.code == 0, res.err
+    parts = _read(tmp_path / "r")
+    assert sum(map(len, parts.values())) == 42 and set(parts) == {"train", "validation"}
+    for twin in (pairs[3], pairs[17]):
+        assert [s for s, rs in parts.items() if twin in rs] in (["train"], ["validation"])
+        assert sum(rs.count(twin) for rs in parts.values()) == 2
+    assert "split by record" in res.json["summary"] and "group_by" not in "\n".join(res.json["messages"])
+
+    people = [{"text": f"t{i}", "with": sorted({f"p{i % 7}", f"p{i % 3}"})} for i in range(60)]
+    res = cli("split", write_jsonl(tmp_path / "people.jsonl", people), "--by", "with", "--out", tmp_path / "l",
+              "--json")
+    assert res.code == 0, res.err
+    where = {}
+    for s, rs in _read(tmp_path / "l").items():
+        for r in rs:
+            where.setdefault(json.dumps(r["with"]), set()).add(s)
+    assert all(len(s) == 1 for s in where.values()) and len(where) == len({json.dumps(r["with"]) for r in people})
+    assert len(set().union(*where.values())) > 1, where

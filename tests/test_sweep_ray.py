@@ -4,9 +4,11 @@ driver, the same numbers as a local sweep, a lost node's run interrupted and rer
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -24,16 +26,21 @@ def cluster():
     ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'pilotrun[ray]')")
     from ray.cluster_utils import Cluster
 
+    # Ray's session folder (logs, sockets) in a folder of the test's, removed after: not TMPDIR/ray, which Ray
+    # would leave behind (the path stays short: a unix socket's path is limited to 107 bytes)
+    temp = tempfile.mkdtemp(prefix="ray-")
     try:
-        c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
+        c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "temp_dir": temp})
         worker = c.add_node(num_cpus=2)
         ray.init(address=c.address, log_to_driver=False, logging_level="WARNING")
         c.wait_for_nodes()
     except Exception as e:  # noqa: BLE001 - a machine where Ray cannot start a cluster
+        shutil.rmtree(temp, ignore_errors=True)
         pytest.skip(f"a local Ray cluster could not start here: {type(e).__name__}: {e}")
     yield c, worker
     ray.shutdown()
     c.shutdown()
+    shutil.rmtree(temp, ignore_errors=True)
 
 
 def _campaign(demo_dir, seeds=(0, 1), updates=6, **train):
@@ -55,6 +62,7 @@ def _by_arm_seed(home, sweep_id):
     return out
 
 
+@pytest.mark.slow  # end to end and among the suite's costliest (its 12 minutes); `pytest -m slow` runs it
 def test_a_sweep_spreads_over_both_nodes_and_matches_a_local_sweep(cluster, demo_dir):
     from pilotrun.campaign.load import load_campaign
     from pilotrun.journal.files import verify_manifest
@@ -88,6 +96,7 @@ def test_a_sweep_spreads_over_both_nodes_and_matches_a_local_sweep(cluster, demo
         assert run["updates_done"] == 6
 
 
+@pytest.mark.slow  # end to end and among the suite's costliest (its 12 minutes); `pytest -m slow` runs it
 def test_a_lost_node_interrupts_its_run_and_continue_reruns_it(cluster, demo_dir):
     import ray
 

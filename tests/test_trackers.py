@@ -180,6 +180,29 @@ def test_a_tracker_that_is_down_never_stops_the_run(tmp_path, demo, monkeypatch)
     assert "tried 3 times" in lines[0] and "`pilotrun export C --to mlflow`" in lines[0]
 
 
+def test_a_tracker_that_hangs_is_waited_for_a_bounded_time(tmp_path, demo):
+    """An MLflow server that takes the connection and never answers: the run is recorded whole while the sender
+    hangs; the verb's end says it is sending the rest, waits only the drain it was given, then says the sending
+    had not finished and names the export that sends the rest (a warning, ``trouble``)."""
+    from pilotrun.integrations.trackers.export import make_tracker
+    from pilotrun.integrations.trackers.live import LiveTracker
+    from pilotrun.journal.store import Journal
+
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(8)  # the kernel accepts; nothing ever reads or answers
+        home, uri = tmp_path / "home", f"http://127.0.0.1:{server.getsockname()[1]}"
+        live = LiveTracker(lambda: make_tracker("mlflow", home, uri=uri), home,
+                           export_hint="pilotrun export C --to mlflow", retries=(0.01,))
+        run_id = _recorded(home, demo, status="completed", observer=live)
+        assert Journal(home).get_run(run_id)["status"] == "completed"
+        said: list[str] = []
+        (line,) = live.close(drain_s=1.0, say=said.append)
+    assert said == [f"sending what is left to MLflow at {uri}, one experiment per campaign (at most 1s)"], said
+    assert live.trouble and f"live logging to {uri} had not finished after 1s" in line, line
+    assert "`pilotrun export C --to mlflow`" in line
+
+
 def test_a_tracker_that_refuses_is_reported_and_the_clean_case_logs_live(tmp_path, demo, monkeypatch):
     """W&B offline into a folder that cannot be one (WANDB_DIR is a file): refused, reported, the run unharmed.
     The same run with a usable folder: logged live, its W&B run complete, and an export after it sends nothing
@@ -215,7 +238,8 @@ def test_a_tracker_that_refuses_is_reported_and_the_clean_case_logs_live(tmp_pat
 
 
 def _values(recs, key: str) -> list[str]:
-    return [i.value_json for h in recs["history"] for i in h.item if (i.nested_key[0] if i.nested_key else i.key) == key]
+    return [i.value_json for h in recs["history"] for i in h.item
+            if (i.nested_key[0] if i.nested_key else i.key) == key]
 
 
 def test_export_bad_input(tmp_path, demo, cli):

@@ -139,7 +139,8 @@ def test_a_sweep_with_a_diverging_arm_in_a_live_mlflow_server(exported_sweep, cl
             assert r.data.tags["pilotrun.arm_overrides"] == "train.lr=1000.0"
         else:
             assert jr["status"] == "completed" and r.info.status == "FINISHED"
-        assert r.data.params["train.lr"] == str(jr["config"]["train"]["lr"]) and r.data.params["seed"] == str(jr["seed"])
+        assert r.data.params["train.lr"] == str(jr["config"]["train"]["lr"])
+        assert r.data.params["seed"] == str(jr["seed"])
         # every metric's history is the journal's, point for point (a non-finite value, NULL there, is NaN here)
         journal_metrics = j.metrics(jr["run_id"])
         keys = {(m["split"], m["name"]) for m in journal_metrics}
@@ -148,7 +149,8 @@ def test_a_sweep_with_a_diverging_arm_in_a_live_mlflow_server(exported_sweep, cl
             mine = [(m["step"], m["value"]) for m in journal_metrics if (m["split"], m["name"]) == (split, name)]
             assert _history(client, r.info.run_id, f"{split}/{name}") == mine, (split, name)
         # the ledger: a table artifact and per-phase metrics
-        ledger = json.loads(Path(client.download_artifacts(r.info.run_id, "pilotrun/ledger.json", str(home))).read_text())
+        got = client.download_artifacts(r.info.run_id, "pilotrun/ledger.json", str(home.parent))
+        ledger = json.loads(Path(got).read_text())
         assert [row[0] for row in ledger["data"]] == [p["phase"] for p in j.phase_rows(jr["run_id"])]
         assert any(k.startswith("ledger/observed_train/") for k in r.data.metrics)
         files = {a.path for a in client.list_artifacts(r.info.run_id, "pilotrun")}
@@ -195,6 +197,84 @@ def test_a_run_logged_live_is_not_duplicated_by_its_export(mlflow_server, tmp_pa
     assert "pilotrun/report.html" in {a.path for a in client.list_artifacts(campaign_run.info.run_id, "pilotrun")}
 
 
+class _Chromium:
+    """Headless chromium driven over its DevTools pipe (fds 3 and 4, NUL-separated JSON): its profile, TMPDIR
+    and log in the test's folder; closed with the test."""
+
+    def __init__(self, folder: Path):
+        self.folder, self.n, self.buf = folder, 0, b""
+
+    def __enter__(self):
+        r3, w3 = os.pipe()
+        r4, w4 = os.pipe()
+
+        def pipes():  # in the child, before exec: chromium reads fd 3 and writes fd 4
+            os.dup2(r3, 3)
+            os.dup2(w4, 4)
+
+        self.log = open(self.folder / "chromium.log", "wb")
+        self.proc = subprocess.Popen(
+            [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--remote-debugging-pipe",
+             "--disable-background-networking", "--disable-component-update", "--no-first-run",
+             f"--user-data-dir={self.folder / 'chromium-profile'}", "about:blank"],
+            pass_fds=(3, 4), preexec_fn=pipes, stdout=subprocess.DEVNULL, stderr=self.log,
+            env=dict(os.environ, TMPDIR=str(self.folder)), start_new_session=True)  # a longer one: its socket's
+        # path is past the 107 bytes a socket's address holds
+        os.close(r3)
+        os.close(w4)
+        self.w, self.r = w3, r4
+        target = self.call("Target.createTarget", url="about:blank")["targetId"]
+        self.session = self.call("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
+        self.call("Emulation.setDeviceMetricsOverride", width=1600, height=1100, deviceScaleFactor=1, mobile=False,
+                  session=True)
+        return self
+
+    def __exit__(self, *exc):
+        try:
+            self.call("Browser.close")
+            self.proc.wait(timeout=30)
+        except Exception:  # noqa: BLE001 - whatever went wrong, chromium does not outlive the test
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        os.close(self.w)
+        os.close(self.r)
+        self.log.close()
+        return False
+
+    def call(self, method: str, session: bool = False, **params):
+        self.n += 1
+        msg = {"id": self.n, "method": method, "params": params, **({"sessionId": self.session} if session else {})}
+        os.write(self.w, json.dumps(msg).encode() + b"\0")
+        while True:  # events come between the answers: skipped
+            while b"\0" not in self.buf:
+                chunk = os.read(self.r, 1 << 20)
+                assert chunk, f"chromium closed its DevTools pipe (exit {self.proc.poll()}): " + (
+                    self.folder / "chromium.log").read_text(errors="replace")[-2000:]
+                self.buf += chunk
+            line, self.buf = self.buf.split(b"\0", 1)
+            answer = json.loads(line)
+            if answer.get("id") == self.n:
+                assert "error" not in answer, (method, answer["error"])
+                return answer["result"]
+
+    def open(self, url: str, reload: bool = False) -> None:
+        self.call("Page.reload", session=True) if reload else self.call("Page.navigate", url=url, session=True)
+
+    def run(self, js: str):
+        return self.call("Runtime.evaluate", expression=js, returnByValue=True, session=True)["result"].get("value")
+
+    def wait(self, js: str, timeout_s: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not self.run(js):
+            assert time.monotonic() < deadline, f"the page never showed: {js}"
+            time.sleep(0.25)
+
+    def screenshot(self, path: Path) -> None:
+        import base64
+
+        path.write_bytes(base64.b64decode(self.call("Page.captureScreenshot", format="png", session=True)["data"]))
+
+
 @pytest.mark.skipif(not Path(CHROMIUM).is_file(),
                     reason=f"no headless browser at {CHROMIUM} (Debian: apt-get install chromium)")
 def test_the_mlflow_ui_compares_the_sweeps_arms(exported_sweep, cli, tmp_path):
@@ -212,12 +292,22 @@ def test_the_mlflow_ui_compares_the_sweeps_arms(exported_sweep, cli, tmp_path):
     ids = json.dumps([r.info.run_id for r in arms])
     url = (f"{uri}/#/compare-runs?runs={urllib.parse.quote(ids)}"
            f"&experiments={urllib.parse.quote(json.dumps([exp.experiment_id]))}")
-    shot, profile = tmp_path / "shot.png", tmp_path / "chromium-profile"
-    p = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                        "--disable-component-update", "--no-first-run", f"--user-data-dir={profile}",
-                        "--window-size=1600,1100", "--virtual-time-budget=20000", f"--screenshot={shot}", url],
-                       capture_output=True, text=True, timeout=300, env=dict(os.environ, TMPDIR=str(tmp_path)))
-    assert shot.is_file(), p.stderr[-2000:]
+    shot = tmp_path / "shot.png"
+    with _Chromium(tmp_path) as page:
+        page.open(url + "&workflowType=machine_learning")  # MLflow 3's training-runs view, not the GenAI one
+        page.wait("document.body && document.body.innerText.includes('Comparing 4 Runs')")
+        # MLflow opens its assistant's panel on a first visit (a quarter of the page): closed, as a user would
+        page.run("localStorage.setItem('mlflow.assistant.fab.autoOpenedOnFirstLoad_v1', 'true');"
+                 "localStorage.setItem('mlflow.assistant.panelOpen_v1', 'false')")
+        page.open(url + "&workflowType=machine_learning", reload=True)
+        page.wait("document.body && document.body.innerText.includes('Comparing 4 Runs') && "
+                  "document.querySelector('.js-plotly-plot svg') !== null")
+        time.sleep(2)  # the plot's lines are drawn after its frame
+        text = page.run("document.body.innerText")
+        page.screenshot(shot)
+    for name in ("control seed 0", "control seed 1", "variant-1 seed 0", "variant-1 seed 1"):
+        assert name in text, name
+    assert "Ask a question" not in text  # the assistant's panel is closed
     img = Image.open(shot).convert("RGB")
     colours = img.getcolors(maxcolors=1 << 20)
     assert colours is not None and len(colours) > 200, "the screenshot is blank"
@@ -226,3 +316,36 @@ def test_the_mlflow_ui_compares_the_sweeps_arms(exported_sweep, cli, tmp_path):
     assert coloured > 2000, coloured
     if SHOTS:
         shutil.copyfile(shot, Path(SHOTS) / "mlflow-sweep-compare.png")
+
+
+def test_the_same_sweep_in_wandb_is_a_group(exported_sweep, cli, monkeypatch):
+    """W&B's idiom for the same sweep: four offline runs in the sweep's group (read back with W&B's own record
+    classes), the diverged ones failed, their config and history; the plan a run of the group holding the
+    comparison table; exported again, nothing written twice."""
+    from wandb_records import read_records
+
+    from pilotrun.journal.store import Journal
+
+    _, home, sweep_id, _ = exported_sweep
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.setenv("WANDB_DIR", str(home.parent / "wandb-files"))
+    data = _export(cli, sweep_id, "--to", "wandb", "--home", home)
+    assert data["counts"] == {"sent": 4, "updated": 0, "unchanged": 0}
+    root = home.parent / "wandb-files" / "wandb"
+    runs = {r["run_id"]: r for r in Journal(home).list_runs(sweep_id=sweep_id)}
+    for run_id, jr in runs.items():
+        (folder,) = root.glob(f"offline-run-*-{run_id}")
+        recs = read_records(folder / f"run-{run_id}.wandb")
+        run = recs["run"][0]
+        assert (run.run_group, run.job_type, run.project) == (sweep_id, "sweep", "tracker-sweep")
+        assert recs["exit"][-1].exit_code == (1 if jr["status"] == "diverged" else 0)
+        losses = [float(i.value_json) for h in recs["history"] for i in h.item
+                  if (i.nested_key[0] if i.nested_key else i.key) == "train/loss"]
+        mine = [m["value"] for m in Journal(home).metrics(run_id, "train", "loss")]
+        assert [None if math.isnan(v) else v for v in losses] == mine
+    (plan,) = root.glob(f"offline-run-*-{sweep_id}")
+    recs = read_records(plan / f"run-{sweep_id}.wandb")
+    assert recs["run"][0].run_group == sweep_id and recs["run"][0].job_type == "sweep-plan"
+    assert any("comparison" in (i.nested_key[0] if i.nested_key else i.key) for h in recs["history"] for i in h.item)
+    again = _export(cli, sweep_id, "--to", "wandb", "--home", home)
+    assert again["counts"]["unchanged"] == 4 and len(list(root.glob("offline-run-*"))) == 5

@@ -5,6 +5,8 @@ A check that gives a failing verdict is not an exception: stages return verdicts
 
 from __future__ import annotations
 
+import errno
+
 from pilotrun.console.safe import escape_controls
 
 EXIT_OK = 0
@@ -15,6 +17,8 @@ EXIT_INTERNAL = 3
 
 class BadInput(Exception):
     """The user's input is wrong: the message names the file, line or key and the fix (exit 2)."""
+
+    said = "bad input"  # how a stage it ends says it (console/progress.stopped_by)
 
     def __init__(self, message: str, *, where: str | None = None, fix: str | None = None):
         where, message, fix = (escape_controls(t) if isinstance(t, str) else t for t in (where, message, fix))
@@ -42,7 +46,41 @@ class DiskFull(BadInput):
     """No space left while writing: exit 2 like bad input (the fix is the user's), and a run it cuts short
     ends "interrupted", not "failed"."""
 
+    said = "disk full"
+
     def __init__(self, path, *, fix: str | None = None):
         self.path = str(path)
         super().__init__(f"no space left on device while writing {path}", where=str(path),
                          fix=fix or "free space on that disk (or pass --home on another), then run the verb again")
+
+
+_OS_REASONS = {
+    errno.ENAMETOOLONG: ("a name in the path is longer than the file system allows (255 bytes per name, 4096 for the "
+                         "whole path)", "use a shorter path (--home, --out, or the folder's or file's name)"),
+    errno.EROFS: ("is on a read-only file system", "write it on a writable disk (--out, or --home)"),
+    errno.EACCES: ("permission denied", "fix the permissions of the folder (`ls -ld`), or write elsewhere (--out, "
+                                        "or --home)"),
+    errno.EPERM: ("operation not permitted", "fix the permissions of the folder (`ls -ld`), or write elsewhere"),
+    errno.ELOOP: ("a symlink in the path loops", "point the path at the real folder or file"),
+    errno.ENOTDIR: ("a part of the path is a file, not a folder", "point the path below a folder"),
+}
+
+
+def from_os_error(exc: BaseException, path=None) -> BadInput | None:
+    """The one mapping of the operating system's refusals to bad input (exit 2, naming the file and the fix): no
+    space (ENOSPC, EDQUOT: :class:`DiskFull`), a name too long, a read-only file system, no permission, a symlink
+    loop, a file where a folder must be. ``exc`` or an error it was raised from or during; ``path`` names what was
+    being written when the error names nothing. None for anything else (a bug is exit 3)."""
+    seen = 0
+    while exc is not None and seen < 8:
+        if isinstance(exc, OSError) and exc.errno is not None:
+            where = exc.filename if exc.filename is not None else path
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                return DiskFull(where if where is not None else "(the disk being written)")
+            if exc.errno in _OS_REASONS:
+                reason, fix = _OS_REASONS[exc.errno]
+                return BadInput(f"cannot be written or opened: {reason} ({exc.strerror})",
+                                where=str(where) if where is not None else None, fix=fix)
+            return None
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return None

@@ -95,7 +95,7 @@ def grace_s() -> float:
 
 def install() -> None:
     """Route SIGINT, SIGTERM and SIGHUP to :class:`Preempted` (the main thread of the console script only)."""
-    global _pending, _ending, _installed, _fenced
+    global _pending, _ending, _installed, _fenced, _received
     if threading.current_thread() is not threading.main_thread():
         return
     _pending, _ending, _fenced, _received = None, False, None, None
@@ -182,6 +182,15 @@ def interruption(exc: BaseException) -> KeyboardInterrupt | None:
         return Preempted(signal.SIGTERM, "a peer rank of the run ended while this rank waited for it in a collective "
                                          f"(preempted or killed): {said}")
     return None
+
+
+def unless_stopping(exc: BaseException) -> None:
+    """For an ``except Exception`` that turns an error into a verdict, a fallback or a named gap: raise the
+    interruption instead when ``exc`` is part of one (``interruption``: after a signal, a peer rank lost), so a
+    stop never becomes a finding ("does not fit", "could not be estimated")."""
+    stopped = interruption(exc)
+    if stopped is not None:
+        raise stopped from exc
 
 
 def raise_now(signum: int):

@@ -57,7 +57,7 @@ FIELD_CASES = [
      "message 1 of field 'messages' has a role or content that is a list, not text", "chat.jsonl:8"),
     ("chat-role-is-an-object", lambda tmp_path, path: _chat(tmp_path, path, [
         {"role": {"r": 1}, "content": "q"}, {"role": "assistant", "content": "a"}]),
-     "message 0 of field 'messages' has a role or content that is a dict", "chat.jsonl:8"),
+     "message 0 of field 'messages' has a role or content that is an object, not text", "chat.jsonl:8"),
     ("data-symlink-loop", lambda tmp_path, path: (
         (tmp_path / "data" / "train.jsonl").unlink(),
         (tmp_path / "data" / "train.jsonl").symlink_to(tmp_path / "data" / "loop.jsonl"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pilotrun.campaign.arithmetic import batch_arithmetic
 from pilotrun.campaign.schema import PreferenceConfig
 from pilotrun.errors import BadInput, BadInputs
-from pilotrun.records.readers import read_records
+from pilotrun.records.readers import not_text, read_records
 from pilotrun.tasks.common import SPLITS, template_fields
 from pilotrun.tasks.hub import snapshot_of
 from pilotrun.tasks.loading import check_model_dir, check_positions
@@ -172,7 +172,7 @@ def check_records(c) -> dict[str, int]:
         if path is None:
             continue
         try:
-            records = read_records(path)
+            records = read_records(path, f"data.{split}")
         except BadInput as e:
             problems.append(e)
             continue
@@ -186,6 +186,10 @@ def check_records(c) -> dict[str, int]:
                     f"fields present: {present}", where=missing[0].where,
                     fix=f"set {key} to an existing field, or add '{f}' to every record"))
                 continue
+            bad = _not_readable(records, f, key)
+            if bad:
+                problems.append(BadInput(bad[0], where=bad[1], fix=bad[2]))
+                continue
             if key in ("data.response", "data.text", "data.chosen", "data.rejected"):
                 empty = [r for r in records if not str(r.fields[f] if r.fields[f] is not None else "").strip()]
                 if empty:
@@ -195,6 +199,40 @@ def check_records(c) -> dict[str, int]:
     if problems:
         raise BadInputs(problems) if len(problems) > 1 else problems[0]
     return counts
+
+
+def _not_readable(records, f: str, key: str) -> tuple[str, str, str] | None:
+    """(message, where, fix) for the first record whose field ``f`` the task cannot read as what ``key`` names, the
+    records counted: a text or label that is a list, an object, NaN or an infinity (it would train "nan" or a repr,
+    or fail at train); a conversation (data.messages, or a preference answer given as turns) that is no list of
+    {role, content} with text in them."""
+    from pilotrun.tasks.chat import messages_of
+
+    if key in ("data.group_by", "data.period_by"):
+        return None  # any value is a group's name
+
+    def why(r) -> str | None:
+        value = r.fields[f]
+        turns = key == "data.messages" or (key in ("data.chosen", "data.rejected") and isinstance(value, (list, dict)))
+        if not turns:
+            return not_text(value)
+        try:
+            messages_of(r, value if not isinstance(value, dict) else [value], f, need_assistant=key != "data.messages")
+        except BadInput as e:
+            return e.detail
+        return None
+
+    bad = [(r, w) for r in records if (w := why(r)) is not None]
+    if not bad:
+        return None
+    (r, w), n = bad[0], f"{len(bad)} of {len(records)} records"
+    if key == "data.messages" or w.startswith(("field", "message", "conversation")):
+        return (f"field '{f}' (named by {key}) is no conversation the task can read in {n}: {w}", r.where,
+                "give each record a list of {role, content} with text in them: fix or drop those records")
+    what = "a label" if key == "data.label" else "text"
+    return (f"field '{f}' (named by {key}) is {w}, not {what}, in {n}", r.where,
+            f"give '{f}' {'a label' if what == 'a label' else 'a string'} in every record (a number is read as text; "
+            "NaN, lists and objects are not): fix or drop those records")
 
 
 def check_consistency(c, base_dir=None) -> None:

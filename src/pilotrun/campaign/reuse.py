@@ -1,13 +1,17 @@
 """What a stage reuses from an earlier one instead of doing it again, never served stale.
 
-- ``identity(loaded)``: the campaign's config hash and the identity of every file it names (path, size,
-  mtime_ns, and the content's sha256 for files under ``HASHED_BELOW`` bytes; a folder: its files' identities).
+- ``identity(loaded)``: the campaign's config hash and the identity of every file it names: its path, size and
+  the sha256 of its content, whatever its size (a folder: its files' identities). A file replaced by one of the
+  same size and mtime (a restore, ``rsync -t``, a regenerated file) is another identity; the hash is read once
+  per process for a file whose inode, size, mtime and ctime are unchanged (a replacement changes its ctime).
 - In one process (``all``): the encoded splits (``encoded``, what ``campaign/prepare.prepare`` builds) and a
   model as its first build left it (``keep_pristine``: a deep copy, never a model a stage trained), keyed by it.
   A changed file has another identity, so it is read again; ``COUNTS`` says what was served and built.
 - Across processes (the sheet after a pilot or an earlier sheet): the estimator's traces, kept in the journal's
   home (``traces/``) under the identity, pilotrun's version and its own files' digest (``package_digest``), and
-  what was traced (device, depth, steps only). ``keeping_traces(home)`` turns that on for a block.
+  what was traced (device, depth, steps only). ``keeping_traces(home)`` turns that on for a block. A kept entry
+  holds the sha256 of its own body: one that is damaged, truncated or edited (a trace reduced to its key) is a
+  miss, traced again, never a figure.
 """
 
 from __future__ import annotations
@@ -25,9 +29,9 @@ import pilotrun
 from pilotrun import __version__
 from pilotrun.console.progress import spending
 from pilotrun.journal.files import atomic_write_bytes
+from pilotrun.provenance import file_sha256
 from pilotrun.tasks.loading import shape_only
 
-HASHED_BELOW = 4 * 2**20  # a file this small is hashed too (a same-size edit within one mtime tick is caught)
 MAX_ENTRIES = 8  # encoded campaigns (and pristine models) kept in one process
 COUNTS = {"encoded_hits": 0, "encoded_builds": 0, "pristine_hits": 0, "pristine_builds": 0, "trace_hits": 0,
           "trace_builds": 0}
@@ -36,14 +40,20 @@ _SHARING: contextvars.ContextVar[bool] = contextvars.ContextVar("pilotrun_sharin
 _ENCODED: dict[str, Any] = {}
 _PRISTINE: dict[str, Any] = {}
 _TRACES: contextvars.ContextVar[Path | None] = contextvars.ContextVar("pilotrun_traces", default=None)
+_DIGESTS: dict[tuple, str] = {}  # (path, dev, ino, size, mtime_ns, ctime_ns) -> sha256, this process's reads
 
 
 def _file_id(path: Path) -> list:
+    """A file's identity by content: its path, size and sha256 (the hash memoised in this process while the file's
+    inode, size, mtime and ctime stand: ctime moves with every write or replacement, whatever mtime says)."""
     st = path.stat()
-    digest = None
-    if st.st_size < HASHED_BELOW:
-        digest = hashlib.sha256(path.read_bytes()).hexdigest()
-    return [str(path), st.st_size, st.st_mtime_ns, digest]
+    memo = (str(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    digest = _DIGESTS.get(memo)
+    if digest is None:
+        digest = _DIGESTS[memo] = file_sha256(path)
+        while len(_DIGESTS) > 4096:
+            _DIGESTS.pop(next(iter(_DIGESTS)))
+    return [str(path), st.st_size, digest]
 
 
 def files_of(value: Any, base: Path | None) -> list[list]:
@@ -217,17 +227,25 @@ def trace_key(loaded, what: dict) -> str | None:
 
 
 def stored_trace(key: str | None) -> dict | None:
+    """The trace kept under ``key``, or None (a miss: traced again) when there is none or it cannot be trusted
+    whole: not gzip, not JSON, another key, or a body whose sha256 is not the one written beside it (truncated,
+    edited behind pilotrun's back, reduced to its key)."""
     folder = _TRACES.get()
     if key is None or folder is None:
         return None
     try:
-        data = json.loads(gzip.decompress((folder / f"{key}.json.gz").read_bytes()))
-    except (OSError, ValueError, EOFError):  # none yet, or damaged: traced again
+        head, _, body = gzip.decompress((folder / f"{key}.json.gz").read_bytes()).partition(b"\n")
+        header = json.loads(head)
+        if (not isinstance(header, dict) or header.get("key") != key
+                or header.get("sha256") != hashlib.sha256(body).hexdigest()):
+            return None
+        trace = json.loads(body)
+    except Exception:  # noqa: BLE001 - none yet, or damaged in any way: a miss, traced again
         return None
-    if data.get("key") != key:
+    if not isinstance(trace, dict):
         return None
     COUNTS["trace_hits"] += 1
-    return data["trace"]
+    return trace
 
 
 def store_trace(key: str | None, trace: dict) -> None:
@@ -236,10 +254,11 @@ def store_trace(key: str | None, trace: dict) -> None:
     if key is None or folder is None:
         return
 
+    body = json.dumps(trace).encode()
+    head = json.dumps({"key": key, "sha256": hashlib.sha256(body).hexdigest()}).encode()
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(folder / f"{key}.json.gz",
-                           gzip.compress(json.dumps({"key": key, "trace": trace}).encode(), compresslevel=3))
+        atomic_write_bytes(folder / f"{key}.json.gz", gzip.compress(head + b"\n" + body, compresslevel=3))
     except OSError:  # a read-only or full home: the trace is only not kept
         pass
 
@@ -250,7 +269,7 @@ def kept_result(loaded, what: dict, compute):
     ``trace_key(loaded, what)``, else computed and kept; the same value either way (a JSON round trip)."""
     key = trace_key(loaded, dict(what, result=True))
     stored = stored_trace(key)
-    if stored is not None:
+    if stored is not None and "value" in stored:
         return stored["value"]
     value = json.loads(json.dumps(compute()))  # as a later read gives it back (lists, string keys)
     if key is not None:

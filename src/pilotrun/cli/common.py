@@ -146,13 +146,14 @@ def emit(results, as_json: bool, *, rendered: bool = False, notes: list[str] | N
     return code
 
 
-def emit_data(data, as_json: bool, render, summary: str = "") -> int:
-    """For journal verbs: the envelope with ``data`` (and a human rendering on stderr), or the rendering."""
+def emit_data(data, as_json: bool, render, summary: str = "", verdict: str = "ok") -> int:
+    """For journal verbs: the envelope with ``data`` (and a human rendering on stderr), or the rendering; ``verdict``
+    "warn" for a verb that did its work and has something to say about it (exit 0)."""
     from pilotrun.cli.envelope import envelope, write
 
     render(console(as_json), safe(data))  # notes, run names ... printed with control characters escaped
     if as_json:
-        write(envelope(exit_code=EXIT_OK, verb=_verb(), verdict="ok", summary=summary, data=data))
+        write(envelope(exit_code=EXIT_OK, verb=_verb(), verdict=verdict, summary=summary, data=data))
     return EXIT_OK
 
 
@@ -192,10 +193,27 @@ def tracking(loaded, home, track: str | None, campaign: str, *, campaign_run: bo
     hint = f"pilotrun export {campaign} --to {to}" + (f" --home {home}" if home_source() == "option" else "")
     live = LiveTracker(lambda: make_tracker(to, home, uri=uri, experiment=experiment), home, export_hint=hint,
                        final=final)
+    from pilotrun.integrations.trackers.live import DRAIN_S, DRAIN_STOPPED_S
+
+    drain = DRAIN_STOPPED_S  # an error or Ctrl-C: the journal has the runs; the user is not kept waiting
     try:
         with observing(live):
             yield live
+        drain = DRAIN_S
     finally:
-        lines = live.close()
-        for line in lines:
-            click.echo(("pilotrun: warning: " if live.failure or "had not finished" in line else "") + line, err=True)
+        for line in live.close(drain, say=lambda s: click.echo(f"pilotrun: {s}", err=True)):
+            click.echo(("pilotrun: warning: " if live.trouble else "") + line, err=True)
+
+
+def fresh_processes_ready() -> None:
+    """A verb whose checks start fresh processes (resume, verify, all), run as the console script: the zygote
+    that forks them starts now, importing torch and transformers while the verb goes on (engine/fresh.py).
+    Called in a process pilotrun did not start (a test calling ``run``), under torchrun, or with
+    ``PILOTRUN_FRESH=cold``, nothing starts: the checks start cold interpreters, as whenever no zygote runs."""
+    from pilotrun import startup
+    from pilotrun.engine import fresh
+    from pilotrun.engine.distributed import under_launcher
+
+    # under torchrun each rank's fresh process is a rank of a new world, started cold (resume_ranks.run_joined)
+    if startup.seconds() is not None and os.environ.get(fresh.COLD_ENV) != "cold" and not under_launcher():
+        fresh.start()

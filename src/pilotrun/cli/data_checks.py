@@ -44,14 +44,17 @@ def leakage(campaign, near_threshold, sets, home, as_json):
 
 @cli.command()
 @click.argument("data", type=click.Path(dir_okay=False))
-@click.option("--by", "by", required=True, metavar="FIELD", help="the unit no split may share (conversation, patient ...)")
+@click.option("--by", "by", default=None, metavar="FIELD",
+              help="the unit no split may share (conversation, patient ...; a list field's whole value is one unit); "
+                   "left out: each record is its own unit, exact copies kept together")
 @click.option("--period", default=None, metavar="FIELD", help="a time field: earliest periods go to train")
 @click.option("--ratios", default="0.8,0.1,0.1", show_default=True, help="train,validation[,test] shares, summing to 1")
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="folder for train/validation/test.jsonl")
 @click.option("--seed", type=int, default=0, show_default=True, help="seed of the unit order")
 @common_options(home=False)
 def split(data, by, period, ratios, out, seed, home, as_json):
-    """A deterministic split of DATA by unit (or by period) into OUT/{train,validation,test}.jsonl."""
+    """A deterministic split of DATA by unit (or by period; without --by, by record) into
+    OUT/{train,validation,test}.jsonl."""
     from pilotrun.data.split import parse_ratios, split_file
 
     return emit(split_file(data, by, parse_ratios(ratios), out, seed=seed, period=period), as_json)

@@ -19,14 +19,14 @@ def _journal(home):
 @click.option("--kind", default=None, help="only runs of this kind (train, pilot, overfit, sweep ...)")
 @common_options
 def runs(kind, home, as_json):
-    """Every run in the journal, oldest first, with its status."""
+    """Every run in the journal, newest first (as the report lists them), with its status."""
     from pilotrun.journal.runs import run_table_rows
     from pilotrun.report.terminal import render_runs
 
     j = _journal(home)
-    data = run_table_rows(j, j.list_runs(kind=kind))
+    data = run_table_rows(j, j.list_runs(kind=kind))[::-1]  # newest first, the one order of runs and the report
     return emit_data({"runs": data}, as_json, lambda con, d: render_runs(con, d["runs"]),
-                     summary=f"{len(data)} runs" + (f" of kind {kind}" if kind else ""))
+                     summary=f"{len(data)} runs" + (f" of kind {kind}" if kind else "") + ", newest first")
 
 
 @cli.command()

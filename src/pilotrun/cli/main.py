@@ -13,7 +13,7 @@ import click
 
 from pilotrun import __version__, signals, startup
 from pilotrun.cli.common import home_source
-from pilotrun.errors import EXIT_BAD_INPUT, EXIT_INTERNAL, BadInput
+from pilotrun.errors import EXIT_BAD_INPUT, EXIT_INTERNAL, BadInput, from_os_error
 from pilotrun.signals import exit_code_of, interruption
 # The verbs' work is imported inside each command: `pilotrun --help` imports this module (lazy on purpose).
 
@@ -117,8 +117,14 @@ def run(argv: list[str] | None = None) -> int:
         code, error = _interrupted(e)
     except Exception as e:  # anything else is our bug, not the user's input
         stopped = interruption(e)  # unless it is part of a stop: after a signal, or a peer rank lost
+        refused = from_os_error(e)  # or the system's refusal of a path: no space, a name too long, read-only ...
         if stopped is not None:
             code, error = _interrupted(stopped)
+        elif refused is not None:
+            click.echo(f"pilotrun: error: {refused}", err=True)
+            from pilotrun.cli.envelope import error_info
+
+            code, error = EXIT_BAD_INPUT, error_info(refused, "bad_input")
         else:
             code, path = _internal_error(e)
             error = {"kind": "internal", "message": f"{type(e).__name__}: {e}", "traceback": path}
@@ -184,7 +190,11 @@ def main() -> None:
     if "torch.distributed" in sys.modules:  # one rank of a torchrun launch: see exit_rank
         from pilotrun.engine.distributed import exit_rank, is_initialized
 
-        if is_initialized():
+        try:
+            ranked = is_initialized()
+        except Exception:  # noqa: BLE001 - torch's import was cut short (a signal mid-import): no process group
+            ranked = False
+        if ranked:
             exit_rank(code)
     # The work is done and written: the interpreter's collections at exit need not walk every object left
     # (~10⁶ once torch and transformers are imported: ~0.5 s of CPU on 2 cores). Freed by reference count

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import click
 
-from pilotrun.cli.common import campaign_argument, common_options, emit, emit_data, home_for, load, set_option
+from pilotrun.cli.common import (campaign_argument, common_options, emit, emit_data, fresh_processes_ready, home_for,
+                                 load, set_option)
 from pilotrun.cli.main import cli
 from pilotrun.console.progress import stage_progress
 # The verbs' work is imported inside each command: `pilotrun --help` imports this module (lazy on purpose).
@@ -38,6 +39,7 @@ def overfit(campaign, examples, max_updates, sets, home, as_json):
 @common_options
 def resume(campaign, at, sets, home, as_json):
     """Stop at update K, resume in a fresh process, compare with an uninterrupted run of 2K updates."""
+    fresh_processes_ready()  # before the campaign is loaded: nothing of the run in the zygote
     from pilotrun.rehearsal.mechanics.resume import resume as run_resume
 
     loaded = load(campaign, sets)
@@ -51,6 +53,7 @@ def resume(campaign, at, sets, home, as_json):
 @common_options
 def verify(run_id, home, as_json):
     """Reload a run's artifact in a fresh process (hashes checked first) and reproduce its control predictions."""
+    fresh_processes_ready()
     from pilotrun.rehearsal.mechanics.verify import verify as run_verify
 
     with stage_progress("verify"):
@@ -69,7 +72,12 @@ def archive(run_id, out, home, as_json):
 
     data = pack(Journal(home_for(home), create=False), run_id, out)
     said = f"run {data['run_id']}: {len(data['files'])} files packed into {data['path']} ({data['bytes']} bytes)"
-    return emit_data(data, as_json, lambda con, d: con.print(said, markup=False), summary=said)
+    if data["problems"]:  # packed as they are (a backup keeps what there is), said as verify says it
+        said += (f"; WARN: {len(data['problems'])} file(s) no longer match the run's manifest, so `pilotrun verify` "
+                 "refuses this archive's run: " + "; ".join(data["problems"][:5]) + ("; …" if len(data["problems"]) > 5
+                                                                                     else ""))
+    return emit_data(data, as_json, lambda con, d: con.print(said, markup=False), summary=said,
+                     verdict="warn" if data["problems"] else "ok")
 
 
 @cli.command(name="_resume-worker", hidden=True)

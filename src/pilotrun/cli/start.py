@@ -6,8 +6,8 @@ from pathlib import Path
 
 import click
 
-from pilotrun.cli.common import (campaign_argument, common_options, emit, home_for, live_renderer, load, set_option,
-                                 track_option, tracking)
+from pilotrun.cli.common import (campaign_argument, common_options, emit, fresh_processes_ready, home_for, live_renderer,
+                                 load, set_option, track_option, tracking)
 from pilotrun.cli.main import cli
 from pilotrun.console.progress import stage_progress
 from pilotrun.errors import BadInput
@@ -155,6 +155,7 @@ def train(campaign, sets, seed, supersedes, track, home, as_json):
 @common_options
 def all_(campaign, sets, quick, examples, max_updates, at, train_updates, track, home, as_json):
     """The full rehearsal, every stage in order, with one summary table (each stage's time, the budgets used)."""
+    fresh_processes_ready()  # before the campaign is loaded: nothing of the run in the zygote
     loaded, home = load(campaign, sets), home_for(home, campaign)
     with tracking(loaded, home, track, campaign, campaign_run=True):
         return _run_all(loaded, home, as_json, _budgets(quick, examples, max_updates, at, train_updates))

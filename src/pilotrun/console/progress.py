@@ -5,14 +5,15 @@
         note("update 6/12, loss 0.41", done=6, total=12)   # from anywhere in the process (the loop does)
         say("run 1/3 → 2026… completed")              # a line that stays, above the live line
 
-On a terminal one live line (wrapped at the terminal's width): a bar, the verb, the part, what it is doing
+On a terminal one live line (one row: its middle shortened to the terminal's width): a bar, the verb, the part, what it is doing
 with its counts, the elapsed time and, where counts allow, the time left. The bar follows the part's count
 when it has one (the sweep's runs, fit's probes), else the inner one (updates, phases). When stderr is not
 a terminal (a log, CI, a pipe) the same text as a plain line: at the start, at once at each new part,
 phase or finished count (``log=True``; a child's within the 0.25 s poll), and at least every
 ``PILOTRUN_HEARTBEAT_S`` seconds (default 30). When the block ends, on a terminal and in a log alike, one
 line says how it ended and how long it took: ``pilotrun all 4/9 overfit: ended fail (12 s)`` (the caller
-sets ``cur["outcome"]`` on the object the block yields; an exception ends it ``stopped``).
+sets ``cur["outcome"]`` on the object the block yields; an exception ends it ``stopped`` or ``interrupted``,
+said in words: ``stopped_by``).
 
 A process the stage starts (the resume and verify workers, the pilot's ranks) reports into it: the stage
 sets ``PILOTRUN_PROGRESS_FILE`` for its children, whose ``note``/``head`` (no stage of their own) write
@@ -248,14 +249,59 @@ def text(cur: dict) -> str:
     return f"pilotrun {cur['label']}{': ' + what if what else ''} ({_fmt(now - cur['t0'])}{left})"
 
 
+def stopped_by(exc: BaseException) -> str:
+    """How an exception ended a stage, in the user's words (never the class name: issue 43 saw
+    ``ended stopped (Preempted)`` after a Ctrl-C): ``interrupted (Ctrl-C)``, ``interrupted (SIGTERM)``,
+    ``stopped (bad input)``, ``stopped (disk full)``, ``stopped (internal error)``. The errors a user can see
+    say their own word (``said``: errors.BadInput's kinds); a signal's stop names its signal (``signals.Preempted``)."""
+    if isinstance(exc, KeyboardInterrupt):
+        name = getattr(exc, "name", None)  # signals.Preempted: the signal's
+        if name == "SIGINT" or type(exc) is KeyboardInterrupt:
+            return "interrupted (Ctrl-C)"
+        return f"interrupted ({name})" if name else "interrupted"
+    if isinstance(exc, SystemExit):
+        return "stopped"
+    return f"stopped ({getattr(exc, 'said', None) or 'internal error'})"
+
+
 def ended(cur: dict) -> str:
     """The stage's last line: how it ended and how long it took."""
     outcome = cur.get("outcome")
     return f"pilotrun {cur['label']}: ended{' ' + outcome if outcome else ''} ({_fmt(time.monotonic() - cur['t0'])})"
 
 
+def fit(line: str, width: int, keep: int = 14) -> str:
+    """``line`` in at most ``width`` columns on one row — a live line that wraps leaves its fragments on the screen
+    when it shrinks or another process writes (issue 43, at 80 columns). Shortened with "…" from the outside in:
+    the outer parts (``run 1/2: control seed 0``) to ``keep`` columns first, so the innermost counts (the update,
+    the loss) and the time in brackets stay; the whole line goes to a log."""
+    if len(line) <= width:
+        return line
+    cut = line.rfind(" (")
+    tail = line[cut:] if cut > 0 else ""
+    body = line[:cut] if tail else line
+    label, sep, rest = body.partition(": ")
+    parts = rest.split(" — ") if sep else [body]
+    head = label + sep if sep else ""
+    for i in range(len(parts) - 1):  # the outer parts, outermost first
+        over = len(head) + len(" — ".join(parts)) + len(tail) - width
+        if over <= 0:
+            break
+        if len(parts[i]) > keep:
+            parts[i] = parts[i][:max(keep - 1, len(parts[i]) - over - 1)].rstrip() + "…"
+    text = head + " — ".join(parts)
+    room = width - len(tail)
+    if len(text) > room:
+        if room < len(head) + keep:  # too narrow to keep the time: the text first
+            tail, room = "", width
+        text = text[:max(room - 1, 0)].rstrip() + "…"
+    return text + tail
+
+
 class _Line:
-    """The live renderable: a bar (pulsing without a count) and the text, wrapped at the terminal's width."""
+    """The live renderable: a bar (pulsing without a count) and the text, on one row of the terminal's width:
+    the bar only where the whole text fits beside it, else the text alone, shortened to fit (``fit``), never
+    wrapped."""
 
     def __init__(self, cur: dict):
         self.cur = cur
@@ -263,16 +309,22 @@ class _Line:
     def __rich_console__(self, console, options):
         from rich.progress_bar import ProgressBar
         from rich.table import Table
+        from rich.text import Text
 
         _poll(self.cur)
         with self.cur["lock"]:
             _, counted = _counted(self.cur)
+        width = options.max_width
+        line = text(self.cur)
+        if width < 60 or len(line) > width - BAR_WIDTH - 1:  # the text before the bar when both do not fit
+            yield Text(fit(line, width), no_wrap=True, overflow="ellipsis")
+            return
         grid = Table.grid(padding=(0, 1))
         grid.add_column(width=BAR_WIDTH, no_wrap=True)
-        grid.add_column(ratio=1, overflow="fold")
+        grid.add_column(no_wrap=True, overflow="ellipsis")
         item = counted[1] if counted else {}
         bar = ProgressBar(total=item.get("total"), completed=item.get("done") or 0, width=BAR_WIDTH)
-        grid.add_row(bar, text(self.cur))
+        grid.add_row(bar, Text(line, no_wrap=True, overflow="ellipsis"))
         yield grid
 
 
@@ -327,7 +379,7 @@ def stage_progress(label: str, *, stream=None):
         try:
             yield cur
         except BaseException as e:
-            cur.setdefault("outcome", f"stopped ({type(e).__name__})")
+            cur.setdefault("outcome", stopped_by(e))
             raise
     finally:
         stop.set()
@@ -365,7 +417,31 @@ def _beat(cur: dict, stream, stop: threading.Event) -> None:
 _WRITE = threading.Lock()
 
 
+def log_width(stream) -> int | None:
+    """The width a log's lines are wrapped at: ``PILOTRUN_WIDTH``, else ``COLUMNS`` — as the verbs' own output
+    (cli/common.output_width) — and None (never wrapped) with neither set or on a terminal."""
+    if _is_tty(stream):
+        return None
+    for key in ("PILOTRUN_WIDTH", "COLUMNS"):
+        value = os.environ.get(key, "").strip()
+        if value.isdigit() and int(value) >= 40:
+            return int(value)
+    return None
+
+
+def wrapped(line: str, width: int | None) -> str:
+    """A log line at ``width``: its words under a 4-column hanging indent, so each progress line still starts
+    with ``pilotrun VERB`` (issue 43: 179 of `all`'s 280 lines were wider than the 80 columns the log was read at)."""
+    if width is None or len(line) <= width:
+        return line
+    import textwrap
+
+    return "\n".join(textwrap.wrap(line, width, subsequent_indent="    ", break_long_words=False,
+                                    break_on_hyphens=False))
+
+
 def _line(stream, line: str) -> None:
+    line = wrapped(line, log_width(stream))
     try:
         with _WRITE:
             stream.write(line + "\n")

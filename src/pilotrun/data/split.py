@@ -61,11 +61,19 @@ def _assign(sizes: list[int], ratios) -> list[int]:
     return out
 
 
-def split_records(records, by: str, ratios, seed: int = 0, period: str | None = None):
+def unit_of(record, by: str | None) -> str:
+    """The unit a record belongs to: the value of its field ``by`` (a list or an object is one value: two records
+    share a unit when their values are equal, as JSON), else the record itself (its fields, so exact copies
+    stay together in one split)."""
+    value = record.fields[by] if by else record.fields
+    return json.dumps(value, sort_keys=True, ensure_ascii=False) if not isinstance(value, str) else value
+
+
+def split_records(records, by: str | None, ratios, seed: int = 0, period: str | None = None):
     """{split: [records]} and the number of units whose records span more than one period block."""
     units: dict[str, list] = {}
     for r in records:
-        units.setdefault(str(r.fields[by]), []).append(r)
+        units.setdefault(unit_of(r, by), []).append(r)
     spanning = 0
     if period is None:
         order = sorted(units, key=lambda u: _rank(seed, u))
@@ -89,14 +97,16 @@ def split_records(records, by: str, ratios, seed: int = 0, period: str | None = 
                 spanning += 1
     out = {s: [] for s in SPLITS[: len(ratios)]}
     for r in records:  # keep the file's record order inside each split
-        out[SPLITS[where[str(r.fields[by])]]].append(r)
+        out[SPLITS[where[unit_of(r, by)]]].append(r)
     return out, spanning
 
 
-def split_file(data: str | Path, by: str, ratios, out: str | Path, seed: int = 0,
+def split_file(data: str | Path, by: str | None, ratios, out: str | Path, seed: int = 0,
                period: str | None = None) -> StageResult:
+    """``by`` None: each record is its own unit (records with no unit field; exact copies stay together)."""
     records = read_records(data)
-    _require(records, by, "--by", data)
+    if by:
+        _require(records, by, "--by", data)
     if period:
         _require(records, period, "--period", data)
     parts, spanning = split_records(records, by, ratios, seed, period)
@@ -109,22 +119,23 @@ def split_file(data: str | Path, by: str, ratios, out: str | Path, seed: int = 0
         written[split] = str(out / f"{split}.jsonl")
         atomic_write_text(out / f"{split}.jsonl", text)
     for split, rs in parts.items():
-        n_units = len({str(r.fields[by]) for r in rs})
+        n_units = len({unit_of(r, by) for r in rs})
         rows.append({"split": split, "records": len(rs), "units": n_units, "share": round(len(rs) / len(records), 4),
                      "file": written.get(split, "(empty: not written)")})
     empty = [s for s, rs in parts.items() if not rs]
     verdict = "ok"
     if empty:
         verdict = "warn"
-        messages.append(f"{', '.join(empty)} got no unit: too few units of '{by}'"
+        messages.append(f"{', '.join(empty)} got no unit: too few " + (f"units of '{by}'" if by else "records")
                         + (" or periods" if period else "") + " for these ratios")
     if spanning:
         verdict = "warn"
         messages.append(f"{spanning} units of '{by}' have records in periods of a later split; they stay whole in "
                         "the split of their first period, so `pilotrun leakage` will report the period overlap")
     messages.append("campaign keys: " + ", ".join(f"data.{s}: {p}" for s, p in written.items())
-                    + f", data.group_by: {by}" + (f", data.period_by: {period}" if period else ""))
-    summary = f"{len(records)} records of {data} split by {by}" + (f" and period {period}" if period else "") + \
+                    + (f", data.group_by: {by}" if by else "") + (f", data.period_by: {period}" if period else ""))
+    summary = f"{len(records)} records of {data} split by {by or 'record'}" + \
+        (f" and period {period}" if period else "") + \
         f" into {out}: " + ", ".join(f"{r['split']} {r['records']}" for r in rows)
     return StageResult("split", verdict, summary, messages,
                        {"files": written, "seed": seed, "ratios": list(ratios), "spanning_units": spanning},

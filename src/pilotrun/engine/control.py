@@ -41,6 +41,24 @@ def target_logits(task, model, batch) -> list | None:
     return [logits[i][target[i] != IGNORE].cpu() for i in range(logits.size(0))]
 
 
+def predictions_and_logits(task, model, batch, logits: bool = True) -> tuple[list, list | None]:
+    """The task's predictions on ``batch`` and (``logits``) its target logits. One forward pass where the
+    predictions are the argmax of those logits (the built-in causal-lm and seq-cls tasks' own ``predict``):
+    the second pass computed the same logits again (a SmolLM2 control batch: ~2 s of CPU each). Two passes
+    otherwise (preference pairs, custom tasks)."""
+    from pilotrun.tasks.causal_lm import CausalLMTask
+    from pilotrun.tasks.seq_cls import SeqClsTask
+
+    if not logits:
+        return task.predict(model, batch), None
+    if type(task).predict not in (CausalLMTask.predict, SeqClsTask.predict) or hasattr(task, "target_logprobs"):
+        return task.predict(model, batch), target_logits(task, model, batch)
+    per = target_logits(task, model, batch)
+    if task.kind == "seq-cls":
+        return [[int(lg.argmax(-1))] for lg in per], per
+    return [lg.argmax(-1).tolist() for lg in per], per
+
+
 def save_control(run_dir, rids: list[str], logits: list, meta: dict) -> Path:
     """The top-k logits and their ids per control example, with the rids and tokenizer facts as metadata."""
     from safetensors.torch import save_file
@@ -90,8 +108,7 @@ def control_predictions(prep: Prepared, model) -> tuple[list, list, object]:
     device = next(model.parameters()).device
     with torch.no_grad(), autocast(prep.c.train.precision, device.type):
         batch = to_device(prep.task.collate(control), device)
-        preds = prep.task.predict(model, batch)
-        logits = target_logits(prep.task, model, batch)
+        preds, logits = predictions_and_logits(prep.task, model, batch)
     return control, preds, logits
 
 

@@ -219,6 +219,7 @@ def launch(fn, nproc: int, args: tuple = ()) -> None:
     rank is then stopped (SIGTERM, SIGKILL after ``STOP_S``). Under a grace (``$PILOTRUN_TERM_GRACE_S``) a
     SIGTERM noted here is passed on to the ranks, which checkpoint after the same update and end 143.
     """
+    import contextlib
     import os
 
     import torch.multiprocessing as mp
@@ -241,6 +242,9 @@ def launch(fn, nproc: int, args: tuple = ()) -> None:
         signals.raise_now(signum)
     finally:
         stop_processes(ctx.processes)
+        for path in ctx.error_files:  # a rank that raised wrote its traceback there; torch leaves the file
+            with contextlib.suppress(OSError):
+                os.unlink(path)
 
 
 STOP_S = 10.0

@@ -20,8 +20,11 @@ from pathlib import Path, PurePosixPath
 
 from pilotrun.errors import BadInput
 from pilotrun.journal.checkpoints import reference, resolve
-from pilotrun.journal.files import remove_stale_temps, temp_path, writing
-from pilotrun.journal.runs import missing_run_folder, write_run_readme
+from pilotrun.journal.files import MANIFEST, remove_stale_temps, temp_path, verify_manifest, writing
+from pilotrun.journal.runs import missing_run_folder, still_alive, write_run_readme
+
+
+NAME_MAX = 255  # bytes of one name in a path (ext4, xfs, btrfs, tmpfs)
 
 
 def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
@@ -37,6 +40,11 @@ def pack(journal, run_id: str, out: str | Path) -> dict:
     run_dir = journal.run_dir(run_id)
     if not run_dir.is_dir():
         raise missing_run_folder(journal, run_id)
+    if run["status"] == "running":  # the journal reaps a lapsed lease at open: this one's process is alive
+        raise BadInput(f"run {run_id} is still running ({still_alive(run)}): its files are being written, so an "
+                       "archive now would be no consistent copy (a checkpoint half-saved, no manifest yet)",
+                       where=run_id, fix=f"archive it once it ends (`pilotrun show {run_id}` says its status), or "
+                                         "stop it (its interruption is recorded) and archive then")
     out = Path(out).resolve()
     if run_dir.resolve() in out.parents:
         raise BadInput(f"--out {out} is inside the run folder it packs", where="--out", fix="write it elsewhere")
@@ -54,6 +62,7 @@ def pack(journal, run_id: str, out: str | Path) -> dict:
                            fix="archive the run from a copy that still holds that checkpoint, or resume the run "
                                "from an earlier checkpoint")
     files = sorted(p for p in run_dir.rglob("*") if p.is_file() and ".tmp-" not in p.name)
+    differs = manifest_problems(run_dir)
     extra = {"run.json": json.dumps(run, indent=2, sort_keys=True, default=str).encode(),
              "control_predictions.json": json.dumps(journal.predictions(run_id, "control"), indent=2).encode()}
     if not (run_dir / "README.md").is_file():
@@ -63,7 +72,7 @@ def pack(journal, run_id: str, out: str | Path) -> dict:
             write_run_readme(Path(tmp), run)
             extra["README.md"] = (Path(tmp) / "README.md").read_bytes()
     tmp = temp_path(out)
-    try:
+    with writing(out, tmp):  # a full disk, a read-only folder: exit 2 naming --out, the partial copy removed
         with tarfile.open(tmp, "w:gz") as tar:
             for p in files:
                 tar.add(p, arcname=f"{run_id}/{p.relative_to(run_dir).as_posix()}", recursive=False)
@@ -72,11 +81,19 @@ def pack(journal, run_id: str, out: str | Path) -> dict:
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, out)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
     names = [p.relative_to(run_dir).as_posix() for p in files] + sorted(extra)
-    return {"path": str(out), "run_id": run_id, "files": names, "bytes": out.stat().st_size}
+    return {"path": str(out), "run_id": run_id, "files": names, "bytes": out.stat().st_size, "problems": differs}
+
+
+def manifest_problems(run_dir: Path) -> list[str]:
+    """What differs from the manifests in the run folder (its own and each checkpoint's), as ``verify`` finds it:
+    a file changed since it was written (sha256), or missing. Packed as they are, said beside the archive."""
+    out = []
+    for m in sorted(run_dir.rglob(MANIFEST)):
+        if m.is_file():
+            under = m.parent.relative_to(run_dir).as_posix()
+            out += [p if p.startswith("/") or under == "." else f"{under}/{p}" for p in verify_manifest(m.parent)]
+    return list(dict.fromkeys(out))  # a checkpoint's file is listed in its own manifest and the run's
 
 
 def _check_member(m: tarfile.TarInfo) -> None:
@@ -96,6 +113,11 @@ def _check_member(m: tarfile.TarInfo) -> None:
                        fix="refused: only plain files and folders are unpacked")
     if not parts and m.isfile():
         raise BadInput(f"archive member '{name}' is a file without a name", where=name or "(empty name)",
+                       fix="refused: an archive written by pilotrun never has such a member")
+    long = next((p for p in parts if len(os.fsencode(p)) > NAME_MAX), None)
+    if long is not None:  # the file system would refuse it midway (ENAMETOOLONG): refused before anything is written
+        raise BadInput(f"archive member '{name[:120]}…' has a name of {len(os.fsencode(long))} bytes; file systems "
+                       f"take at most {NAME_MAX}", where=name[:120],
                        fix="refused: an archive written by pilotrun never has such a member")
 
 
@@ -171,8 +193,10 @@ def extract(archive: str | Path, target: str | Path) -> list[Path]:
                 written.append(PurePosixPath(m.name))
             for top in sorted({PurePosixPath(m.name).parts[0] for m in members}):
                 final = target / top
-                if final.exists():
-                    raise BadInput(f"{final} already exists", where=str(final), fix="extract into an empty folder")
+                if final.exists() or final.is_symlink():  # a link, dangling or not, is no place to restore a run
+                    what = f"a symlink (to {os.readlink(final)})" if final.is_symlink() else "there"
+                    raise BadInput(f"{final} already exists: {what}", where=str(final),
+                                   fix="extract into an empty folder, or remove it first")
                 os.replace(staging / top, final)
         finally:
             shutil.rmtree(staging, ignore_errors=True)

@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 from typing import Any, Callable, Iterator, TypeVar
 
-from pilotrun.errors import BadInput, DiskFull
+from pilotrun.errors import BadInput, DiskFull, from_os_error
 
 from pilotrun.provenance import file_sha256
 from pilotrun.scratch import host_tag, pid_alive
@@ -95,6 +95,9 @@ def writing(final: str | Path, tmp: str | Path | None = None) -> Iterator[None]:
             raise BadInput(f"cannot write {final}: {e.strerror}", where=str(final),
                            fix="write it on a writable disk (--out, or --home), or fix the folder's permissions"
                            ) from None
+        refused = from_os_error(e, final) if isinstance(e, OSError) else None  # a name too long, a loop ...
+        if refused is not None:
+            raise refused from None
         raise
 
 

@@ -19,7 +19,7 @@ from pilotrun.errors import BadInput, DiskFull
 from pilotrun.journal.files import atomic_write_json, atomic_write_text, dump_yaml, write_manifest
 from pilotrun.journal.files import is_disk_full as disk_full
 from pilotrun.journal.observers import tell
-from pilotrun.journal.store import Journal, Lease, check_fence
+from pilotrun.journal.store import Journal, Lease, check_fence, iso, last_heartbeat, wall_time
 from pilotrun.provenance import (command_line, config_sha256, file_sha256, git_revision, package_versions,
                                  plain_config)
 from pilotrun.signals import interruption
@@ -67,7 +67,9 @@ def ending(exc: BaseException) -> tuple[str, dict]:
     stopped = interruption(exc)
     if stopped is not None:
         return "interrupted", {"reason": getattr(stopped, "reason", INTERRUPTED)}
-    return "failed", {"reason": f"{type(exc).__name__}: {exc}"}
+    if isinstance(exc, BadInput):  # the user's to fix: the message names it (no class name in what they read)
+        return "failed", {"reason": f"bad input: {exc}"}
+    return "failed", {"reason": f"{type(exc).__name__}: {exc}"}  # a bug: the exception, as it reads in a report
 
 
 def end_run(journal: Journal, run_id: str, exc: BaseException) -> None:
@@ -97,11 +99,12 @@ NOT_MEASURED = ("name", "plan", "hardware", "imported", "seed", "train.updates",
 IDENTITY = ("task", "model.path", "model.config")  # a pilot of another model or task is never the nearest
 
 
-def _flat(d: dict, prefix: str = "") -> dict:
-    out = {}
+def flat(d: dict, prefix: str = "") -> dict[str, object]:
+    """A (resolved) config's nested dicts as dotted keys (``train.lr``); lists and other values as they are."""
+    out: dict[str, object] = {}
     for k, v in d.items():
         if isinstance(v, dict) and v:
-            out.update(_flat(v, f"{prefix}{k}."))
+            out.update(flat(v, f"{prefix}{k}."))
         else:
             out[f"{prefix}{k}"] = v
     return out
@@ -114,7 +117,7 @@ def _free(key: str) -> bool:
 def measured_differences(config: dict, run: dict, hashes: dict | None = None) -> list[str]:
     """The keys whose values differ between the config ``config`` and what the pilot ``run`` measured: settings
     that change its measurements, and each data split by content (``hashes``: the sha256 of files read so far)."""
-    a, b = _flat(config), _flat(run.get("config") or {})
+    a, b = flat(config), flat(run.get("config") or {})
     keys = sorted(k for k in set(a) | set(b) if not _free(k) and a.get(k) != b.get(k))
     hashes = {} if hashes is None else hashes
     for split in SPLITS:
@@ -123,7 +126,7 @@ def measured_differences(config: dict, run: dict, hashes: dict | None = None) ->
             continue
         if cur is None or rec is None:
             keys.append(f"data.{split}")
-        elif cur != rec.get("path"):  # the same path is the same file (as the config hash treats it)
+        else:  # by content, the same path included: a file replaced since (a restore, rsync -t) is other data
             if cur not in hashes:
                 try:
                     hashes[cur] = file_sha256(cur)
@@ -132,6 +135,22 @@ def measured_differences(config: dict, run: dict, hashes: dict | None = None) ->
             if hashes[cur] != rec.get("sha256"):
                 keys.append(f"data.{split}")
     return keys
+
+
+def _said(keys: list[str], config: dict | None, run: dict, hashes: dict) -> str:
+    """The differences ``keys`` in words: a data file at the path the pilot read, whose content changed since,
+    named as such with both hashes."""
+    out = []
+    for k in keys:
+        split = k.removeprefix("data.")
+        cur, rec = ((config or {}).get("data") or {}).get(split), (run.get("data") or {}).get(split) or {}
+        if k.startswith("data.") and cur is not None and cur == rec.get("path"):
+            now = hashes.get(cur)
+            out.append(f"{k} (the file {cur} holds other data now: sha256 {str(rec.get('sha256'))[:12]} when the "
+                       f"pilot read it, {str(now)[:12] if now else 'unreadable'} now)")
+        else:
+            out.append(k)
+    return _keys(out)
 
 
 def find_pilot(journal, name: str, sha: str | None, config: dict | None = None) -> tuple[dict | None, str | None]:
@@ -143,17 +162,17 @@ def find_pilot(journal, name: str, sha: str | None, config: dict | None = None) 
     nearest pilot of the same task and model (fewest measured differences), said as another config's."""
     runs = [r for r in journal.list_runs(kind="pilot") if journal.phase_rows(r["run_id"])]
     mine = [r for r in runs if r["name"] == name]
-    same = [r for r in mine if r["config_sha256"] == sha]
-    if same:
-        return same[-1], None
     hashes: dict = {}
     diffs = {r["run_id"]: measured_differences(config, r, hashes) for r in runs} if config is not None else {}
+    same = [r for r in mine if r["config_sha256"] == sha and not diffs.get(r["run_id"])]  # its data by content too
+    if same:
+        return same[-1], None
     measured_same = [r for r in runs if config is not None and not diffs[r["run_id"]]]
     if measured_same:
         return measured_same[-1], None
     if mine:
         run = mine[-1]
-        what = (f"another setting of {_keys(diffs[run['run_id']])}" if diffs.get(run["run_id"]) else
+        what = (f"another setting of {_said(diffs[run['run_id']], config, run, hashes)}" if diffs.get(run["run_id"]) else
                 f"another version of the campaign (config sha256 {run['config_sha256'][:12]} vs {str(sha)[:12]})")
         return run, f"the latest pilot {run['run_id']} measured {what}; rerun `pilotrun pilot` for numbers of this version"
     if config is None:
@@ -163,12 +182,18 @@ def find_pilot(journal, name: str, sha: str | None, config: dict | None = None) 
         return None, None
     run = min(reversed(near), key=lambda r: len(diffs[r["run_id"]]))  # the latest among the nearest
     return run, (f"no pilot of campaign {name!r} measured this config; the nearest is pilot {run['run_id']} of campaign "
-                 f"{run['name']!r}, which measured another setting of {_keys(diffs[run['run_id']])}: its figures are "
+                 f"{run['name']!r}, which measured another setting of {_said(diffs[run['run_id']], config, run, hashes)}: its figures are "
                  "for that config; run `pilotrun pilot` for this one")
 
 
 def _keys(keys: list[str]) -> str:
     return ", ".join(keys[:5]) + (f" and {len(keys) - 5} more" if len(keys) > 5 else "")
+
+
+def still_alive(run: dict) -> str:
+    """Where a running run lives and when it last renewed its lease (the journal's wall clock)."""
+    beat = last_heartbeat(run)
+    return f"pid {run['pid']} on host {run['host']}, last heartbeat {iso(beat)} ({wall_time() - beat:.0f}s ago)"
 
 
 def user_command() -> str:

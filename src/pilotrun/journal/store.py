@@ -24,7 +24,7 @@ from pilotrun.errors import BadInput
 from pilotrun.journal.leases import (LEASE_ENV, OWNER, Lease, check_fence, fence_inside, last_heartbeat, lease_s,
                                      wall_time)
 from pilotrun.journal.schema import MIGRATIONS, SCHEMA, SCHEMA_VERSION
-from pilotrun.journal.versions import as_bad_input, check_home, connect_read_only, open_checked
+from pilotrun.journal.versions import as_bad_input, check_home, connect_read_only, open_checked, unopenable
 from pilotrun.scratch import pid_alive
 
 __all__ = ["FINAL", "SCHEMA", "SCHEMA_VERSION", "Journal", "Lease", "check_fence", "iso", "last_heartbeat", "lease_s",
@@ -88,7 +88,12 @@ class Journal:
                            fix="pass the --home of an earlier run, or run a stage first")
         writable = check_home(self.home, reading=not create)
         self.read_only = not writable
-        open_checked(self, SCHEMA, SCHEMA_VERSION, MIGRATIONS)
+        try:
+            open_checked(self, SCHEMA, SCHEMA_VERSION, MIGRATIONS)
+        except sqlite3.OperationalError as e:
+            if "unable to open" not in str(e):
+                raise
+            raise unopenable(self.path, e) from None
         self.order = "seq"
         if self.read_only:  # an older journal read where it cannot be migrated: insertion order is the same
             with self.connect() as db:

@@ -13,7 +13,7 @@ import os
 import sqlite3
 from pathlib import Path
 
-from pilotrun.errors import BadInput, DiskFull
+from pilotrun.errors import BadInput, DiskFull, from_os_error
 from pilotrun.journal.files import temp_path
 
 _MAGIC = b"SQLite format 3\x00"
@@ -69,9 +69,83 @@ def header_version(path: Path) -> int | None:
     return int.from_bytes(head[60:64], "big")
 
 
+_SNAPSHOTS: dict[str, tuple[tuple, bytes]] = {}  # a read-only journal with a WAL, as SQLite reads it whole
+
+
 def connect_read_only(path: Path) -> sqlite3.Connection:
-    immutable = "" if os.access(path.parent, os.W_OK) else "&immutable=1"  # a read-only file system: no locks
-    return sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro{immutable}", uri=True, timeout=30.0, isolation_level=None)
+    """A connection that cannot write. On a read-only file system SQLite can take no lock, so the file is opened
+    ``immutable``, which skips the write-ahead log: a home copied (or mounted read-only) while committed rows were
+    still only in ``journal.sqlite-wal`` would lose them. Then the journal and its WAL are read through a private
+    copy into memory (``_with_wal``), every committed row there."""
+    if os.access(path.parent, os.W_OK):
+        return sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True, timeout=30.0, isolation_level=None)
+    wal = path.with_name(path.name + "-wal")
+    try:
+        has_frames = wal.stat().st_size > 32  # a WAL's header alone holds no row
+    except OSError:
+        has_frames = False
+    if not has_frames:
+        return sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro&immutable=1", uri=True, timeout=30.0,
+                               isolation_level=None)
+    db = sqlite3.connect(":memory:", isolation_level=None)
+    db.deserialize(_with_wal(path, wal))
+    db.execute("PRAGMA query_only=1")
+    return db
+
+
+def _with_wal(path: Path, wal: Path) -> bytes:
+    """The journal with its WAL applied, as bytes: both copied into a private temporary folder (removed at once),
+    opened there (SQLite replays the log), serialised. Kept per process while neither file changes."""
+    import shutil
+    import tempfile
+
+    key = tuple((p.stat().st_size, p.stat().st_mtime_ns) for p in (path, wal))
+    kept = _SNAPSHOTS.get(str(path))
+    if kept is not None and kept[0] == key:
+        return kept[1]
+    tmp = None
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix="pilotrun-journal-"))
+        shutil.copyfile(path, tmp / path.name)
+        shutil.copyfile(wal, tmp / wal.name)
+        copy = sqlite3.connect(tmp / path.name, isolation_level=None)
+        try:
+            copy.execute("PRAGMA journal_mode=DELETE")  # the log folded in; a database in memory has no WAL
+            data = copy.serialize()
+        finally:
+            copy.close()
+    except (OSError, sqlite3.Error) as e:
+        raise BadInput(f"the journal is on a read-only file system and its write-ahead log {wal} holds committed rows "
+                       f"that a read-only open would skip; reading them through a copy failed ({e})", where=str(path),
+                       fix=f"copy the home to a writable disk (`cp -a {path.parent} COPY`) and pass --home COPY; or "
+                           "mount it writable once, so SQLite folds the log into the journal") from None
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    _SNAPSHOTS[str(path)] = (key, data)
+    return data
+
+
+SQLITE_MAX_PATH = 512  # bytes: SQLite's unix VFS opens no longer path, its -journal and -wal names included
+
+
+def unopenable(path: Path, e: sqlite3.OperationalError) -> BadInput:
+    """SQLite's bare "unable to open database file", said as what it is: a path longer than SQLite opens, or the
+    system's refusal (``errors.from_os_error``: a name too long, no permission, a read-only disk ...)."""
+    full = len(os.fsencode(os.path.abspath(path)))
+    if full + len("-journal") > SQLITE_MAX_PATH:
+        return BadInput(f"the journal's path is {full} bytes long; SQLite opens paths of at most {SQLITE_MAX_PATH} "
+                        "bytes, its -journal and -wal files' included", where="--home",
+                        fix=f"pass a --home (or $PILOTRUN_HOME) whose path is at most "
+                            f"{SQLITE_MAX_PATH - len('/journal.sqlite-journal')} bytes long")
+    try:
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o644))
+    except OSError as oe:
+        refused = from_os_error(oe, path)
+        if refused is not None:
+            return refused
+    return BadInput(f"SQLite cannot open the journal ({e})", where=str(path),
+                    fix="check the folder's permissions and free space (`ls -ld`, `df -h`), or pass another --home")
 
 
 def as_bad_input(e: sqlite3.DatabaseError, path: Path) -> BadInput | None:

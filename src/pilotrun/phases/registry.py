@@ -104,7 +104,7 @@ def _load_traced(ctx) -> None:
 
     c, t, fake, acc = ctx.prep.c, ctx.prep.c.train, ctx.fake, ctx.fake["acc"]
     model = fake["model"]
-    _built_in_float32(acc, model, c)
+    _built_in_float32(acc, model, c, fake["device"])
     if c.model.quantization is not None:
         _quantized_load_traced(acc, model, c)
     reference = reference_of(model)  # preference: the frozen copy beside the policy, resident from load on
@@ -126,14 +126,16 @@ def _load_traced(ctx) -> None:
                            sharded=t.strategy == "fsdp" and data_parallel_ranks(t) > 1)
 
 
-def _built_in_float32(acc, model, c) -> None:
+def _built_in_float32(acc, model, c, device: str) -> None:
     """A model built from model.config in a 16-bit model.dtype is initialised in float32 (``from_config`` in torch's
     default dtype) and then converted one tensor at a time (``Module.to``): the whole float32 model and the largest
-    converted tensor at once, before the build goes on. The fake build makes it in its dtype directly."""
+    converted tensor at once, before the build goes on. The fake build makes it in its dtype directly. The build runs
+    in the host's memory (``task.build_model``; the model goes to the GPU after it), so only an estimate for the CPU,
+    where the host is the device, counts it: a 70B model's 262 GiB float32 build is the rental's RAM, not its GPU's."""
     import torch
 
     dtype = torch_dtype(c.model.dtype)
-    if c.model.config is None or dtype == torch.float32:
+    if device != "cpu" or c.model.config is None or dtype == torch.float32:
         return
     tensors = [t for t in list(model.parameters()) + list(model.buffers()) if t.is_floating_point()
                or getattr(t, "quant_state", None) is not None]
@@ -365,13 +367,15 @@ def _reload_traced(ctx) -> None:
         with acc.paused():  # not built on the chance of a replay: built now, booked from the phase as before
             reloaded = ctx.fake["rebuild"]()
     c = ctx.prep.c
-    _built_in_float32(acc, reloaded, c)
+    _built_in_float32(acc, reloaded, c, ctx.fake["device"])
     if c.model.quantization is not None:
         _quantized_load_traced(acc, reloaded, c)
     for p in list(reloaded.parameters()) + list(reloaded.buffers()) + quant_tensors(reloaded):
         acc.book(p, "parameters")
     reloaded.eval()
-    with torch.no_grad():
+    # under the precision's autocast, as ``_reload`` runs it: bf16-mixed casts the reloaded weights and keeps the
+    # casts (autocast's weight cache) until the loss is computed — the reload's rise the H200 measured
+    with torch.no_grad(), autocast(ctx.prep.c.train.precision, "cpu"):
         artifact_loss(ctx.task)(reloaded, ctx.task.collate(_sample(ctx)))
     del reloaded
     if "rebuild_merged" in ctx.fake:  # a quantised base's merged copy, reloaded after the adapter: dequantised

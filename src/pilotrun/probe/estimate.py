@@ -8,12 +8,10 @@ optimizer state, activations, temporaries). The loop's own functions then run un
 the estimate is the loop's computation, not a formula.
 
 What the ledger knows about the target device:
-- CUDA: each block is rounded up to 512 B (the caching allocator's minimum); reserved is the
-  segments those blocks need — blocks of at most 1 MiB share 2 MiB segments, blocks under 10 MiB
-  share 20 MiB segments, bigger ones get their own rounded up to 2 MiB — and never shrinks (the
-  cache is not emptied between phases). Fragmentation is not modelled, so reserved is a floor.
-  The CUDA context (typically 300–600 MiB per process), cuBLAS/cuDNN workspaces and NCCL buffers
-  are not tensors and are not counted.
+- CUDA: each block is rounded up to 512 B (the caching allocator's minimum) and the ledger keeps every birth and
+  death in order, with where each thread first called cuBLAS (``cublas``): probe/stream.py replays them through the
+  caching allocator (probe/allocator.py) for the reserved bytes, cuBLAS's workspaces included. The CUDA context
+  (about 0.5-0.75 GiB per process) and NCCL's buffers live outside the allocator and are not counted here.
 - CPU: the bytes of the tensors; RSS adds the interpreter and libraries (the pilot's baseline).
 """
 
@@ -32,9 +30,6 @@ from pilotrun.tasks.loading import architecture_only, check_model_dir, torch_dty
 
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "temporaries")
 MIN_BLOCK = 512
-SMALL_BLOCK, SMALL_SEGMENT = 2**20, 2 * 2**20
-MID_BLOCK, MID_SEGMENT = 10 * 2**20, 20 * 2**20
-LARGE_ROUND = 2 * 2**20
 
 
 def _ceil(n: int, k: int) -> int:
@@ -73,29 +68,30 @@ class Accountant:
         self.cuda = device_kind == "cuda"
         self.blocks: list[_Block] = []
         self.timeline: list[int] = [0]       # live bytes after each event
-        self.reserved: list[int] = [0]       # estimated reserved bytes after each event (CUDA)
         self.stages: list[str] = ["forward"]  # what the loop was doing at each event (STAGES)
-        self._small = self._mid = self._large = 0
-        self._max_reserved = 0
         self._known = None                   # storage -> (block, weakref), weakly keyed
         self.in_optimizer = False
         self.marks: dict[str, tuple[int, int]] = {}
         self._retags = 0                     # category changes: a kept ``_phase`` is stale after one
         self._paused = False                 # ``paused``: ops pass through unbooked
         self._phases: dict = {}
+        # the event after which each thread first called cuBLAS ("forward": the main thread; "backward": autograd's
+        # device thread): where the run allocates that thread's cuBLAS workspace (probe/stream.py puts it there)
+        self.cublas: dict[str, int] = {}
 
     # --- kept: what ``summary`` reads, as plain data (a trace kept in the journal's home) ----------------
     def state(self) -> dict:
-        return {"cuda": self.cuda, "timeline": self.timeline, "reserved": self.reserved, "stages": self.stages,
-                "marks": {k: list(v) for k, v in self.marks.items()},
+        return {"cuda": self.cuda, "timeline": self.timeline, "stages": self.stages,
+                "marks": {k: list(v) for k, v in self.marks.items()}, "cublas": self.cublas,
                 "blocks": [[b.nbytes, b.category, b.born, None if b.died == math.inf else b.died, b.in_optimizer]
                            for b in self.blocks]}
 
     @classmethod
     def from_state(cls, state: dict) -> "Accountant":
         acc = cls("cuda" if state["cuda"] else "cpu")
-        acc.timeline, acc.reserved, acc.stages = state["timeline"], state["reserved"], state["stages"]
+        acc.timeline, acc.stages = state["timeline"], state["stages"]
         acc.marks = {k: (v[0], v[1]) for k, v in state["marks"].items()}
+        acc.cublas = dict(state.get("cublas") or {})
         for nbytes, category, born, died, in_optimizer in state["blocks"]:
             b = _Block(nbytes, category, born, in_optimizer)
             b.died = math.inf if died is None else died
@@ -106,19 +102,8 @@ class Accountant:
     def _round(self, nbytes: int) -> int:
         return _ceil(nbytes, MIN_BLOCK) if (self.cuda and nbytes > 0) else nbytes
 
-    def _pool(self, nbytes: int, sign: int) -> None:
-        if nbytes <= SMALL_BLOCK:
-            self._small += sign * nbytes
-        elif nbytes < MID_BLOCK:
-            self._mid += sign * nbytes
-        else:
-            self._large += sign * _ceil(nbytes, LARGE_ROUND)
-        need = _ceil(self._small, SMALL_SEGMENT) + _ceil(self._mid, MID_SEGMENT) + self._large
-        self._max_reserved = max(self._max_reserved, need)
-
     def _event(self, delta: int, stage: str | None = None) -> int:
         self.timeline.append(self.timeline[-1] + delta)
-        self.reserved.append(self._max_reserved if self.cuda else 0)
         self.stages.append(stage or self._stage())
         return len(self.timeline) - 1
 
@@ -132,7 +117,6 @@ class Accountant:
     def allocate(self, nbytes: int, category: str) -> _Block:
         """A block that is no tensor of the trace (DDP buckets, a merged copy); free it with ``release``."""
         nbytes = self._round(int(nbytes))
-        self._pool(nbytes, +1)
         block = _Block(nbytes, category, 0, self.in_optimizer)
         block.born = self._event(nbytes)
         self.blocks.append(block)
@@ -140,7 +124,6 @@ class Accountant:
 
     def release(self, block: _Block, stage: str | None = None) -> None:
         if block.died == math.inf:
-            self._pool(block.nbytes, -1)
             block.died = self._event(-block.nbytes, stage)
 
     # --- replay: a phase whose events are another's, booked again without dispatching an op ---------------
@@ -188,7 +171,6 @@ class Accountant:
                 continue
             _, nbytes, category, in_optimizer, stage = event
             block = _Block(nbytes, category, 0, in_optimizer)
-            self._pool(nbytes, +1)
             block.born = self._event(nbytes, stage)
             self.blocks.append(block)
             born.append(block)
@@ -218,7 +200,6 @@ class Accountant:
         storage = tensor.untyped_storage()
         hit = self._known.get(storage) if self._known is not None else None
         if hit is not None and hit[0].nbytes:
-            self._pool(hit[0].nbytes, -1)
             hit[0].nbytes = 0
             self._retags += 1
 
@@ -238,8 +219,8 @@ class Accountant:
 
     def _phase(self, start: int, end: int, by_stage: bool):
         """The live bytes per category (``summary``'s keys) after each event of a phase, as int64 rows, the
-        stage of each event as a code, the stages in the order they first came, and the highest live bytes
-        in the phase and up to its end; kept per phase until the ledger changes (an event or a retag), so
+        stage of each event as a code and the stages in the order they first came; kept per phase until the
+        ledger changes (an event or a retag), so
         ``rows_for``'s many weightings of one trace share them."""
         import numpy as np
 
@@ -263,8 +244,7 @@ class Accountant:
         stages = self.stages[start: end + 1] if by_stage else ["all"] * n
         order = list(dict.fromkeys(stages))
         codes = np.array([order.index(x) for x in stages]) if len(order) > 1 else np.zeros(n, dtype=np.int64)
-        highest = (max(self.timeline[start: end + 1]), max(self.timeline[: end + 1]))
-        self._phases[key] = (live, codes, order, highest)
+        self._phases[key] = (live, codes, order)
         return self._phases[key]
 
     def summary(self, name: str, scale: dict | None = None, *, by_stage: bool = False) -> dict:
@@ -277,7 +257,7 @@ class Accountant:
         stage (forward, backward, optimizer), so a caller can follow each one as the model grows."""
         start, end = self.marks[name]
         keys = CATEGORIES + ("optimizer_temporaries",)
-        live, codes, order, (highest, highest_yet) = self._phase(start, end, by_stage)
+        live, codes, order = self._phase(start, end, by_stage)
         scale = dict(scale or {})
         scale.setdefault("optimizer_temporaries", scale.get("temporaries", 1.0))
         weight = {c: scale.get(c, 1.0) for c in keys}
@@ -290,15 +270,9 @@ class Accountant:
             parts["temporaries"] += int(int(live[-1][at]) * weight["optimizer_temporaries"])
             best[stage] = (int(totals[at]), parts)
         top, top_parts = max(best.values(), key=lambda v: v[0])
-        reserved = overhead = None
-        if self.cuda:
-            # what the weighting saved at the peak is not reserved either
-            reserved = max(top, self.reserved[end] - (highest - top))
-            # the segments' rounding above the highest allocation so far: the cache never shrinks, so a
-            # caller that weighs every phase adds this to the highest weighted peak up to this one
-            overhead = self.reserved[end] - highest_yet
+        # reserved is the caching allocator's replay of the whole ledger (probe/stream.py), not a phase's sum
         out = {"baseline": int(totals[0]), "peak_allocated": top, "end_allocated": int(totals[-1]),
-               "peak_reserved": reserved, "end_reserved": reserved, "reserve_overhead": overhead, **top_parts}
+               "peak_reserved": None, "end_reserved": None, **top_parts}
         if by_stage:
             out["stages"] = {k: {"peak_allocated": v[0], **v[1]} for k, v in best.items()}
         return out
@@ -321,6 +295,11 @@ class Accountant:
 
         acc = self
         handles = []
+        aten = torch.ops.aten
+        # the ops that run through cuBLAS / cuBLASLt, whose first call on a thread allocates its workspace
+        cublas_ops = {aten.mm, aten.addmm, aten.bmm, aten.baddbmm, aten.addbmm, aten.mv, aten.addmv, aten.dot,
+                      aten._addmm_activation, aten._scaled_mm, aten._int_mm,
+                      *([aten._grouped_mm] if hasattr(aten, "_grouped_mm") else [])}
 
         def pre(opt, args, kwargs):
             acc.in_optimizer = True
@@ -354,7 +333,8 @@ class Accountant:
                 out = stand_in(func, args, kwargs or {}, acc.cuda)  # a meta kernel narrower than the device's
                 if out is None:
                     out = func(*args, **(kwargs or {}))
-                if acc.in_optimizer or torch._C._current_graph_task_id() != -1:
+                backward = torch._C._current_graph_task_id() != -1
+                if acc.in_optimizer or backward:
                     category = "temporaries"
                 else:
                     category = "activations"
@@ -362,6 +342,8 @@ class Accountant:
                     acc.book(t, category)
                 for block in inner:  # the kernel's own temporaries, freed as it returns
                     acc.release(block)
+                if func.overloadpacket in cublas_ops:
+                    acc.cublas.setdefault("backward" if backward else "forward", len(acc.timeline) - 1)
                 return out
 
         try:
@@ -512,3 +494,11 @@ def unsharded_block_bytes(model) -> int:
         if type(m).__name__ in names:
             best = max(best, sum(p.numel() * p.element_size() for p in m.parameters()))
     return best
+
+
+def root_bytes(model) -> int:
+    """Bytes of the parameters outside every module FSDP shards as a unit: the root's (embeddings, the head, the
+    final norm), which FSDP2 gathers at the root's forward and keeps unsharded through the backward."""
+    names = set(getattr(model, "_no_split_modules", None) or [])
+    inside = {id(p) for m in model.modules() if type(m).__name__ in names for p in m.parameters()}
+    return sum(p.numel() * p.element_size() for p in model.parameters() if id(p) not in inside)

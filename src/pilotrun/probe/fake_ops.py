@@ -92,23 +92,33 @@ def _int8_outliers(func, args, kwargs: dict):
 
 @contextmanager
 def device_paths(cuda: bool):
-    """Inside, for a trace that stands for CUDA, bitsandbytes' 8-bit layers take the path they take on a GPU:
-    ``bitsandbytes.matmul`` picks by the input's device, and the fake tensors sit on the CPU, where training goes
-    through MatMul8bitFp (the weight dequantised, a float matmul) instead of CUDA's MatMul8bitLt (LLM.int8(): int8
-    activations, an int8 matmul, the outliers beside it). bitsandbytes not imported: nothing to do."""
+    """Inside, for a trace that stands for CUDA, bitsandbytes' 8-bit layers take the path they take on a GPU.
+
+    ``bitsandbytes.matmul`` (public) picks its autograd function by the input's device while its state is training:
+    on the CPU, where the fake tensors sit, MatMul8bitFp (the weight dequantised, a float matmul); on CUDA, and for
+    a state not training on any device, MatMul8bitLt (LLM.int8(): int8 activations, an int8 matmul, the outliers
+    beside it). In MatMul8bitLt the flag decides one thing more: a weight kept in fp16 (``has_fp16_weights``) and
+    without a gradient is quantised again at every call. So the call goes through the public ``bitsandbytes.matmul``
+    with the flag off, after that re-quantisation's reset where a training state would do it (the public
+    ``MatmulLtState.reset_grads``), and the flag is put back. A frozen int8 base (QLoRA's, ``load_in_8bit``) keeps
+    its int8 weight either way. bitsandbytes not imported: nothing to do."""
     bnb = sys.modules.get("bitsandbytes")
     if not cuda or bnb is None:
         yield
         return
-    from bitsandbytes.autograd import _functions as f
-
     original = bnb.matmul
 
     def matmul(A, B, out=None, state=None, threshold=0.0, bias=None):
-        state = state or f.MatmulLtState()
-        if threshold > 0.0:
-            state.threshold = threshold
-        return f.MatMul8bitLt.apply(A, B, out, bias, state)
+        state = state or bnb.MatmulLtState()
+        if not state.is_training:
+            return original(A, B, out=out, state=state, threshold=threshold, bias=bias)
+        if state.has_fp16_weights and getattr(B, "grad", None) is None:
+            state.reset_grads()
+        state.is_training = False
+        try:
+            return original(A, B, out=out, state=state, threshold=threshold, bias=bias)
+        finally:
+            state.is_training = True
 
     bnb.matmul = matmul
     try:

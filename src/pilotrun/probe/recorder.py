@@ -8,7 +8,9 @@
 The block's duration and memory (see ``probe.memory``) become a row with a verdict:
 ok | over-budget (peak above ``memory_limit``) | oom (an out-of-memory error, caught: the program
 goes on) | nan (signalled in the block, or ``NonFinite`` raised) | error (any other exception; the
-row is written, then the exception propagates unless ``catch_errors=True``).
+row is written, then the exception propagates unless ``catch_errors=True``). A signal is no verdict: a block
+ended by one (``signals.Preempted``, Ctrl-C, an error that follows a signal) writes no row and always propagates,
+so an interrupted phase is never read as a measurement (an "error", a "does not fit").
 Under torch.distributed every rank reads its counters after a barrier at the same boundaries.
 """
 
@@ -26,6 +28,7 @@ from pilotrun.journal.runs import create_run, end_run, user_command
 from pilotrun.journal.store import Journal, resolve_home
 from pilotrun.probe.memory import make_probe
 from pilotrun.probe.sizes import fmt_bytes
+from pilotrun.signals import interruption
 
 VERDICTS = ("ok", "over-budget", "oom", "nan", "error")
 ROW_KEYS = ("phase", "rank", "device", "counter", "inputs", "baseline", "peak_allocated", "peak_reserved",
@@ -124,6 +127,17 @@ class Phase:
         duration = time.perf_counter() - self._t0
         verdict, note = "ok", self.note
         if exc is not None:
+            stopped = exc if not isinstance(exc, Exception) else interruption(exc)
+            if stopped is not None:
+                # a signal (or an error that is part of one, signals.interruption) is no measurement: no row, not
+                # even under catch_errors, and it goes on up as the interruption it is (exit 143/130/129)
+                try:
+                    self.probe.stop()  # its sampling thread ends with the phase
+                except Exception:  # noqa: BLE001 - the interruption is what goes on up, not a counter's error
+                    pass
+                if stopped is exc:
+                    return False
+                raise stopped from exc
             if is_oom(exc):
                 verdict, note = "oom", f"out of memory: {_first_line(exc)}"
             elif isinstance(exc, NonFinite):

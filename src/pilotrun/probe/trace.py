@@ -27,8 +27,10 @@ from pilotrun.phases.driver import PhaseContext, drive
 from pilotrun.phases.registry import BY_NAME
 from pilotrun.phases.worst import worst_case
 from pilotrun.probe import counted as K
+from pilotrun.probe.estimate import Accountant, architecture_config, fake_build, root_bytes, unsharded_block_bytes
+from pilotrun.probe.alloc_conf import DEFAULTS, Settings
 from pilotrun.probe.fake_ops import device_paths
-from pilotrun.probe.estimate import Accountant, architecture_config, fake_build, unsharded_block_bytes
+from pilotrun.probe.stream import ALL_GATHER_STREAM, CUBLAS_WORKSPACE, overheads, replayed, threads
 from pilotrun.tasks.base import BUILTIN_TASKS
 from pilotrun.tasks.preference_loss import resident_bytes
 from pilotrun.tasks.moe import expert_counts
@@ -44,8 +46,10 @@ def _bytes(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def trace(loaded, *, device: str = "cuda", prep=None, counted: bool | None = None) -> dict:
-    """Run every phase on fake tensors; returns {"rows": [...], "params": n, "trainable": n, "wall_s": s}.
+def trace(loaded, *, device: str = "cuda", prep=None, counted: bool | None = None,
+          settings: Settings = DEFAULTS) -> dict:
+    """Run every phase on fake tensors; returns {"rows": [...], "params": n, "trainable": n, "wall_s": s}; on CUDA
+    the rows' counters are the caching allocator's replay under ``settings``.
 
     ``counted``: count identical decoder layers and micro-batches from two shallow traces
     (probe/counted.py) instead of tracing them all; None: when the model has enough layers of one shape
@@ -54,7 +58,7 @@ def trace(loaded, *, device: str = "cuda", prep=None, counted: bool | None = Non
     tr = traced(loaded, device=device, prep=prep, counted=counted)
     t = loaded.campaign.train
     ranks = data_parallel_ranks(t)
-    rows = rows_for(tr, ranks=ranks, strategy=t.strategy)
+    rows = rows_for(tr, ranks=ranks, strategy=t.strategy, settings=settings)
     return {"rows": rows, "params": tr["params"], "trainable": tr["trainable"], "ranks": ranks,
             "counted": tr["counted"], "wall_s": time.perf_counter() - started}
 
@@ -70,6 +74,8 @@ def traced(loaded, *, device: str = "cuda", prep=None, counted: bool | None = No
 
     cfg = architecture_config(loaded)
     depth = K.depth_of(cfg)
+    if counted is None and device == "cuda" and depth is not None and depth[1] <= K.REPLAY_WHOLE_LAYERS:
+        depth = None  # traced whole for the allocator's replay (probe/counted.py says why)
     mbs = wc["micro_batches"]
     if counted is None:
         counted = depth is not None or len(mbs) > K.TRACED_MICRO_BATCHES
@@ -91,10 +97,14 @@ def traced(loaded, *, device: str = "cuda", prep=None, counted: bool | None = No
                                                    "linear_bytes", "linear_numel", "reference_bytes") + MOE_COUNTED}
         out = dict(high, **{k: high[k] + (layers - K.DEPTHS[1]) * v for k, v in per_layer.items()},
                    summarize=lambda name, scale, f1=low["summarize"], f2=high["summarize"], n=layers:
-                   K.count(f1(name, scale), f2(name, scale), n))
+                   K.count(f1(name, scale), f2(name, scale), n),
+                   fragmentation=lambda scale, extras_of, lo=low, hi=high, **kw: overheads(
+                       lo["replay"](scale, extras_of, **kw), hi["replay"](scale, extras_of, **kw)))
+        out.pop("replay", None)
     summarize = out["summarize"]
     out["summarize"] = lambda name, scale: K.with_inputs(summarize(name, scale), extra if name in names(
         "train") else 0)
+    out["input_bytes"] = extra
     return _sharing(dict(out, counted={"layers": layers, "micro_batches": len(mbs),
                                        "micro_batches_traced": min(len(mbs), K.TRACED_MICRO_BATCHES)}), after_steps)
 
@@ -104,7 +114,23 @@ def _sharing(tr: dict, other: dict | None) -> dict:
         return tr
     own, mine = tr["summarize"], ("load",) + names("train")
     return dict(tr, summarize=lambda name, scale: (own if name in mine else other["summarize"])(name, scale),
+                **({"replay": lambda scale, extras_of, **kw: _shared_replay(
+                    tr["replay"](scale, extras_of, **kw), other["replay"](scale, extras_of, **kw), mine)}
+                   if "replay" in tr and "replay" in other else {}),
+                **({"fragmentation": lambda scale, extras_of, **kw: {
+                    **other["fragmentation"](scale, extras_of, **kw),
+                    **{n: v for n, v in tr["fragmentation"](scale, extras_of, **kw).items() if n in mine}}}
+                   if "fragmentation" in tr and "fragmentation" in other else {}),
+                cublas_threads={**other.get("cublas_threads", {}), **tr.get("cublas_threads", {})},
                 inputs={**other["inputs"], **tr["inputs"]}, notes={**other["notes"], **tr["notes"]})
+
+
+def _shared_replay(own: dict, other: dict, mine: tuple) -> dict:
+    """This trace's replay for its own phases, the other's after them: its cache reserved at least what this
+    one's steps left reserved."""
+    kept = max(own[n]["end_reserved"] for n in mine if n in own)
+    return {**{n: dict(v, peak_reserved=max(v["peak_reserved"], kept), end_reserved=max(v["end_reserved"], kept))
+               for n, v in other.items()}, **{n: own[n] for n in mine if n in own}}
 
 
 def _trace_once(loaded, device: str, prep, wc: dict, steps_only: bool = False, overrides: dict | None = None) -> dict:
@@ -115,13 +141,20 @@ def _trace_once(loaded, device: str, prep, wc: dict, steps_only: bool = False, o
     key = reuse.trace_key(loaded, {"device": device, "steps_only": steps_only, "overrides": overrides,
                                    "micro_batches": len(wc["micro_batches"])})
     kept = reuse.stored_trace(key)
-    if kept is not None:
-        acc = Accountant.from_state(kept.pop("accountant"))
-        return dict(kept, summarize=lambda name, scale: acc.summary(name, scale, by_stage=True))
-    out = _traced_once(loaded, device, prep, wc, steps_only, overrides)
-    acc = out.pop("accountant")
-    if key is not None:
-        reuse.store_trace(key, dict({k: v for k, v in out.items() if k != "summarize"}, accountant=acc.state()))
+    try:
+        acc = Accountant.from_state(kept.pop("accountant")) if kept is not None else None
+    except Exception:  # noqa: BLE001 - a kept trace this code cannot read back is a miss: traced again
+        acc = None
+    if acc is not None:
+        out = dict(kept, summarize=lambda name, scale: acc.summary(name, scale, by_stage=True))
+    else:
+        out = _traced_once(loaded, device, prep, wc, steps_only, overrides)
+        acc = out.pop("accountant")
+        if key is not None:
+            reuse.store_trace(key, dict({k: v for k, v in out.items() if k != "summarize"}, accountant=acc.state()))
+    if acc.cuda:
+        out["replay"] = lambda scale, extras_of, t=out, **kw: replayed(acc, scale, extras=extras_of(t), **kw)
+        out["cublas_threads"] = threads(acc)
     return out
 
 
@@ -178,7 +211,7 @@ def _traced_once(loaded, device: str, prep, wc: dict, steps_only: bool, override
             "notes": notes, "params": sum(logical_numel(p) for p in params), "trainable": sum(p.numel() for p in trainable),
             "trainable_bytes": _bytes(trainable), "param_bytes": _bytes(params), **_frozen_linear(model),
             **expert_counts(model), "reference_bytes": resident_bytes(model),  # preference: a frozen copy beside it
-            "block": unsharded_block_bytes(model), "device": device,
+            "block": unsharded_block_bytes(model), "root": root_bytes(model), "device": device,
             "quantization": said(c.model.quantization) if c.model.quantization is not None else None,
             "gradient_checkpointing": c.model.gradient_checkpointing, "accountant": acc}
 
@@ -198,36 +231,46 @@ def _frozen_linear(model) -> dict:
     return {"linear_bytes": nbytes, "linear_numel": numel}
 
 
-def rows_for(tr: dict, *, ranks: int = 1, strategy: str = "single", offload: bool = False,
-             tp: int = 1) -> list[dict]:
+def rows_for(tr: dict, *, ranks: int = 1, strategy: str = "single", offload: bool = False, tp: int = 1,
+             settings: Settings = DEFAULTS, workspace: int = CUBLAS_WORKSPACE) -> list[dict]:
     """Ledger-shaped rows per phase for one rank of ``ranks``: under ddp every rank holds everything plus
     DDP's gradient buckets; under fsdp parameters, gradients, optimizer state and the optimizer's
     temporaries are divided by the ranks and two unsharded blocks are added; ``offload`` keeps the
     optimizer state and its step on the host (what stays on the GPU is counted). ``tp``: tensor parallel
     degree under fsdp (``ranks`` = TP × FSDP ranks): activations and the gathered blocks ÷ ``tp`` as well, an
-    estimate (pilotrun does not train with TP; tests/test_tp_gloo.py checks the parameters' split)."""
+    estimate (pilotrun does not train with TP; tests/test_tp_gloo.py checks the parameters' split).
+
+    On CUDA the counters (baseline, allocated, reserved) are the caching allocator's replay of the trace
+    (probe/stream.py) under ``settings``, cuBLAS's workspaces of ``workspace`` bytes included, on a card that never
+    fills: what the calibration card (an H200) reserved; the parts (parameters, gradients …) are the trace's."""
+    scale = replay_scale(ranks, strategy, offload, tp)
     sharded = strategy == "fsdp" and ranks > 1
-    scale = {k: 1 / ranks for k in SHARDED + ("optimizer_temporaries",)} if sharded else {}
-    if sharded and tp > 1:
-        scale["activations"] = 1 / tp
-    if offload:
-        scale.update(optimizer_state=0.0, optimizer_temporaries=0.0)
     bucket = tr["trainable_bytes"] if strategy == "ddp" and ranks > 1 else 0
+    counters = fragmentation = None
+    extras_of = lambda t: extras(t, ranks=ranks, strategy=strategy, tp=tp)  # noqa: E731
+    if "replay" in tr:
+        counters = tr["replay"](scale or None, extras_of, settings=settings, workspace=workspace)
+    elif "fragmentation" in tr:
+        fragmentation = tr["fragmentation"](scale or None, extras_of, settings=settings, workspace=workspace)
+    kept = 0
     rows = []
-    highest = 0
     for name in PHASES:
         s = tr["summarize"](name, scale or None)
         s.pop("stages", None)
-        overhead = s.pop("reserve_overhead", None)
         if bucket:  # DDP's buckets, allocated with the wrapper and alive from then on
             s = _with_resident(s, bucket, name != "load")
         if sharded and name in names("train", "eval"):
-            s = with_gathered_blocks(s, 2 * tr["block"] // tp)
+            s = with_gathered_blocks(s, (2 * tr["block"] + _root_unsharded(tr, ranks)) // tp)
         elif sharded:
             s = _with_host_copies(s, name, tr, ranks)
-        highest = max(highest, s["peak_allocated"])
-        if overhead is not None:  # reserved never shrinks: the highest (weighted) peak so far
-            s["peak_reserved"] = s["end_reserved"] = max(s["peak_allocated"], highest + overhead)
+        if counters is not None:
+            s.update(counters[name])
+        elif fragmentation is not None:  # counted: the allocated bytes counted, the shallow replays' fragmentation
+            before, after = tr["cublas_threads"].get(name, (0, 0))
+            s = dict(s, baseline=s["baseline"] + before * workspace, end_allocated=s["end_allocated"] + after * workspace,
+                     peak_allocated=s["peak_allocated"] + after * workspace)
+            kept = max(kept, s["peak_allocated"] + fragmentation.get(name, 0))
+            s["peak_reserved"] = s["end_reserved"] = kept
         inputs = dict(tr["inputs"][name])
         if name in names("train"):
             inputs.update(ranks=ranks, gradient_checkpointing=tr["gradient_checkpointing"])
@@ -235,6 +278,55 @@ def rows_for(tr: dict, *, ranks: int = 1, strategy: str = "single", offload: boo
                      "counter": "estimate", "inputs": inputs, "duration_s": None, "verdict": "ok",
                      "note": tr["notes"].get(name), **s})
     return rows
+
+
+def replay_rows(tr: dict, *, ranks: int = 1, strategy: str = "single", offload: bool = False, tp: int = 1,
+                settings: Settings = DEFAULTS, workspace: int = CUBLAS_WORKSPACE, capacity: int | None = None,
+                total: int | None = None) -> dict | None:
+    """A whole trace's replay per phase (``stream.FIELDS``) for one rank, on a card whose allocator may take
+    ``capacity`` bytes (raises ``allocator.OutOfMemory`` naming the phase); None for a counted trace, which has no
+    stream at its depth."""
+    if "replay" not in tr:
+        return None
+    return tr["replay"](replay_scale(ranks, strategy, offload, tp) or None,
+                        lambda t: extras(t, ranks=ranks, strategy=strategy, tp=tp), settings=settings,
+                        workspace=workspace, capacity=capacity, total=total)
+
+
+def replay_scale(ranks: int, strategy: str, offload: bool = False, tp: int = 1) -> dict:
+    """How ``rows_for`` weighs the trace's categories for one rank (FSDP's shards, TP's split, offload)."""
+    sharded = strategy == "fsdp" and ranks > 1
+    scale = {k: 1 / ranks for k in SHARDED + ("optimizer_temporaries",)} if sharded else {}
+    if sharded and tp > 1:
+        scale["activations"] = 1 / tp
+    if offload:
+        scale.update(optimizer_state=0.0, optimizer_temporaries=0.0)
+    return scale
+
+
+def extras(tr: dict, *, ranks: int, strategy: str, tp: int = 1) -> list[tuple]:
+    """What a rank's device holds beside the trace's tensors, for the replay (probe/stream.py's ``extras``): DDP's
+    buckets from the wrap on; FSDP's two gathered blocks on the all-gather stream through each step and validation,
+    at load one block moved whole and its shard, at reload the artifact's unsharded rest; the inputs of the
+    micro-batches a counted trace did not trace."""
+    out: list[tuple] = []
+    if strategy == "ddp" and ranks > 1:
+        out.append(("load", tr["trainable_bytes"], 0, True))
+    if strategy == "fsdp" and ranks > 1:
+        block = tr["block"] // tp
+        for name in names("train", "eval"):
+            out += [(name, block, ALL_GATHER_STREAM, False)] * 2 + [
+                (name, _root_unsharded(tr, ranks) // tp, ALL_GATHER_STREAM, False)]
+        for name in names("load"):
+            if tr.get("root", 0) > tr["block"] + tr["block"] // ranks:
+                out.append((name, tr["root"], 0, False))
+            else:
+                out += [(name, tr["block"], 0, False), (name, tr["block"] // ranks, 0, False)]
+        for name in names("reload"):
+            out.append((name, tr["param_bytes"] - tr["param_bytes"] // ranks, 0, False))
+    if tr.get("input_bytes"):
+        out += [(name, tr["input_bytes"], 0, False) for name in names("train")]
+    return out
 
 
 def _with_resident(s: dict, nbytes: int, before: bool = True) -> dict:
@@ -252,8 +344,9 @@ def _with_host_copies(s: dict, name: str, tr: dict, ranks: int) -> dict:
     host; at reload, the artifact read whole (booked as parameters, which ``scale`` divided)."""
     full, block, on_host = tr["param_bytes"], tr["block"], tr["device"] == "cpu"
     kind = BY_KIND.get(name)
-    if kind == "load":
-        extra = full - full // ranks + block // ranks if on_host else block + block // ranks
+    if kind == "load":  # the first block cut (the rest whole), or the root cut last (its whole and its shard, the
+        # blocks already shards): above the shards the trace books, the larger of the two
+        extra = max(full - full // ranks + block // ranks if on_host else block + block // ranks, tr.get("root", 0))
     elif kind == "export":
         extra = 2 * full if on_host else 0
     elif kind == "reload":
@@ -261,6 +354,14 @@ def _with_host_copies(s: dict, name: str, tr: dict, ranks: int) -> dict:
     else:
         extra = 0
     return with_gathered_blocks(s, extra) if extra else s
+
+
+def _root_unsharded(tr: dict, ranks: int) -> int:
+    """What FSDP2 holds of the root's parameters beyond its shard through a forward and backward: the root is not
+    resharded after its forward (its embeddings, head and final norm stay gathered until the backward ends, or
+    until ``evaluate`` reshards it)."""
+    root = tr.get("root", 0)
+    return root - root // ranks
 
 
 def with_gathered_blocks(s: dict, nbytes: int) -> dict:

@@ -48,9 +48,9 @@ PILOT_NAMES = {"train": names("train"), "evaluation": names("eval"), "save": nam
 # uneven lengths glibc keeps freed blocks of one shape in its heap while the next shape takes new
 # pages: short batches then peaked up to 5% (a 32k-vocabulary model, tests/test_memory_bound.py) and
 # 12% (bench_promises' Stack Exchange + Alpaca campaign) above the pilot's longest batch. A run's peak
-# is the worst of hundreds of such readings, so RSS gets 10% (at least 16 MiB) before a warning; the
-# sheet's margin (sheet/plan.py MARGIN_FRACTION) is the same 10%. CUDA's counters count tensors
-# exactly: no allowance (its reserved pool can fragment too, which the sheet's margin covers).
+# is the worst of hundreds of such readings, so RSS gets 10% (at least 16 MiB) before a warning. CUDA's
+# counters count tensors exactly: no allowance (its reserved pool fragments too, which the sheet's replay of
+# the caching allocator predicts).
 NOISE = {"rss": (0.10, 16 * 2**20)}
 EXACT = "tensors+rss"
 TENSOR_COUNTERS = (EXACT, "cuda")  # counters whose peak_allocated is the bytes of live tensors

@@ -9,6 +9,8 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,24 +32,76 @@ class Record:
         return self.where
 
 
-def _decode(raw: bytes, path: Path) -> str:
+def not_text(value) -> str | None:
+    """Why ``value`` is no text a task may read (str() would train its repr: "nan", "[1, 2]", "{'a': 1}"), or None:
+    a list (a JSON array, a Parquet list), an object (a JSON object, a Parquet struct), a NaN or an infinity (JSON's
+    NaN/Infinity, a Parquet float). Validate (``campaign.consistency``) and the tasks share it."""
+    if isinstance(value, (list, tuple, dict)):
+        return "a list" if isinstance(value, (list, tuple)) else "an object"
+    if isinstance(value, float) and not math.isfinite(value):
+        return "not a number (NaN)" if math.isnan(value) else "an infinity"
+    return None
+
+
+def special_file(path: Path) -> str | None:
+    """What ``path`` (its target, through symlinks) is when it exists and is no regular file nor folder: "a FIFO
+    (named pipe)", "a character device" ...; else None. Its stat never blocks, where opening a FIFO does."""
     try:
-        return raw.decode("utf-8")
+        mode = path.stat().st_mode
+    except OSError:
+        return None
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return None
+    return ("a FIFO (named pipe)" if stat.S_ISFIFO(mode) else "a character device" if stat.S_ISCHR(mode) else
+            "a block device" if stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode) else "a special file")
+
+
+def _decode(raw: bytes, path: Path) -> str:
+    """UTF-8, a leading byte-order mark dropped (Excel's "CSV UTF-8", Notepad): it is no part of the first field."""
+    try:
+        return raw.decode("utf-8").removeprefix("\ufeff")
     except UnicodeDecodeError as e:
         line = raw[: e.start].count(b"\n") + 1
         raise BadInput(f"byte 0x{raw[e.start]:02x} at offset {e.start} is not UTF-8", where=f"{path}:{line}",
                        fix="re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
 
 
-def read_records(path: str | Path) -> list[Record]:
+def near_match(path: Path) -> Path | None:
+    """The file beside ``path`` whose name is closest to it (``data/trian.jsonl`` → ``data/train.jsonl``), or None."""
+    import difflib
+
+    try:
+        files = [p for p in path.parent.iterdir() if p.is_file()]
+    except OSError:
+        return None
+    # names compared without the suffix they share (".jsonl" alone makes nope.jsonl "close" to test.jsonl)
+    stems = {p.name[:len(p.name) - len(path.suffix)] if path.suffix and p.name.endswith(path.suffix) else p.name: p
+             for p in files}
+    close = difflib.get_close_matches(path.stem if path.suffix else path.name, list(stems), n=1, cutoff=0.75)
+    return path.with_name(stems[close[0]].name) if close else None
+
+
+def read_records(path: str | Path, key: str | None = None) -> list[Record]:
+    """The records of one data file; ``key`` is the campaign key that named it (``data.train``), said in errors."""
     path = Path(path)
+    named = f" (named by {key})" if key else ""
     if not path.exists():
         if path.is_symlink():
-            raise BadInput("a symlink that leads nowhere (a loop, or its target is missing)", where=str(path),
-                           fix="point the key at the data file itself")
-        raise BadInput("data file not found", where=str(path), fix="check the path (relative to the campaign file)")
+            raise BadInput(f"a symlink that leads nowhere (a loop, or its target is missing){named}", where=str(path),
+                           fix=f"point {key or 'the key'} at the data file itself")
+        near = near_match(path)
+        if near is not None:
+            raise BadInput(f"data file not found{named}; a file of a close name is beside it: {near}", where=str(path),
+                           fix=f"set {key or 'the key'} to {near}, if that is the file meant")
+        folder = "" if path.parent.is_dir() else f"; its folder {path.parent} does not exist either"
+        raise BadInput(f"data file not found{named}{folder}", where=str(path),
+                       fix=f"check {key or 'the path'} (relative to the campaign file)")
     if path.is_dir():
         raise BadInput("is a folder, not a data file", where=str(path), fix=f"point at one of {', '.join(FORMATS)}")
+    special = special_file(path)
+    if special:  # reading a FIFO blocks until a writer comes, a device never ends: refused before it is opened
+        raise BadInput(f"is {special}, not a regular file{named}", where=str(path),
+                       fix="point at a data file on disk (write what the pipe or device gives into a file first)")
     suffix = path.suffix.lower()
     if suffix not in FORMATS:
         raise BadInput(f"unknown data format '{suffix}'", where=str(path), fix=f"use one of {', '.join(FORMATS)}")

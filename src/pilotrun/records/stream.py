@@ -27,6 +27,8 @@ def iter_chunks(path: str | Path, size: int = CHUNK):
     out, index = [], 0
     with open(path, "rb") as f:
         for n, raw in enumerate(f, start=1):
+            if n == 1:
+                raw = raw.removeprefix(b"\xef\xbb\xbf")  # a byte-order mark, as read_records drops it
             if not raw.strip():
                 continue
             try:

@@ -35,6 +35,7 @@ text-align:left;vertical-align:top}th{background:#f4f4f4}
 .muted{color:#777}.status-diverged,.verdict-worse{color:#b03a2e;font-weight:600}.status-stopped{color:#b9770e}
 .verdict-better{color:#1e8449;font-weight:600}.status-interrupted,.status-failed{color:#7d3c98}.status-check-failed{color:#b03a2e;font-weight:600}
 .plot svg{max-width:100%;height:auto}code{background:#f4f4f4;padding:0 .2em}
+.scroll{overflow-x:auto}table.runs td.id,table.runs td.time,table.runs td.status{white-space:nowrap}
 details.run{margin:.4em 0;border-left:3px solid #ddd;padding-left:.6em}details.run>summary{font-weight:600;cursor:pointer}
 """
 
@@ -248,14 +249,19 @@ def section_runs(journal) -> str:
         return '<p class="muted">no run yet.</p>'
     index = [{"run": f'<a href="#run-{esc(r["run_id"])}"><code>{esc(r["run_id"])}</code></a>', "kind": esc(r["kind"]),
               "name": esc(r["name"]), "status": _status(r), "verdict": esc(r.get("verdict") or ""),
-              "created": esc(r.get("created_at")), "updates": esc(r.get("updates_done")),
+              "created": esc((r.get("created_at") or "").replace("T", " ")[:19]), "updates": esc(r.get("updates_done")),
               "final": esc(r.get("final") or ""), "overrides": esc(r.get("overrides") or ""),
               "sweep": esc(r.get("sweep_id") or ""), "arm": esc(r.get("arm") or "")} for r in reversed(runs)]
-    head = "".join(f"<th>{c}</th>" for c in index[0])
-    body = "".join("<tr>" + "".join(f"<td>{v}</td>" for v in row.values()) + "</tr>" for row in index)
+    # a run id, a time and a status are never broken across lines (at 1280 px they were: issue 43); the columns
+    # no run fills are left out, as `runs` does; a table still wider than the page scrolls inside its box
+    columns = [c for c in index[0] if c == "run" or any(row[c] for row in index)]
+    nowrap = {"run": ' class="id"', "created": ' class="time"', "status": ' class="status"'}
+    head = "".join(f"<th>{c}</th>" for c in columns)
+    body = "".join("<tr>" + "".join(f"<td{nowrap.get(c, '')}>{row[c]}</td>" for c in columns) + "</tr>"
+                   for row in index)
     many = f"{len(runs)} runs, newest first; each links" if len(runs) > 1 else "1 run; it links"
     out = [f'<p class="muted">{many} to its own part below.</p>'
-           f'<table class="runs"><tr>{head}</tr>{body}</table>']
+           f'<div class="scroll"><table class="runs"><tr>{head}</tr>{body}</table></div>']
     for n, run in enumerate(reversed(runs)):
         out.append(f'<details class="run"{" open" if n < RUNS_OPEN else ""}>{_one_run(journal, run)}</details>')
     return "".join(out)

@@ -3,18 +3,21 @@ the sheet stage (rehearsal/rental/sheet.py) renders and writes it; the sweep's t
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from pilotrun.campaign.arithmetic import data_parallel_ranks, examples_per_update
 from pilotrun.campaign.load import campaign_from_dict
 from pilotrun.campaign.reuse import keeping_traces
 from pilotrun.phases import PHASES
+from pilotrun.probe.alloc_conf import settings_from_env
 from pilotrun.probe.sizes import parse_size
 from pilotrun.sheet import estimates as E, gpu_memory as GM, plan as P
 from pilotrun.sheet.catalogue import CATALOGUE, get_gpu, match_gpu
 from pilotrun.sheet.render import to_html
 from pilotrun.sheet.stack import check_stack, needs_bf16, required_stack
 from pilotrun.sheet.time_plan import time_plan
+from pilotrun.signals import unless_stopping
 
 
 def _rate_key(g, precision):
@@ -46,21 +49,44 @@ def _build_sheet(cfg: dict, journal, pilot: dict, *, target_env, gpu, rates, pre
     _ledger_problems(sheet, rows, pilot)
     # --- GPU memory: the CUDA counters, else the estimate for CUDA (never the CPU's RSS) -----------------
     ranks = data_parallel_ranks(t)
-    prep, predicted = E.prediction(loaded, rows, sheet) if predict else (None, None)
+    settings, variable = settings_from_env(os.environ)  # the allocator the launch files set (sheet/launch.py)
+    sheet["allocator"] = {"settings": settings.text, "variable": variable, "said": settings.said()}
+    prep, predicted = E.prediction(loaded, rows, sheet, settings) if predict else (None, None)
     gpu_rows, kind = GM.gpu_rows(rows, predicted)
     limit = _memory(sheet, c, rows, gpu_rows, kind, ranks)
+    if kind == "measured" and predicted:
+        sheet["memory"]["fragmentation"] = GM.fragmentation(rows, predicted)
     sheet["settings"] = _settings(c, ranks)
-    fits = GM.fit_table(gpu_rows, kind, CATALOGUE, needs_bf16=needs_bf16(cfg), ranks=ranks)
+    cards = sheet.get("_cards") if kind == "predicted" else None
+    fits = GM.fit_table(gpu_rows, kind, CATALOGUE, needs_bf16=needs_bf16(cfg), ranks=ranks, cards=cards)
     sheet["fit"] = fits
     target = _stack_and_target(sheet, cfg, pilot, target_env, gpu, fits, limit, c)
+    if predict and kind == "predicted" and not settings.expandable_segments:
+        E.expandable_advice(sheet, loaded, fits, gpu_rows, ranks, t, needs_bf16(cfg))
+    _launch_env(sheet, target, variable, settings)
     if target is not None and predict:
-        sheet["largest"] = E.largest(loaded, prep, rows, target, kind, ranks, t, c)
+        sheet["largest"] = E.largest(loaded, prep, rows, target, kind, ranks, t, c, settings)
     time_plan(sheet, c, t, rows, P.phase_peaks(rows), pilot, fits, target, ranks, rates)
     if options and predict:
         E.options(sheet, loaded, prep, rates, gpu_rows, kind, ranks)
-    sheet.pop("_trace", None)
+    for k in ("_trace", "_cards", "_prep"):
+        sheet.pop(k, None)
     (sheet.get("time") or {}).pop("_terms", None)
     return sheet
+
+
+def _launch_env(sheet: dict, target, variable: str | None, settings) -> None:
+    """The allocator setting the launch files export: the one this sheet was replayed with (the launch's own), or
+    expandable_segments:True where only it makes the target fit (``sheet["advice"]``)."""
+    env = {variable: settings.text} if variable else {}
+    advised = next((a for a in sheet.get("advice") or [] if target is not None and a["gpu"] == target.key), None)
+    if advised:
+        env = {advised["variable"]: advised["setting"]}
+        sheet["warnings"].append(
+            f"the {advised['name']} holds this campaign only with {advised['variable']}={advised['setting']}: "
+            f"{advised['reserved'] / 2**30:.2f} GiB reserved against {advised['default_reserved'] / 2**30:.2f} GiB "
+            f"without it; the launch files set it")
+    sheet["launch_env"] = env
 
 
 def _ledger_problems(sheet: dict, rows: list[dict], pilot: dict) -> None:
@@ -159,6 +185,7 @@ def sheet_section_html(journal) -> str:
         try:
             parts.append(to_html(build_sheet(pilot["config"], journal, pilot)))
         except Exception as e:  # noqa: BLE001 - one unreadable pilot must not take the whole report down
+            unless_stopping(e)
             parts.append(html.escape(f"sheet of {pilot['name']} ({pilot['run_id']}) could not be built: "
                                      f"{type(e).__name__}: {e}").join(("<p>", "</p>")))
     return "".join(parts)

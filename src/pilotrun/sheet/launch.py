@@ -31,7 +31,7 @@ from pilotrun.sheet.catalogue import BY_KEY
 from pilotrun.sheet.options import OPTIONS
 from pilotrun.sheet.options_view import pick
 from pilotrun.sheet.plan import fmt_duration
-from pilotrun.sheet.shell import comment, default, under_home, word, words
+from pilotrun.sheet.shell import comment, default, export, under_home, word, words
 from pilotrun.sheet.ship import build_wheel, campaign_inputs, pilotrun_source, pins, remote_path
 from pilotrun.tasks.hub import fetch_command, split_id
 
@@ -132,6 +132,8 @@ def _body(launch: dict, home: str, *, nodes_head: str | None = None, nnodes: str
     the nodes (torchrun, c10d rendezvous on ``nodes_head``)."""
     lines = ["set -u", default("PILOTRUN_CAMPAIGN_DIR", "PILOTRUN_CAMPAIGN_DIR", launch["campaign_dir"]),
              'cd "$PILOTRUN_CAMPAIGN_DIR" || exit 1']
+    lines += [export(k, v) + "  # the allocator the sheet's memory figures were replayed with"
+              for k, v in (launch.get("env") or {}).items()]
     if launch["nodes"] > 1:
         if nodes_head is None:  # by hand: the same script on each node, told the first node's address
             nodes_head = (f'"${{PILOTRUN_HEAD:?run this on each of the {launch["nodes"]} nodes with PILOTRUN_HEAD '
@@ -362,7 +364,7 @@ def launch_plan(s: dict, loaded, gpu, plan: dict | None, sets: tuple[str, ...] =
             "sets": sets, "sweep_id": sweep_id, "bucket": f"pilotrun-{sweep_id}"[:63].rstrip("-").lower(),
             "home": s.get("home") or f"{campaign_dir}/.pilotrun", "time_limit_s": limit, "time_how": how,
             "torch": torch, "packages": packages, "pins_from": pins_from, "pilotrun": pilotrun_source(),
-            "inputs": campaign_inputs(loaded, sets)}
+            "inputs": campaign_inputs(loaded, sets), "env": dict(s.get("launch_env") or {})}
 
 
 # The options table's rows pilotrun's own engine runs (train.strategy single | ddp | fsdp, and

@@ -37,7 +37,8 @@ def campaign_seconds(g, n: int, tr: dict, strategy: str, offload: bool, qlora: b
     if rate <= 0:
         return math.inf, "no rate for this precision"
     params, trainable = active_counts(tr)  # a mixture of experts computes with its active parameters
-    f_up = P.flops_per_update(params, trainable, work["tokens_update"], tr["gradient_checkpointing"])
+    f_up = P.flops_per_update(params, trainable, work["tokens_update"], tr["gradient_checkpointing"],
+                              work.get("reference", False))
     compute = max(f_up / n / rate * (QLORA_SLOWER if qlora else 1.0), P.GPU_FLOOR_S_PER_PASS * max(1, passes))
     bytes_param = tr["param_bytes"]
     comm = 0.0
@@ -53,7 +54,8 @@ def campaign_seconds(g, n: int, tr: dict, strategy: str, offload: bool, qlora: b
         share = tr["trainable_bytes"] / (n if strategy == "fsdp" else 1)
         host = 2 * share / (HOST_GBS * 1e9) + tr["trainable"] / (n if strategy == "fsdp" else 1) / HOST_PARAMS_S
     update = compute + comm + host
-    evals = work["evals"] * max(2 * params * work["tokens_val"] / n / rate,
+    forwards = 2 if work.get("reference") else 1  # a preference validation runs the reference's forward too
+    evals = work["evals"] * max(2 * params * forwards * work["tokens_val"] / n / rate,
                                 P.GPU_FLOOR_S_PER_PASS * math.ceil(work["eval_batches"] / n))
     per_run = work["updates"] * update + evals
     return per_run * work["runs"], (f"{work['runs']} run(s) × ({work['updates']} updates × {P.fmt_duration(update)} "

@@ -32,7 +32,7 @@ from pilotrun.phases import names
 from pilotrun.probe.trace import rows_for, traced
 from pilotrun.sheet import plan as P
 from pilotrun.sheet.catalogue import CATALOGUE
-from pilotrun.sheet.gpu_memory import MARGIN_FRACTION, need_bytes, overheads
+from pilotrun.sheet.gpu_memory import HEADROOM_FRACTION, need_bytes, overheads
 from pilotrun.sheet.option_time import BUS_GBS, HOST_GBS, HOST_PARAMS_S, NODE_GBS, QLORA_SLOWER, active_counts, \
     campaign_seconds
 from pilotrun.sheet.rates import rent
@@ -401,6 +401,7 @@ def _work(loaded, prep) -> dict:
                           bool(prep.validation))
     runs = len(P.run_list(c.plan.control, c.plan.variants, c.plan.seeds))
     return {"tokens_update": sum(tokens) / len(tokens) * _ranks_of(t), "tokens_val": sum(val), "updates": updates,
+            "reference": c.task == "preference" and reference_kind(c) != "none",  # a no-grad forward in each step
             "evals": counts["evals"], "eval_batches": counts["eval_batches"], "runs": runs, "precision": t.precision}
 
 
@@ -414,7 +415,7 @@ def _evaluate(opt, g, n, traces, cache, work, effective, r, c, has_adapter, tp: 
     at = _at_count(opt, n, traces, cache, effective, c, has_adapter, tp, ep, work.get("hidden") or 0)
     if at is None:
         return None
-    need = need_bytes(at["peak"], sum(o["bytes"] for o in overheads(g, n, False)))
+    need = need_bytes(at["peak"], sum(o["bytes"] for o in overheads(g, n)))
     seconds, how = campaign_seconds(g, n, at["tr"], at["strategy"] if n > 1 else "single", at["offload"],
                                     at["qlora"], dict(work, ep=ep), math.ceil(at["acc_n"]))
     precision_ok = g.bf16 or work["precision"] not in ("bf16-mixed", "bf16-true")
@@ -427,7 +428,7 @@ def _evaluate(opt, g, n, traces, cache, work, effective, r, c, has_adapter, tp: 
             "export_peak": at["export_peak"], "export_phase": at["export_phase"],
             "keeps": not at["changes"], "changes": "; ".join(at["changes"]) or KEEPS, "seconds": seconds,
             "time_how": how, "time_from": "the plan's arithmetic",
-            "memory_from": "predicted: the estimator (fake tensors)", "accumulation": max(1, round(at["acc_n"]))}
+            "memory_from": "predicted: the estimator (fake tensors) replayed through the caching allocator", "accumulation": max(1, round(at["acc_n"]))}
 
 
 def _at_count(opt, n, traces, cache, effective, c, has_adapter, tp: int = 1, ep: int = 1,
@@ -572,8 +573,9 @@ def _assumptions(pilot: dict | None = None, net: dict | None = None, moe: dict |
             f"{HOST_PARAMS_S:.0e} parameters/s",
             f"QLoRA: traced through bitsandbytes (nf4, double-quantised, bf16 compute) when it is installed, else "
             f"{NF4_BYTES * 8:.2f} bits per decoder-layer linear weight; compute {QLORA_SLOWER:g}× slower",
-            f"memory: the training phases' peak reserved × (1 + {MARGIN_FRACTION:.0%}) + the CUDA context, cuBLAS "
-            f"workspace and NCCL buffers (sheet/gpu_memory.py) ≤ the GPU's memory; export and the reload check "
+            f"memory: the training phases' peak reserved (the caching allocator's replay, cuBLAS's workspaces in it) "
+            f"+ the CUDA context and NCCL buffers ≤ the GPU's memory less {HEADROOM_FRACTION:.0%} kept free "
+            f"(sheet/gpu_memory.py); export and the reload check "
             f"(the merged model) are shown, not required",
             "every run of the plan on all the GPUs of the row, one after another",
             "cost (with --rates): the row's campaign time in hours × its GPUs × the hourly price, or the shortest "

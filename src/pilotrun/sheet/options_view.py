@@ -27,14 +27,57 @@ def _price_column(table: dict) -> str:
     return (f"cost {table['currency']}".strip()) if table["by"] == "cost" else "GPU-hours"
 
 
+WORTH = 0.75  # more GPUs, or an option that changes the experiment, is listed when it takes ≤ 75 % of the time
+
+
+def listed(table: dict) -> list[dict]:
+    """The rows of ``shown`` worth reading: per GPU, more GPUs only where fewer do not fit or the row is at least
+    a quarter faster than every listed row with fewer; an option that changes the experiment only where nothing
+    that keeps it fits at that count or it is at least a quarter faster. A campaign that fits one GPU of every
+    kind listed 2, 4 and 8 of each with LoRA beside them, ~60 rows a few % apart (issue 43); ``--json`` keeps all."""
+    keeps = {(x["gpu"], x["count"]): x["seconds"] for x in table["shown"] if x["keeps"]}
+    out: list[dict] = []
+    for x in sorted(table["shown"], key=lambda x: (x["count"], not x["keeps"])):
+        if not x["keeps"] and (x["gpu"], x["count"]) in keeps and x["seconds"] > WORTH * keeps[(x["gpu"], x["count"])]:
+            continue
+        fewer = [y["seconds"] for y in out if y["gpu"] == x["gpu"] and y["keeps"] == x["keeps"]
+                 and y["count"] < x["count"]]
+        if fewer and x["seconds"] > WORTH * min(fewer):
+            continue
+        out.append(x)
+    order = {id(x): i for i, x in enumerate(table["shown"])}
+    return sorted(out, key=lambda x: order[id(x)])
+
+
+def left_unlisted(table: dict) -> str | None:
+    n = len(table["shown"]) - len(listed(table))
+    return (f"{n} row(s) not listed: more GPUs of a kind less than a quarter faster than fewer, or an option "
+            "that changes the experiment less than a quarter faster than one that keeps it (`--json` has every "
+            "row)") if n else None
+
+
 def compact_rows(table: dict) -> tuple[list[str], list[list]]:
     """The table narrow enough for a 100-column sheet.md: GPU keys, short option names, keeps/changes."""
     priced = table["by"] == "cost"
     cols = ["GPUs", "option", "peak/GPU", "set by", "time", _price_column(table), "question"]
     rows = [[f"{x['count']} × {x['gpu']}", x["short"], P.size(x["peak"]) + ("*" if _measured(x) else ""),
              x["phase"], P.fmt_duration(x["seconds"]), money(x["cost"]) if priced else f"{x['gpu_hours']:.3g}",
-             "keeps" if x["keeps"] else "changes"] for x in table["shown"]]
+             "keeps" if x["keeps"] else "changes"] for x in listed(table)]
     return cols, rows
+
+
+def items(table: dict) -> list[str]:
+    """One line per listed row, the GPUs whose rows read the same (count, option, peak, time, price) said in one:
+    ``1 × T4 16GB, L4 24GB or A10 24GB: as written — …``."""
+    groups: dict[tuple, list[dict]] = {}
+    for x in listed(table):
+        groups.setdefault((x["count"], _item(x, table).split(": ", 1)[1]), []).append(x)
+    out = []
+    for (count, rest), xs in groups.items():
+        names = [x["name"] for x in xs]
+        said = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
+        out.append(f"{count} × {said}: {rest}")
+    return out
 
 
 def _measured(x: dict) -> bool:
@@ -106,7 +149,9 @@ def blocks(table: dict) -> list[tuple]:
                          "changes it when that is faster; \"question\": whether the row keeps the experiment's "
                          "question (each option and what it changes: below); `--json` holds every option evaluated."
                          + mark))
-        out.append(("rows", cols, rows, [_item(x, table) for x in table["shown"]]))
+        out.append(("rows", cols, rows, items(table)))
+        if left_unlisted(table):
+            out.append(("p", left_unlisted(table)[0].upper() + left_unlisted(table)[1:] + "."))
     else:
         out.append(("p", "No option fits any catalogue GPU at up to 64 GPUs."))
     if table.get("why_none"):

@@ -104,10 +104,11 @@ def run_counts(updates: int, eval_every: int, save_every: int | None, n_val: int
             "control_passes": 2 * min(control, eval_batch) / eval_batch if control else 0}
 
 
-def flops_per_update(params: int, trainable: int, tokens: int, checkpointing: bool) -> float:
+def flops_per_update(params: int, trainable: int, tokens: int, checkpointing: bool, reference: bool = False) -> float:
     """Forward 2·N·T, gradients of the activations 2·N·T, of the trainable weights 2·N_train·T;
-    recomputation adds one forward. Attention's own FLOPs are left out (small while seq_len ≪ 6·width)."""
-    return (2 * params * (3 if checkpointing else 2) + 2 * trainable) * tokens
+    recomputation adds one forward; a preference reference model's no-grad forward (``reference``) one more.
+    Attention's own FLOPs are left out (small while seq_len ≪ 6·width)."""
+    return (2 * params * (3 if checkpointing else 2) + 2 * trainable + (2 * params if reference else 0)) * tokens
 
 
 def kind_seconds(measured: dict[str, dict], phases) -> dict[str, list[float]]:
@@ -154,8 +155,9 @@ def unit_seconds(measured: dict[str, dict], *, phases, source_gpu, target_gpu, p
             scaling = {"kind": "not scaled", "ratio": 1.0, "latency_bound": False,
                        "text": "measured on CPU; no parameter count or target rate: CPU times shown as measured"}
         else:
-            f_up = flops_per_update(work["params"], work["trainable"], work["tokens_update"], work["checkpointing"])
-            f_ev = 2 * work["params"] * work["tokens_eval"]
+            f_up = flops_per_update(work["params"], work["trainable"], work["tokens_update"], work["checkpointing"],
+                                    work.get("reference", False))
+            f_ev = 2 * work["params"] * work["tokens_eval"] * (2 if work.get("reference") else 1)
             t_up = max(f_up / rate, floor_up)
             t_ev = max(f_ev / rate, GPU_FLOOR_S_PER_PASS)
             ratio = t_up / steady if steady else 0.0
@@ -183,7 +185,8 @@ def unit_seconds(measured: dict[str, dict], *, phases, source_gpu, target_gpu, p
         units["eval_batch"] = ev_fixed + (scaled["eval_batch"] - ev_fixed) * ratio
         eff = None
         if work and work.get("params") and steady > fixed:
-            f_up = flops_per_update(work["params"], work["trainable"], work["tokens_update"], work["checkpointing"])
+            f_up = flops_per_update(work["params"], work["trainable"], work["tokens_update"], work["checkpointing"],
+                                    work.get("reference", False))
             eff = f_up / ((steady - fixed) * source_gpu.rate_tflops(precision) * 1e12)
         scaling = {"kind": "estimate", "ratio": ratio, "compute_ratio": compute, "bandwidth_ratio": memory,
                    "calibrated_on": source_gpu.key, "measured_efficiency": eff, "fixed_s": fixed,

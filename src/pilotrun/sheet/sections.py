@@ -11,6 +11,7 @@ from pilotrun.sheet import gpu_memory as GM
 from pilotrun.sheet import plan as P
 from pilotrun.sheet.catalogue import BY_KEY
 from pilotrun.sheet.options_view import blocks
+from pilotrun.sheet.sizes import DEFINITION
 
 GiB, MiB = 2**30, 2**20
 
@@ -38,17 +39,27 @@ def memory(s: dict) -> list[tuple]:
         out.append(("p", "No GPU memory figure (see the problems above)."))
     else:
         what = ("measured by the pilot's CUDA counters" if m["kind"] == "measured" else
-                "PREDICTED for CUDA by `pilotrun estimate` (fake tensors, the caching allocator's rounding; "
-                "fragmentation not modelled, hence the margin)")
+                "PREDICTED for CUDA: `pilotrun estimate`'s trace replayed through the caching allocator "
+                "(probe/allocator.py, the policy of torch's CUDACachingAllocator; cuBLAS's workspaces in it), on a "
+                "card that never fills (the calibration card, an H200: predicted ÷ measured reserved 0.93–1.06 "
+                "per phase, bench/RESULTS.md)")
         extra = " + ".join(f"{o['what']} {size(o['bytes'])}" for o in m["overheads"])
-        out.append(("p", f"Needed: {size(m['need'])} per GPU = reserved {size(m['peak'])} × "
-                         f"(1 + {GM.MARGIN_FRACTION:g}) + {extra}; set by phase {m['phase']} "
-                         f"({_inputs(m['inputs'])}). Reserved is {what}; the constants are outside every tensor "
-                         f"counter (sources under Constants)."))
+        out.append(("p", f"Needed: {size(m['need'])} per GPU = (reserved {size(m['peak'])} + {extra}) ÷ "
+                         f"(1 − {GM.HEADROOM_FRACTION:g} headroom); set by phase {m['phase']} "
+                         f"({_inputs(m['inputs'])}). Reserved is {what}; the constants live outside the caching "
+                         f"allocator and the headroom is what the replay cannot know (sources under Constants). "
+                         f"Allocator: {s.get('allocator', {}).get('said', 'torch defaults')}."))
     rows = [[p["phase"], p["rank"], size(p["allocated"]), size(p["reserved"]), size(p["need"]), p["tag"]]
             for p in m["phases"]]
     if rows:
         out.append(("table", ["phase", "rank", "allocated", "reserved", "needed", "source"], rows))
+    if m.get("fragmentation"):
+        out.append(("p", "Fragmentation (reserved − allocated at each phase's peaks): measured by the pilot on its "
+                         "card, beside the caching allocator's replay of the estimator's trace for the same campaign "
+                         "(on a card that never fills)."))
+        out.append(("table", ["phase", "rank", "reserved", "fragmentation", "replay: reserved", "fragmentation"],
+                    [[f["phase"], f["rank"], size(f["measured_reserved"]), size(f["measured"]),
+                      size(f["replay_reserved"]), size(f["replay"])] for f in m["fragmentation"]]))
     if m.get("proof"):
         out.append(("p", f"The CPU pilot's ledger (run {s['pilot_run']}), proof that every phase ran: process "
                          f"RSS counts the interpreter and libraries and no GPU memory, so it is never the GPU "
@@ -63,9 +74,10 @@ def memory(s: dict) -> list[tuple]:
     if lg and s.get("target"):
         sources = sorted({v["source"] + (f" ({v['fallback']})" if v.get("fallback") else "") for v in lg.values()})
         probes = sum(v.get("probes") or 0 for v in lg.values())
-        out.append(("p", f"Largest sizes on the {s['target']['name']}, each capped by what can exist (the model's "
-                         f"maximum positions, the longest record, the examples a rank gets). Source: "
-                         + "; ".join(sources) + (f", {probes} probes on fake tensors" if probes else "") + "."))
+        out.append(("p", f"Largest sizes on the {s['target']['name']}: {DEFINITION}; each capped by what can "
+                         f"exist (the model's maximum positions, the longest record, the examples a rank gets). "
+                         f"Source: " + "; ".join(sources) + (f", {probes} probes on fake tensors" if probes else "")
+                         + "."))
         out.append(("table", ["size", "largest", "bound", "at"],
                     [[k, "—" if v["value"] is None else f"{v['value']:,}", v.get("bound", "—"), v.get("at", "")]
                      for k, v in lg.items()]))
@@ -97,14 +109,26 @@ def stack(s: dict) -> list[tuple]:
 
 
 def fit(s: dict) -> list[tuple]:
-    src = "measured" if s["memory"]["kind"] == "measured" else "predicted"
-    return [("h", "Fit table"),
-            ("p", f"Per catalogue GPU: the {src} reserved peak of every phase plus the margin and constants "
-                  f"(the cuBLAS workspace of predicted figures is the GPU's own) against the datasheet memory; "
-                  f"the campaign's time on it (all runs, per lane)."),
-            ("table", ["GPU", "memory", "needed", "verdict", "campaign time"],
-             [[f["name"], f"{f['memory_bytes'] / GiB:g} GiB", size(f.get("need")), f["verdict"],
-               P.fmt_duration(f.get("campaign_s"))] for f in s["fit"]])]
+    if s["memory"]["kind"] == "measured":
+        src = ("the pilot's measured reserved peak of every phase (on the pilot's card) against each GPU's capacity "
+               "(its memory less the headroom, the CUDA context and NCCL's buffers)")
+    else:
+        src = ("the caching allocator's replay on each GPU (its own cuBLAS workspaces; where the calibration card's "
+               "reserved peak is above the GPU's capacity, the replay on that capacity, whose retry path may hold "
+               "it): every phase's reserved peak against the GPU's capacity (its memory less the headroom, the CUDA "
+               "context and NCCL's buffers); each figure is for the GPU of its row")
+    out = [("h", "Fit table"),
+           ("p", f"Per catalogue GPU: {src}; the campaign's time on it (all runs, per lane)."),
+           ("table", ["GPU", "memory", "reserved on it", "needed", "verdict", "campaign time"],
+            [[f["name"], f"{f['memory_bytes'] / GiB:g} GiB", size(f.get("reserved")), size(f.get("need")),
+              f["verdict"], P.fmt_duration(f.get("campaign_s"))] for f in s["fit"]])]
+    if s.get("advice"):
+        out.append(("p", "With the caching allocator's expandable segments (PYTORCH_CUDA_ALLOC_CONF="
+                         "expandable_segments:True) the campaign fits where it does not as launched:"))
+        out.append(("table", ["GPU", "reserved as launched", "reserved with expandable_segments", "needed with it"],
+                    [[a["name"], size(a["default_reserved"]), size(a["reserved"]), size(a["need"])]
+                     for a in s["advice"]]))
+    return out
 
 
 def time(s: dict) -> list[tuple]:
@@ -195,11 +219,9 @@ def expected(s: dict) -> list[tuple]:
 
 def constants(s: dict) -> list[tuple]:
     return [("h", "Constants"),
-            ("list", [f"memory margin: reserved × (1 + {GM.MARGIN_FRACTION:g}): fragmentation over a long run, "
-                      f"batch-to-batch variation",
+            ("list", [f"headroom: {GM.HEADROOM_SOURCE}",
                       f"CUDA context: {size(GM.CUDA_CONTEXT_BYTES)} — {GM.CUDA_CONTEXT_SOURCE}",
-                      f"cuBLAS workspace (predicted figures only; measured reserved holds it): "
-                      f"{GM.CUBLAS_WORKSPACE_SOURCE}",
+                      f"cuBLAS workspaces: {GM.CUBLAS_WORKSPACE_SOURCE}",
                       f"NCCL buffers (ranks > 1): {size(GM.NCCL_BYTES)} — {GM.NCCL_SOURCE}",
                       f"efficiency assumed for a CPU pilot: {P.ASSUMED_MFU:.0%} of the datasheet dense rate of "
                       f"the campaign's precision; a GPU pilot's own measured seconds replace it",

@@ -18,7 +18,8 @@ from pathlib import Path
 import pilotrun
 from pilotrun.campaign.load import apply_overrides, parse_set
 from pilotrun.campaign.reuse import package_digest
-from pilotrun.journal.files import atomic_write_json
+from pilotrun.errors import DiskFull
+from pilotrun.journal.files import atomic_write_json, is_disk_full
 from pilotrun.provenance import package_versions
 from pilotrun.tasks.hub import is_hub_id
 
@@ -130,6 +131,8 @@ def build_wheel(src: dict, folder: Path) -> Path:
                 p = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
                                     "-w", tmp, src["root"]], capture_output=True, text=True, timeout=300)
                 built = sorted(Path(tmp).glob("pilotrun-*.whl"))
+                if p.returncode != 0 and is_disk_full(RuntimeError(p.stderr or p.stdout or ""), folder):
+                    raise DiskFull(folder / "pilotrun-*.whl")  # pip says it in its own words: exit 2, not a crash
                 if p.returncode != 0 or not built:
                     raise RuntimeError(f"pip wheel {src['root']} failed: {(p.stderr or p.stdout).strip()[-500:]}")
             target = folder / built[0].name

@@ -14,6 +14,7 @@ from pilotrun.sheet import plan as P
 from pilotrun.sheet.catalogue import CATALOGUE, match_gpu
 from pilotrun.sheet.rates import costs
 from pilotrun.sheet.shape import scaled_units
+from pilotrun.signals import unless_stopping
 
 
 def _count_records(path: str | None) -> int | None:
@@ -21,7 +22,8 @@ def _count_records(path: str | None) -> int | None:
         return None
     try:
         return len(read_records(path))
-    except Exception:  # noqa: BLE001 - a data file that moved since the pilot: the count is shown as unknown
+    except Exception as e:  # noqa: BLE001 - a data file that moved since the pilot: the count is shown as unknown
+        unless_stopping(e)
         return None
 
 
@@ -127,11 +129,13 @@ def _unit_plan(c, t, rows, peaks, pilot, measured, counts):
     ev = peaks["eval_longest"].get("inputs", {})
     # a mixture of experts computes with the parameters a token runs through (the pilot's load row says them)
     params = load_in.get("active_params") or load_in.get("params")
+    per_example = 2 if "reference" in load_in else 1  # a preference pair is two sequences (chosen, rejected)
     work = {"params": params, "trainable": load_in.get("active_trainable") or load_in.get("trainable") or params,
             "tokens_update": su.get("micro_batch", t.micro_batch) * su.get("accumulation", t.accumulation)
-            * su.get("seq_len", c.data.max_length),
-            "tokens_eval": ev.get("eval_batch", t.eval_batch) * ev.get("seq_len", c.data.max_length),
-            "passes_update": su.get("accumulation", t.accumulation), "checkpointing": c.model.gradient_checkpointing}
+            * su.get("seq_len", c.data.max_length) * per_example,
+            "tokens_eval": ev.get("eval_batch", t.eval_batch) * ev.get("seq_len", c.data.max_length) * per_example,
+            "passes_update": su.get("accumulation", t.accumulation), "checkpointing": c.model.gradient_checkpointing,
+            "reference": load_in.get("reference") in ("copy", "adapter")}  # its no-grad forward in every step
     source_gpu = _measured_gpu(pilot, rows)
     summary = pilot.get("summary") or {}
     model = summary.get("time_model")

@@ -10,8 +10,8 @@ from typing import Any
 
 from pilotrun.tasks import chat, common
 from pilotrun.tasks.base import IGNORE, Example
-from pilotrun.tasks.loading import build_model, eos_id, load_hf_artifact, save_hf_artifact
-from pilotrun.tasks.moe import router_aux
+from pilotrun.tasks.loading import build_model, eos_id, load_hf_artifact
+from pilotrun.tasks.moe import plus_router_aux
 
 
 class CausalLMTask(common.CampaignTask):
@@ -137,13 +137,8 @@ class CausalLMTask(common.CampaignTask):
         target = batch["labels"][:, 1:]
         total = F.cross_entropy(logits.reshape(-1, logits.size(-1)), target.reshape(-1),
                                 ignore_index=IGNORE, reduction="sum")
-        n = (target != IGNORE).sum()
-        aux = router_aux(model, out)
-        if aux is None:
-            return total, n
         # the model's forward adds coef × aux to its mean loss: as a sum over the targets, aux counts once per target
-        weighted = aux * n
-        return total + weighted, n, {"router_aux": weighted.detach()}
+        return plus_router_aux(model, out, total, (target != IGNORE).sum())
 
     def predict(self, model, batch) -> list[list[int]]:
         """Greedy ids at each target position under teacher forcing."""
@@ -159,10 +154,6 @@ class CausalLMTask(common.CampaignTask):
     # --- model and artifact -----------------------------------------------------------------------
     def build_model(self):
         return build_model(self.c, self.tokenizer, self.kind)
-
-    def save_artifact(self, model, out_dir) -> list[str]:
-        merged = self.c.model.adapter is not None and self.c.model.adapter.merged_copy
-        return save_hf_artifact(model, self.tokenizer, out_dir, merged=merged)
 
     def load_artifact(self, path):
         return load_hf_artifact(self.c, self.tokenizer, self.kind, path)

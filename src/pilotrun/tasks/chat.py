@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pilotrun.errors import BadInput
+from pilotrun.records.readers import not_text
 from pilotrun.tasks.base import IGNORE
 
 ROLE_ALIASES = {"human": "user", "gpt": "assistant", "bot": "assistant", "model": "assistant"}
@@ -65,9 +66,9 @@ def messages_of(record, msgs, name: str = "messages", *, need_assistant: bool = 
         if role is None or content is None:
             raise BadInput(f"message {k} lacks role/content (or from/value)", where=record.where,
                            fix="give every message a role and a content")
-        if isinstance(content, (list, dict)) or isinstance(role, (list, dict)):
-            raise BadInput(f"message {k} of field '{name}' has a role or content that is a "
-                           f"{type(content if isinstance(content, (list, dict)) else role).__name__}, not text",
+        bad = not_text(content) or not_text(role)
+        if bad is not None:
+            raise BadInput(f"message {k} of field '{name}' has a role or content that is {bad}, not text",
                            where=record.where, fix="give every message a string role and a string content")
         out.append({"role": ROLE_ALIASES.get(str(role), str(role)), "content": str(content)})
     if need_assistant and not any(m["role"] == "assistant" for m in out):

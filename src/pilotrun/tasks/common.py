@@ -7,10 +7,10 @@ import string
 from typing import Any
 
 from pilotrun.errors import BadInput
-from pilotrun.records.readers import read_records
+from pilotrun.records.readers import not_text, read_records
 from pilotrun.tasks import chat
 from pilotrun.tasks.base import IGNORE, Example
-from pilotrun.tasks.loading import leading_specials, load_tokenizer, pad_id
+from pilotrun.tasks.loading import leading_specials, load_tokenizer, pad_id, save_hf_artifact
 
 SPLITS = ("train", "validation", "test")
 
@@ -27,8 +27,8 @@ def text_field(record, name: str, key: str, *, allow_empty: bool = False) -> str
     value = field(record, name, key)
     if value is None:
         value = ""
-    if isinstance(value, (list, dict)):  # str() would train on its Python repr
-        kind = "a list" if isinstance(value, list) else "an object"
+    kind = not_text(value)
+    if kind is not None:  # str() would train on its Python repr
         raise BadInput(f"field '{name}' (named by {key}) is {kind}, not text", where=record.where,
                        fix=f"give '{name}' a string in every record (numbers are read as text)")
     if not isinstance(value, str):
@@ -85,7 +85,7 @@ def pad_batch(examples: list[Example], pad: int) -> dict[str, Any]:
 
 def read_split(c, split: str):
     path = getattr(c.data, split)
-    return read_records(path) if path else []
+    return read_records(path, f"data.{split}") if path else []
 
 
 class CampaignTask:
@@ -104,6 +104,11 @@ class CampaignTask:
 
     def group_key(self, record) -> str | None:
         return group_of(record, self.c)
+
+    def save_artifact(self, model, out_dir) -> list[str]:
+        """The Hugging Face folders a user loads (the adapter, and a merged copy when model.adapter.merged_copy)."""
+        merged = self.c.model.adapter is not None and self.c.model.adapter.merged_copy
+        return save_hf_artifact(model, self.tokenizer, out_dir, merged=merged)
 
 
 def rendering(tokenizer, c, campaign) -> tuple[list[int], int | None, str, str | None]:

@@ -26,6 +26,17 @@ def router_aux(model, out):
     return float(coef) * aux.float()
 
 
+def plus_router_aux(model, out, total, n):
+    """A task's loss (``total`` summed over ``n`` units: targets, or pairs) with the router's auxiliary loss of the
+    forward ``out`` added as the trainers add it to their mean, once per unit: (total, n), or (total + part, n,
+    {"router_aux": part}) for a forward that computed one (the loop logs the part apart)."""
+    aux = router_aux(model, out)
+    if aux is None:
+        return total, n
+    weighted = aux * n
+    return total + weighted, n, {"router_aux": weighted.detach()}
+
+
 def aux_loss_said(config) -> str | None:
     """What the loss holds besides the targets' cross-entropy, for a line of the rehearsal; None for a dense model."""
     coef = getattr(config, "router_aux_loss_coef", None)

@@ -30,7 +30,8 @@ from typing import Any
 from pilotrun.errors import BadInput
 from pilotrun.tasks import chat, common
 from pilotrun.tasks.base import IGNORE, Example
-from pilotrun.tasks.loading import build_model, eos_id, load_hf_artifact, no_dropout, save_hf_artifact
+from pilotrun.tasks.loading import build_model, eos_id, load_hf_artifact, no_dropout
+from pilotrun.tasks.moe import plus_router_aux
 from pilotrun.tasks.preference_loss import (MEAN_PER_TOKEN, attach_reference, beta_of, mark_reference, pair_terms,
                                             reference_kind, reference_kind_of, reference_of, unwrapped)
 
@@ -101,6 +102,8 @@ class PreferenceTask(common.CampaignTask):
         d = self.c.data
         if d.messages:
             msgs = common.field(record, d.messages, "data.messages")
+            if isinstance(msgs, str) and msgs.strip():  # one user turn, as Axolotl reads a text field_messages
+                return [{"role": "user", "content": msgs}]
             if not isinstance(msgs, list) or not msgs:
                 raise BadInput(f"field '{d.messages}' (named by data.messages) must be a non-empty list of "
                                "{role, content}", where=record.where, fix="give each record the conversation before "
@@ -126,6 +129,8 @@ class PreferenceTask(common.CampaignTask):
             prompt, chosen, rejected = chosen[:k], chosen[k:], rejected[k:]
         elif isinstance(prompt, str):
             prompt = [{"role": "user", "content": prompt}] if prompt else []
+        if prompt and chosen[: len(prompt)] == prompt and rejected[: len(prompt)] == prompt:
+            chosen, rejected = chosen[len(prompt):], rejected[len(prompt):]  # answers given with their prompt (ultra)
         for key, turns in (("chosen", chosen), ("rejected", rejected)):
             if not any(m["role"] == "assistant" for m in turns):
                 raise BadInput(f"the {key} answer has no assistant turn after the prompt: nothing to compare",
@@ -250,14 +255,18 @@ class PreferenceTask(common.CampaignTask):
     # --- log-probabilities, loss and what it saw -----------------------------------------------------------
     def token_logps(self, model, batch):
         """Per row, the log-probability of each target token (0 elsewhere), in fp32, and the target mask."""
+        return self._forward(model, batch)[:2]
+
+    def _forward(self, model, batch):
+        """``token_logps`` and the forward's output (its router auxiliary loss, on a mixture of experts)."""
         import torch.nn.functional as F
 
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-        logits = logits[:, :-1].float()  # position t predicts token t+1; fp32 as the causal-lm loss
+        out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+        logits = out.logits[:, :-1].float()  # position t predicts token t+1; fp32 as the causal-lm loss
         target = batch["labels"][:, 1:]
         logp = -F.cross_entropy(logits.reshape(-1, logits.size(-1)), target.reshape(-1), ignore_index=IGNORE,
                                 reduction="none").view(target.shape)
-        return logp, target != IGNORE
+        return logp, target != IGNORE, out
 
     def _per_pair(self, logp, mask):
         """(chosen, rejected) log-probabilities per pair: summed (dpo), or the mean per token."""
@@ -301,12 +310,14 @@ class PreferenceTask(common.CampaignTask):
         return ref, _nothing()
 
     def loss(self, model, batch):
-        policy = self.policy_logps(model, batch)
+        logp, mask, out = self._forward(model, batch)
+        policy = self._per_pair(logp, mask)
         reference = self.reference_logps(model, batch)
         terms = pair_terms(self.loss_name, self.beta, self.gamma, policy, reference)
         keep = batch["pair_mask"].to(terms.losses.device)
         self._note(terms, keep)
-        return (terms.losses * keep).sum(), keep.sum()
+        # TRL's DPOTrainer adds coef × the policy forward's aux loss (both halves, one forward) to its mean over pairs
+        return plus_router_aux(model, out, (terms.losses * keep).sum(), keep.sum())
 
     def _note(self, terms, keep) -> None:
         """Keep the batch's detached sums over its pairs in the loss: pairs, correct, margin, both rewards and both
@@ -399,10 +410,6 @@ class PreferenceTask(common.CampaignTask):
             attach_reference(model, copy.deepcopy(model))
         mark_reference(model, self.reference)
         return model
-
-    def save_artifact(self, model, out_dir) -> list[str]:
-        merged = self.c.model.adapter is not None and self.c.model.adapter.merged_copy
-        return save_hf_artifact(model, self.tokenizer, out_dir, merged=merged)
 
     def load_artifact(self, path):
         return load_hf_artifact(self.c, self.tokenizer, "causal-lm", path)

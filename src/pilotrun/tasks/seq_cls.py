@@ -8,7 +8,7 @@ from typing import Any
 from pilotrun.errors import BadInput
 from pilotrun.tasks import common
 from pilotrun.tasks.base import Example
-from pilotrun.tasks.loading import build_model, load_hf_artifact, save_hf_artifact
+from pilotrun.tasks.loading import build_model, load_hf_artifact
 
 
 _ID = re.compile(r"-?[0-9]+")
@@ -92,10 +92,6 @@ class SeqClsTask(common.CampaignTask):
         if not self.labels:
             raise BadInput("seq-cls needs data.labels", where="data.labels", fix="list the class names in id order")
         return build_model(self.c, self.tokenizer, self.kind, self.labels)
-
-    def save_artifact(self, model, out_dir) -> list[str]:
-        merged = self.c.model.adapter is not None and self.c.model.adapter.merged_copy
-        return save_hf_artifact(model, self.tokenizer, out_dir, merged=merged)
 
     def load_artifact(self, path):
         return load_hf_artifact(self.c, self.tokenizer, self.kind, path, self.labels)

@@ -13,6 +13,7 @@ from pilotrun.campaign.importers.source import FORMATS, detect, read_source
 from pilotrun.campaign.schema import Campaign
 from pilotrun.errors import BadInput, BadInputs
 from pilotrun.journal.files import atomic_write_text
+from pilotrun.signals import unless_stopping
 
 def import_config(source: str | Path, fmt: str | None = None, out: str | Path | None = None,
                   force: bool = False) -> Imported:
@@ -49,6 +50,7 @@ def import_config(source: str | Path, fmt: str | None = None, out: str | Path | 
     try:
         Campaign.model_validate(campaign)
     except Exception as e:  # a value the campaign refuses (a negative lr ...): named, nothing written
+        unless_stopping(e)
         raise BadInput(f"the imported values do not make a valid campaign: {e}", where=str(source),
                        fix="correct the value in the source config") from None
     imp = Imported(fmt, detected, source, out_path, campaign, b.carried, b.not_carried, b.to_set,

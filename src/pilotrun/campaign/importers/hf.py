@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from pilotrun.campaign.importers import preference, schemas, trl_cli
+from pilotrun.campaign.importers import preference, rl, schemas, trl_cli
 from pilotrun.campaign.importers.builder import Builder, empty
 from pilotrun.campaign.importers.keys import check_keys, unknown_reason
 from pilotrun.campaign.importers.reasons import HF_NOTHING_PREFIXES, HF_REASONS, NOTHING
@@ -58,9 +58,13 @@ def preference_key(raw: dict[str, Any]) -> str | None:
 
 
 def import_hf(raw: dict[str, Any], b: Builder) -> None:
+    known = schemas.known("transformers") | schemas.known("trl")
+    other = rl.trl_trainer_key(raw, known)
+    if other:  # a GRPOConfig (it has DPOConfig's beta too), PPOConfig, KTOConfig ...: never SFT or DPO (rl.py)
+        rl.refuse_trl(b, other, raw[other])  # the refusal alone: no side key named
+        return
     defaults = hf_defaults()
     defaults["accelerator_config"] = accelerator_defaults()
-    known = schemas.known("transformers") | schemas.known("trl")
     typos, unknown = check_keys(raw, known, b.source, f"{schemas.label('transformers')} / {schemas.label('trl')}")
     b.problems += typos
     used: set[str] = set(unknown)

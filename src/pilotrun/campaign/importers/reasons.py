@@ -12,10 +12,11 @@ ATTENTION = ("attention kernel: memory on CUDA differs from the eager attention 
 
 
 AXOLOTL_REASONS = {
-    "sample_packing": "the source packs several examples into one sequence; the rehearsal trains one example per "
-                      "row, so the pilot's worst case is then a packed sequence of sequence_len tokens "
-                      "(--set data.max_length to sequence_len and keep examples that long): memory per micro-batch "
-                      "on the rental is that of full sequence_len rows, and there are fewer updates per epoch",
+    "sample_packing": "the source packs several examples into one row of up to sequence_len tokens; packing is "
+                      "not rehearsed: pilotrun trains one example per row, so its memory figures are for rows as "
+                      "long as the longest example, not for full packed sequence_len rows — the rental needs more "
+                      "memory per micro-batch than the sheet says (most for short examples), and an epoch has "
+                      "fewer, fuller updates",
     "eval_sample_packing": "packing of the validation rows: see sample_packing",
     "pad_to_sequence_len": "the source pads every row to sequence_len; the rehearsal pads to the longest row of a "
                            "micro-batch, and its worst case (the longest rows) is what the memory figures show",

@@ -16,7 +16,7 @@ import math
 from datetime import datetime
 from pathlib import Path
 
-from pilotrun.journal.runs import run_table_rows, shown_status
+from pilotrun.journal.runs import flat, run_table_rows, shown_status
 
 RUN_FILES = ("config.yaml", "revisions.json", "README.md")
 """The run folder's files a tracker gets (checkpoints and the artifact stay in the run folder: too large)."""
@@ -26,17 +26,6 @@ LEDGER_COLUMNS = ("phase", "rank", "device", "counter", "inputs", "baseline", "p
                   "end_allocated", "end_reserved", "duration_s", "verdict", "note")
 LEDGER_METRICS = ("peak_allocated", "peak_reserved", "duration_s")
 FAILED = ("diverged", "failed", "check failed")
-
-
-def flat(d: dict, prefix: str = "") -> dict[str, object]:
-    """Nested dicts as dotted keys; lists and other values as they are."""
-    out: dict[str, object] = {}
-    for k, v in d.items():
-        if isinstance(v, dict) and v:
-            out.update(flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
 
 
 def param_value(v) -> str:

@@ -8,6 +8,7 @@ or refuses is bad input naming it (exit 2); what was sent before stays recorded,
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 from pilotrun.errors import BadInput
@@ -132,8 +133,6 @@ class Exporter:
             return
         from pilotrun.report.html import write_report
         from pilotrun.scratch import make_dir
-
-        import shutil
 
         tmp = make_dir("pilotrun-export-")
         try:

@@ -22,6 +22,7 @@ from pilotrun.errors import BadInput
 RETRIES = (1.0, 2.0, 4.0)  # seconds before each further try of a failed send
 EVERY_S = 5.0  # the most often a training run's new points are sent
 DRAIN_S = 60.0  # what the verb's end gives the tracker to take the rest
+DRAIN_STOPPED_S = 10.0  # ... when the verb ends on an error or an interruption
 
 
 class LiveTracker:
@@ -34,6 +35,7 @@ class LiveTracker:
         self.retries, self.every_s = tuple(retries), every_s
         self.events: queue.Queue = queue.Queue()
         self.failure: str | None = None
+        self.trouble = False
         self.tracker = None
         self.sent: set[str] = set()  # runs the tracker holds whole
         self._thread = threading.Thread(target=self._work, name="pilotrun-live-tracker", daemon=True)
@@ -115,17 +117,24 @@ class LiveTracker:
         self.failure = f"{type(e).__name__}: {what}" + (f" (tried {tries} times)" if tries > 1 else "")
 
     # --- the verb's end ------------------------------------------------------------------------------------
-    def close(self, drain_s: float = DRAIN_S) -> list[str]:
-        """Stop, giving the tracker ``drain_s`` to take what is left; the lines the verb says about it."""
+    def close(self, drain_s: float = DRAIN_S, say: Callable[[str], None] | None = None) -> list[str]:
+        """Stop, giving the tracker ``drain_s`` to take what is left (``say`` hears, after 2 s, that it is
+        waiting); the lines the verb says about it. ``trouble`` is then whether they are warnings."""
         self.events.put(("stop", None, None))
-        self._thread.join(drain_s)
+        self._thread.join(min(2.0, drain_s))
+        if self._thread.is_alive() and say is not None:
+            say(f"sending what is left to {self.tracker.describe() if self.tracker else 'the tracker'} "
+                f"(at most {drain_s:.0f}s)")
+        self._thread.join(max(0.0, drain_s - 2.0))
         where = getattr(self.tracker, "target", None) or "the tracker"
+        self.trouble = self.failure is not None or self._thread.is_alive()
         if self.failure is not None:
             return [f"live logging to {where} stopped: {self.failure}; training went on and the journal has every "
                     f"run: send them with `{self.hint}`"]
         if self._thread.is_alive():
             return [f"live logging to {where} had not finished after {drain_s:.0f}s; the journal has every run: "
                     f"send the rest with `{self.hint}`"]
-        view = self.tracker.how_to_view() if self.tracker is not None else ""
-        return [f"logged live to {self.tracker.describe()}: {len(self.sent)} run(s)" + (f"; {view}" if view else "")
-                ] if self.tracker is not None else []
+        if self.tracker is None:
+            return []
+        view = self.tracker.how_to_view()
+        return [f"logged live to {self.tracker.describe()}: {len(self.sent)} run(s)" + (f"; {view}" if view else "")]

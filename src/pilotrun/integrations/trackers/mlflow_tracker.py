@@ -74,6 +74,7 @@ class MlflowTracker:
         self._experiments: dict[str, str] = {}
         self._sent: dict[str, set[tuple[str, int]]] = {}  # tracker run id -> (key, step) already in MLflow
         self._asked: dict[str, set[str] | None] = {}  # tracker run id -> the keys whose history was read from MLflow
+        self._params_sent: set[str] = set()  # tracker run ids this process has sent their params to
 
     def experiment_of(self, campaign: str) -> str:
         return self.experiment_name or campaign
@@ -162,6 +163,14 @@ class MlflowTracker:
             asked.add(k)
         return sent
 
+    def _params_once(self, tid: str, params: dict) -> dict | None:
+        """A run's params, the first time this process sends to it (MLflow takes the same values again: a run an
+        earlier process created before it could log them gets them now)."""
+        if tid in self._params_sent:
+            return None
+        self._params_sent.add(tid)
+        return params
+
     def _table(self, tid: str, path: str, columns: list[str], rows: list[list]) -> None:
         """A table artifact in MLflow's own table format, overwritten (``log_table`` would append rows to it)."""
         self.client.log_dict(tid, {"columns": columns, "data": rows}, path)
@@ -182,11 +191,11 @@ class MlflowTracker:
             tags["mlflow.parentRunId"] = parent
         if run.get("git_rev"):
             tags["mlflow.source.git.commit"] = run["git_rev"]
-        tid, new = self._open(exp_id, existing, ("pilotrun.run_id", run["run_id"]), name=C.run_name(run),
-                              start=C.epoch_s(run.get("started_at")), tags=tags)
+        tid, _ = self._open(exp_id, existing, ("pilotrun.run_id", run["run_id"]), name=C.run_name(run),
+                            start=C.epoch_s(run.get("started_at")), tags=tags)
         done = C.finished(run)
         points = C.metric_points(journal, run) + (C.ledger_points(journal, run) if done else [])
-        self._log(tid, params=C.params(run) if new or existing is None else None, tags=tags, points=points)
+        self._log(tid, params=self._params_once(tid, C.params(run)), tags=tags, points=points)
         if done:
             desc = C.run_description(journal, run)
             ledger_cols, ledger_rows = C.ledger(journal, run["run_id"])
@@ -202,9 +211,9 @@ class MlflowTracker:
     def send_sweep(self, journal, sweep: dict, existing: str | None) -> str:
         exp_id = self.experiment_id(sweep["campaign"])
         tags = {**sweep["tags"], "mlflow.runName": sweep["name"]}
-        tid, new = self._open(exp_id, existing, ("pilotrun.sweep_plan", sweep["sweep_id"]), name=sweep["name"],
-                              start=None, tags={**tags, "pilotrun.sweep_plan": sweep["sweep_id"]})
-        self._log(tid, params=sweep["params"] if new or existing is None else None, tags=tags)
+        tid, _ = self._open(exp_id, existing, ("pilotrun.sweep_plan", sweep["sweep_id"]), name=sweep["name"],
+                            start=None, tags={**tags, "pilotrun.sweep_plan": sweep["sweep_id"]})
+        self._log(tid, params=self._params_once(tid, sweep["params"]), tags=tags)
         columns, rows = sweep["comparison"]
         self._table(tid, "pilotrun/comparison.json", columns, rows)
         self._log(tid, tags={"mlflow.loggedArtifacts": json.dumps([{"path": "pilotrun/comparison.json",

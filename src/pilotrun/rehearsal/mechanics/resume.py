@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +23,7 @@ from pilotrun.campaign.arithmetic import data_parallel_ranks, per_rank_update
 from pilotrun.campaign.load import load_campaign
 from pilotrun.campaign.prepare import prepare, require_weights
 from pilotrun.console.progress import head, note
+from pilotrun.engine import fresh
 from pilotrun.engine.control import store_control_predictions
 from pilotrun.engine.distributed import check_strategy, default_device, under_launcher
 from pilotrun.engine.launcher import Ranks
@@ -327,8 +326,7 @@ def _fresh_process(rec, spec: dict, at: int):
     """``python -m pilotrun _resume-worker``: loads the state saved at K and continues; ``(its outcome or None,
     the finished process)``."""
     head(f"resumed run (a new process, from update {at})", spent="startup")  # until the worker's first note
-    proc = subprocess.run([sys.executable, "-m", "pilotrun", "_resume-worker", str(rec.dir / "resume_spec.json")],
-                          capture_output=True, text=True, env=dict(os.environ), timeout=3600)
+    proc = fresh.run(["_resume-worker", str(rec.dir / "resume_spec.json")], timeout=3600)
     return (json.loads(Path(spec["out"]).read_text()) if proc.returncode == 0 else None), proc
 
 

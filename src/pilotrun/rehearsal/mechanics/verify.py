@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 from pilotrun.campaign.load import load_campaign
 from pilotrun.console.progress import head, note, spend, spending
-from pilotrun.engine.control import CONTROL_FILE, load_control, target_logits
+from pilotrun.engine import fresh
+from pilotrun.engine.control import CONTROL_FILE, load_control, predictions_and_logits
 from pilotrun.engine.precision import EPS, autocast, campaign_compute_dtype
 from pilotrun.errors import BadInput
 from pilotrun.journal.checkpoints import reference, resolve
@@ -30,6 +29,7 @@ from pilotrun.journal.runs import missing_run_folder
 from pilotrun.journal.store import Journal
 from pilotrun.tasks import make_task
 from pilotrun.tasks.base import Example
+from pilotrun.signals import unless_stopping
 from pilotrun.verdicts import StageResult
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
@@ -92,9 +92,7 @@ def verify(home, run_id: str) -> StageResult:
     with tempfile.TemporaryDirectory(prefix="pilotrun-verify-") as tmp:
         out = Path(tmp) / "reloaded.json"
         (Path(tmp) / "control.json").write_text(json.dumps(control))
-        proc = subprocess.run([sys.executable, "-m", "pilotrun", "_verify-worker", str(run_dir),
-                               str(Path(tmp) / "control.json"), str(out)],
-                              capture_output=True, text=True, env=dict(os.environ), timeout=3600)
+        proc = fresh.run(["_verify-worker", str(run_dir), str(Path(tmp) / "control.json"), str(out)], timeout=3600)
         if proc.returncode != 0 or not out.is_file():
             tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-5:])
             return StageResult("verify", "fail", f"run {run_id}: the artifact does not reload",
@@ -195,8 +193,7 @@ def verify_worker(run_dir: str, control_path: str, out_path: str) -> int:
         dtype = str(next(model.parameters()).dtype)
         with torch.no_grad(), autocast(precision, "cpu"):  # as the run computed its control predictions
             batch = task.collate(examples)
-            preds = task.predict(model, batch)
-            logits = target_logits(task, model, batch) if stored else None
+            preds, logits = predictions_and_logits(task, model, batch, logits=bool(stored))
         pred = dict(zip(rids, preds))
         computed = campaign_compute_dtype(loaded.campaign)
         diff, ties, tol = None, {}, logit_tolerance(computed, 0.0)
@@ -263,6 +260,7 @@ def _tokenizer_same(task, sub: Path, examples) -> str:
     try:
         tok = AutoTokenizer.from_pretrained(str(sub), local_files_only=True)
     except Exception as e:  # a missing or broken tokenizer is the finding, whatever transformers raises
+        unless_stopping(e)
         return f"the tokenizer does not load: {type(e).__name__}: {e}"
     if tok.eos_token_id != train_tok.eos_token_id or len(tok) != len(train_tok):
         return (f"the tokenizer differs: {len(tok)} tokens, eos {tok.eos_token_id}; training used {len(train_tok)}, "

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
+
 from pilotrun.campaign.prepare import prepare
 from pilotrun.errors import BadInput
+from pilotrun.probe.alloc_conf import settings_from_env
 from pilotrun.probe.counted import training_need
 from pilotrun.probe.estimate import CATEGORIES
 from pilotrun.probe.recorder import describe_inputs, peak_of
@@ -16,8 +19,10 @@ LEDGER_KEYS = ("phase", "rank", "device", "counter", "inputs", "baseline", "peak
 BYTE_KEYS = ("baseline", "peak_allocated", "peak_reserved", "end_allocated", "end_reserved", *CATEGORIES)
 COLUMNS = ["phase", "rank", "device", "inputs", "baseline", "peak_allocated", "peak_reserved", "end_allocated",
            "verdict", *CATEGORIES]
-CONTEXT_NOTE = ("the CUDA context (about 0.3–0.75 GiB per process) and library workspaces are not tensors and "
-                "are not counted; reserved assumes no fragmentation (a floor)")
+CONTEXT_NOTE = ("allocated and reserved are the caching allocator's replay of the trace (probe/allocator.py: "
+                "torch's CUDACachingAllocator policy, cuBLAS's two 32 MiB workspaces in it; calibrated on an H200, "
+                "bench/RESULTS.md); the CUDA context (about 0.5–0.75 GiB per process) lives outside it and is not "
+                "counted")
 
 
 def estimate(loaded, *, device: str = "cuda", gpu_memory: int | None = None, prep=None) -> StageResult:
@@ -29,8 +34,9 @@ def estimate(loaded, *, device: str = "cuda", gpu_memory: int | None = None, pre
     limit = gpu_memory
     if limit is None and device == "cuda":
         limit = parse_size(loaded.campaign.hardware.memory_per_gpu, where="hardware.memory_per_gpu")
+    settings, variable = settings_from_env(os.environ)  # as the user's launch sets the allocator
     prep = prep or prepare(loaded, splits=("train", "validation"), shapes=True)
-    out = trace(loaded, device=device, prep=prep)
+    out = trace(loaded, device=device, prep=prep, settings=settings)
     rows = out["rows"]
     worst = max(rows, key=lambda r: peak_of(r) or 0)
     messages = [f"estimates on fake tensors: {out['params']:,} parameters ({out['trainable']:,} trainable), "
@@ -38,7 +44,7 @@ def estimate(loaded, *, device: str = "cuda", gpu_memory: int | None = None, pre
     if out["ranks"] > 1:
         messages.append(f"per rank, for {out['ranks']} ranks ({loaded.campaign.train.strategy})")
     if device == "cuda":
-        messages.append(CONTEXT_NOTE)
+        messages.append(CONTEXT_NOTE + f"; allocator: {settings.said()}" + (f" ({variable})" if variable else ""))
     else:
         messages.append("cpu: tensor bytes only; the process's RSS adds the interpreter and libraries")
     verdict = "ok"

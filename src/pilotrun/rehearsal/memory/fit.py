@@ -131,6 +131,7 @@ def fit(loaded, home, memory_limit: int, *, write: str | None = None, effective_
     else:
         pilot_run = None
     over = _over(pilot_rows)
+    unmeasured = next((r for r in pilot_rows if r["verdict"] in ("error", "nan")), None)
     data = {"limit": memory_limit, "pilot_run": pilot_run, "control_batch": batch_line(batch_arithmetic(
         t, len(prep.train))), "device": str(device)}
     messages = [f"control: {data['control_batch']}"]
@@ -140,6 +141,15 @@ def fit(loaded, home, memory_limit: int, *, write: str | None = None, effective_
     if effective != control_effective:
         messages.append(f"--effective-batch {effective}: variants keep {effective} examples per update instead of "
                         f"the control's {control_effective}, which changes the experiment")
+    if unmeasured is not None and over is None:
+        # a phase that ended in an error or a non-finite loss measured nothing whole: no "fits" on it
+        data["unmeasured"] = unmeasured["phase"]
+        where = f"the pilot run {pilot_run}" if pilot_run else "fit's own probes"
+        messages.insert(0, f"phase {unmeasured['phase']} of the control ended {unmeasured['verdict']} in {where}: "
+                           f"{unmeasured.get('note') or ''}; fix it (`pilotrun pilot CAMPAIGN` names it) and run fit again")
+        return StageResult("fit", "fail", f"the control could not be measured: phase {unmeasured['phase']} ended "
+                           f"{unmeasured['verdict']}, so whether it fits {fmt_bytes(memory_limit)} is unknown",
+                           messages, data)
     if over is None:
         worst = max(pilot_rows, key=lambda r: peak_of(r) or 0)
         return StageResult("fit", "ok", f"the control fits {fmt_bytes(memory_limit)}: peak {fmt_bytes(peak_of(worst))} "

@@ -7,6 +7,7 @@ rows into the journal and turns them into a verdict with messages a user can act
 
 from __future__ import annotations
 
+import os
 import time
 
 from pilotrun import startup
@@ -18,10 +19,12 @@ from pilotrun.journal.runs import RunRecorder
 from pilotrun.journal.store import Journal
 from pilotrun.phases import PHASES
 from pilotrun.phases.registry import BY_NAME
+from pilotrun.probe.alloc_conf import settings_from_env
 from pilotrun.probe.memory import release_free_memory
 from pilotrun.probe.recorder import figure, host_peak, peak_of
 from pilotrun.probe.sizes import fmt_bytes, parse_size
 from pilotrun.rehearsal.memory.pilot_phases import INJECT_ENV, PilotJob, parse_inject, run_phases
+from pilotrun.sheet.gpu_memory import fragmentation
 from pilotrun.verdicts import StageResult
 
 COLUMNS = ["phase", "rank", "counter", "baseline", "peak_allocated", "peak_reserved", "end_allocated",
@@ -130,13 +133,39 @@ def pilot(loaded, home, *, memory_limit=None, inject=None) -> StageResult:
               **{k: fmt_bytes(r[k]) if r.get(k) is not None else "—" for k in
                  ("baseline", "peak_allocated", "peak_reserved", "end_allocated", "end_reserved")},
               "duration_s": round(r["duration_s"] or 0.0, 3)} for r in rows]
+    beside = _replay_beside(loaded, prep, rows) if rows and rows[0].get("counter") == "cuda" else None
+    if beside:
+        by = {f["phase"]: f for f in beside}
+        for row, r in zip(table, rows):
+            f = by.get(r["phase"])
+            row["fragmentation"] = fmt_bytes(r["peak_reserved"] - r["peak_allocated"]) if f else "—"
+            row["replay fragmentation"] = fmt_bytes(f["replay"]) if f else "—"
+        messages.append("fragmentation = reserved − allocated at the phase's peaks, measured on this GPU, beside the "
+                        "caching allocator's replay of `pilotrun estimate`'s trace for CUDA (bench/RESULTS.md: the "
+                        "replay's calibration)")
     peak = max(rows, key=lambda r: peak_of(r) or 0, default=None)
     summary = (f"{len(bad)} of {len(rows)} phase rows failing" if bad else
                f"every phase ran within {fmt_bytes(limit)}; the peak is {peak['phase']} "
                f"({fmt_bytes(peak_of(peak) or 0)} {figure(peak)})" if peak else "no rows")
     ranks.share("fail" if bad else "ok")
     return StageResult("pilot", "fail" if bad else "ok", summary, messages,
-                       {"run_id": rec.run_id, "memory_limit": limit, "rows": rows}, columns=_columns(rows), rows=table)
+                       {"run_id": rec.run_id, "memory_limit": limit, "rows": rows, "fragmentation": beside},
+                       columns=_columns(rows) + (["fragmentation", "replay fragmentation"] if beside else []),
+                       rows=table)
+
+
+def _replay_beside(loaded, prep, rows: list[dict]) -> list[dict] | None:
+    """A CUDA pilot's fragmentation per phase beside the replay's (sheet/gpu_memory.fragmentation), from the estimator's
+    trace of the same campaign under the launch's allocator settings; None (said nowhere, the ledger stands) when the
+    estimator cannot trace it."""
+    from pilotrun.probe.trace import trace  # lazy: the estimator's trace, only for a CUDA pilot
+
+    try:
+        settings, _ = settings_from_env(os.environ)
+        predicted = trace(loaded, device="cuda", prep=prep, settings=settings)["rows"]
+    except Exception:  # noqa: BLE001 - the comparison is a view beside the measurement, never its verdict
+        return None
+    return fragmentation(rows, predicted)
 
 
 def routing_said(model: dict, rows: list[dict]) -> str | None:

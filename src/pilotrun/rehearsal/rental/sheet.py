@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pilotrun.campaign.importers import not_reproduced_lines
+from pilotrun.errors import DiskFull, from_os_error
 from pilotrun.journal.files import atomic_write_text
 from pilotrun.journal.runs import find_pilot
 from pilotrun.journal.store import Journal
@@ -23,6 +24,7 @@ from pilotrun.sheet.rates import read_rates
 from pilotrun.sheet.render import to_lines, to_markdown
 from pilotrun.sheet.sections import size
 from pilotrun.sheet.stack import read_target_env
+from pilotrun.signals import unless_stopping
 from pilotrun.verdicts import StageResult, worst
 
 
@@ -112,6 +114,10 @@ def _write(sheet, loaded, out: Path, sets) -> list[Path]:
         try:
             sheet["launch"]["files"] = launch_plan(sheet, loaded, BY_KEY[ch["gpu"]], ch["plan"], sets)
         except Exception as e:  # noqa: BLE001 - the sheet stands without its launch files; say why
+            unless_stopping(e)
+            refused = e if isinstance(e, DiskFull) else from_os_error(e, out.parent)
+            if refused is not None:  # a full disk, a read-only --out: exit 2 naming it, not a sheet without files
+                raise refused from None
             sheet["warnings"].append(f"no launch files: {type(e).__name__}: {e}")
     elif not ch:
         sheet["warnings"].append("no launch files: no GPU and plan to launch (see the problems above)")

@@ -20,7 +20,7 @@ from typing import Callable
 
 from pilotrun.campaign.arms import Arm, effective_batch, plan_arms  # noqa: F401  (plan_arms: validate shares it)
 from pilotrun.errors import BadInput
-from pilotrun.journal.store import Journal, iso, last_heartbeat, lease_s, wall_time
+from pilotrun.journal.store import Journal, lease_s, wall_time
 from pilotrun.provenance import config_sha256
 from pilotrun.rehearsal.training import compare as cmp
 from pilotrun.campaign.sweep_runs import arm_command, check_sweep_id, encoded_for, launch_sweep_id  # noqa: F401
@@ -28,7 +28,7 @@ from pilotrun.verdicts import StageResult
 from pilotrun.campaign.consistency import check_campaign
 from pilotrun.engine.distributed import (broadcast_from_rank0, check_strategy, init_from_launcher, under_launcher,
     world_rank)
-from pilotrun.journal.runs import find_pilot
+from pilotrun.journal.runs import find_pilot, still_alive
 from pilotrun.rehearsal.training.sweep_ray import require_ray, run_remote
 from pilotrun.rehearsal.training.timecheck import sweep_time_check, time_lines, time_plan_warning
 from pilotrun.rehearsal.training.train import train_run
@@ -248,12 +248,6 @@ def taken_lines(taken: list[dict]) -> list[str]:
     return [f"  {c['arm']:<10} seed {c['seed']}: taken by another sweep process (pid {c['pid']} on host {c['host']}, "
             f"claimed {c['claimed_at']}, heartbeat {wall_time() - c['heartbeat_at']:.0f}s ago): not run here"
             for c in taken]
-
-
-def still_alive(run: dict) -> str:
-    """Where a running run lives and when it last renewed its lease (the journal's wall clock)."""
-    beat = last_heartbeat(run)
-    return f"pid {run['pid']} on host {run['host']}, last heartbeat {iso(beat)} ({wall_time() - beat:.0f}s ago)"
 
 
 def _latest_runs(journal: Journal, sweep_id: str) -> dict[tuple[str, int], dict]:

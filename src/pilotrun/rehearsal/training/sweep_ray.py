@@ -16,6 +16,7 @@ the same paths: the worker checks both before training and fails the run naming 
 
 from __future__ import annotations
 
+import shutil
 import socket
 import time
 from typing import Any, Callable
@@ -30,6 +31,7 @@ from pilotrun.journal.runs import RunRecorder, data_fingerprints, find_pilot
 from pilotrun.journal.store import Journal
 from pilotrun.journal.transfer import check_arrived, export_run, import_run, pack_folder, unpack_folder
 from pilotrun.rehearsal.training.train import train_run
+from pilotrun.scratch import make_dir, remove_dead
 from pilotrun.signals import interruption
 
 PROGRESS_S = 1.0  # the shortest interval between a worker's progress reports
@@ -157,9 +159,16 @@ def run_remote(todo: list, *, journal, sweep_id: str, plan: dict, sets: tuple, a
                    "the remote task was cancelled" if isinstance(exc, KeyboardInterrupt) else
                    f"the sweep's driver stopped ({type(exc).__name__}: {exc}); the remote task was cancelled")
             job["rec"].finish("interrupted", {"reason": why, "node": job["node"]})
+        if in_flight:  # the cancelled workers end: their scratch journals are removed below
+            ray.wait(list(in_flight), num_returns=len(in_flight), timeout=CANCEL_WAIT_S)
         raise
     finally:
         ray.kill(tracker, no_restart=True)
+        remove_dead(SCRATCH_PREFIX)  # scratch of workers on this host that were killed (lost, cancelled)
+
+
+SCRATCH_PREFIX = "pilotrun-ray-"
+CANCEL_WAIT_S = 5.0
 
 
 def _pilot_bundle(journal, pilot: dict | None) -> dict | None:
@@ -266,8 +275,6 @@ def check_node(expect: dict, loaded) -> None:
 
 def train_remote(spec: dict) -> dict:
     """One run on a worker: train into a scratch journal, send back its rows and folder."""
-    import tempfile
-
     tracker, run_id, loaded = spec["tracker"], spec["run_id"], spec["loaded"]
     node = node_facts()
     tracker.report.remote(("started", run_id, node))
@@ -280,7 +287,8 @@ def train_remote(spec: dict) -> dict:
             tracker.report.remote(("progress", run_id, st.update, st.examples_seen))
 
     single = data_parallel_ranks(loaded.c.train) == 1  # hooks cannot follow a run into spawned ranks
-    with tempfile.TemporaryDirectory(prefix="pilotrun-ray-") as scratch:
+    scratch = make_dir(SCRATCH_PREFIX)  # named for this worker: a killed one's is removed by the next or the driver
+    try:
         journal = Journal(scratch)
         if spec["pilot"]:
             import_run(journal, spec["pilot"])
@@ -291,5 +299,7 @@ def train_remote(spec: dict) -> dict:
         run = journal.get_run(local_id)
         rows = export_run(journal, local_id)
         files = pack_folder(journal.run_dir(local_id), skip=("config.yaml", "revisions.json", "README.md"))
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     return {"status": run["status"], "summary": run["summary"] or {}, "rows": rows, "files": files, "node": node,
             "progress": (run["updates_done"], run["examples_seen"])}

@@ -1,0 +1,236 @@
+"""Fresh processes for the checks that need one (``resume``'s continued run, ``verify``'s reload), without
+paying the libraries' import (~4 s of torch and transformers on 2 cores) at each.
+
+``start()`` launches a *zygote*: a new interpreter (``exec``'d, not a fork of the caller) that imports the
+preload list and then waits. ``run(args)`` asks it to ``fork`` a child that runs ``python -m pilotrun
+args...`` exactly as a cold ``subprocess.run`` would (the request's environment, working folder and output
+files), and answers that child's exit status. Without a zygote (never started, or gone), or with
+``PILOTRUN_FRESH=cold`` in the request's environment, ``run`` starts the cold process itself: the same
+arguments, the same result.
+
+Why the child proves what a cold process proves (docs/ARCHITECTURE.md, "Fresh processes"): the zygote is
+started before the verb loads its campaign, from the executable and never from the caller's memory; all it
+ever did is import modules and read requests. So the child holds no object of the run (no model, optimizer,
+sampler, RNG state, data); all it knows of the run comes from its arguments: paths to the journal and the run's
+files on disk. It is the same idea as ``multiprocessing``'s forkserver with ``set_forkserver_preload``, written
+out here so that the child's output comes back through files passed with the request (SCM_RIGHTS), the
+environment is the request's, and nothing is left in the system's temp folder.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+# What the checks' fresh processes import anyway: the libraries, then pilotrun's own modules of those checks.
+PRELOAD = ("torch", "transformers", "transformers.modeling_utils", "pilotrun.cli.main",
+           "pilotrun.rehearsal.mechanics.resume", "pilotrun.rehearsal.mechanics.verify")
+
+
+COLD_ENV = "PILOTRUN_FRESH"  # "cold": no zygote is started, and a running one is not asked
+
+
+class _Zygote:
+    def __init__(self, proc: subprocess.Popen, sock: socket.socket):
+        self.proc, self.sock = proc, sock
+
+
+_ZYGOTE: _Zygote | None = None
+
+
+def start(preload: tuple[str, ...] = PRELOAD) -> None:
+    """Start the zygote in the background (it imports ``preload`` while the caller goes on); once per process."""
+    global _ZYGOTE
+    if _ZYGOTE is not None and _ZYGOTE.proc.poll() is None:
+        return
+    here, there = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        proc = subprocess.Popen([sys.executable, "-c", "import sys; from pilotrun.engine.fresh import serve; "
+                                 "serve(int(sys.argv[1]), sys.argv[2:])", str(there.fileno()), *preload],
+                                pass_fds=(there.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, close_fds=True)
+    except OSError:
+        here.close()
+        return  # no zygote: run() starts cold processes
+    finally:
+        there.close()
+    _ZYGOTE = _Zygote(proc, here)
+    atexit.register(stop)
+
+
+def stop() -> None:
+    """End the zygote (closing its socket is enough: it exits when it reads the end)."""
+    global _ZYGOTE
+    z, _ZYGOTE = _ZYGOTE, None
+    if z is None:
+        return
+    try:
+        z.sock.shutdown(socket.SHUT_RDWR)  # the end, even while a reader of the socket is still open
+    except OSError:
+        pass
+    z.sock.close()
+    try:
+        z.proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        z.proc.kill()
+        z.proc.wait()
+
+
+def started() -> bool:
+    return _ZYGOTE is not None and _ZYGOTE.proc.poll() is None
+
+
+def run(args: list[str], *, timeout: float, env: dict | None = None) -> subprocess.CompletedProcess:
+    """``python -m pilotrun args...`` in a fresh process, its output captured as text: a child of the zygote if
+    one runs, a cold interpreter otherwise. Raises ``subprocess.TimeoutExpired`` (the child killed) as
+    ``subprocess.run`` does."""
+    env = dict(os.environ if env is None else env)
+    if started() and env.get(COLD_ENV) != "cold":
+        done = _forked(args, timeout, env)
+        if done is not None:
+            return done
+    return subprocess.run([sys.executable, "-m", "pilotrun", *args], capture_output=True, text=True, env=env,
+                          timeout=timeout)
+
+
+def _forked(args: list[str], timeout: float, env: dict) -> subprocess.CompletedProcess | None:
+    """The zygote's child; None when the zygote cannot take the request (gone): the caller goes cold."""
+    z = _ZYGOTE
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        request = json.dumps({"args": list(args), "env": env, "cwd": os.getcwd()}).encode() + b"\n"
+        try:
+            socket.send_fds(z.sock, [request], [out.fileno(), err.fileno()])
+        except OSError:
+            stop()
+            return None
+        reader = z.sock.makefile("rb")
+        pid = None
+        deadline = time.monotonic() + timeout
+        try:  # the timeout counts from the request, the zygote's imports included (as a cold process's do)
+            z.sock.settimeout(max(1e-3, deadline - time.monotonic()))
+            line = reader.readline()  # {"pid": N} once forked: after the zygote's imports are done
+            if not line:
+                stop()
+                return None
+            pid = json.loads(line)["pid"]
+            z.sock.settimeout(max(1e-3, deadline - time.monotonic()))
+            line = reader.readline()  # {"code": C} when the child has ended
+            if not line:
+                raise OSError("the zygote ended before its child")
+            code = json.loads(line)["code"]
+        except (socket.timeout, TimeoutError):
+            _kill(pid)
+            stop()
+            out.seek(0)
+            err.seek(0)
+            raise subprocess.TimeoutExpired([sys.executable, "-m", "pilotrun", *args], timeout,
+                                            output=out.read().decode(errors="replace"),
+                                            stderr=err.read().decode(errors="replace")) from None
+        except BaseException:  # Ctrl-C or a signal while waiting: the child ends with us, as subprocess.run's
+            _kill(pid)
+            stop()
+            raise
+        finally:
+            reader.close()
+        out.seek(0)
+        err.seek(0)
+        return subprocess.CompletedProcess([sys.executable, "-m", "pilotrun", *args], code,
+                                           out.read().decode(errors="replace"), err.read().decode(errors="replace"))
+
+
+def _kill(pid: int | None) -> None:
+    if pid is not None:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def serve(fd: int, preload: list[str]) -> None:
+    """The zygote: import ``preload``, then one request at a time: fork, wait, answer the child's status."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the children and the caller; it ends us
+    import importlib
+
+    for name in preload:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - a module that does not import is imported (and fails) in the child
+            pass
+    sock = socket.socket(fileno=fd)
+    while True:
+        try:
+            msg, fds, _, _ = socket.recv_fds(sock, 1 << 20, 2)
+        except OSError:
+            return
+        if not msg:
+            return
+        request = json.loads(msg)
+        pid = os.fork()
+        if pid == 0:
+            sock.close()
+            _child(request, fds)  # never returns
+        for f in fds:
+            os.close(f)
+        try:
+            sock.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+        except OSError:  # the caller is gone (or gave up on this request): the child goes with it
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return
+        _, status = os.waitpid(pid, 0)
+        code = os.waitstatus_to_exitcode(status)
+        try:
+            sock.sendall(json.dumps({"code": code}).encode() + b"\n")
+        except OSError:
+            return
+
+
+def _child(request: dict, fds: list[int]) -> None:
+    """In the forked child: the request's output files, environment, folder and arguments, then the console
+    script as ``python -m pilotrun`` runs it; its exit status, after the exit handlers a cold process runs."""
+    code = 1
+    try:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        os.dup2(fds[0], 1)
+        os.dup2(fds[1], 2)
+        for f in fds:
+            os.close(f)
+        os.environ.clear()
+        os.environ.update(request["env"])
+        os.chdir(request["cwd"])
+        # the module search path a cold ``python -m pilotrun`` starts with: its folder first, then the request's
+        # PYTHONPATH (read once, at a cold interpreter's start; the server started with another) - a campaign's
+        # task module beside its file is found through them (tasks.resolve)
+        import importlib
+
+        start = [request["cwd"]] + [p for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
+        sys.path[:0] = [p for p in dict.fromkeys(start) if p not in sys.path]
+        importlib.invalidate_caches()
+        sys.argv = [sys.executable, *request["args"]]
+        sys.orig_argv = [sys.executable, "-m", "pilotrun", *request["args"]]
+        import runpy
+
+        runpy.run_module("pilotrun", run_name="__main__", alter_sys=True)
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if not isinstance(e.code, (int, type(None))):
+            print(e.code, file=sys.stderr)
+    except BaseException:  # noqa: BLE001 - as an uncaught exception in a cold interpreter: traceback, exit 1
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        try:
+            atexit._run_exitfuncs()
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)

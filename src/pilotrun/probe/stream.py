@@ -1,0 +1,102 @@
+"""The trace as the caching allocator sees it, replayed: the accountant's births and deaths in their order, each
+phase marked where the pilot's probe resets its peaks, with what the device holds that no tensor of the trace is
+put where a run allocates it, then ``probe/allocator.replay``.
+
+Where torch's own order differs from the trace's, modelled here:
+- cuBLAS's workspaces: a thread's first cuBLAS call allocates its workspace through the caching allocator and
+  keeps it (aten/src/ATen/cuda/CublasHandlePool.cpp, one per handle and stream). The accountant notes where each
+  thread first called cuBLAS (``Accountant.cublas``: the forward on the main thread, the backward on autograd's
+  device thread); one workspace is allocated right after that event and never freed.
+- ``extras`` (probe/trace.py says which): DDP's gradient buckets (allocated once the model is wrapped, kept),
+  FSDP's gathered blocks on the all-gather stream, a host copy moved whole, the inputs of untraced micro-batches:
+  each allocated where its phase starts and freed where it ends, or kept.
+- A counted trace (probe/counted.py: two shallow depths) is not replayed at its depth: its reserved is the counted
+  allocated peak plus the fragmentation the shallow replays show (``overheads``).
+- The weighting of ``rows_for`` (FSDP's shards: parameters, gradients and optimizer state ÷ ranks; offload: the
+  optimizer state not on the device) scales each block before it is replayed.
+"""
+
+from __future__ import annotations
+
+import math
+
+from pilotrun.probe.alloc_conf import DEFAULTS, Settings
+from pilotrun.probe.allocator import MiB, replay
+
+CUBLAS_WORKSPACE = 32 * MiB  # CUBLAS_WORKSPACE_CONFIG's default on compute capability >= 9.0 (the calibration card)
+ALL_GATHER_STREAM = 1
+FIELDS = ("baseline", "peak_allocated", "peak_reserved", "end_allocated", "end_reserved")
+
+
+def events(acc, scale: dict | None = None, *, workspace: int = CUBLAS_WORKSPACE, extras=()) -> list[tuple]:
+    """The replay's events of an accountant (``probe.estimate.Accountant``): ("phase", name) at each mark's start,
+    ("+", key, bytes, stream) and ("-", key). ``extras``: (phase, bytes, stream, kept) — allocated where ``phase``
+    starts (kept: where it ends, and never freed), else freed where it ends."""
+    weight = dict(scale or {})
+    weight.setdefault("optimizer_temporaries", weight.get("temporaries", 1.0))
+    n = len(acc.timeline)
+    at: list = [None] * n
+    for i, b in enumerate(acc.blocks):
+        c = "optimizer_temporaries" if (b.category == "temporaries" and b.in_optimizer) else b.category
+        size = b.nbytes if weight.get(c, 1.0) == 1.0 else math.ceil(b.nbytes * weight[c])
+        if size <= 0:
+            continue
+        at[b.born] = ("+", i, size, 0)
+        if b.died != math.inf:
+            at[b.died] = ("-", i)
+    opens: dict[int, list[str]] = {}
+    closes: dict[int, list[str]] = {}
+    for name, (start, end) in acc.marks.items():
+        opens.setdefault(start, []).append(name)
+        closes.setdefault(end, []).append(name)
+    after: dict[int, list] = {}
+    for thread, i in (acc.cublas.items() if workspace else ()):
+        after.setdefault(i, []).append(("+", f"cublas:{thread}", workspace, 0))
+
+    def close(name):
+        out.extend(("-", ("extra", name, j)) for j, x in enumerate(extras) if x[0] == name and not x[3])
+        out.extend(("+", ("extra", name, j), x[1], x[2]) for j, x in enumerate(extras) if x[0] == name and x[3])
+        out.append(("end", name))
+
+    out: list[tuple] = []
+    for i in range(n):  # event i, then what happens between it and the next: phases closing, then opening
+        if at[i] is not None:
+            out.append(at[i])
+        out.extend(after.get(i, ()))
+        for name in closes.get(i, ()):
+            if acc.marks[name][0] < i:
+                close(name)
+        for name in opens.get(i, ()):
+            out.append(("phase", name))
+            out.extend(("+", ("extra", name, j), x[1], x[2]) for j, x in enumerate(extras) if x[0] == name and not x[3])
+            if acc.marks[name][1] == i:  # a phase without events
+                close(name)
+    return out
+
+
+def replayed(acc, scale: dict | None = None, *, settings: Settings = DEFAULTS, capacity: int | None = None,
+             total: int | None = None, workspace: int = CUBLAS_WORKSPACE, extras=()) -> dict[str, dict]:
+    """Per phase: the replay's counters (``FIELDS``); raises ``allocator.OutOfMemory`` when ``capacity`` is short."""
+    phases, _ = replay(events(acc, scale, workspace=workspace, extras=extras), settings, capacity, total)
+    return {p.name: {"baseline": p.start_allocated, "peak_allocated": p.peak_allocated,
+                     "peak_reserved": p.peak_reserved, "end_allocated": p.end_allocated,
+                     "end_reserved": p.end_reserved} for p in phases}
+
+
+def threads(acc) -> dict[str, tuple[int, int]]:
+    """Per phase: how many threads had their cuBLAS workspace when it started and when it ended."""
+    points = sorted(acc.cublas.values())
+    return {name: (sum(p < start for p in points), sum(p <= end for p in points))
+            for name, (start, end) in acc.marks.items()}
+
+
+def overheads(*replays: dict[str, dict]) -> dict[str, int]:
+    """Per phase, the most the allocator held above the allocated peak in any of these replays: a counted trace's
+    fragmentation. Its reserved is the counted allocated peak plus this, never less than an earlier phase's (the
+    cache never shrinks): the replay itself is not linear in the layers (a block that no longer fits the cache at 3
+    layers reserves a new segment once, not once per layer), so it is not counted like the allocated bytes."""
+    out: dict[str, int] = {}
+    for r in replays:
+        for name, v in r.items():
+            out[name] = max(out.get(name, 0), v["peak_reserved"] - v["peak_allocated"])
+    return out

@@ -1,0 +1,107 @@
+"""engine/fresh.py: the fresh processes of resume and verify, a zygote's children or cold interpreters.
+
+The zygote here preloads nothing (the children import pilotrun's CLI themselves), so these tests cost a few
+tenths of a second each; what the zygote's preload saves is measured in bench/bench_real.py, not here.
+"""
+
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from pilotrun.engine import fresh
+
+
+@pytest.fixture(autouse=True)
+def _own_zygote(monkeypatch):
+    """Each test here has the module's zygote to itself: one a session started (tests/zygote_plugin.py) is set
+    aside and comes back after."""
+    monkeypatch.setattr(fresh, "_ZYGOTE", None)
+    monkeypatch.delenv(fresh.COLD_ENV, raising=False)
+    yield
+    fresh.stop()
+
+
+@pytest.fixture
+def zygote():
+    fresh.start(preload=())
+    return fresh._ZYGOTE
+
+
+def _cmdline(pid: int) -> list[str]:
+    """The process's command line (read again while the kernel has not yet filled it in, just after the exec)."""
+    for _ in range(200):
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().decode()
+        if cmd:
+            return cmd.split("\0")
+        time.sleep(0.01)
+    return [cmd]
+
+
+def test_the_zygote_is_a_new_program_not_a_fork_of_its_caller(zygote):
+    """Nothing of the caller's memory can be in it: it is an interpreter exec'd for the purpose (a fork of
+    the caller, the defect this guards against, would carry pytest's command line and every object in it)."""
+    assert zygote.proc.pid != os.getpid()
+    cmd = _cmdline(zygote.proc.pid)
+    assert "pilotrun.engine.fresh import serve" in " ".join(cmd) and "pytest" not in " ".join(cmd), cmd
+    assert fresh.started()
+
+
+def test_a_child_answers_as_a_cold_process_does(zygote, tmp_path):
+    """Exit status, stdout and stderr, the request's environment and folder: the same through the zygote as
+    through a cold interpreter (the fallback), for a good command and a bad one."""
+    home = tmp_path / "not-a-home"
+    home.write_text("a file, not a folder")
+    env = dict(os.environ, COLUMNS="80")
+    for args in (["--version"], ["runs", "--home", str(home), "--json"]):
+        forked = fresh.run(args, timeout=60, env=env)
+        cold = subprocess.run([fresh.sys.executable, "-m", "pilotrun", *args], capture_output=True, text=True,
+                              env=env, timeout=60)
+        assert (forked.returncode, forked.stdout, forked.stderr) == (cold.returncode, cold.stdout, cold.stderr)
+    assert forked.returncode == 2 and str(home) in forked.stderr, forked.stderr
+    assert fresh.started()  # both went through the zygote: it is still there
+
+
+def test_the_childs_environment_is_the_requests(zygote, tmp_path):
+    """$PILOTRUN_HOME set after the zygote started reaches the child (its environment is the request's)."""
+    home = tmp_path / "home-from-env"
+    home.write_text("a file")
+    done = fresh.run(["runs", "--json"], timeout=60, env=dict(os.environ, PILOTRUN_HOME=str(home)))
+    assert done.returncode == 2 and str(home) in done.stderr, done.stderr
+
+
+def test_without_a_zygote_the_process_is_cold(tmp_path):
+    """Never started, or gone: run() starts a cold interpreter with the same arguments and result."""
+    fresh.start(preload=())
+    fresh._ZYGOTE.proc.kill()
+    fresh._ZYGOTE.proc.wait()
+    assert not fresh.started()
+    done = fresh.run(["--version"], timeout=60)
+    assert done.returncode == 0 and "pilotrun" in done.stdout
+    fresh.stop()
+    assert fresh.run(["--version"], timeout=60).stdout == done.stdout
+
+
+def test_pilotrun_fresh_cold_is_never_forked(zygote):
+    """PILOTRUN_FRESH=cold in the request's environment: a cold interpreter though a zygote runs (the
+    checks' tests that must take the cold path set it). The zygote is frozen (SIGSTOP): a request sent to it
+    would wait past the timeout; the cold one answers."""
+    import signal
+
+    os.kill(zygote.proc.pid, signal.SIGSTOP)
+    try:
+        done = fresh.run(["--version"], timeout=20, env=dict(os.environ, PILOTRUN_FRESH="cold"))
+    finally:
+        os.kill(zygote.proc.pid, signal.SIGCONT)
+    assert done.returncode == 0 and "pilotrun" in done.stdout
+    assert fresh.started()  # not asked, so not given up on
+
+
+def test_a_child_past_its_time_is_killed(zygote, tmp_path):
+    """As subprocess.run: TimeoutExpired, the child killed (here before or after it was forked); the zygote
+    is ended with it, so a later request goes cold."""
+    with pytest.raises(subprocess.TimeoutExpired):
+        fresh.run(["--version"], timeout=0.001)
+    assert not fresh.started()
