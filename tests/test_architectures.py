@@ -372,3 +372,15 @@ def test_all_is_green_on_a_saved_moe(folders, tmp_path, cli, family, overrides):
     assert any(m.startswith("routing (a mixture of experts)") for m in pilot["messages"]), pilot["messages"]
     overfit = next(s for s in r.json["stages"] if s["stage"] == "overfit")
     assert any(m.startswith("router_aux:") for m in overfit["messages"]) == bool(overrides), overfit["messages"]
+
+
+def test_a_counted_cpu_estimate_runs_without_the_allocator_replay(folders, tmp_path):
+    """A model deep enough to be counted (2 and 3 layers traced, the rest counted) on the CPU: the counted trace
+    asked both depths for the CUDA allocator's replay, which only a CUDA trace has (an internal error, exit 3,
+    on every deep campaign's `estimate --device cpu`, SmolLM2's 4-bit bench among them)."""
+    from pilotrun.probe.counted import COUNT_FROM
+    from pilotrun.rehearsal.memory.estimate import estimate
+
+    result = estimate(_loaded(folders, tmp_path, "qwen2", layers=COUNT_FROM), device="cpu")
+    assert result.verdict == "ok", result.messages
+    assert {r["phase"] for r in result.data["phases"]} >= {"load", "first_step", "steady_step"}

@@ -245,6 +245,19 @@ def _tensor_columns(result) -> list[tuple]:
             for r in result.data["rows"]]
 
 
+def _inside_all_and_alone(tmp_path, inside_all, alone):
+    """One stage run as `all` runs it (what overfit leaves kept and shared, home ``home``), then the same stage alone
+    in a process that forgot it all (home ``home2``), each from the same seed."""
+    path = tiny_causal_campaign(tmp_path / "c", simple_records(12), simple_records(4, start=50))
+    _keep(path, "pristine")
+    with reuse.sharing():
+        _reseed()
+        inside = inside_all(load_campaign(path), tmp_path / "home")
+    reuse.forget()
+    _reseed()
+    return inside, alone(load_campaign(path), tmp_path / "home2")
+
+
 @pytest.mark.slow
 def test_the_pilot_inside_all_measures_the_ledger_of_the_pilot_alone(tmp_path):
     """The same through the stage itself: with what overfit leaves kept, `all`'s pilot gives the tensor ledger of the
@@ -252,14 +265,7 @@ def test_the_pilot_inside_all_measures_the_ledger_of_the_pilot_alone(tmp_path):
     from pilotrun.rehearsal.all import Budgets, _pilot
     from pilotrun.rehearsal.memory.pilot import pilot
 
-    path = tiny_causal_campaign(tmp_path / "c", simple_records(12), simple_records(4, start=50))
-    _keep(path, "pristine")
-    with reuse.sharing():
-        _reseed()
-        inside = _pilot(load_campaign(path), tmp_path / "home", Budgets())
-    reuse.forget()
-    _reseed()
-    alone = pilot(load_campaign(path), tmp_path / "home2")
+    inside, alone = _inside_all_and_alone(tmp_path, lambda c, home: _pilot(c, home, Budgets()), pilot)
     assert inside.verdict == alone.verdict == "ok"
     assert _tensor_columns(inside) == _tensor_columns(alone)
 
@@ -272,19 +278,12 @@ def test_the_train_stage_inside_all_observes_the_peaks_of_a_train_run_alone(tmp_
     from pilotrun.rehearsal.all import Budgets, _train
     from pilotrun.rehearsal.training.train import train_run
 
-    path = tiny_causal_campaign(tmp_path / "c", simple_records(12), simple_records(4, start=50))
-
     def observed(home, run_id):
         return [(r["phase"], r["baseline"], r["peak_allocated"], r["end_allocated"])
                 for r in Journal(home).phase_rows(run_id) if r["phase"].startswith("observed_")]
 
-    _keep(path, "pristine")
-    with reuse.sharing():
-        _reseed()
-        inside = _train(load_campaign(path), tmp_path / "home", Budgets())
-    reuse.forget()
-    _reseed()
-    alone = train_run(load_campaign(path), tmp_path / "home2", progress=False)
+    inside, alone = _inside_all_and_alone(tmp_path, lambda c, home: _train(c, home, Budgets()),
+                                          lambda c, home: train_run(c, home, progress=False))
     assert inside.verdict == alone.verdict == "ok"
     rows = observed(tmp_path / "home", inside.data["run_id"])
     assert rows and rows == observed(tmp_path / "home2", alone.data["run_id"])

@@ -304,12 +304,17 @@ class Journal:
             return int(cur.lastrowid)
 
     def notes(self, run_id: str | None = None) -> list[dict]:
-        q, args = "SELECT * FROM notes", []
-        if run_id:
-            q += " WHERE run_id=?"
-            args.append(run_id)
+        return self.rows("notes", "run_id", run_id, order="id")
+
+    def rows(self, table: str, column: str, value, order: str) -> list[dict]:
+        """Every row of ``table`` (a name from this module or its peers, never user input), or only those whose
+        ``column`` is ``value`` when a value is given, in ``order``."""
+        q, args = f"SELECT * FROM {table}", []
+        if value:
+            q += f" WHERE {column}=?"
+            args.append(value)
         with self.connect() as db:
-            return [dict(r) for r in db.execute(q + " ORDER BY id", args)]
+            return [dict(r) for r in db.execute(f"{q} ORDER BY {order}", args)]
 
     # --- sweep cells: claimed before any work --------------------------------------------------------
     def claim_cells(self, sweep_id: str, wanted) -> tuple[list, list[dict]]:

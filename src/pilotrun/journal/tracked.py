@@ -35,9 +35,4 @@ def record_tracked(journal: Journal, tracker: str, target: str, subject: str, tr
 
 
 def tracked_rows(journal: Journal, tracker: str | None = None) -> list[dict]:
-    q, args = "SELECT * FROM tracked", []
-    if tracker:
-        q += " WHERE tracker=?"
-        args.append(tracker)
-    with journal.connect() as db:
-        return [dict(r) for r in db.execute(q + " ORDER BY rowid", args)]
+    return journal.rows("tracked", "tracker", tracker, order="rowid")

@@ -97,9 +97,10 @@ def traced(loaded, *, device: str = "cuda", prep=None, counted: bool | None = No
                                                    "linear_bytes", "linear_numel", "reference_bytes") + MOE_COUNTED}
         out = dict(high, **{k: high[k] + (layers - K.DEPTHS[1]) * v for k, v in per_layer.items()},
                    summarize=lambda name, scale, f1=low["summarize"], f2=high["summarize"], n=layers:
-                   K.count(f1(name, scale), f2(name, scale), n),
-                   fragmentation=lambda scale, extras_of, lo=low, hi=high, **kw: overheads(
-                       lo["replay"](scale, extras_of, **kw), hi["replay"](scale, extras_of, **kw)))
+                   K.count(f1(name, scale), f2(name, scale), n))
+        if "replay" in high:  # CUDA: the allocator's overheads from the two depths' replays (no replay on the CPU)
+            out["fragmentation"] = lambda scale, extras_of, lo=low, hi=high, **kw: overheads(
+                lo["replay"](scale, extras_of, **kw), hi["replay"](scale, extras_of, **kw))
         out.pop("replay", None)
     summarize = out["summarize"]
     out["summarize"] = lambda name, scale: K.with_inputs(summarize(name, scale), extra if name in names(
