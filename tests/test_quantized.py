@@ -345,3 +345,37 @@ def test_the_merged_copy_is_the_dequantised_base_plus_the_adapter_and_says_so(tm
         want = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
         got = merged(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
     assert torch.allclose(want, got, atol=1e-3), (want - got).abs().max()
+
+
+def test_a_cuda_trace_runs_8bit_layers_through_llm_int8_as_a_gpu_does():
+    """bitsandbytes picks the 8-bit training path by the input's device: on the CPU (where fake tensors sit) the
+    weight is dequantised for a float matmul, on CUDA LLM.int8() quantises the activations and multiplies in int8.
+    A trace that stands for CUDA takes CUDA's path."""
+    import bitsandbytes as bnb
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from pilotrun.probe.fake_ops import device_paths
+
+    layer = bnb.nn.Linear8bitLt(32, 16, bias=False, has_fp16_weights=False)
+    layer.weight = bnb.nn.Int8Params(torch.randn(16, 32), requires_grad=False, has_fp16_weights=False).to("cpu")
+    layer.train()
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.add(getattr(func._schema, "name", ""))
+            return func(*args, **(kwargs or {}))
+
+    def ops(cuda: bool) -> set:
+        x = torch.randn(4, 32, requires_grad=True)
+        with device_paths(cuda), Ops() as seen:
+            layer(x).sum().backward()
+        return seen.names
+
+    assert "bitsandbytes::int8_vectorwise_quant" in ops(True)
+    assert "bitsandbytes::int8_vectorwise_quant" not in ops(False)
+    assert bnb.matmul.__module__.startswith("bitsandbytes")  # put back
+    assert layer.state.is_training  # the state's flag too

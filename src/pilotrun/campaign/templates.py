@@ -46,6 +46,8 @@ model:
   tokenizer: null              # default: model.path; or a tokenizer folder, or "byte"
   dtype: float32               # float32 | bfloat16 | float16
   adapter: null                # e.g. {kind: lora, r: 8, alpha: 16, dropout: 0.0, target_modules: [q_proj, v_proj]}
+  quantization: null           # QLoRA's base (with an adapter): {bits: 4, type: nf4, double_quant: true,
+                               # compute_dtype: bfloat16} or {bits: 8}; pip install 'pilotrun[qlora]'
   gradient_checkpointing: false
   trust_remote_code: false
 data:

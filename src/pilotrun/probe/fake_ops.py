@@ -10,6 +10,9 @@ for a CUDA device (each row padded to 16 bytes).
 
 from __future__ import annotations
 
+import sys
+from contextlib import contextmanager
+
 # bitsandbytes' CUDA gemm_4bit (bitsandbytes/backends/cuda/ops.py): past this many rows of A (or for a K not aligned to
 # the block size) it dequantises the weight into a temporary of the compute dtype and runs F.linear; below it a fused
 # kernel may be chosen per architecture and shape. The estimate counts the temporary at every size: an upper bound.
@@ -85,3 +88,40 @@ def _int8_outliers(func, args, kwargs: dict):
     return (torch.empty(a.shape, device=a.device, dtype=torch.int8),
             torch.empty(a.numel() // a.shape[-1], device=a.device, dtype=torch.float32),
             torch.empty(0, device=a.device, dtype=torch.int64))
+
+
+@contextmanager
+def device_paths(cuda: bool):
+    """Inside, for a trace that stands for CUDA, bitsandbytes' 8-bit layers take the path they take on a GPU.
+
+    ``bitsandbytes.matmul`` (public) picks its autograd function by the input's device while its state is training:
+    on the CPU, where the fake tensors sit, MatMul8bitFp (the weight dequantised, a float matmul); on CUDA, and for
+    a state not training on any device, MatMul8bitLt (LLM.int8(): int8 activations, an int8 matmul, the outliers
+    beside it). In MatMul8bitLt the flag decides one thing more: a weight kept in fp16 (``has_fp16_weights``) and
+    without a gradient is quantised again at every call. So the call goes through the public ``bitsandbytes.matmul``
+    with the flag off, after that re-quantisation's reset where a training state would do it (the public
+    ``MatmulLtState.reset_grads``), and the flag is put back. A frozen int8 base (QLoRA's, ``load_in_8bit``) keeps
+    its int8 weight either way. bitsandbytes not imported: nothing to do."""
+    bnb = sys.modules.get("bitsandbytes")
+    if not cuda or bnb is None:
+        yield
+        return
+    original = bnb.matmul
+
+    def matmul(A, B, out=None, state=None, threshold=0.0, bias=None):
+        state = state or bnb.MatmulLtState()
+        if not state.is_training:
+            return original(A, B, out=out, state=state, threshold=threshold, bias=bias)
+        if state.has_fp16_weights and getattr(B, "grad", None) is None:
+            state.reset_grads()
+        state.is_training = False
+        try:
+            return original(A, B, out=out, state=state, threshold=threshold, bias=bias)
+        finally:
+            state.is_training = True
+
+    bnb.matmul = matmul
+    try:
+        yield
+    finally:
+        bnb.matmul = original

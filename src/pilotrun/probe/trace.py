@@ -29,6 +29,7 @@ from pilotrun.phases.worst import worst_case
 from pilotrun.probe import counted as K
 from pilotrun.probe.estimate import Accountant, architecture_config, fake_build, root_bytes, unsharded_block_bytes
 from pilotrun.probe.alloc_conf import DEFAULTS, Settings
+from pilotrun.probe.fake_ops import device_paths
 from pilotrun.probe.stream import ALL_GATHER_STREAM, CUBLAS_WORKSPACE, overheads, replayed, threads
 from pilotrun.tasks.base import BUILTIN_TASKS
 from pilotrun.tasks.preference_loss import resident_bytes
@@ -199,7 +200,7 @@ def _traced_once(loaded, device: str, prep, wc: dict, steps_only: bool, override
         with acc.mark(name):
             yield None
 
-    with fake_mode, acc.tracking(model):
+    with fake_mode, acc.tracking(model), device_paths(device == "cuda"):
         drive(ctx, mark, names("load", "train") if steps_only else PHASES, traced=True)
     if key is not None and reload is None and "reload" in acc.marks and acc.replayable("reload"):
         _RELOADS[key] = (prep, acc.recorded("reload"))

@@ -97,8 +97,8 @@ MEANINGS = {
     "ep_fsdp": "expert parallel (a mixture of experts' routed experts split over the GPUs of a node, each token "
                "sent to its experts' GPU and back) × FSDP for the rest: same updates, all-to-alls per MoE layer",
     "lora": "trains an adapter, not the model: a different experiment",
-    "qlora": "trains an adapter on a 4-bit copy of the base: a different experiment (needs bitsandbytes and a "
-             "CUDA GPU; merging for export restores a bf16 model)",
+    "qlora": "trains an adapter on a 4-bit copy of the base: a different experiment (bitsandbytes; rehearse it here "
+             "with model.quantization: {bits: 4} and model.adapter; a merged export holds the dequantised weights)",
     "shorter max_length / lower precision": "change what is trained: a different experiment (not listed)",
 }
 
