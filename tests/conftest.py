@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-# one fork server for the session: in-process resume/verify/all fork their fresh processes from it (engine/fresh.py)
-pytest_plugins = ["zygote_plugin"]
+# the temp directory checked for what the suite leaves (tmp_guard.py); one fork server for the session: in-process resume/verify/all fork their fresh processes from it (engine/fresh.py)
+pytest_plugins = ["tmp_guard", "zygote_plugin"]
 
 def _shared_data() -> Path:
     """../shared/data beside the repository (as CI lays it), else $PILOTRUN_SHARED_DATA, else /work/shared/data."""

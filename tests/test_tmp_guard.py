@@ -1,0 +1,49 @@
+"""The suite-wide temp check (tests/tmp_guard.py) fails a session that leaves something in the temp directory,
+names the entry and the test that left it, and passes one that cleans up (issue 50)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parent
+
+LEAKY = '''
+import os, tempfile
+
+def test_cleans_up():
+    with tempfile.TemporaryDirectory() as d:
+        open(os.path.join(d, "x"), "w").close()
+
+def test_leaks():
+    fd, path = tempfile.mkstemp(prefix="leaky-")
+    os.close(fd)
+'''
+
+
+def _session(tmp_path: Path, body: str) -> subprocess.CompletedProcess:
+    (tmp_path / "test_inner.py").write_text(body)
+    env = dict(os.environ, PYTHONPATH=str(TESTS), COLUMNS="80")
+    env.pop("PILOTRUN_TEST_SHARED_TMP", None)
+    env.pop("TMPDIR", None)  # the inner session makes its own, as a fresh `make test` would
+    env.pop("PYTEST_DEBUG_TEMPROOT", None)
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "tmp_guard", "-p", "no:cacheprovider",
+                           "--rootdir", str(tmp_path), str(tmp_path / "test_inner.py")],
+                          capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+
+
+def test_a_session_that_leaves_a_file_in_the_temp_directory_fails_naming_it_and_its_test(tmp_path):
+    r = _session(tmp_path, LEAKY)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "2 passed" in r.stdout  # the tests themselves passed: the session fails on what they left
+    line = next(x for x in r.stdout.splitlines() if "leaky-" in x)
+    assert "test_inner.py::test_leaks" in line and "$TMPDIR" in line
+    assert "test_cleans_up" not in r.stdout.split("left these behind")[1]
+
+
+def test_a_session_that_cleans_up_passes(tmp_path):
+    r = _session(tmp_path, LEAKY.split("def test_leaks")[0])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "left these behind" not in r.stdout

@@ -1,0 +1,85 @@
+"""A pytest plugin: the suite leaves nothing in the system's temp directory (issue 50).
+
+At configure time the session gets a temp folder of its own (``pr-XXXXXXXX`` in the system's temp directory)
+as ``TMPDIR`` and ``tempfile.tempdir``, for this process and every process it starts; pytest's own folders
+(``tmp_path``) stay where pytest always puts them (``PYTEST_DEBUG_TEMPROOT``), so no printed path grows. After
+each test the folder is listed (one ``os.listdir``): what appeared is charged to that test. At the end of the
+session the folder must be empty, and the system temp directory must hold no entry it did not hold at the start
+(for what writes to a fixed ``/tmp`` path whatever TMPDIR says, Ray's ``/tmp/ray`` for one); otherwise the
+session fails naming each entry and the test that left it. The folder is removed either way, with torch's
+compile cache, which the session puts in it (``TORCHINDUCTOR_CACHE_DIR``).
+
+On a machine that other programs share, they too create entries in the system temp directory while the suite
+runs: ``PILOTRUN_TEST_SHARED_TMP=1`` reports those as a warning instead (the private folder stays strict).
+Register it with ``pytest_plugins = ["tmp_guard"]`` in conftest.py, or ``-p tmp_guard`` with tests/ on the path."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+import pytest
+
+_STATE: dict = {}
+INDUCTOR = "torchinductor-of-the-suite"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config):
+    if _STATE:
+        return
+    system = tempfile.gettempdir()
+    os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", system)  # pytest's basetemp where it always is
+    private = tempfile.mkdtemp(prefix="pr-", dir=system)
+    _STATE.update(system=system, private=private, before=set(os.listdir(system)) | {os.path.basename(private)},
+                  seen=set(), left={}, environ=os.environ.get("TMPDIR"))
+    os.environ["TMPDIR"] = private
+    tempfile.tempdir = private
+    # torch makes its compile cache (torchinductor_$USER) in the temp directory when peft or transformers'
+    # modeling_utils is imported, as in every user's run: torch's cache, not a leak; here the suite's own, removed
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(private, INDUCTOR))
+
+
+def _charge(nodeid: str) -> None:
+    new = set(os.listdir(_STATE["private"])) - _STATE["seen"] - {INDUCTOR}
+    for name in new:
+        _STATE["left"].setdefault(name, nodeid)
+    _STATE["seen"] = (_STATE["seen"] | new) & set(os.listdir(_STATE["private"]))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item):
+    yield
+    if _STATE:
+        _charge(item.nodeid)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if not _STATE:
+        return
+    _charge("the session's own fixtures (torn down at its end)")
+    private, system = _STATE["private"], _STATE["system"]
+    left = [(name, _STATE["left"].get(name, "?")) for name in sorted(set(os.listdir(private)) - {INDUCTOR})]
+    outside = sorted(set(os.listdir(system)) - _STATE["before"] - {os.path.basename(private)})
+    shutil.rmtree(private, ignore_errors=True)
+    tempfile.tempdir = None
+    if _STATE["environ"] is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = _STATE["environ"]
+    lines = [f"  {os.path.join('$TMPDIR', name)}  (left by {who})" for name, who in left]
+    shared = os.environ.get("PILOTRUN_TEST_SHARED_TMP") == "1"
+    outside_lines = [f"  {os.path.join(system, name)}  (written to the system temp directory, not $TMPDIR)"
+                     for name in outside]
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if outside_lines and shared:
+        if reporter:
+            reporter.write_line("temp directory: new entries while the suite ran (PILOTRUN_TEST_SHARED_TMP=1: "
+                                "another program's or the suite's):\n" + "\n".join(outside_lines), yellow=True)
+        outside_lines = []
+    if lines or outside_lines:
+        if reporter:
+            reporter.write_line("temp directory: the suite left these behind (issue 50: it must leave nothing):\n"
+                                + "\n".join(lines + outside_lines), red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
