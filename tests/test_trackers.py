@@ -53,6 +53,17 @@ class _nothing:
         return False
 
 
+@pytest.fixture(autouse=True)
+def _wandb_service_stopped():
+    """W&B's service (wandb-core, a process of its own with files in the temp directory) lives as long as the
+    process that started it: a user's CLI run ends it at exit; pytest's process lives on, so each test ends it."""
+    yield
+    import sys
+
+    if "wandb" in sys.modules:
+        sys.modules["wandb"].teardown()
+
+
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory) -> Path:
     return write_demo_dir(tmp_path_factory.mktemp("trackers")) / "campaign.yaml"

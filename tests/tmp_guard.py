@@ -32,6 +32,7 @@ def pytest_configure(config):
     system = tempfile.gettempdir()
     os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", system)  # pytest's basetemp where it always is
     private = tempfile.mkdtemp(prefix="pr-", dir=system)
+    os.chmod(private, 0o1777)  # as the system temp directory is: tests run processes as another user (nobody)
     _STATE.update(system=system, private=private, before=set(os.listdir(system)) | {os.path.basename(private)},
                   seen=set(), left={}, environ=os.environ.get("TMPDIR"))
     os.environ["TMPDIR"] = private
@@ -55,9 +56,25 @@ def pytest_runtest_teardown(item):
         _charge(item.nodeid)
 
 
+def _finalize_temporary_directories(private: str) -> None:
+    """A ``tempfile.TemporaryDirectory`` still alive in this process is removed by its finalizer when the process
+    exits (libraries make some at import: W&B's media and artifact folders); the session is over, so they are
+    finalized now, before the folder is judged. What any other process or file handle left stays to be judged."""
+    import gc
+    import warnings
+
+    with warnings.catch_warnings():  # looking at every object touches deprecated module attributes (torch's)
+        warnings.simplefilter("ignore")
+        alive = [o for o in gc.get_objects() if isinstance(o, tempfile.TemporaryDirectory)]
+    for obj in alive:
+        if str(obj.name).startswith(private + os.sep):
+            obj.cleanup()
+
+
 def pytest_sessionfinish(session, exitstatus):
     if not _STATE:
         return
+    _finalize_temporary_directories(_STATE["private"])
     _charge("the session's own fixtures (torn down at its end)")
     private, system = _STATE["private"], _STATE["system"]
     left = [(name, _STATE["left"].get(name, "?")) for name in sorted(set(os.listdir(private)) - {INDUCTOR})]
