@@ -168,6 +168,7 @@ class CachingAllocator:
         self.pools = {True: _Pool(True), False: _Pool(False)}
         self.allocated = self.reserved = 0
         self.peak_allocated = self.peak_reserved = 0
+        self.most_reserved = 0  # the most ever reserved (never reset): a capacity at or above it is never reached
         self.retries = self.segments_allocated = self.segments_released = 0
         self.grown: list[int] = []  # each segment allocated (or range mapped), in order: what torch's trace records
         self._next_addr = 1 << 40
@@ -181,6 +182,7 @@ class CachingAllocator:
     def _reserve(self, n: int) -> None:
         self.reserved += n
         self.peak_reserved = max(self.peak_reserved, self.reserved)
+        self.most_reserved = max(self.most_reserved, self.reserved)
 
     def _new_addr(self, size: int, align: int = ROUND_LARGE) -> int:
         addr = self._next_addr
