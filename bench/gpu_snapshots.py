@@ -23,9 +23,10 @@ import argparse
 import gzip
 import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -106,8 +107,15 @@ def main() -> int:
     if args.cpu:
         env["CUDA_VISIBLE_DEVICES"] = ""
     index = []
-    with tempfile.TemporaryDirectory(prefix="pilotrun-snapshots-") as tmp:
-        work = Path(tmp)
+    # the pilots' scratch (campaigns, homes) under the output folder, not the system temp, and removed however the
+    # script ends: SIGTERM (a scheduler's, the device tool's time limit) and SIGINT raise SystemExit here, so the
+    # running child is killed by subprocess.run and the finally below runs; a SIGKILL leaves it beside the output
+    work = out.parent / "scratch"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, frame: sys.exit(128 + signum))
+    try:
         wanted = {x for x in args.only.split(",") if x}
         for name, campaign, sets in cases(work, args.cpu):
             if wanted and name not in wanted:
@@ -135,6 +143,8 @@ def main() -> int:
                 rec["wall_s"] = round(time.monotonic() - t0, 1)
                 print(json.dumps(rec)[:400], flush=True)
                 index.append(rec)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     (out / "index.json").write_text(json.dumps({"dry_run": args.cpu, "cases": index}, indent=1))
     bad = [r for r in index if r.get("status") != "ok"]
     return 1 if bad and not args.cpu else 0

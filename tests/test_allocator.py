@@ -8,7 +8,7 @@ import pytest
 
 from pilotrun.errors import BadInput
 from pilotrun.probe.alloc_conf import DEFAULTS, parse_settings, settings_from_env
-from pilotrun.probe.allocator import CachingAllocator, OutOfMemory, allocation_size, replay, round_size
+from pilotrun.probe.allocator import MiB, CachingAllocator, OutOfMemory, allocation_size, replay, round_size
 
 MiB, KiB = 2**20, 2**10
 
@@ -201,3 +201,42 @@ def test_settings_come_from_the_launch_environment():
     s = parse_settings("release_lock_on_cudamalloc:True,backend:native")  # accepted, nothing that moves blocks
     assert (s.expandable_segments, s.max_split_size, s.text) == (False, DEFAULTS.max_split_size,
                                                                  "release_lock_on_cudamalloc:True,backend:native")
+
+
+def _accountant(sizes_mib):
+    """A real accountant (from its kept state): each block allocated then freed, in order, in one phase."""
+    from pilotrun.probe.estimate import Accountant
+
+    blocks, timeline = [], [0]
+    for mib in sizes_mib:
+        blocks.append([mib * MiB, "activations", len(timeline), len(timeline) + 1, False])
+        timeline += [mib * MiB, 0]
+    return Accountant.from_state({"cuda": True, "timeline": timeline, "stages": ["forward"] * len(timeline),
+                                  "marks": {"train": [0, len(timeline) - 1]}, "cublas": {}, "blocks": blocks})
+
+
+def test_a_kept_replay_is_reused_only_for_cards_whose_capacity_it_never_reached():
+    from pilotrun.probe import stream
+
+    acc = _accountant([40, 60])  # 40 MiB cached, then 60 MiB: 100 MiB reserved on a card that never fills
+
+    def direct(capacity, total=None, settings=DEFAULTS):
+        phases, _ = replay(stream.events(acc, workspace=0), settings, capacity, total)
+        return {p.name: (p.peak_allocated, p.peak_reserved) for p in phases}
+
+    def kept(capacity, total=None, settings=DEFAULTS):
+        r = stream.replayed(acc, settings=settings, capacity=capacity, total=total or capacity, workspace=0)
+        return {n: (v["peak_allocated"], v["peak_reserved"]) for n, v in r.items()}
+
+    for cap in (200, 100, 80):  # 80 MiB: the retry path releases the cached 40 MiB, reserved 60 not 100
+        assert kept(cap * MiB) == direct(cap * MiB), cap
+    assert kept(80 * MiB)["train"][1] == 60 * MiB and kept(100 * MiB)["train"][1] == 100 * MiB
+    with pytest.raises(OutOfMemory):
+        kept(50 * MiB)
+    # torch's defaults: the card's memory does not enter the replay, one replay serves every card it fits
+    assert len([k for k in stream._REPLAYS[acc] if len(k) == 7]) == 1
+    # expandable segments size their address space from the card: kept per card
+    expandable = parse_settings("expandable_segments:True")
+    for cap in (100, 300):
+        assert kept(cap * MiB, settings=expandable) == direct(cap * MiB, cap * MiB, expandable)
+    assert len([k for k in stream._REPLAYS[acc] if len(k) == 7]) == 3

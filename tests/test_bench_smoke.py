@@ -58,3 +58,23 @@ def test_a_new_table_keeps_the_sections_it_does_not_own(tmp_path, monkeypatch, c
     assert out.read_text().endswith("Machine: new cpu, 2 cores\n\n## Issue 50\n\nkept\n")
     assert "stale table" not in out.read_text()
     capsys.readouterr()
+
+
+def test_the_sheet_floor_times_only_traces_and_puts_the_library_back(tmp_path):
+    """bench_speed's floor of the first sheet: the fake-tensor traces it patches exist, a verb that traces
+    nothing counts none, and every patched function is the original again afterwards."""
+    import importlib
+
+    from pilotrun.demo.synth import write_demo
+
+    spec = importlib.util.spec_from_file_location("bench_speed", RUN.parent / "bench_speed.py")
+    speed = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(speed)
+    owners = []
+    for module, cls, name in speed.TRACES + speed.REPLAYS:
+        owner = importlib.import_module(module)
+        owner = getattr(owner, cls) if cls else owner
+        owners.append((owner, name, getattr(owner, name)))
+    got = speed.trace_seconds(["validate", str(write_demo(tmp_path / "demo"))], libraries=False)
+    assert got == {"seconds": 0.0, "traces": 0, "exit": 0}
+    assert all(getattr(owner, name) is fn for owner, name, fn in owners)

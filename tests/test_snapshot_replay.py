@@ -16,6 +16,7 @@ from pilotrun.probe.allocator import replay
 from pilotrun.probe.snapshot import events, segments
 
 MiB, KiB = 2**20, 2**10
+ROOT = Path(__file__).resolve().parents[1]
 SNAPSHOTS = sorted((Path(__file__).parent / "calibration" / "snapshots").glob("*.json.gz"))
 
 
@@ -71,3 +72,27 @@ def test_each_captured_snapshot_replays_to_its_own_segments(path):
     seen = segments(doc["trace"])
     grown, peak = _replayed_segments(doc["trace"], parse_settings(doc.get("alloc_conf") or ""))
     assert (grown, peak) == (seen["allocated_segments"], seen["peak_reserved"]), (doc["gpu"], doc["torch"])
+
+
+def test_the_capture_script_killed_leaves_no_scratch_behind(tmp_path):
+    """bench/gpu_snapshots.py keeps its pilots' scratch under its output folder and removes it on SIGTERM (a time
+    limit's kill): nothing of it in the system temp, nothing left beside the output."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    env = dict(os.environ, OUT=str(tmp_path), TMPDIR=str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    p = subprocess.Popen([sys.executable, str(ROOT / "bench" / "gpu_snapshots.py"), "--cpu", "--only", "demo-fp32"],
+                         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    scratch = tmp_path / "scratch"
+    deadline = time.monotonic() + 60
+    while not list(scratch.glob("home-*")) and not (scratch / "campaigns" / "demo").exists() and p.poll() is None:
+        assert time.monotonic() < deadline, "the script never wrote its scratch"
+        time.sleep(0.05)
+    assert p.poll() is None, p.stderr.read()
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=30) == 128 + signal.SIGTERM
+    assert not scratch.exists() and not list((tmp_path / "tmp").iterdir())

@@ -85,13 +85,14 @@ class OutOfMemory(Exception):
 
 class Block:
     __slots__ = ("stream", "size", "addr", "small", "prev", "next", "allocated", "mapped", "segment", "gc_base",
-                 "requested")
+                 "requested", "pooled")
 
     def __init__(self, stream: int, size: int, addr: int, small: bool, segment):
         self.stream, self.size, self.addr, self.small, self.segment = stream, size, addr, small, segment
         self.prev = self.next = None
         self.allocated, self.mapped = False, True
         self.gc_base = self.requested = 0
+        self.pooled = None
 
     def is_split(self) -> bool:
         return self.prev is not None or self.next is not None
@@ -122,13 +123,13 @@ class _Pool:
         self.calls = 0  # get_free_block calls (the garbage collector's clock)
 
     def insert(self, b: Block) -> None:
-        k = b.key()
+        k = b.pooled = (b.stream, b.size, b.addr)  # its key while it is in the pool (it is not changed there)
         bisect.insort(self.keys, k)
         self.by_key[k] = b
         b.gc_base = self.calls
 
     def remove(self, b: Block) -> None:
-        k = b.key()
+        k = b.pooled
         del self.keys[bisect.bisect_left(self.keys, k)]
         del self.by_key[k]
 
@@ -168,11 +169,13 @@ class CachingAllocator:
         self.pools = {True: _Pool(True), False: _Pool(False)}
         self.allocated = self.reserved = 0
         self.peak_allocated = self.peak_reserved = 0
+        self.most_reserved = 0  # the most ever reserved (never reset): a capacity at or above it is never reached
         self.retries = self.segments_allocated = self.segments_released = 0
         self.grown: list[int] = []  # each segment allocated (or range mapped), in order: what torch's trace records
         self._next_addr = 1 << 40
         self.expandable: list[_Segment] = []
         self.live: dict[int, Block] = {}
+        self._plain_rounding = not any(settings.roundup_power2_divisions)  # round_size's 512 B steps only
 
     # --- what the counters say -----------------------------------------------------------------------------
     def reset_peaks(self) -> None:
@@ -181,6 +184,7 @@ class CachingAllocator:
     def _reserve(self, n: int) -> None:
         self.reserved += n
         self.peak_reserved = max(self.peak_reserved, self.reserved)
+        self.most_reserved = max(self.most_reserved, self.reserved)
 
     def _new_addr(self, size: int, align: int = ROUND_LARGE) -> int:
         addr = self._next_addr
@@ -190,7 +194,11 @@ class CachingAllocator:
     # --- malloc ----------------------------------------------------------------------------------------------
     def malloc(self, nbytes: int, stream: int = 0) -> Block:
         s = self.settings
-        size = round_size(int(nbytes), s)
+        nbytes = int(nbytes)
+        if self._plain_rounding:  # round_size without divisions, inline (the replay's hottest line)
+            size = MIN_BLOCK if nbytes < MIN_BLOCK else -(-nbytes // MIN_BLOCK) * MIN_BLOCK
+        else:
+            size = round_size(nbytes, s)
         small = size <= SMALL_SIZE
         pool = self.pools[small]
         block = self._free_block(pool, stream, size)
@@ -209,7 +217,7 @@ class CachingAllocator:
         if self._should_split(block, size):
             pool.insert(_split(block, size))
         block.allocated = True
-        block.requested = int(nbytes)
+        block.requested = nbytes
         self.live[id(block)] = block
         self.allocated += block.size
         self.peak_allocated = max(self.peak_allocated, self.allocated)

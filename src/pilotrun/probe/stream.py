@@ -19,6 +19,7 @@ Where torch's own order differs from the trace's, modelled here:
 from __future__ import annotations
 
 import math
+import weakref
 
 from pilotrun.probe.alloc_conf import DEFAULTS, Settings
 from pilotrun.probe.allocator import MiB, replay
@@ -76,11 +77,46 @@ def events(acc, scale: dict | None = None, *, workspace: int = CUBLAS_WORKSPACE,
 
 def replayed(acc, scale: dict | None = None, *, settings: Settings = DEFAULTS, capacity: int | None = None,
              total: int | None = None, workspace: int = CUBLAS_WORKSPACE, extras=()) -> dict[str, dict]:
-    """Per phase: the replay's counters (``FIELDS``); raises ``allocator.OutOfMemory`` when ``capacity`` is short."""
-    phases, _ = replay(events(acc, scale, workspace=workspace, extras=extras), settings, capacity, total)
+    """Per phase: the replay's counters (``FIELDS``); raises ``allocator.OutOfMemory`` when ``capacity`` is short.
+
+    Each replay is kept with the accountant (``_kept_replay``): the sheet and the options table ask for the same
+    trace under the same settings once per card and per option, and a card whose capacity the replay never
+    reached replays exactly as a card that never fills."""
+    key = _replay_key(acc, scale, settings, total or capacity, workspace, extras)
+    free = _kept_replay(acc, key, lambda: replay(events(acc, scale, workspace=workspace, extras=extras), settings,
+                                                 None, total or capacity))
+    if capacity is None or free[1] <= capacity:
+        return _counters(free[0])
+    limited = _kept_replay(acc, key + (capacity,), lambda: replay(
+        events(acc, scale, workspace=workspace, extras=extras), settings, capacity, total))
+    return _counters(limited[0])
+
+
+def _counters(phases) -> dict[str, dict]:
     return {p.name: {"baseline": p.start_allocated, "peak_allocated": p.peak_allocated,
                      "peak_reserved": p.peak_reserved, "end_allocated": p.end_allocated,
                      "end_reserved": p.end_reserved} for p in phases}
+
+
+# per accountant (weakly: a trace dropped takes its replays with it), (replay key) -> (phases, most reserved)
+_REPLAYS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _replay_key(acc, scale, settings: Settings, total: int | None, workspace: int, extras) -> tuple:
+    """What a replay depends on besides the capacity. The card's total memory only counts under a memory fraction
+    (the bytes allowed) or expandable segments (their address space); else every card shares one replay."""
+    if settings.memory_fraction is None and not settings.expandable_segments:
+        total = None
+    return (len(acc.timeline), len(acc.blocks), tuple(sorted((scale or {}).items())), settings, total, workspace,
+            tuple(tuple(x) for x in extras))
+
+
+def _kept_replay(acc, key: tuple, run) -> tuple[list, int]:
+    kept = _REPLAYS.setdefault(acc, {})
+    if key not in kept:
+        phases, a = run()  # an OutOfMemory is not kept: raised again at each ask
+        kept[key] = (phases, a.most_reserved)
+    return kept[key]
 
 
 def threads(acc) -> dict[str, tuple[int, int]]:
