@@ -24,7 +24,8 @@ def tracked(journal: Journal, tracker: str, target: str, subject: str) -> dict |
 
 def record_tracked(journal: Journal, tracker: str, target: str, subject: str, tracker_run_id: str, *,
                    experiment: str | None, state: str, digest: str | None = None) -> None:
-    """Insert or update the row; a tracker id once recorded for a subject stays its id."""
+    """Insert or update the row; the subject's tracker id is the one last recorded (a run made again in the
+    tracker, the first one deleted there, replaces it)."""
     assert state in STATES, state
     with journal.transaction() as db:
         db.execute("INSERT INTO tracked (tracker, target, subject, tracker_run_id, experiment, state, digest, "

@@ -16,7 +16,7 @@ import math
 from datetime import datetime
 from pathlib import Path
 
-from pilotrun.journal.runs import flat, run_table_rows, shown_status
+from pilotrun.journal.runs import flat, shown_status
 
 RUN_FILES = ("config.yaml", "revisions.json", "README.md")
 """The run folder's files a tracker gets (checkpoints and the artifact stay in the run folder: too large)."""
@@ -141,11 +141,6 @@ def run_digest(journal, run: dict) -> str:
 
 def finished(run: dict) -> bool:
     return run["status"] not in ("created", "running")
-
-
-def run_rows(journal, runs: list[dict]) -> list[dict]:
-    """The journal's runs with the shown status and verdict the tables use."""
-    return run_table_rows(journal, runs)
 
 
 def sweep_content(journal, sweep_id: str) -> dict:

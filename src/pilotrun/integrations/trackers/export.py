@@ -39,6 +39,9 @@ class TrackerFailed(BadInput):
 
 def failed(tracker, exc: BaseException) -> TrackerFailed:
     what = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+    uri = getattr(tracker, "uri", None)
+    if uri and uri != tracker.target:  # the client's message may quote the address as given: its password masked
+        what = what.replace(uri, tracker.target)
     return TrackerFailed(f"{tracker.name} at {tracker.target} did not take the export: {type(exc).__name__}: {what}",
                          where=tracker.target, fix="check that the tracker is up and the URI is right (--uri, the "
                          "campaign's track.uri, $MLFLOW_TRACKING_URI), then export again: what was sent is kept "

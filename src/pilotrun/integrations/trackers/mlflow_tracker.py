@@ -14,6 +14,7 @@ import os
 import posixpath
 import re
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 from pilotrun.errors import BadInput
 from pilotrun.integrations.trackers import content as C
@@ -36,6 +37,16 @@ def default_uri(home: Path) -> str:
 
 def resolve_uri(home: Path, uri: str | None) -> str:
     return uri or os.environ.get("MLFLOW_TRACKING_URI") or default_uri(home)
+
+
+def shown(uri: str) -> str:
+    """The URI with the password of its ``user:password@`` part masked: what is printed and kept in the journal
+    (the address as given still reaches MLflow's client, nothing else)."""
+    parts = urlsplit(uri)
+    if parts.password is None:
+        return uri
+    host = parts.netloc.rsplit("@", 1)[1]
+    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
 
 
 def key(name: str) -> str:
@@ -68,7 +79,8 @@ class MlflowTracker:
         from mlflow import MlflowClient
 
         self.home = Path(home)
-        self.uri = self.target = resolve_uri(self.home, uri)
+        self.uri = resolve_uri(self.home, uri)
+        self.target = shown(self.uri)  # printed, and the journal's key: never a password
         self.experiment_name = experiment
         self.client = MlflowClient(tracking_uri=self.uri)
         self._experiments: dict[str, str] = {}
@@ -80,13 +92,13 @@ class MlflowTracker:
         return self.experiment_name or campaign
 
     def describe(self) -> str:
-        return f"MLflow at {self.uri}, " + (f"experiment {self.experiment_name}" if self.experiment_name
+        return f"MLflow at {self.target}, " + (f"experiment {self.experiment_name}" if self.experiment_name
                                              else "one experiment per campaign")
 
     def how_to_view(self) -> str:
         if self.uri.startswith("sqlite:"):
-            return f"view it: mlflow ui --backend-store-uri {self.uri} (the full mlflow package: pip install mlflow)"
-        return f"view it at {self.uri}"
+            return f"view it: mlflow ui --backend-store-uri {self.target} (the full mlflow package: pip install mlflow)"
+        return f"view it at {self.target}"
 
     # --- experiments and runs -----------------------------------------------------------------------------
     def experiment_id(self, campaign: str) -> str:
@@ -102,7 +114,7 @@ class MlflowTracker:
             exp_id = self.client.create_experiment(name, artifact_location=location, tags={
                 "pilotrun.campaign": campaign, "mlflow.experimentKind": "custom_model_development"})
         elif exp.lifecycle_stage == "deleted":
-            raise BadInput(f"the MLflow experiment {name!r} (id {exp.experiment_id}) is deleted at {self.uri}; "
+            raise BadInput(f"the MLflow experiment {name!r} (id {exp.experiment_id}) is deleted at {self.target}; "
                            "MLflow refuses runs in it", where="MLflow experiment",
                            fix=f"restore it (mlflow experiments restore --experiment-id {exp.experiment_id}), or "
                                "pass --experiment NAME (the campaign's track.experiment) for another one")

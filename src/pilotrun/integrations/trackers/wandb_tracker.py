@@ -94,9 +94,9 @@ class WandbTracker:
             if p["key"].startswith(SKIPPED + "/") or (p["key"], p["step"]) in sent:
                 continue
             by_step.setdefault(p["step"], {})[p["key"]] = p["value"]
-            sent.add((p["key"], p["step"]))
         for step in sorted(by_step):
             wrun.log({"update": step, **by_step[step]})
+            sent.update((k, step) for k in by_step[step])  # only once W&B took them: a retry sends the rest
 
     def _start(self, journal, run: dict, label: str | None):
         o = C.outcome(run)
