@@ -63,9 +63,15 @@ def _finalize_temporary_directories(private: str) -> None:
     import gc
     import warnings
 
-    with warnings.catch_warnings():  # looking at every object touches deprecated module attributes (torch's)
-        warnings.simplefilter("ignore")
-        alive = [o for o in gc.get_objects() if isinstance(o, tempfile.TemporaryDirectory)]
+    frozen = gc.get_freeze_count()  # pilotrun freezes what is alive before a run (probe/memory.py): those too
+    gc.unfreeze()
+    try:
+        with warnings.catch_warnings():  # looking at every object touches deprecated module attributes (torch's)
+            warnings.simplefilter("ignore")
+            alive = [o for o in gc.get_objects() if isinstance(o, tempfile.TemporaryDirectory)]
+    finally:
+        if frozen:
+            gc.freeze()
     for obj in alive:
         if str(obj.name).startswith(private + os.sep):
             obj.cleanup()
