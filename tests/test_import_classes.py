@@ -156,22 +156,39 @@ def test_axolotl_offline_preference_configs_import_as_the_preference_task(folder
     got, said = carried(imp), skipped(imp)
     assert got["preference.beta"] == ("orpo_alpha", 0.2) and "data.prompt" not in got
     assert (got["data.chosen"][1], got["data.rejected"][1]) == ("chosen", "rejected")
-    assert "holds no reference while training" in said["precompute_ref_log_probs"]
+    assert "orpo compares the policy with no reference model: nothing to precompute" in said["precompute_ref_log_probs"]
+    assert "preference.reference" not in got
+    # DPO with precompute_ref_log_probs: the reference's log-probabilities precomputed, no reference model resident
+    imp = import_config(write(folder / "dpo.yml", dict(BASE, rl="dpo", precompute_ref_log_probs=True,
+                                                       datasets=[{"path": "intel.jsonl", "type": "chatml.intel"}])),
+                        out=folder / "c3.yaml")
+    assert carried(imp)["preference.reference"] == ("precompute_ref_log_probs", "precomputed")
+    assert "precompute_ref_log_probs" not in skipped(imp)
+    loaded = load_campaign(imp.out, {"data.validation": str(folder / "intel.jsonl")})
+    assert loaded.campaign.preference.reference == "precomputed"
 
 
 def test_a_dpo_config_dict_imports_as_the_preference_task(folder):
     imp = import_config(write(folder / "dpo.json", {"per_device_train_batch_size": 2, "beta": 0.2,
                                                      "loss_type": ["ipo"], "max_length": 512, "label_smoothing": 0.0,
-                                                     "max_prompt_length": 128, "rpo_alpha": 0.5}))
+                                                     "max_prompt_length": 128, "rpo_alpha": 0.5,
+                                                     "precompute_ref_log_probs": False}))
     got, said = carried(imp), skipped(imp)
     assert got["task"][1] == "preference" and got["preference.loss"] == ("loss_type", "ipo")
     assert got["preference.beta"] == ("beta", 0.2) and got["data.max_length"] == ("max_length", 512)
     assert [got[f"data.{k}"][1] for k in ("prompt", "chosen", "rejected")] == ["prompt", "chosen", "rejected"]
     assert "cuts the prompt to this first" in said["max_prompt_length"] and "RPO" in said["rpo_alpha"]
     assert "label_smoothing" not in said  # its default: nothing to say
+    assert "preference.reference" not in got and "precompute_ref_log_probs" not in said  # False: its default
     imp = import_config(write(folder / "hinge.json", {"per_device_train_batch_size": 2, "beta": 0.1,
                                                        "loss_type": "hinge"}), out=folder / "h.yaml")
     assert carried(imp)["preference.loss"][1] == "dpo" and "the hinge loss" in skipped(imp)["loss_type"]
+    pre = {"per_device_train_batch_size": 2, "beta": 0.1, "precompute_ref_log_probs": True,
+           "precompute_ref_batch_size": 16}
+    imp = import_config(write(folder / "pre.json", pre), out=folder / "p.yaml")
+    got, said = carried(imp), skipped(imp)
+    assert got["preference.reference"] == ("precompute_ref_log_probs", "precomputed")
+    assert "precomputes train.eval_batch pairs a batch" in said["precompute_ref_batch_size"]
 
 
 # ---------------------------------------------------------------- TRL: its dumps and its CLI files

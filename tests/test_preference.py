@@ -209,6 +209,9 @@ def test_inspect_shows_each_half_token_by_token_with_what_it_adds(tmp_path, cli,
     ({"preference.loss": "simpo", "preference.reference": "copy"}, "preference.reference", "uses no reference"),
     ({"preference.reference": "none"}, "preference.reference", "compares the policy with a reference"),
     ({"train.strategy": "fsdp", "train.nproc": 2}, "train.strategy", "does not rehearse a reference"),
+    ({"train.strategy": "fsdp", "train.nproc": 2, "preference.reference": "precomputed"}, "train.strategy",
+     "precomputed by the starting model"),
+    ({"preference.loss": "orpo", "preference.reference": "precomputed"}, "preference.reference", "uses no reference"),
     ({"data.response": "response_j"}, "data.response", "not a preference key"),
 ])
 def test_inconsistent_preference_keys_are_exit_2_naming_the_key(tmp_path, cli, override, key, words):

@@ -130,8 +130,9 @@ def preference_needs(c) -> list[BadInput]:
                             where="preference.reference",
                             fix="set model.adapter (e.g. {kind: lora, r: 8}), or preference.reference: copy"))
     held = p.reference if p.reference != "auto" else ("none" if free else "adapter" if c.model.adapter else "copy")
-    if c.train.strategy == "fsdp" and held in ("copy", "adapter"):
-        what = "copied beside the policy" if held == "copy" else "as the base under a disabled adapter"
+    if c.train.strategy == "fsdp" and held in ("copy", "adapter", "precomputed"):
+        what = {"copy": "copied beside the policy", "adapter": "as the base under a disabled adapter",
+                "precomputed": "precomputed by the starting model"}[held]
         out.append(BadInput(f"train.strategy: fsdp with the reference model {what}: pilotrun does not rehearse a "
                             "reference model's forward on FSDP shards", where="train.strategy",
                             fix="set train.strategy: ddp, or preference.loss: simpo or orpo (no reference model)"))

@@ -238,10 +238,12 @@ class PreferenceConfig(BaseModel):
     orpo λ, the odds-ratio term's weight (default 0.1); null takes the loss's default."""
     gamma: float = Field(0.5, ge=0.0)
     """simpo only: γ, the target reward margin (TRL's simpo_gamma); the loss compares β·margin − γ."""
-    reference: Literal["auto", "copy", "adapter", "none"] = "auto"
+    reference: Literal["auto", "copy", "adapter", "precomputed", "none"] = "auto"
     """What the policy is compared with (dpo, ipo): copy (a frozen copy of the starting model, resident beside
-    it) | adapter (the model with its LoRA adapter disabled: no second copy; needs model.adapter) | none (simpo,
-    orpo) | auto (adapter under LoRA, else copy; none for simpo and orpo)."""
+    it) | adapter (the model with its LoRA adapter disabled: no second copy; needs model.adapter) | precomputed
+    (the starting model's log-probabilities of every pair, computed once before training and stored with each
+    checkpoint under the pairs' fingerprint: no reference model resident, no reference forward in a step; TRL's
+    precompute_ref_log_probs) | none (simpo, orpo) | auto (adapter under LoRA, else copy; none for simpo and orpo)."""
 
 
 class NotCarriedSetting(BaseModel):

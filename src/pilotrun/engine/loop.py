@@ -251,6 +251,42 @@ def evaluate(state: TrainState, task, examples: list, batch_size: int) -> dict:
             **task_metrics(task, state.device, "val_")}
 
 
+def precompute_reference(model, task, examples: list, *, device, precision: str, batch_size: int,
+                         update: int = 0) -> int:
+    """``preference.reference: precomputed``: the model's no-grad forward over the pairs of ``examples`` that have
+    no reference log-probabilities yet (or whose tokens changed), longest first, ``batch_size`` pairs a batch, under
+    the run's precision, into the table the model carries (tasks/preference_ref.py). Only the starting model may be
+    the reference: at ``update`` > 0 (a resumed run, whose table came with its checkpoint) a missing or changed pair is
+    exit 2, never recomputed with the trained policy. Returns the pairs computed (0 for any other task)."""
+    import torch
+
+    from pilotrun.tasks.preference_ref import stale
+
+    if not getattr(task, "precomputes_reference", lambda m: False)(model):
+        return 0
+    table = task.reference_table(model)
+    absent, changed = table.missing(examples)
+    if not absent and not changed:
+        return 0
+    if update > 0:
+        raise stale(absent, changed, table, update)
+    todo = sorted(absent + changed, key=lambda e: e.length, reverse=True)
+    inner = getattr(model, "module", model) if type(model).__name__ == "DistributedDataParallel" else model
+    was = inner.training
+    inner.eval()
+    try:
+        with torch.no_grad():
+            for i in range(0, len(todo), batch_size):
+                part = todo[i: i + batch_size]
+                batch = to_device(task.collate(part), device)
+                with autocast(precision, device.type):
+                    task.store_reference(inner, batch, part)
+                del batch
+    finally:
+        inner.train(was)
+    return len(todo)
+
+
 def rate_text(examples: int, seconds: float) -> str:
     """Examples per second for a progress line, never ``0.0`` for a rate above zero: a large model on a CPU
     takes minutes per update (0.04 ex/s), which one decimal place rounded to nothing."""
@@ -347,6 +383,15 @@ def train(state: TrainState, task, train_examples: list, val_examples: list, t, 
     run = _Loop(state, task, train_examples, val_examples, t, plan_metric=plan_metric, goal=goal,
                 checkpoint_dir=checkpoint_dir, hooks=hooks or Hooks(), progress=progress)
     result = run.result
+    try:  # preference.reference: precomputed, before the first update (a resumed run's came with its checkpoint)
+        with _out_of_memory_ends_run("the reference's precomputation"):
+            done = precompute_reference(state.model, task, train_examples + val_examples, device=state.device,
+                                        precision=state.precision, batch_size=t.eval_batch, update=state.update)
+    except _RanOut as r:
+        result.status, result.reason = "failed", out_of_memory_reason(state, r.where, r.exc)
+        return result
+    if done:
+        note(f"reference log-probabilities of {plural(done, 'pair')} precomputed", log=True, spent="work")
     try:
         run.loop()
     except _RanOut as r:

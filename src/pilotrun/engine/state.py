@@ -2,8 +2,9 @@
 
 A checkpoint is a folder: model weights (safetensors; with an adapter only the trainable parameters
 and ``base.json``, the base model's identity, see ``journal/base_identity.py``), optimizer state
-(torch.save of tensors and numbers only, read back with ``weights_only=True``), RNG tensors (safetensors), and JSON for the
-scheduler, the grad scaler, the sampler position, the counters and Python/NumPy RNG states; under
+(torch.save of tensors and numbers only, read back with ``weights_only=True``), RNG tensors (safetensors), a
+preference run's precomputed reference log-probabilities (safetensors, ``tasks/preference_ref.py``), and JSON for
+the scheduler, the grad scaler, the sampler position, the counters and Python/NumPy RNG states; under
 FSDP the model and optimizer are one file pair per rank (``engine/sharded.py``). It is
 written under a temporary name and renamed into place after everything, the manifest last, is on
 disk, so a folder with a final name is always complete. Loading checks every file against the
@@ -34,6 +35,8 @@ from pilotrun.journal.checkpoints import named_by, resolve, write_reference
 from pilotrun.journal.files import (MANIFEST, commit_dir, kill_point, remove_stale_temps, temp_path, reading_weights,
                                     write_manifest, writing)
 from pilotrun.journal.leases import check_fence
+from pilotrun.tasks.preference_ref import FILE as REFERENCE_FILE
+from pilotrun.tasks.preference_ref import ReferenceLogps, attach_table, table_of
 
 COMPONENTS = ("model", "optimizer", "scheduler", "scaler", "rng", "sampler", "counters")
 
@@ -114,6 +117,9 @@ def save_state(state, path: str | Path, *, skip: tuple[str, ...] = ()) -> Path:
         if "counters" not in skip:
             (tmp / "counters.json").write_text(json.dumps(state.counters()))
             kill_point("counters")
+        table = table_of(state.model)  # preference.reference: precomputed — what a resumed run compares with
+        if table is not None:
+            table.save(tmp)
         write_manifest(tmp, {"kind": "pilotrun-checkpoint", "components": [c for c in COMPONENTS if c not in skip],
                              "model": f"FSDP shards of all weights, one file per rank of {world}" if sharded else
                              "trainable parameters (adapter-only; base in base.json)" if adapted else "all weights",
@@ -225,6 +231,10 @@ def _load_rest(state, path: Path) -> list[str]:
     if (path / "counters.json").is_file():
         state.load_counters(json.loads((path / "counters.json").read_text()))
         restored.append("counters")
+    if (path / REFERENCE_FILE).is_file():  # the reference log-probabilities stored at the run's start
+        with reading_weights(path / REFERENCE_FILE, "checkpoint's reference log-probabilities"):
+            attach_table(state.model, ReferenceLogps.load(path / REFERENCE_FILE))
+        restored.append("reference_logps")
     return restored
 
 

@@ -3,7 +3,8 @@
 ``measure(name, inputs)`` is a context manager yielding a handle with ``inputs``, ``nan`` and
 ``check_finite`` (``probe.recorder.phase`` for the pilot and ``fit``; ``quiet`` where a phase runs
 unmeasured; the accountant's marks for ``estimate``). A phase whose ``needs`` did not complete is not
-run: it gets a row whose error says which phase it needed and how that one ended.
+run: it gets a row whose error says which phase it needed and how that one ended. A phase the campaign does not
+have (``Phase.only``: the reference's precomputation of a preference campaign that precomputes it) is left out.
 """
 
 from __future__ import annotations
@@ -71,6 +72,8 @@ def drive(ctx: PhaseContext, measure, names=PHASES, *, traced: bool = False,
           after: dict[str, Callable] | None = None, stop: Callable[[PhaseContext], bool] | None = None) -> None:
     """Run ``names`` (registry order) on ``ctx``; ``traced``: their fake-tensor versions. ``after[name](ctx)``
     runs once that phase is over; ``stop(ctx)`` true after a phase ends the sequence there."""
+    c = ctx.prep.c
+    names = [n for n in names if BY_NAME[n].only is None or BY_NAME[n].only(c)]  # the campaign's phases only
     steps = [n for n in PHASES if n in names]
     steps += [f"{n}+" for n in steps if after and n in after]  # an after-hook is a step of its own
     total = len(steps)

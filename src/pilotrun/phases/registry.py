@@ -19,7 +19,7 @@ from typing import Callable
 from pilotrun.campaign.arithmetic import data_parallel_ranks
 from pilotrun.engine.artifact import export_artifact
 from pilotrun.engine.distributed import wrap_model
-from pilotrun.engine.loop import evaluate, make_state, run_update, to_device
+from pilotrun.engine.loop import evaluate, make_state, precompute_reference, run_update, to_device
 from pilotrun.engine.precision import autocast
 from pilotrun.engine.state import save_state
 from pilotrun.phases.worst import by_length
@@ -41,6 +41,7 @@ class Phase:
     run: Callable  # (ctx, p) -> None, on real tensors
     trace: Callable  # (ctx) -> None, on fake tensors
     needs: str | None = None  # the earlier phase whose product it uses; without it the phase is not run
+    only: Callable | None = None  # (campaign) -> whether the campaign has this phase; None: every campaign
 
 
 def _count(model) -> tuple[int, int]:
@@ -176,6 +177,45 @@ def _quantized_load_traced(acc, model, c) -> None:
     for t, block in zip(upcast, small):  # then the preparation's upcasts, one at a time
         acc.book(t, "parameters")
         acc.release(block)
+
+
+# --- precompute_reference: preference.reference: precomputed, the starting model's no-grad forward -----------
+def precomputes(c) -> bool:
+    return c.task == "preference" and reference_kind(c) == "precomputed"
+
+
+def _precompute_examples(ctx) -> list:
+    """The pairs the later phases read the reference of: the worst update's and the worst validation batch; the
+    precomputation's batches are the longest of them first, ``eval_batch`` pairs each (the rental's worst batch)."""
+    seen, out = set(), []
+    for e in [e for b in ctx.worst["micro_batches"] for e in b] + list(ctx.worst["eval"]):
+        if id(e) not in seen:
+            seen.add(id(e))
+            out.append(e)
+    return out
+
+
+def _precompute_inputs(ctx) -> dict:
+    t, longest = ctx.prep.c.train, by_length(_precompute_examples(ctx))
+    return {"eval_batch": t.eval_batch, "seq_len": longest[0].length if longest else 0, "precision": t.precision,
+            "pairs": len(longest), "reference": "precomputed"}
+
+
+def _precompute(ctx, p) -> None:
+    state = ctx.state
+    precompute_reference(state.model, ctx.task_for("precompute_reference"), _precompute_examples(ctx),
+                         device=state.device, precision=state.precision, batch_size=ctx.prep.c.train.eval_batch)
+    import torch
+
+    values = [v for _, v in ctx.task.reference_table(state.model).entries.values()]
+    if values:
+        p.check_finite(torch.stack(values), "a precomputed reference log-probability is")
+
+
+def _precompute_traced(ctx) -> None:
+    state = ctx.state
+    precompute_reference(state.model, ctx.task, _precompute_examples(ctx), device=state.device,
+                         precision=state.precision, batch_size=ctx.prep.c.train.eval_batch)
 
 
 # --- train: first_step (the optimizer state is allocated in it), steady_step (everything lives at once) --
@@ -391,6 +431,8 @@ def _reload_traced(ctx) -> None:
 
 REGISTRY: tuple[Phase, ...] = (
     Phase("load", "load", _load_inputs, _load, _load_traced),
+    Phase("precompute_reference", "eval", _precompute_inputs, _precompute, _precompute_traced, needs="load",
+          only=precomputes),
     Phase("first_step", "train", _train_inputs, _step("first_step"), _step_traced, needs="load"),
     Phase("steady_step", "train", _train_inputs, _step("steady_step"), _steady_traced, needs="load"),
     Phase("eval_longest", "eval", _eval_inputs, _eval, _eval_traced, needs="load"),
@@ -400,6 +442,11 @@ REGISTRY: tuple[Phase, ...] = (
 )
 PHASES = tuple(p.name for p in REGISTRY)
 BY_NAME = {p.name: p for p in REGISTRY}
+
+
+def phases_of(c) -> tuple[str, ...]:
+    """The phases campaign ``c`` has: every one but those its settings leave out (``Phase.only``)."""
+    return tuple(p.name for p in REGISTRY if p.only is None or p.only(c))
 
 
 def names(*kinds: str) -> tuple[str, ...]:

@@ -256,6 +256,8 @@ def rows_for(tr: dict, *, ranks: int = 1, strategy: str = "single", offload: boo
     kept = 0
     rows = []
     for name in PHASES:
+        if BY_NAME[name].only is not None and name not in tr["inputs"]:  # a phase this campaign does not have
+            continue
         s = tr["summarize"](name, scale or None)
         s.pop("stages", None)
         if bucket:  # DDP's buckets, allocated with the wrapper and alive from then on

@@ -9,7 +9,7 @@ from pathlib import Path
 from pilotrun.campaign.arithmetic import data_parallel_ranks, examples_per_update
 from pilotrun.campaign.load import campaign_from_dict
 from pilotrun.campaign.reuse import keeping_traces
-from pilotrun.phases import PHASES
+from pilotrun.phases import phases_of
 from pilotrun.probe.alloc_conf import settings_from_env
 from pilotrun.probe.sizes import parse_size
 from pilotrun.sheet import estimates as E, gpu_memory as GM, plan as P
@@ -46,7 +46,7 @@ def _build_sheet(cfg: dict, journal, pilot: dict, *, target_env, gpu, rates, pre
     sheet: dict = {"campaign": c.name, "pilot_run": pilot["run_id"], "config_sha256": pilot["config_sha256"],
                    "pilot_device": rows[0].get("device"), "counter": rows[0].get("counter"), "problems": [],
                    "warnings": []}
-    _ledger_problems(sheet, rows, pilot)
+    _ledger_problems(sheet, rows, pilot, c)
     # --- GPU memory: the CUDA counters, else the estimate for CUDA (never the CPU's RSS) -----------------
     ranks = data_parallel_ranks(t)
     settings, variable = settings_from_env(os.environ)  # the allocator the launch files set (sheet/launch.py)
@@ -89,12 +89,12 @@ def _launch_env(sheet: dict, target, variable: str | None, settings) -> None:
     sheet["launch_env"] = env
 
 
-def _ledger_problems(sheet: dict, rows: list[dict], pilot: dict) -> None:
+def _ledger_problems(sheet: dict, rows: list[dict], pilot: dict, c) -> None:
     """The pilot's phases that did not end ok (problems when unmeasured, else warnings) and those it lacks."""
     for r in (r for r in rows if r["verdict"] != "ok"):
         (sheet["problems"] if r["verdict"] in P.NOT_MEASURED else sheet["warnings"]).append(
             f"pilot phase {r['phase']} rank {r['rank']} ended with {r['verdict']}: {r.get('note') or ''}".strip())
-    missing = [p for p in PHASES if p not in {r["phase"] for r in rows}]
+    missing = [p for p in phases_of(c) if p not in {r["phase"] for r in rows}]
     if missing:
         sheet["problems"].append(f"the pilot {pilot['run_id']} has no row for {', '.join(missing)}")
 

@@ -199,7 +199,8 @@ def options_table(loaded, *, prep=None, rates: dict | None = None, lora_r: int |
 
 def _reference(c, tr: dict) -> dict | None:
     """A preference campaign's reference model: what it is and the bytes of a frozen copy (0 under LoRA, whose
-    reference is the base with the adapter disabled); None for another task."""
+    reference is the base with the adapter disabled, and for a precomputed one: no model resident); None for another
+    task."""
     if c.task != "preference":
         return None
     return {"kind": reference_kind(c), "bytes": tr.get("reference_bytes", 0)}
@@ -401,7 +402,8 @@ def _work(loaded, prep) -> dict:
                           bool(prep.validation))
     runs = len(P.run_list(c.plan.control, c.plan.variants, c.plan.seeds))
     return {"tokens_update": sum(tokens) / len(tokens) * _ranks_of(t), "tokens_val": sum(val), "updates": updates,
-            "reference": c.task == "preference" and reference_kind(c) != "none",  # a no-grad forward in each step
+            # a no-grad forward in each step (a precomputed reference's is once, before training)
+            "reference": c.task == "preference" and reference_kind(c) in ("copy", "adapter"),
             "evals": counts["evals"], "eval_batches": counts["eval_batches"], "runs": runs, "precision": t.precision}
 
 

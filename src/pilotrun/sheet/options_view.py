@@ -118,6 +118,10 @@ def params_said(table: dict) -> str:
                      "both halves is in each step; the LoRA rows compare with the base under a disabled adapter")
     elif ref and ref["kind"] == "adapter":
         reference = "; the reference is the base under a disabled adapter (no copy resident), its forward in each step"
+    elif ref and ref["kind"] == "precomputed":
+        reference = ("; the reference's log-probabilities are precomputed once before training (one no-grad forward "
+                     "over the pairs, the precompute_reference phase): no reference model is resident in any row, "
+                     "and no reference forward is in a step")
     else:
         reference = ""
     moe = table.get("moe")

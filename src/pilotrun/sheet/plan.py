@@ -113,9 +113,12 @@ def flops_per_update(params: int, trainable: int, tokens: int, checkpointing: bo
 
 def kind_seconds(measured: dict[str, dict], phases) -> dict[str, list[float]]:
     """The measured seconds of each kind's phases, in the registry's order. ``phases``: the phase registry
-    (``phases.registry.REGISTRY``, anything with ``name`` and ``kind``)."""
+    (``phases.registry.REGISTRY``, anything with ``name`` and ``kind``). A phase only some campaigns have
+    (``only``: a preference campaign's precompute_reference, once per run) is no unit of the time plan yet."""
     out: dict[str, list[float]] = {}
     for p in phases:
+        if getattr(p, "only", None) is not None:
+            continue
         out.setdefault(p.kind, []).append(measured[p.name]["seconds"])
     return out
 

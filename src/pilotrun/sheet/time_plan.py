@@ -8,7 +8,7 @@ from __future__ import annotations
 from pilotrun.campaign.arithmetic import batch_arithmetic
 from pilotrun.campaign.arms import COST_FREE
 from pilotrun.engine.control import CONTROL_EXAMPLES
-from pilotrun.phases import PHASES, REGISTRY
+from pilotrun.phases import REGISTRY, phases_of
 from pilotrun.records.readers import read_records
 from pilotrun.sheet import plan as P
 from pilotrun.sheet.catalogue import CATALOGUE, match_gpu
@@ -66,10 +66,11 @@ def time_plan(sheet, c, t, rows, peaks, pilot, fits, target, ranks, rates) -> No
     runs = P.run_list(c.plan.control, c.plan.variants, c.plan.seeds)
     sheet["expected"] = expected(c)
     sheet["time"] = None
-    if not all(p in measured for p in PHASES) or not n_train:
+    phases = phases_of(c)
+    if not all(p in measured for p in phases) or not n_train:
         sheet["problems"].append("no time plan: the pilot lacks a measured duration of "
-                                 + ", ".join(p for p in PHASES if p not in measured)
-                                 if not all(p in measured for p in PHASES) else
+                                 + ", ".join(p for p in phases if p not in measured)
+                                 if not all(p in measured for p in phases) else
                                  "no time plan: the training data could not be counted")
         return
     counts = _counts(c, t, n_train, n_val, ranks)

@@ -16,7 +16,9 @@ then keeps a frozen deep copy of it beside it (``attach_reference``): the starti
 checkpoint is loaded into the policy, so a resumed run compares with the same reference; ``adapter`` runs the
 policy with its LoRA adapter disabled. Both forward under no_grad in eval mode. Dropout is off in the policy too,
 as TRL's DPOTrainer turns it off by default (``disable_dropout``): at the start the policy is the reference, and the
-log-ratios are exactly 0.
+log-ratios are exactly 0. ``precomputed`` (tasks/preference_ref.py) keeps no reference model: a table of the
+starting model's log-probabilities of every pair, filled before training (``engine/loop.precompute_reference``)
+and read by ``reference_logps``.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from pilotrun.tasks.loading import build_model, eos_id, load_hf_artifact, no_dro
 from pilotrun.tasks.moe import plus_router_aux
 from pilotrun.tasks.preference_loss import (MEAN_PER_TOKEN, attach_reference, beta_of, mark_reference, pair_terms,
                                             reference_kind, reference_kind_of, reference_of, unwrapped)
+from pilotrun.tasks.preference_ref import ReferenceLogps, attach_table, table_of
 
 HALVES = ("chosen", "rejected")
 
@@ -291,8 +294,48 @@ class PreferenceTask(common.CampaignTask):
         kind = reference_kind_of(model) or self.reference
         if kind == "none":
             return None
+        if kind == "precomputed":
+            return self._precomputed(model, batch)
         with torch.no_grad(), _evaluating(*self._reference_model(model, batch, kind)) as ref:
             return self._per_pair(*self.token_logps(ref, batch))
+
+    def _precomputed(self, model, batch):
+        """The stored (chosen, rejected) of the batch's pairs, as the loss wants them (sums, or means per token)."""
+        import torch
+        from torch._subclasses.fake_tensor import is_fake
+
+        table = table_of(model)
+        got = table.lookup(batch["rids"], batch["input_ids"].device) if table is not None else None
+        if got is None:
+            first = next(iter(unwrapped(model).parameters()), None)
+            if first is None or not is_fake(first):
+                raise RuntimeError("preference.reference: precomputed, but the reference log-probabilities of a "
+                                   "pair of this batch were not computed before training (precompute_reference)")
+            n = batch["pairs"]  # the estimator's probes of shapes alone: the values do not matter, their bytes do
+            got = (torch.zeros(n, device=batch["input_ids"].device), torch.zeros(n, device=batch["input_ids"].device))
+        chosen, rejected = got
+        if self.loss_name in MEAN_PER_TOKEN:
+            counts = (batch["labels"][:, 1:] != IGNORE).sum(-1).clamp(min=1).chunk(2)
+            chosen, rejected = chosen / counts[0], rejected / counts[1]
+        return chosen, rejected
+
+    def precomputes_reference(self, model) -> bool:
+        return (reference_kind_of(model) or self.reference) == "precomputed"
+
+    def reference_table(self, model) -> ReferenceLogps:
+        """The model's table of precomputed reference log-probabilities (a new empty one attached if it has none)."""
+        table = table_of(model)
+        if table is None:
+            table = ReferenceLogps()
+            attach_table(model, table)
+        return table
+
+    def store_reference(self, model, batch, examples) -> None:
+        """The model's summed log-probabilities of both halves of ``examples`` (collated as ``batch``) into its
+        table: called with the starting model, under no_grad in eval mode."""
+        logp, _ = self.token_logps(model, batch)
+        chosen, rejected = logp.sum(-1).chunk(2)
+        self.reference_table(model).put(examples, chosen, rejected)
 
     def _reference_model(self, model, batch, kind: str):
         """(the module the reference forward runs, the context that makes it the reference)."""

@@ -17,6 +17,7 @@ from typing import Any
 
 from pilotrun.campaign.importers.axolotl_data import axolotl_data, chat_template, conversations
 from pilotrun.campaign.importers.builder import Builder, empty
+from pilotrun.tasks.preference_loss import REFERENCE_FREE
 
 CARRIED = {"dpo": "dpo", "ipo": "ipo", "orpo": "orpo", "simpo": "simpo"}
 # Axolotl's text pair strategies: (prompt field, chosen field, rejected field); "default" picks among several
@@ -37,11 +38,8 @@ REASONS = {
     "rpo_alpha": f"RPO's NLL term on the chosen answer is not rehearsed; {SAME_MEMORY}",
     "dpo_norm_loss": f"a length-normalised dpo loss is not rehearsed; {SAME_MEMORY}",
     "ld_alpha": f"LD-DPO's down-weighting of the longer answer's tail is not rehearsed; {SAME_MEMORY}",
-    "precompute_ref_log_probs": "the rental computes the reference's log-probabilities once before training and holds "
-                                "no reference while training; the rehearsal holds it (a frozen copy, or the base under "
-                                "LoRA): its memory is an upper bound of the rental's, and the precomputing pass "
-                                "(one forward over the data) is not in its time",
-    "precompute_ref_batch_size": "nothing to rehearse: the rehearsal does not precompute the reference",
+    "precompute_ref_batch_size": "the rehearsal precomputes train.eval_batch pairs a batch (TRL's default when this is "
+                                 "unset): the precompute_reference phase's memory is that batch's, not this one's",
     "dpo_padding_free": "rows concatenated without padding in the source: memory per micro-batch there is set by the "
                         "tokens, not the longest row (the rehearsal pads)",
     "dpo_use_liger_kernel": "Liger's fused preference loss computes the logits in chunks: memory on the rental is lower "
@@ -81,6 +79,26 @@ def _loss_of(b: Builder, src: str, value: Any, default: str) -> str:
     return default
 
 
+def _precompute(raw: dict[str, Any], b: Builder, loss: str) -> None:
+    """``precompute_ref_log_probs`` (Axolotl's key, TRL's DPOConfig's) → preference.reference: precomputed; a
+    reference-free loss has nothing to precompute, and a precomputing batch size other than train.eval_batch is
+    named."""
+    on = raw.get("precompute_ref_log_probs")
+    if on is True and loss in REFERENCE_FREE:
+        b.skip("precompute_ref_log_probs", on, f"{loss} compares the policy with no reference model: nothing to "
+                                               "precompute")
+    elif on is True:
+        b.put("precompute_ref_log_probs", "preference.reference", "precomputed")
+    elif on not in (None, False):
+        b.skip("precompute_ref_log_probs", on, "not true or false: the reference is kept as a model (a frozen copy, "
+                                               "or the base under LoRA)")
+    size = raw.get("precompute_ref_batch_size")
+    if size is not None and on is True and loss not in REFERENCE_FREE:
+        b.skip("precompute_ref_batch_size", size, REASONS["precompute_ref_batch_size"])
+    elif size is not None:
+        b.skip("precompute_ref_batch_size", size, "nothing to rehearse: the reference is not precomputed")
+
+
 def _skips(raw: dict[str, Any], b: Builder, used: set[str], keys) -> None:
     for k in keys:
         used.add(k)
@@ -113,8 +131,10 @@ def axolotl(raw: dict[str, Any], b: Builder, used: set[str]) -> None:
                    f"Axolotl's simpo runs TRL's CPOTrainer, which adds the chosen answer's NLL × cpo_alpha "
                    f"({'1.0, its default' if alpha is None else alpha}); the rehearsal's simpo has no NLL term; "
                    f"{SAME_MEMORY}")
+    used.update(("precompute_ref_log_probs", "precompute_ref_batch_size"))
+    _precompute(raw, b, loss)
     _skips(raw, b, used, ("dpo_label_smoothing", "dpo_use_weighting", "rpo_alpha", "dpo_norm_loss",
-                          "precompute_ref_log_probs", "dpo_padding_free", "dpo_use_liger_kernel", "max_prompt_len"))
+                          "dpo_padding_free", "dpo_use_liger_kernel", "max_prompt_len"))
     axolotl_data(raw, b, used, read_fields=pair_fields)
 
 
@@ -201,8 +221,9 @@ def trl_dpo(raw: dict[str, Any], b: Builder, used: set[str], same) -> None:
     """A DPOConfig dict's own keys; ``same(value, key)``: the value is the tool's default (to_dict writes every key)."""
     used.update(DPO_KEYS)
     b.put("DPOConfig (its preference keys)", "task", "preference")
-    b.put("loss_type" if "loss_type" in raw else "loss_type (DPOConfig's default)", "preference.loss",
-          _loss_of(b, "loss_type", raw.get("loss_type", ["sigmoid"]), "dpo"))
+    loss = _loss_of(b, "loss_type", raw.get("loss_type", ["sigmoid"]), "dpo")
+    b.put("loss_type" if "loss_type" in raw else "loss_type (DPOConfig's default)", "preference.loss", loss)
+    _precompute(raw, b, loss)
     if raw.get("beta") is not None:
         b.put("beta", "preference.beta", float(raw["beta"]))
     for key, field in (("prompt", "prompt"), ("chosen", "chosen"), ("rejected", "rejected")):
@@ -210,6 +231,8 @@ def trl_dpo(raw: dict[str, Any], b: Builder, used: set[str], same) -> None:
               "TRL's preference columns (text or conversations); a data set whose two answers are whole conversations "
               "has no prompt column: set data.prompt to null" if key == "prompt" else "")
     for k in DPO_KEYS[2:]:
+        if k.startswith("precompute_ref_"):  # carried above
+            continue
         if k in raw and not empty(raw[k]) and not same(raw[k], k) and k in REASONS:
             b.skip(k, raw[k], REASONS[k])
         elif k in raw and not empty(raw[k]) and not same(raw[k], k):

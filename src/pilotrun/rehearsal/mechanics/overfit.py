@@ -20,7 +20,8 @@ import math
 from pilotrun.campaign.prepare import prepare, require_weights
 from pilotrun.console.progress import head, say
 from pilotrun.engine.distributed import default_device
-from pilotrun.engine.loop import Hooks, make_state, out_of_memory_reason, run_update, to_device, train
+from pilotrun.engine.loop import (Hooks, make_state, out_of_memory_reason, precompute_reference, run_update, to_device,
+                                  train)
 from pilotrun.engine.oom import is_oom
 from pilotrun.engine.precision import campaign_compute_dtype
 from pilotrun.journal.runs import RunRecorder, find_pilot
@@ -107,6 +108,8 @@ def accumulation_check(prep, model=None) -> dict:
                 "tolerance": tol}
     no_dropout(model)
     state = make_state(model, t, n_train=len(prep.train), seed=prep.c.seed, total_updates=1)
+    precompute_reference(model, prep.task, [e for b in batches for e in b], device=state.device,
+                         precision=t.precision, batch_size=t.eval_batch)  # preference.reference: precomputed
     started = time.perf_counter()
     with without_router_aux(model) as aux_left_out:  # a load-balancing term is per micro-batch by definition
         for micro in (batches, [[e for b in batches for e in b]]):
@@ -406,6 +409,7 @@ def _memorise(loaded, home, prep, model, chosen: list, mt, budget: UpdateBudget,
     state = make_state(model, mt, n_train=len(chosen), seed=c.seed, total_updates=budget.ceiling, device=device)
     state.bound, state.total_updates = True, budget.updates  # a run that memorises stops before its budget
     history, checks, back_off, stop = [], {}, BackOff(c.train.lr), _StopRule(budget)
+    precompute_reference(model, task, chosen, device=device, precision=mt.precision, batch_size=mt.eval_batch)
     pairs = pair_state(task, model, chosen, device) if is_pair_task(task) else None  # margins and the reference
     head(f"memorising {plural(len(chosen), 'pair' if pairs else 'example')}")
     with RunRecorder(Journal(home), loaded, kind="overfit") as rec:

@@ -78,9 +78,10 @@ def probe(prep: Prepared, kind: str, *, limit: int | None = None, device=None) -
 
     quiet_allocator()
     ctx.state = _fresh_state(prep, device)
+    # a train probe runs a precomputed reference's phase first, unmeasured (a campaign has it only then)
+    driven = ("precompute_reference",) + measured if kind == "train" else names("eval") + names("train")[:1]
     try:
-        drive(ctx, measure, measured if kind == "train" else names("eval") + names("train")[:1],
-              stop=lambda ctx: bool(rows) and rows[-1]["verdict"] in ("oom", "error"))
+        drive(ctx, measure, driven, stop=lambda ctx: bool(rows) and rows[-1]["verdict"] in ("oom", "error"))
     finally:
         ctx.state = None
         quiet_allocator()

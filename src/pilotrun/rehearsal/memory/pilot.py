@@ -17,7 +17,7 @@ from pilotrun.engine.distributed import check_strategy, gather_to_rank0
 from pilotrun.engine.launcher import Ranks
 from pilotrun.journal.runs import RunRecorder
 from pilotrun.journal.store import Journal
-from pilotrun.phases import PHASES
+from pilotrun.phases import phases_of
 from pilotrun.phases.registry import BY_NAME
 from pilotrun.probe.alloc_conf import settings_from_env
 from pilotrun.probe.memory import release_free_memory
@@ -105,7 +105,8 @@ def pilot(loaded, home, *, memory_limit=None, inject=None) -> StageResult:
                     "time_model": _read_json(rec.dir / "time_model.json"), "prepare_s": prepare_s,
                     "startup_s": startup_s, "run_overhead_s": run_overhead_s,
                     **({"test_switch": inject} if inject else {})})
-    messages = [f"run {rec.run_id}: {len(rows)} rows ({len(PHASES)} phases × {len(rows) // len(PHASES) or 1} ranks); "
+    n = len(phases_of(c))
+    messages = [f"run {rec.run_id}: {len(rows)} rows ({n} phases × {len(rows) // n or 1} ranks); "
                 f"memory limit {fmt_bytes(limit)}",
                 f"examples per update = {arith['examples_per_update']} (micro_batch {arith['micro_batch']} × "
                 f"accumulation {arith['accumulation']} × ranks {arith['ranks']})"]

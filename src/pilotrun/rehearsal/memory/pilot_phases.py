@@ -19,7 +19,7 @@ from pathlib import Path
 from pilotrun.campaign.prepare import prepare
 from pilotrun.engine.control import control_predictions
 from pilotrun.engine.distributed import barrier, default_device, world_rank
-from pilotrun.engine.loop import evaluate, run_update
+from pilotrun.engine.loop import evaluate, precompute_reference, run_update
 from pilotrun.engine.sampler import UpdateSampler
 from pilotrun.errors import BadInput
 from pilotrun.journal.files import atomic_write_json
@@ -144,6 +144,9 @@ def _time_model(job: PilotJob, prep, state, wc: dict, rank: int, world: int) -> 
     typical = []
     while shape.more_typical([p["seconds"] for p in typical], world):
         mbs = [[prep.train[i] for i in mb] for mb in sampler.next_update()]
+        # a precomputed reference's pairs, outside the timing: the values (of the pilot's updated model) time only
+        precompute_reference(state.model, prep.task, [e for mb in mbs for e in mb], device=state.device,
+                             precision=state.precision, batch_size=t.eval_batch)
         _sync(default_device())
         t0 = time.perf_counter()
         run_update(state, prep.task, mbs, max_grad_norm=t.max_grad_norm)

@@ -1,0 +1,191 @@
+"""preference.reference: precomputed — the starting model's log-probabilities of every pair, computed once before
+training and stored with each checkpoint under the pairs' fingerprint; no reference model resident afterwards.
+Each on the Stack Exchange pairs of ../shared/data: the values equal the frozen copy's, overfit and the resume
+worker read them, a stored set whose pairs changed is refused (exit 2), the estimator traces the precomputation
+phase and the options table knows no reference is resident."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import write_jsonl
+from preference_data import by_question, preference_campaign, short_pairs
+
+from pilotrun.campaign.load import load_campaign
+from pilotrun.campaign.prepare import prepare
+
+PRE = {"preference__reference": "precomputed"}
+
+
+def _campaign(tmp_path, records=None, **over):
+    return preference_campaign(tmp_path, records or short_pairs(chars=48)[:8], data__max_length=96, **PRE, **over)
+
+
+def _started(prep, n: int = 8, stop_at: int = 2, total: int = 4):
+    """The starting model of ``prep``, trained to ``stop_at`` of ``total`` updates on its first ``n`` pairs."""
+    import torch
+
+    from pilotrun.engine.loop import Hooks, make_state, train
+
+    torch.manual_seed(0)
+    state = make_state(prep.task.build_model(), prep.c.train, n_train=n, seed=0, total_updates=total)
+    result = train(state, prep.task, prep.train[:n], [], prep.c.train, hooks=Hooks(stop_at=stop_at))
+    assert result.status == "completed", result.reason
+    return state
+
+
+def test_precomputed_reference_is_the_frozen_copys_and_no_model_is_resident(tmp_path):
+    import torch
+
+    from pilotrun.engine.loop import make_state, precompute_reference, to_device
+    from pilotrun.tasks.preference_loss import reference_of
+    from pilotrun.tasks.preference_ref import table_of
+
+    for loss in ("dpo", "ipo"):  # summed, and the mean per token
+        folder = tmp_path / loss
+        copy = prepare(load_campaign(_campaign(folder), {"preference.reference": "copy", "preference.loss": loss}),
+                       splits=("train",))
+        pre = prepare(load_campaign(_campaign(folder), {"preference.loss": loss}), splits=("train",))
+        torch.manual_seed(0)
+        with_copy = copy.task.build_model()
+        torch.manual_seed(0)
+        model = pre.task.build_model()
+        assert reference_of(model) is None and reference_of(with_copy) is not None  # nothing beside the policy
+        pairs = pre.train[:4]
+        state = make_state(model, pre.c.train, n_train=4, seed=0, total_updates=1)
+        assert precompute_reference(model, pre.task, pairs, device=state.device, precision="fp32", batch_size=3) == 4
+        assert len(table_of(model)) == 4
+        batch = to_device(pre.task.collate(pairs), state.device)
+        want = copy.task.reference_logps(with_copy, batch)
+        got = pre.task.reference_logps(model, batch)
+        for a, b in zip(got, want):
+            assert torch.allclose(a, b, rtol=1e-5, atol=1e-5), (loss, a, b)
+        # the pairs already stored are not computed again
+        assert precompute_reference(model, pre.task, pairs, device=state.device, precision="fp32", batch_size=3) == 0
+
+
+def test_a_resumed_run_reads_the_stored_log_probabilities_and_refuses_them_once_the_pairs_changed(tmp_path, cli):
+    import torch
+
+    from pilotrun.engine.loop import make_state, precompute_reference
+    from pilotrun.engine.state import load_state, save_state
+    from pilotrun.tasks.preference_ref import FILE, table_of
+
+    path = _campaign(tmp_path)
+    prep = prepare(load_campaign(path), splits=("train",))
+    state = _started(prep)
+    stored = {k: v[1].clone() for k, v in table_of(state.model).entries.items()}
+    ckpt = save_state(state, tmp_path / "ckpt")
+    assert FILE in json.loads((ckpt / "manifest.json").read_text())["files"]
+
+    # clean: a fresh build of the starting model, the checkpoint loaded: the stored values, nothing recomputed
+    fresh = prep.task.build_model()
+    resumed = make_state(fresh, prep.c.train, n_train=8, seed=0, total_updates=4)
+    assert "reference_logps" in load_state(resumed, ckpt)
+    assert {k: v[1] for k, v in table_of(fresh).entries.items()}.keys() == stored.keys()
+    assert all(torch.equal(table_of(fresh).entries[k][1], v) for k, v in stored.items())
+    assert precompute_reference(fresh, prep.task, prep.train[:8], device=resumed.device, precision="fp32",
+                                batch_size=4, update=resumed.update) == 0
+    spec = {"config": str(path), "state": str(ckpt), "n_train": 8, "total": 4, "out": str(tmp_path / "out.json")}
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    r = cli("_resume-worker", tmp_path / "spec.json")
+    assert r.code == 0, r.err
+    out = json.loads((tmp_path / "out.json").read_text())
+    assert out["status"] == "completed" and "reference_logps" in out["restored"]
+    assert [h["update"] for h in out["history"]] == [3, 4]
+
+    # planted: the data changed after the run started (one rejected answer rewritten): refused, exit 2
+    records = short_pairs(chars=48)[:8]
+    records[5]["response_k"] = "An answer written after the run started."
+    write_jsonl(tmp_path / "data" / "train.jsonl", records)
+    r = cli("_resume-worker", tmp_path / "spec.json")
+    assert r.code == 2, r.err
+    assert f"{ckpt / FILE}" in r.err
+    assert "1 pair(s) changed since they were computed (first: " in r.err and "train.jsonl:6" in r.err
+    assert "recomputing them now would take the trained policy as the reference" in r.err
+    assert "start a new run" in r.err
+
+    # planted: a checkpoint without the stored set (written by a build that lost it): refused, not recomputed
+    from pilotrun.tasks.preference_ref import TABLE_ATTR
+
+    write_jsonl(tmp_path / "data" / "train.jsonl", short_pairs(chars=48)[:8])
+    del state.model.__dict__[TABLE_ATTR]
+    save_state(state, tmp_path / "bare")
+    spec["state"] = str(tmp_path / "bare")
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    r = cli("_resume-worker", tmp_path / "spec.json")
+    assert r.code == 2 and "8 pair(s) have none stored" in r.err, r.err
+
+
+def test_a_stored_set_edited_by_hand_is_refused(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from pilotrun.errors import BadInput
+    from pilotrun.tasks.preference_ref import FILE, ReferenceLogps
+
+    prep = prepare(load_campaign(_campaign(tmp_path)), splits=("train",))
+    from pilotrun.tasks.preference_ref import table_of
+
+    table_of(_started(prep, stop_at=1).model).save(tmp_path)
+    assert len(ReferenceLogps.load(tmp_path / FILE)) == 8  # clean: read back whole
+    from safetensors import safe_open
+
+    with safe_open(str(tmp_path / FILE), framework="pt") as f:
+        meta = f.metadata()
+    rids = json.loads(meta["rids"])
+    save_file(load_file(str(tmp_path / FILE)), str(tmp_path / FILE),
+              metadata=dict(meta, rids=json.dumps(rids[::-1])))  # the values now belong to other pairs
+    with pytest.raises(BadInput, match="do not match their own fingerprint"):
+        ReferenceLogps.load(tmp_path / FILE)
+
+
+def test_overfit_memorises_pairs_against_the_precomputed_reference(tmp_path):
+    from pilotrun.rehearsal.mechanics.overfit import overfit
+
+    r = overfit(load_campaign(_campaign(tmp_path)), tmp_path / "home", examples=4, max_updates=40, sized=False)
+    assert r.verdict == "ok", r.messages
+    text = "\n".join(r.messages)
+    assert "preference accuracy 4/4 (1.00)" in text and "the reference did not move" in text
+
+
+def test_the_estimate_traces_the_precomputation_and_the_options_table_knows_no_reference_is_resident(tmp_path):
+    from pilotrun.probe.trace import trace
+    from pilotrun.sheet.options import options_table
+    from pilotrun.sheet.options_view import params_said
+
+    path = _campaign(tmp_path)
+    pre = trace(load_campaign(path), device="cpu")["rows"]
+    copy = trace(load_campaign(path, {"preference.reference": "copy"}), device="cpu")["rows"]
+    assert [r["phase"] for r in pre] == ["load", "precompute_reference", "first_step", "steady_step", "eval_longest",
+                                         "save", "export", "reload"]
+    assert "precompute_reference" not in [r["phase"] for r in copy]  # a phase of the precomputed reference only
+    row = {r["phase"]: r for r in pre}
+    assert row["load"]["inputs"]["reference"] == "precomputed"
+    assert row["precompute_reference"]["inputs"]["eval_batch"] == 4
+    assert row["load"]["parameters"] * 2 == pytest.approx({r["phase"]: r for r in copy}["load"]["parameters"],
+                                                          rel=1e-3)  # the policy alone: no copy beside it
+    assert row["precompute_reference"]["peak_allocated"] > row["load"]["peak_allocated"]  # the no-grad forward
+    table = options_table(load_campaign(path), gpus=[])
+    assert table["reference"] == {"kind": "precomputed", "bytes": 0}
+    said = params_said(table)
+    assert "precomputed once before training" in said and "no reference model is resident" in said
+    assert "no longer resident" not in table["meanings"]["lora"]  # LoRA drops no copy: there is none
+
+
+def test_the_pilot_measures_the_precomputation_phase_and_the_estimate_matches_it_per_phase(tmp_path):
+    from pilotrun.rehearsal.memory.estimate import estimate
+    from pilotrun.rehearsal.memory.pilot import pilot
+
+    train, validation = by_question(short_pairs(chars=96))
+    loaded = load_campaign(preference_campaign(tmp_path, train, validation, data__max_length=128, **PRE))
+    result = pilot(loaded, tmp_path / "home")
+    assert result.verdict == "ok", result.messages
+    rows = {r["phase"]: r for r in result.data["rows"]}
+    assert "precompute_reference" in rows and "reference_bytes" not in rows["load"]["inputs"]
+    assert rows["precompute_reference"]["inputs"]["pairs"] >= 4
+    measured = {k: r["peak_allocated"] for k, r in rows.items()}
+    predicted = {r["phase"]: r["peak_allocated"] for r in estimate(loaded, device="cpu").data["phases"]}
+    assert predicted.keys() == measured.keys()
+    off = {k: (predicted[k], v) for k, v in measured.items() if abs(predicted[k] - v) > 0.05 * v}
+    assert not off, off
