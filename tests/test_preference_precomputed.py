@@ -118,6 +118,18 @@ def test_a_resumed_run_reads_the_stored_log_probabilities_and_refuses_them_once_
     assert r.code == 2 and "8 pair(s) have none stored" in r.err, r.err
 
 
+def test_the_train_run_stores_the_set_with_its_data_fingerprint_in_the_journal_and_its_checkpoint(tmp_path, cli):
+    from pilotrun.journal.store import Journal
+    from pilotrun.tasks.preference_ref import FILE, ReferenceLogps
+
+    r = cli("train", _campaign(tmp_path), "--home", tmp_path / "home", "--json")
+    assert r.code == 0, r.err
+    run = Journal(tmp_path / "home").get_run(r.json["data"]["run_id"])
+    said = run["summary"]["reference_logps"]
+    stored = ReferenceLogps.load(tmp_path / "home" / "runs" / run["run_id"] / "checkpoints" / "final" / FILE)
+    assert said == {"pairs": 8, "fingerprint": stored.fingerprint()} and len(stored) == 8
+
+
 def test_a_stored_set_edited_by_hand_is_refused(tmp_path):
     from safetensors.torch import load_file, save_file
 

@@ -50,9 +50,9 @@ class ReferenceLogps:
         return hashlib.sha256(body.encode()).hexdigest()[:16]
 
     def put(self, examples: list, chosen, rejected) -> None:
-        for e, c, r in zip(examples, chosen, rejected):
-            import torch
+        import torch
 
+        for e, c, r in zip(examples, chosen, rejected):
             self.entries[e.rid] = (pair_fingerprint(e), torch.stack([c, r]).detach().float().cpu())
 
     def missing(self, examples: list) -> tuple[list, list]:

@@ -23,6 +23,7 @@ from pilotrun.probe.memory import release_free_memory
 from pilotrun.probe.watch import PeakWatch, bound_rows
 from pilotrun.rehearsal.training.val_predictions import store_validation_predictions
 from pilotrun.scratch import make_dir
+from pilotrun.tasks.preference_ref import table_of
 from pilotrun.verdicts import StageResult
 
 
@@ -279,7 +280,14 @@ def _summary(job: TrainJob, t, state, result, world: int, *, arith: dict, artifa
             "counts": {"updates": state.update, "evals": len(result.evals),
                        "checkpoints": (state.update // t.save_every if t.save_every else 0)
                        + (result.saved_last is None),  # final is a save only when it is no reference
-                       "exports": int(bool(job.save_artifact))}}
+                       "exports": int(bool(job.save_artifact))},
+            **_reference_said(state.model)}
+
+
+def _reference_said(model) -> dict:
+    """A precomputed reference's pairs and their data fingerprint (the values are in each checkpoint)."""
+    table = table_of(model)
+    return {"reference_logps": {"pairs": len(table), "fingerprint": table.fingerprint()}} if table else {}
 
 
 
