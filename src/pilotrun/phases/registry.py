@@ -201,21 +201,19 @@ def _precompute_inputs(ctx) -> dict:
             "pairs": len(longest), "reference": "precomputed"}
 
 
-def _precompute(ctx, p) -> None:
+def _precompute_traced(ctx, task=None) -> None:
     state = ctx.state
-    precompute_reference(state.model, ctx.task_for("precompute_reference"), _precompute_examples(ctx),
-                         device=state.device, precision=state.precision, batch_size=ctx.prep.c.train.eval_batch)
+    precompute_reference(state.model, task or ctx.task, _precompute_examples(ctx), device=state.device,
+                         precision=state.precision, batch_size=ctx.prep.c.train.eval_batch)
+
+
+def _precompute(ctx, p) -> None:
     import torch
 
-    values = [v for _, v in ctx.task.reference_table(state.model).entries.values()]
+    _precompute_traced(ctx, ctx.task_for("precompute_reference"))
+    values = [v for _, v in ctx.task.reference_table(ctx.state.model).entries.values()]
     if values:
         p.check_finite(torch.stack(values), "a precomputed reference log-probability is")
-
-
-def _precompute_traced(ctx) -> None:
-    state = ctx.state
-    precompute_reference(state.model, ctx.task, _precompute_examples(ctx), device=state.device,
-                         precision=state.precision, batch_size=ctx.prep.c.train.eval_batch)
 
 
 # --- train: first_step (the optimizer state is allocated in it), steady_step (everything lives at once) --
