@@ -105,3 +105,104 @@ def test_a_child_past_its_time_is_killed(zygote, tmp_path):
     with pytest.raises(subprocess.TimeoutExpired):
         fresh.run(["--version"], timeout=0.001)
     assert not fresh.started()
+
+
+def _frozen(zygote):
+    """The zygote stopped (SIGSTOP) for the block: a request sent to it waits past its timeout, a cold one answers."""
+    import contextlib
+    import signal
+
+    @contextlib.contextmanager
+    def frozen():
+        os.kill(zygote.proc.pid, signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            os.kill(zygote.proc.pid, signal.SIGCONT)
+    return frozen()
+
+
+@pytest.mark.parametrize("name, value", [("HF_HUB_OFFLINE", "0"), ("HF_HUB_CACHE", "/elsewhere"),
+                                         ("OMP_NUM_THREADS", "1"), ("PILOTRUN_VERBOSE", "1")])
+def test_a_request_under_other_import_time_settings_goes_cold(zygote, name, value):
+    """The libraries read these once, at import, in the zygote: a child given other values would run under the
+    zygote's (a hub looked up when the request said offline). Such a request starts a cold interpreter."""
+    env = fresh.import_env(zygote.env)
+    env[name] = value if zygote.env.get(name) != value else value + "0"
+    with _frozen(zygote):
+        done = fresh.run(["--version"], timeout=20, env=env)
+    assert done.returncode == 0 and "pilotrun" in done.stdout
+    assert fresh.started()
+
+
+def test_variables_read_when_used_still_fork(zygote, tmp_path):
+    """The module search path (rebuilt in the child), pilotrun's run-time variables and the terminal's width do
+    not send a request cold; the defaults pilotrun sets before loading a model are the zygote's too."""
+    from pilotrun.startup import LIBRARY_ENV_DEFAULTS
+
+    env = {k: v for k, v in zygote.env.items() if k not in LIBRARY_ENV_DEFAULTS}
+    env.update(PYTHONPATH=str(tmp_path), PILOTRUN_HOME=str(tmp_path / "home"), COLUMNS="37")
+    assert fresh.same_imports(zygote.env, env)
+    assert not fresh.same_imports(zygote.env, dict(env, HF_HUB_OFFLINE="0"))
+    z = fresh._ZYGOTE
+    done = fresh.run(["--version"], timeout=60, env=env)
+    assert done.returncode == 0 and fresh._ZYGOTE is z and fresh.started()
+
+
+def test_a_long_request_reaches_the_zygote_whole(zygote):
+    """A request longer than one socket message (a large environment): the rest follows the files, and the
+    zygote reads to the end of the line (before, it parsed the first piece and died)."""
+    env = dict(os.environ, PILOTRUN_LONG="x" * (4 << 20))
+    z = fresh._ZYGOTE
+    done = fresh.run(["--version"], timeout=60, env=env)
+    assert done.returncode == 0 and "pilotrun" in done.stdout
+    assert fresh._ZYGOTE is z and fresh.started()  # served by the zygote, which is still there
+
+
+def _children(pid: int) -> list[int]:
+    kids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == pid:
+            kids.append(int(stat.parent.name))
+    return kids
+
+
+def test_a_zygote_dying_under_its_child_reruns_the_request_cold(zygote):
+    """The zygote killed while its child runs (the OOM killer's pick): the child is killed with it and the request
+    runs again in a cold interpreter, whose answer is returned (before: an OSError, exit 3 of the verb). The child
+    is held (SIGSTOP) the moment it exists, so the zygote dies under it whatever the machine's speed."""
+    import signal
+    import threading
+
+    held = []
+
+    def hold_then_kill():
+        deadline = time.monotonic() + 30
+        while not held and time.monotonic() < deadline:
+            for kid in _children(zygote.proc.pid):
+                os.kill(kid, signal.SIGSTOP)
+                held.append(kid)
+            time.sleep(0.005)
+        time.sleep(0.3)  # the zygote answers the child's pid as it forks: that answer is sent by now
+        os.kill(zygote.proc.pid, signal.SIGKILL)
+
+    killer = threading.Thread(target=hold_then_kill)
+    killer.start()
+    try:
+        done = fresh.run(["--version"], timeout=60)
+    finally:
+        killer.join()
+        for kid in held:
+            try:
+                os.kill(kid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    assert held, "the zygote forked no child"
+    assert done.returncode == 0 and "pilotrun" in done.stdout, done.stderr
+    assert not fresh.started()
+    stat = Path(f"/proc/{held[0]}/stat")
+    assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z"  # the held child is gone

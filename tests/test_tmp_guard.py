@@ -27,10 +27,12 @@ def test_leaks():
 
 
 def _session(tmp_path: Path, body: str) -> subprocess.CompletedProcess:
+    """The inner session on a machine of its own: its system temp directory is a new, empty folder (as a fresh
+    CI machine's /tmp holds no pytest-of-$USER yet)."""
     (tmp_path / "test_inner.py").write_text(body)
-    env = dict(os.environ, PYTHONPATH=str(TESTS), COLUMNS="80")
+    (tmp_path / "system-tmp").mkdir()
+    env = dict(os.environ, PYTHONPATH=str(TESTS), COLUMNS="80", TMPDIR=str(tmp_path / "system-tmp"))
     env.pop("PILOTRUN_TEST_SHARED_TMP", None)
-    env.pop("TMPDIR", None)  # the inner session makes its own, as a fresh `make test` would
     env.pop("PYTEST_DEBUG_TEMPROOT", None)
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "tmp_guard", "-p", "no:cacheprovider",
                            "--rootdir", str(tmp_path), str(tmp_path / "test_inner.py")],
@@ -47,6 +49,10 @@ def test_a_session_that_leaves_a_file_in_the_temp_directory_fails_naming_it_and_
 
 
 def test_a_session_that_cleans_up_passes(tmp_path):
-    r = _session(tmp_path, LEAKY.split("def test_leaks")[0])
+    """... and leaves its machine's temp directory as it found it: pytest's own tmp_path folders included
+    (pytest-of-$USER, which a first session on a fresh machine used to add)."""
+    r = _session(tmp_path, LEAKY.split("def test_leaks")[0] + "\ndef test_uses_tmp_path(tmp_path):\n"
+                 "    (tmp_path / 'f').write_text('x')\n")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "left these behind" not in r.stdout
+    assert list((tmp_path / "system-tmp").iterdir()) == []

@@ -313,3 +313,33 @@ def test_wandb_points_count_as_sent_only_once_wandb_took_them(tmp_path):
         tracker._history(wrun, sent, points)
     tracker._history(wrun, sent, points)  # the retry
     assert [r["update"] for r in wrun.logged] == [1, 2] and sent == {("train/loss", 1), ("train/loss", 2)}
+
+
+def test_pilotruns_own_error_during_an_export_is_a_bug_not_the_trackers_refusal(tmp_path, demo, cli, monkeypatch):
+    """A defect planted in pilotrun's exporter (its journal lookup called with arguments it does not take: the
+    TypeError is raised in export.py's own frame) is exit 3, an internal error, where the tracker's own errors
+    (test_export_bad_input) are exit 2 naming the tracker; live logging says it is pilotrun's error, not the
+    tracker's, and does not try it again. The clean case: the same export with the lookup intact sends the run."""
+    from pilotrun.integrations.trackers import export as export_mod
+    from pilotrun.integrations.trackers.export import make_tracker
+    from pilotrun.integrations.trackers.live import LiveTracker
+
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb-here"))
+    home = tmp_path / "home"
+    run_id = _recorded(home, demo)
+    real = export_mod.tracked
+    monkeypatch.setattr(export_mod, "tracked", lambda: None)
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the internal error's traceback file lands here
+    r = cli("export", run_id, "--to", "wandb", "--home", home)
+    assert r.code == 3 and "internal error" in r.err and "did not take the export" not in r.err, (r.code, r.err)
+    tries = []
+    live = LiveTracker(lambda: tries.append(1) or make_tracker("wandb", home), home, export_hint="x",
+                       retries=(0.01, 0.01))
+    _recorded(home, demo, observer=live)
+    (line,) = live.close(drain_s=120)
+    assert "an error in pilotrun itself, not the tracker's (TypeError" in line and "tried" not in line, line
+    monkeypatch.setattr(export_mod, "tracked", real)
+    r = cli("export", run_id, "--to", "wandb", "--home", home)
+    assert r.code == 0 and "1 sent" in r.out, r.err

@@ -2,9 +2,11 @@
 
 At configure time the session gets a temp folder of its own (``pr-XXXXXXXX`` in the system's temp directory)
 as ``TMPDIR`` and ``tempfile.tempdir``, for this process and every process it starts; pytest's own folders
-(``tmp_path``) stay where pytest always puts them (``PYTEST_DEBUG_TEMPROOT``), so no printed path grows. After
+(``tmp_path``, under ``pytest-of-$USER``) go in it too (``PYTEST_DEBUG_TEMPROOT``): left in the system temp
+directory, they were a new entry there on every fresh machine, and pytest keeps its last three sessions' (pass
+``--basetemp DIR`` to keep a failed test's files: pytest then uses DIR, which this plugin leaves alone). After
 each test the folder is listed (one ``os.listdir``): what appeared is charged to that test. At the end of the
-session the folder must be empty, and the system temp directory must hold no entry it did not hold at the start
+session the folder must hold nothing but pytest's own, and the system temp directory must hold no entry it did not hold at the start
 (for what writes to a fixed ``/tmp`` path whatever TMPDIR says, Ray's ``/tmp/ray`` for one); otherwise the
 session fails naming each entry and the test that left it. The folder is removed either way, with torch's
 compile cache, which the session puts in it (``TORCHINDUCTOR_CACHE_DIR``).
@@ -30,9 +32,9 @@ def pytest_configure(config):
     if _STATE:
         return
     system = tempfile.gettempdir()
-    os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", system)  # pytest's basetemp where it always is
     private = tempfile.mkdtemp(prefix="pr-", dir=system)
     os.chmod(private, 0o1777)  # as the system temp directory is: tests run processes as another user (nobody)
+    os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", private)  # pytest's basetemp: removed with the folder
     _STATE.update(system=system, private=private, before=set(os.listdir(system)) | {os.path.basename(private)},
                   seen=set(), left={}, environ=os.environ.get("TMPDIR"))
     os.environ["TMPDIR"] = private
@@ -42,8 +44,13 @@ def pytest_configure(config):
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(private, INDUCTOR))
 
 
+def _ours(name: str) -> bool:
+    """The suite's own entries in the folder: torch's compile cache and pytest's basetemp root."""
+    return name == INDUCTOR or name.startswith("pytest-of-")
+
+
 def _charge(nodeid: str) -> None:
-    new = set(os.listdir(_STATE["private"])) - _STATE["seen"] - {INDUCTOR}
+    new = {n for n in set(os.listdir(_STATE["private"])) - _STATE["seen"] if not _ours(n)}
     for name in new:
         _STATE["left"].setdefault(name, nodeid)
     _STATE["seen"] = (_STATE["seen"] | new) & set(os.listdir(_STATE["private"]))
@@ -83,7 +90,7 @@ def pytest_sessionfinish(session, exitstatus):
     _finalize_temporary_directories(_STATE["private"])
     _charge("the session's own fixtures (torn down at its end)")
     private, system = _STATE["private"], _STATE["system"]
-    left = [(name, _STATE["left"].get(name, "?")) for name in sorted(set(os.listdir(private)) - {INDUCTOR})]
+    left = [(name, _STATE["left"].get(name, "?")) for name in sorted(os.listdir(private)) if not _ours(name)]
     outside = sorted(set(os.listdir(system)) - _STATE["before"] - {os.path.basename(private)})
     shutil.rmtree(private, ignore_errors=True)
     tempfile.tempdir = None

@@ -6,6 +6,7 @@ A check that gives a failing verdict is not an exception: stages return verdicts
 from __future__ import annotations
 
 import errno
+from pathlib import Path
 
 from pilotrun.console.safe import escape_controls
 
@@ -84,3 +85,21 @@ def from_os_error(exc: BaseException, path=None) -> BadInput | None:
             return None
         exc, seen = exc.__cause__ or exc.__context__, seen + 1
     return None
+
+
+_PACKAGE = Path(__file__).resolve().parent
+
+
+def raised_by_pilotrun(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised by pilotrun's own code (the innermost frame of its traceback is in this package):
+    a bug to report as one (exit 3), not a refusal by a library or server pilotrun called, whose own code raised
+    it. pilotrun's deliberate refusals are :class:`BadInput` and are not asked about."""
+    tb = exc.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    try:
+        return Path(tb.tb_frame.f_code.co_filename).resolve().is_relative_to(_PACKAGE)
+    except (OSError, ValueError):
+        return False

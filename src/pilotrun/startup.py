@@ -28,6 +28,10 @@ class _Start:
 
 _STATE = _Start()
 
+# What pilotrun sets, unless the user did, before the libraries load a model (tasks/loading.py): never a hub, no
+# advisory warnings. engine/fresh.py imports the libraries of its zygote under these too.
+LIBRARY_ENV_DEFAULTS = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1"}
+
 
 def mark() -> None:
     if _STATE.at is None:

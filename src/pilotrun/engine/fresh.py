@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 # What the checks' fresh processes import anyway: the libraries, then pilotrun's own modules of those checks.
 PRELOAD = ("torch", "transformers", "transformers.modeling_utils", "pilotrun.cli.main",
@@ -36,10 +37,23 @@ PRELOAD = ("torch", "transformers", "transformers.modeling_utils", "pilotrun.cli
 
 COLD_ENV = "PILOTRUN_FRESH"  # "cold": no zygote is started, and a running one is not asked
 
+# What the interpreter and the preloaded libraries read once, at start or import, in the zygote: a child given
+# other values would run under the zygote's (a hub looked up where the request said HF_HUB_OFFLINE, another hub
+# cache, torch's thread counts, glibc's malloc settings, the hash seed, the temp folder tempfile keeps), so such a
+# request goes cold. PILOTRUN_VERBOSE is read at import by tasks/quantized.py. PYTHONPATH is not among them: the
+# child rebuilds its module path from it. Anything else (COLUMNS, pilotrun's run-time variables) is read when used.
+READ_AT_IMPORT = ("HF_", "HUGGINGFACE_", "TRANSFORMERS_", "TOKENIZERS_", "SAFETENSORS_", "ACCELERATE_", "PEFT_",
+                  "BNB_", "TORCH", "PYTORCH_", "CUDA_", "NCCL_", "OMP_", "MKL_", "KMP_", "OPENBLAS_", "PYTHON", "LD_",
+                  "MALLOC_", "GLIBC_", "XDG_", "HOME", "TMPDIR", "TEMP", "TMP", "PILOTRUN_VERBOSE")
+
+
+def read_at_import(name: str) -> bool:
+    return name != "PYTHONPATH" and name.upper().startswith(READ_AT_IMPORT)
+
 
 class _Zygote:
-    def __init__(self, proc: subprocess.Popen, sock: socket.socket):
-        self.proc, self.sock = proc, sock
+    def __init__(self, proc: subprocess.Popen, sock: socket.socket, env: dict):
+        self.proc, self.sock, self.env = proc, sock, env  # env: what its preload was imported under
 
 
 _ZYGOTE: _Zygote | None = None
@@ -51,17 +65,18 @@ def start(preload: tuple[str, ...] = PRELOAD) -> None:
     if _ZYGOTE is not None and _ZYGOTE.proc.poll() is None:
         return
     here, there = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    env = import_env(os.environ)
     try:
         proc = subprocess.Popen([sys.executable, "-c", "import sys; from pilotrun.engine.fresh import serve; "
                                  "serve(int(sys.argv[1]), sys.argv[2:])", str(there.fileno()), *preload],
                                 pass_fds=(there.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, close_fds=True)
+                                stderr=subprocess.DEVNULL, close_fds=True, env=env)
     except OSError:
         here.close()
         return  # no zygote: run() starts cold processes
     finally:
         there.close()
-    _ZYGOTE = _Zygote(proc, here)
+    _ZYGOTE = _Zygote(proc, here, env)
     atexit.register(stop)
 
 
@@ -87,12 +102,27 @@ def started() -> bool:
     return _ZYGOTE is not None and _ZYGOTE.proc.poll() is None
 
 
+def import_env(env) -> dict:
+    """The environment a cold ``python -m pilotrun`` imports its libraries under: ``env`` with the defaults
+    pilotrun sets before loading a model (tasks/loading.py)."""
+    from pilotrun.startup import LIBRARY_ENV_DEFAULTS
+
+    return {**LIBRARY_ENV_DEFAULTS, **env}
+
+
+def same_imports(zygote_env: dict, env: dict) -> bool:
+    """Whether a child of a zygote started under ``zygote_env`` imports what a cold process given ``env`` would:
+    every variable read at start or import the same."""
+    a, b = (import_env(e) for e in (zygote_env, env))
+    return all(a.get(k) == b.get(k) for k in a.keys() | b.keys() if read_at_import(k))
+
+
 def run(args: list[str], *, timeout: float, env: dict | None = None) -> subprocess.CompletedProcess:
     """``python -m pilotrun args...`` in a fresh process, its output captured as text: a child of the zygote if
-    one runs, a cold interpreter otherwise. Raises ``subprocess.TimeoutExpired`` (the child killed) as
-    ``subprocess.run`` does."""
+    one runs and the request's environment is the one its libraries were imported under, a cold interpreter
+    otherwise. Raises ``subprocess.TimeoutExpired`` (the child killed) as ``subprocess.run`` does."""
     env = dict(os.environ if env is None else env)
-    if started() and env.get(COLD_ENV) != "cold":
+    if started() and env.get(COLD_ENV) != "cold" and same_imports(_ZYGOTE.env, env):
         done = _forked(args, timeout, env)
         if done is not None:
             return done
@@ -105,8 +135,9 @@ def _forked(args: list[str], timeout: float, env: dict) -> subprocess.CompletedP
     z = _ZYGOTE
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         request = json.dumps({"args": list(args), "env": env, "cwd": os.getcwd()}).encode() + b"\n"
-        try:
-            socket.send_fds(z.sock, [request], [out.fileno(), err.fileno()])
+        try:  # the files go with the first bytes; a request longer than one message follows them
+            sent = socket.send_fds(z.sock, [request], [out.fileno(), err.fileno()])
+            z.sock.sendall(request[sent:])
         except OSError:
             stop()
             return None
@@ -123,7 +154,7 @@ def _forked(args: list[str], timeout: float, env: dict) -> subprocess.CompletedP
             z.sock.settimeout(max(1e-3, deadline - time.monotonic()))
             line = reader.readline()  # {"code": C} when the child has ended
             if not line:
-                raise OSError("the zygote ended before its child")
+                raise ConnectionResetError("the zygote ended before its child")
             code = json.loads(line)["code"]
         except (socket.timeout, TimeoutError):
             _kill(pid)
@@ -133,6 +164,11 @@ def _forked(args: list[str], timeout: float, env: dict) -> subprocess.CompletedP
             raise subprocess.TimeoutExpired([sys.executable, "-m", "pilotrun", *args], timeout,
                                             output=out.read().decode(errors="replace"),
                                             stderr=err.read().decode(errors="replace")) from None
+        except OSError:  # the zygote died under its child (killed, out of memory): the child goes too, and the
+            _kill(pid)  # request is run again cold, from the start, as if no zygote had been there
+            _gone(pid)
+            stop()
+            return None
         except BaseException:  # Ctrl-C or a signal while waiting: the child ends with us, as subprocess.run's
             _kill(pid)
             stop()
@@ -153,6 +189,18 @@ def _kill(pid: int | None) -> None:
             pass
 
 
+def _gone(pid: int | None, wait_s: float = 10.0) -> None:
+    """Wait until process ``pid`` (killed; no longer a child to wait for once its zygote died) has left."""
+    deadline = time.monotonic() + wait_s
+    while pid is not None and time.monotonic() < deadline:
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                return  # a zombie: ended, its parent has not reaped it yet
+        except (OSError, IndexError):
+            return
+        time.sleep(0.01)
+
+
 def serve(fd: int, preload: list[str]) -> None:
     """The zygote: import ``preload``, then one request at a time: fork, wait, answer the child's status."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the children and the caller; it ends us
@@ -169,6 +217,11 @@ def serve(fd: int, preload: list[str]) -> None:
             msg, fds, _, _ = socket.recv_fds(sock, 1 << 20, 2)
         except OSError:
             return
+        while msg and not msg.endswith(b"\n"):  # a request longer than one message: the rest follows
+            more = sock.recv(1 << 20)
+            if not more:
+                return
+            msg += more
         if not msg:
             return
         request = json.loads(msg)

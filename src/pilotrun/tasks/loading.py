@@ -12,12 +12,13 @@ from pilotrun.console.progress import spending
 from pilotrun.errors import BadInput
 from pilotrun.journal.base_identity import ATTR, describe_base
 from pilotrun.journal.files import reading_weights
+from pilotrun.startup import LIBRARY_ENV_DEFAULTS
 from pilotrun.tasks.hub import fetch_command, missing_weights, snapshot_of
 from pilotrun.tasks.moe import moe_parts
 from pilotrun.tasks import quantized
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+for _k, _v in LIBRARY_ENV_DEFAULTS.items():
+    os.environ.setdefault(_k, _v)
 
 _DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from pilotrun.errors import BadInput
+from pilotrun.errors import BadInput, raised_by_pilotrun
 from pilotrun.integrations.trackers import content as C
 from pilotrun.journal.tracked import record_tracked, tracked
 from pilotrun.verdicts import StageResult
@@ -183,6 +183,8 @@ def export(journal, to: str, what: str | None = None, *, campaign_name: str | No
     except BadInput:
         raise
     except Exception as e:  # noqa: BLE001 - the tracker refused or is down: bad input naming it, what was sent kept
+        if raised_by_pilotrun(e):  # pilotrun's own bug, not the tracker's refusal: exit 3, as any other
+            raise
         raise failed(tracker, e) from e
     finally:
         tracker.close()

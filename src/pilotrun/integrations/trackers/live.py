@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from pilotrun.errors import BadInput
+from pilotrun.errors import BadInput, raised_by_pilotrun
 
 RETRIES = (1.0, 2.0, 4.0)  # seconds before each further try of a failed send
 EVERY_S = 5.0  # the most often a training run's new points are sent
@@ -94,7 +94,7 @@ class LiveTracker:
         try:
             self.tracker = self.make()
         except Exception as e:  # noqa: BLE001 - a tracker that cannot even be set up is reported, never raised
-            self._give_up(e)
+            self._give_up(e, bug=raised_by_pilotrun(e))
             return None
         return exporter_class(journal, self.tracker)
 
@@ -108,13 +108,18 @@ class LiveTracker:
                 self._give_up(e)
                 return False
             except Exception as e:  # noqa: BLE001 - down or refusing: tried again, then reported
+                if raised_by_pilotrun(e):  # pilotrun's own bug: no retry can change it, and it is said as one
+                    self._give_up(e, bug=True)
+                    return False
                 last = e
         self._give_up(last, tries=1 + len(self.retries))
         return False
 
-    def _give_up(self, e: BaseException, tries: int = 1) -> None:
+    def _give_up(self, e: BaseException, tries: int = 1, bug: bool = False) -> None:
         what = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
         self.failure = f"{type(e).__name__}: {what}" + (f" (tried {tries} times)" if tries > 1 else "")
+        if bug:  # training goes on all the same: the journal has the runs
+            self.failure = f"an error in pilotrun itself, not the tracker's ({self.failure}); please report it"
 
     # --- the verb's end ------------------------------------------------------------------------------------
     def close(self, drain_s: float = DRAIN_S, say: Callable[[str], None] | None = None) -> list[str]:
