@@ -47,7 +47,8 @@ def test_all_is_green_on_smollm2_chat_lora_bf16_and_its_pilot_is_the_pilot_alone
     assert done.returncode in (0, 1) and not failed, (failed, done.stderr[-3000:])
     assert stages["verify"]["verdict"] == "ok", stages["verify"]  # item 1: the bf16 artifact is the trained model
     # item 3: sample_packing is rehearsed (data.packing): the pilot's rows are packed rows
-    assert "sample_packing" not in " ".join(stages["imported"]["messages"]), stages["imported"]
+    imported = stages.get("imported", {}).get("messages", [])  # no stage when every setting was carried
+    assert "sample_packing" not in " ".join(imported), imported
     wide = [ln for ln in done.stderr.splitlines() if len(ln) > 80]
     assert not wide, wide[:5]
 
