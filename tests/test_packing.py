@@ -138,3 +138,7 @@ def test_the_worst_case_of_a_packed_campaign_is_full_rows_and_estimate_equals_th
     measured = {row["phase"]: row["peak_allocated"] for row in r.json["stages"][0]["data"]["rows"]}
     off = {k: (predicted[k], v) for k, v in measured.items() if abs(predicted[k] - v) > 0.05 * v}
     assert measured and not off, off
+    # the sheet's largest sizes probe packed rows stretched or cut to other lengths: their examples with them
+    sheet = cli("sheet", path, "--home", tmp_path / "home")
+    assert sheet.code == 0 and "failed while attempting" not in sheet.err, sheet.err[-3000:]
+    assert "Largest sizes" in sheet.out or "largest" in sheet.out.lower(), sheet.out[-2000:]

@@ -57,7 +57,7 @@ def position_ids(examples: list[Example], width: int) -> list[list[int]]:
     """Per row: positions restarting at 0 at each example, then at 0 again for the padding up to ``width``."""
     out = []
     for e in examples:
-        pos = [i for n in e.meta.get("segments", [e.length]) for i in range(n)]
+        pos = [i for n in e.meta.get("segments", [e.length]) for i in range(n)][:width]
         out.append(pos + list(range(width - len(pos))))
     return out
 
