@@ -36,6 +36,7 @@ def test_all_is_green_on_smollm2_chat_lora_bf16_and_its_pilot_is_the_pilot_alone
     done = run_cli_process("import", src, "--out", out)
     assert done.returncode == 0, done.stderr
     assert yaml.safe_load(out.read_text())["model"]["dtype"] == "bfloat16"
+    assert yaml.safe_load(out.read_text())["data"]["packing"] is True
 
     home = tmp_path / "home"
     done = run_cli_process("all", out, "--home", home, "--quick", "--examples", "4", "--json", timeout=3000,
@@ -45,8 +46,9 @@ def test_all_is_green_on_smollm2_chat_lora_bf16_and_its_pilot_is_the_pilot_alone
     failed = {k: (s["verdict"], s["summary"], s["messages"][:6]) for k, s in stages.items() if s["verdict"] == "fail"}
     assert done.returncode in (0, 1) and not failed, (failed, done.stderr[-3000:])
     assert stages["verify"]["verdict"] == "ok", stages["verify"]  # item 1: the bf16 artifact is the trained model
-    # item 3 as far as it goes: packing is said not rehearsed, never given advice that cannot be followed
-    assert "packing is not rehearsed" in " ".join(stages["imported"]["messages"]), stages["imported"]
+    # item 3: sample_packing is rehearsed (data.packing): the pilot's rows are packed rows
+    imported = stages.get("imported", {}).get("messages", [])  # no stage when every setting was carried
+    assert "sample_packing" not in " ".join(imported), imported
     wide = [ln for ln in done.stderr.splitlines() if len(ln) > 80]
     assert not wide, wide[:5]
 

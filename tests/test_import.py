@@ -127,10 +127,10 @@ def test_axolotl_lora_with_packing_and_epochs(tmp_path, data, cache):
     # every non-empty setting not carried is named, with its effect
     skipped = {n.key: n.reason for n in imp.not_carried}
     assert set(skipped) == {"datasets[0].type", "test_datasets[0].split", "model_type", "tokenizer_type",
-                            "dataset_prepared_path", "output_dir", "sample_packing", "pad_to_sequence_len",
+                            "dataset_prepared_path", "output_dir", "eval_sample_packing", "pad_to_sequence_len",
                             "wandb_project", "logging_steps", "flash_attention", "special_tokens"}
-    assert "packing is not rehearsed" in skipped["sample_packing"]  # issue 43: its old advice could not be followed
-    assert "not for full packed sequence_len rows" in skipped["sample_packing"]
+    assert got["data.packing"] == ("sample_packing", True)  # issue 43: packing rehearsed, rows of sequence_len
+    assert "the rehearsal packs validation as it packs training" in skipped["eval_sample_packing"]
     assert "eager attention" in skipped["flash_attention"]
     assert "nothing to rehearse" in skipped["wandb_project"] and "nothing to rehearse" in skipped["logging_steps"]
     assert carried(imp)["train.optimizer"] == ("optimizer", "adamw_8bit")  # bitsandbytes' AdamW8bit, rehearsed
@@ -340,12 +340,12 @@ def test_sft_config_yaml_imports_with_packing_and_epochs(tmp_path, data):
     assert got["model.gradient_checkpointing"] == ("gradient_checkpointing", True)
     assert got["train.schedule"] == ("lr_scheduler_type", "cosine")  # nearest, and named
     skipped = {n.key: n.reason for n in imp.not_carried}
-    assert set(skipped) == {"output_dir", "lr_scheduler_type", "logging_steps", "report_to", "push_to_hub", "packing",
+    assert set(skipped) == {"output_dir", "lr_scheduler_type", "logging_steps", "report_to", "push_to_hub",
                             "warmup_ratio", "save_steps"}
+    assert got["data.packing"] == ("packing", True)
     assert got["train.optimizer"] == ("optim", "adamw_8bit")
     # no data: the ratios cannot become updates; the note says what to set
     assert "train.warmup" in imp.to_set and "train.save_every" in imp.to_set
-    assert "not for full packed max_length rows" in skipped["packing"]
     check_round_trip(imp, **{"model.config": dict(TINY_LLAMA), "model.tokenizer": "byte",
                              "data.train": str(data / "chat.jsonl"), "data.validation": str(data / "chat_val.jsonl"),
                              "data.messages": "conversation", "train.warmup": 2, "train.save_every": 10})
@@ -517,8 +517,8 @@ def test_all_and_sheet_say_once_what_is_not_reproduced(tmp_path, data, cache, cl
     lines = not_reproduced_lines(loaded.campaign)
     assert lines[0].startswith("imported from Axolotl lora.yml: 5 of its settings the rehearsal does not reproduce")
     assert {x.strip().split(" = ")[0] for x in lines[1:-1]} == {
-        "datasets[0].type", "sample_packing", "pad_to_sequence_len", "flash_attention", "special_tokens"}
-    assert any(x.strip().startswith("sample_packing = true: ") for x in lines)
+        "datasets[0].type", "eval_sample_packing", "pad_to_sequence_len", "flash_attention", "special_tokens"}
+    assert any(x.strip().startswith("eval_sample_packing = false: ") for x in lines)
     assert set(lines[-1].strip().removeprefix("nothing to rehearse: ").split(", ")) == {
         "model_type", "tokenizer_type", "dataset_prepared_path", "output_dir", "wandb_project", "logging_steps",
         "test_datasets[0].split"}
@@ -526,7 +526,7 @@ def test_all_and_sheet_say_once_what_is_not_reproduced(tmp_path, data, cache, cl
     assert said.verdict == "warn" and said.summary == lines[0] and said.messages == lines[1:]
     r = cli("sheet", tmp_path / "campaign.yaml", "--home", tmp_path / "home")
     assert "no pilot run" in r.out
-    assert r.out.count("sample_packing = true") == 1 and r.out.count(lines[0]) == 1
+    assert r.out.count("eval_sample_packing = false") == 1 and r.out.count(lines[0]) == 1
     # a campaign not imported says nothing of the kind
     plain = hub_campaign(tmp_path, data, "acme/tiny-llama")
     assert not_reproduced_lines(load_campaign(plain).campaign) == [] and _imported(load_campaign(plain)) is None
@@ -541,7 +541,7 @@ def test_sheet_without_a_pilot_from_a_cached_config(tmp_path, data, cache, cli):
     assert r.code == 0, r.err
     assert "NO PILOT: only the config of acme/tiny-config is cached, not its weights (model.safetensors" in r.out
     assert "`hf download acme/tiny-config`" in r.out
-    assert r.out.count("sample_packing = true") == 1
+    assert r.out.count("eval_sample_packing = false") == 1
 
 
 def test_import_refuses_to_overwrite(tmp_path, data, cli):

@@ -36,7 +36,16 @@ def updates_per_epoch(n: int, per_update: int, drop_last: bool) -> int:
     return full if (drop_last or rest == 0) else full + 1
 
 
-def batch_arithmetic(t, n_train: int) -> dict:
+def batch_arithmetic(t, n_train: int, packed: dict | None = None) -> dict:
+    """``n_train``: the training rows (examples, or with data.packing the packed rows); ``packed``: with
+    data.packing, {"examples": N} once the data was packed, {} before (validate counts records, not rows)."""
+    a = _arithmetic(t, n_train)
+    if packed is not None:
+        a["packed"] = dict(packed, rows=n_train if packed else None)
+    return a
+
+
+def _arithmetic(t, n_train: int) -> dict:
     ranks = data_parallel_ranks(t)
     per_update = examples_per_update(t)
     full, rest = divmod(n_train, per_update)
@@ -103,4 +112,14 @@ def describe(a: dict, fmt_bytes=None) -> list[str]:
         f"ranks {a['ranks']} = {a['examples_per_update']}",
         f"updates per epoch = {a['updates_per_epoch']} ({a['train_examples']} training examples); {a['last_partial']}",
         f"budget ({a['budget_from']}): {a['updates']} updates ≈ {a['epochs']} epochs, {a['examples_seen']} examples seen",
-    ] + ([checkpoint_line(a["checkpoints"], fmt_bytes)] if a.get("checkpoints") else [])
+    ] + ([packing_line(a["packed"])] if "packed" in a else []) \
+      + ([checkpoint_line(a["checkpoints"], fmt_bytes)] if a.get("checkpoints") else [])
+
+
+def packing_line(p: dict) -> str:
+    """What the counts above are under data.packing."""
+    if not p.get("rows"):
+        return ("data.packing: the counts above are records; packed, they make fewer rows (micro_batch counts rows), "
+                "so an epoch has fewer updates: `pilotrun inspect` and the pilot count the rows")
+    return (f"data.packing: the 'examples' above are packed rows: {p['examples']} examples in {p['rows']} rows "
+            f"({p['examples'] / p['rows']:.1f} examples a row); micro_batch counts rows")

@@ -37,6 +37,9 @@ def task_needs(c, base_dir=None) -> list[BadInput]:
                                          fix="seq-cls needs data.text, data.label and data.labels (ordered class names)"))
         if d.labels is not None and len(set(d.labels)) != len(d.labels):
             problems.append(BadInput("data.labels has repeated names", where="data.labels", fix="list each class once"))
+    if d.packing and c.task != "causal-lm":
+        problems.append(BadInput(f"data.packing packs causal-lm examples into rows; this campaign is {c.task}",
+                                 where="data.packing", fix="remove data.packing (or set it to false)"))
     if c.task != "preference" and c.preference != PreferenceConfig():
         problems.append(BadInput(f"preference.* is set but task is {c.task}", where="preference",
                                  fix="set task: preference, or remove the preference section"))
@@ -352,4 +355,4 @@ def check_campaign(loaded) -> tuple[dict[str, int], dict]:
     for problem in vocabulary_problem(c):  # validate's own: the verbs that build the model refuse it there
         raise problem
     counts = check_records(c)
-    return counts, batch_arithmetic(c.train, counts.get("train", 0))
+    return counts, batch_arithmetic(c.train, counts.get("train", 0), {} if c.data.packing else None)

@@ -15,6 +15,7 @@ from pilotrun.errors import BadInput
 from pilotrun.tasks.hub import fetch_command, snapshot_of
 from pilotrun.tasks.loading import architecture_only, check_model_dir, check_positions, lora_targets, lora_wrapped
 from pilotrun.tasks.moe import adapted_moe_parts, moe_parts
+from pilotrun.tasks.packing import pack, summary as packing_summary
 from pilotrun.tasks.weights_fit import check_weights_fit
 from pilotrun.tasks.base import BUILTIN_TASKS
 from pilotrun.tasks.common import read_split
@@ -42,7 +43,9 @@ class Prepared:
         return self.examples.get("validation", [])
 
     def arithmetic(self) -> dict:
-        return batch_arithmetic(self.c.train, len(self.train))
+        packed = {"examples": sum(len(e.meta.get("segments", [1])) for e in self.train)} if self.c.data.packing \
+            else None
+        return batch_arithmetic(self.c.train, len(self.train), packed)
 
     def shapes_said(self) -> str:
         """Which sequence shapes an estimate of these rows used, in words."""
@@ -127,6 +130,9 @@ def _encoded(task, splits) -> dict[str, list]:
         note(f"reading and encoding the {split} split", log=True)
         records = task.records(split)
         examples[split] = [task.encode(r) for r in records] if records else []
+        if task.c.data.packing and examples[split]:
+            examples[split] = pack(examples[split], task.c.data.max_length)
+            note(f"the {split} split: {packing_summary(examples[split], task.c.data.max_length)}", log=True)
     return examples
 
 

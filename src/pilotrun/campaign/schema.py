@@ -130,7 +130,10 @@ class DataConfig(BaseModel):
     period_by: str | None = None
     """Optional time field: validation/test must not precede train."""
     max_length: PositiveInt = 256
-    """Tokens per example after truncation (from the right)."""
+    """Tokens per example after truncation (from the right); with data.packing, tokens per packed row."""
+    packing: bool = False
+    """causal-lm: pack several examples into each row of up to data.max_length tokens (Axolotl's sample_packing,
+    TRL's packing); positions restart and attention stays within each example, and the worst case is a full row."""
 
 
 class StopConfig(BaseModel):

@@ -33,7 +33,9 @@ def target_logits(task, model, batch) -> list | None:
         return None
     if hasattr(task, "target_logprobs"):  # preference: both halves' log-probabilities at their targets
         return task.target_logprobs(model, batch)
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
+    inputs = getattr(task, "inputs", None)  # causal-lm's packed rows: their positions, no mask (tasks/causal_lm)
+    logits = model(**(inputs(batch) if inputs else {"input_ids": batch["input_ids"],
+                                                    "attention_mask": batch["attention_mask"]})).logits.float()
     if task.kind == "seq-cls":
         return [row.unsqueeze(0).cpu() for row in logits]
     target = batch["labels"][:, 1:]

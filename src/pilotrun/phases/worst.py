@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pilotrun.campaign.arithmetic import per_rank_update
+from pilotrun.tasks.packing import filled
 
 
 def by_length(examples: list) -> list:
@@ -36,12 +37,16 @@ def worst_case(prep, world: int, short: str | None = None) -> dict:
         longest = by_length(longest)
     else:
         longest = padded(longest[: t.micro_batch], prep.train) + longest[t.micro_batch:]
-    micro_batches = [longest[i: i + t.micro_batch] for i in range(0, len(longest), t.micro_batch)][::-1]
     pool = prep.validation or prep.train
     order = by_length(pool)
     evals = by_length((order[::-1] if short == "eval" else order)[: t.eval_batch * world])
     if short != "eval" and world == 1:
         evals = padded(evals, pool)
+    if prep.c.data.packing:  # packed rows: the worst case is a full row of data.max_length tokens (tasks/packing)
+        limit = prep.c.data.max_length
+        longest = longest if short == "train" else filled(longest, by_length(prep.train), limit)
+        evals = evals if short == "eval" else filled(evals, order, limit)
+    micro_batches = [longest[i: i + t.micro_batch] for i in range(0, len(longest), t.micro_batch)][::-1]
     train_inputs = {"micro_batch": t.micro_batch, "accumulation": t.accumulation, "ranks": world,
                     "seq_len": max(e.length for e in longest), "precision": t.precision}
     eval_inputs = {"eval_batch": t.eval_batch, "seq_len": evals[0].length if evals else 0, "precision": t.precision}

@@ -30,6 +30,9 @@ from pilotrun.tasks.loading import architecture_only, check_model_dir, torch_dty
 
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "temporaries")
 MIN_BLOCK = 512
+# the most elements of an integer or boolean tensor whose values the trace carries (``Accountant.values``): a batch's
+# ids, masks and labels and what is computed from them alone, not a (batch, 1, L, L) mask of a long sequence
+CARRIED_NUMEL = 1 << 20
 
 
 def _ceil(n: int, k: int) -> int:
@@ -75,6 +78,9 @@ class Accountant:
         self._retags = 0                     # category changes: a kept ``_phase`` is stale after one
         self._paused = False                 # ``paused``: ops pass through unbooked
         self._phases: dict = {}
+        # the values of the integer and boolean tensors computed from the data alone (``_carry``): fake tensor -> the
+        # real one, so a question the run asks of its inputs (``.item()``: is any token padded?) gets the run's answer
+        self.values = None
         # the event after which each thread first called cuBLAS ("forward": the main thread; "backward": autograd's
         # device thread): where the run allocates that thread's cuBLAS workspace (probe/stream.py puts it there)
         self.cublas: dict[str, int] = {}
@@ -323,16 +329,26 @@ class Accountant:
                     handles.append(p.register_post_accumulate_grad_hook(
                         lambda q: acc.book(q.grad, "gradients", retag=True)))
 
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+        from torch.utils.weak import WeakIdKeyDictionary
+
+        acc.values = WeakIdKeyDictionary()
+
         class Mode(_dispatch_base()):
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
                 if acc._paused:
                     return func(*args, **(kwargs or {}))
                 if func is torch.ops.aten._local_scalar_dense.default:
-                    return _placeholder(args[0])
+                    real = acc.values.get(args[0])
+                    if real is None:
+                        return _placeholder(args[0])
+                    with unset_fake_temporarily():
+                        return real.item()
                 inner = [acc.allocate(n, "temporaries") for n in inner_temporaries(func, args, kwargs or {}, acc.cuda)]
                 out = stand_in(func, args, kwargs or {}, acc.cuda)  # a meta kernel narrower than the device's
                 if out is None:
                     out = func(*args, **(kwargs or {}))
+                    _carry(acc.values, func, args, kwargs or {}, out)
                 backward = torch._C._current_graph_task_id() != -1
                 if acc.in_optimizer or backward:
                     category = "temporaries"
@@ -347,11 +363,72 @@ class Accountant:
                 return out
 
         try:
-            with Mode():
+            with Mode(), _eager_mask_decisions(acc.values):
                 yield self
         finally:
+            acc.values = None
             for h in handles:
                 h.remove()
+
+
+def _carry(values, func, args, kwargs: dict, out) -> None:
+    """Carry the values of integer and boolean results whose inputs are all known (real tensors the code made from the
+    data, a factory's output, or carried ones; at most ``CARRIED_NUMEL`` elements each): the op runs again on the real
+    tensors, views and in-place writes included (a padding mask built row by row), outside the fake mode."""
+    import torch
+    from torch._subclasses.fake_tensor import is_fake, unset_fake_temporarily
+    from torch.utils._pytree import tree_flatten, tree_unflatten
+
+    outs = _tensors(out)
+    if not outs or any(t.is_floating_point() or t.is_complex() or t.numel() > CARRIED_NUMEL for t in outs):
+        return
+    flat, spec = tree_flatten((args, kwargs))
+    real = []
+    for a in flat:
+        if isinstance(a, torch.Tensor) and is_fake(a):
+            a = values.get(a)
+            if a is None:
+                return
+        elif isinstance(a, torch.Tensor) and (a.is_floating_point() or a.numel() > CARRIED_NUMEL):
+            return
+        real.append(a)
+    rargs, rkwargs = tree_unflatten(real, spec)
+    try:
+        with unset_fake_temporarily():
+            got = func(*rargs, **rkwargs)
+    except Exception:  # noqa: BLE001 - a value not carried is a value unknown: the question gets the placeholder
+        return
+    for fake, r in zip(outs, _tensors(got)):
+        if is_fake(fake):
+            values[fake] = r
+
+
+@contextlib.contextmanager
+def _eager_mask_decisions(values):
+    """Inside, transformers decides the attention mask as the run does. Its masking_utils takes a fake tensor for a graph
+    being traced (``is_tracing``) and then never skips the causal mask, where the run, eager, reads the padding mask
+    and skips it for a batch without padding (SDPA's ``is_causal``): one (batch, 1, L, L) mask per layer held for the
+    backward that the run never makes (on the H200, 64 MiB of wider1024's 3160 MiB step). A fake tensor whose values
+    are carried (``_carry``: the batch's mask is) is read as the run reads it; one whose values are unknown is still
+    taken for a traced one (the mask kept: the larger case)."""
+    import sys
+
+    import torch
+
+    module = sys.modules.get("transformers.masking_utils")
+    original = getattr(module, "is_tracing", None)
+    if original is None:
+        yield
+        return
+
+    def is_tracing(tensor=None):
+        return original(None if isinstance(tensor, torch.Tensor) and tensor in values else tensor)
+
+    module.is_tracing = is_tracing
+    try:
+        yield
+    finally:
+        module.is_tracing = original
 
 
 def _tensors(out):
@@ -365,10 +442,11 @@ def _tensors(out):
 
 
 def _placeholder(t):
-    """A value for ``.item()`` on a fake tensor. Memory depends on shapes, not on values, so any value
+    """A value for ``.item()`` on a fake tensor whose value the trace does not carry (``_carry`` answers the data's own
+    questions, e.g. "no padding anywhere?", with the run's answer). Memory depends on shapes, not on values, so any value
     the loop accepts will do: 1 for counts (an update needs targets), 0.0 for losses and norms (finite,
     and the grad scaler finds no inf, so the optimizer step runs and allocates its state), False for
-    flags (e.g. "no padding anywhere?", which keeps the attention mask: the larger, safer case).
+    other flags (the larger, safer case where one keeps a tensor).
     Scalars fake mode still knows (the optimizer's step count) answer with their value."""
     import torch
 

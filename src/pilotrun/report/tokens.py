@@ -116,6 +116,8 @@ def render_examples(examples: list[dict], con, split: str) -> None:
                   f"({''.join(map(str, e['attention_mask']))})", markup=False, highlight=False)
         if "contributes" in e:
             con.print(e["contributes"], markup=False, highlight=False)
+        if "packed" in e:
+            con.print(e["packed"], markup=False, highlight=False)
         if "vs_inference" in e:
             con.print(f"vs tokenizer(prompt): {e['vs_inference']}", markup=False, highlight=False)
         if "trained" in e:
@@ -125,7 +127,7 @@ def render_examples(examples: list[dict], con, split: str) -> None:
             table.add_column("trained span (decoded, in the loss)", ratio=1)
             table.add_row(Text(e["prompt"]), Text(e["trained"]))
             con.print(table)
-        else:
+        elif "label_id" in e:  # seq-cls: the text and its class
             head = e.get("head_label")
             same = "" if head == e.get("label") else f"  [bold red]≠ model id2label name '{escape(str(head))}'[/]"
             con.print(f"text: {e['text']}", markup=False, highlight=False)

@@ -77,7 +77,22 @@ def _synth(example, length: int, n: int) -> list:
     if "rejected_ids" in meta:
         r_ids, r_labels = _stretched(meta["rejected_ids"], meta["rejected_labels"], length)
         meta = dict(meta, rejected_ids=r_ids, rejected_labels=r_labels)
+    if "segments" in meta:  # a packed row (data.packing): its examples repeat or are cut with the tokens
+        meta = dict(meta, segments=_stretched_segments(meta["segments"], length))
     return [dataclasses.replace(example, input_ids=ids, labels=labels, meta=meta)] * n
+
+
+def _stretched_segments(segments: list[int], length: int) -> list[int]:
+    """A packed row's example lengths as ``_stretched`` repeats or cuts its tokens to ``length``."""
+    out, used = [], 0
+    while used < length:
+        for n in segments:
+            take = min(n, length - used)
+            if take <= 0:
+                break
+            out.append(take)
+            used += take
+    return out
 
 
 class _Collated:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pilotrun.tasks import chat, common
+from pilotrun.tasks import chat, common, packing
 from pilotrun.tasks.base import IGNORE, Example
 from pilotrun.tasks.loading import build_model, eos_id, load_hf_artifact
 from pilotrun.tasks.moe import plus_router_aux
@@ -123,7 +123,21 @@ class CausalLMTask(common.CampaignTask):
 
     # --- batches and loss -------------------------------------------------------------------------
     def collate(self, examples: list[Example]) -> dict[str, Any]:
-        return common.pad_batch(examples, self.pad)
+        batch = common.pad_batch(examples, self.pad)
+        if packing.packed(examples):  # data.packing: positions restart per example (tasks/packing.py)
+            import torch
+
+            batch["position_ids"] = torch.tensor(packing.position_ids(examples, batch["input_ids"].size(1)),
+                                                 dtype=torch.long)
+        return batch
+
+    @staticmethod
+    def inputs(batch) -> dict[str, Any]:
+        """What the model is given: the padding mask; or for packed rows the restarting positions, no mask and no
+        cache, so that attention stays within each example."""
+        if "position_ids" in batch:
+            return {"input_ids": batch["input_ids"], "position_ids": batch["position_ids"], "use_cache": False}
+        return {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
 
     def count_targets(self, batch) -> int:
         return int((batch["labels"][:, 1:] != IGNORE).sum())
@@ -131,7 +145,7 @@ class CausalLMTask(common.CampaignTask):
     def loss(self, model, batch):
         import torch.nn.functional as F
 
-        out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+        out = model(**self.inputs(batch))
         # position t predicts token t+1
         logits = out.logits[:, :-1].float()
         target = batch["labels"][:, 1:]
@@ -142,7 +156,7 @@ class CausalLMTask(common.CampaignTask):
 
     def predict(self, model, batch) -> list[list[int]]:
         """Greedy ids at each target position under teacher forcing."""
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        logits = model(**self.inputs(batch)).logits
         pred = logits[:, :-1].argmax(-1)
         target = batch["labels"][:, 1:]
         return [pred[i][target[i] != IGNORE].tolist() for i in range(pred.size(0))]

@@ -8,7 +8,7 @@ from pilotrun.campaign.importers import preference, rl, schemas
 from pilotrun.campaign.importers.axolotl_data import axolotl_data
 from pilotrun.campaign.importers.builder import Builder, empty
 from pilotrun.campaign.importers.keys import check_keys, unknown_reason
-from pilotrun.campaign.importers.reasons import AXOLOTL_REASONS, PLUGIN_ARGUMENT_REASONS, reason
+from pilotrun.campaign.importers.reasons import PACKED_VALIDATION, AXOLOTL_REASONS, PLUGIN_ARGUMENT_REASONS, reason
 from pilotrun.campaign.importers.settings import optimizer, precision, schedule, strategy_from_deepspeed
 from pilotrun.tasks.hub import is_hub_id
 
@@ -120,6 +120,10 @@ def import_axolotl(raw: dict[str, Any], b: Builder) -> None:
         axolotl_data(raw, b, used)
     seq, src = value_or_default("sequence_len")
     b.put(src, "data.max_length", int(seq))
+    if b.c["task"] == "causal-lm" and get("sample_packing"):  # rows of sequence_len tokens, several examples each
+        b.put("sample_packing", "data.packing", True)
+        if get("eval_sample_packing") is False:
+            b.skip("eval_sample_packing", False, PACKED_VALIDATION)
     if get("train_on_inputs"):
         b.skip("train_on_inputs", True, "the source's loss includes the prompt tokens; the rehearsal's loss sees only "
                                         "the response (and the assistant turns): loss values differ, memory does not")

@@ -115,6 +115,9 @@ def import_hf(raw: dict[str, Any], b: Builder) -> None:
             ml = k
     if ml:
         b.put(ml, "data.max_length", int(raw[ml]))
+    if raw.get("packing") and b.c["task"] == "causal-lm":  # SFTConfig: rows of max_length tokens, several examples
+        used.add("packing")
+        b.put("packing", "data.packing", True)
     ckpt = next((k for k in ("activation_checkpointing", "gradient_checkpointing") if raw.get(k)), None)
     if ckpt:  # transformers 5 renames gradient_checkpointing to activation_checkpointing (its dump has both)
         b.put(ckpt, "model.gradient_checkpointing", True)

@@ -11,12 +11,14 @@ ATTENTION = ("attention kernel: memory on CUDA differs from the eager attention 
 
 
 
+PACKED_VALIDATION = ("false in the source: its validation rows hold one example each; the rehearsal packs validation "
+                     "as it packs training (data.packing applies to every split), so evaluation is sized at full "
+                     "rows: at most more memory than the rental's evaluation needs, never less")
+
 AXOLOTL_REASONS = {
-    "sample_packing": "the source packs several examples into one row of up to sequence_len tokens; packing is "
-                      "not rehearsed: pilotrun trains one example per row, so its memory figures are for rows as "
-                      "long as the longest example, not for full packed sequence_len rows — the rental needs more "
-                      "memory per micro-batch than the sheet says (most for short examples), and an epoch has "
-                      "fewer, fuller updates",
+    "sample_packing": "the source packs several examples into one row of up to sequence_len tokens; pilotrun packs "
+                      "causal-lm rows (data.packing), not preference pairs: this campaign trains one pair per row, so "
+                      "its memory figures are for rows as long as the longest pair, not for full packed rows",
     "eval_sample_packing": "packing of the validation rows: see sample_packing",
     "pad_to_sequence_len": "the source pads every row to sequence_len; the rehearsal pads to the longest row of a "
                            "micro-batch, and its worst case (the longest rows) is what the memory figures show",

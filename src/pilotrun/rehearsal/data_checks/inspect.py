@@ -152,7 +152,27 @@ def view_examples(task, loaded, split: str, n: int) -> list[dict]:
             item.update(text=tok.decode(e.input_ids, skip_special_tokens=True), label_id=cid,
                         label=names[cid] if 0 <= cid < len(names) else None, head_label=head_name(c, cid))
         out.append(item)
+    if token_level and c.data.packing:
+        out.append(view_packed_row(task, examples, c.data.max_length))
     return out
+
+
+def view_packed_row(task, examples: list, max_length: int) -> dict:
+    """data.packing: the first row the examples pack into, as the loss sees it, with where each example starts."""
+    from pilotrun.tasks.packing import pack
+
+    row = pack(examples, max_length)[0]
+    batch = task.collate([row])
+    ids, labels, pos = batch["input_ids"][0].tolist(), batch["labels"][0].tolist(), batch["position_ids"][0].tolist()
+    kinds = ["trained" if y != IGNORE else "masked" for y in labels]
+    starts = [p for p, q in enumerate(pos) if q == 0]
+    said = (f"a packed row of {plural(len(starts), 'example')} ({' + '.join(map(str, row.meta['segments']))} of up to "
+            f"{max_length} tokens): positions restart at 0 at tokens {', '.join(str(p + 1) for p in starts)}; no "
+            "attention mask, so attention stays within each example; each example's first token is masked (the "
+            "previous example's end never predicts it)")
+    return {"rid": f"packed row ({row.rid})", "tokens": [[t, piece, k] for t, piece, k in zip(ids, pieces(task.tokenizer, ids),
+                                                                                       kinds)],
+            "attention_mask": [1] * len(ids), "position_ids": pos, "packed": said}
 
 
 def view_pairs(task, records: list) -> list[dict]:
