@@ -8,9 +8,10 @@
 The block's duration and memory (see ``probe.memory``) become a row with a verdict:
 ok | over-budget (peak above ``memory_limit``) | oom (an out-of-memory error, caught: the program
 goes on) | nan (signalled in the block, or ``NonFinite`` raised) | error (any other exception; the
-row is written, then the exception propagates unless ``catch_errors=True``). A signal is no verdict: a block
-ended by one (``signals.Preempted``, Ctrl-C, an error that follows a signal) writes no row and always propagates,
-so an interrupted phase is never read as a measurement (an "error", a "does not fit").
+row is written, then the exception propagates unless ``catch_errors=True``; ``BadInput`` always does: exit 2).
+A signal is no verdict: a block ended by one (``signals.Preempted``, Ctrl-C, an error that follows a signal)
+writes no row and always propagates, so an interrupted phase is never read as a measurement (an "error", a
+"does not fit").
 Under torch.distributed every rank reads its counters after a barrier at the same boundaries.
 """
 
@@ -146,7 +147,8 @@ class Phase:
                 verdict, note = "error", f"{type(exc).__name__}: {_first_line(exc)}"
         elif self._nan is not None:
             verdict, note = "nan", self._nan
-        suppress = exc is None or verdict in ("oom", "nan") or self.catch_errors
+        # bad input (a campaign the build refuses) is no measurement: it goes on up as exit 2 even under catch_errors
+        suppress = exc is None or verdict in ("oom", "nan") or (self.catch_errors and not isinstance(exc, BadInput))
         if self.barrier and suppress:
             # ranks that go on meet here; one whose exception propagates cannot be waited for
             _barrier()

@@ -145,6 +145,8 @@ class CausalLMTask(common.CampaignTask):
     def loss(self, model, batch):
         import torch.nn.functional as F
 
+        if "position_ids" in batch:  # packed rows: once per model, its attention keeps their examples apart
+            packing.check_kept_apart(model)
         out = model(**self.inputs(batch))
         # position t predicts token t+1
         logits = out.logits[:, :-1].float()

@@ -14,12 +14,18 @@ Within a row every example is trained as if alone:
   never predicts it.
 
 So a row's loss is the sum of its examples' losses (tests/test_packing.py holds that to fp32 precision).
+Not every architecture builds its mask from the restarts (in transformers 5.25 OPT and gpt-oss do not, BLOOM takes
+no positions at all): a packed campaign's model is checked to keep the examples apart at its first packed
+loss (``check_kept_apart``), and one that does not is refused rather than rehearsed with examples that see each other.
 Padding after a row (a micro-batch of rows of different lengths) is an example of its own whose labels are
 IGNORE: nothing attends to it.
 """
 
 from __future__ import annotations
 
+import weakref
+
+from pilotrun.errors import BadInput
 from pilotrun.tasks.base import IGNORE, Example
 
 JOIN = " + "  # between the record ids of a row's examples
@@ -108,3 +114,53 @@ def filled(rows: list[Example], pool: list[Example], max_length: int) -> list[Ex
                            target_len_full=sum(1 for t in labels if t != IGNORE),
                            meta={"segments": segments, "rids": rids, "filled": True}))
     return out
+
+
+# the probe: one example after two different first examples of its length; kept apart, its logits do not move
+# (the families kept apart move by at most ~3e-7 of their scale in fp32 and bf16; the ones that cross, >= ~8e-3)
+_FIRSTS, _SECOND, MOVED = ([11, 12, 13, 14], [25, 26, 27, 28]), [39, 40, 41], 1e-4
+_CHECKED: weakref.WeakSet = weakref.WeakSet()
+
+
+def check_kept_apart(model) -> None:
+    """Exit 2 (``data.packing``) when the model's attention lets a packed row's examples see each other: one
+    forward of two rows that end with the same example after different ones, positions restarting at it, no mask
+    and no cache, as ``CausalLMTask.inputs`` runs packed rows. Once per model, at its first packed loss: inside
+    the first update, whose own forward holds far more than these 14 tokens, so no measured peak moves (at the
+    build the load's would). Nothing to check on fake or meta tensors (the estimator's trace)."""
+    import torch
+    from torch._subclasses.fake_tensor import is_fake
+
+    first = next(iter(model.parameters()), None)
+    if model in _CHECKED or first is None or first.device.type == "meta" or is_fake(first):
+        return
+    inner = getattr(model, "module", model)  # DDP's wrapper holds the model
+    vocab = inner.get_input_embeddings().num_embeddings
+    ids = torch.tensor([[t % vocab for t in a + _SECOND] for a in _FIRSTS], device=first.device)
+    pos = torch.tensor([list(range(len(a))) + list(range(len(_SECOND))) for a in _FIRSTS], device=first.device)
+    was = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            logits = model(input_ids=ids, position_ids=pos, use_cache=False).logits[:, -len(_SECOND):].float()
+    finally:
+        model.train(was)
+    moved = float((logits[0] - logits[1]).abs().max() / logits[0].abs().max().clamp_min(1e-12))
+    if moved <= MOVED:
+        _CHECKED.add(model)
+        return
+    import transformers
+
+    cfg = getattr(inner, "config", None)
+    arch = f"{getattr(cfg, 'model_type', type(model).__name__)}, {getattr(cfg, '_attn_implementation', None)} " \
+           f"attention, transformers {transformers.__version__}"
+    raise BadInput(f"this model's attention ({arch}) does not keep a packed row's examples apart: an "
+                   f"example's logits moved by {moved:.0%} of their scale when the example before it in the row "
+                   "changed (transformers keeps them apart only where the architecture builds its mask from the "
+                   "restarting position_ids). Its packed rows would train each example on the ones before it, as the "
+                   "source tool's packing does on this model unless that tool patches the attention, so they cannot "
+                   "be rehearsed as separate examples", where="data.packing",
+                   fix="remove data.packing (one example per row: memory is then sized at the longest example, not "
+                       "at a full row of data.max_length tokens), or fine-tune an architecture whose attention keeps "
+                       "packed examples apart (in transformers 5.25 Llama, Mistral, Qwen, Gemma, Phi-3, GPT-2, "
+                       "GPT-NeoX and the mixtures of experts Mixtral, Qwen-MoE, OLMoE and DeepSeek do)")
