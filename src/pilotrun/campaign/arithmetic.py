@@ -41,7 +41,7 @@ def batch_arithmetic(t, n_train: int, packed: dict | None = None) -> dict:
     data.packing, {"examples": N} once the data was packed, {} before (validate counts records, not rows)."""
     a = _arithmetic(t, n_train)
     if packed is not None:
-        a["packed"] = dict(packed, rows=n_train if packed else None)
+        a["packed"] = dict(packed)
     return a
 
 
@@ -112,13 +112,14 @@ def describe(a: dict, fmt_bytes=None) -> list[str]:
         f"ranks {a['ranks']} = {a['examples_per_update']}",
         f"updates per epoch = {a['updates_per_epoch']} ({a['train_examples']} training examples); {a['last_partial']}",
         f"budget ({a['budget_from']}): {a['updates']} updates ≈ {a['epochs']} epochs, {a['examples_seen']} examples seen",
-    ] + ([packing_line(a["packed"])] if "packed" in a else []) \
+    ] + ([packing_line(a)] if "packed" in a else []) \
       + ([checkpoint_line(a["checkpoints"], fmt_bytes)] if a.get("checkpoints") else [])
 
 
-def packing_line(p: dict) -> str:
-    """What the counts above are under data.packing."""
-    if not p.get("rows"):
+def packing_line(a: dict) -> str:
+    """What the counts above are under data.packing (``a["packed"]``: the examples in the rows, {} before packing)."""
+    p = dict(a["packed"], rows=a["train_examples"])
+    if not p.get("examples"):
         return ("data.packing: the counts above are records; packed, they make fewer rows (micro_batch counts rows), "
                 "so an epoch has fewer updates: `pilotrun inspect` and the pilot count the rows")
     return (f"data.packing: the 'examples' above are packed rows: {p['examples']} examples in {p['rows']} rows "

@@ -15,7 +15,7 @@ from pilotrun.errors import BadInput
 from pilotrun.tasks.hub import fetch_command, snapshot_of
 from pilotrun.tasks.loading import architecture_only, check_model_dir, check_positions, lora_targets, lora_wrapped
 from pilotrun.tasks.moe import adapted_moe_parts, moe_parts
-from pilotrun.tasks.packing import pack, summary as packing_summary
+from pilotrun.tasks.packing import examples_in, pack, summary as packing_summary
 from pilotrun.tasks.weights_fit import check_weights_fit
 from pilotrun.tasks.base import BUILTIN_TASKS
 from pilotrun.tasks.common import read_split
@@ -43,8 +43,7 @@ class Prepared:
         return self.examples.get("validation", [])
 
     def arithmetic(self) -> dict:
-        packed = {"examples": sum(len(e.meta.get("segments", [1])) for e in self.train)} if self.c.data.packing \
-            else None
+        packed = {"examples": examples_in(self.train)} if self.c.data.packing else None
         return batch_arithmetic(self.c.train, len(self.train), packed)
 
     def shapes_said(self) -> str:

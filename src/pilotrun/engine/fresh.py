@@ -44,7 +44,7 @@ COLD_ENV = "PILOTRUN_FRESH"  # "cold": no zygote is started, and a running one i
 # child rebuilds its module path from it. Anything else (COLUMNS, pilotrun's run-time variables) is read when used.
 READ_AT_IMPORT = ("HF_", "HUGGINGFACE_", "TRANSFORMERS_", "TOKENIZERS_", "SAFETENSORS_", "ACCELERATE_", "PEFT_",
                   "BNB_", "TORCH", "PYTORCH_", "CUDA_", "NCCL_", "OMP_", "MKL_", "KMP_", "OPENBLAS_", "PYTHON", "LD_",
-                  "MALLOC_", "GLIBC_", "XDG_", "HOME", "TMPDIR", "TEMP", "TMP", "PILOTRUN_VERBOSE")
+                  "MALLOC_", "GLIBC_", "XDG_", "HOME", "TEMP", "TMP", "PILOTRUN_VERBOSE")
 
 
 def read_at_import(name: str) -> bool:

@@ -72,11 +72,16 @@ def packed(examples: list[Example]) -> bool:
     return any("segments" in e.meta for e in examples)
 
 
+def examples_in(rows: list[Example]) -> int:
+    """The examples a split's packed rows hold."""
+    return sum(len(e.meta.get("segments", [1])) for e in rows)
+
+
 def summary(rows: list[Example], max_length: int) -> str:
     """A split's rows in words: how many, how many examples, how full."""
     if not rows:
         return "no rows"
-    n = sum(len(e.meta.get("segments", [1])) for e in rows)
+    n = examples_in(rows)
     fill = sum(e.length for e in rows) / (len(rows) * max_length)
     return (f"{n} examples packed in {len(rows)} rows of up to {max_length} tokens ({n / len(rows):.1f} examples a "
             f"row, {fill:.0%} full)")
