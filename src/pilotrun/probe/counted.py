@@ -1,11 +1,19 @@
-"""Counting instead of tracing: a deep model's estimate from two shallow traces.
+"""Counting instead of tracing: a deep model's estimate from shallow traces.
 
 Decoder layers of one shape allocate the same storages in the same order, so every counter of a
 phase (parameters, gradients, optimizer state, saved activations, the optimizer's temporaries) grows
-by the same bytes per layer: the trace of a model with 2 layers and the trace with 3 layers give the
-bytes of one layer, which is then counted N times (``value(N) = value(2) + (N - 2) × (value(3) -
-value(2))``). A 70B Llama's 80 layers cost two traces of two and three layers instead of one of 80.
-(Not 1 and 2: the first layer's peak moments hold less than the others', nothing runs before it.)
+by the same bytes per layer: the traces of a model at two depths give the bytes of one layer, which is
+then counted N times (``value(N) = value(d1) + (N - d1) × (value(d2) - value(d1)) / (d2 - d1)``). A 70B
+Llama's 80 layers cost two traces of a few layers instead of one of 80. (Not from 1 layer: the first
+layer's peak moments hold less than the others', nothing runs before it.)
+
+The depths (``depths_for``): 2 and 3 on the CPU, whose counters are tensor bytes alone. On CUDA the rows'
+reserved is the caching allocator's replay, and a replay is linear in the layers only over whole periods of its
+packing (two layers' projections share one 20 MiB segment) and between the moments a block outgrows the cache
+(one new segment, once): the replays of 2, 4 and 6 layers are traced and each phase's reserved is counted from
+the deepest at the smaller of the two periods' slopes (``reserved``), never under the counted allocated peak plus
+the fragmentation the replays show. An 8-layer 1024-wide Llama counted so reads 0.97-1.02 of its whole replay per
+phase; from 2 and 3 layers plus their fragmentation it read 0.79 at eval_longest.
 
 The peak of a phase is the highest of several moments (the end of the forward pass, the backward
 pass, the optimizer step), and those grow at different rates per layer: each stage's peak is counted
@@ -33,11 +41,9 @@ UNEVEN_KEYS = ("first_k_dense_replace", "moe_layer_freq", "mlp_only_layers", "de
 # optimizer instead of two; 4 layers: 0.53 against 0.93 CPU s, 6 layers: about even, on the 2-core bench box)
 COUNT_FROM = 6
 TRACED_MICRO_BATCHES = 2
-# On CUDA a model of up to this many layers is traced whole: the caching allocator's replay needs the run's own
-# stream, and its packing repeats over more than one layer (a 20 MiB segment shared by two layers' projections), so
-# two shallow replays do not count it (an 8-layer 1024-wide Llama: 450 against 426 MiB reserved at load, 4514
-# against 4790 MiB at eval_longest, counted against whole). Deeper models are counted, their replay counted too,
-# with that error; a whole 16-layer trace costs about 4 s on the 2-core box.
+# On CUDA a model of up to this many layers is traced whole (its replay is the run's own stream, exact); deeper ones
+# are counted from the replays of 2, 4 and 6 layers (``CUDA_DEPTHS``), which read 0.97-1.02 of the whole replay's
+# reserved per phase on an 8-layer 1024-wide Llama; a whole 16-layer trace costs about 4 s on the 2-core box.
 REPLAY_WHOLE_LAYERS = 16
 NUMERIC = ("baseline", "peak_allocated", "peak_reserved", "end_allocated", "end_reserved")
 
@@ -66,14 +72,26 @@ def with_depth(cfg: dict, key: str, depth: int) -> dict:
 
 
 DEPTHS = (2, 3)  # the first layer can differ in what its peak moment holds (nothing before it); the second on do not
+# CUDA: two periods of the allocator's packing (two layers' projections share a 20 MiB segment), for ``reserved``
+CUDA_DEPTHS = (2, 4, 6)
 
 
-def count(low: dict, high: dict, layers: int) -> dict:
-    """A phase summary at ``layers`` from the summaries at ``DEPTHS`` layers (both with ``stages``)."""
-    k = (layers - DEPTHS[0]) / (DEPTHS[1] - DEPTHS[0])
+def depths_for(device: str) -> tuple[int, ...]:
+    """The depths a counted trace traces: 2, 4 and 6 layers on CUDA (their replays are counted), else 2 and 3."""
+    return CUDA_DEPTHS if device == "cuda" else DEPTHS
+
+
+def at_depth(low: int, high: int, layers: int, depths: tuple[int, ...] = DEPTHS) -> int:
+    """A value at ``layers`` from its values ``low`` and ``high`` at the first and last of ``depths``: linear in the
+    layers."""
+    return low + (layers - depths[0]) * (high - low) // (depths[-1] - depths[0])
+
+
+def count(low: dict, high: dict, layers: int, depths: tuple[int, ...] = DEPTHS) -> dict:
+    """A phase summary at ``layers`` from the summaries at the first and last of ``depths`` (both with ``stages``)."""
 
     def line(a, b):
-        return None if a is None or b is None else int(a + k * (b - a))
+        return None if a is None or b is None else at_depth(a, b, layers, depths)
 
     stages = {}
     for name, s1 in low["stages"].items():
@@ -85,6 +103,24 @@ def count(low: dict, high: dict, layers: int) -> dict:
     out.update(top)
     if out["peak_reserved"] is not None:
         out["peak_reserved"] = out["end_reserved"] = max(out["peak_reserved"], out["peak_allocated"])
+    return out
+
+
+def reserved(replays: list[dict[str, dict]], layers: int, depths: tuple[int, ...]) -> dict[str, tuple[int, int]]:
+    """Per phase, from the allocator's replays (probe/stream.replayed) at ``depths`` layers: (the reserved peak counted
+    to ``layers``, the most any replay held above its allocated peak). The reserved is counted from the deepest replay
+    at the smaller slope of the two periods (2 to 4 and 4 to 6 layers): a block that outgrows the cache reserves a new
+    segment once, not once per layer, and raises the period it falls in alone (FSDP over 16 ranks of a 70B Llama:
+    11.25, 13.43, 13.65 GiB at its steady step). ``rows_for`` keeps the reserved at least the counted allocated peak
+    plus that most held above it, and at least an earlier phase's (the cache never shrinks)."""
+    out = {}
+    for name, deep in replays[-1].items():
+        at = [r[name]["peak_reserved"] for r in replays if name in r]
+        if len(at) != len(depths):
+            continue
+        slope = min((b - a) / (d2 - d1) for a, b, d1, d2 in zip(at, at[1:], depths, depths[1:]))
+        above = max(r[name]["peak_reserved"] - r[name]["peak_allocated"] for r in replays)
+        out[name] = (at[-1] + int((layers - depths[-1]) * slope), above)
     return out
 
 
@@ -124,8 +160,8 @@ def training_need(loaded) -> dict:
 
 
 def parameter_bytes(loaded) -> int:
-    """Bytes of the model's parameters and buffers, from fake builds (of 2 and 3 layers when counted):
-    known before anything is loaded."""
+    """Bytes of the model's parameters and buffers, from fake builds (of 2 and 3 layers when counted: parameters
+    are linear in the layers from any two depths): known before anything is loaded."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     cfg = architecture_config(loaded)
@@ -139,4 +175,4 @@ def parameter_bytes(loaded) -> int:
         return size()
     key, layers = depth
     low, high = (size(with_depth(cfg, key, d)) for d in DEPTHS)
-    return high + (layers - DEPTHS[1]) * (high - low)
+    return at_depth(low, high, layers)

@@ -10,8 +10,10 @@ Where torch's own order differs from the trace's, modelled here:
 - ``extras`` (probe/trace.py says which): DDP's gradient buckets (allocated once the model is wrapped, kept),
   FSDP's gathered blocks on the all-gather stream, a host copy moved whole, the inputs of untraced micro-batches:
   each allocated where its phase starts and freed where it ends, or kept.
-- A counted trace (probe/counted.py: two shallow depths) is not replayed at its depth: its reserved is the counted
-  allocated peak plus the fragmentation the shallow replays show (``overheads``).
+- A counted trace (probe/counted.py: shallow depths) is not replayed at its depth: the replays of its depths (2, 4
+  and 6 layers, two periods of the packing) are, and each phase's reserved is counted from theirs at the smaller
+  period's slope (``counted.reserved``), never under the counted allocated peak plus the fragmentation the replays
+  show (``trace.rows_for``).
 - The weighting of ``rows_for`` (FSDP's shards: parameters, gradients and optimizer state ÷ ranks; offload: the
   optimizer state not on the device) scales each block before it is replayed.
 """
@@ -124,15 +126,3 @@ def threads(acc) -> dict[str, tuple[int, int]]:
     points = sorted(acc.cublas.values())
     return {name: (sum(p < start for p in points), sum(p <= end for p in points))
             for name, (start, end) in acc.marks.items()}
-
-
-def overheads(*replays: dict[str, dict]) -> dict[str, int]:
-    """Per phase, the most the allocator held above the allocated peak in any of these replays: a counted trace's
-    fragmentation. Its reserved is the counted allocated peak plus this, never less than an earlier phase's (the
-    cache never shrinks): the replay itself is not linear in the layers (a block that no longer fits the cache at 3
-    layers reserves a new segment once, not once per layer), so it is not counted like the allocated bytes."""
-    out: dict[str, int] = {}
-    for r in replays:
-        for name, v in r.items():
-            out[name] = max(out.get(name, 0), v["peak_reserved"] - v["peak_allocated"])
-    return out

@@ -30,7 +30,7 @@ from pilotrun.probe import counted as K
 from pilotrun.probe.estimate import Accountant, architecture_config, fake_build, root_bytes, unsharded_block_bytes
 from pilotrun.probe.alloc_conf import DEFAULTS, Settings
 from pilotrun.probe.fake_ops import device_paths
-from pilotrun.probe.stream import ALL_GATHER_STREAM, CUBLAS_WORKSPACE, overheads, replayed, threads
+from pilotrun.probe.stream import ALL_GATHER_STREAM, CUBLAS_WORKSPACE, replayed, threads
 from pilotrun.tasks.base import BUILTIN_TASKS
 from pilotrun.tasks.preference_loss import resident_bytes
 from pilotrun.tasks.moe import expert_counts
@@ -51,7 +51,7 @@ def trace(loaded, *, device: str = "cuda", prep=None, counted: bool | None = Non
     """Run every phase on fake tensors; returns {"rows": [...], "params": n, "trainable": n, "wall_s": s}; on CUDA
     the rows' counters are the caching allocator's replay under ``settings``.
 
-    ``counted``: count identical decoder layers and micro-batches from two shallow traces
+    ``counted``: count identical decoder layers and micro-batches from shallow traces
     (probe/counted.py) instead of tracing them all; None: when the model has enough layers of one shape
     or the update more than two micro-batches."""
     started = time.perf_counter()
@@ -92,15 +92,19 @@ def traced(loaded, *, device: str = "cuda", prep=None, counted: bool | None = No
         layers = None
     else:
         key, layers = depth
-        low, high = (_trace_once(loaded, device, prep, wc, steps_only, K.with_depth(cfg, key, d)) for d in K.DEPTHS)
-        per_layer = {k: high[k] - low[k] for k in ("params", "trainable", "trainable_bytes", "param_bytes",
-                                                   "linear_bytes", "linear_numel", "reference_bytes") + MOE_COUNTED}
-        out = dict(high, **{k: high[k] + (layers - K.DEPTHS[1]) * v for k, v in per_layer.items()},
+        ds = K.depths_for(device)
+        shallow = [_trace_once(loaded, device, prep, wc, steps_only, K.with_depth(cfg, key, d)) for d in ds]
+        low, high = shallow[0], shallow[-1]
+        per_layer = ("params", "trainable", "trainable_bytes", "param_bytes", "linear_bytes", "linear_numel",
+                     "reference_bytes") + MOE_COUNTED
+        out = dict(high, **{k: K.at_depth(low[k], high[k], layers, ds) for k in per_layer},
                    summarize=lambda name, scale, f1=low["summarize"], f2=high["summarize"], n=layers:
-                   K.count(f1(name, scale), f2(name, scale), n))
-        if "replay" in high:  # CUDA: the allocator's overheads from the two depths' replays (no replay on the CPU)
-            out["fragmentation"] = lambda scale, extras_of, lo=low, hi=high, **kw: overheads(
-                lo["replay"](scale, extras_of, **kw), hi["replay"](scale, extras_of, **kw))
+                   K.count(f1(name, scale), f2(name, scale), n, ds))
+        if "replay" in high:  # CUDA: the reserved counted from the shallow replays (no replay on the CPU)
+            for t in shallow:  # the untraced micro-batches' inputs in every replay (``extras``)
+                t["input_bytes"] = extra
+            out["counted_reserved"] = lambda scale, extras_of, n=layers, **kw: K.reserved(
+                [t["replay"](scale, extras_of, **kw) for t in shallow], n, ds)
         out.pop("replay", None)
     summarize = out["summarize"]
     out["summarize"] = lambda name, scale: K.with_inputs(summarize(name, scale), extra if name in names(
@@ -118,10 +122,10 @@ def _sharing(tr: dict, other: dict | None) -> dict:
                 **({"replay": lambda scale, extras_of, **kw: _shared_replay(
                     tr["replay"](scale, extras_of, **kw), other["replay"](scale, extras_of, **kw), mine)}
                    if "replay" in tr and "replay" in other else {}),
-                **({"fragmentation": lambda scale, extras_of, **kw: {
-                    **other["fragmentation"](scale, extras_of, **kw),
-                    **{n: v for n, v in tr["fragmentation"](scale, extras_of, **kw).items() if n in mine}}}
-                   if "fragmentation" in tr and "fragmentation" in other else {}),
+                **({"counted_reserved": lambda scale, extras_of, **kw: {
+                    **other["counted_reserved"](scale, extras_of, **kw),
+                    **{n: v for n, v in tr["counted_reserved"](scale, extras_of, **kw).items() if n in mine}}}
+                   if "counted_reserved" in tr and "counted_reserved" in other else {}),
                 cublas_threads={**other.get("cublas_threads", {}), **tr.get("cublas_threads", {})},
                 inputs={**other["inputs"], **tr["inputs"]}, notes={**other["notes"], **tr["notes"]})
 
@@ -247,12 +251,12 @@ def rows_for(tr: dict, *, ranks: int = 1, strategy: str = "single", offload: boo
     scale = replay_scale(ranks, strategy, offload, tp)
     sharded = strategy == "fsdp" and ranks > 1
     bucket = tr["trainable_bytes"] if strategy == "ddp" and ranks > 1 else 0
-    counters = fragmentation = None
+    counters = counted = None
     extras_of = lambda t: extras(t, ranks=ranks, strategy=strategy, tp=tp)  # noqa: E731
     if "replay" in tr:
         counters = tr["replay"](scale or None, extras_of, settings=settings, workspace=workspace)
-    elif "fragmentation" in tr:
-        fragmentation = tr["fragmentation"](scale or None, extras_of, settings=settings, workspace=workspace)
+    elif "counted_reserved" in tr:
+        counted = tr["counted_reserved"](scale or None, extras_of, settings=settings, workspace=workspace)
     kept = 0
     rows = []
     for name in PHASES:
@@ -268,11 +272,12 @@ def rows_for(tr: dict, *, ranks: int = 1, strategy: str = "single", offload: boo
             s = _with_host_copies(s, name, tr, ranks)
         if counters is not None:
             s.update(counters[name])
-        elif fragmentation is not None:  # counted: the allocated bytes counted, the shallow replays' fragmentation
+        elif counted is not None:  # counted: the allocated bytes and the shallow replays' reserved counted
             before, after = tr["cublas_threads"].get(name, (0, 0))
             s = dict(s, baseline=s["baseline"] + before * workspace, end_allocated=s["end_allocated"] + after * workspace,
                      peak_allocated=s["peak_allocated"] + after * workspace)
-            kept = max(kept, s["peak_allocated"] + fragmentation.get(name, 0))
+            reserved, above = counted.get(name, (0, 0))
+            kept = max(kept, s["peak_allocated"] + above, reserved)
             s["peak_reserved"] = s["end_reserved"] = kept
         inputs = dict(tr["inputs"][name])
         if name in names("train"):
