@@ -1,5 +1,5 @@
 """Benchmark of the options table at scale (issue 23): wall time of `estimate --options` for a 70B and a
-405B Llama config (decoder layers counted from traces of 2 and 3 layers); target <= 10 s each on 2 cores (issue 34; the estimate issue asked <= 30).
+405B Llama config (decoder layers counted from traces of 2, 4 and 6 layers); target <= 10 s each on 2 cores (issue 34; the estimate issue asked <= 30).
 
 Run: ``python bench/bench_options.py`` (prints a Markdown table). Run it alone: it holds the cores.
 """
