@@ -4,7 +4,7 @@ Decoder layers of one shape allocate the same storages in the same order, so eve
 phase (parameters, gradients, optimizer state, saved activations, the optimizer's temporaries) grows
 by the same bytes per layer: the traces of a model at two depths give the bytes of one layer, which is
 then counted N times (``value(N) = value(d1) + (N - d1) × (value(d2) - value(d1)) / (d2 - d1)``). A 70B
-Llama's 80 layers cost two traces of a few layers instead of one of 80. (Not from 1 layer: the first
+Llama's 80 layers cost two or three traces of a few layers instead of one of 80. (Not from 1 layer: the first
 layer's peak moments hold less than the others', nothing runs before it.)
 
 The depths (``depths_for``): 2 and 3 on the CPU, whose counters are tensor bytes alone. On CUDA the rows'
@@ -12,7 +12,7 @@ reserved is the caching allocator's replay, and a replay is linear in the layers
 packing (two layers' projections share one 20 MiB segment) and between the moments a block outgrows the cache
 (one new segment, once): the replays of 2, 4 and 6 layers are traced and each phase's reserved is counted from
 the deepest at the smaller of the two periods' slopes (``reserved``), never under the counted allocated peak plus
-the fragmentation the replays show. An 8-layer 1024-wide Llama counted so reads 0.97-1.02 of its whole replay per
+the fragmentation the replays show. An 8-layer 1024-wide Llama counted so reads 1.000-1.002 of its whole replay per
 phase; from 2 and 3 layers plus their fragmentation it read 0.79 at eval_longest.
 
 The peak of a phase is the highest of several moments (the end of the forward pass, the backward
@@ -42,7 +42,7 @@ UNEVEN_KEYS = ("first_k_dense_replace", "moe_layer_freq", "mlp_only_layers", "de
 COUNT_FROM = 6
 TRACED_MICRO_BATCHES = 2
 # On CUDA a model of up to this many layers is traced whole (its replay is the run's own stream, exact); deeper ones
-# are counted from the replays of 2, 4 and 6 layers (``CUDA_DEPTHS``), which read 0.97-1.02 of the whole replay's
+# are counted from the replays of 2, 4 and 6 layers (``CUDA_DEPTHS``), which read 1.000-1.002 of the whole replay's
 # reserved per phase on an 8-layer 1024-wide Llama; a whole 16-layer trace costs about 4 s on the 2-core box.
 REPLAY_WHOLE_LAYERS = 16
 NUMERIC = ("baseline", "peak_allocated", "peak_reserved", "end_allocated", "end_reserved")
@@ -114,7 +114,7 @@ def reserved(replays: list[dict[str, dict]], layers: int, depths: tuple[int, ...
     11.25, 13.43, 13.65 GiB at its steady step). ``rows_for`` keeps the reserved at least the counted allocated peak
     plus that most held above it, and at least an earlier phase's (the cache never shrinks)."""
     out = {}
-    for name, deep in replays[-1].items():
+    for name in replays[-1]:
         at = [r[name]["peak_reserved"] for r in replays if name in r]
         if len(at) != len(depths):
             continue
