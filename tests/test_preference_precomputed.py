@@ -128,6 +128,7 @@ def test_the_train_run_stores_the_set_with_its_data_fingerprint_in_the_journal_a
     said = run["summary"]["reference_logps"]
     stored = ReferenceLogps.load(tmp_path / "home" / "runs" / run["run_id"] / "checkpoints" / "final" / FILE)
     assert said == {"pairs": 8, "fingerprint": stored.fingerprint()} and len(stored) == 8
+    assert run["summary"]["timing"]["reference_s"] > 0  # the pass the time plan's reference term predicts
 
 
 def test_a_stored_set_edited_by_hand_is_refused(tmp_path):
@@ -201,3 +202,14 @@ def test_the_pilot_measures_the_precomputation_phase_and_the_estimate_matches_it
     assert predicted.keys() == measured.keys()
     off = {k: (predicted[k], v) for k, v in measured.items() if abs(predicted[k] - v) > 0.05 * v}
     assert not off, off
+    # the time plan counts every run's pass over all its pairs, in validation batches (before: no term at all)
+    from pilotrun.journal.store import Journal
+    from pilotrun.sheet.build import build_sheet
+    from pilotrun.sheet.plan import REFERENCE_TERM
+
+    journal = Journal(tmp_path / "home")
+    sheet = build_sheet(loaded.resolved_dict(), journal, journal.get_run(result.data["run_id"]), predict=False)
+    terms = {t["term"]: t for t in sheet["time"]["here"]["terms"]}
+    batch = loaded.campaign.train.eval_batch
+    assert terms[REFERENCE_TERM]["count"] == -(-(len(train) + len(validation)) // batch)
+    assert terms[REFERENCE_TERM]["each_s"] == terms["validations"]["each_s"] > 0

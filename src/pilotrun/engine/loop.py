@@ -325,6 +325,7 @@ class LoopResult:
     wall_s: float = 0.0
     skipped: list[dict] = field(default_factory=list)  # updates whose optimizer step was skipped, and why
     saved_last: str | None = None  # the numbered checkpoint saved as the loop's last act: it is the end state
+    reference_s: float = 0.0  # preference.reference: precomputed, the pass over the pairs before the first update
 
 
 @dataclass
@@ -385,9 +386,11 @@ def train(state: TrainState, task, train_examples: list, val_examples: list, t, 
                 checkpoint_dir=checkpoint_dir, hooks=hooks or Hooks(), progress=progress)
     result = run.result
     try:  # preference.reference: precomputed, before the first update (a resumed run's came with its checkpoint)
+        t0 = time.perf_counter()
         with _out_of_memory_ends_run("the reference's precomputation"):
             done = precompute_reference(state.model, task, train_examples + val_examples, device=state.device,
                                         precision=state.precision, batch_size=t.eval_batch, update=state.update)
+        result.reference_s = time.perf_counter() - t0 if done else 0.0
     except _RanOut as r:
         result.status, result.reason = "failed", out_of_memory_reason(state, r.where, r.exc)
         return result
