@@ -63,7 +63,8 @@ def time_plan(sheet, c, t, rows, peaks, pilot, fits, target, ranks, rates) -> No
     measured = _slowest(rows)
     arith = (pilot.get("summary") or {}).get("arithmetic")
     n_train = (arith or {}).get("train_examples") or _count_records(c.data.train)
-    n_val = _count_records(c.data.validation)
+    rows_val = (pilot.get("summary") or {}).get("validation_rows")  # as prepared (packed rows), when recorded
+    n_val = rows_val if rows_val is not None and c.data.validation else _count_records(c.data.validation)
     runs = P.run_list(c.plan.control, c.plan.variants, c.plan.seeds)
     sheet["expected"] = expected(c)
     sheet["time"] = None
