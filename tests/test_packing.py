@@ -97,6 +97,16 @@ def test_packing_is_refused_for_a_task_without_rows_of_tokens(tmp_path, cli):
     assert r.code == 2 and "data.packing" in r.err and "seq-cls" in r.err, r.err
 
 
+def test_validate_says_its_counts_are_records_that_packing_makes_fewer_rows(tmp_path, cli):
+    """validate reads no tokenizer, so its batch arithmetic counts records; under data.packing it says so, and the
+    same line is absent without packing."""
+    said = "data.packing: the counts above are records; packed, they make fewer rows"
+    r = cli("validate", tiny_causal_campaign(tmp_path / "packed", _records(), data__packing=True))
+    assert r.code == 0 and said in " ".join((r.out + r.err).split()), r.err
+    r = cli("validate", tiny_causal_campaign(tmp_path / "plain", _records()))
+    assert r.code == 0 and "data.packing" not in r.out + r.err, r.err
+
+
 def test_inspect_shows_a_packed_row(tmp_path, cli):
     """inspect under data.packing: the examples one by one, then the row they pack into: its positions restart at
     each example, no attention mask, each example's first token masked — said in words and kept in --json."""
