@@ -205,15 +205,16 @@ def unit_seconds(measured: dict[str, dict], *, phases, source_gpu, target_gpu, p
 
 
 # preference.reference: precomputed: before its first update every run takes the starting model's no-grad forward
-# over every training and validation pair, ``train.eval_batch`` pairs a batch (engine/loop.precompute_reference):
-# the forward of a validation batch on the same pairs, so it is counted in the plan's validation batches
+# over every training and validation pair, ``train.eval_batch`` pairs a batch, each rank its share
+# (engine/loop.precompute_reference): the forward of a validation batch on the same pairs, so it is counted in the
+# plan's validation batches
 REFERENCE_TERM = "reference log-probabilities (precomputed)"
 
 
-def reference_batches(n_pairs: int, eval_batch: int) -> int:
-    """The batches of a run's precomputation of the reference over ``n_pairs`` (not split over ranks: each rank
-    computes every pair, so its table is whole)."""
-    return math.ceil(n_pairs / eval_batch) if n_pairs and eval_batch else 0
+def reference_batches(n_pairs: int, eval_batch: int, ranks: int = 1) -> int:
+    """The batches each rank takes in a run's precomputation of the reference over ``n_pairs``: its share of the
+    pairs (the values are then gathered, engine/loop._share_reference), ``eval_batch`` a batch."""
+    return math.ceil(math.ceil(n_pairs / ranks) / eval_batch) if n_pairs and eval_batch else 0
 
 
 def run_terms(counts: dict, units: dict) -> list[dict]:
@@ -239,7 +240,7 @@ def run_terms(counts: dict, units: dict) -> list[dict]:
         if not n and label in ("run start (memory freed, journal entry)", "control predictions", REFERENCE_TERM):
             continue  # a pilot recorded before these were measured, no control examples, no precomputed reference
         how = {"validations": f"{counts['evals']} validations × {counts['eval_batches']} batches",
-               REFERENCE_TERM: f"{n} batches of train.eval_batch pairs, every pair once (each rank all of them)",
+               REFERENCE_TERM: f"{n} batches of train.eval_batch pairs, every pair once (each rank its share)",
                "control predictions": "1" if key == "control" else f"2 passes = {n:.2g} eval batches"}.get(label, str(n))
         out.append({"term": label, "unit": key, "each_s": each, "count": n, "count_text": how, "seconds": each * n})
     return out

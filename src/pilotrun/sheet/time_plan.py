@@ -121,9 +121,9 @@ def _counts(c, t, n_train: int, n_val: int | None, ranks: int) -> dict:
                       f"{t.eval_every}, train.save_every={t.save_every}, {n_val or 0} validation examples / "
                       f"(train.eval_batch={t.eval_batch} × {ranks} ranks)")
     if precomputes(c):  # every run's pass over all its pairs before the first update
-        counts["reference_batches"] = P.reference_batches(n_train + (n_val or 0), t.eval_batch)
+        counts["reference_batches"] = P.reference_batches(n_train + (n_val or 0), t.eval_batch, ranks)
         counts["from"] += (f"; preference.reference: precomputed → {n_train + (n_val or 0)} pairs / "
-                           f"train.eval_batch={t.eval_batch}")
+                           f"(train.eval_batch={t.eval_batch} × {ranks} ranks)")
     return counts
 
 
