@@ -230,7 +230,7 @@ def _precompute_on_rank(campaign_path: str, out: str) -> None:
     ran, store = [], prep.task.store_reference
     prep.task.store_reference = lambda m, b, ex: (ran.extend(e.rid for e in ex), store(m, b, ex))[1]
     n = precompute_reference(model, prep.task, prep.train + prep.validation, device=torch.device("cpu"),
-                             precision="fp32", batch_size=2)
+                             precision="fp32", batch_size=2, shared=True)
     table = prep.task.reference_table(model)
     got = gather_to_rank0({"rank": rank, "world": world, "n": n, "ran": ran,
                            "entries": {rid: [fp, v.tolist()] for rid, (fp, v) in table.entries.items()}})

@@ -252,11 +252,13 @@ def evaluate(state: TrainState, task, examples: list, batch_size: int) -> dict:
 
 
 def precompute_reference(model, task, examples: list, *, device, precision: str, batch_size: int,
-                         update: int = 0) -> int:
+                         update: int = 0, shared: bool = False) -> int:
     """``preference.reference: precomputed``: the model's no-grad forward over the pairs of ``examples`` that have
     no reference log-probabilities yet (or whose tokens changed), longest first, ``batch_size`` pairs a batch, under
-    the run's precision, into the table the model carries (tasks/preference_ref.py); under DDP each rank its share,
-    the values then gathered, so every rank's table is whole. Only the starting model may be
+    the run's precision, into the table the model carries (tasks/preference_ref.py). ``shared``: every rank passed
+    the same ``examples`` (a run's whole data): under DDP each rank computes its share, the values then gathered, so
+    every rank's table is whole; otherwise (the pilot's worst case, a rank's own sampled updates) each rank computes
+    what it was given. Only the starting model may be
     the reference: at ``update`` > 0 (a resumed run, whose table came with its checkpoint) a missing or changed pair is
     exit 2, never recomputed with the trained policy. Returns the pairs computed (0 for any other task)."""
     import torch
@@ -273,7 +275,7 @@ def precompute_reference(model, task, examples: list, *, device, precision: str,
     if update > 0:
         raise stale(absent, changed, table, update)
     todo = sorted(absent + changed, key=lambda e: e.length, reverse=True)
-    world, rank = world_rank()
+    world, rank = world_rank() if shared else (1, 0)
     mine = todo[rank::world]  # under DDP each rank its share (the longest first on every rank), then all of them
     inner = unwrapped(model)
     was = inner.training
@@ -412,7 +414,8 @@ def train(state: TrainState, task, train_examples: list, val_examples: list, t, 
         t0 = time.perf_counter()
         with _out_of_memory_ends_run("the reference's precomputation"):
             done = precompute_reference(state.model, task, train_examples + val_examples, device=state.device,
-                                        precision=state.precision, batch_size=t.eval_batch, update=state.update)
+                                        precision=state.precision, batch_size=t.eval_batch, update=state.update,
+                                        shared=True)
         result.reference_s = time.perf_counter() - t0 if done else 0.0
     except _RanOut as r:
         result.status, result.reason = "failed", out_of_memory_reason(state, r.where, r.exc)
