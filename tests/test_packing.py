@@ -97,6 +97,16 @@ def test_packing_is_refused_for_a_task_without_rows_of_tokens(tmp_path, cli):
     assert r.code == 2 and "data.packing" in r.err and "seq-cls" in r.err, r.err
 
 
+def test_validate_says_its_counts_are_records_that_packing_makes_fewer_rows(tmp_path, cli):
+    """validate reads no tokenizer, so its batch arithmetic counts records; under data.packing it says so, and the
+    same line is absent without packing."""
+    said = "data.packing: the counts above are records; packed, they make fewer rows"
+    r = cli("validate", tiny_causal_campaign(tmp_path / "packed", _records(), data__packing=True))
+    assert r.code == 0 and said in " ".join((r.out + r.err).split()), r.err
+    r = cli("validate", tiny_causal_campaign(tmp_path / "plain", _records()))
+    assert r.code == 0 and "data.packing" not in r.out + r.err, r.err
+
+
 def test_inspect_shows_a_packed_row(tmp_path, cli):
     """inspect under data.packing: the examples one by one, then the row they pack into: its positions restart at
     each example, no attention mask, each example's first token masked — said in words and kept in --json."""
@@ -123,7 +133,8 @@ def test_the_worst_case_of_a_packed_campaign_is_full_rows_and_estimate_equals_th
     from pilotrun.campaign.prepare import prepare
     from pilotrun.phases.worst import worst_case
 
-    path = tiny_causal_campaign(tmp_path, _records() * 3, validation=_records()[:4], data__packing=True)
+    path = tiny_causal_campaign(tmp_path, _records() * 3, validation=_records() * 2, data__packing=True,
+                                train__eval_batch=2)
     prep = prepare(load_campaign(path))
     w = worst_case(prep, 1)
     rows = [e for mb in w["micro_batches"] for e in mb] + w["eval"]
@@ -142,6 +153,14 @@ def test_the_worst_case_of_a_packed_campaign_is_full_rows_and_estimate_equals_th
     sheet = cli("sheet", path, "--home", tmp_path / "home")
     assert sheet.code == 0 and "failed while attempting" not in sheet.err, sheet.err[-3000:]
     assert "Largest sizes" in sheet.out or "largest" in sheet.out.lower(), sheet.out[-2000:]
+    # the time plan counts validation batches of packed rows, not of the file's 18 records (9 batches of 2)
+    from pilotrun.journal.store import Journal
+    from pilotrun.sheet.build import build_sheet
+
+    journal = Journal(tmp_path / "home")
+    run = journal.get_run(r.json["stages"][0]["data"]["run_id"])
+    counts = build_sheet(run["config"], journal, run, predict=False)["time"]["counts"]
+    assert len(prep.validation) < 18 and counts["eval_batches"] == -(-len(prep.validation) // 2), counts
 
 
 TINY_OPT = {"model_type": "opt", "vocab_size": 384, "hidden_size": 64, "ffn_dim": 128, "num_attention_heads": 4,

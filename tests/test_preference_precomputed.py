@@ -128,6 +128,7 @@ def test_the_train_run_stores_the_set_with_its_data_fingerprint_in_the_journal_a
     said = run["summary"]["reference_logps"]
     stored = ReferenceLogps.load(tmp_path / "home" / "runs" / run["run_id"] / "checkpoints" / "final" / FILE)
     assert said == {"pairs": 8, "fingerprint": stored.fingerprint()} and len(stored) == 8
+    assert run["summary"]["timing"]["reference_s"] > 0  # the pass the time plan's reference term predicts
 
 
 def test_a_stored_set_edited_by_hand_is_refused(tmp_path):
@@ -201,3 +202,68 @@ def test_the_pilot_measures_the_precomputation_phase_and_the_estimate_matches_it
     assert predicted.keys() == measured.keys()
     off = {k: (predicted[k], v) for k, v in measured.items() if abs(predicted[k] - v) > 0.05 * v}
     assert not off, off
+    # the time plan counts every run's pass over all its pairs, in validation batches (before: no term at all)
+    from pilotrun.journal.store import Journal
+    from pilotrun.sheet.build import build_sheet
+    from pilotrun.sheet.plan import REFERENCE_TERM
+
+    journal = Journal(tmp_path / "home")
+    sheet = build_sheet(loaded.resolved_dict(), journal, journal.get_run(result.data["run_id"]), predict=False)
+    terms = {t["term"]: t for t in sheet["time"]["here"]["terms"]}
+    batch = loaded.campaign.train.eval_batch
+    assert terms[REFERENCE_TERM]["count"] == -(-(len(train) + len(validation)) // batch)
+    assert terms[REFERENCE_TERM]["each_s"] == terms["validations"]["each_s"] > 0
+
+
+def _precompute_on_rank(campaign_path: str, out: str) -> None:
+    """One DDP rank (module level: pickled into the spawned processes): the precomputation over every pair, which
+    pairs this rank ran through the model itself, and its whole table."""
+    import torch
+
+    from pilotrun.engine.distributed import gather_to_rank0, world_rank, wrap_model
+    from pilotrun.engine.loop import precompute_reference
+
+    world, rank = world_rank()
+    prep = prepare(load_campaign(campaign_path), splits=("train", "validation"))
+    torch.manual_seed(0)
+    model = wrap_model(prep.task.build_model(), "ddp", torch.device("cpu"))
+    ran, store = [], prep.task.store_reference
+    prep.task.store_reference = lambda m, b, ex: (ran.extend(e.rid for e in ex), store(m, b, ex))[1]
+    n = precompute_reference(model, prep.task, prep.train + prep.validation, device=torch.device("cpu"),
+                             precision="fp32", batch_size=2, shared=True)
+    table = prep.task.reference_table(model)
+    got = gather_to_rank0({"rank": rank, "world": world, "n": n, "ran": ran,
+                           "entries": {rid: [fp, v.tolist()] for rid, (fp, v) in table.entries.items()}})
+    if rank == 0:
+        from pathlib import Path
+
+        Path(out).write_text(json.dumps(got))
+
+
+@pytest.mark.distributed
+def test_ddp_ranks_each_precompute_their_share_and_hold_the_whole_table(tmp_path):
+    """Under DDP each rank ran every pair through the model (a run on 8 GPUs paid 8 × the pass); now each runs its
+    share and the values are gathered: every rank's table holds every pair, equal to one process's values."""
+    import torch
+
+    from pilotrun.engine.distributed import launch
+    from pilotrun.engine.loop import precompute_reference
+
+    train, validation = by_question(short_pairs(chars=48))
+    path = preference_campaign(tmp_path, train[:7], validation[:2], data__max_length=96, train__strategy="ddp",
+                               train__nproc=2, **PRE)
+    launch(_precompute_on_rank, 2, (str(path), str(tmp_path / "ranks.json")))
+    ranks = json.loads((tmp_path / "ranks.json").read_text())
+    prep = prepare(load_campaign(path), splits=("train", "validation"))
+    torch.manual_seed(0)
+    model = prep.task.build_model()
+    everything = prep.train + prep.validation
+    assert precompute_reference(model, prep.task, everything, device=torch.device("cpu"), precision="fp32",
+                                batch_size=2) == len(everything) == 9
+    single = prep.task.reference_table(model).entries
+    ran = [set(r["ran"]) for r in ranks]
+    assert [len(s) for s in ran] == [5, 4] and not ran[0] & ran[1], ran  # each its share, none twice
+    for r in ranks:
+        assert r["world"] == 2 and r["n"] == 9 and r["entries"].keys() == single.keys()
+        for rid, (fp, values) in r["entries"].items():
+            assert fp == single[rid][0] and values == pytest.approx(single[rid][1].tolist(), rel=1e-5, abs=1e-5)

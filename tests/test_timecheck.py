@@ -186,10 +186,44 @@ def test_updates_are_costed_at_the_budgets_mean_shape_not_the_worst_case():
 def test_the_pilot_times_more_typical_updates_while_cheap_and_the_minimum_across_ranks():
     from pilotrun.sheet.shape import TYPICAL_MAX, TYPICAL_UPDATES, more_typical
 
-    assert more_typical([]) and more_typical([5.0] * (TYPICAL_UPDATES - 1))  # the minimum, whatever they take
-    assert not more_typical([5.0] * TYPICAL_UPDATES)
-    assert more_typical([0.05] * TYPICAL_UPDATES) and not more_typical([0.05] * TYPICAL_MAX)
-    assert not more_typical([0.05] * TYPICAL_UPDATES, world=2)  # ranks must time the same count
+    def timed(*seconds):
+        return [{"tokens": 500, "seconds": s} for s in seconds]
+
+    assert more_typical([]) and more_typical(timed(*[5.0] * (TYPICAL_UPDATES - 1)))  # the minimum, whatever they take
+    assert not more_typical(timed(*[5.0] * TYPICAL_UPDATES))
+    assert more_typical(timed(*[0.05] * TYPICAL_UPDATES)) and not more_typical(timed(*[0.05] * TYPICAL_MAX))
+    assert not more_typical(timed(*[0.05] * TYPICAL_UPDATES), world=2)  # ranks must time the same count
+    # past the budget, more while a sample was slowed by other work (and the samples stay under TYPICAL_BUSY_S)
+    busy = timed(0.4, 3.9, 0.42)
+    assert more_typical(busy, worst=(500, 0.41))
+    assert not more_typical(timed(0.4, 0.45, 0.42) * 1 + timed(0.41), worst=(500, 0.41))  # over 1 s, none slowed
+    assert not more_typical(timed(0.4, 4.9, 0.42), worst=(500, 0.41))  # over TYPICAL_BUSY_S: what was timed stands
+    assert not more_typical(busy, world=2, worst=(500, 0.41))
+
+
+def test_a_sample_slowed_by_other_work_is_left_out_of_the_updates_line():
+    """MiniLM's pilot on a shared 2-core machine timed updates of 0.2 s as 2.6-4.5 s when another process took a
+    core (torch's two threads then wait on each other): the least-squares line carried that to every update of
+    the budget (the plan read 4.17 × the sweep). A sample far above the line through the others is left out."""
+    from pilotrun.sheet.shape import scaled_units, slowed
+
+    def secs(tokens):  # the quiet machine's cost of an update: fixed 0.05 s + 0.3 ms per padded token
+        return 0.05 + 3e-4 * tokens
+
+    typical = [{"tokens": t, "seconds": secs(t)} for t in (480, 512, 448, 500, 470)]
+    model = {"worst_update_tokens": 1024, "typical": typical, "budget_update_tokens": [480, 500, 470, 520]}
+    clean = scaled_units(model, steady_s=secs(1024), eval_s=0.1)
+    assert clean["slowed"] == 0 and clean["update"] == pytest.approx(secs(492.5))
+    # planted: the worst case and one typical sample slowed 10x by another process
+    busy = dict(model, typical=[dict(typical[1], seconds=10 * secs(512))] + [typical[0]] + typical[2:])
+    u = scaled_units(busy, steady_s=10 * secs(1024), eval_s=0.1)
+    assert u["slowed"] == 2 and u["update"] == pytest.approx(secs(492.5), rel=0.02)
+    assert "2 of these 6 samples left out" in u["text"] and "slowed by other work" in u["text"]
+    # uneven lengths with a large fixed cost are not slowed samples: a short update above a line through the origin
+    assert slowed([(1000, 1.1), (1000, 1.1), (1000, 1.12), (100, 0.2)]) == []
+    assert slowed([(1000, 1.1), (100, 0.2), (500, 0.6), (300, 0.4)]) == []
+    # never half of the samples or more: of four, two slowed, one leaves (the pilot then times more: see above)
+    assert slowed([(500, 0.4), (500, 4.0), (500, 4.1), (500, 0.41)]) == [2]
 
 
 def test_the_sweeps_eta_reads_the_time_plan_without_tracing(piloted_sweep, monkeypatch):

@@ -252,10 +252,13 @@ def evaluate(state: TrainState, task, examples: list, batch_size: int) -> dict:
 
 
 def precompute_reference(model, task, examples: list, *, device, precision: str, batch_size: int,
-                         update: int = 0) -> int:
+                         update: int = 0, shared: bool = False) -> int:
     """``preference.reference: precomputed``: the model's no-grad forward over the pairs of ``examples`` that have
     no reference log-probabilities yet (or whose tokens changed), longest first, ``batch_size`` pairs a batch, under
-    the run's precision, into the table the model carries (tasks/preference_ref.py). Only the starting model may be
+    the run's precision, into the table the model carries (tasks/preference_ref.py). ``shared``: every rank passed
+    the same ``examples`` (a run's whole data): under DDP each rank computes its share, the values then gathered, so
+    every rank's table is whole; otherwise (the pilot's worst case, a rank's own sampled updates) each rank computes
+    what it was given. Only the starting model may be
     the reference: at ``update`` > 0 (a resumed run, whose table came with its checkpoint) a missing or changed pair is
     exit 2, never recomputed with the trained policy. Returns the pairs computed (0 for any other task)."""
     import torch
@@ -272,20 +275,42 @@ def precompute_reference(model, task, examples: list, *, device, precision: str,
     if update > 0:
         raise stale(absent, changed, table, update)
     todo = sorted(absent + changed, key=lambda e: e.length, reverse=True)
-    inner = unwrapped(model)  # under DDP every rank computes every pair: the table is the same on all
+    world, rank = world_rank() if shared else (1, 0)
+    mine = todo[rank::world]  # under DDP each rank its share (the longest first on every rank), then all of them
+    inner = unwrapped(model)
     was = inner.training
     inner.eval()
     try:
         with torch.no_grad():
-            for i in range(0, len(todo), batch_size):
-                part = todo[i: i + batch_size]
+            for i in range(0, len(mine), batch_size):
+                part = mine[i: i + batch_size]
                 batch = to_device(task.collate(part), device)
                 with autocast(precision, device.type):
                     task.store_reference(inner, batch, part)
                 del batch
     finally:
         inner.train(was)
+    if world > 1:
+        _share_reference(task.reference_table(model), todo, world, rank, device)
     return len(todo)
+
+
+def _share_reference(table, todo: list, world: int, rank: int, device) -> None:
+    """Every rank's share of the precomputed pairs (``todo[r::world]``) into every rank's table: one all-gather of
+    the values (each rank knows which pairs the others computed, so only the numbers travel, no pickle)."""
+    import torch
+    import torch.distributed as dist
+
+    size = -(-len(todo) // world)
+    values = torch.zeros(size, 2, dtype=torch.float32)
+    for i, e in enumerate(todo[rank::world]):
+        values[i] = table.entries[e.rid][1]
+    values = values.to(device)
+    parts = [torch.empty_like(values) for _ in range(world)]
+    dist.all_gather(parts, values)
+    for r, part in enumerate(parts):
+        share = todo[r::world]
+        table.put(share, part[:len(share), 0].cpu(), part[:len(share), 1].cpu())
 
 
 def rate_text(examples: int, seconds: float) -> str:
@@ -325,6 +350,7 @@ class LoopResult:
     wall_s: float = 0.0
     skipped: list[dict] = field(default_factory=list)  # updates whose optimizer step was skipped, and why
     saved_last: str | None = None  # the numbered checkpoint saved as the loop's last act: it is the end state
+    reference_s: float = 0.0  # preference.reference: precomputed, the pass over the pairs before the first update
 
 
 @dataclass
@@ -385,9 +411,12 @@ def train(state: TrainState, task, train_examples: list, val_examples: list, t, 
                 checkpoint_dir=checkpoint_dir, hooks=hooks or Hooks(), progress=progress)
     result = run.result
     try:  # preference.reference: precomputed, before the first update (a resumed run's came with its checkpoint)
+        t0 = time.perf_counter()
         with _out_of_memory_ends_run("the reference's precomputation"):
             done = precompute_reference(state.model, task, train_examples + val_examples, device=state.device,
-                                        precision=state.precision, batch_size=t.eval_batch, update=state.update)
+                                        precision=state.precision, batch_size=t.eval_batch, update=state.update,
+                                        shared=True)
+        result.reference_s = time.perf_counter() - t0 if done else 0.0
     except _RanOut as r:
         result.status, result.reason = "failed", out_of_memory_reason(state, r.where, r.exc)
         return result

@@ -114,7 +114,8 @@ def flops_per_update(params: int, trainable: int, tokens: int, checkpointing: bo
 def kind_seconds(measured: dict[str, dict], phases) -> dict[str, list[float]]:
     """The measured seconds of each kind's phases, in the registry's order. ``phases``: the phase registry
     (``phases.registry.REGISTRY``, anything with ``name`` and ``kind``). A phase only some campaigns have
-    (``only``: a preference campaign's precompute_reference, once per run) is no unit of the time plan yet."""
+    (``only``: a preference campaign's precompute_reference, over the worst case's pairs) is no unit: a run's pass
+    over all its pairs is counted in validation batches (``REFERENCE_TERM``)."""
     out: dict[str, list[float]] = {}
     for p in phases:
         if getattr(p, "only", None) is not None:
@@ -203,10 +204,24 @@ def unit_seconds(measured: dict[str, dict], *, phases, source_gpu, target_gpu, p
     return {"units": units, "scaling": scaling}
 
 
+# preference.reference: precomputed: before its first update every run takes the starting model's no-grad forward
+# over every training and validation pair, ``train.eval_batch`` pairs a batch, each rank its share
+# (engine/loop.precompute_reference): the forward of a validation batch on the same pairs, so it is counted in the
+# plan's validation batches
+REFERENCE_TERM = "reference log-probabilities (precomputed)"
+
+
+def reference_batches(n_pairs: int, eval_batch: int, ranks: int = 1) -> int:
+    """The batches each rank takes in a run's precomputation of the reference over ``n_pairs``: its share of the
+    pairs (the values are then gathered, engine/loop._share_reference), ``eval_batch`` a batch."""
+    return math.ceil(math.ceil(n_pairs / ranks) / eval_batch) if n_pairs and eval_batch else 0
+
+
 def run_terms(counts: dict, units: dict) -> list[dict]:
     """The time of one run, term by term. ``run_overhead`` (a run's start: memory handed back, its journal
     entry; the pilot measures its own) is a term when the units have it; the control predictions are the
-    pilot's measured ``control`` seconds when it has them, else two passes counted in eval batches."""
+    pilot's measured ``control`` seconds when it has them, else two passes counted in eval batches; a precomputed
+    preference reference (``counts["reference_batches"]``) is counted in validation batches."""
     u = units
     terms = [("run start (memory freed, journal entry)", "run_overhead", u.get("run_overhead", 0.0),
               1 if "run_overhead" in u else 0),
@@ -214,6 +229,7 @@ def run_terms(counts: dict, units: dict) -> list[dict]:
              ("first update (optimizer state)", "first_extra", u["first_extra"], 1),
              ("updates", "update", u["update"], counts["updates"]),
              ("validations", "eval_batch", u["eval_batch"], counts["evals"] * counts["eval_batches"]),
+             (REFERENCE_TERM, "eval_batch", u["eval_batch"], counts.get("reference_batches", 0)),
              ("control predictions", "control", u["control"], 1) if "control" in u else
              ("control predictions", "eval_batch", u["eval_batch"], counts.get("control_passes", 0)),
              ("checkpoints", "save", u["save"], counts["checkpoints"]),
@@ -221,9 +237,10 @@ def run_terms(counts: dict, units: dict) -> list[dict]:
              ("reload check", "reload", u["reload"], counts["reloads"])]
     out = []
     for label, key, each, n in terms:
-        if not n and label in ("run start (memory freed, journal entry)", "control predictions"):
-            continue  # a pilot recorded before these were measured, or no control examples
+        if not n and label in ("run start (memory freed, journal entry)", "control predictions", REFERENCE_TERM):
+            continue  # a pilot recorded before these were measured, no control examples, no precomputed reference
         how = {"validations": f"{counts['evals']} validations × {counts['eval_batches']} batches",
+               REFERENCE_TERM: f"{n} batches of train.eval_batch pairs, every pair once (each rank its share)",
                "control predictions": "1" if key == "control" else f"2 passes = {n:.2g} eval batches"}.get(label, str(n))
         out.append({"term": label, "unit": key, "each_s": each, "count": n, "count_text": how, "seconds": each * n})
     return out

@@ -9,6 +9,7 @@ from pilotrun.campaign.arithmetic import batch_arithmetic
 from pilotrun.campaign.arms import COST_FREE
 from pilotrun.engine.control import CONTROL_EXAMPLES
 from pilotrun.phases import REGISTRY, phases_of
+from pilotrun.phases.registry import precomputes
 from pilotrun.records.readers import read_records
 from pilotrun.sheet import plan as P
 from pilotrun.sheet.catalogue import CATALOGUE, match_gpu
@@ -62,7 +63,8 @@ def time_plan(sheet, c, t, rows, peaks, pilot, fits, target, ranks, rates) -> No
     measured = _slowest(rows)
     arith = (pilot.get("summary") or {}).get("arithmetic")
     n_train = (arith or {}).get("train_examples") or _count_records(c.data.train)
-    n_val = _count_records(c.data.validation)
+    rows_val = (pilot.get("summary") or {}).get("validation_rows")  # as prepared (packed rows), when recorded
+    n_val = rows_val if rows_val is not None and c.data.validation else _count_records(c.data.validation)
     runs = P.run_list(c.plan.control, c.plan.variants, c.plan.seeds)
     sheet["expected"] = expected(c)
     sheet["time"] = None
@@ -118,6 +120,10 @@ def _counts(c, t, n_train: int, n_val: int | None, ranks: int) -> dict:
     counts["from"] = (f"train.updates/epochs → {updates} updates ({n_train} training examples), train.eval_every="
                       f"{t.eval_every}, train.save_every={t.save_every}, {n_val or 0} validation examples / "
                       f"(train.eval_batch={t.eval_batch} × {ranks} ranks)")
+    if precomputes(c):  # every run's pass over all its pairs before the first update
+        counts["reference_batches"] = P.reference_batches(n_train + (n_val or 0), t.eval_batch, ranks)
+        counts["from"] += (f"; preference.reference: precomputed → {n_train + (n_val or 0)} pairs / "
+                           f"(train.eval_batch={t.eval_batch} × {ranks} ranks)")
     return counts
 
 

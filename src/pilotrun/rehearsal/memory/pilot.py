@@ -104,6 +104,8 @@ def pilot(loaded, home, *, memory_limit=None, inject=None) -> StageResult:
                     "failing": [f"{r['phase']}/{r['rank']}: {r['verdict']}" for r in bad],
                     "time_model": _read_json(rec.dir / "time_model.json"), "prepare_s": prepare_s,
                     "startup_s": startup_s, "run_overhead_s": run_overhead_s,
+                    # the rows a validation goes over (data.packing packs them: fewer than the file's records)
+                    "validation_rows": len(prep.validation) if c.data.validation else None,
                     **({"test_switch": inject} if inject else {})})
     n = len(phases_of(c))
     messages = [f"run {rec.run_id}: {len(rows)} rows ({n} phases × {len(rows) // n or 1} ranks); "

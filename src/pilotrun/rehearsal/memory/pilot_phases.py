@@ -142,7 +142,8 @@ def _time_model(job: PilotJob, prep, state, wc: dict, rank: int, world: int) -> 
         eval_s = time.perf_counter() - t0
     sampler = UpdateSampler.for_train(t, len(prep.train), c.seed, rank, world)
     typical = []
-    while shape.more_typical([p["seconds"] for p in typical], world):
+    worst = (shape.padded_tokens(wc["micro_batches"]), worst_s)
+    while shape.more_typical(typical, world, worst):
         mbs = [[prep.train[i] for i in mb] for mb in sampler.next_update()]
         # a precomputed reference's pairs, outside the timing: the values (of the pilot's updated model) time only
         precompute_reference(state.model, prep.task, [e for mb in mbs for e in mb], device=state.device,
@@ -155,7 +156,7 @@ def _time_model(job: PilotJob, prep, state, wc: dict, rank: int, world: int) -> 
     routing = _routing(prep, state, wc, rank)
     pool = prep.validation or prep.train
     control_s, warm_load_s = _run_extras(prep, state, rank)
-    model = {"worst_update_tokens": shape.padded_tokens(wc["micro_batches"]), "typical": typical,
+    model = {"worst_update_tokens": worst[0], "typical": typical,
              "worst_update_s": worst_s, "worst_eval_s": eval_s, "control_s": control_s, "warm_load_s": warm_load_s,
              "budget_update_tokens": shape.budget_tokens(prep.train, t, c.seed, prep.arithmetic()["updates"], rank,
                                                          world),

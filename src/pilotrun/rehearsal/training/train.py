@@ -143,6 +143,8 @@ def _ranked_run(job: TrainJob, prep: Prepared, rec: RunRecorder | None, hooks: H
                    goal=c.plan.goal, checkpoint_dir=run_dir / "checkpoints", hooks=_journal_hooks(rec, user, watch),
                    progress=None)
     timing["loop_s"] = result.wall_s
+    if result.reference_s:  # the reference's precomputation, before the first update (the time plan's own term)
+        timing["reference_s"] = result.reference_s
 
     def phase(doing: str) -> None:  # what follows the loop, on the stage's line after the last update
         if progress:
