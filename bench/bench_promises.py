@@ -16,7 +16,10 @@ records (questions and answers of up to 12k characters) and Alpaca records (a fe
 
 Each campaign runs pilot → sheet → sweep ``--repeats=N`` times (3 by default), the campaigns
 interleaved, and the time figure is the median of the repetitions' ratios, so the machine's drift
-between a pilot and its sweep shows as spread, not as error.
+between a pilot and its sweep shows as spread, not as error. Around the pilot and around the sweep the bench
+times a fixed compute workload (``reference_s``: torch matmuls on the runs' threads, the median of 5) and says
+per repetition how much slower the machine was during the sweep than during the pilot, and what the plan reads
+at the sweep's speed (informative: the row is met on the plain ratio).
 
 Run: ``python bench/bench_promises.py [--quick] [--repeats=3] [--only=demo|uneven|MiniLM]``.
 """
@@ -113,13 +116,32 @@ def minilm_campaign(tmp: Path, quick: bool) -> Path | None:
     return path
 
 
+def reference_s() -> float:
+    """Seconds of a fixed compute workload here, now (the median of 5 readings of 20 fp32 matmuls of 384 × 384 on
+    torch's default threads, the runs' own): the machine's speed at this moment, whatever pilotrun does."""
+    import torch
+
+    a = torch.randn(384, 384, generator=torch.Generator().manual_seed(0))
+    readings = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(20):
+            a @ a
+        readings.append(time.perf_counter() - t0)
+    return statistics.median(readings)
+
+
 def promises(path: Path, home: Path) -> dict:
     from pilotrun.journal.store import Journal
     from pilotrun.rehearsal.training.timecheck import sweep_time_check
 
+    speed = [reference_s()]
     pilot, pilot_wall = _pilotrun("pilot", path, "--home", home)
+    speed.append(reference_s())
     sheet, _ = _pilotrun("sheet", path, "--home", home)
+    speed.append(reference_s())
     sweep, sweep_wall = _pilotrun("sweep", path, "--home", home)
+    speed.append(reference_s())
     j = Journal(home)
     sweep_id = sweep["data"]["sweep_id"]
     ratios, worst, counters, rss = [], None, set(), []
@@ -135,6 +157,8 @@ def promises(path: Path, home: Path) -> dict:
                 worst = (k["ratio"], kind, run["run_id"], k["inputs"], k["noise"] / k["pilot_peak"])
     check = sweep_time_check(j, sweep_id)
     return {"memory": ratios, "worst": worst, "counters": counters, "rss": rss, "time": check,
+            # the machine during the sweep ÷ during the pilot: > 1 when the same work took longer at the sweep
+            "slower": (speed[2] + speed[3]) / (speed[0] + speed[1]),
             "sweep_wall": sweep_wall, "pilot_wall": pilot_wall,
             "sheet_total_s": (sheet["data"].get("time") or {}).get("total_s")}
 
@@ -161,13 +185,16 @@ def _rows(name: str, reps: list[dict]) -> list[dict]:
                       f"{', '.join(f'{a} {b}' for a, b in worst[3].items())}; RSS ÷ the pilot's RSS for the same "
                       f"blocks (informative) {min(rss):.3f}–{max(rss):.3f}" if worst and rss else
                       "no ratio recorded" if not worst else f"worst: {worst[1]} of run {worst[2]}")}]
-    checks = [res["time"] for res in reps if (res["time"] or {}).get("runs")]
+    timed = [res for res in reps if (res["time"] or {}).get("runs")]
+    checks = [res["time"] for res in timed]
     if checks:
         totals = [c["ratio"] for c in checks]
         med = statistics.median(totals)
-        mid = min(checks, key=lambda c: abs(c["ratio"] - med))
-        reps_text = " | ".join(f"repetition {i + 1}: {c['ratio']:.3f} (predicted {c['predicted_s']:.1f}s, runs' wall "
-                               f"{c['actual_s']:.1f}s; {_breakdown_text(c)})" for i, c in enumerate(checks))
+        reps_text = " | ".join(
+            f"repetition {i + 1}: {c['ratio']:.3f} (predicted {c['predicted_s']:.1f}s, runs' wall {c['actual_s']:.1f}s; "
+            f"the machine {res['slower']:.2f} × as slow at the sweep as at the pilot (a fixed workload timed around "
+            f"each), so at the sweep's speed the plan reads {c['ratio'] * res['slower']:.3f}; {_breakdown_text(c)})"
+            for i, (c, res) in enumerate(zip(checks, timed)))
         rows.append({"figure": f"time plan ({name}): predicted ÷ actual, sum over the sweep's runs, each of "
                                f"{len(checks)} interleaved pilot → sweep repetitions (median shown)",
                      "median": med, "min": min(totals), "max": max(totals), "runs": len(totals),

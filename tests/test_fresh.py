@@ -149,6 +149,34 @@ def test_variables_read_when_used_still_fork(zygote, tmp_path):
     assert done.returncode == 0 and fresh._ZYGOTE is z and fresh.started()
 
 
+def test_variables_the_zygotes_own_imports_set_still_fork(monkeypatch):
+    """torch sets TORCHINDUCTOR_CACHE_DIR to its default when imported, in the caller as in the zygote: compared
+    with the environment the zygote started under, every request of a verb that had imported torch differed and
+    went cold (`all` on MiniLM took as long with the zygote as without, 1.67 against 1.65 × its work). Compared
+    with the environment the zygote's own imports left (its ready message), the request is the zygote's."""
+    import signal
+
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    fresh.start(preload=("torch._inductor.config",))  # what sets it (transformers' modeling imports it too)
+    z = fresh._ZYGOTE
+    deadline = time.monotonic() + 120
+    while z.ready_env is None and time.monotonic() < deadline:
+        fresh._imported(z)
+        time.sleep(0.05)
+    assert "TORCHINDUCTOR_CACHE_DIR" not in z.env and "TORCHINDUCTOR_CACHE_DIR" in z.ready_env
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=z.ready_env["TORCHINDUCTOR_CACHE_DIR"])  # as the caller's torch set
+    assert not fresh.same_imports(z.env, env) and fresh.same_imports(fresh._imported(z), env)
+    os.kill(z.proc.pid, signal.SIGSTOP)  # frozen: a request sent to it waits past its timeout, a cold one answers
+    try:
+        with pytest.raises(subprocess.TimeoutExpired):
+            fresh.run(["--version"], timeout=2, env=env)
+    finally:
+        try:
+            os.kill(z.proc.pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+
+
 def test_a_long_request_reaches_the_zygote_whole(zygote):
     """A request longer than one socket message (a large environment): the rest follows the files, and the
     zygote reads to the end of the line (before, it parsed the first piece and died)."""

@@ -54,6 +54,7 @@ def read_at_import(name: str) -> bool:
 class _Zygote:
     def __init__(self, proc: subprocess.Popen, sock: socket.socket, env: dict):
         self.proc, self.sock, self.env = proc, sock, env  # env: what its preload was imported under
+        self.ready_env: dict | None = None  # its read-at-import variables once its preload is done (``_imported``)
 
 
 _ZYGOTE: _Zygote | None = None
@@ -117,12 +118,39 @@ def same_imports(zygote_env: dict, env: dict) -> bool:
     return all(a.get(k) == b.get(k) for k in a.keys() | b.keys() if read_at_import(k))
 
 
+def _imported(z: _Zygote) -> dict:
+    """The zygote's environment as its libraries left it: once its preload is done it sends its read-at-import
+    variables, with those its imports set themselves (torch sets TORCHINDUCTOR_CACHE_DIR to its default, as it
+    does in the caller: compared with the zygote's starting environment every request differed and went cold).
+    Before that message has come, the environment it started under."""
+    if z.ready_env is None:
+        import select
+
+        try:
+            if select.select([z.sock], [], [], 0)[0]:
+                data = z.sock.recv(1 << 20, socket.MSG_PEEK)
+                if b"\n" in data:  # the first line the zygote sends, before any request: its ready message
+                    _ready(z, z.sock.recv(data.index(b"\n") + 1))
+        except (OSError, ValueError):
+            pass
+    return z.env if z.ready_env is None else z.ready_env
+
+
+def _ready(z: _Zygote, line: bytes) -> bool:
+    """Whether ``line`` is the zygote's ready message (its environment then kept)."""
+    msg = json.loads(line)
+    if "ready" not in msg:
+        return False
+    z.ready_env = msg["env"]
+    return True
+
+
 def run(args: list[str], *, timeout: float, env: dict | None = None) -> subprocess.CompletedProcess:
     """``python -m pilotrun args...`` in a fresh process, its output captured as text: a child of the zygote if
     one runs and the request's environment is the one its libraries were imported under, a cold interpreter
     otherwise. Raises ``subprocess.TimeoutExpired`` (the child killed) as ``subprocess.run`` does."""
     env = dict(os.environ if env is None else env)
-    if started() and env.get(COLD_ENV) != "cold" and same_imports(_ZYGOTE.env, env):
+    if started() and env.get(COLD_ENV) != "cold" and same_imports(_imported(_ZYGOTE), env):
         done = _forked(args, timeout, env)
         if done is not None:
             return done
@@ -147,6 +175,8 @@ def _forked(args: list[str], timeout: float, env: dict) -> subprocess.CompletedP
         try:  # the timeout counts from the request, the zygote's imports included (as a cold process's do)
             z.sock.settimeout(max(1e-3, deadline - time.monotonic()))
             line = reader.readline()  # {"pid": N} once forked: after the zygote's imports are done
+            if line and _ready(z, line):  # its ready message, not read before this request
+                line = reader.readline()
             if not line:
                 stop()
                 return None
@@ -212,6 +242,11 @@ def serve(fd: int, preload: list[str]) -> None:
         except Exception:  # noqa: BLE001 - a module that does not import is imported (and fails) in the child
             pass
     sock = socket.socket(fileno=fd)
+    try:  # ready: the environment the imports left (``_imported``), before any answer to a request
+        sock.sendall(json.dumps({"ready": True, "env": {k: v for k, v in os.environ.items() if read_at_import(k)}})
+                     .encode() + b"\n")
+    except OSError:
+        return
     while True:
         try:
             msg, fds, _, _ = socket.recv_fds(sock, 1 << 20, 2)
