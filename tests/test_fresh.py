@@ -149,7 +149,7 @@ def test_variables_read_when_used_still_fork(zygote, tmp_path):
     assert done.returncode == 0 and fresh._ZYGOTE is z and fresh.started()
 
 
-def test_variables_the_zygotes_own_imports_set_still_fork(monkeypatch):
+def test_variables_the_zygotes_own_imports_set_still_fork(monkeypatch, tmp_path):
     """torch sets TORCHINDUCTOR_CACHE_DIR to its default when imported, in the caller as in the zygote: compared
     with the environment the zygote started under, every request of a verb that had imported torch differed and
     went cold (`all` on MiniLM took as long with the zygote as without, 1.67 against 1.65 × its work). Compared
@@ -157,6 +157,7 @@ def test_variables_the_zygotes_own_imports_set_still_fork(monkeypatch):
     import signal
 
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # torch makes its default cache folder in the temp folder: here
     fresh.start(preload=("torch._inductor.config",))  # what sets it (transformers' modeling imports it too)
     z = fresh._ZYGOTE
     deadline = time.monotonic() + 120
