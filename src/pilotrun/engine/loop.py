@@ -296,8 +296,9 @@ def precompute_reference(model, task, examples: list, *, device, precision: str,
 
 
 def _share_reference(table, todo: list, world: int, rank: int, device) -> None:
-    """Every rank's share of the precomputed pairs (``todo[r::world]``) into every rank's table: one all-gather of
-    the values (each rank knows which pairs the others computed, so only the numbers travel, no pickle)."""
+    """The other ranks' shares of the precomputed pairs (``todo[r::world]``) into this rank's table, which holds its
+    own: one all-gather of the values (each rank knows which pairs the others computed, so only the numbers travel,
+    no pickle)."""
     import torch
     import torch.distributed as dist
 
@@ -309,6 +310,8 @@ def _share_reference(table, todo: list, world: int, rank: int, device) -> None:
     parts = [torch.empty_like(values) for _ in range(world)]
     dist.all_gather(parts, values)
     for r, part in enumerate(parts):
+        if r == rank:  # already in the table, fingerprinted when computed
+            continue
         share = todo[r::world]
         table.put(share, part[:len(share), 0].cpu(), part[:len(share), 1].cpu())
 
