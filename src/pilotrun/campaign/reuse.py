@@ -248,6 +248,12 @@ def stored_trace(key: str | None) -> dict | None:
     return trace
 
 
+def has_trace(key: str | None) -> bool:
+    """Whether a trace is kept under ``key`` (not whether it can be trusted: ``stored_trace`` says that)."""
+    folder = _TRACES.get()
+    return key is not None and folder is not None and (folder / f"{key}.json.gz").is_file()
+
+
 def store_trace(key: str | None, trace: dict) -> None:
     folder = _TRACES.get()
     COUNTS["trace_builds"] += 1

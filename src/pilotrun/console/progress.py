@@ -126,6 +126,15 @@ def say(line: str) -> None:
         _line(cur["stream"] if cur is not None and cur.get("stream") is not None else sys.stderr, line)
 
 
+def detach() -> None:
+    """This process reports nothing more (a forked worker: probe/workers.py): no stage is shown here and no parent's
+    file is written, so a lock or a file of the process it was forked from is never touched."""
+    _CURRENT.clear()
+    _CHILD.clear()
+    _CHILD.update(last=0.0, seq=0)
+    os.environ.pop(FILE_ENV, None)
+
+
 def _say(level: str, item: dict, log: bool) -> None:
     log = log or (item["total"] is not None and item["done"] == item["total"])  # a finished count is a milestone
     cur = _CURRENT.get("stage")

@@ -27,6 +27,7 @@ from pilotrun.phases.driver import PhaseContext, drive
 from pilotrun.phases.registry import BY_NAME
 from pilotrun.phases.worst import worst_case
 from pilotrun.probe import counted as K
+from pilotrun.probe import workers
 from pilotrun.probe.estimate import Accountant, architecture_config, fake_build, root_bytes, unsharded_block_bytes
 from pilotrun.probe.alloc_conf import DEFAULTS, Settings
 from pilotrun.probe.fake_ops import device_paths
@@ -93,7 +94,7 @@ def traced(loaded, *, device: str = "cuda", prep=None, counted: bool | None = No
     else:
         key, layers = depth
         ds = K.depths_for(device)
-        shallow = [_trace_once(loaded, device, prep, wc, steps_only, K.with_depth(cfg, key, d)) for d in ds]
+        shallow = _trace_each(loaded, device, prep, wc, steps_only, [K.with_depth(cfg, key, d) for d in ds])
         low, high = shallow[0], shallow[-1]
         per_layer = ("params", "trainable", "trainable_bytes", "param_bytes", "linear_bytes", "linear_numel",
                      "reference_bytes") + MOE_COUNTED
@@ -138,13 +139,47 @@ def _shared_replay(own: dict, other: dict, mine: tuple) -> dict:
                for n, v in other.items()}, **{n: own[n] for n in mine if n in own}}
 
 
-def _trace_once(loaded, device: str, prep, wc: dict, steps_only: bool = False, overrides: dict | None = None) -> dict:
+def _trace_each(loaded, device: str, prep, wc: dict, steps_only: bool, overrides: list[dict]) -> list[dict]:
+    """``_trace_once`` for each of ``overrides`` (the depths of one counted trace, shallowest first), in order: the
+    last and deepest (about as much work as the others together: 6 layers against 2 + 4) in a forked worker
+    (probe/workers.py) while this process traces the others, where the machine allows and it is not kept in the
+    journal's home. The same traces either way: the worker sends what a kept trace holds, rebuilt as one is, and
+    where it does not answer whole this process traces that depth itself.
+
+    This process's first trace imports what tracing needs on the way (about 2 s on 2 cores, half of a cold
+    70B count): a worker forked before it would import it all again, so then the shallowest is traced here first
+    (and the others two at a time when there are three)."""
+    out: list[dict] = []
+    if not _TRACED and len(overrides) > 1:
+        out.append(_trace_once(loaded, device, prep, wc, steps_only, overrides[0]))
+    rest, last = overrides[len(out):-1], overrides[-1]
+    worker = None
+    if rest and not reuse.has_trace(_trace_key(loaded, device, wc, steps_only, last)):
+        worker = workers.start(lambda: _traced_state(loaded, device, prep, wc, steps_only, last))
+    try:
+        started = time.perf_counter()
+        out += [_trace_once(loaded, device, prep, wc, steps_only, o) for o in rest]
+        # the worker's share is about this process's: a generous bound before it is killed and traced here
+        state = worker.result(timeout=60 + 4 * (time.perf_counter() - started)) if worker is not None else None
+    finally:
+        if worker is not None:
+            worker.cancel()
+    return out + [_trace_once(loaded, device, prep, wc, steps_only, last, state)]
+
+
+def _trace_key(loaded, device: str, wc: dict, steps_only: bool, overrides: dict | None) -> str | None:
+    return reuse.trace_key(loaded, {"device": device, "steps_only": steps_only, "overrides": overrides,
+                                    "micro_batches": len(wc["micro_batches"])})
+
+
+def _trace_once(loaded, device: str, prep, wc: dict, steps_only: bool = False, overrides: dict | None = None,
+                state: dict | None = None) -> dict:
     """One trace of the registry's phases (``phases.driver``, traced) on one rank's worth of tensors;
     ``steps_only``: load and the two steps only (the rest is shared from another trace); ``overrides``:
     config keys of the model built (a depth to count from). Inside ``reuse.keeping_traces`` (the sheet), a trace
-    of the same campaign, files, pilotrun and question is read from the journal's home instead."""
-    key = reuse.trace_key(loaded, {"device": device, "steps_only": steps_only, "overrides": overrides,
-                                   "micro_batches": len(wc["micro_batches"])})
+    of the same campaign, files, pilotrun and question is read from the journal's home instead. ``state``: this
+    trace as a forked worker computed it (``_traced_state``), used as traced here (and kept as such)."""
+    key = _trace_key(loaded, device, wc, steps_only, overrides)
     kept = reuse.stored_trace(key)
     try:
         acc = Accountant.from_state(kept.pop("accountant")) if kept is not None else None
@@ -153,7 +188,9 @@ def _trace_once(loaded, device: str, prep, wc: dict, steps_only: bool = False, o
     if acc is not None:
         out = dict(kept, summarize=lambda name, scale: acc.summary(name, scale, by_stage=True))
     else:
-        out = _traced_once(loaded, device, prep, wc, steps_only, overrides)
+        out = _from_state(state, prep) if state is not None else None
+        if out is None:
+            out = _traced_once(loaded, device, prep, wc, steps_only, overrides)
         acc = out.pop("accountant")
         if key is not None:
             reuse.store_trace(key, dict({k: v for k, v in out.items() if k != "summarize"}, accountant=acc.state()))
@@ -163,15 +200,49 @@ def _trace_once(loaded, device: str, prep, wc: dict, steps_only: bool = False, o
     return out
 
 
+def _traced_state(loaded, device: str, prep, wc: dict, steps_only: bool, overrides: dict | None) -> dict:
+    """In a forked worker: ``_traced_once`` as plain data (what a kept trace holds) and the reload events it
+    recorded for later traces (``_RELOADS``)."""
+    before = dict(_RELOADS)
+    out = _traced_once(loaded, device, prep, wc, steps_only, overrides)
+    acc = out.pop("accountant")
+    return {"trace": dict({k: v for k, v in out.items() if k != "summarize"}, accountant=acc.state()),
+            "reloads": [[k, v[1]] for k, v in _RELOADS.items() if before.get(k) is not v]}
+
+
+def _from_state(state: dict, prep) -> dict | None:
+    """A worker's ``_traced_state`` as ``_traced_once`` returns it (its Accountant rebuilt as a kept trace's is), its
+    reload events remembered as a trace here would have; None when it cannot be read back (traced here instead)."""
+    try:
+        out = dict(state["trace"])
+        acc = out["accountant"] = Accountant.from_state(out["accountant"])
+        reloads = [(str(k), list(v)) for k, v in state["reloads"]]
+    except Exception:  # noqa: BLE001 - a worker's answer this code cannot read: traced here
+        return None
+    for k, events in reloads:
+        _remember_reload(k, prep, events)
+    out["summarize"] = lambda name, scale: acc.summary(name, scale, by_stage=True)
+    return out
+
+
 # the reload phase's events per merged model, depth and device, with the prepared data whose sample it ran on:
 # the written campaign's trace and its LoRA variant's reload the same plain model (``_reload_traced`` replays)
 _RELOADS: dict[str, tuple] = {}
+_TRACED = False  # this process has traced (``_trace_each``)
+
+
+def _remember_reload(key: str, prep, events: list) -> None:
+    _RELOADS[key] = (prep, events)
+    while len(_RELOADS) > 4:
+        _RELOADS.pop(next(iter(_RELOADS)))
 
 
 def _traced_once(loaded, device: str, prep, wc: dict, steps_only: bool, overrides: dict | None) -> dict:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    global _TRACED
     c = loaded.campaign
+    _TRACED = True
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     model = fake_build(loaded, fake_mode, overrides)
     plain = loaded.with_overrides({"model.adapter": None, "model.gradient_checkpointing": False})
@@ -207,9 +278,7 @@ def _traced_once(loaded, device: str, prep, wc: dict, steps_only: bool, override
     with fake_mode, acc.tracking(model), device_paths(device == "cuda"):
         drive(ctx, mark, names("load", "train") if steps_only else PHASES, traced=True)
     if key is not None and reload is None and "reload" in acc.marks and acc.replayable("reload"):
-        _RELOADS[key] = (prep, acc.recorded("reload"))
-        while len(_RELOADS) > 4:
-            _RELOADS.pop(next(iter(_RELOADS)))
+        _remember_reload(key, prep, acc.recorded("reload"))
     for name in names("train"):
         inputs[name] = dict(inputs[name], micro_batch=c.train.micro_batch, accumulation=c.train.accumulation)
     return {"summarize": lambda name, scale: acc.summary(name, scale, by_stage=True), "inputs": inputs,
