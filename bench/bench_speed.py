@@ -65,8 +65,9 @@ def _bare_imports() -> float:
     return time.perf_counter() - t0
 
 
-# the fake-tensor traces a sheet runs: the estimator's (probe/trace.py) and the largest-size probes (sheet/sizes.py)
-TRACES = (("pilotrun.probe.trace", None, "_traced_once"), ("pilotrun.sheet.sizes", "Prober", "__init__"),
+# the fake-tensor traces a sheet runs: the estimator's (probe/trace.py: a counted trace's depths as one, the wall of
+# ``_trace_each``, since its deepest runs in a forked worker) and the largest-size probes (sheet/sizes.py)
+TRACES = (("pilotrun.probe.trace", None, "_trace_each"), ("pilotrun.probe.trace", None, "_traced_once"), ("pilotrun.sheet.sizes", "Prober", "__init__"),
           ("pilotrun.sheet.sizes", "Prober", "_measure"))
 REPLAYS = (("pilotrun.probe.stream", None, "replay"), ("pilotrun.sheet.sizes", None, "replay"))
 
