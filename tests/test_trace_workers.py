@@ -101,7 +101,7 @@ def test_depths_traced_two_at_a_time_give_the_same_options_table(deep, serial, m
     """The must-show: the deepest trace of each variant (written, LoRA …) comes from a forked worker, and the table
     is the one traced one after the other, row for row (the LoRA variant replays the written one's reload, which the
     worker recorded)."""
-    monkeypatch.delenv("PILOTRUN_TRACE_WORKERS", raising=False)
+    monkeypatch.setenv("PILOTRUN_TRACE_WORKERS", "2")  # whatever the machine's load
     monkeypatch.delenv("PILOTRUN_TEST_TRACE_WORKER", raising=False)
     children, before = _children(), _counts()
     table = _table(deep)
@@ -117,7 +117,7 @@ def test_a_worker_that_fails_is_traced_here_with_the_same_rows(deep, serial_trac
     had is traced in this process, the rows are the same, and the worker is reaped (no zombie)."""
     from pilotrun.probe.trace import trace
 
-    monkeypatch.delenv("PILOTRUN_TRACE_WORKERS", raising=False)
+    monkeypatch.setenv("PILOTRUN_TRACE_WORKERS", "2")  # whatever the machine's load
     monkeypatch.setenv("PILOTRUN_TEST_TRACE_WORKER", plant)
     children, before = _children(), _counts()
     rows = trace(deep, counted=True)["rows"]
@@ -134,7 +134,7 @@ def test_the_sheet_keeps_what_a_worker_traced_as_it_keeps_its_own(deep, serial_t
     from pilotrun.probe.trace import trace
 
     monkeypatch.delenv("PILOTRUN_TEST_TRACE_WORKER", raising=False)
-    monkeypatch.delenv("PILOTRUN_TRACE_WORKERS", raising=False)
+    monkeypatch.setenv("PILOTRUN_TRACE_WORKERS", "2")  # whatever the machine's load
     before = _counts()
     with reuse.keeping_traces(tmp_path):
         rows = trace(deep, counted=True)["rows"]
@@ -149,7 +149,7 @@ def test_the_sheet_keeps_what_a_worker_traced_as_it_keeps_its_own(deep, serial_t
 def test_a_worker_answers_its_value_or_none(monkeypatch):
     from pilotrun.probe import workers
 
-    monkeypatch.delenv("PILOTRUN_TRACE_WORKERS", raising=False)
+    monkeypatch.setenv("PILOTRUN_TRACE_WORKERS", "2")  # whatever the machine's load
     monkeypatch.delenv("PILOTRUN_TEST_TRACE_WORKER", raising=False)
     children = _children()
     assert workers.start(lambda: {"layers": [2, 4, 6], "x": 0.1}).result(30) == {"layers": [2, 4, 6], "x": 0.1}
@@ -166,7 +166,7 @@ def test_a_worker_answers_its_value_or_none(monkeypatch):
 def test_no_worker_where_the_switch_or_the_machine_says_one_at_a_time(monkeypatch):
     from pilotrun.probe import workers
 
-    monkeypatch.delenv("PILOTRUN_TRACE_WORKERS", raising=False)
+    monkeypatch.setenv("PILOTRUN_TRACE_WORKERS", "2")  # whatever the machine's load
     cpus = os.sched_getaffinity(0)
     if len(cpus) < 2:
         pytest.skip("this machine has one CPU")
@@ -176,7 +176,6 @@ def test_no_worker_where_the_switch_or_the_machine_says_one_at_a_time(monkeypatc
         assert not workers.allowed() and workers.start(lambda: 1) is None
     monkeypatch.setenv("PILOTRUN_TRACE_WORKERS", "2")
     assert workers.allowed()
-    monkeypatch.delenv("PILOTRUN_TRACE_WORKERS")
     os.sched_setaffinity(0, {min(cpus)})
     try:
         assert not workers.allowed()

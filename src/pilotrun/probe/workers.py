@@ -13,8 +13,9 @@ its stdout and stderr go nowhere, its progress reports are dropped (a parent thr
 fork), the signals that interrupt pilotrun end it at once (no handler of the parent's runs in it), it uses one
 torch thread, and it never touches the journal (the parent stores what it computed). It is not used where it
 could not be safe or could not pay (``allowed``): off Linux or without ``fork``, with fewer than 2 CPUs this
-process may run on, once CUDA is initialised in this process (a forked child cannot use it), or with
-``PILOTRUN_TRACE_WORKERS=1``.
+process may run on, from a thread other than the main one, once CUDA is initialised in this process (a forked
+child cannot use it), with ``PILOTRUN_TRACE_WORKERS=1``, or (the variable unset) while the load average says no
+core is idle.
 """
 
 from __future__ import annotations
@@ -25,17 +26,21 @@ import os
 import select
 import signal
 import sys
+import threading
 import time
 from typing import Any, Callable
 
-WORKERS_ENV = "PILOTRUN_TRACE_WORKERS"  # "1" (or 0): every trace in this process, one after the other
+WORKERS_ENV = "PILOTRUN_TRACE_WORKERS"  # "1" (or 0): one after the other; "2": a worker; unset: one if a core is idle
 # test switch: the worker "exit"s with status 3 before it answers, or answers a "truncate"d body and exits 0
 TEST_ENV = "PILOTRUN_TEST_TRACE_WORKER"
 COUNTS = {"started": 0, "answered": 0, "failed": 0}  # this process's workers: answered whole, or not (computed here)
 
 
 def allowed() -> bool:
-    """Whether a trace may run in a forked worker now (the module's docstring says when not)."""
+    """Whether a trace may run in a forked worker now (the module's docstring says when not). Unset
+    ``PILOTRUN_TRACE_WORKERS``: only while a core is idle by the load average (under 0.5 below the CPUs this process
+    may run on): on a busy machine the worker would only share the caller's cores (the 70B options table took 1.1 ×
+    the serial wall at load 2 on 2 cores, 0.73 × at load 1); 2 or more: whatever the load."""
     said = os.environ.get(WORKERS_ENV, "").strip()
     if said:
         try:
@@ -45,7 +50,10 @@ def allowed() -> bool:
             return False  # not a number: the safe reading, one at a time
     if not sys.platform.startswith("linux") or not hasattr(os, "fork") or not hasattr(os, "sched_getaffinity"):
         return False
-    if len(os.sched_getaffinity(0)) < 2:
+    cpus = len(os.sched_getaffinity(0))
+    if cpus < 2 or threading.current_thread() is not threading.main_thread():
+        return False  # one CPU; or a thread's fork, whose child could not reset the signals (the main thread's)
+    if not said and os.getloadavg()[0] >= cpus - 0.5:
         return False
     torch = sys.modules.get("torch")
     return not (torch is not None and torch.cuda.is_initialized())
@@ -113,10 +121,13 @@ def start(compute: Callable[[], Any]) -> Worker | None:
     if not allowed():
         return None
     parent = os.getpid()
-    r, w = os.pipe()
+    try:
+        r, w = os.pipe()
+    except OSError:  # out of file descriptors: computed here
+        return None
     try:
         pid = os.fork()
-    except OSError:
+    except OSError:  # out of processes or memory: computed here
         os.close(r)
         os.close(w)
         return None
