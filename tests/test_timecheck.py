@@ -56,9 +56,12 @@ def test_each_run_is_predicted_from_the_pilots_units_for_the_work_it_did(piloted
         # every run starts (memory handed back, journal entry) and stores its control predictions, both timed
         # by the pilot as a run does them
         assert u["run_overhead"] == pilot["run_overhead_s"] > 0
+        # a later run hands memory back in a process that built models: the pilot's release after its phases
+        assert u["warm_run_overhead"] == pilot["warm_run_overhead_s"] >= pilot["run_overhead_s"]
+        overhead = u["run_overhead"] if i == 0 else u["warm_run_overhead"]
         assert terms["control predictions"]["count"] == 1
         assert u["control"] == pilot["time_model"]["control_s"] > 0
-        assert r["predicted_s"] == pytest.approx(u["run_overhead"] + start + u["first_extra"] + 12 * u["update"]
+        assert r["predicted_s"] == pytest.approx(overhead + start + u["first_extra"] + 12 * u["update"]
                                                  + 4 * batches * u["eval_batch"] + u["control"] + 2 * u["save"])
         assert s["timing"]["run_overhead_s"] > 0 and s["timing"]["control_s"] > 0
         # no pilotrun process was started here (the library was called): no start-up on either side
@@ -66,8 +69,7 @@ def test_each_run_is_predicted_from_the_pilots_units_for_the_work_it_did(piloted
         assert r["actual_s"] == s["timing"]["total_s"] > s["timing"]["loop_s"] > 0
         groups = {b["term"]: b for b in r["breakdown"]}
         assert groups["control predictions"]["actual_s"] == pytest.approx(s["timing"]["control_s"])
-        assert groups["run start (memory freed, journal entry)"]["predicted_s"] == \
-            pytest.approx(u["run_overhead"])
+        assert groups["run start (memory freed, journal entry)"]["predicted_s"] == pytest.approx(overhead)
     assert check["predicted_s"] == pytest.approx(sum(r["predicted_s"] for r in check["runs"]))
     assert check["ratio"] == pytest.approx(check["predicted_s"] / check["actual_s"])
     text = "\n".join(result.messages)
@@ -93,7 +95,7 @@ def test_the_first_run_of_a_process_is_planned_from_the_process_start():
     from pilotrun.rehearsal.training.timecheck import actual_seconds, breakdown, run_prediction
 
     units = {"load": 2.0, "reload": 0.1, "first_extra": 0.5, "update": 1.0, "eval_batch": 0.2, "save": 0.3,
-             "export": 0.4, "run_overhead": 0.25}
+             "export": 0.4, "run_overhead": 0.25, "warm_run_overhead": 0.35}
     counts = {"updates": 10, "evals": 2, "checkpoints": 1, "exports": 0}
     first = run_prediction(units, counts, 3, True, first=True, prepare_s=1.5, startup_s=4.0, control_passes=0.5)
     names = [t["term"] for t in first]
@@ -104,6 +106,8 @@ def test_the_first_run_of_a_process_is_planned_from_the_process_start():
                                                                + 0.3)
     later = run_prediction(units, counts, 3, True, first=False, prepare_s=1.5, startup_s=None, control_passes=0.5)
     assert "load (warm: the pilot's reload)" in [t["term"] for t in later]
+    # its memory handed back in a process that built a model: the pilot's release after its phases
+    assert [t["seconds"] for t in later if t["term"] == "run start (memory freed, journal entry)"] == [0.35]
     assert not {"start-up (process start, imports, the command's checks)", "read and encode the data"} & \
         {t["term"] for t in later}
     # the sweep imported the model's code in its checks: its first load is quick, its start-up long

@@ -25,12 +25,16 @@ def run_prediction(units: dict, counts: dict, n_val_batches: int, validation_pre
     own, given when the run recorded one), reads and encodes the data (the pilot's ``prepare_s``) and builds
     the model cold (its ``load``); later ones reuse the encoded data and build warm: the pilot's second build
     of a model made from a config (``warm_load``), else its ``reload`` (the artifact read from disk in a warm
-    process), which a pretrained model's warm load is. Every run, warm or not, precomputes a preference reference
-    over its pairs (``reference_batches``) before its first update: its model starts anew."""
+    process), which a pretrained model's warm load is; and they hand memory back in a process that built models,
+    which walks more objects (``warm_run_overhead``: the pilot's release after its phases). Every run, warm or not,
+    precomputes a preference reference over its pairs (``reference_batches``) before its first update: its model
+    starts anew."""
     c = {"updates": counts["updates"], "evals": counts["evals"], "eval_batches": n_val_batches,
          "checkpoints": counts["checkpoints"], "exports": counts.get("exports", 0), "reloads": 0,
          "control_passes": control_passes, "reference_batches": reference_batches}
-    warm = dict(units) if first else dict(units, load=units.get("warm_load", units["reload"]))
+    warm = dict(units) if first else dict(units, load=units.get("warm_load", units["reload"]),
+                                          **({"run_overhead": units["warm_run_overhead"]}
+                                             if "warm_run_overhead" in units else {}))
     terms = [t for t in P.run_terms(c, warm) if t["count"]]
     for i, t in enumerate(terms):
         if t["unit"] == "load":
