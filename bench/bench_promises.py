@@ -43,11 +43,18 @@ MODEL = {"model_type": "llama", "vocab_size": 384, "hidden_size": 128, "intermed
          "max_position_embeddings": 1024, "tie_word_embeddings": False}
 
 
+# The runs' intra-op threads. With torch's default (2 on this machine's 2 cores) each fresh process draws a speed and
+# keeps it: the same demo updates took 35 ms in one process and 52 ms in the next (bench/bench_threads.py), and the
+# pilot's samples and the sweep's runs are different processes, so the plan read 0.69 or 1.16 by the draw alone; a
+# GPU's update has no such draw. One thread: the same processes agree within 1.06, at ~the usual draw's speed.
+THREADS = "1"
+
+
 def _pilotrun(*args, timeout=1800) -> tuple[dict, float]:
     exe = Path(sys.executable).with_name("pilotrun")
     t0 = time.perf_counter()
     done = subprocess.run([str(exe), *map(str, args), "--json"], capture_output=True, text=True, timeout=timeout,
-                          env=dict(os.environ, HF_HUB_OFFLINE="1"))
+                          env=dict(os.environ, HF_HUB_OFFLINE="1", OMP_NUM_THREADS=THREADS))
     wall = time.perf_counter() - t0
     if done.returncode not in (0, 1):
         raise RuntimeError(f"pilotrun {args[0]} exited {done.returncode}: {done.stderr.strip()[-400:]}")
@@ -118,9 +125,10 @@ def minilm_campaign(tmp: Path, quick: bool) -> Path | None:
 
 def reference_s() -> float:
     """Seconds of a fixed compute workload here, now (the median of 5 readings of 20 fp32 matmuls of 384 × 384 on
-    torch's default threads, the runs' own): the machine's speed at this moment, whatever pilotrun does."""
+    the runs' threads, ``THREADS``): the machine's speed at this moment, whatever pilotrun does."""
     import torch
 
+    torch.set_num_threads(int(THREADS))
     a = torch.randn(384, 384, generator=torch.Generator().manual_seed(0))
     readings = []
     for _ in range(5):

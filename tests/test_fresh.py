@@ -235,3 +235,22 @@ def test_a_zygote_dying_under_its_child_reruns_the_request_cold(zygote):
     assert not fresh.started()
     stat = Path(f"/proc/{held[0]}/stat")
     assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z"  # the held child is gone
+
+
+def test_the_zygote_ends_without_the_interpreters_exit(monkeypatch, tmp_path):
+    """At the end of its caller the zygote leaves with ``os._exit``: nothing of a run is in it, and a normal exit
+    with torch and transformers imported (their exit handlers, their objects freed one by one) took 0.5–1 s that
+    `all` waited for in its own exit. Planted: a preloaded module whose exit handler would write a file."""
+    (tmp_path / "exit_marker.py").write_text(
+        "import atexit, pathlib\n"
+        f"atexit.register(lambda: pathlib.Path({str(tmp_path / 'ran')!r}).write_text('exit handlers ran'))\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    fresh.start(preload=("exit_marker",))
+    z = fresh._ZYGOTE
+    deadline = time.monotonic() + 60
+    while z.ready_env is None and time.monotonic() < deadline:  # its preload imported
+        fresh._imported(z)
+        time.sleep(0.05)
+    assert z.ready_env is not None
+    fresh.stop()
+    assert z.proc.returncode == 0 and not (tmp_path / "ran").exists()

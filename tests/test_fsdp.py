@@ -152,3 +152,12 @@ def test_fsdp_with_one_rank_is_bad_input_naming_nproc(tmp_path, cli):
         text = out.out + out.err
         assert "train.strategy=fsdp with train.nproc=1" in text and "train.nproc: 2 or more" in text, text
     assert not (tmp_path / "home" / "runs").exists() or not any((tmp_path / "home" / "runs").iterdir())
+    # before reading anything: with the data gone too, the pilot and a run still name train.nproc (the pilot checked
+    # after the data, so the torch import of its check fell outside the time plan's start-up group)
+    gone = list((path.parent / "data").glob("*.jsonl"))
+    assert gone
+    for f in gone:
+        f.unlink()
+    for verb in ("pilot", "train"):
+        out = cli(verb, path, "--home", tmp_path / "home")
+        assert out.code == 2 and "train.nproc: 2 or more" in out.out + out.err, (verb, out.out, out.err)

@@ -130,7 +130,7 @@ def test_time_plan_arithmetic_term_by_term():
     counts = P.run_counts(updates=100, eval_every=10, save_every=50, n_val=40, eval_batch=8)
     # saves at 50 and 100; final stands for update 100's checkpoint (a reference), no third save
     assert counts == {"updates": 100, "evals": 11, "eval_batches": 5, "checkpoints": 2, "exports": 1, "reloads": 1,
-                      "control_passes": 0}
+                      "final_refs": 1, "control_passes": 0}
     h100 = BY_KEY["h100-sxm"]
     u = P.unit_seconds(measured(), phases=REGISTRY, source_gpu=h100, target_gpu=h100, precision="bf16-mixed", work=None)
     assert u["scaling"]["ratio"] == 1.0
@@ -145,6 +145,10 @@ def test_time_plan_arithmetic_term_by_term():
     assert more["run start (memory freed, journal entry)"] == 0.7
     assert more["control predictions"] == pytest.approx(27.5 / 55)  # one eval batch's seconds
     assert sum(more.values()) == pytest.approx(257.5 + 0.7 + 0.5)
+    # the pilot timed the check of its checkpoint's files: final, a reference to update 100's, costs that check
+    ref = {t["term"]: t for t in P.run_terms(counts, dict(u["units"], final_ref=0.4))}
+    assert ref[P.FINAL_REF_TERM]["seconds"] == 0.4 and ref[P.FINAL_REF_TERM]["count"] == 1
+    assert P.run_counts(105, 10, 50, 40, 8)["final_refs"] == 0  # update 105 did not save: final is a save
     # a partial last interval adds the final validation
     assert P.run_counts(105, 10, None, 40, 8)["evals"] == 12
     assert P.run_counts(105, 10, None, 40, 8)["checkpoints"] == 1

@@ -6,6 +6,7 @@ import pytest
 import yaml
 
 from conftest import write_campaign, write_demo_dir
+from pilotrun.sheet import plan as P
 from pilotrun.sheet import shape
 
 
@@ -56,18 +57,27 @@ def test_each_run_is_predicted_from_the_pilots_units_for_the_work_it_did(piloted
         # every run starts (memory handed back, journal entry) and stores its control predictions, both timed
         # by the pilot as a run does them
         assert u["run_overhead"] == pilot["run_overhead_s"] > 0
+        # a later run hands memory back in a process that built models: the pilot's release after its phases
+        assert u["warm_run_overhead"] == pilot["warm_run_overhead_s"] >= pilot["run_overhead_s"]
+        overhead = u["run_overhead"] if i == 0 else u["warm_run_overhead"]
         assert terms["control predictions"]["count"] == 1
         assert u["control"] == pilot["time_model"]["control_s"] > 0
-        assert r["predicted_s"] == pytest.approx(u["run_overhead"] + start + u["first_extra"] + 12 * u["update"]
-                                                 + 4 * batches * u["eval_batch"] + u["control"] + 2 * u["save"])
+        # update 12 saved: final stands for that checkpoint once its files are checked, as the pilot checked its own
+        assert u["final_ref"] == pilot["final_ref_s"] > 0 and s["timing"]["final_ref_s"] > 0
+        assert terms[P.FINAL_REF_TERM]["count"] == 1
+        assert r["predicted_s"] == pytest.approx(overhead + start + u["first_extra"] + 12 * u["update"]
+                                                 + 4 * batches * u["eval_batch"] + u["control"] + 2 * u["save"]
+                                                 + u["final_ref"])
         assert s["timing"]["run_overhead_s"] > 0 and s["timing"]["control_s"] > 0
         # no pilotrun process was started here (the library was called): no start-up on either side
         assert pilot["startup_s"] is None and s["timing"]["startup_s"] is None
         assert r["actual_s"] == s["timing"]["total_s"] > s["timing"]["loop_s"] > 0
         groups = {b["term"]: b for b in r["breakdown"]}
         assert groups["control predictions"]["actual_s"] == pytest.approx(s["timing"]["control_s"])
-        assert groups["run start (memory freed, journal entry)"]["predicted_s"] == \
-            pytest.approx(u["run_overhead"])
+        assert groups["run start (memory freed, journal entry)"]["predicted_s"] == pytest.approx(overhead)
+        assert groups["checkpoints"]["predicted_s"] == pytest.approx(2 * u["save"] + u["final_ref"])
+        assert groups["checkpoints"]["actual_s"] == pytest.approx(s["timing"]["blocks_s"]["save"]
+                                                                   + s["timing"]["final_ref_s"])
     assert check["predicted_s"] == pytest.approx(sum(r["predicted_s"] for r in check["runs"]))
     assert check["ratio"] == pytest.approx(check["predicted_s"] / check["actual_s"])
     text = "\n".join(result.messages)
@@ -93,29 +103,36 @@ def test_the_first_run_of_a_process_is_planned_from_the_process_start():
     from pilotrun.rehearsal.training.timecheck import actual_seconds, breakdown, run_prediction
 
     units = {"load": 2.0, "reload": 0.1, "first_extra": 0.5, "update": 1.0, "eval_batch": 0.2, "save": 0.3,
-             "export": 0.4, "run_overhead": 0.25}
+             "export": 0.4, "run_overhead": 0.25, "warm_run_overhead": 0.35, "final_ref": 0.15}
     counts = {"updates": 10, "evals": 2, "checkpoints": 1, "exports": 0}
-    first = run_prediction(units, counts, 3, True, first=True, prepare_s=1.5, startup_s=4.0, control_passes=0.5)
+    first = run_prediction(units, counts, 3, True, first=True, prepare_s=1.5, startup_s=4.0, control_passes=0.5,
+                           final_ref=True)
     names = [t["term"] for t in first]
     assert names[:3] == ["start-up (process start, imports, the command's checks)", "read and encode the data",
                          "run start (memory freed, journal entry)"]
     assert "load (cold: the pilot's load)" in names
     assert sum(t["seconds"] for t in first) == pytest.approx(4.0 + 1.5 + 0.25 + 2.0 + 0.5 + 10 + (6 + 0.5 + 3) * 0.2
-                                                               + 0.3)
+                                                               + 0.3 + 0.15)
     later = run_prediction(units, counts, 3, True, first=False, prepare_s=1.5, startup_s=None, control_passes=0.5)
     assert "load (warm: the pilot's reload)" in [t["term"] for t in later]
+    # its memory handed back in a process that built a model: the pilot's release after its phases
+    assert [t["seconds"] for t in later if t["term"] == "run start (memory freed, journal entry)"] == [0.35]
     assert not {"start-up (process start, imports, the command's checks)", "read and encode the data"} & \
         {t["term"] for t in later}
     # the sweep imported the model's code in its checks: its first load is quick, its start-up long
     timing = {"startup_s": 5.2, "prepare_s": 0.1, "load_s": 0.05, "run_overhead_s": 0.3, "control_s": 0.1,
-              "predictions_s": 0.6, "blocks_s": {"train": 10.4, "evaluation": 1.3, "save": 0.3}, "total_s": 13.9}
+              "predictions_s": 0.6, "blocks_s": {"train": 10.4, "evaluation": 1.3, "save": 0.3}, "total_s": 13.9,
+              "final_ref_s": 0.2}
     assert actual_seconds(timing) == pytest.approx(13.9 + 5.2)
     rows = {r["term"]: r for r in breakdown(first, timing)}
     start = rows["start-up, data and cold load (1st run)"]
     assert start["predicted_s"] == pytest.approx(4.0 + 1.5 + 2.0) and start["actual_s"] == pytest.approx(5.35)
     assert rows["run start (memory freed, journal entry)"]["actual_s"] == pytest.approx(0.3)
+    # the final reference (its checkpoint's files checked) is a checkpoint's time, not left unplanned
+    assert rows["checkpoints"]["predicted_s"] == pytest.approx(0.3 + 0.15)
+    assert rows["checkpoints"]["actual_s"] == pytest.approx(0.3 + 0.2)
     rest = rows["not planned (records, between blocks)"]
-    assert rest["actual_s"] == pytest.approx(19.1 - (5.35 + 0.3 + 10.4 + 1.3 + 0.3 + 0.1 + 0.6))
+    assert rest["actual_s"] == pytest.approx(19.1 - (5.35 + 0.3 + 10.4 + 1.3 + 0.3 + 0.2 + 0.1 + 0.6))
 
 
 def test_start_up_is_taken_once_per_process_and_only_in_a_pilotrun_process(monkeypatch):
@@ -273,9 +290,9 @@ def test_every_term_of_a_runs_prediction_has_its_group():
     units = {u: 1.0 for k in KINDS for u in P.KIND_UNITS[k]}
     counts = {"updates": 3, "evals": 2, "checkpoints": 1, "exports": 1}
     for first in (True, False):
-        for extra in ({}, {"run_overhead": 0.5, "control": 0.25}):
+        for extra in ({}, {"run_overhead": 0.5, "control": 0.25, "warm_run_overhead": 0.6, "final_ref": 0.1}):
             terms = run_prediction(dict(units, **extra), counts, 2, True, first=first, prepare_s=1.0,
-                                   startup_s=1.0, control_passes=1.0)
+                                   startup_s=1.0, control_passes=1.0, final_ref=bool(extra))
             for t in terms:
                 homes = [g for g, us, _ in GROUPS if t["unit"] in us or f"{t['unit']}:{t['term']}" in us]
                 assert len(homes) == 1, (t, homes)

@@ -232,7 +232,17 @@ def _gone(pid: int | None, wait_s: float = 10.0) -> None:
 
 
 def serve(fd: int, preload: list[str]) -> None:
-    """The zygote: import ``preload``, then one request at a time: fork, wait, answer the child's status."""
+    """The zygote: import ``preload``, then one request at a time: fork, wait, answer the child's status. It ends
+    with ``os._exit`` when its caller is gone: it holds no file nor anything of a run, and the interpreter's own exit
+    with torch and transformers imported (their ~10⁶ objects freed one by one, their exit handlers) took 0.5–1 s
+    that the caller's ``stop`` waited for at the end of every `all`."""
+    try:
+        _serve(fd, preload)
+    finally:
+        os._exit(0)
+
+
+def _serve(fd: int, preload: list[str]) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the children and the caller; it ends us
     import importlib
 

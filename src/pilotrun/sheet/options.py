@@ -47,7 +47,7 @@ NF4_BYTES = 0.5 + 0.016  # 4 bits per weight plus the double-quantized block con
 QLORA = {"model.quantization": {"bits": 4, "type": "nf4", "double_quant": True, "compute_dtype": "bfloat16"}}
 TRAINING = names("load", "train", "eval", "save")  # the training run's phases; export and reload are reported
 KEEPS = "keeps the experiment"
-HOST_UNITS = ("run_overhead",) + P.HOST_KINDS  # time-plan terms kept as measured on any option
+HOST_UNITS = ("run_overhead", "final_ref") + P.HOST_KINDS  # time-plan terms kept as measured on any option
 
 # key, label, short label (the sheet's table), trace, strategy at > 1 GPU ("ddp" follows the campaign's own when
 # it shards), offload, qlora

@@ -95,12 +95,14 @@ def run_counts(updates: int, eval_every: int, save_every: int | None, n_val: int
     """How often each timed phase happens in one run of the training loop (engine/loop.py ``train``):
     a validation before the first update, every ``eval_every`` updates and after the last; a checkpoint
     every ``save_every`` updates and a final one unless the last update saved one (``final`` then stands for
-    it, ``journal/checkpoints.py``); one artifact export and one reload check; and the two
-    forward passes over the ``control`` examples whose predictions every run stores, counted in eval batches."""
+    it, ``journal/checkpoints.py``, after checking that checkpoint's files: ``final_refs``); one artifact export and
+    one reload check; and the two forward passes over the ``control`` examples whose predictions every run stores,
+    counted in eval batches."""
     evals = (1 + updates // eval_every + (1 if updates % eval_every else 0)) if has_validation else 0
     return {"updates": updates, "evals": evals,
             "eval_batches": math.ceil(n_val / (eval_batch * ranks)) if has_validation else 0,
             "checkpoints": saves_per_run(updates, save_every), "exports": 1, "reloads": 1,
+            "final_refs": 1 if save_every and updates and updates % save_every == 0 else 0,
             "control_passes": 2 * min(control, eval_batch) / eval_batch if control else 0}
 
 
@@ -209,6 +211,9 @@ def unit_seconds(measured: dict[str, dict], *, phases, source_gpu, target_gpu, p
 # (engine/loop.precompute_reference): the forward of a validation batch on the same pairs, so it is counted in the
 # plan's validation batches
 REFERENCE_TERM = "reference log-probabilities (precomputed)"
+# a run whose last update saved writes checkpoints/final as a reference to that checkpoint, once its files are checked
+# against their manifest (hashed): the pilot times that check on its own checkpoint
+FINAL_REF_TERM = "final checkpoint (a reference: the last checkpoint's files checked)"
 
 
 def reference_batches(n_pairs: int, eval_batch: int, ranks: int = 1) -> int:
@@ -233,11 +238,14 @@ def run_terms(counts: dict, units: dict) -> list[dict]:
              ("control predictions", "control", u["control"], 1) if "control" in u else
              ("control predictions", "eval_batch", u["eval_batch"], counts.get("control_passes", 0)),
              ("checkpoints", "save", u["save"], counts["checkpoints"]),
+             (FINAL_REF_TERM, "final_ref", u.get("final_ref", 0.0),
+              counts.get("final_refs", 0) if "final_ref" in u else 0),
              ("export", "export", u["export"], counts["exports"]),
              ("reload check", "reload", u["reload"], counts["reloads"])]
     out = []
     for label, key, each, n in terms:
-        if not n and label in ("run start (memory freed, journal entry)", "control predictions", REFERENCE_TERM):
+        if not n and label in ("run start (memory freed, journal entry)", "control predictions", REFERENCE_TERM,
+                               FINAL_REF_TERM):
             continue  # a pilot recorded before these were measured, no control examples, no precomputed reference
         how = {"validations": f"{counts['evals']} validations × {counts['eval_batches']} batches",
                REFERENCE_TERM: f"{n} batches of train.eval_batch pairs, every pair once (each rank its share)",
@@ -277,7 +285,7 @@ def size(n) -> str:
     return f"{n / GiB:.2f} GiB" if n >= GiB else f"{n / 2**20:.1f} MiB"
 
 
-HOST_TERMS = ("load", "checkpoints", "export", "reload check")
+HOST_TERMS = ("load", "checkpoints", FINAL_REF_TERM, "export", "reload check")
 
 
 def time_reasons(scaling: dict, terms: list[dict], campaign_s: list[float]) -> list[str]:

@@ -157,6 +157,10 @@ def _unit_plan(c, t, rows, peaks, pilot, measured, counts):
                            work=work, shape=shape)
         if summary.get("run_overhead_s") is not None:  # host work: kept as measured on any GPU
             u["units"]["run_overhead"] = summary["run_overhead_s"]
+        if summary.get("warm_run_overhead_s") is not None:  # a later run of a sweep's process (training/timecheck)
+            u["units"]["warm_run_overhead"] = summary["warm_run_overhead_s"]
+        if summary.get("final_ref_s") is not None:  # host work: the checkpoint's files hashed, as measured
+            u["units"]["final_ref"] = summary["final_ref_s"]
         if (model or {}).get("control_s") is not None:  # two forward passes: scaled like a validation batch
             ratio = u["units"]["eval_batch"] / measured["eval_longest"]["seconds"] \
                 if measured["eval_longest"]["seconds"] and g is not None else 1.0

@@ -18,19 +18,24 @@ from pilotrun.sheet.build import build_sheet
 
 def run_prediction(units: dict, counts: dict, n_val_batches: int, validation_predictions: bool, *,
                    first: bool = True, prepare_s: float | None = None, startup_s: float | None = None,
-                   control_passes: float = 0.0, reference_batches: int = 0) -> list[dict]:
+                   control_passes: float = 0.0, reference_batches: int = 0, final_ref: bool = False) -> list[dict]:
     """The predicted terms of one run that did ``counts`` (updates, evals, checkpoints, exports).
 
     The runs of a sweep share one process: the first pays the process's start-up (``startup_s``, the pilot's
     own, given when the run recorded one), reads and encodes the data (the pilot's ``prepare_s``) and builds
     the model cold (its ``load``); later ones reuse the encoded data and build warm: the pilot's second build
     of a model made from a config (``warm_load``), else its ``reload`` (the artifact read from disk in a warm
-    process), which a pretrained model's warm load is. Every run, warm or not, precomputes a preference reference
-    over its pairs (``reference_batches``) before its first update: its model starts anew."""
+    process), which a pretrained model's warm load is; and they hand memory back in a process that built models,
+    which walks more objects (``warm_run_overhead``: the pilot's release after its phases). Every run, warm or not,
+    precomputes a preference reference over its pairs (``reference_batches``) before its first update: its model
+    starts anew. ``final_ref``: the run wrote checkpoints/final as a reference to its last checkpoint, whose files
+    it checked first."""
     c = {"updates": counts["updates"], "evals": counts["evals"], "eval_batches": n_val_batches,
          "checkpoints": counts["checkpoints"], "exports": counts.get("exports", 0), "reloads": 0,
-         "control_passes": control_passes, "reference_batches": reference_batches}
-    warm = dict(units) if first else dict(units, load=units.get("warm_load", units["reload"]))
+         "control_passes": control_passes, "reference_batches": reference_batches, "final_refs": int(final_ref)}
+    warm = dict(units) if first else dict(units, load=units.get("warm_load", units["reload"]),
+                                          **({"run_overhead": units["warm_run_overhead"]}
+                                             if "warm_run_overhead" in units else {}))
     terms = [t for t in P.run_terms(c, warm) if t["count"]]
     for i, t in enumerate(terms):
         if t["unit"] == "load":
@@ -78,7 +83,8 @@ def sweep_time_check(journal, sweep_id: str) -> dict | None:
         terms = run_prediction(here["units"], s["counts"], counts["eval_batches"], r["kind"] == "sweep",
                                first=i == 0, prepare_s=prepare_s, startup_s=pilot_startup if started else None,
                                control_passes=counts.get("control_passes", 0.0),
-                               reference_batches=counts.get("reference_batches", 0))
+                               reference_batches=counts.get("reference_batches", 0),
+                               final_ref=s["timing"].get("final_ref_s") is not None)
         predicted = sum(t["seconds"] for t in terms)
         actual = actual_seconds(s["timing"])
         out.append({"run_id": r["run_id"], "arm": r["arm"], "seed": r["seed"], "status": r["status"],
@@ -105,7 +111,7 @@ GROUPS = (("start-up, data and cold load (1st run)",
           ("updates (the first's optimizer state)", P.KIND_UNITS["train"], ("blocks_s.train",)),
           ("validations", tuple(f"{u}:validations" for u in P.KIND_UNITS["eval"]), ("blocks_s.evaluation",)),
           (P.REFERENCE_TERM, tuple(f"{u}:{P.REFERENCE_TERM}" for u in P.KIND_UNITS["eval"]), ("reference_s",)),
-          ("checkpoints", P.KIND_UNITS["save"], ("blocks_s.save",)),
+          ("checkpoints", P.KIND_UNITS["save"] + ("final_ref",), ("blocks_s.save", "final_ref_s")),
           ("export", P.KIND_UNITS["export"], ("blocks_s.export",)),
           ("control predictions", ("control", "eval_batch:control predictions"), ("control_s",)),
           ("validation predictions", ("eval_batch:validation predictions",), ("predictions_s",)))
@@ -132,6 +138,7 @@ def breakdown(terms: list[dict], timing: dict) -> list[dict]:
         vals = [_measured(timing, k, cold) for k in keys]
         if units[0] in ("startup", "run_overhead"):  # older runs lack these keys: 0 then
             vals = [0.0 if v is None else v for v in vals]
+        vals = [0.0 if v is None and k == "final_ref_s" else v for v, k in zip(vals, keys)]  # none written
         meas = None if any(v is None for v in vals) else sum(vals)
         covered += meas or 0.0
         if pred or meas:

@@ -252,6 +252,7 @@ def _save_final(state, result, run_dir: Path, watch, phase, timing: dict) -> Non
     else:
         phase(f"checkpoints/final stands for {Path(result.saved_last).name}")
         save_final(state, run_dir / "checkpoints" / "final", result.saved_last)
+        timing["final_ref_s"] = time.perf_counter() - t0  # the time plan's final-reference term (sheet/plan.py)
     timing["final_save_s"] = time.perf_counter() - t0
 
 
