@@ -298,3 +298,38 @@ def test_every_term_of_a_runs_prediction_has_its_group():
                 assert len(homes) == 1, (t, homes)
     grouped = {u.split(":")[0] for _, us, _ in GROUPS for u in us}
     assert {u for k in KINDS if k != "reload" for u in P.KIND_UNITS[k]} <= grouped  # a sweep run reloads nothing
+
+
+def test_the_final_references_check_is_timed_whole_or_scaled_from_a_sample(tmp_path, monkeypatch):
+    """The pilot times the check of its checkpoint's files (the final reference's cost in a run): whole up to
+    ``FINAL_REF_SAMPLE`` bytes, else that many bytes hashed and scaled by the checkpoint's size (a large model's
+    checkpoint is not hashed whole by the pilot)."""
+    import json
+
+    from pilotrun.provenance import file_sha256
+    from pilotrun.rehearsal.memory import pilot as pilot_mod
+
+    ckpt = tmp_path / "pilot"
+    ckpt.mkdir()
+    (ckpt / "model.safetensors").write_bytes(b"x" * (3 << 20))
+    (ckpt / "optimizer.pt").write_bytes(b"y" * (1 << 20))
+    files = {f.name: {"sha256": file_sha256(f), "bytes": f.stat().st_size} for f in ckpt.iterdir()}
+    (ckpt / "manifest.json").write_text(json.dumps({"files": files}))
+    assert pilot_mod._final_reference_s(tmp_path / "none") is None
+    whole = pilot_mod._final_reference_s(ckpt)
+    assert whole is not None and whole > 0
+    monkeypatch.setattr(pilot_mod, "FINAL_REF_SAMPLE", 1 << 20)  # a quarter of the 4 MiB: scaled by 4
+    hashed = []
+    real = __import__("hashlib").sha256
+
+    class Counting:
+        def __init__(self):
+            self.h = real()
+
+        def update(self, b):
+            hashed.append(len(b))
+            self.h.update(b)
+
+    monkeypatch.setattr("hashlib.sha256", Counting)
+    scaled = pilot_mod._final_reference_s(ckpt)
+    assert sum(hashed) == 1 << 20 and scaled > 0
