@@ -30,7 +30,7 @@ def test_counted_layers_and_micro_batches_match_the_full_trace(tmp_path):
     loaded = load_campaign(path)
     full, counted = trace(loaded, counted=False), trace(loaded, counted=True)
     assert full["counted"] is None
-    assert counted["counted"] == {"layers": 6, "micro_batches": 4, "micro_batches_traced": 2}
+    assert counted["counted"] == {"layers": 6, "micro_batches": 4, "micro_batches_traced": 2, "depths": [2, 4, 6]}
     assert counted["params"] == full["params"]
     for a, b in zip(full["rows"], counted["rows"]):
         for key in ("baseline", "peak_allocated", "end_allocated", "parameters", "gradients", "optimizer_state",

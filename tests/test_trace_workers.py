@@ -109,6 +109,10 @@ def test_depths_traced_two_at_a_time_give_the_same_options_table(deep, serial, m
     assert done["answered"] == done["started"] == 2 and done["failed"] == 0, done  # written and LoRA
     assert table == serial
     assert _children() == children
+    # the table says the depths it counted from (its message read "2 and 3", the CPU's, on CUDA's 2, 4 and 6)
+    from pilotrun.sheet.options_view import _depths
+
+    assert table["counted"]["depths"] == [2, 4, 6] and _depths(table["counted"]) == "2, 4 and 6"
 
 
 @pytest.mark.parametrize("plant", ["exit", pytest.param("truncate", marks=pytest.mark.slow)])

@@ -112,7 +112,8 @@ def traced(loaded, *, device: str = "cuda", prep=None, counted: bool | None = No
         "train") else 0)
     out["input_bytes"] = extra
     return _sharing(dict(out, counted={"layers": layers, "micro_batches": len(mbs),
-                                       "micro_batches_traced": min(len(mbs), K.TRACED_MICRO_BATCHES)}), after_steps)
+                                       "micro_batches_traced": min(len(mbs), K.TRACED_MICRO_BATCHES),
+                                       "depths": list(K.depths_for(device)) if layers else None}), after_steps)
 
 
 def _sharing(tr: dict, other: dict | None) -> dict:

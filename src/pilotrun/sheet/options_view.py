@@ -230,10 +230,19 @@ def options_result(loaded, *, rates: dict | None = None, lora_r: int | None = No
                "no option that keeps the experiment fits any catalogue GPU at up to 64 GPUs")
     messages = to_lines(table)
     messages.append(f"options table in {table['wall_s']:.1f} s" + (
-        f" (decoder layers counted: {table['counted']['layers']} from traces of 2 and 3)"
+        f" (decoder layers counted: {table['counted']['layers']} from traces of {_depths(table['counted'])} layers)"
         if (table["counted"] or {}).get("layers") else ""))
     return StageResult("estimate", verdict, summary, messages, dict(table), COLUMNS,
                        [dict(zip(COLUMNS, r)) for r in table_rows(table)])
+
+
+def _depths(counted: dict) -> str:
+    """The depths a counted trace traced, "2, 4 and 6" (probe/counted.depths_for; a trace kept before they were
+    recorded: 2, 4 and 6, the CUDA depths the options table traces)."""
+    from pilotrun.probe.counted import depths_for
+
+    d = [str(x) for x in counted.get("depths") or depths_for("cuda")]
+    return ", ".join(d[:-1]) + f" and {d[-1]}"
 
 
 def too_large_here(loaded) -> dict | None:
