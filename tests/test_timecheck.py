@@ -333,3 +333,35 @@ def test_the_final_references_check_is_timed_whole_or_scaled_from_a_sample(tmp_p
     monkeypatch.setattr("hashlib.sha256", Counting)
     scaled = pilot_mod._final_reference_s(ckpt)
     assert sum(hashed) == 1 << 20 and scaled > 0
+
+
+def test_the_typical_updates_are_chosen_at_the_budgets_quantiles_of_tokens():
+    """The uneven campaign's sampler drew the worst case's 8192 tokens in all its first updates: the line through
+    them went through the origin and, as an update's cost grows faster than its tokens (attention), read 1.075 × the
+    sweep's updates. Samples at the budget's quantiles of tokens make the line's value at the budget's mean their
+    mean cost."""
+    import random
+
+    from pilotrun.sheet.shape import TYPICAL_QUANTILES, scaled_units, typical_order
+
+    assert typical_order([544] * 40)[:4] == [0, 1, 2, 3]  # even lengths: the sampler's first updates
+    assert sorted(typical_order([500, 100])) == [0, 1] and typical_order([]) == []
+    rng = random.Random(0)
+    budget = [8192] * 6 + [rng.choice([8192, 8192, 6144, 4096, 2560, 1820]) for _ in range(300)]
+    order = typical_order(budget)
+    assert len(order) == len(TYPICAL_QUANTILES) == len(set(order))
+    ranked = sorted(budget)
+    assert budget[order[0]] == ranked[len(ranked) // 2] and budget[order[1]] == ranked[round(0.1 * 299)]
+
+    def cost(tokens):  # linear layers plus attention's square
+        return 0.02 + 6e-5 * tokens + 4e-9 * tokens ** 2
+
+    true = sum(cost(x) for x in budget) / len(budget)
+    model = {"worst_update_tokens": 8192, "budget_update_tokens": budget}
+    first = scaled_units(dict(model, typical=[{"tokens": x, "seconds": cost(x)} for x in budget[:3]]),
+                         steady_s=cost(8192), eval_s=0.1)
+    assert first["update"] / true > 1.05  # the old choice: every sample at the worst case's shape
+    for n in (3, 5, len(order)):
+        picked = [{"tokens": budget[i], "seconds": cost(budget[i])} for i in order[:n]]
+        assert abs(scaled_units(dict(model, typical=picked), steady_s=cost(8192), eval_s=0.1)["update"] / true - 1) \
+            < 0.03, n

@@ -123,8 +123,9 @@ def run_phases(job: PilotJob, prep=None) -> list[dict]:
 
 
 def _time_model(job: PilotJob, prep, state, wc: dict, rank: int, world: int) -> None:
-    """Time the first updates the campaign's sampler draws and count the budget's padded tokens (sheet/shape.py);
-    rank 0 writes ``time_model.json`` into the run folder. Not a ledger row: the worst case stays the bound."""
+    """Time updates the campaign's sampler draws, chosen at the budget's quantiles of padded tokens, and count the
+    budget's padded tokens (sheet/shape.py); rank 0 writes ``time_model.json`` into the run folder. Not a ledger
+    row: the worst case stays the bound."""
     import time
 
     c, t = prep.c, prep.c.train
@@ -141,10 +142,15 @@ def _time_model(job: PilotJob, prep, state, wc: dict, rank: int, world: int) -> 
         _sync(default_device())
         eval_s = time.perf_counter() - t0
     sampler = UpdateSampler.for_train(t, len(prep.train), c.seed, rank, world)
+    budget = shape.budget_tokens(prep.train, t, c.seed, prep.arithmetic()["updates"], rank, world)
+    picks, drawn = iter(shape.typical_order(budget)), []
     typical = []
     worst = (shape.padded_tokens(wc["micro_batches"]), worst_s)
     while shape.more_typical(typical, world, worst):
-        mbs = [[prep.train[i] for i in mb] for mb in sampler.next_update()]
+        i = next(picks, len(drawn))  # past the chosen ones (a budget of fewer updates): the sampler's next
+        while len(drawn) <= i:
+            drawn.append(sampler.next_update())
+        mbs = [[prep.train[j] for j in mb] for mb in drawn[i]]
         # a precomputed reference's pairs, outside the timing: the values (of the pilot's updated model) time only
         precompute_reference(state.model, prep.task, [e for mb in mbs for e in mb], device=state.device,
                              precision=state.precision, batch_size=t.eval_batch)
@@ -158,8 +164,7 @@ def _time_model(job: PilotJob, prep, state, wc: dict, rank: int, world: int) -> 
     control_s, warm_load_s = _run_extras(prep, state, rank)
     model = {"worst_update_tokens": worst[0], "typical": typical,
              "worst_update_s": worst_s, "worst_eval_s": eval_s, "control_s": control_s, "warm_load_s": warm_load_s,
-             "budget_update_tokens": shape.budget_tokens(prep.train, t, c.seed, prep.arithmetic()["updates"], rank,
-                                                         world),
+             "budget_update_tokens": budget,
              "worst_eval_tokens": shape.padded_tokens([wc["eval"][rank::world][: t.eval_batch]]) if wc["eval"] else 0,
              "eval_batch_tokens": shape.eval_tokens(pool, t.eval_batch, rank, world),
              **({"routing": routing} if routing else {})}
