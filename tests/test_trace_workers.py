@@ -185,3 +185,25 @@ def test_no_worker_where_the_switch_or_the_machine_says_one_at_a_time(monkeypatc
         assert not workers.allowed()
     finally:
         os.sched_setaffinity(0, cpus)
+
+
+def test_a_worker_only_while_a_core_is_idle_now_not_by_the_minutes_load_average():
+    """The load average still read 1.5–2 on 2 cores a minute after the work before had ended, and the sheet traced
+    one depth at a time on an idle machine: the kernel's count of runnable threads now decides. Planted: as many
+    spinning processes as cores, and no core is idle."""
+    import subprocess
+    import sys
+
+    from pilotrun.probe import workers
+
+    assert workers.runnable_below("0.80 1.90 1.70 1/312 4242", 2)  # the reader alone runs: a core idle
+    assert not workers.runnable_below("0.20 0.10 0.05 2/312 4242", 2) and not workers.runnable_below("junk", 2)
+    cpus = len(os.sched_getaffinity(0))
+    spinning = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(cpus)]
+    try:
+        time.sleep(0.3)
+        assert not workers.idle_core(cpus)
+    finally:
+        for p in spinning:
+            p.kill()
+            p.wait()

@@ -14,8 +14,8 @@ fork), the signals that interrupt pilotrun end it at once (no handler of the par
 torch thread, and it never touches the journal (the parent stores what it computed). It is not used where it
 could not be safe or could not pay (``allowed``): off Linux or without ``fork``, with fewer than 2 CPUs this
 process may run on, from a thread other than the main one, once CUDA is initialised in this process (a forked
-child cannot use it), with ``PILOTRUN_TRACE_WORKERS=1``, or (the variable unset) while the load average says no
-core is idle.
+child cannot use it), with ``PILOTRUN_TRACE_WORKERS=1``, or (the variable unset) while the kernel counts no idle
+core now (``idle_core``).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import sys
 import threading
 import time
 from typing import Any, Callable
+from pathlib import Path
 
 WORKERS_ENV = "PILOTRUN_TRACE_WORKERS"  # "1" (or 0): one after the other; "2": a worker; unset: one if a core is idle
 # test switch: the worker "exit"s with status 3 before it answers, or answers a "truncate"d body and exits 0
@@ -38,9 +39,9 @@ COUNTS = {"started": 0, "answered": 0, "failed": 0}  # this process's workers: a
 
 def allowed() -> bool:
     """Whether a trace may run in a forked worker now (the module's docstring says when not). Unset
-    ``PILOTRUN_TRACE_WORKERS``: only while a core is idle by the load average (under 0.5 below the CPUs this process
-    may run on): on a busy machine the worker would only share the caller's cores (the 70B options table took 1.1 ×
-    the serial wall at load 2 on 2 cores, 0.73 × at load 1); 2 or more: whatever the load."""
+    ``PILOTRUN_TRACE_WORKERS``: only while a core is idle now (``idle_core``): on a busy machine the worker would
+    only share the caller's cores (the 70B options table took 1.1 × the serial wall at load 2 on 2 cores, 0.73 × at
+    load 1); 2 or more: whatever the load."""
     said = os.environ.get(WORKERS_ENV, "").strip()
     if said:
         try:
@@ -53,10 +54,36 @@ def allowed() -> bool:
     cpus = len(os.sched_getaffinity(0))
     if cpus < 2 or threading.current_thread() is not threading.main_thread():
         return False  # one CPU; or a thread's fork, whose child could not reset the signals (the main thread's)
-    if not said and os.getloadavg()[0] >= cpus - 0.5:
+    if not said and not idle_core(cpus):
         return False
     torch = sys.modules.get("torch")
     return not (torch is not None and torch.cuda.is_initialized())
+
+
+def idle_core(cpus: int, reads: int = 2) -> bool:
+    """Whether one of ``cpus`` cores is idle now: the kernel's count of runnable threads (``/proc/loadavg``'s
+    fourth field, this one included) under ``cpus`` at each of ``reads`` readings 10 ms apart. Not the load average:
+    a minute's decaying mean, it still read 1.5–2 on 2 cores well after the work before (a pilot, `all`'s earlier
+    stages) had ended, and the sheet traced one depth at a time on an idle machine. Without ``/proc``, the load
+    average under 0.5 below the CPUs."""
+    for i in range(reads):
+        try:
+            text = Path("/proc/loadavg").read_text()
+        except OSError:
+            return os.getloadavg()[0] < cpus - 0.5
+        if not runnable_below(text, cpus):
+            return False
+        if i + 1 < reads:
+            time.sleep(0.01)
+    return True
+
+
+def runnable_below(loadavg: str, cpus: int) -> bool:
+    """``/proc/loadavg``'s runnable threads (``R/T``, the reader among them) fewer than ``cpus``."""
+    try:
+        return int(loadavg.split()[3].split("/")[0]) < cpus
+    except (IndexError, ValueError):
+        return False
 
 
 class Worker:
