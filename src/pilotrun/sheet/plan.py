@@ -213,7 +213,7 @@ def unit_seconds(measured: dict[str, dict], *, phases, source_gpu, target_gpu, p
 REFERENCE_TERM = "reference log-probabilities (precomputed)"
 # a run whose last update saved writes checkpoints/final as a reference to that checkpoint, once its files are checked
 # against their manifest (hashed): the pilot times that check on its own checkpoint
-FINAL_REF_TERM = "final checkpoint (a reference: the last checkpoint's files checked)"
+FINAL_REF_TERM = "final checkpoint (a checked reference)"
 
 
 def reference_batches(n_pairs: int, eval_batch: int, ranks: int = 1) -> int:
