@@ -6,10 +6,11 @@ are much cheaper. So the pilot also times a few of the updates the campaign's ow
 (at least ``TYPICAL_UPDATES``; on one rank, more while they take under ``TYPICAL_BUDGET_S``, up to
 ``TYPICAL_MAX``: one update's time on a shared machine varies by ±10 %, and the plan multiplies it by
 every update of the budget), chosen at the budget's quantiles of padded tokens (``typical_order``: the median,
-then the 10th and 90th percentiles, …), fits ``seconds = a + b × padded tokens`` through those and the worst case,
-and counts the padded tokens of every update of the budget (same sampler, same seed) and of every
-validation batch. The plan then uses the fitted line at the budget's mean tokens per update, and
-scales the longest validation batch's time by each batch's tokens with the same fixed share ``a``.
+then the 10th and 90th percentiles, …), and counts the padded tokens of every update of the budget (same sampler,
+same seed) and of every validation batch. The plan costs each update of the budget at its tokens on the broken line
+through those samples and the worst case (``mean_cost``; ``seconds = a + b × padded tokens`` fitted through them
+outside the tokens sampled), and scales the longest validation batch's time by each batch's tokens with the fitted
+line's fixed share ``a``.
 
 Other work on the machine only ever slows a sample, and on a shared machine by far more than ±10 %:
 torch's intra-op threads wait on one another, so a second process on one of two cores made single
@@ -21,6 +22,8 @@ Pure functions; the pilot (rehearsal/memory/pilot_phases.py) measures, the sheet
 """
 
 from __future__ import annotations
+
+from collections import Counter
 
 from pilotrun.engine.sampler import UpdateSampler
 
@@ -145,7 +148,7 @@ def mean_cost(points: list[tuple[float, float]], budget: list[int], a: float, b:
         i = next(k for k in range(len(xs) - 1) if x <= xs[k + 1])
         return ys[i] + (ys[i + 1] - ys[i]) * (x - xs[i]) / (xs[i + 1] - xs[i])
 
-    return sum(one(x) for x in budget) / len(budget)
+    return sum(n * one(x) for x, n in Counter(budget).items()) / len(budget)  # a budget has few distinct lengths
 
 
 def scaled_units(model: dict, steady_s: float, eval_s: float) -> dict | None:
