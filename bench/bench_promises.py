@@ -128,14 +128,18 @@ def reference_s() -> float:
     the runs' threads, ``THREADS``): the machine's speed at this moment, whatever pilotrun does."""
     import torch
 
-    torch.set_num_threads(int(THREADS))
-    a = torch.randn(384, 384, generator=torch.Generator().manual_seed(0))
-    readings = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        for _ in range(20):
-            a @ a
-        readings.append(time.perf_counter() - t0)
+    before = torch.get_num_threads()
+    torch.set_num_threads(int(THREADS))  # this process's: bench/run.py runs the later modules in it too
+    try:
+        a = torch.randn(384, 384, generator=torch.Generator().manual_seed(0))
+        readings = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            for _ in range(20):
+                a @ a
+            readings.append(time.perf_counter() - t0)
+    finally:
+        torch.set_num_threads(before)
     return statistics.median(readings)
 
 

@@ -8,11 +8,17 @@ import math
 from pilotrun.errors import BadInput
 
 
+def final_is_reference(updates: int, save_every: int | None) -> bool:
+    """Whether a run of ``updates`` ends on a numbered checkpoint, so that ``final`` is a reference to it (written
+    once that checkpoint's files are checked) and no second copy."""
+    return bool(save_every and updates and updates % save_every == 0)
+
+
 def saves_per_run(updates: int, save_every: int | None) -> int:
     """The checkpoints a run of ``updates`` writes: one every ``save_every`` updates, and ``final`` unless the
-    last update saved one (then ``final`` is a reference to it, no second copy)."""
+    last update saved one (``final_is_reference``)."""
     saved = updates // save_every if save_every else 0
-    return saved + (0 if save_every and updates and updates % save_every == 0 else 1)
+    return saved + (0 if final_is_reference(updates, save_every) else 1)
 
 
 def data_parallel_ranks(t) -> int:
@@ -84,7 +90,7 @@ def checkpoint_counts(t, updates: int) -> dict:
     saved = updates // t.save_every if t.save_every else 0
     keep = getattr(t, "keep_checkpoints", None)
     kept = saved if keep is None else min(saved, keep + 1)
-    final_copy = saves_per_run(updates, t.save_every) > saved  # else final stands for the last one saved
+    final_copy = not final_is_reference(updates, t.save_every)  # else final stands for the last one saved
     return {"saved": saved, "kept": kept, "keep_checkpoints": keep, "final_copy": final_copy, "bytes_each": None}
 
 

@@ -28,8 +28,8 @@ import signal
 import sys
 import threading
 import time
-from typing import Any, Callable
 from pathlib import Path
+from typing import Any, Callable
 
 WORKERS_ENV = "PILOTRUN_TRACE_WORKERS"  # "1" (or 0): one after the other; "2": a worker; unset: one if a core is idle
 # test switch: the worker "exit"s with status 3 before it answers, or answers a "truncate"d body and exits 0
@@ -63,9 +63,9 @@ def allowed() -> bool:
 def idle_core(cpus: int, reads: int = 2) -> bool:
     """Whether one of ``cpus`` cores is idle now: the kernel's count of runnable threads (``/proc/loadavg``'s
     fourth field, this one included) under ``cpus`` at each of ``reads`` readings 10 ms apart. Not the load average:
-    a minute's decaying mean, it still read 1.5–2 on 2 cores well after the work before (a pilot, `all`'s earlier
-    stages) had ended, and the sheet traced one depth at a time on an idle machine. Without ``/proc``, the load
-    average under 0.5 below the CPUs."""
+    a minute's decaying mean, it takes ~17 s to fall from 2 to 1.5 after a two-thread job ends, so `all`'s sheet
+    stage, right after `train`, would trace one depth at a time on an idle machine (reasoned from the decay, not
+    measured). Without ``/proc``, the load average under 0.5 below the CPUs."""
     for i in range(reads):
         try:
             text = Path("/proc/loadavg").read_text()

@@ -237,11 +237,8 @@ def options_result(loaded, *, rates: dict | None = None, lora_r: int | None = No
 
 
 def _depths(counted: dict) -> str:
-    """The depths a counted trace traced, "2, 4 and 6" (probe/counted.depths_for; a trace kept before they were
-    recorded: 2, 4 and 6, the CUDA depths the options table traces)."""
-    from pilotrun.probe.counted import depths_for
-
-    d = [str(x) for x in counted.get("depths") or depths_for("cuda")]
+    """The depths a counted trace traced (probe/trace.traced's ``counted``), "2, 4 and 6"."""
+    d = [str(x) for x in counted["depths"]]
     return ", ".join(d[:-1]) + f" and {d[-1]}"
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from pilotrun.campaign.arithmetic import saves_per_run
+from pilotrun.campaign.arithmetic import final_is_reference, saves_per_run
 from pilotrun.console.units import fmt_duration
 
 GiB = 2**30
@@ -102,7 +102,7 @@ def run_counts(updates: int, eval_every: int, save_every: int | None, n_val: int
     return {"updates": updates, "evals": evals,
             "eval_batches": math.ceil(n_val / (eval_batch * ranks)) if has_validation else 0,
             "checkpoints": saves_per_run(updates, save_every), "exports": 1, "reloads": 1,
-            "final_refs": 1 if save_every and updates and updates % save_every == 0 else 0,
+            "final_refs": int(final_is_reference(updates, save_every)),
             "control_passes": 2 * min(control, eval_batch) / eval_batch if control else 0}
 
 
