@@ -259,7 +259,11 @@ def test_the_sweeps_eta_reads_the_time_plan_without_tracing(piloted_sweep, monke
     monkeypatch.setattr(SZ, "largest_sizes", lambda *a, **k: calls.append("largest_sizes"))
     per_run = _planned_run_s(Journal(home), load_campaign(demo_dir / "campaign.yaml"))
     assert calls == []
-    assert per_run == pytest.approx(result.data["time_check"]["runs"][0]["predicted_s"], rel=0.5)
+    # a run of the plan loads its model cold, as each run on a rented GPU does: more than the sweep's later run
+    # (warm, the encoded data reused) and less than its first (which also reads the data and starts up, seconds
+    # that vary with what the process imported before: comparing with the first alone was flaky)
+    first, later = (r["predicted_s"] for r in result.data["time_check"]["runs"])
+    assert later < per_run < first
 
 
 def test_the_sweeps_eta_counts_the_sweeps_own_budget_not_the_pilots(piloted_sweep):
