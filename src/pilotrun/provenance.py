@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shlex
 import subprocess
 import sys
+import time
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -29,13 +31,41 @@ def plain_config(config: dict) -> dict:
     return json.loads(json.dumps(config, default=str))
 
 
-def file_sha256(path: str | Path) -> str:
-    """sha256 of the file's bytes."""
-    h = hashlib.sha256()
+RACY_NS = 20_000_000  # a file changed this recently may change again within its timestamp tick (≤ 10 ms), unseen
+MEMO_MAX = 4096  # remembered hashes in one process
+_DIGESTS: dict[tuple, str] = {}  # (dev, inode, size, mtime_ns, ctime_ns) -> sha256 of the bytes read in this process
+
+
+def _identity(st: os.stat_result) -> tuple:
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+def file_sha256(path: str | Path, *, reuse: bool = False) -> str:
+    """sha256 of the file's bytes, read now.
+
+    Each hash read is remembered for this process under the file's identity: device, inode, size, mtime and
+    ctime. ctime moves with every write, rename and metadata change and cannot be set back (``touch``, ``rsync
+    -t`` and ``utime`` set mtime only). A hash is remembered only when the file stood unchanged while it was read
+    and had not changed for RACY_NS before: a later write falls in a later timestamp tick.
+
+    ``reuse``: give the remembered hash while the file's identity stands, without reading it again. That is for
+    recording what a file holds (a run's manifest over the checkpoints it just hashed, a cache key, a base
+    model's identity), never for checking it: a verification reads the bytes again."""
     with open(path, "rb") as f:
+        before = _identity(os.fstat(f.fileno()))
+        if reuse and before in _DIGESTS:
+            return _DIGESTS[before]
+        started = time.time_ns()
+        h = hashlib.sha256()
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
-    return h.hexdigest()
+        steady = _identity(os.fstat(f.fileno())) == before
+    digest = h.hexdigest()
+    if steady and started - before[4] > RACY_NS:
+        _DIGESTS[before] = digest
+        while len(_DIGESTS) > MEMO_MAX:
+            _DIGESTS.pop(next(iter(_DIGESTS)))
+    return digest
 
 
 def command_line() -> str:

@@ -65,7 +65,8 @@ def require_weights(loaded) -> None:
     if path and snapshot_of(path):
         check_model_dir(Path(path))
     if path and loaded.campaign.task in BUILTIN_TASKS:
-        check_weights_fit(loaded.campaign, loaded.campaign.task)  # names and shapes against the headers
+        with spending("model"):  # the architecture's modules imported and built on the meta device: the model's load
+            check_weights_fit(loaded.campaign, loaded.campaign.task)  # names and shapes against the headers
 
 
 def prepare(loaded, splits=SPLITS, *, shapes: bool = False) -> Prepared:

@@ -40,20 +40,12 @@ _SHARING: contextvars.ContextVar[bool] = contextvars.ContextVar("pilotrun_sharin
 _ENCODED: dict[str, Any] = {}
 _PRISTINE: dict[str, Any] = {}
 _TRACES: contextvars.ContextVar[Path | None] = contextvars.ContextVar("pilotrun_traces", default=None)
-_DIGESTS: dict[tuple, str] = {}  # (path, dev, ino, size, mtime_ns, ctime_ns) -> sha256, this process's reads
 
 
 def _file_id(path: Path) -> list:
-    """A file's identity by content: its path, size and sha256 (the hash memoised in this process while the file's
-    inode, size, mtime and ctime stand: ctime moves with every write or replacement, whatever mtime says)."""
-    st = path.stat()
-    memo = (str(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-    digest = _DIGESTS.get(memo)
-    if digest is None:
-        digest = _DIGESTS[memo] = file_sha256(path)
-        while len(_DIGESTS) > 4096:
-            _DIGESTS.pop(next(iter(_DIGESTS)))
-    return [str(path), st.st_size, digest]
+    """A file's identity by content: its path, size and sha256 (``file_sha256``'s hash remembered in this process
+    while the file's inode, size, mtime and ctime stand)."""
+    return [str(path), path.stat().st_size, file_sha256(path, reuse=True)]
 
 
 def files_of(value: Any, base: Path | None) -> list[list]:

@@ -18,7 +18,6 @@ from pilotrun.provenance import file_sha256
 
 ATTR = "pilotrun_base"  # set by tasks/loading.build_model on an adapted model
 BASE_FILE = "base.json"
-_HASHES: dict[tuple, str] = {}  # (path, size, mtime_ns) -> sha256: a 14 GB base is hashed once per process
 
 
 def describe_base(c) -> dict:
@@ -63,14 +62,6 @@ def quantized_fingerprint(model) -> str:
     return digest
 
 
-def _sha256(p: Path) -> str:
-    st = p.stat()
-    key = (str(p), st.st_size, st.st_mtime_ns)
-    if key not in _HASHES:
-        _HASHES[key] = file_sha256(p)
-    return _HASHES[key]
-
-
 def identity(described: dict, model=None) -> dict:
     """The base model's identity: for a folder, the sha256 of every weight file in it; for a quantised base (and
     ``model`` given), the sha256 of its quantised bytes too."""
@@ -78,7 +69,7 @@ def identity(described: dict, model=None) -> dict:
     if "path" in described:
         folder = Path(described["path"])
         files = sorted(p for p in folder.iterdir() if p.name.endswith(".safetensors"))
-        out["weights"] = {p.name: _sha256(p) for p in files}
+        out["weights"] = {p.name: file_sha256(p, reuse=True) for p in files}  # a 14 GB base: once a process
     if "quantization" in described and model is not None:
         out["quantized_sha256"] = quantized_fingerprint(model)
     return out

@@ -45,7 +45,7 @@ def hub_revisions(loaded) -> dict[str, dict]:
 
 def data_fingerprints(c) -> dict[str, dict]:
     """Each data file of the campaign ``c``: its path and the sha256 of its bytes."""
-    return {s: {"path": getattr(c.data, s), "sha256": file_sha256(getattr(c.data, s))}
+    return {s: {"path": getattr(c.data, s), "sha256": file_sha256(getattr(c.data, s), reuse=True)}
             for s in SPLITS if getattr(c.data, s)}
 
 

@@ -250,26 +250,34 @@ def generation_target(e, ends: list[int]) -> tuple[list[int], list[int], bool]:
 
 
 def _generation_check(task, model, examples, device) -> tuple[list, int]:
-    """Greedy generation from the prompt reproduces the first answer through its end id, and stops there."""
+    """Greedy generation from the prompt reproduces the first answer through its end id, and stops there.
+
+    The examples are generated together, their prompts padded on the left and masked: one pass over the weights
+    per new token for all of them. Generation at a batch of one is bound by reading the weights, so one example at
+    a time read them once per token for each (SmolLM2-135M: 3.5 s for its 3 examples). Greedy is causal: a
+    row's tokens after its end id (the pad generate fills in once it ended) change nothing before it."""
     import torch
 
     ends = end_ids(task, model)
     tok = task.tokenizer
-    wrong, done = [], 0
-    for e in examples[:GENERATE_EXAMPLES]:
-        start = e.prompt_len
-        if start == 0:
-            continue
-        want, after, stops = generation_target(e, ends)
-        ids = torch.tensor([e.input_ids[:start]], device=device)
-        with torch.no_grad():
-            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
-                                 max_new_tokens=len(want), do_sample=False,
-                                 eos_token_id=ends or None, pad_token_id=getattr(task, "pad", None))
-        got = out[0, start:].tolist()
+    asked = [(e, *generation_target(e, ends)) for e in examples[:GENERATE_EXAMPLES] if e.prompt_len > 0]
+    if not asked:
+        return [], 0
+    width = max(e.prompt_len for e, *_ in asked)
+    pad = getattr(task, "pad", None)
+    fill = pad if pad is not None else (ends[0] if ends else 0)  # any id: the mask hides it
+    ids = torch.tensor([[fill] * (width - e.prompt_len) + e.input_ids[:e.prompt_len] for e, *_ in asked],
+                       device=device)
+    mask = torch.tensor([[0] * (width - e.prompt_len) + [1] * e.prompt_len for e, *_ in asked], device=device)
+    longest = max(len(want) for _, want, _, _ in asked)
+    with torch.no_grad():
+        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max(1, longest), do_sample=False,
+                             eos_token_id=ends or None, pad_token_id=pad)
+    wrong = []
+    for row, (e, want, after, stops) in enumerate(asked):
+        got = out[row, width:width + len(want)].tolist()
         stop = next((i for i, t in enumerate(got) if t in ends), None)
         got = got[: stop + 1] if stop is not None else got
-        done += 1
         if got == want and (not stops or (want and want[-1] in ends)):
             continue
         p = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
@@ -286,7 +294,7 @@ def _generation_check(task, model, examples, device) -> tuple[list, int]:
             message = f"greedy generation of {e.rid} differs from its target at token {p} of {len(want)}{before}: {what}"
         wrong.append({"rid": e.rid, "position": p, "generated": got, "target": want, "after_end": after,
                       "never_stops": p == len(want), "message": message})
-    return wrong, done
+    return wrong, len(asked)
 
 
 class UpdateBudget:
