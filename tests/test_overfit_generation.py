@@ -154,3 +154,32 @@ def test_real_instruct_model_memorises_a_stack_exchange_answer_in_its_template(c
     assert r.code == 0, r.out + r.err
     assert r.json["data"]["checks"]["generated"] == 1 and not r.json["data"]["checks"]["generation_wrong"]
     assert "greedy generation reproduces 1 of 1 examples" in "\n".join(r.json["messages"])
+
+
+def test_examples_generated_together_give_what_each_gives_alone():
+    """The check generates its examples in one batch, prompts of different lengths padded on the left and masked:
+    each must get the tokens greedy generation gives it alone (pads left unmasked, or padded on the right, change
+    the shorter prompts' tokens). Each target is what its prompt generates alone on a random tiny Llama, cut by
+    data.max_length (so generation is not asked to stop)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from pilotrun.rehearsal.mechanics.overfit import _generation_check
+    from pilotrun.tasks.base import IGNORE, Example
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(**dict(TINY_LLAMA, eos_token_id=1, pad_token_id=0))).eval()
+
+    class Task:
+        pad, eos, tokenizer = 0, 1, None
+
+    examples = []
+    for i, prompt in enumerate(([5, 9, 17], [40, 41, 42, 43, 44, 45, 46, 47, 48, 49], [7, 8, 9, 10, 11, 12])):
+        ids = torch.tensor([prompt])
+        with torch.no_grad():
+            alone = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=12,
+                                   do_sample=False, eos_token_id=[1], pad_token_id=0)[0, len(prompt):].tolist()
+        examples.append(Example(prompt + alone, [IGNORE] * len(prompt) + alone, f"r{i}", prompt_len=len(prompt),
+                                target_len_full=len(alone) + 1))
+    wrong, done = _generation_check(Task(), model, examples, torch.device("cpu"))
+    assert done == 3 and wrong == [], [w["message"] for w in wrong]
