@@ -62,6 +62,42 @@ def test_flipped_byte_refused_naming_the_file(cli, trained, tmp_path):
     assert "fresh process" not in "\n".join(r.json["messages"])  # refused before anything was loaded
 
 
+def test_the_run_folder_is_hashed_once_in_the_process_that_loads(cli, trained, tmp_path, monkeypatch):
+    """Issue 50: verify hashed the whole run folder here and again in its fresh process. Only the fresh process,
+    which loads, checks now (nothing can change between its check and its load); its refusal is said here as
+    before, through a zygote's child or a cold interpreter (PILOTRUN_FRESH=cold) alike."""
+    import pilotrun.journal.checkpoints as checkpoints
+    import pilotrun.journal.files as files
+
+    hashed, real = [], files.file_sha256
+
+    def counting(p, *a, **k):  # the real sha256, each path this process hashes recorded
+        hashed.append(p)
+        return real(p, *a, **k)
+
+    monkeypatch.setattr(files, "file_sha256", counting)
+    monkeypatch.setattr(checkpoints, "file_sha256", counting)
+    home, run_id = trained
+    r = cli("verify", run_id, "--home", home, "--json")
+    assert r.code == 0, r.out + r.err
+    assert r.json["messages"][0].startswith("every file matches manifest.json (sha256); no pickle-based weights; "
+                                            "fresh process pid ")
+    assert hashed == []
+    home, run_id, run_dir = _copy(trained, tmp_path)
+    weights = run_dir / "artifact" / "model" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    weights.write_bytes(bytes(data))
+    monkeypatch.setenv("PILOTRUN_FRESH", "cold")
+    r = cli("verify", run_id, "--home", home, "--json")
+    refused = ["artifact/model/model.safetensors: sha256 differs from manifest.json — refused, nothing was loaded"]
+    assert (r.code, r.json["verdict"]) == (1, "fail"), r.err
+    assert r.json["summary"] == (f"run {run_id}: refused before loading: artifact/model/model.safetensors: sha256 "
+                                 "differs from manifest.json")
+    assert r.json["messages"] == refused and r.json["data"] == {"run_id": run_id, "refused": refused}
+    assert hashed == []
+
+
 def test_pickle_weights_refused_with_explanation(cli, trained, tmp_path):
     home, run_id, run_dir = _copy(trained, tmp_path)
     model_dir = run_dir / "artifact" / "model"
