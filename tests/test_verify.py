@@ -98,6 +98,21 @@ def test_the_run_folder_is_hashed_once_in_the_process_that_loads(cli, trained, t
     assert hashed == []
 
 
+def test_a_path_the_system_refuses_in_the_fresh_process_is_exit_2_naming_it(cli, trained, tmp_path):
+    """The fresh process's check meets an OSError (a manifest entry whose name the file system cannot hold): said as
+    bad input naming the path, as when the check ran in the verb's process, not as an artifact that does not reload."""
+    import json
+
+    home, run_id, run_dir = _copy(trained, tmp_path)
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    manifest["files"]["artifact/" + "x" * 300] = {"sha256": "0" * 64}
+    (run_dir / "manifest.json").write_text(json.dumps(manifest))
+    r = cli("verify", run_id, "--home", home)
+    assert r.code == 2, (r.code, r.out, r.err)
+    assert f"{run_dir}/artifact/xxx" in r.err and "a name in the path is longer than the file system allows" in r.err
+    assert "use a shorter path" in r.err and "does not reload" not in r.out + r.err
+
+
 def test_pickle_weights_refused_with_explanation(cli, trained, tmp_path):
     home, run_id, run_dir = _copy(trained, tmp_path)
     model_dir = run_dir / "artifact" / "model"

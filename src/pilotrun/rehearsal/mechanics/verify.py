@@ -24,7 +24,7 @@ from pilotrun.console.progress import head, note, spend, spending
 from pilotrun.engine import fresh
 from pilotrun.engine.control import CONTROL_FILE, load_control, predictions_and_logits
 from pilotrun.engine.precision import EPS, autocast, campaign_compute_dtype
-from pilotrun.errors import BadInput
+from pilotrun.errors import BadInput, from_os_error
 from pilotrun.journal.checkpoints import reference, resolve
 from pilotrun.journal.files import MANIFEST, atomic_write_json, listed_files, verify_manifest
 from pilotrun.journal.runs import missing_run_folder
@@ -165,8 +165,8 @@ def _first_difference(a: list, b: list) -> int:
 
 def verify_worker(run_dir: str, control_path: str, out_path: str) -> int:
     """The fresh process: check the run folder (``preflight``), then load each artifact folder and predict the
-    control inputs. A refusal, or a manifest that cannot be read, is written to ``out_path`` (``refused``,
-    ``bad_input``) with exit 0: the caller says it as it says its own, never as a process that failed."""
+    control inputs. A refusal, or bad input (a manifest that cannot be read, a file the system will not open), is
+    written to ``out_path`` (``refused``, ``bad_input``) with exit 0: the caller says it as it says its own, never as a process that failed."""
     import torch
 
     import transformers  # noqa: F401 - the fresh process's imports are its start-up, not the artifact's load
@@ -176,9 +176,12 @@ def verify_worker(run_dir: str, control_path: str, out_path: str) -> int:
     note("checking every file of the run against manifest.json (sha256)")
     try:
         refused = preflight(run_dir)
-    except BadInput as e:
-        atomic_write_json(out_path, {"pid": os.getpid(), "bad_input": {"message": e.detail, "where": e.where,
-                                                                       "fix": e.fix}})
+    except (BadInput, OSError) as e:  # an unreadable manifest, a path the system refuses: exit 2 as ever
+        bad = e if isinstance(e, BadInput) else from_os_error(e)
+        if bad is None:
+            raise
+        atomic_write_json(out_path, {"pid": os.getpid(), "bad_input": {"message": bad.detail, "where": bad.where,
+                                                                       "fix": bad.fix}})
         return 0
     if refused:
         atomic_write_json(out_path, {"pid": os.getpid(), "refused": refused})
