@@ -36,6 +36,12 @@ def _copy(trained, tmp_path):
     return tmp_path / "home", run_id, tmp_path / "home" / "runs" / run_id
 
 
+def _flip_a_byte(path):
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
 def test_clean_run_reloads_and_reproduces(cli, trained):
     home, run_id = trained
     control = load_control(home / "runs" / run_id / CONTROL_FILE)
@@ -52,10 +58,7 @@ def test_clean_run_reloads_and_reproduces(cli, trained):
 
 def test_flipped_byte_refused_naming_the_file(cli, trained, tmp_path):
     home, run_id, run_dir = _copy(trained, tmp_path)
-    weights = run_dir / "artifact" / "model" / "model.safetensors"
-    data = bytearray(weights.read_bytes())
-    data[len(data) // 2] ^= 0x01
-    weights.write_bytes(bytes(data))
+    _flip_a_byte(run_dir / "artifact" / "model" / "model.safetensors")
     r = cli("verify", run_id, "--home", home, "--json")
     assert r.code == 1
     assert "artifact/model/model.safetensors: sha256 differs from manifest.json" in r.json["summary"]
@@ -84,10 +87,7 @@ def test_the_run_folder_is_hashed_once_in_the_process_that_loads(cli, trained, t
                                             "fresh process pid ")
     assert hashed == []
     home, run_id, run_dir = _copy(trained, tmp_path)
-    weights = run_dir / "artifact" / "model" / "model.safetensors"
-    data = bytearray(weights.read_bytes())
-    data[len(data) // 2] ^= 0x01
-    weights.write_bytes(bytes(data))
+    _flip_a_byte(run_dir / "artifact" / "model" / "model.safetensors")
     monkeypatch.setenv("PILOTRUN_FRESH", "cold")
     r = cli("verify", run_id, "--home", home, "--json")
     refused = ["artifact/model/model.safetensors: sha256 differs from manifest.json — refused, nothing was loaded"]
