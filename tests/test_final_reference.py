@@ -155,6 +155,44 @@ def test_a_swapped_or_damaged_target_is_caught(home):
                                "(update-NNNNNN) beside it"]
 
 
+def test_verify_hashes_the_checkpoint_final_stands_for_once_and_still_refuses_it_damaged(home, monkeypatch):
+    """Issue 50: verify's check before loading (preflight) hashed the files of the checkpoint final stands for twice,
+    as files of the run and again through the reference, whose findings about them it then dropped. Once now; a damaged or swapped target is still refused."""
+    from collections import Counter
+
+    import pilotrun.journal.checkpoints as checkpoints
+    import pilotrun.journal.files as files
+    from pilotrun.rehearsal.mechanics.verify import preflight
+
+    home, path, run_id = home
+    run_dir = home / "runs" / run_id
+    ckpts, real, hashed = run_dir / "checkpoints", files.file_sha256, Counter()
+
+    def counting(p, *a, **k):  # the real sha256, each path counted
+        hashed[Path(p).relative_to(run_dir).as_posix()] += 1
+        return real(p, *a, **k)
+
+    monkeypatch.setattr(files, "file_sha256", counting)
+    monkeypatch.setattr(checkpoints, "file_sha256", counting)
+    assert preflight(run_dir) == []
+    listed = set(json.loads((run_dir / "manifest.json").read_text())["files"])
+    assert "checkpoints/update-000004/optimizer.pt" in listed  # with the reference's own check of the target:
+    assert set(hashed) == listed | {"checkpoints/update-000004/manifest.json"}  # the checksum it recorded
+    assert set(hashed.values()) == {1}
+    opt = ckpts / "update-000004" / "optimizer.pt"
+    data = bytearray(opt.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    opt.write_bytes(bytes(data))
+    assert preflight(run_dir) == ["checkpoints/update-000004/optimizer.pt: sha256 differs from manifest.json — "
+                                  "refused, nothing was loaded"]
+    shutil.rmtree(ckpts / "update-000004")  # swapped: another complete checkpoint under its name
+    shutil.copytree(ckpts / "update-000002", ckpts / "update-000004")
+    assert (f"{ckpts / 'final'}/manifest.json: stands for checkpoint update-000004, but update-000004/manifest.json "
+            "differs from the one recorded when final was written (the checkpoint was swapped or rewritten); restore "
+            "the run folder from an archive of the run (`pilotrun archive` carries the checkpoint final names) — "
+            "refused, nothing was loaded") in preflight(run_dir)
+
+
 def test_retention_never_removes_the_checkpoint_final_stands_for(home):
     from pilotrun.journal.checkpoints import write_reference
 

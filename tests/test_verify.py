@@ -36,6 +36,12 @@ def _copy(trained, tmp_path):
     return tmp_path / "home", run_id, tmp_path / "home" / "runs" / run_id
 
 
+def _flip_a_byte(path):
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
 def test_clean_run_reloads_and_reproduces(cli, trained):
     home, run_id = trained
     control = load_control(home / "runs" / run_id / CONTROL_FILE)
@@ -52,14 +58,59 @@ def test_clean_run_reloads_and_reproduces(cli, trained):
 
 def test_flipped_byte_refused_naming_the_file(cli, trained, tmp_path):
     home, run_id, run_dir = _copy(trained, tmp_path)
-    weights = run_dir / "artifact" / "model" / "model.safetensors"
-    data = bytearray(weights.read_bytes())
-    data[len(data) // 2] ^= 0x01
-    weights.write_bytes(bytes(data))
+    _flip_a_byte(run_dir / "artifact" / "model" / "model.safetensors")
     r = cli("verify", run_id, "--home", home, "--json")
     assert r.code == 1
     assert "artifact/model/model.safetensors: sha256 differs from manifest.json" in r.json["summary"]
     assert "fresh process" not in "\n".join(r.json["messages"])  # refused before anything was loaded
+
+
+def test_the_run_folder_is_hashed_once_in_the_process_that_loads(cli, trained, tmp_path, monkeypatch):
+    """Issue 50: verify hashed the whole run folder here and again in its fresh process. Only the fresh process,
+    which loads, checks now (nothing can change between its check and its load); its refusal is said here as
+    before, through a zygote's child or a cold interpreter (PILOTRUN_FRESH=cold) alike."""
+    import pilotrun.journal.checkpoints as checkpoints
+    import pilotrun.journal.files as files
+
+    hashed, real = [], files.file_sha256
+
+    def counting(p, *a, **k):  # the real sha256, each path this process hashes recorded
+        hashed.append(p)
+        return real(p, *a, **k)
+
+    monkeypatch.setattr(files, "file_sha256", counting)
+    monkeypatch.setattr(checkpoints, "file_sha256", counting)
+    home, run_id = trained
+    r = cli("verify", run_id, "--home", home, "--json")
+    assert r.code == 0, r.out + r.err
+    assert r.json["messages"][0].startswith("every file matches manifest.json (sha256); no pickle-based weights; "
+                                            "fresh process pid ")
+    assert hashed == []
+    home, run_id, run_dir = _copy(trained, tmp_path)
+    _flip_a_byte(run_dir / "artifact" / "model" / "model.safetensors")
+    monkeypatch.setenv("PILOTRUN_FRESH", "cold")
+    r = cli("verify", run_id, "--home", home, "--json")
+    refused = ["artifact/model/model.safetensors: sha256 differs from manifest.json — refused, nothing was loaded"]
+    assert (r.code, r.json["verdict"]) == (1, "fail"), r.err
+    assert r.json["summary"] == (f"run {run_id}: refused before loading: artifact/model/model.safetensors: sha256 "
+                                 "differs from manifest.json")
+    assert r.json["messages"] == refused and r.json["data"] == {"run_id": run_id, "refused": refused}
+    assert hashed == []
+
+
+def test_a_path_the_system_refuses_in_the_fresh_process_is_exit_2_naming_it(cli, trained, tmp_path):
+    """The fresh process's check meets an OSError (a manifest entry whose name the file system cannot hold): said as
+    bad input naming the path, as when the check ran in the verb's process, not as an artifact that does not reload."""
+    import json
+
+    home, run_id, run_dir = _copy(trained, tmp_path)
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    manifest["files"]["artifact/" + "x" * 300] = {"sha256": "0" * 64}
+    (run_dir / "manifest.json").write_text(json.dumps(manifest))
+    r = cli("verify", run_id, "--home", home)
+    assert r.code == 2, (r.code, r.out, r.err)
+    assert f"{run_dir}/artifact/xxx" in r.err and "a name in the path is longer than the file system allows" in r.err
+    assert "use a shorter path" in r.err and "does not reload" not in r.out + r.err
 
 
 def test_pickle_weights_refused_with_explanation(cli, trained, tmp_path):

@@ -49,11 +49,13 @@ def folder_problems(path: Path) -> list[str]:
     return found
 
 
-def resolve(path: str | Path) -> tuple[Path, list[str]]:
+def resolve(path: str | Path, *, files: bool = True) -> tuple[Path, list[str]]:
     """(the folder holding the files of the checkpoint ``path`` stands for, why it cannot be trusted).
 
     A checkpoint of its own is its own folder. A reference resolves to the numbered checkpoint beside it,
-    which must exist, have the very manifest the reference recorded, and match that manifest file by file."""
+    which must exist, have the very manifest the reference recorded, and match that manifest file by file
+    (``files=False``: the reference alone, the target's files not hashed — for a caller that hashes them
+    anyway, verify's check of the whole run folder)."""
     path = Path(path)
     ref = reference(path)
     if ref is None:
@@ -73,7 +75,7 @@ def resolve(path: str | Path) -> tuple[Path, list[str]]:
                         f"recorded when final was written (the checkpoint was swapped or rewritten); {RESTORE}"]
     if reference(target) is not None:
         return target, [f"{where}: stands for {name}, itself a reference; a reference names a checkpoint"]
-    return target, [f"{name}/{p}" for p in folder_problems(target)]
+    return target, [f"{name}/{p}" for p in folder_problems(target)] if files else []
 
 
 def named_by(path: str | Path) -> Path | None:

@@ -1,13 +1,15 @@
 """verify: reload a run's artifact in a fresh process and reproduce its control predictions.
 
-Before anything is loaded: every file of the run folder is checked against ``manifest.json``
-(sha256), every file of ``artifact/`` must be listed there, and pickle-based weights are refused.
-Then a new interpreter (``python -m pilotrun _verify-worker``) loads each artifact folder the way
-a user would — config, safetensors weights and tokenizer through transformers (the adapter
-through peft) — in the dtype the run trained in — and predicts the control inputs stored at the end of
-training. The logits at the stored top-k ids must be within the tolerance of the dtype the run computed in
-(``logit_tolerance``), and the ids equal, except where the training-time logits of the two ids were themselves
-within that tolerance (a near tie: the dtype's rounding may pick either, so a flip there is said, never failed).
+A new interpreter (``python -m pilotrun _verify-worker``) first checks every file of the run folder against
+``manifest.json`` (sha256), that every file of ``artifact/`` is listed there, and refuses pickle-based weights —
+in the process that loads, so nothing changes between the check and the load, and the folder is hashed once (the
+caller hashes nothing; a refusal comes back in the worker's output file and is said as one before loading). Then
+it loads each artifact folder the way a user would — config, safetensors weights and tokenizer through
+transformers (the adapter through peft) — in the dtype the run trained in — and predicts the control inputs
+stored at the end of training. The logits at the stored top-k ids must be within the tolerance of the dtype the
+run computed in (``logit_tolerance``), and the ids equal, except where the training-time logits of the two ids
+were themselves within that tolerance (a near tie: the dtype's rounding may pick either, so a flip there is said,
+never failed).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from pilotrun.console.progress import head, note, spend, spending
 from pilotrun.engine import fresh
 from pilotrun.engine.control import CONTROL_FILE, load_control, predictions_and_logits
 from pilotrun.engine.precision import EPS, autocast, campaign_compute_dtype
-from pilotrun.errors import BadInput
+from pilotrun.errors import BadInput, from_os_error
 from pilotrun.journal.checkpoints import reference, resolve
 from pilotrun.journal.files import MANIFEST, atomic_write_json, listed_files, verify_manifest
 from pilotrun.journal.runs import missing_run_folder
@@ -63,13 +65,16 @@ def preflight(run_dir: Path) -> list[str]:
         problems += [f"{p.relative_to(run_dir)}: not listed in manifest.json" for p in files
                      if str(p.relative_to(run_dir)) not in listed]
     final = run_dir / "checkpoints" / "final"
-    if reference(final) is not None:  # the checkpoint final stands for is missing or swapped: said as such
-        problems += [p for p in resolve(final)[1] if p.startswith(f"{final / MANIFEST}: ")]
+    if reference(final) is not None:  # the checkpoint final stands for is missing or swapped: said as such (its
+        # files were hashed above, as files of the run: not a second time)
+        problems += [p for p in resolve(final, files=False)[1] if p.startswith(f"{final / MANIFEST}: ")]
     return refused + [f"{p} — refused, nothing was loaded" for p in problems]
 
 
 def verify(home, run_id: str) -> StageResult:
-    """Check hashes here, then reload and predict in a fresh process, then compare."""
+    """In a fresh process: check hashes (``preflight``), then reload and predict; then compare here. The checks
+    that need no hashing (the artifact folder, the stored control predictions) are made here, before a process
+    starts."""
     journal = Journal(home, create=False)
     run = journal.require_run(run_id)
     run_id = run["run_id"]
@@ -79,10 +84,6 @@ def verify(home, run_id: str) -> StageResult:
     if not (run_dir / "artifact").is_dir():
         raise BadInput(f"run {run_id} (kind {run['kind']}) has no artifact folder in {run_dir}", where="RUN_ID",
                        fix="verify a run that saved an artifact (train, resume, sweep runs); see `pilotrun runs`")
-    refused = preflight(run_dir)
-    if refused:
-        return StageResult("verify", "fail", f"run {run_id}: refused before loading: {refused[0].split(' — ')[0]}",
-                           refused, {"run_id": run_id, "refused": refused})
     control = journal.predictions(run_id, "control")
     if not control:
         raise BadInput(f"run {run_id} stored no control predictions", where="RUN_ID",
@@ -98,12 +99,20 @@ def verify(home, run_id: str) -> StageResult:
             return StageResult("verify", "fail", f"run {run_id}: the artifact does not reload",
                                [f"the fresh process failed (exit {proc.returncode}): {tail}"], {"run_id": run_id})
         reloaded = json.loads(out.read_text())
+    if "bad_input" in reloaded:  # the manifest cannot be read: the worker's BadInput, said here as this verb's
+        raise BadInput(**reloaded["bad_input"])
+    if "refused" in reloaded:
+        refused = reloaded["refused"]
+        return StageResult("verify", "fail", f"run {run_id}: refused before loading: {refused[0].split(' — ')[0]}",
+                           refused, {"run_id": run_id, "refused": refused})
     return compare(run_id, control, reloaded)
 
 
 def compare(run_id: str, control: dict, reloaded: dict) -> StageResult:
-    msgs, rows, failed = [f"every file matches manifest.json (sha256); no pickle-based weights; fresh process "
-                          f"pid {reloaded['pid']}"], [], []
+    """The verdict on the worker's output ``reloaded`` (its ``preflight`` passed: ``checked``)."""
+    msgs = [f"every file matches manifest.json (sha256); no pickle-based weights; fresh process pid "
+            f"{reloaded['pid']}"] if reloaded.get("checked") else []
+    rows, failed = [], []
     for name, res in reloaded["artifacts"].items():
         if res.get("skipped"):
             msgs.append(f"artifact/{name}: not loaded — {res['skipped']}")
@@ -155,16 +164,28 @@ def _first_difference(a: list, b: list) -> int:
 
 
 def verify_worker(run_dir: str, control_path: str, out_path: str) -> int:
-    """The fresh process: hashes again, then load each artifact folder and predict the control inputs."""
+    """The fresh process: check the run folder (``preflight``), then load each artifact folder and predict the
+    control inputs. A refusal, or bad input (a manifest that cannot be read, a file the system will not open), is
+    written to ``out_path`` (``refused``, ``bad_input``) with exit 0: the caller says it as it says its own, never as a process that failed."""
     import torch
 
     import transformers  # noqa: F401 - the fresh process's imports are its start-up, not the artifact's load
 
     spend("work")  # the fresh process's start-up ends here (the parent's account until now)
     run_dir = Path(run_dir)
-    refused = preflight(run_dir)
+    note("checking every file of the run against manifest.json (sha256)")
+    try:
+        refused = preflight(run_dir)
+    except (BadInput, OSError) as e:  # an unreadable manifest, a path the system refuses: exit 2 as ever
+        bad = e if isinstance(e, BadInput) else from_os_error(e)
+        if bad is None:
+            raise
+        atomic_write_json(out_path, {"pid": os.getpid(), "bad_input": {"message": bad.detail, "where": bad.where,
+                                                                       "fix": bad.fix}})
+        return 0
     if refused:
-        raise BadInput(refused[0], where=str(run_dir))
+        atomic_write_json(out_path, {"pid": os.getpid(), "refused": refused})
+        return 0
     control = json.loads(Path(control_path).read_text())
     rids = list(control)
     if any("labels" not in c for c in control.values()):
@@ -207,7 +228,7 @@ def verify_worker(run_dir: str, control_path: str, out_path: str) -> int:
         results[sub.name] = {"pred": pred, "max_logit_diff": diff, "dtype": dtype, "compute_dtype": computed,
                              "atol": tol, "ties": ties, "tokenizer": _tokenizer_same(task, sub, examples),
                              "loaded": f"{type(model).__name__}, {dtype}"}
-    atomic_write_json(out_path, {"pid": os.getpid(), "artifacts": results})
+    atomic_write_json(out_path, {"pid": os.getpid(), "checked": True, "artifacts": results})
     return 0
 
 
