@@ -161,18 +161,18 @@ def test_verify_hashes_the_checkpoint_final_stands_for_once_and_still_refuses_it
     from collections import Counter
 
     import pilotrun.journal.checkpoints as checkpoints
-    import pilotrun.journal.files as files
+    import pilotrun.provenance as provenance
     from pilotrun.rehearsal.mechanics.verify import preflight
 
     home, path, run_id = home
     run_dir = home / "runs" / run_id
-    ckpts, real, hashed = run_dir / "checkpoints", files.file_sha256, Counter()
+    ckpts, real, hashed = run_dir / "checkpoints", provenance.file_sha256, Counter()
 
     def counting(p, *a, **k):  # the real sha256, each path counted
         hashed[Path(p).relative_to(run_dir).as_posix()] += 1
         return real(p, *a, **k)
 
-    monkeypatch.setattr(files, "file_sha256", counting)
+    monkeypatch.setattr(provenance, "file_sha256", counting)  # journal.files hashes through it
     monkeypatch.setattr(checkpoints, "file_sha256", counting)
     assert preflight(run_dir) == []
     listed = set(json.loads((run_dir / "manifest.json").read_text())["files"])

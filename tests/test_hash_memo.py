@@ -91,3 +91,41 @@ def test_a_run_manifest_reads_only_what_the_checkpoint_manifest_did_not(tmp_path
     for rel, info in listed.items():
         assert info["sha256"] == hashlib.sha256((tmp_path / "run" / rel).read_bytes()).hexdigest()
     assert verify_manifest(tmp_path / "run") == [] and len(reads) == 3 + len(listed)
+
+
+def test_fake_builds_share_one_tokenizer_per_folder_as_it_stands(tmp_path):
+    """The estimator's fake builds take the process's one tokenizer of the folder (the options table loaded it once
+    per trace); a tokenizer file written since is loaded again; a task that tokenizes loads its own."""
+    from conftest import simple_records, write_campaign, write_jsonl
+    from preference_data import BPE_LLAMA, bpe_tokenizer
+
+    from pilotrun.campaign.load import load_campaign
+    from pilotrun.tasks import make_task
+
+    tok = bpe_tokenizer(tmp_path / "tok")
+    write_jsonl(tmp_path / "data" / "train.jsonl", simple_records(4))
+    path = write_campaign(tmp_path, {"name": "t", "task": "causal-lm",
+                                     "model": {"config": BPE_LLAMA, "tokenizer": str(tok)},
+                                     "data": {"train": "data/train.jsonl", "max_length": 32},
+                                     "train": {"micro_batch": 1, "updates": 1}})
+    loaded = load_campaign(path)
+    a, b = make_task(loaded, shared_tokenizer=True), make_task(loaded, shared_tokenizer=True)
+    assert a is not b and a.tokenizer is b.tokenizer
+    assert make_task(loaded).tokenizer is not a.tokenizer  # its own
+    time.sleep(2 * PV.RACY_NS / 1e9)
+    config = next(f for f in sorted(tok.iterdir()) if f.name == "tokenizer_config.json")
+    config.write_text(config.read_text())  # the same bytes, written again: another file as it stands
+    assert make_task(loaded, shared_tokenizer=True).tokenizer is not a.tokenizer
+
+
+def test_big_files_hashed_at_once_give_each_its_own_hash_in_order(tmp_path):
+    """files_sha256 hashes big files in threads, the largest first: each path still gets its own hash, in the
+    order given; a file that cannot be read raises as it would alone."""
+    sizes = [48 << 20, 1000, 40 << 20, 0]
+    paths = []
+    for i, n in enumerate(sizes):
+        paths.append(tmp_path / f"f{i}")
+        paths[-1].write_bytes(os.urandom(n))
+    assert PV.files_sha256(paths) == [hashlib.sha256(p.read_bytes()).hexdigest() for p in paths]
+    with pytest.raises(FileNotFoundError):
+        PV.files_sha256(paths[:1] + [tmp_path / "gone"] + paths[2:])

@@ -70,15 +70,15 @@ def test_the_run_folder_is_hashed_once_in_the_process_that_loads(cli, trained, t
     which loads, checks now (nothing can change between its check and its load); its refusal is said here as
     before, through a zygote's child or a cold interpreter (PILOTRUN_FRESH=cold) alike."""
     import pilotrun.journal.checkpoints as checkpoints
-    import pilotrun.journal.files as files
+    import pilotrun.provenance as provenance
 
-    hashed, real = [], files.file_sha256
+    hashed, real = [], provenance.file_sha256
 
     def counting(p, *a, **k):  # the real sha256, each path this process hashes recorded
         hashed.append(p)
         return real(p, *a, **k)
 
-    monkeypatch.setattr(files, "file_sha256", counting)
+    monkeypatch.setattr(provenance, "file_sha256", counting)  # journal.files hashes through it
     monkeypatch.setattr(checkpoints, "file_sha256", counting)
     home, run_id = trained
     r = cli("verify", run_id, "--home", home, "--json")

@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterator, TypeVar
 
 from pilotrun.errors import BadInput, DiskFull, from_os_error
 
-from pilotrun.provenance import file_sha256
+from pilotrun.provenance import files_sha256
 from pilotrun.scratch import host_tag, pid_alive
 
 MANIFEST = "manifest.json"
@@ -228,8 +228,9 @@ def write_manifest(root: str | Path, extra: dict | None = None) -> dict:
     file hashed before in this process and unchanged since is not read again (``file_sha256``'s ``reuse``: a run's
     manifest over the checkpoint whose own manifest was just written hashed its 1.6 GB twice on SmolLM2-135M)."""
     root = Path(root)
-    files = {str(p.relative_to(root)): {"sha256": file_sha256(p, reuse=True), "bytes": p.stat().st_size}
-             for p in sorted(root.rglob("*")) if p.is_file() and p.name != MANIFEST and ".tmp-" not in p.name}
+    paths = [p for p in sorted(root.rglob("*")) if p.is_file() and p.name != MANIFEST and ".tmp-" not in p.name]
+    files = {str(p.relative_to(root)): {"sha256": digest, "bytes": p.stat().st_size}
+             for p, digest in zip(paths, files_sha256(paths, reuse=True))}
     manifest = {"files": files, **(extra or {})}
     atomic_write_json(root / MANIFEST, manifest)
     return manifest
@@ -248,20 +249,23 @@ def verify_manifest(root: str | Path, only: str | None = None) -> list[str]:
             raise TypeError("'files' is not a mapping")
     except (ValueError, KeyError, TypeError) as e:  # a truncated or hand-edited manifest is a finding, not a crash
         return [f"{mpath}: unreadable manifest ({type(e).__name__}: {e})"]
-    problems = []
+    found: list[tuple[str, str | None]] = []  # (rel, the problem, or None: to be hashed)
     for rel, info in files.items():
         if only and not rel.startswith(only):
             continue
         p = root / rel
         if PurePosixPath(rel).is_absolute() or ".." in PurePosixPath(rel).parts or "\\" in rel:
-            problems.append(f"{rel}: a manifest entry outside the folder")
+            found.append((rel, f"{rel}: a manifest entry outside the folder"))
         elif not isinstance(info, dict) or not isinstance(info.get("sha256"), str):
-            problems.append(f"{rel}: no sha256 in manifest.json")
+            found.append((rel, f"{rel}: no sha256 in manifest.json"))
         elif not p.is_file():
-            problems.append(f"{rel}: missing")
-        elif file_sha256(p) != info["sha256"]:
-            problems.append(f"{rel}: sha256 differs from manifest.json")
-    return problems
+            found.append((rel, f"{rel}: missing"))
+        else:
+            found.append((rel, None))
+    hashed = [rel for rel, problem in found if problem is None]
+    digests = dict(zip(hashed, files_sha256([root / rel for rel in hashed])))
+    return [problem if problem is not None else f"{rel}: sha256 differs from manifest.json"
+            for rel, problem in found if problem is not None or digests[rel] != files[rel]["sha256"]]
 
 
 def listed_files(root: str | Path) -> set[str] | None:

@@ -553,7 +553,7 @@ def fake_build(loaded, fake_mode, overrides: dict | None = None):
 
     c = loaded.campaign
     dtype = torch.bfloat16 if c.train.precision == "bf16-true" else torch_dtype(c.model.dtype)
-    task = make_task(loaded)
+    task = make_task(loaded, shared_tokenizer=True)  # it builds, never tokenizes
     allowed = {dtype, torch_dtype(c.model.dtype)}
     q = c.model.quantization
     if q is not None and q.bits == 4:  # peft moves LoRA to a 4-bit layer's compute dtype, then back to float32

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 
 from pilotrun.errors import BadInput
+from pilotrun.tasks import loading
 from pilotrun.tasks.base import IGNORE, REQUIRED_METHODS, Example, Task
 from pilotrun.tasks.causal_lm import CausalLMTask
 from pilotrun.tasks.preference import PreferenceTask
@@ -14,17 +15,19 @@ from pilotrun.tasks.shapes import config_vocabulary
 __all__ = ["IGNORE", "Example", "Task", "make_task"]
 
 
-def make_task(loaded):
+def make_task(loaded, *, shared_tokenizer: bool = False):
     """The task of a campaign: built-in by name, or ``package.module:Class`` constructed with the campaign. A built-in
     task whose tokenizer folder holds no tokenizer (config.json alone) gets the config's vocabulary in its stead
-    (``tasks/shapes.py``): it builds the model and pads batches, and refuses to tokenize."""
+    (``tasks/shapes.py``): it builds the model and pads batches, and refuses to tokenize. ``shared_tokenizer``: a
+    built-in task gets the process's one tokenizer of its folder (``tasks.loading.shared_tokenizer``), for a task
+    that only builds the model (the estimator's fake builds)."""
     name = loaded.campaign.task
-    if name == "causal-lm":
-        return CausalLMTask(loaded, config_vocabulary(loaded.campaign))
-    if name == "seq-cls":
-        return SeqClsTask(loaded, config_vocabulary(loaded.campaign))
-    if name == "preference":
-        return PreferenceTask(loaded, config_vocabulary(loaded.campaign))
+    builtin = {"causal-lm": CausalLMTask, "seq-cls": SeqClsTask, "preference": PreferenceTask}.get(name)
+    if builtin is not None:
+        tokenizer = config_vocabulary(loaded.campaign)
+        if tokenizer is None and shared_tokenizer:
+            tokenizer = loading.shared_tokenizer(loaded.campaign)
+        return builtin(loaded, tokenizer)
     if ":" not in name:
         raise BadInput(f"unknown task '{name}'", where="task",
                        fix="use causal-lm, seq-cls, preference or a Python task as package.module:Class")
