@@ -36,7 +36,9 @@ MEMO_MAX = 4096  # remembered hashes in one process
 _DIGESTS: dict[tuple, str] = {}  # (dev, inode, size, mtime_ns, ctime_ns) -> sha256 of the bytes read in this process
 
 
-def _identity(st: os.stat_result) -> tuple:
+def file_identity(st: os.stat_result) -> tuple:
+    """A file as it stands: device, inode, size, mtime and ctime (``file_sha256``'s memory; a cache of what a folder
+    holds)."""
     return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
 
 
@@ -52,14 +54,14 @@ def file_sha256(path: str | Path, *, reuse: bool = False) -> str:
     recording what a file holds (a run's manifest over the checkpoints it just hashed, a cache key, a base
     model's identity), never for checking it: a verification reads the bytes again."""
     with open(path, "rb") as f:
-        before = _identity(os.fstat(f.fileno()))
+        before = file_identity(os.fstat(f.fileno()))
         if reuse and before in _DIGESTS:
             return _DIGESTS[before]
         started = time.time_ns()
         h = hashlib.sha256()
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
-        steady = _identity(os.fstat(f.fileno())) == before
+        steady = file_identity(os.fstat(f.fileno())) == before
     digest = h.hexdigest()
     if steady and started - before[4] > RACY_NS:
         _DIGESTS[before] = digest

@@ -12,6 +12,7 @@ from pilotrun.console.progress import spending
 from pilotrun.errors import BadInput
 from pilotrun.journal.base_identity import ATTR, describe_base
 from pilotrun.journal.files import reading_weights
+from pilotrun.provenance import file_identity
 from pilotrun.startup import LIBRARY_ENV_DEFAULTS
 from pilotrun.tasks.hub import fetch_command, missing_weights, snapshot_of
 from pilotrun.tasks.moe import moe_parts
@@ -104,22 +105,18 @@ def load_tokenizer(c) -> Any:
                        fix="the folder needs tokenizer.json or the tokenizer's vocabulary files") from None
 
 
-_SHARED_TOKENIZERS: dict[tuple, Any] = {}  # (spec, trust_remote_code, the folder's files' identities) -> tokenizer
+_SHARED_TOKENIZERS: dict[tuple, Any] = {}  # (spec, trust_remote_code, its files' file_identity) -> tokenizer
 
 
 def shared_tokenizer(c) -> Any:
-    """``load_tokenizer``'s tokenizer, loaded once a process per folder as it stands (each file's inode, size,
-    mtime and ctime) and handed to every caller: for builds that only read it (the estimator's fake builds: the
-    options table built a task, and loaded SmolLM2-135M's tokenizer, 0.1–0.3 s, for each of its ~19 traces).
-    A task that tokenizes loads its own (``load_tokenizer``)."""
+    """``load_tokenizer``'s tokenizer, loaded once a process per folder as it stands (each file's
+    ``provenance.file_identity``) and handed to every caller: for builds that only read it (the estimator's fake
+    builds: the options table built a task, and loaded SmolLM2-135M's tokenizer, 0.1–0.3 s, for each of its ~19
+    traces). A task that tokenizes loads its own (``load_tokenizer``)."""
     spec = c.model.tokenizer or c.model.path
-    files: list = []
-    if spec not in (None, "byte") and Path(spec).is_dir():
-        for f in sorted(Path(spec).iterdir()):
-            if f.is_file():
-                st = f.stat()
-                files.append((f.name, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
-    key = (spec, c.model.trust_remote_code, tuple(files))
+    folder = Path(spec) if spec not in (None, "byte") and Path(spec).is_dir() else None
+    files = tuple((f.name, file_identity(f.stat())) for f in sorted(folder.iterdir()) if f.is_file()) if folder else ()
+    key = (spec, c.model.trust_remote_code, files)
     if key not in _SHARED_TOKENIZERS:
         _SHARED_TOKENIZERS[key] = load_tokenizer(c)
         while len(_SHARED_TOKENIZERS) > 8:

@@ -166,7 +166,8 @@ def _first_difference(a: list, b: list) -> int:
 def verify_worker(run_dir: str, control_path: str, out_path: str) -> int:
     """The fresh process: check the run folder (``preflight``), then load each artifact folder and predict the
     control inputs. A refusal, or bad input (a manifest that cannot be read, a file the system will not open), is
-    written to ``out_path`` (``refused``, ``bad_input``) with exit 0: the caller says it as it says its own, never as a process that failed."""
+    written to ``out_path`` (``refused``, ``bad_input``) with exit 0: the caller says it as it says its own, never
+    as a process that failed."""
     import torch
 
     import transformers  # noqa: F401 - the fresh process's imports are its start-up, not the artifact's load
