@@ -207,3 +207,57 @@ def test_a_worker_only_while_a_core_is_idle_now_not_by_the_minutes_load_average(
         for p in spinning:
             p.kill()
             p.wait()
+
+
+def _largest_question(tmp_path):
+    """The tiny campaign's largest sizes on an H100, as the sheet asks them: (loaded, arguments of ``largest``)."""
+    from pilotrun.campaign.load import load_campaign
+    from pilotrun.sheet import estimates as E
+    from pilotrun.sheet.catalogue import BY_KEY
+
+    path = tiny_causal_campaign(tmp_path / "camp", _records(24), _records(8, 100), data__max_length=96)
+    loaded = load_campaign(path)
+    rows = [{"phase": p, "rank": 0, "inputs": {"seq_len": 60}, "peak_reserved": 1} for p in ("steady_step",
+                                                                                            "eval_longest")]
+    c = loaded.campaign
+    return loaded, lambda: (E._Prepared(loaded), rows, BY_KEY["h100-sxm"], 1, c.train, c)
+
+
+@pytest.mark.parametrize("plant", [None, "exit"])
+def test_the_sheets_largest_sizes_from_a_worker_are_those_computed_here(tmp_path, monkeypatch, plant):
+    """The sheet's largest sizes bisected in a forked worker while the process traces the options table
+    (sheet/estimates.largest_ahead): the same sizes as computed in the process; a worker that fails (planted: it exits
+    3) is computed again here, with the same sizes; the child is reaped."""
+    from pilotrun.sheet import estimates as E
+
+    loaded, question = _largest_question(tmp_path)
+    prep, rows, card, ranks, t, c = question()
+    here = E.largest(loaded, prep, rows, card, "predicted", ranks, t, c)
+    assert here["micro_batch"]["value"] and here["seq_len"]["value"]
+    monkeypatch.setenv("PILOTRUN_TRACE_WORKERS", "2")  # whatever the machine's load
+    if plant:
+        monkeypatch.setenv("PILOTRUN_TEST_TRACE_WORKER", plant)
+    children, before = _children(), _counts()
+    prep, rows, card, ranks, t, c = question()
+    ahead = E.largest_ahead(loaded, prep, rows, card, ranks, t, c)
+    assert ahead is not None and _since(before)["started"] == 1
+    assert E.largest(loaded, prep, rows, card, "predicted", ranks, t, c, ahead=ahead) == here
+    assert _since(before) == {"started": 1, "answered": 0 if plant else 1, "failed": 1 if plant else 0}
+    assert _children() == children
+
+
+def test_no_worker_for_largest_sizes_kept_in_the_home(tmp_path, monkeypatch):
+    """Sizes the home keeps are read back, not bisected again in a worker."""
+    from pilotrun.campaign import reuse
+    from pilotrun.sheet import estimates as E
+
+    loaded, question = _largest_question(tmp_path)
+    monkeypatch.setenv("PILOTRUN_TRACE_WORKERS", "2")
+    with reuse.keeping_traces(tmp_path / "home"):
+        prep, rows, card, ranks, t, c = question()
+        first = E.largest(loaded, prep, rows, card, "predicted", ranks, t, c)
+        before = _counts()
+        prep, rows, card, ranks, t, c = question()
+        assert E.largest_ahead(loaded, prep, rows, card, ranks, t, c) is None
+        assert E.largest(loaded, prep, rows, card, "predicted", ranks, t, c) == first
+        assert _since(before)["started"] == 0

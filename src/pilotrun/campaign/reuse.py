@@ -261,6 +261,11 @@ def store_trace(key: str | None, trace: dict) -> None:
         pass
 
 
+def has_result(loaded, what: dict) -> bool:
+    """Whether ``kept_result(loaded, what, ...)`` has a value kept (not whether it can be trusted)."""
+    return has_trace(trace_key(loaded, dict(what, result=True)))
+
+
 def kept_result(loaded, what: dict, compute):
     """``compute()`` (a JSON value the estimator derives from the campaign alone and ``what``, such as the largest
     sizes' bisection, the predicted rows or the options table) read back from the journal's home under

@@ -91,6 +91,7 @@ class Worker:
 
     def __init__(self, pid: int, fd: int):
         self.pid, self.fd = pid, fd
+        self.started = time.monotonic()
         self.status: int | None = None  # the child's exit status once reaped
 
     def result(self, timeout: float) -> Any | None:

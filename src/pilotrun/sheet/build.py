@@ -64,11 +64,20 @@ def _build_sheet(cfg: dict, journal, pilot: dict, *, target_env, gpu, rates, pre
     if predict and kind == "predicted" and not settings.expandable_segments:
         E.expandable_advice(sheet, loaded, fits, gpu_rows, ranks, t, needs_bf16(cfg))
     _launch_env(sheet, target, variable, settings)
-    if target is not None and predict:
-        sheet["largest"] = E.largest(loaded, prep, rows, target, kind, ranks, t, c, settings)
-    time_plan(sheet, c, t, rows, P.phase_peaks(rows), pilot, fits, target, ranks, rates)
-    if options and predict:
-        E.options(sheet, loaded, prep, rates, gpu_rows, kind, ranks)
+    sizes = target is not None and predict
+    # the largest sizes' bisection in a forked worker while this process traces the options table, where both run
+    ahead = E.largest_ahead(loaded, prep, rows, target, ranks, t, c, settings) if sizes and options else None
+    try:
+        if sizes:
+            sheet["largest"] = None  # its place among the sheet's keys; filled below
+        time_plan(sheet, c, t, rows, P.phase_peaks(rows), pilot, fits, target, ranks, rates)
+        if options and predict:
+            E.options(sheet, loaded, prep, rates, gpu_rows, kind, ranks)
+        if sizes:
+            sheet["largest"] = E.largest(loaded, prep, rows, target, kind, ranks, t, c, settings, ahead=ahead)
+    finally:
+        if ahead is not None:
+            ahead.cancel()
     for k in ("_trace", "_cards", "_prep"):
         sheet.pop(k, None)
     (sheet.get("time") or {}).pop("_terms", None)

@@ -67,25 +67,65 @@ def prediction(loaded, rows: list[dict], sheet: dict, settings: Settings = DEFAU
     return prep, kept["rows"]
 
 
-def largest(loaded, prep, rows, target, kind, ranks, t, c, settings: Settings = DEFAULTS) -> dict:
-    """The largest sizes on ``target`` (sheet/sizes.py's definition): the estimator's probes replayed on the
-    target's capacity, else the measured growth, else why not."""
-    from pilotrun.sheet.sizes import Prober, largest_sizes  # lazy: looked up when called: tests replace it
-
+def _largest_asked(prep, rows, target, ranks, t, c, settings: Settings) -> dict | None:
+    """What the largest sizes' bisection is asked (its kept result's key), or None where the data could not be
+    prepared (the measured growth then answers)."""
+    if prep is None or prep.error is not None:
+        return None
     peaks = P.phase_peaks(rows)
     su = (peaks.get("steady_step") or {}).get("inputs", {})
     ev = (peaks.get("eval_longest") or {}).get("inputs", {})
+    return {"limit": capacity(target, ranks), "total": target.memory_bytes, "workspace": workspace_bytes(target),
+            "allocator": settings.text, "micro_batch": t.micro_batch, "eval_batch": t.eval_batch,
+            "seq_len": su.get("seq_len") or c.data.max_length, "eval_seq_len": ev.get("seq_len") or c.data.max_length}
+
+
+def _largest_sizes(loaded, prep, asked: dict, settings: Settings) -> dict:
+    from pilotrun.sheet.sizes import Prober, largest_sizes  # lazy: looked up when called: tests replace them
+
+    return largest_sizes(loaded, prep(), asked["limit"], micro_batch=asked["micro_batch"],
+                         eval_batch=asked["eval_batch"], seq_len=asked["seq_len"], eval_seq_len=asked["eval_seq_len"],
+                         total=asked["total"], prober=Prober(loaded, prep(), settings=settings,
+                                                             workspace=asked["workspace"]))
+
+
+def largest_ahead(loaded, prep, rows, target, ranks, t, c, settings: Settings = DEFAULTS):
+    """The largest sizes' bisection started in a forked worker (probe/workers.py), so that this process traces the
+    options table meanwhile (each is one core's work of fake tensors, ~1.7 and ~2.3 s on MiniLM): the worker, or
+    None where it is kept in the home, the data cannot be prepared or the machine does not allow one (``largest``
+    then computes it here, as always). The worker's value is the one computed here would be: the same campaign,
+    prepared data and question, at the fork."""
+    from pilotrun.campaign.reuse import has_result
+    from pilotrun.probe import workers
+
+    asked = _largest_asked(prep, rows, target, ranks, t, c, settings)
+    if asked is None or has_result(loaded, {"largest_sizes": asked}):
+        return None
+    try:
+        prep()  # here, before the fork: this process's options table uses the same prepared data
+    except Exception as e:  # noqa: BLE001 - ``largest`` meets it again and falls back, saying why
+        unless_stopping(e)
+        return None
+    return workers.start(lambda: _largest_sizes(loaded, prep, asked, settings))
+
+
+def largest(loaded, prep, rows, target, kind, ranks, t, c, settings: Settings = DEFAULTS, ahead=None) -> dict:
+    """The largest sizes on ``target`` (sheet/sizes.py's definition): the estimator's probes replayed on the
+    target's capacity, else the measured growth, else why not. ``ahead``: the worker ``largest_ahead`` started for
+    them (its value taken when it answers whole, else computed here)."""
+    import time
+
+    peaks = P.phase_peaks(rows)
     limit = capacity(target, ranks)
-    if prep is not None and prep.error is None:
+    asked = _largest_asked(prep, rows, target, ranks, t, c, settings)
+    if asked is not None:
+        def compute():
+            # the worker's share is about what this process did meanwhile: a generous bound before it is killed
+            value = ahead.result(timeout=60 + 4 * (time.monotonic() - ahead.started)) if ahead is not None else None
+            return value if value is not None else _largest_sizes(loaded, prep, asked, settings)
+
         try:
-            asked = {"limit": limit, "total": target.memory_bytes, "workspace": workspace_bytes(target),
-                     "allocator": settings.text, "micro_batch": t.micro_batch,
-                     "eval_batch": t.eval_batch, "seq_len": su.get("seq_len") or c.data.max_length,
-                     "eval_seq_len": ev.get("seq_len") or c.data.max_length}
-            return kept_result(loaded, {"largest_sizes": asked}, lambda: largest_sizes(
-                loaded, prep(), asked["limit"], micro_batch=asked["micro_batch"], eval_batch=asked["eval_batch"],
-                seq_len=asked["seq_len"], eval_seq_len=asked["eval_seq_len"], total=asked["total"],
-                prober=Prober(loaded, prep(), settings=settings, workspace=asked["workspace"])))
+            return kept_result(loaded, {"largest_sizes": asked}, compute)
         except Exception as e:  # noqa: BLE001 - fall back to the measured growth, saying why
             unless_stopping(e)
             why = "the data could not be prepared" if prep.error is e else f"{type(e).__name__}: {e}"
