@@ -60,22 +60,26 @@ def allowed() -> bool:
     return not (torch is not None and torch.cuda.is_initialized())
 
 
-def idle_core(cpus: int, reads: int = 2) -> bool:
+def idle_core(cpus: int, reads: int = 5, gap: float = 0.005, read: Callable[[], str] | None = None) -> bool:
     """Whether one of ``cpus`` cores is idle now: the kernel's count of runnable threads (``/proc/loadavg``'s
-    fourth field, this one included) under ``cpus`` at each of ``reads`` readings 10 ms apart. Not the load average:
-    a minute's decaying mean, it takes ~17 s to fall from 2 to 1.5 after a two-thread job ends, so `all`'s sheet
-    stage, right after `train`, would trace one depth at a time on an idle machine (reasoned from the decay, not
-    measured). Without ``/proc``, the load average under 0.5 below the CPUs."""
+    fourth field, this one included) under ``cpus`` at most of ``reads`` readings ``gap`` seconds apart (20 ms).
+    Most, not each: any thread that wakes for a moment (a progress line's refresh, a timer, another program's poll)
+    counts at the reading that meets it, and with every reading required `all`'s SmolLM2 sheet once traced alone on
+    an idle machine; a job that holds the cores holds them at every reading. Not the load average: a minute's
+    decaying mean, it takes ~17 s to fall from 2 to 1.5 after a two-thread job ends, so `all`'s sheet stage, right
+    after `train`, would trace one depth at a time on an idle machine (reasoned from the decay, not measured).
+    Without ``/proc``, the load average under 0.5 below the CPUs. ``read``: what gives ``/proc/loadavg``'s text."""
+    idle = 0
     for i in range(reads):
         try:
-            text = Path("/proc/loadavg").read_text()
+            text = read() if read is not None else Path("/proc/loadavg").read_text()
         except OSError:
             return os.getloadavg()[0] < cpus - 0.5
-        if not runnable_below(text, cpus):
-            return False
-        if i + 1 < reads:
-            time.sleep(0.01)
-    return True
+        idle += runnable_below(text, cpus)
+        if 2 * idle > reads or 2 * (i + 1 - idle) >= reads:  # decided either way
+            break
+        time.sleep(gap)
+    return 2 * idle > reads
 
 
 def runnable_below(loadavg: str, cpus: int) -> bool:
