@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pilotrun.engine.distributed import world_rank
-from pilotrun.engine.optim import load_keeping_kernel
+from pilotrun.engine.optim import load_keeping_kernel, save_optimizer_state
 from pilotrun.errors import BadInput
 from pilotrun.journal.files import kill_point, reading_weights
 
@@ -66,7 +66,8 @@ def save_shards(state, tmp: Path, rank: int, *, model: bool = True, optimizer: b
                     if isinstance(v, DTensor)]
         local = {name: {key: _local(v).detach() if isinstance(v, torch.Tensor) else v
                         for key, v in st.items()} for name, st in osd["state"].items()}
-        torch.save({"state": local, "param_groups": osd["param_groups"], "dtensors": dtensors}, tmp / opt_file)
+        save_optimizer_state({"state": local, "param_groups": osd["param_groups"], "dtensors": dtensors},
+                             tmp / opt_file)
         kill_point("optimizer")
 
 

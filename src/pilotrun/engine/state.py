@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from pilotrun.engine.distributed import barrier, broadcast_from_rank0, world_rank
-from pilotrun.engine.optim import load_keeping_kernel
+from pilotrun.engine.optim import load_keeping_kernel, save_optimizer_state
 from pilotrun.engine.sharded import (check_world, is_sharded, load_shards, read_optimizer_shard, save_shards,
     shard_names, unshare)
 from pilotrun.errors import BadInput
@@ -93,7 +93,7 @@ def save_state(state, path: str | Path, *, skip: tuple[str, ...] = ()) -> Path:
                 save_model(_unwrap(state.model), str(tmp / "model.safetensors"))
             kill_point("model")
         if "optimizer" not in skip and not sharded:
-            torch.save(state.optimizer.state_dict(), tmp / "optimizer.pt")
+            save_optimizer_state(state.optimizer.state_dict(), tmp / "optimizer.pt")
             kill_point("optimizer")
         if "scheduler" not in skip:
             (tmp / "scheduler.json").write_text(json.dumps(state.scheduler.state_dict()))
