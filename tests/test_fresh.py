@@ -254,3 +254,31 @@ def test_the_zygote_ends_without_the_interpreters_exit(monkeypatch, tmp_path):
     assert z.ready_env is not None
     fresh.stop()
     assert z.proc.returncode == 0 and not (tmp_path / "ran").exists()
+
+
+def test_meanwhile_work_runs_once_while_the_first_child_runs(zygote):
+    """``fresh.meanwhile``: the task runs in this process once the zygote has forked the block's first child and
+    before its answer is read, never again, never outside the block; a task that raises is dropped and the child's
+    answer is the same; without a zygote (a cold process, whose pipes must be read while it runs) it does not run."""
+    ran = []
+
+    def task():
+        ran.append(time.monotonic())
+
+    def broken():
+        ran.append("broken")
+        raise RuntimeError("planted")
+
+    plain = fresh.run(["--version"], timeout=60)
+    with fresh.meanwhile(task), fresh.meanwhile(broken):
+        asked = time.monotonic()
+        first = fresh.run(["--version"], timeout=60)
+        answered = time.monotonic()
+        second = fresh.run(["--version"], timeout=60)
+    fresh.run(["--version"], timeout=60)
+    assert len(ran) == 2 and asked < ran[0] < answered and ran[1] == "broken"
+    assert (first.returncode, first.stdout) == (second.returncode, second.stdout) == (plain.returncode, plain.stdout)
+    fresh.stop()
+    with fresh.meanwhile(task):
+        assert fresh.run(["--version"], timeout=60).stdout == plain.stdout  # cold
+    assert len(ran) == 2 and not fresh._MEANWHILE

@@ -20,6 +20,7 @@ environment is the request's, and nothing is left in the system's temp folder.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import signal
@@ -29,6 +30,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 # What the checks' fresh processes import anyway: the libraries, then pilotrun's own modules of those checks.
 PRELOAD = ("torch", "transformers", "transformers.modeling_utils", "pilotrun.cli.main",
@@ -58,6 +60,7 @@ class _Zygote:
 
 
 _ZYGOTE: _Zygote | None = None
+_MEANWHILE: list = []  # what this process does while its next fresh process runs (``meanwhile``)
 
 
 def start(preload: tuple[str, ...] = PRELOAD) -> None:
@@ -145,6 +148,34 @@ def _ready(z: _Zygote, line: bytes) -> bool:
     return True
 
 
+@contextlib.contextmanager
+def meanwhile(task: Callable[[], None]):
+    """Inside the block, ``task()`` runs once in this process, in its main thread, while the first zygote's child
+    the block asks for (``run``) runs: work a later step of this process does anyway, done while this process
+    would only wait. `all` imports the sheet's libraries so (rehearsal/all.py) during resume's fresh process, whose
+    own start (fork, reading the checkpoint, building the model) is one core's work on two. The child is a fork of
+    the zygote and shares nothing with this process: what the task does here cannot reach it. A task that raises is
+    dropped (the later step meets the same error itself); one left at the block's end never runs. A cold fresh
+    process (no zygote) waits as before: its output comes through pipes that must be read while it runs."""
+    _MEANWHILE.append(task)
+    try:
+        yield
+    finally:
+        if task in _MEANWHILE:
+            _MEANWHILE.remove(task)
+
+
+def _meanwhile() -> None:
+    from pilotrun.signals import unless_stopping
+
+    while _MEANWHILE:
+        task = _MEANWHILE.pop(0)
+        try:
+            task()
+        except Exception as e:  # noqa: BLE001 - the later step that needs it meets it again and says it
+            unless_stopping(e)
+
+
 def run(args: list[str], *, timeout: float, env: dict | None = None) -> subprocess.CompletedProcess:
     """``python -m pilotrun args...`` in a fresh process, its output captured as text: a child of the zygote if
     one runs and the request's environment is the one its libraries were imported under, a cold interpreter
@@ -181,6 +212,7 @@ def _forked(args: list[str], timeout: float, env: dict) -> subprocess.CompletedP
                 stop()
                 return None
             pid = json.loads(line)["pid"]
+            _meanwhile()  # the child runs: this process's own waiting work
             z.sock.settimeout(max(1e-3, deadline - time.monotonic()))
             line = reader.readline()  # {"code": C} when the child has ended
             if not line:

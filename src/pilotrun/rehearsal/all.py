@@ -18,6 +18,7 @@ from pilotrun import startup
 from pilotrun.campaign.importers import not_reproduced_lines
 from pilotrun.campaign.reuse import forget, sharing
 from pilotrun.console.progress import spending, stage_progress
+from pilotrun.engine import fresh
 from pilotrun.rehearsal.mechanics.resume import DEFAULT_AT
 from pilotrun.verdicts import StageResult
 
@@ -162,6 +163,21 @@ STAGES = [
 ]
 
 
+def _sheet_libraries() -> None:
+    """What the sheet stage imports and no stage before it does: peft for its options table's LoRA and QLoRA traces,
+    and bitsandbytes, which peft imports (~0.8 s of one core with MiniLM, the sheet's ``model`` account before).
+    ``all`` imports them while resume's fresh process runs (``fresh.meanwhile``); a library not installed is left to
+    the sheet, which says so."""
+    import importlib.util
+
+    if importlib.util.find_spec("bitsandbytes") is not None:
+        from pilotrun.tasks.quantized import import_bitsandbytes
+
+        import_bitsandbytes()  # as the sheet imports it: its import-time warnings kept quiet
+    if importlib.util.find_spec("peft") is not None:
+        import peft  # noqa: F401
+
+
 def run_all(loaded, home, on_result=None, budgets: Budgets | None = None) -> list:
     """Run every stage; ``on_result`` sees each result as soon as its stage ends (the CLI renders it)."""
     budgets = budgets or Budgets()
@@ -171,6 +187,13 @@ def run_all(loaded, home, on_result=None, budgets: Budgets | None = None) -> lis
         results.append(said)
         if on_result is not None:
             on_result(said)
+    with fresh.meanwhile(_sheet_libraries):  # while resume's fresh process runs (its start is one core's work)
+        _stages(loaded, home, budgets, results, on_result)
+    forget()  # what the stages shared is not kept past them
+    return results
+
+
+def _stages(loaded, home, budgets: Budgets, results: list, on_result) -> None:
     for i, (name, fn) in enumerate(STAGES, 1):
         t0 = time.perf_counter()
         with sharing(), stage_progress(f"all {i}/{len(STAGES)} {name}") as cur:
@@ -182,5 +205,3 @@ def run_all(loaded, home, on_result=None, budgets: Budgets | None = None) -> lis
         results.append(result)
         if on_result is not None:
             on_result(result)
-    forget()  # what the stages shared is not kept past them
-    return results
