@@ -1,7 +1,8 @@
 """Independent traces at once: a fork of this process computes one while this process computes the others.
 
 A counted trace traces the same campaign at two or three depths (probe/counted.py), each a single-threaded pass of
-fake tensors, independent of the others. ``start(compute)`` forks a child that runs ``compute()`` and writes its
+fake tensors, independent of the others; the sheet bisects the largest sizes while it traces the options table
+(sheet/estimates.largest_ahead). ``start(compute)`` forks a child that runs ``compute()`` and writes its
 JSON value back through a pipe; the caller goes on with its own work and then reads it with ``Worker.result``,
 which answers None whenever the child did not answer whole (it died, exited non-zero, timed out, or wrote a body
 whose sha256 is not the one in its header): the caller then computes that part itself, so a failed worker costs
