@@ -66,9 +66,12 @@ def _bare_imports() -> float:
 
 
 # the fake-tensor traces a sheet runs: the estimator's (probe/trace.py: a counted trace's depths as one, the wall of
-# ``_trace_each``, since its deepest runs in a forked worker) and the largest-size probes (sheet/sizes.py)
-TRACES = (("pilotrun.probe.trace", None, "_trace_each"), ("pilotrun.probe.trace", None, "_traced_once"), ("pilotrun.sheet.sizes", "Prober", "__init__"),
-          ("pilotrun.sheet.sizes", "Prober", "_measure"))
+# ``_trace_each``, since its deepest runs in a forked worker) and the largest-size probes (sheet/sizes.py); where those
+# probes run in a forked worker beside the options table (sheet/estimates.largest_ahead), the wait for its answer once
+# the table is done (``Worker.result`` outside a trace): the probes' time the table's traces did not cover
+TRACES = (("pilotrun.probe.trace", None, "_trace_each"), ("pilotrun.probe.trace", None, "_traced_once"),
+          ("pilotrun.sheet.sizes", "Prober", "__init__"), ("pilotrun.sheet.sizes", "Prober", "_measure"),
+          ("pilotrun.probe.workers", "Worker", "result"))
 REPLAYS = (("pilotrun.probe.stream", None, "replay"), ("pilotrun.sheet.sizes", None, "replay"))
 
 
