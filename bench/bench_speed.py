@@ -58,10 +58,11 @@ def stage_times(envelope: dict) -> str:
     return ", ".join(out)
 
 
-def _bare_imports() -> float:
-    """Wall seconds of a fresh process that imports torch and transformers and does nothing else."""
+def bare_imports(modules=("torch", "transformers"), env: dict | None = None) -> float:
+    """Wall seconds of a fresh process that imports ``modules`` and does nothing else (``env``: ``ENV``)."""
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-c", "import torch, transformers"], check=True, env=ENV)
+    subprocess.run([sys.executable, "-c", "import " + ", ".join(modules)], check=True, capture_output=True,
+                   env=ENV if env is None else env)
     return time.perf_counter() - t0
 
 
@@ -139,7 +140,7 @@ def _sheet_after_pilot(tmp: Path) -> list[dict]:
             raise RuntimeError(f"sheet exited {p.returncode}: {p.stderr[-600:]}")
     d1, d2 = (json.loads(p.stdout)["data"] for p in (p1, p2))
     same = all(d1.get(k) == d2.get(k) for k in ("memory", "largest", "fit"))  # the kept estimates read back
-    imports = _bare_imports()
+    imports = bare_imports()
     out = tmp / "floor.json"
     p = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--floor-child", str(out), "sheet",
                         str(campaign), "--home", str(tmp / "home-floor"), "--json"], capture_output=True, text=True,

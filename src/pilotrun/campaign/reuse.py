@@ -261,16 +261,20 @@ def store_trace(key: str | None, trace: dict) -> None:
         pass
 
 
+def _result_key(loaded, what: dict) -> str | None:
+    return trace_key(loaded, dict(what, result=True))
+
+
 def has_result(loaded, what: dict) -> bool:
     """Whether ``kept_result(loaded, what, ...)`` has a value kept (not whether it can be trusted)."""
-    return has_trace(trace_key(loaded, dict(what, result=True)))
+    return has_trace(_result_key(loaded, what))
 
 
 def kept_result(loaded, what: dict, compute):
     """``compute()`` (a JSON value the estimator derives from the campaign alone and ``what``, such as the largest
     sizes' bisection, the predicted rows or the options table) read back from the journal's home under
     ``trace_key(loaded, what)``, else computed and kept; the same value either way (a JSON round trip)."""
-    key = trace_key(loaded, dict(what, result=True))
+    key = _result_key(loaded, what)
     stored = stored_trace(key)
     if stored is not None and "value" in stored:
         return stored["value"]

@@ -115,8 +115,6 @@ def largest(loaded, prep, rows, target, kind, ranks, t, c, settings: Settings = 
     them (its value taken when it answers whole, else computed here)."""
     import time
 
-    peaks = P.phase_peaks(rows)
-    limit = capacity(target, ranks)
     asked = _largest_asked(prep, rows, target, ranks, t, c, settings)
     if asked is not None:
         def compute():
@@ -131,6 +129,7 @@ def largest(loaded, prep, rows, target, kind, ranks, t, c, settings: Settings = 
             why = "the data could not be prepared" if prep.error is e else f"{type(e).__name__}: {e}"
     else:
         why = "the data could not be prepared"
+    peaks, limit = P.phase_peaks(rows), capacity(target, ranks)
     out = {}
     for name, phase, key in (("micro_batch", "steady_step", "micro_batch"), ("eval_batch", "eval_longest",
                                                                             "eval_batch"),
