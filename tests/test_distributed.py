@@ -180,6 +180,7 @@ def test_train_on_two_ranks_is_the_run_the_arithmetic_describes(tmp_path, cli):
     assert any("on 2 ranks" in m for m in r2.json["messages"])
 
 
+@pytest.mark.slow  # the torchrun launch is test_pilot_under_torchrun's, two ranks training test_train_on_two_ranks'
 def test_train_under_torchrun_makes_one_run_of_two_ranks(tmp_path):
     import subprocess
     import sys

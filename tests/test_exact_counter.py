@@ -8,7 +8,7 @@ import torch
 from conftest import TINY_LLAMA
 from pilotrun.probe.memory import RssProbe, TensorProbe, _rss_now, make_probe
 from pilotrun.engine.tensors import track
-from pilotrun.probe.watch import SPOT_EVERY, PeakWatch
+from pilotrun.probe.watch import SPOT_EVERY, PeakWatch, exact_updates
 
 MiB = 2**20
 
@@ -111,6 +111,9 @@ def test_watch_probes_first_updates_records_and_spot_checks_only():
     chosen = [i + 1 for i in range(len(lengths)) if picked[i] > (picked[i - 1] if i else 0)]
     assert chosen == [1, 2, 4, 8, SPOT_EVERY]  # first two, records 12 and 20, the spot check
     assert watch.rows()[0]["inputs"]["probed"] == 5 and watch.rows()[0]["inputs"]["blocks"] == len(lengths)
+    # the time plan's count of them (sheet/time_plan.py) is the watch's, from the same keys
+    assert exact_updates([(n, 4 * n) for n in lengths]) == 5
+    assert exact_updates([(n, 4 * n) for n in lengths[:1]]) == 1 and exact_updates([]) == 0
     for _ in range(3):
         with watch("evaluation", {"update": 0}):
             pass

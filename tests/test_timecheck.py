@@ -38,6 +38,13 @@ def test_each_run_is_predicted_from_the_pilots_units_for_the_work_it_did(piloted
     j = Journal(home)
     pilot = j.get_run(check["pilot_run"])["summary"]
     assert pilot["prepare_s"] > 0 and shape.TYPICAL_UPDATES <= len(pilot["time_model"]["typical"]) <= shape.TYPICAL_MAX
+    # and the validation's batches shorter than its worst: the one of median tokens and the shortest, timed bare
+    tm = pilot["time_model"]
+    shorter = [tok for tok in tm["eval_batch_tokens"] if tok < tm["worst_eval_tokens"]]
+    timed = [p["tokens"] for p in tm["typical_eval"]]
+    assert shorter and 1 <= len(timed) <= 2 and min(shorter) in timed and set(timed) <= set(shorter)
+    assert sorted(shorter)[len(shorter) // 2] in timed
+    assert all(p["seconds"] > 0 for p in tm["typical_eval"])
     for i, r in enumerate(check["runs"]):
         s = j.get_run(r["run_id"])["summary"]
         n = s["counts"]
@@ -65,9 +72,22 @@ def test_each_run_is_predicted_from_the_pilots_units_for_the_work_it_did(piloted
         # update 12 saved: final stands for that checkpoint once its files are checked, as the pilot checked its own
         assert u["final_ref"] == pilot["final_ref_s"] > 0 and s["timing"]["final_ref_s"] > 0
         assert terms[P.FINAL_REF_TERM]["count"] == 1
+        # on CPU the run's watch counted its first updates (and each new record of length) and its first two
+        # validations exactly: each costs what the pilot's counted steady_step and eval_longest took over the same
+        # inputs timed bare
+        probed = {row["phase"]: row["inputs"]["probed"] for row in j.phase_rows(r["run_id"])}
+        assert 2 <= probed["observed_train"] < 12 and probed["observed_evaluation"] == 2
+        rows = {row["phase"]: row for row in j.phase_rows(check["pilot_run"])}
+        assert u["exact_update"] == pytest.approx(max(0.0, rows["steady_step"]["duration_s"]
+                                                      - pilot["time_model"]["worst_update_s"]))
+        assert u["exact_eval_batch"] == pytest.approx(max(0.0, rows["eval_longest"]["duration_s"]
+                                                          - pilot["time_model"]["worst_eval_s"]))
+        assert terms[P.EXACT_UPDATES_TERM]["count"] == probed["observed_train"]
+        assert terms[P.EXACT_EVALS_TERM]["count"] == 2 * batches
+        exact = probed["observed_train"] * u["exact_update"] + 2 * batches * u["exact_eval_batch"]
         assert r["predicted_s"] == pytest.approx(overhead + start + u["first_extra"] + 12 * u["update"]
                                                  + 4 * batches * u["eval_batch"] + u["control"] + 2 * u["save"]
-                                                 + u["final_ref"])
+                                                 + u["final_ref"] + exact)
         assert s["timing"]["run_overhead_s"] > 0 and s["timing"]["control_s"] > 0
         # no pilotrun process was started here (the library was called): no start-up on either side
         assert pilot["startup_s"] is None and s["timing"]["startup_s"] is None
@@ -198,6 +218,26 @@ def test_updates_are_costed_at_the_budgets_mean_shape_not_the_worst_case():
     assert scaled_units(even, 1.1, 0.8)["update"] == pytest.approx(1.1)
     assert scaled_units(even, 1.1, 0.8)["eval_batch"] == pytest.approx(0.8)
     assert scaled_units({"worst_update_tokens": 0}, 1.0, 1.0) is None
+
+
+def test_validation_batches_are_costed_on_the_validations_own_timed_line():
+    """A forward pass's fixed share is not the update's: the update's line (fixed 0.1 s of 1.1 s) reads a validation
+    batch of a quarter of the worst's tokens at 0.32 of it, where the pilot timed 0.5 (a validation with a larger
+    fixed cost per pass). With the batches the pilot timed, the validation's own line prices each batch."""
+    from pilotrun.sheet.shape import scaled_units
+
+    def ev(tokens):  # the validation's own cost: fixed 0.2 s + 0.6 ms per padded token
+        return 0.2 + 6e-4 * tokens
+
+    model = {"worst_update_tokens": 1000, "typical": [{"tokens": 100, "seconds": 0.2}, {"tokens": 500, "seconds": 0.6}],
+             "budget_update_tokens": [1000], "worst_eval_tokens": 1000, "eval_batch_tokens": [1000, 1000, 250, 500]}
+    true = sum(map(ev, model["eval_batch_tokens"])) / 4
+    share_only = scaled_units(model, steady_s=1.1, eval_s=ev(1000))["eval_batch"]
+    assert share_only < 0.95 * true  # the planted defect: the update's share under-reads the short batches
+    timed = dict(model, typical_eval=[{"tokens": 500, "seconds": ev(500)}, {"tokens": 250, "seconds": ev(250)}])
+    u = scaled_units(timed, steady_s=1.1, eval_s=ev(1000))
+    assert u["eval_batch"] == pytest.approx(true)
+    assert "validation batches costed on the line through the worst and 2 timed batches" in u["text"]
 
 
 def test_the_pilot_times_more_typical_updates_while_cheap_and_the_minimum_across_ranks():

@@ -55,6 +55,25 @@ NOISE = {"rss": (0.10, 16 * 2**20)}
 EXACT = "tensors+rss"
 TENSOR_COUNTERS = (EXACT, "cuda")  # counters whose peak_allocated is the bytes of live tensors
 SPOT_EVERY = 100
+EXACT_FIRST = {"train": 2, "evaluation": 2}  # the first blocks of a kind always probed (the others': 1)
+
+
+def _exact_update(n: int, record: bool) -> bool:
+    """Whether the ``n``-th update (from 0) runs under the exact counter on CPU: one of the first two, a new record
+    of length or padded tokens, or a spot check."""
+    return n < EXACT_FIRST["train"] or record or (n + 1) % SPOT_EVERY == 0
+
+
+def exact_updates(keys: list) -> int:
+    """How many of the updates whose (longest micro-batch, most padded tokens) are ``keys``, in order, the watch
+    runs under the exact counter on CPU (``PeakWatch.exact_block``'s rule): the time plan's count of slower
+    updates (sheet/time_plan.py)."""
+    top, n_exact = (0, 0), 0
+    for n, key in enumerate(keys):
+        record = key[0] > top[0] or key[1] > top[1]
+        top = (max(key[0], top[0]), max(key[1], top[1]))
+        n_exact += _exact_update(n, record)
+    return n_exact
 
 
 def bound_peak(row: dict) -> int | None:
@@ -95,10 +114,10 @@ class PeakWatch:
             key = (inputs.get("seq_len") or 0, inputs.get("tokens") or 0)
             record = key[0] > self._top[0] or key[1] > self._top[1]
             self._top = (max(key[0], self._top[0]), max(key[1], self._top[1]))
-            return not self.sampled or n < 2 or record or (n + 1) % SPOT_EVERY == 0
+            return not self.sampled or _exact_update(n, record)
         if not self.sampled:
             return True
-        return n < (2 if kind == "evaluation" else 1)
+        return n < EXACT_FIRST.get(kind, 1)
 
     @contextmanager
     def __call__(self, kind: str, inputs: dict):

@@ -170,8 +170,11 @@ def scaled_units(model: dict, steady_s: float, eval_s: float) -> dict | None:
     at_worst = a + b * worst
     share = a / at_worst if at_worst else 1.0  # the part of a pass that does not grow with tokens
     ev_worst, ev_batches = model.get("worst_eval_tokens"), model.get("eval_batch_tokens") or []
+    ev_points = [(ev_worst, eval_s)] + [(p["tokens"], p["seconds"]) for p in model.get("typical_eval") or []]
     eval_batch = eval_s
-    if ev_worst and ev_batches:
+    if ev_worst and ev_batches and len(ev_points) > 1:  # the validation's own line: its batches timed by the pilot
+        eval_batch = mean_cost(ev_points, ev_batches, *fit_line(ev_points))
+    elif ev_worst and ev_batches:  # a pilot that timed only the worst batch: the update's fixed share
         eval_batch = eval_s * sum(share + (1 - share) * tok / ev_worst for tok in ev_batches) / len(ev_batches)
     return {"update": update, "eval_batch": eval_batch, "a": a, "b": b, "mean_update_tokens": mean,
             "worst_update_tokens": worst, "fixed_share": share, "slowed": len(left_out),
@@ -180,4 +183,6 @@ def scaled_units(model: dict, steady_s: float, eval_s: float) -> dict | None:
                      f"tokens (fitted: seconds = {a:.3g} + {b:.3g} × tokens)"
                      + (f" ({len(left_out)} of these {len(points)} samples left out: over {SLOWED:g} × the line "
                         f"through the others, slowed by other work on the machine)" if left_out else "")
-                     + "; validation batches scaled by their tokens")}
+                     + ("; validation batches costed on the line through the worst and "
+                        f"{len(ev_points) - 1} timed {'batch' if len(ev_points) == 2 else 'batches'}"
+                        if len(ev_points) > 1 else "; validation batches scaled by their tokens"))}

@@ -10,6 +10,7 @@ from pilotrun.campaign.arms import COST_FREE
 from pilotrun.engine.control import CONTROL_EXAMPLES
 from pilotrun.phases import REGISTRY, phases_of
 from pilotrun.phases.registry import precomputes
+from pilotrun.probe.watch import EXACT, EXACT_FIRST, exact_updates
 from pilotrun.records.readers import read_records
 from pilotrun.sheet import plan as P
 from pilotrun.sheet.catalogue import CATALOGUE, match_gpu
@@ -76,6 +77,10 @@ def time_plan(sheet, c, t, rows, peaks, pilot, fits, target, ranks, rates) -> No
                                  "no time plan: the training data could not be counted")
         return
     counts = _counts(c, t, n_train, n_val, ranks)
+    budget = ((pilot.get("summary") or {}).get("time_model") or {}).get("budget_update_tokens")
+    if budget:  # on CPU the watch's exact blocks (probe/watch.py), where the pilot timed its own updates bare
+        counts.update(exact_updates=exact_updates([(tok, tok) for tok in budget]),
+                      exact_evals=min(counts["evals"], EXACT_FIRST["evaluation"]))
     plan_for, work, shape = _unit_plan(c, t, rows, peaks, pilot, measured, counts)
     u, terms, per_run = plan_for(target)
     lanes = max(1, c.hardware.gpus // ranks)
@@ -167,10 +172,26 @@ def _unit_plan(c, t, rows, peaks, pilot, measured, counts):
             u["units"]["control"] = model["control_s"] * ratio
         if (model or {}).get("warm_load_s") is not None:
             u["units"]["warm_load"] = model["warm_load_s"]
+        if g is None:  # the pilot's own machine: a run's exact blocks pay the counter the bare timings leave out
+            u["units"].update(exact_units(rows, measured, model))
         terms = P.run_terms(counts, u["units"])
         return u, terms, sum(x["seconds"] for x in terms)
 
     return plan_for, work, shape
+
+
+def exact_units(rows: list[dict], measured: dict, model: dict | None) -> dict:
+    """On CPU, the seconds the exact tensor counter adds to an update and to a validation batch where a run's watch
+    applies it (probe/watch.py ``exact_block``): the pilot's steady_step and eval_longest ran under it, and its time
+    model timed the same inputs bare (the time plan's units). Empty on CUDA (the allocator's counters cost nothing
+    per operator) or for a pilot without bare timings."""
+    counted = {r["phase"] for r in rows if r.get("counter") == EXACT}
+    out = {}
+    for unit, phase, bare in (("exact_update", "steady_step", "worst_update_s"),
+                              ("exact_eval_batch", "eval_longest", "worst_eval_s")):
+        if phase in counted and phase in measured and (model or {}).get(bare):
+            out[unit] = max(0.0, measured[phase]["seconds"] - model[bare])
+    return out
 
 
 def _priced_runs(runs: list[dict], per_run: float) -> None:

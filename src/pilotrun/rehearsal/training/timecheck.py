@@ -32,7 +32,8 @@ def run_prediction(units: dict, counts: dict, n_val_batches: int, validation_pre
     it checked first."""
     c = {"updates": counts["updates"], "evals": counts["evals"], "eval_batches": n_val_batches,
          "checkpoints": counts["checkpoints"], "exports": counts.get("exports", 0), "reloads": 0,
-         "control_passes": control_passes, "reference_batches": reference_batches, "final_refs": int(final_ref)}
+         "control_passes": control_passes, "reference_batches": reference_batches, "final_refs": int(final_ref),
+         "exact_updates": counts.get("exact_updates", 0), "exact_evals": counts.get("exact_evals", 0)}
     warm = dict(units) if first else dict(units, load=units.get("warm_load", units["reload"]),
                                           **({"run_overhead": units["warm_run_overhead"]}
                                              if "warm_run_overhead" in units else {}))
@@ -80,7 +81,8 @@ def sweep_time_check(journal, sweep_id: str) -> dict | None:
     for i, r in enumerate(runs):
         s = r["summary"]
         started = s["timing"].get("startup_s") is not None  # this run paid its process's start-up
-        terms = run_prediction(here["units"], s["counts"], counts["eval_batches"], r["kind"] == "sweep",
+        terms = run_prediction(here["units"], dict(s["counts"], **exact_blocks(journal, r["run_id"])),
+                               counts["eval_batches"], r["kind"] == "sweep",
                                first=i == 0, prepare_s=prepare_s, startup_s=pilot_startup if started else None,
                                control_passes=counts.get("control_passes", 0.0),
                                reference_batches=counts.get("reference_batches", 0),
@@ -98,6 +100,12 @@ def sweep_time_check(journal, sweep_id: str) -> dict | None:
             "units": here["units"], "goal": (0.9, 1.1), "breakdown": _summed([r["breakdown"] for r in out])}
 
 
+def exact_blocks(journal, run_id: str) -> dict:
+    """The updates and validations the run's watch applied the exact counter to (its observed rows' ``probed``)."""
+    probed = {r["phase"]: r["inputs"].get("probed") or 0 for r in journal.phase_rows(run_id)}
+    return {"exact_updates": probed.get("observed_train", 0), "exact_evals": probed.get("observed_evaluation", 0)}
+
+
 # The plan's terms against what the run timed itself (rehearsal/training/train.py ``timing``; "blocks_s" from the watch
 # around every update, validation, save and export): (group, plan units, the run's measured keys). The first
 # run's start-up, data and cold load are one group: where an import happens (the pilot's load, the sweep's
@@ -108,8 +116,9 @@ GROUPS = (("start-up, data and cold load (1st run)",
            ("startup", "prepare", "load_cold"), ("startup_s", "prepare_s", "load_s:cold")),
           ("run start (memory freed, journal entry)", ("run_overhead",), ("run_overhead_s",)),
           ("load the model (warm)", P.KIND_UNITS["load"], ("load_s:warm",)),
-          ("updates (the first's optimizer state)", P.KIND_UNITS["train"], ("blocks_s.train",)),
-          ("validations", tuple(f"{u}:validations" for u in P.KIND_UNITS["eval"]), ("blocks_s.evaluation",)),
+          ("updates (the first's optimizer state)", P.KIND_UNITS["train"] + ("exact_update",), ("blocks_s.train",)),
+          ("validations", tuple(f"{u}:validations" for u in P.KIND_UNITS["eval"]) + ("exact_eval_batch",),
+           ("blocks_s.evaluation",)),
           (P.REFERENCE_TERM, tuple(f"{u}:{P.REFERENCE_TERM}" for u in P.KIND_UNITS["eval"]), ("reference_s",)),
           ("checkpoints", P.KIND_UNITS["save"] + ("final_ref",), ("blocks_s.save", "final_ref_s")),
           ("export", P.KIND_UNITS["export"], ("blocks_s.export",)),
