@@ -304,6 +304,16 @@ def test_the_sweeps_eta_reads_the_time_plan_without_tracing(piloted_sweep, monke
     # that vary with what the process imported before: comparing with the first alone was flaky)
     first, later = (r["predicted_s"] for r in result.data["time_check"]["runs"])
     assert later < per_run < first
+    # the plan's count of updates under the memory counter is the one its runs' watch made (the same seed's draws)
+    from pilotrun.rehearsal.training.timecheck import exact_blocks
+    from pilotrun.sheet.build import build_sheet
+
+    j = Journal(home)
+    sheet = build_sheet(load_campaign(demo_dir / "campaign.yaml").resolved_dict(), j,
+                        j.get_run(result.data["time_check"]["pilot_run"]), predict=False)
+    counts = sheet["time"]["counts"]
+    for r in result.data["time_check"]["runs"]:
+        assert exact_blocks(j, r["run_id"]) == {"exact_updates": counts["exact_updates"], "exact_evals": 2}
 
 
 def test_the_sweeps_eta_counts_the_sweeps_own_budget_not_the_pilots(piloted_sweep):

@@ -106,8 +106,21 @@ def padded_tokens(micro_batches: list[list]) -> int:
 
 def budget_tokens(examples: list, t, seed: int, updates: int, rank: int = 0, world: int = 1) -> list[int]:
     """Padded tokens of every update of the budget, from the campaign's sampler (this rank's share)."""
+    return budget_shapes(examples, t, seed, updates, rank, world)[0]
+
+
+def budget_shapes(examples: list, t, seed: int, updates: int, rank: int = 0,
+                  world: int = 1) -> tuple[list[int], list[tuple[int, int]]]:
+    """``budget_tokens``, and each update's key as the run's memory watch reads it (engine/loop.py: its longest
+    example, its widest micro-batch's padded tokens), from the same draws."""
     s = UpdateSampler.for_train(t, len(examples), seed, rank, world)
-    return [padded_tokens([[examples[i] for i in mb] for mb in s.next_update()]) for _ in range(updates)]
+    tokens, keys = [], []
+    for _ in range(updates):
+        mbs = [[examples[i] for i in mb] for mb in s.next_update()]
+        tokens.append(padded_tokens(mbs))
+        keys.append((max((e.length for mb in mbs for e in mb), default=0),
+                     max((len(mb) * max(e.length for e in mb) for mb in mbs if mb), default=0)))
+    return tokens, keys
 
 
 def eval_tokens(examples: list, batch: int, rank: int = 0, world: int = 1) -> list[int]:

@@ -77,9 +77,11 @@ def time_plan(sheet, c, t, rows, peaks, pilot, fits, target, ranks, rates) -> No
                                  "no time plan: the training data could not be counted")
         return
     counts = _counts(c, t, n_train, n_val, ranks)
-    budget = ((pilot.get("summary") or {}).get("time_model") or {}).get("budget_update_tokens")
-    if budget:  # on CPU the watch's exact blocks (probe/watch.py), where the pilot timed its own updates bare
-        counts.update(exact_updates=exact_updates([(tok, tok) for tok in budget]),
+    model = (pilot.get("summary") or {}).get("time_model") or {}
+    if model.get("budget_update_tokens"):  # on CPU the watch's exact blocks (probe/watch.py): the pilot's count over
+        # its budget's draws, else (a pilot recorded before it counted them) records of the updates' padded tokens
+        n = model.get("exact_updates")
+        counts.update(exact_updates=n if n is not None else exact_updates([(x, x) for x in model["budget_update_tokens"]]),
                       exact_evals=min(counts["evals"], EXACT_FIRST["evaluation"]))
     plan_for, work, shape = _unit_plan(c, t, rows, peaks, pilot, measured, counts)
     u, terms, per_run = plan_for(target)

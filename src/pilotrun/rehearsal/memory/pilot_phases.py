@@ -28,6 +28,7 @@ from pilotrun.phases.driver import PhaseContext, drive
 from pilotrun.phases.registry import BY_NAME
 from pilotrun.phases.worst import worst_case
 from pilotrun.probe.recorder import phase
+from pilotrun.probe.watch import exact_updates
 from pilotrun.sheet import shape
 from pilotrun.tasks.base import loss_parts
 from pilotrun.tasks.moe import ROUTINGS, forced_routing, moe_parts
@@ -142,7 +143,7 @@ def _time_model(job: PilotJob, prep, state, wc: dict, rank: int, world: int) -> 
         _sync(default_device())
         eval_s = time.perf_counter() - t0
     sampler = UpdateSampler.for_train(t, len(prep.train), c.seed, rank, world)
-    budget = shape.budget_tokens(prep.train, t, c.seed, prep.arithmetic()["updates"], rank, world)
+    budget, keys = shape.budget_shapes(prep.train, t, c.seed, prep.arithmetic()["updates"], rank, world)
     picks, drawn = iter(shape.typical_order(budget)), []
     typical = []
     worst = (shape.padded_tokens(wc["micro_batches"]), worst_s)
@@ -166,7 +167,7 @@ def _time_model(job: PilotJob, prep, state, wc: dict, rank: int, world: int) -> 
     control_s, warm_load_s = _run_extras(prep, state, rank)
     model = {"worst_update_tokens": worst[0], "typical": typical,
              "worst_update_s": worst_s, "worst_eval_s": eval_s, "control_s": control_s, "warm_load_s": warm_load_s,
-             "budget_update_tokens": budget, "worst_eval_tokens": worst_eval,
+             "budget_update_tokens": budget, "exact_updates": exact_updates(keys), "worst_eval_tokens": worst_eval,
              "eval_batch_tokens": shape.eval_tokens(pool, t.eval_batch, rank, world), "typical_eval": typical_eval,
              **({"routing": routing} if routing else {})}
     barrier()
@@ -191,6 +192,9 @@ def _typical_evals(state, task, pool: list, batch: int, worst_tokens: int) -> li
     chosen = sorted({i for _, i in (shorter[len(shorter) // 2], shorter[0])} if shorter else set())
     out = []
     for i in chosen:
+        # a precomputed reference's pairs, outside the timing (a run precomputes every pair before its first update)
+        precompute_reference(state.model, task, batches[i], device=state.device, precision=state.precision,
+                             batch_size=batch)
         _sync(default_device())
         t0 = time.perf_counter()
         evaluate(state, task, batches[i], batch)
