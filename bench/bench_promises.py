@@ -19,9 +19,11 @@ interleaved, and the time figure is the median of the repetitions' ratios, so th
 between a pilot and its sweep shows as spread, not as error. Around the pilot and around the sweep the bench
 times a fixed compute workload (``reference_s``: torch matmuls on the runs' threads, the median of 5) and says
 per repetition how much slower the machine was during the sweep than during the pilot, and what the plan reads
-at the sweep's speed (informative: the row is met on the plain ratio).
+at the sweep's speed (informative: the row is met on the plain ratio). Those four instants can miss a slow minute:
+``--gauge`` also times the same workload without a pause in a process beside the runs, through the whole pilot and the
+whole sweep (a diagnostic: it holds the core the runs' one thread leaves, so it is not on by default).
 
-Run: ``python bench/bench_promises.py [--quick] [--repeats=3] [--only=demo|uneven|MiniLM]``.
+Run: ``python bench/bench_promises.py [--quick] [--repeats=3] [--only=demo|uneven|MiniLM] [--gauge]``.
 """
 
 from __future__ import annotations
@@ -143,17 +145,61 @@ def reference_s() -> float:
     return statistics.median(readings)
 
 
-def promises(path: Path, home: Path) -> dict:
+GAUGE = """
+import sys, time, torch
+torch.set_num_threads(1)
+a = torch.randn(384, 384, generator=torch.Generator().manual_seed(0))
+with open(sys.argv[1], "a", buffering=1) as out:
+    while True:
+        t0 = time.perf_counter()
+        for _ in range(20):
+            a @ a
+        out.write(f"{time.time()} {time.perf_counter() - t0}\\n")
+"""
+
+
+class Gauge:
+    """The fixed workload (``reference_s``'s) timed without a pause in a process beside the runs, on the core their
+    one intra-op thread leaves: the machine's speed through the pilot and through the sweep, not at four instants
+    (the instants read 1.42 × as slow at a sweep that ran 3 % faster than its plan)."""
+
+    def __init__(self, folder: Path):
+        self.path = folder / "gauge.txt"
+        self.proc = subprocess.Popen([sys.executable, "-c", GAUGE, str(self.path)], env=dict(os.environ))
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+    def median(self, t0: float, t1: float) -> float | None:
+        """The median reading that ended inside [t0, t1] (wall clock)."""
+        try:
+            rows = [tuple(map(float, ln.split())) for ln in self.path.read_text().splitlines() if ln.count(" ") == 1]
+        except OSError:
+            return None
+        inside = [s for t, s in rows if t0 <= t <= t1]
+        return statistics.median(inside) if inside else None
+
+
+def promises(path: Path, home: Path, gauge: Gauge | None = None) -> dict:
     from pilotrun.journal.store import Journal
     from pilotrun.rehearsal.training.timecheck import sweep_time_check
 
     speed = [reference_s()]
+    t_pilot = time.time()
     pilot, pilot_wall = _pilotrun("pilot", path, "--home", home)
+    t_pilot_end = time.time()
     speed.append(reference_s())
     sheet, _ = _pilotrun("sheet", path, "--home", home)
     speed.append(reference_s())
+    t_sweep = time.time()
     sweep, sweep_wall = _pilotrun("sweep", path, "--home", home)
+    t_sweep_end = time.time()
     speed.append(reference_s())
+    gauged = None
+    if gauge is not None:
+        at_pilot, at_sweep = gauge.median(t_pilot, t_pilot_end), gauge.median(t_sweep, t_sweep_end)
+        gauged = at_sweep / at_pilot if at_pilot and at_sweep else None
     j = Journal(home)
     sweep_id = sweep["data"]["sweep_id"]
     ratios, worst, counters, rss = [], None, set(), []
@@ -170,7 +216,7 @@ def promises(path: Path, home: Path) -> dict:
     check = sweep_time_check(j, sweep_id)
     return {"memory": ratios, "worst": worst, "counters": counters, "rss": rss, "time": check,
             # the machine during the sweep ÷ during the pilot: > 1 when the same work took longer at the sweep
-            "slower": (speed[2] + speed[3]) / (speed[0] + speed[1]),
+            "slower": (speed[2] + speed[3]) / (speed[0] + speed[1]), "gauged": gauged,
             "sweep_wall": sweep_wall, "pilot_wall": pilot_wall,
             "sheet_total_s": (sheet["data"].get("time") or {}).get("total_s")}
 
@@ -205,7 +251,9 @@ def _rows(name: str, reps: list[dict]) -> list[dict]:
         reps_text = " | ".join(
             f"repetition {i + 1}: {c['ratio']:.3f} (predicted {c['predicted_s']:.1f}s, runs' wall {c['actual_s']:.1f}s; "
             f"the machine {res['slower']:.2f} × as slow at the sweep as at the pilot (a fixed workload timed around "
-            f"each), so at the sweep's speed the plan reads {c['ratio'] * res['slower']:.3f}; {_breakdown_text(c)})"
+            f"each), so at the sweep's speed the plan reads {c['ratio'] * res['slower']:.3f}"
+            + (f"; a gauge beside the runs read {res['gauged']:.3f} × as slow through the sweep as through the pilot"
+               if res.get("gauged") else "") + f"; {_breakdown_text(c)})"
             for i, (c, res) in enumerate(zip(checks, timed)))
         rows.append({"figure": f"time plan ({name}): predicted ÷ actual, sum over the sweep's runs, each of "
                                f"{len(checks)} interleaved pilot → sweep repetitions (median shown)",
@@ -221,11 +269,12 @@ def _rows(name: str, reps: list[dict]) -> list[dict]:
     return rows
 
 
-def run(quick: bool = False, repeats: int = 3, only: str | None = None) -> list[dict]:
+def run(quick: bool = False, repeats: int = 3, only: str | None = None, gauged: bool = False) -> list[dict]:
     sys.path.insert(0, str(REPO / "src"))
     rows = []
     with tempfile.TemporaryDirectory(prefix="pilotrun-bench-promises-") as d:
         tmp = Path(d)
+        gauge = Gauge(tmp) if gauged else None
         campaigns = [("demo", demo_campaign(tmp, quick))]
         if SHARED is not None:
             campaigns.append(("uneven lengths, Stack Exchange + Alpaca", uneven_campaign(tmp, quick)))
@@ -238,7 +287,9 @@ def run(quick: bool = False, repeats: int = 3, only: str | None = None) -> list[
         for rep in range(repeats):  # interleaved: the machine's drift shows as spread between repetitions
             for i, (name, path) in enumerate(campaigns):
                 print(f"  {name} ({rep + 1}/{repeats}): pilot → sheet → sweep ...", file=sys.stderr, flush=True)
-                reps[name].append(promises(path, tmp / f"home-{i}-{rep}"))
+                reps[name].append(promises(path, tmp / f"home-{i}-{rep}", gauge))
+        if gauge is not None:
+            gauge.stop()
         for name, _ in campaigns:
             rows += _rows(name, reps[name])
     return rows
@@ -250,4 +301,4 @@ if __name__ == "__main__":
 
     only = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--only=")), None)
     reps = next((int(a.split("=", 1)[1]) for a in sys.argv if a.startswith("--repeats=")), 3)
-    print(markdown(run(quick="--quick" in sys.argv, repeats=reps, only=only)))
+    print(markdown(run(quick="--quick" in sys.argv, repeats=reps, only=only, gauged="--gauge" in sys.argv)))

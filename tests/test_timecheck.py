@@ -72,19 +72,15 @@ def test_each_run_is_predicted_from_the_pilots_units_for_the_work_it_did(piloted
         # update 12 saved: final stands for that checkpoint once its files are checked, as the pilot checked its own
         assert u["final_ref"] == pilot["final_ref_s"] > 0 and s["timing"]["final_ref_s"] > 0
         assert terms[P.FINAL_REF_TERM]["count"] == 1
-        # on CPU the run's watch counted its first updates (and each new record of length) and its first two
-        # validations exactly: each costs what the pilot's counted steady_step and eval_longest took over the same
-        # inputs timed bare
+        # on CPU the run's watch counted its first updates (and each new record of length) exactly: each costs what
+        # the pilot's counted steady_step took over the same inputs timed bare
         probed = {row["phase"]: row["inputs"]["probed"] for row in j.phase_rows(r["run_id"])}
-        assert 2 <= probed["observed_train"] < 12 and probed["observed_evaluation"] == 2
+        assert 2 <= probed["observed_train"] < 12
         rows = {row["phase"]: row for row in j.phase_rows(check["pilot_run"])}
         assert u["exact_update"] == pytest.approx(max(0.0, rows["steady_step"]["duration_s"]
                                                       - pilot["time_model"]["worst_update_s"]))
-        assert u["exact_eval_batch"] == pytest.approx(max(0.0, rows["eval_longest"]["duration_s"]
-                                                          - pilot["time_model"]["worst_eval_s"]))
         assert terms[P.EXACT_UPDATES_TERM]["count"] == probed["observed_train"]
-        assert terms[P.EXACT_EVALS_TERM]["count"] == 2 * batches
-        exact = probed["observed_train"] * u["exact_update"] + 2 * batches * u["exact_eval_batch"]
+        exact = probed["observed_train"] * u["exact_update"]
         assert r["predicted_s"] == pytest.approx(overhead + start + u["first_extra"] + 12 * u["update"]
                                                  + 4 * batches * u["eval_batch"] + u["control"] + 2 * u["save"]
                                                  + u["final_ref"] + exact)
@@ -313,7 +309,7 @@ def test_the_sweeps_eta_reads_the_time_plan_without_tracing(piloted_sweep, monke
                         j.get_run(result.data["time_check"]["pilot_run"]), predict=False)
     counts = sheet["time"]["counts"]
     for r in result.data["time_check"]["runs"]:
-        assert exact_blocks(j, r["run_id"]) == {"exact_updates": counts["exact_updates"], "exact_evals": 2}
+        assert exact_blocks(j, r["run_id"]) == {"exact_updates": counts["exact_updates"]}
 
 
 def test_the_sweeps_eta_counts_the_sweeps_own_budget_not_the_pilots(piloted_sweep):

@@ -10,7 +10,7 @@ from pilotrun.campaign.arms import COST_FREE
 from pilotrun.engine.control import CONTROL_EXAMPLES
 from pilotrun.phases import REGISTRY, phases_of
 from pilotrun.phases.registry import precomputes
-from pilotrun.probe.watch import EXACT, EXACT_FIRST, exact_updates
+from pilotrun.probe.watch import EXACT, exact_updates
 from pilotrun.records.readers import read_records
 from pilotrun.sheet import plan as P
 from pilotrun.sheet.catalogue import CATALOGUE, match_gpu
@@ -81,8 +81,7 @@ def time_plan(sheet, c, t, rows, peaks, pilot, fits, target, ranks, rates) -> No
     if model.get("budget_update_tokens"):  # on CPU the watch's exact blocks (probe/watch.py): the pilot's count over
         # its budget's draws, else (a pilot recorded before it counted them) records of the updates' padded tokens
         n = model.get("exact_updates")
-        counts.update(exact_updates=n if n is not None else exact_updates([(x, x) for x in model["budget_update_tokens"]]),
-                      exact_evals=min(counts["evals"], EXACT_FIRST["evaluation"]))
+        counts["exact_updates"] = n if n is not None else exact_updates([(x, x) for x in model["budget_update_tokens"]])
     plan_for, work, shape = _unit_plan(c, t, rows, peaks, pilot, measured, counts)
     u, terms, per_run = plan_for(target)
     lanes = max(1, c.hardware.gpus // ranks)
@@ -183,17 +182,14 @@ def _unit_plan(c, t, rows, peaks, pilot, measured, counts):
 
 
 def exact_units(rows: list[dict], measured: dict, model: dict | None) -> dict:
-    """On CPU, the seconds the exact tensor counter adds to an update and to a validation batch where a run's watch
-    applies it (probe/watch.py ``exact_block``): the pilot's steady_step and eval_longest ran under it, and its time
-    model timed the same inputs bare (the time plan's units). Empty on CUDA (the allocator's counters cost nothing
-    per operator) or for a pilot without bare timings."""
+    """On CPU, the seconds the exact tensor counter adds to an update where a run's watch applies it (probe/watch.py
+    ``exact_block``): the pilot's steady_step ran under it, and its time model timed the same inputs bare (the time
+    plan's update unit). Empty on CUDA (the allocator's counters cost nothing per operator) or for a pilot without
+    a bare timing."""
     counted = {r["phase"] for r in rows if r.get("counter") == EXACT}
-    out = {}
-    for unit, phase, bare in (("exact_update", "steady_step", "worst_update_s"),
-                              ("exact_eval_batch", "eval_longest", "worst_eval_s")):
-        if phase in counted and phase in measured and (model or {}).get(bare):
-            out[unit] = max(0.0, measured[phase]["seconds"] - model[bare])
-    return out
+    if "steady_step" in counted and "steady_step" in measured and (model or {}).get("worst_update_s"):
+        return {"exact_update": max(0.0, measured["steady_step"]["seconds"] - model["worst_update_s"])}
+    return {}
 
 
 def _priced_runs(runs: list[dict], per_run: float) -> None:

@@ -33,7 +33,7 @@ def run_prediction(units: dict, counts: dict, n_val_batches: int, validation_pre
     c = {"updates": counts["updates"], "evals": counts["evals"], "eval_batches": n_val_batches,
          "checkpoints": counts["checkpoints"], "exports": counts.get("exports", 0), "reloads": 0,
          "control_passes": control_passes, "reference_batches": reference_batches, "final_refs": int(final_ref),
-         "exact_updates": counts.get("exact_updates", 0), "exact_evals": counts.get("exact_evals", 0)}
+         "exact_updates": counts.get("exact_updates", 0)}
     warm = dict(units) if first else dict(units, load=units.get("warm_load", units["reload"]),
                                           **({"run_overhead": units["warm_run_overhead"]}
                                              if "warm_run_overhead" in units else {}))
@@ -101,9 +101,9 @@ def sweep_time_check(journal, sweep_id: str) -> dict | None:
 
 
 def exact_blocks(journal, run_id: str) -> dict:
-    """The updates and validations the run's watch applied the exact counter to (its observed rows' ``probed``)."""
+    """The updates the run's watch applied the exact counter to (its observed train row's ``probed``)."""
     probed = {r["phase"]: r["inputs"].get("probed") or 0 for r in journal.phase_rows(run_id)}
-    return {"exact_updates": probed.get("observed_train", 0), "exact_evals": probed.get("observed_evaluation", 0)}
+    return {"exact_updates": probed.get("observed_train", 0)}
 
 
 # The plan's terms against what the run timed itself (rehearsal/training/train.py ``timing``; "blocks_s" from the watch
@@ -117,8 +117,7 @@ GROUPS = (("start-up, data and cold load (1st run)",
           ("run start (memory freed, journal entry)", ("run_overhead",), ("run_overhead_s",)),
           ("load the model (warm)", P.KIND_UNITS["load"], ("load_s:warm",)),
           ("updates (the first's optimizer state)", P.KIND_UNITS["train"] + ("exact_update",), ("blocks_s.train",)),
-          ("validations", tuple(f"{u}:validations" for u in P.KIND_UNITS["eval"]) + ("exact_eval_batch",),
-           ("blocks_s.evaluation",)),
+          ("validations", tuple(f"{u}:validations" for u in P.KIND_UNITS["eval"]), ("blocks_s.evaluation",)),
           (P.REFERENCE_TERM, tuple(f"{u}:{P.REFERENCE_TERM}" for u in P.KIND_UNITS["eval"]), ("reference_s",)),
           ("checkpoints", P.KIND_UNITS["save"] + ("final_ref",), ("blocks_s.save", "final_ref_s")),
           ("export", P.KIND_UNITS["export"], ("blocks_s.export",)),
