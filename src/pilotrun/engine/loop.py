@@ -26,7 +26,7 @@ from pilotrun.engine.distributed import agree_max, all_reduce_sum, world_rank
 from pilotrun.engine.oom import is_oom
 from pilotrun.engine.optim import make_optimizer, make_scheduler
 from pilotrun.engine.precision import autocast, make_scaler
-from pilotrun.engine.sampler import UpdateSampler
+from pilotrun.engine.sampler import UpdateSampler, update_key
 from pilotrun.engine.state import retain_checkpoints, save_state
 from pilotrun.journal.store import check_fence
 from pilotrun.tasks.base import loss_parts
@@ -498,9 +498,8 @@ class _Loop:
         result.saved_last = None  # an update follows the last save: the state is no longer that checkpoint's
         micro_batches = [[self.train_examples[i] for i in mb] for mb in state.sampler.next_update()]
         t0 = time.perf_counter()
-        seen = {"update": state.update + 1, "micro_batch": t.micro_batch,
-                "seq_len": max(e.length for mb in micro_batches for e in mb),
-                "tokens": max(len(mb) * max(e.length for e in mb) for mb in micro_batches if mb)}
+        seq_len, tokens = update_key(micro_batches)
+        seen = {"update": state.update + 1, "micro_batch": t.micro_batch, "seq_len": seq_len, "tokens": tokens}
         with _out_of_memory_ends_run(f"update {state.update + 1}"), self.watch("train", seen):
             out = run_update(state, self.task, micro_batches, max_grad_norm=t.max_grad_norm)
             seen["targets"] = out["targets"]

@@ -65,3 +65,10 @@ class UpdateSampler:
         if d["n"] != self.n:
             raise ValueError(f"saved sampler was over {d['n']} examples, this data has {self.n}")
         self.epoch, self.cursor = int(d["epoch"]), int(d["cursor"])
+
+
+def update_key(micro_batches: list[list]) -> tuple[int, int]:
+    """An update's shape as the run's memory watch keys it (probe/watch.py): its longest example's length, and its
+    widest micro-batch's padded tokens (rows × its longest)."""
+    return (max((e.length for mb in micro_batches for e in mb), default=0),
+            max((len(mb) * max(e.length for e in mb) for mb in micro_batches if mb), default=0))

@@ -63,14 +63,19 @@ def _exact_update(n: int, record: bool) -> bool:
     return n < 2 or record or (n + 1) % SPOT_EVERY == 0
 
 
+def _beyond(top: tuple[int, int], key: tuple[int, int]) -> tuple[bool, tuple[int, int]]:
+    """Whether ``key`` (an update's longest example, its most padded tokens: engine/sampler.update_key) sets a new
+    record over ``top``, and the records after it."""
+    return key[0] > top[0] or key[1] > top[1], (max(key[0], top[0]), max(key[1], top[1]))
+
+
 def exact_updates(keys: list) -> int:
-    """How many of the updates whose (longest micro-batch, most padded tokens) are ``keys``, in order, the watch
-    runs under the exact counter on CPU (``PeakWatch.exact_block``'s rule): the time plan's count of slower
-    updates (sheet/time_plan.py)."""
+    """How many of the updates whose keys (engine/sampler.update_key) are ``keys``, in order, the watch runs under
+    the exact counter on CPU (``PeakWatch.exact_block``'s rule): the time plan's count of slower updates
+    (sheet/time_plan.py)."""
     top, n_exact = (0, 0), 0
     for n, key in enumerate(keys):
-        record = key[0] > top[0] or key[1] > top[1]
-        top = (max(key[0], top[0]), max(key[1], top[1]))
+        record, top = _beyond(top, key)
         n_exact += _exact_update(n, record)
     return n_exact
 
@@ -110,9 +115,7 @@ class PeakWatch:
         """Whether this block runs under the probe (always on CUDA/MPS and with ``every_block``)."""
         n = self.count.get(kind, 0)
         if kind == "train":
-            key = (inputs.get("seq_len") or 0, inputs.get("tokens") or 0)
-            record = key[0] > self._top[0] or key[1] > self._top[1]
-            self._top = (max(key[0], self._top[0]), max(key[1], self._top[1]))
+            record, self._top = _beyond(self._top, (inputs.get("seq_len") or 0, inputs.get("tokens") or 0))
             return not self.sampled or _exact_update(n, record)
         if not self.sampled:
             return True

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from pilotrun.engine.sampler import UpdateSampler
+from pilotrun.engine.sampler import UpdateSampler, update_key
 
 TYPICAL_UPDATES = 3
 TYPICAL_MAX = 10
@@ -111,15 +111,14 @@ def budget_tokens(examples: list, t, seed: int, updates: int, rank: int = 0, wor
 
 def budget_shapes(examples: list, t, seed: int, updates: int, rank: int = 0,
                   world: int = 1) -> tuple[list[int], list[tuple[int, int]]]:
-    """``budget_tokens``, and each update's key as the run's memory watch reads it (engine/loop.py: its longest
-    example, its widest micro-batch's padded tokens), from the same draws."""
+    """``budget_tokens``, and each update's key as the run's memory watch reads it (engine/sampler.py
+    ``update_key``), from the same draws."""
     s = UpdateSampler.for_train(t, len(examples), seed, rank, world)
     tokens, keys = [], []
     for _ in range(updates):
         mbs = [[examples[i] for i in mb] for mb in s.next_update()]
         tokens.append(padded_tokens(mbs))
-        keys.append((max((e.length for mb in mbs for e in mb), default=0),
-                     max((len(mb) * max(e.length for e in mb) for mb in mbs if mb), default=0)))
+        keys.append(update_key(mbs))
     return tokens, keys
 
 

@@ -163,31 +163,32 @@ def _time_model(job: PilotJob, prep, state, wc: dict, rank: int, world: int) -> 
     routing = _routing(prep, state, wc, rank)
     pool = prep.validation or prep.train
     worst_eval = shape.padded_tokens([wc["eval"][rank::world][: t.eval_batch]]) if wc["eval"] else 0
-    typical_eval = _typical_evals(state, prep.task, pool, t.eval_batch, worst_eval) if eval_s and world == 1 else []
+    eval_tokens = shape.eval_tokens(pool, t.eval_batch, rank, world)
+    typical_eval = _typical_evals(state, prep.task, pool, t.eval_batch, eval_tokens, worst_eval) \
+        if eval_s and world == 1 else []
     control_s, warm_load_s = _run_extras(prep, state, rank)
     model = {"worst_update_tokens": worst[0], "typical": typical,
              "worst_update_s": worst_s, "worst_eval_s": eval_s, "control_s": control_s, "warm_load_s": warm_load_s,
              "budget_update_tokens": budget, "exact_updates": exact_updates(keys), "worst_eval_tokens": worst_eval,
-             "eval_batch_tokens": shape.eval_tokens(pool, t.eval_batch, rank, world), "typical_eval": typical_eval,
+             "eval_batch_tokens": eval_tokens, "typical_eval": typical_eval,
              **({"routing": routing} if routing else {})}
     barrier()
     if rank == 0:
         atomic_write_json(Path(job.run_dir) / "time_model.json", model)
 
 
-def _typical_evals(state, task, pool: list, batch: int, worst_tokens: int) -> list[dict]:
-    """Validation batches a run's validation takes, timed as it takes them (``evaluate``, no memory counter): the
-    one of median padded tokens and the smallest, where they are shorter than the worst case. With the worst case
-    they are the validation's line of seconds over tokens (sheet/shape.py ``scaled_units``): a forward pass's
-    fixed share is its own, not the update's, which was assumed before (on the demo the two agree: its batch of 136
-    tokens timed 0.18 of its worst batch of 1,088, the update's share read 0.20). Each is one batch, shorter than
-    the worst case's. One process only:
-    ranks would time different batches, and a forward one rank takes alone waits on the others' collectives (the
-    worst case's fixed share is used there)."""
+def _typical_evals(state, task, pool: list, batch: int, tokens: list[int], worst_tokens: int) -> list[dict]:
+    """Validation batches a run's validation takes (``pool`` in ``batch``-sized batches, of ``tokens`` padded tokens:
+    shape.eval_tokens), timed as it takes them (``evaluate``, no memory counter): the one of median padded tokens and
+    the smallest, where they are shorter than the worst case. With the worst case they are the validation's line of
+    seconds over tokens (sheet/shape.py ``scaled_units``): a forward pass's fixed share is its own, not the update's,
+    which was assumed before (on the demo the two agree: its batch of 136 tokens timed 0.18 of its worst batch of
+    1,088, the update's share read 0.20). Each is one batch, shorter than the worst case's. One process only: ranks
+    would time different batches, and a forward one rank takes alone waits on the others' collectives (the worst
+    case's fixed share is used there)."""
     import time
 
     batches = [pool[i: i + batch] for i in range(0, len(pool), batch)]
-    tokens = [shape.padded_tokens([b]) for b in batches]
     shorter = sorted((tok, i) for i, tok in enumerate(tokens) if tok < worst_tokens)
     chosen = sorted({i for _, i in (shorter[len(shorter) // 2], shorter[0])} if shorter else set())
     out = []
