@@ -74,6 +74,19 @@ def test_a_file_hashed_just_after_its_write_is_not_remembered(tmp_path, reads):
     assert len(reads) == 2
 
 
+def test_a_big_file_hashed_just_after_its_write_waits_out_its_tick_and_is_remembered(tmp_path, reads):
+    """A checkpoint's optimizer state, hashed by its manifest the moment it is written: read once its timestamp
+    tick is over, so that the run's seal does not read it again; a write after that is still seen."""
+    f = tmp_path / "optimizer.pt"
+    data = os.urandom(PV.WAIT_BYTES)
+    f.write_bytes(data)
+    assert PV.file_sha256(f, reuse=True) == hashlib.sha256(data).hexdigest() and len(reads) == 1
+    assert PV.file_sha256(f, reuse=True) == hashlib.sha256(data).hexdigest() and len(reads) == 1
+    with open(f, "r+b") as h:
+        h.write(b"x")
+    assert PV.file_sha256(f, reuse=True) == hashlib.sha256(b"x" + data[1:]).hexdigest() and len(reads) == 2
+
+
 def test_a_run_manifest_reads_only_what_the_checkpoint_manifest_did_not(tmp_path, reads):
     """A run's seal (write_manifest over the run folder) after a checkpoint's own manifest: the checkpoint's
     weights are read once (every manifest.json is left out of a manifest); the run's manifest says their true

@@ -96,7 +96,7 @@ def test_two_nodes_run_the_launch_files_sweep_and_continue_it(tmp_path):
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_two_nodes_resume_on_their_world_exactly(tmp_path, strategy):
     """`resume` started by two torchrun agents: rank 0 owns one resume run, both ranks train the reference and
-    the stopped run on the 2-node world, each starts its fresh process as a rank of a new 2-rank world that
+    the second run on the 2-node world, each starts its fresh process as a rank of a new 2-rank world that
     loads the saved state; the resumed losses are the reference's, exactly (fp32 on CPU), the artifact
     written once."""
     path = tiny_causal_campaign(tmp_path, simple_records(24), simple_records(4, 50), train__strategy=strategy,

@@ -140,8 +140,8 @@ def test_resume_and_verify_show_their_workers_counts(setup):
     p = run_pipe("resume", campaign, "--home", home, "--at", "2", "--json")
     assert p.returncode == 0, p.stderr
     err = p.stderr
-    assert re.search(r"reference run \(4 updates\) — update \d/4", err), err
-    assert "stopped run (to update 2, state saved) — update 2/4" in err, err
+    assert re.search(r"reference run \(4 updates, its state saved at update 2\) — update \d/4", err), err
+    assert "second run, to update 1 (is the reference reproducible?) — update 1/4" in err, err
     # the fresh process's own counts, read from the file it reports into
     assert re.search(r"resumed run \(a new process, from update 2\) — (loading the saved state|update \d/4)", err), err
     assert "resumed run (a new process, from update 2) — update 4/4" in err, err
@@ -153,8 +153,8 @@ def test_resume_and_verify_show_their_workers_counts(setup):
     assert code == 0, raw
     text = unwrapped(shown)
     # each update's line has its learning rate and rate (the loop's one line, train's and sweep's alike)
-    assert re.search(r"pilotrun resume: reference run \(4 updates\) — update \d/4, loss [\d.]+, lr \S+, [\d.]+ ex/s "
-                     r"\(", text), text
+    assert re.search(r"pilotrun resume: reference run \(4 updates, its state saved at update 2\) — update \d/4, "
+                     r"loss [\d.]+, lr \S+, [\d.]+ ex/s \(", text), text
     assert re.search(r"pilotrun resume: resumed run \(a new process, from update 2\) — update \d/4, loss", text), text
     _fits(shown, 160)
     verifying = r"pilotrun verify: reloading the artifact in a new process — artifact 1/\d: \w+, \d+ control inputs"

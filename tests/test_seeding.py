@@ -71,9 +71,45 @@ def test_unseeded_model_is_reported_as_a_not_reproducible_reference(cli, tmp_pat
     problem = r.json["data"]["problem"]
     assert r.json["summary"] == "the reference run itself is not reproducible"
     assert problem.startswith("the reference run itself is not reproducible: a second run of the same campaign, "
-                              "before the stop at update 2 and before any state was saved, already differs (loss "
-                              "at update 1 is "), problem
+                              "which loads no state, already differs from it before update 2 (loss at update 1 "
+                              "is "), problem
     assert "not restored" not in problem and "seed it" in problem
+
+
+def test_a_draw_after_the_first_update_is_named_not_reproducible_once_the_resume_differs(cli, tmp_path):
+    """A draw outside the campaign seed from a model's second update on: the second run's update 1 agrees with the
+    reference, the resumed run differs, and the second run goes on to K before the state is blamed."""
+    path = tiny_causal_campaign(tmp_path, simple_records(24))
+    (tmp_path / "late_draw_task.py").write_text(textwrap.dedent("""
+        import os
+
+        import torch
+
+        from pilotrun.tasks.causal_lm import CausalLMTask
+
+
+        class LateDraw(CausalLMTask):
+            def loss(self, model, batch):
+                total, targets = super().loss(model, batch)
+                weight = next(model.parameters())
+                if not hasattr(model, "first_weights"):
+                    model.first_weights = weight.detach().clone()
+                if not torch.equal(weight, model.first_weights):  # after an update: unseeded, as a late augmentation
+                    g = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
+                    total = total * (1 + 0.01 * torch.rand((), generator=g))
+                return total, targets
+    """))
+    c = yaml.safe_load(path.read_text())
+    c["task"] = "late_draw_task:LateDraw"
+    path.write_text(yaml.safe_dump(c))
+    r = cli("resume", path, "--home", tmp_path / "home", "--at", "2", "--json")
+    assert r.code == 1, r.out + r.err
+    problem = r.json["data"]["problem"]
+    assert r.json["summary"] == "the reference run itself is not reproducible"
+    assert problem.startswith("the reference run itself is not reproducible: a second run of the same campaign, "
+                              "which loads no state, already differs from it before update 2 (loss at update 2 "
+                              "is "), problem
+    assert "not restored" not in problem
 
 
 def test_seeded_tiny_model_resumes(cli, tmp_path):

@@ -364,6 +364,10 @@ class Hooks:
     on_eval: Callable[[TrainState, dict], None] | None = None
     on_checkpoint: Callable[[TrainState, Any], None] | None = None
     stop_at: int | None = None  # end the loop after this update (resume tests)
+    at_checkpoint: Callable[[TrainState], None] | None = None
+    """Called after every update where the loop saves its checkpoints (after the update's validation and stop
+    rules): the state is then what a checkpoint of that update holds. Resume's reference saves its state at K
+    there and goes on."""
     stop_when: Callable[[TrainState, dict], bool] | None = None
     """End the loop after an update for which it returns True (overfit: the loss under its threshold)."""
     watch: Callable[[str, dict], Any] | None = None
@@ -489,6 +493,8 @@ class _Loop:
                 asked = agree_max(asked or 0, state.device) or None
             if self.checkpoint_dir is not None and ((t.save_every and state.update % t.save_every == 0) or asked):
                 self.save()
+            if self.hooks.at_checkpoint:
+                self.hooks.at_checkpoint(state)
             if asked:
                 signals.raise_now(asked)
 

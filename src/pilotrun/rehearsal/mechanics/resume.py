@@ -1,12 +1,18 @@
-"""resume: does a saved state really resume? Stop at update K, continue in a NEW process, compare.
+"""resume: does a saved state really resume? Save at update K, continue in a NEW process, compare.
 
-Three runs of the one loop on the same small training set: a reference of 2K updates; a run stopped
-at K (``Hooks(stop_at=K)``) whose full state is saved (``save_state``); and a fresh interpreter
-(``python -m pilotrun _resume-worker``) that loads that state (``load_state``) and continues to 2K,
-writing its per-update history to JSON. Update by update after K: the update counter, the lr, the
-ids of the examples of each micro-batch and the epoch, and the loss — identical in fp32 on the CPU,
-within LOSS_RTOL otherwise. The training set is cut so that an epoch is shorter than K, so the
-comparison crosses epoch boundaries before and after the resume.
+Runs of the one loop on the same small training set: a reference of 2K updates whose full state is saved at
+update K where the loop saves its checkpoints (``Hooks(at_checkpoint=...)``, ``save_state``), as a run that is
+preempted later resumes from its last checkpoint, and which goes on to 2K in the same call of the loop; and a
+fresh interpreter (``python -m pilotrun _resume-worker``) that loads that state (``load_state``) and continues
+to 2K, writing its per-update history to JSON. Update by update after K: the update counter, the lr, the ids of
+the examples of each micro-batch and the epoch, and the loss — identical in fp32 on the CPU, within LOSS_RTOL
+otherwise. The training set is cut so that an epoch is shorter than K, so the comparison crosses epoch
+boundaries before and after the resume.
+
+A second run of the same campaign tells a reference that is not reproducible (something drawn outside the
+campaign seed) from a state defect: in this process it runs update 1 again (a new model's weights, the first
+micro-batch, dropout), and when the resumed run differs, on to K, so that a difference before K is never
+blamed on the state; on ranks it runs to K in the reference's launch.
 
 Test switch: ``PILOTRUN_TEST_SKIP_STATE=scheduler[,sampler...]`` leaves those components out of the
 saved state (read by this stage only), to plant the defects this check exists to catch.
@@ -29,12 +35,12 @@ from pilotrun.engine.distributed import check_strategy, default_device, under_la
 from pilotrun.engine.launcher import Ranks
 from pilotrun.engine.loop import Hooks, make_state, train
 from pilotrun.engine.precision import campaign_compute_dtype
-from pilotrun.engine.state import COMPONENTS, load_state, save_state
+from pilotrun.engine.state import COMPONENTS, load_state
 from pilotrun.errors import BadInput
 from pilotrun.journal.files import atomic_write_json, write_dir_atomically
 from pilotrun.journal.runs import RunRecorder
 from pilotrun.journal.store import Journal
-from pilotrun.rehearsal.mechanics.resume_ranks import run_joined, run_sharded, work_sharded
+from pilotrun.rehearsal.mechanics.resume_ranks import run_joined, run_sharded, saving_at, work_sharded
 from pilotrun.tasks.base import BUILTIN_TASKS
 from pilotrun.verdicts import StageResult
 
@@ -64,7 +70,7 @@ def _history(res) -> list[dict]:
     return [{k: h[k] for k in KEEP} for h in res.history]
 
 
-def _run(prep, train_ex, total: int, stop_at: int | None, device):
+def _run(prep, train_ex, total: int, stop_at: int | None, device, hooks=None):
     import torch
 
     c = prep.c
@@ -72,21 +78,25 @@ def _run(prep, train_ex, total: int, stop_at: int | None, device):
     model.to(device)
     torch.manual_seed(c.seed)
     state = make_state(model, c.train, n_train=len(train_ex), seed=c.seed, total_updates=total, device=device)
-    res = train(state, prep.task, train_ex, [], c.train, hooks=Hooks(stop_at=stop_at))
+    res = train(state, prep.task, train_ex, [], c.train, hooks=hooks or Hooks(stop_at=stop_at))
     return state, res
 
 
+def _again(prep, train_ex, total: int, to: int, device, why: str) -> list[dict]:
+    """The second run of the same campaign, to update ``to``: is the reference reproducible?"""
+    head(f"second run, to update {to} ({why})")
+    return _history(_run(prep, train_ex, total, to, device)[1])
+
+
 def _in_process(prep, train_ex, total: int, at: int, device, ckpt, skip, rec) -> dict:
-    """The reference and the stopped run here; the stopped one's state saved, the reference's artifact written."""
-    head(f"reference run ({total} updates)")
-    ref_state, ref = _run(prep, train_ex, total, None, device)
-    head(f"stopped run (to update {at}, state saved)")
-    stop_state, stopped = _run(prep, train_ex, total, at, device)
-    save_state(stop_state, ckpt, skip=skip)
+    """The reference here, its state saved at K and its artifact written; the second run to update 1."""
+    head(f"reference run ({total} updates, its state saved at update {at})")
+    ref_state, ref = _run(prep, train_ex, total, None, device, hooks=saving_at(at, ckpt, skip))
+    again = _again(prep, train_ex, total, 1, device, "is the reference reproducible?")
     artifact = write_dir_atomically(rec.dir / "artifact", lambda tmp: prep.task.save_artifact(ref_state.model, tmp))
     store_control_predictions(rec, prep, ref_state.model)
     return {"ref": {"status": ref.status, "reason": ref.reason, "history": _history(ref)},
-            "stopped": _history(stopped), "artifact": artifact, "update": ref_state.update,
+            "again": again, "artifact": artifact, "update": ref_state.update,
             "examples_seen": ref_state.examples_seen}
 
 
@@ -199,10 +209,10 @@ def first_difference(ref: list[dict], resumed: list[dict], at: int, exact: bool,
 
 
 def not_reproducible(difference: str, at: int) -> str:
-    """A second run of the campaign differs from the reference before update K: no saved state is involved yet."""
+    """A second run of the campaign differs from the reference before update K: no saved state is involved."""
     what = difference.rsplit(": ", 1)[0]
-    return (f"the reference run itself is not reproducible: a second run of the same campaign, before the stop at "
-            f"update {at} and before any state was saved, already differs ({what}); something is drawn without the "
+    return (f"the reference run itself is not reproducible: a second run of the same campaign, which loads no "
+            f"state, already differs from it before update {at} ({what}); something is drawn without the "
             "campaign seed (new weights, dropout, data order) — seed it (torch.manual_seed(campaign seed) before "
             "building the model) and run resume again")
 
@@ -231,7 +241,8 @@ class _Setting:
 
 
 def resume(loaded, home, *, at: int | None = None, prep=None) -> StageResult:
-    """Reference 2K updates vs stop at K + resume in a new process; also saves the reference's artifact."""
+    """A reference of 2K updates, its state saved at K, against a new process resuming from K; also saves the
+    reference's artifact."""
     require_weights(loaded)
     at = DEFAULT_AT if at is None else at
     if at < 2:
@@ -259,6 +270,10 @@ def resume(loaded, home, *, at: int | None = None, prep=None) -> StageResult:
         if launcher is None and ref["ref"]["status"] == "completed":  # no fresh process for a reference that
             # cannot be compared with (under torchrun the fresh processes ran in run_joined)
             worker, proc = _fresh_process(rec, spec, at)
+        if (worker and len(ref["again"]) < at and ref["ref"]["status"] == "completed"
+                and first_difference(ref["ref"]["history"], worker["history"], at, s.exact)):
+            ref["again"] = _again(prep, prep.train[:s.n], s.total, at, s.device,
+                                  "the resumed run differs: is the reference reproducible to there?")
         headline, problem = _judged(rec, ref, worker, proc, joined_failed, s, custom_task_note(c, prep.task))
         rec.seal(["", f"A resume check: the artifact is the reference run's model after {s.total} updates."])
         rec.progress(ref["update"], ref["examples_seen"])
@@ -306,8 +321,8 @@ def _joined(launcher) -> StageResult:
 
 
 def _reference(prep, s: _Setting, spec: dict, skip, rec, launcher) -> tuple[dict, dict | None, str | None]:
-    """The reference run and the run stopped at K: on the torchrun world (whose fresh processes also resume:
-    their outcome and why any failed come back), on FSDP ranks spawned here, or in this process.
+    """The reference run (its state saved at K) and the second run: on the torchrun world (whose fresh processes
+    also resume: their outcome and why any failed come back), on FSDP ranks spawned here, or in this process.
     ``(ref, worker, joined_failed)``."""
     job = dict(spec, at=s.at, skip=list(skip), run_dir=str(rec.dir), home=str(rec.journal.home),
                run_id=rec.run_id, out=str(rec.dir / "ranks_outcome.json"))
@@ -335,7 +350,7 @@ def _judged(rec, ref: dict, worker: dict | None, proc, joined_failed: str | None
     """``(headline, problem)``: the reference's own failures first (not completed, not reproducible up to K),
     then the resumed process's; the resumed updates are logged when they were compared."""
     ref_h, ref_status, at = ref["ref"]["history"], ref["ref"]["status"], s.at
-    problem = first_difference(ref_h[:at], ref["stopped"], 0, s.exact)
+    problem = first_difference(ref_h[:len(ref["again"])], ref["again"], 0, s.exact)
     if ref_status != "completed":  # diverged or out of memory: it cannot show that a resume is exact
         return (f"the reference run {ref_status}",
                 f"the reference run {ref_status} before update {s.total}: {ref['ref']['reason']}; "

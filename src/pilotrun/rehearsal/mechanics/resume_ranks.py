@@ -1,7 +1,7 @@
 """The resume check's runs on FSDP ranks: the model is sharded, so its state only exists across ranks.
 
-``resume`` runs the reference and the run stopped at K as ``train.nproc`` spawned ranks (one launch:
-each rank trains both, the stopped one writes its shards with ``save_state``, the reference's full
+``resume`` runs the reference and the second run to K as ``train.nproc`` spawned ranks (one launch:
+each rank trains both, the reference writes its shards with ``save_state`` at K and goes on, its full
 model is gathered into the artifact and its control predictions stored by rank 0); the fresh process
 (``_resume-worker``) then launches as many new ranks, each loading its own shards into a freshly
 sharded model (``load_state``) and continuing. Rank 0's history (its micro-batches' ids, the loss over
@@ -35,21 +35,31 @@ def _sharded_model(prep, device, strategy: str = "fsdp"):
     return wrap_model(model.to(device) if strategy == "ddp" else model, strategy, device)
 
 
-def _run(prep, train_ex, total: int, stop_at: int | None, device, strategy: str = "fsdp"):
+def saving_at(at: int, path, skip) -> Hooks:
+    """The reference's hooks: its whole state saved at update K, where the loop saves its checkpoints, as a
+    run that is preempted later resumes from it; the reference goes on to 2K in the same call of the loop."""
+    def save(state) -> None:
+        if state.update == at:
+            save_state(state, path, skip=tuple(skip))
+    return Hooks(at_checkpoint=save)
+
+
+def _run(prep, train_ex, total: int, stop_at: int | None, device, strategy: str = "fsdp", hooks=None):
     c = prep.c
     state = make_state(_sharded_model(prep, device, strategy), c.train, n_train=len(train_ex), seed=c.seed,
                        total_updates=total, device=device)
-    return state, train(state, prep.task, train_ex, [], c.train, hooks=Hooks(stop_at=stop_at))
+    return state, train(state, prep.task, train_ex, [], c.train, hooks=hooks or Hooks(stop_at=stop_at))
 
 
 def runs_rank(job: dict) -> None:
-    """One rank of the reference and the stopped run (module level: pickled into spawned processes)."""
+    """One rank of the reference (its state saved at K) and of the second run to K, which shows the reference
+    reproducible (module level: pickled into spawned processes)."""
     rank, keep, strategy = world_rank()[1], job["keep"], job.get("strategy", "fsdp")
     prep = prepare(load_campaign(job["config"]), splits=("train", "validation"))
     train_ex, device = prep.train[: job["n_train"]], default_device()
-    ref_state, ref = _run(prep, train_ex, job["total"], None, device, strategy)
-    stop_state, stopped = _run(prep, train_ex, job["total"], job["at"], device, strategy)
-    save_state(stop_state, job["state"], skip=tuple(job["skip"]))
+    ref_state, ref = _run(prep, train_ex, job["total"], None, device, strategy,
+                          hooks=saving_at(job["at"], job["state"], job["skip"]))
+    _, again = _run(prep, train_ex, job["total"], job["at"], device, strategy)
     artifact = export_artifact(prep.task, ref_state.model, Path(job["run_dir"]) / "artifact", rank, strategy)
     computed = control_predictions(prep, ref_state.model)  # every rank takes part in the forward passes
     if rank != 0:
@@ -59,7 +69,7 @@ def runs_rank(job: dict) -> None:
     rec.flush()
     atomic_write_json(job["out"], {
         "ref": {"status": ref.status, "reason": ref.reason, "history": [{k: h[k] for k in keep} for h in ref.history]},
-        "stopped": [{k: h[k] for k in keep} for h in stopped.history], "artifact": artifact,
+        "again": [{k: h[k] for k in keep} for h in again.history], "artifact": artifact,
         "update": ref_state.update, "examples_seen": ref_state.examples_seen})
 
 
@@ -79,7 +89,7 @@ def worker_rank(spec: dict) -> None:
 
 
 def run_sharded(spec: dict, ranks: int) -> dict:
-    """Launch the reference and stopped runs on ``ranks`` ranks; returns rank 0's outcome."""
+    """Launch the reference and the second run on ``ranks`` ranks; returns rank 0's outcome."""
     launch(runs_rank, ranks, (spec,))
     return json.loads(Path(spec["out"]).read_text())
 
@@ -96,7 +106,7 @@ def work_sharded(spec: dict) -> None:
 
 def run_joined(job: dict, spec: dict) -> tuple[dict | None, dict | None, list]:
     """On every rank of a world torchrun started (several nodes): ``runs_rank(job)``, the reference and the
-    stopped run on this world (DDP or FSDP as the campaign says); then the fresh processes — each rank starts
+    second run on this world (DDP or FSDP as the campaign says); then the fresh processes — each rank starts
     one ``_resume-worker`` of ``spec`` holding its own rank of a new world of the same size, at torchrun's
     MASTER_ADDR (rank 0's node) and a port rank 0 chose. Rank 0 gets (the runs' outcome, the fresh run's or
     None, every rank's (exit status, output tail) of its fresh process); the others (None, None, [])."""
