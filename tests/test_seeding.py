@@ -43,17 +43,32 @@ def test_lora_matrices_are_bitwise_equal_across_builds(tmp_path):
     assert not torch.equal(sa[lora_a[0]], other[lora_a[0]])
 
 
+def _not_reproducible(cli, tmp_path, task: str, at_update: int) -> str:
+    """resume with the custom task ``task`` (``Name:`` and its class, in a module of its own name: the test's process
+    keeps what it imported): the verdict names the reference as not reproducible, first at ``at_update``, never the
+    state; the problem it gives."""
+    name = task.split(":", 1)[0]
+    module = f"{name.lower()}_task"
+    (tmp_path / f"{module}.py").write_text("import os\n\nimport torch\n\nfrom pilotrun.tasks.causal_lm import "
+                                           "CausalLMTask\n\n\n" + textwrap.dedent(task.split(":", 1)[1]))
+    path = tiny_causal_campaign(tmp_path, simple_records(24))
+    c = yaml.safe_load(path.read_text())
+    c["task"] = f"{module}:{name}"
+    path.write_text(yaml.safe_dump(c))
+    r = cli("resume", path, "--home", tmp_path / "home", "--at", "2", "--json")
+    assert r.code == 1, r.out + r.err
+    problem = r.json["data"]["problem"]
+    assert r.json["summary"] == "the reference run itself is not reproducible"
+    assert problem.startswith("the reference run itself is not reproducible: a second run of the same campaign, "
+                              "which loads no state, already differs from it before update 2 (loss at update "
+                              f"{at_update} is "), problem
+    assert "not restored" not in problem and "seed it" in problem
+    return problem
+
+
 def test_unseeded_model_is_reported_as_a_not_reproducible_reference(cli, tmp_path):
     """A task whose model draws weights outside the campaign seed: resume blames the reference, not the state."""
-    path = tiny_causal_campaign(tmp_path, simple_records(24))
-    (tmp_path / "unseeded_task.py").write_text(textwrap.dedent("""
-        import os
-
-        import torch
-
-        from pilotrun.tasks.causal_lm import CausalLMTask
-
-
+    _not_reproducible(cli, tmp_path, """Unseeded:
         class Unseeded(CausalLMTask):
             def build_model(self):
                 model = super().build_model()
@@ -62,32 +77,13 @@ def test_unseeded_model_is_reported_as_a_not_reproducible_reference(cli, tmp_pat
                     for p in model.parameters():
                         p.add_(0.05 * torch.randn(p.shape, generator=g))
                 return model
-    """))
-    c = yaml.safe_load(path.read_text())
-    c["task"] = "unseeded_task:Unseeded"
-    path.write_text(yaml.safe_dump(c))
-    r = cli("resume", path, "--home", tmp_path / "home", "--at", "2", "--json")
-    assert r.code == 1, r.out + r.err
-    problem = r.json["data"]["problem"]
-    assert r.json["summary"] == "the reference run itself is not reproducible"
-    assert problem.startswith("the reference run itself is not reproducible: a second run of the same campaign, "
-                              "which loads no state, already differs from it before update 2 (loss at update 1 "
-                              "is "), problem
-    assert "not restored" not in problem and "seed it" in problem
+    """, at_update=1)
 
 
 def test_a_draw_after_the_first_update_is_named_not_reproducible_once_the_resume_differs(cli, tmp_path):
     """A draw outside the campaign seed from a model's second update on: the second run's update 1 agrees with the
     reference, the resumed run differs, and the second run goes on to K before the state is blamed."""
-    path = tiny_causal_campaign(tmp_path, simple_records(24))
-    (tmp_path / "late_draw_task.py").write_text(textwrap.dedent("""
-        import os
-
-        import torch
-
-        from pilotrun.tasks.causal_lm import CausalLMTask
-
-
+    _not_reproducible(cli, tmp_path, """LateDraw:
         class LateDraw(CausalLMTask):
             def loss(self, model, batch):
                 total, targets = super().loss(model, batch)
@@ -98,18 +94,7 @@ def test_a_draw_after_the_first_update_is_named_not_reproducible_once_the_resume
                     g = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
                     total = total * (1 + 0.01 * torch.rand((), generator=g))
                 return total, targets
-    """))
-    c = yaml.safe_load(path.read_text())
-    c["task"] = "late_draw_task:LateDraw"
-    path.write_text(yaml.safe_dump(c))
-    r = cli("resume", path, "--home", tmp_path / "home", "--at", "2", "--json")
-    assert r.code == 1, r.out + r.err
-    problem = r.json["data"]["problem"]
-    assert r.json["summary"] == "the reference run itself is not reproducible"
-    assert problem.startswith("the reference run itself is not reproducible: a second run of the same campaign, "
-                              "which loads no state, already differs from it before update 2 (loss at update 2 "
-                              "is "), problem
-    assert "not restored" not in problem
+    """, at_update=2)
 
 
 def test_seeded_tiny_model_resumes(cli, tmp_path):
