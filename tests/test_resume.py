@@ -1,4 +1,4 @@
-"""resume: stop at K, continue in a new process, compare update by update with a run of 2K."""
+"""resume: the state saved at K, continued in a new process, compared update by update with the run that saved it."""
 
 import json
 import os
