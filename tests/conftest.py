@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -151,10 +150,14 @@ def cache(tmp_path, monkeypatch):
 
 
 def run_cli_process(*args, cwd=None, env=None, timeout=600) -> subprocess.CompletedProcess:
-    """The CLI in a fresh process (for tests that need a new interpreter)."""
+    """The CLI in a fresh process (for tests that need a new interpreter): ``engine/fresh.run``, a child of the
+    session's zygote (zygote_plugin.py) as resume's and verify's fresh processes are, which holds nothing of this
+    process and spares it torch's and transformers' imports (~2.5 s a process on 2 cores); a cold interpreter where
+    ``env`` changes what those imports read (``fresh.read_at_import``), or with PILOTRUN_FRESH=cold."""
+    from pilotrun.engine import fresh
+
     full_env = dict(os.environ, **(env or {}))
-    return subprocess.run([sys.executable, "-m", "pilotrun", *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd, env=full_env, timeout=timeout)
+    return fresh.run([str(a) for a in args], timeout=timeout, env=full_env, cwd=cwd)
 
 
 def minilm_path() -> Path:

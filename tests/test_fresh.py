@@ -72,6 +72,21 @@ def test_the_childs_environment_is_the_requests(zygote, tmp_path):
     assert done.returncode == 2 and str(home) in done.stderr, done.stderr
 
 
+def test_the_childs_folder_is_the_requests(zygote, tmp_path):
+    """``cwd``: a relative path in the arguments is read from the request's folder, forked as cold (a campaign
+    file named relative to it: valid there, missing from this process's folder)."""
+    from conftest import simple_records, tiny_causal_campaign
+
+    path = tiny_causal_campaign(tmp_path / "c", simple_records(8))
+    for cold in (False, True):
+        env = dict(os.environ, PILOTRUN_FRESH="cold") if cold else None
+        there = fresh.run(["validate", path.name], timeout=60, cwd=path.parent, env=env)
+        assert there.returncode == 0 and "is valid" in there.stdout, (cold, there.stdout + there.stderr)
+        here = fresh.run(["validate", path.name], timeout=60, env=env)
+        assert here.returncode == 2, (cold, here.stdout + here.stderr)
+    assert fresh.started()
+
+
 def test_without_a_zygote_the_process_is_cold(tmp_path):
     """Never started, or gone: run() starts a cold interpreter with the same arguments and result."""
     fresh.start(preload=())

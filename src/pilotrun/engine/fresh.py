@@ -176,24 +176,27 @@ def _meanwhile() -> None:
             unless_stopping(e)
 
 
-def run(args: list[str], *, timeout: float, env: dict | None = None) -> subprocess.CompletedProcess:
+def run(args: list[str], *, timeout: float, env: dict | None = None,
+        cwd: str | Path | None = None) -> subprocess.CompletedProcess:
     """``python -m pilotrun args...`` in a fresh process, its output captured as text: a child of the zygote if
     one runs and the request's environment is the one its libraries were imported under, a cold interpreter
-    otherwise. Raises ``subprocess.TimeoutExpired`` (the child killed) as ``subprocess.run`` does."""
+    otherwise; in ``cwd`` (default: this process's folder). Raises ``subprocess.TimeoutExpired`` (the child
+    killed) as ``subprocess.run`` does."""
     env = dict(os.environ if env is None else env)
+    folder = str(cwd) if cwd is not None else os.getcwd()
     if started() and env.get(COLD_ENV) != "cold" and same_imports(_imported(_ZYGOTE), env):
-        done = _forked(args, timeout, env)
+        done = _forked(args, timeout, env, folder)
         if done is not None:
             return done
     return subprocess.run([sys.executable, "-m", "pilotrun", *args], capture_output=True, text=True, env=env,
-                          timeout=timeout)
+                          timeout=timeout, cwd=folder)
 
 
-def _forked(args: list[str], timeout: float, env: dict) -> subprocess.CompletedProcess | None:
+def _forked(args: list[str], timeout: float, env: dict, cwd: str) -> subprocess.CompletedProcess | None:
     """The zygote's child; None when the zygote cannot take the request (gone): the caller goes cold."""
     z = _ZYGOTE
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        request = json.dumps({"args": list(args), "env": env, "cwd": os.getcwd()}).encode() + b"\n"
+        request = json.dumps({"args": list(args), "env": env, "cwd": cwd}).encode() + b"\n"
         try:  # the files go with the first bytes; a request longer than one message follows them
             sent = socket.send_fds(z.sock, [request], [out.fileno(), err.fileno()])
             z.sock.sendall(request[sent:])
