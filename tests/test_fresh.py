@@ -87,6 +87,22 @@ def test_the_childs_folder_is_the_requests(zygote, tmp_path):
     assert fresh.started()
 
 
+def test_requests_from_two_threads_at_once_each_get_their_own_answer(zygote, tmp_path):
+    """The zygote's socket carries one request at a time: a second thread's request made meanwhile goes cold
+    instead of mixing its messages with the first's; each gets its own exit status and output."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    homes = []
+    for i in range(2):
+        homes.append(tmp_path / f"not-a-home-{i}")
+        homes[-1].write_text("a file")
+    with ThreadPoolExecutor(2) as pool:
+        done = list(pool.map(lambda h: fresh.run(["runs", "--home", str(h), "--json"], timeout=120), homes))
+    for home, d in zip(homes, done):
+        assert d.returncode == 2 and str(home) in d.stderr and str(homes[1 - homes.index(home)]) not in d.stderr
+    assert fresh.started()
+
+
 def test_without_a_zygote_the_process_is_cold(tmp_path):
     """Never started, or gone: run() starts a cold interpreter with the same arguments and result."""
     fresh.start(preload=())

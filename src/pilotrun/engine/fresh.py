@@ -28,6 +28,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Callable
@@ -38,6 +39,7 @@ PRELOAD = ("torch", "transformers", "transformers.modeling_utils", "pilotrun.cli
 
 
 COLD_ENV = "PILOTRUN_FRESH"  # "cold": no zygote is started, and a running one is not asked
+_ONE_REQUEST = threading.Lock()
 
 # What the interpreter and the preloaded libraries read once, at start or import, in the zygote: a child given
 # other values would run under the zygote's (a hub looked up where the request said HF_HUB_OFFLINE, another hub
@@ -184,8 +186,13 @@ def run(args: list[str], *, timeout: float, env: dict | None = None,
     killed) as ``subprocess.run`` does."""
     env = dict(os.environ if env is None else env)
     folder = str(cwd) if cwd is not None else os.getcwd()
-    if started() and env.get(COLD_ENV) != "cold" and same_imports(_imported(_ZYGOTE), env):
-        done = _forked(args, timeout, env, folder)
+    # one request at a time on the zygote's socket: a request made while another thread's is answered goes cold
+    if started() and env.get(COLD_ENV) != "cold" and same_imports(_imported(_ZYGOTE), env) \
+            and _ONE_REQUEST.acquire(blocking=False):
+        try:
+            done = _forked(args, timeout, env, folder)
+        finally:
+            _ONE_REQUEST.release()
         if done is not None:
             return done
     return subprocess.run([sys.executable, "-m", "pilotrun", *args], capture_output=True, text=True, env=env,
