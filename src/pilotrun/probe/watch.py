@@ -55,12 +55,13 @@ NOISE = {"rss": (0.10, 16 * 2**20)}
 EXACT = "tensors+rss"
 TENSOR_COUNTERS = (EXACT, "cuda")  # counters whose peak_allocated is the bytes of live tensors
 SPOT_EVERY = 100
+EXACT_FIRST = {"train": 2, "evaluation": 2}  # the first blocks of a kind always probed (the others': 1)
 
 
 def _exact_update(n: int, record: bool) -> bool:
     """Whether the ``n``-th update (from 0) runs under the exact counter on CPU: one of the first two, a new record
     of length or padded tokens, or a spot check."""
-    return n < 2 or record or (n + 1) % SPOT_EVERY == 0
+    return n < EXACT_FIRST["train"] or record or (n + 1) % SPOT_EVERY == 0
 
 
 def _beyond(top: tuple[int, int], key: tuple[int, int]) -> tuple[bool, tuple[int, int]]:
@@ -119,7 +120,7 @@ class PeakWatch:
             return not self.sampled or _exact_update(n, record)
         if not self.sampled:
             return True
-        return n < (2 if kind == "evaluation" else 1)
+        return n < EXACT_FIRST.get(kind, 1)
 
     @contextmanager
     def __call__(self, kind: str, inputs: dict):

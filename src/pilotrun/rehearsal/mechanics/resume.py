@@ -70,7 +70,7 @@ def _history(res) -> list[dict]:
     return [{k: h[k] for k in KEEP} for h in res.history]
 
 
-def _run(prep, train_ex, total: int, stop_at: int | None, device, hooks=None):
+def _run(prep, train_ex, total: int, device, hooks: Hooks):
     import torch
 
     c = prep.c
@@ -78,20 +78,20 @@ def _run(prep, train_ex, total: int, stop_at: int | None, device, hooks=None):
     model.to(device)
     torch.manual_seed(c.seed)
     state = make_state(model, c.train, n_train=len(train_ex), seed=c.seed, total_updates=total, device=device)
-    res = train(state, prep.task, train_ex, [], c.train, hooks=hooks or Hooks(stop_at=stop_at))
+    res = train(state, prep.task, train_ex, [], c.train, hooks=hooks)
     return state, res
 
 
 def _again(prep, train_ex, total: int, to: int, device, why: str) -> list[dict]:
     """The second run of the same campaign, to update ``to``: is the reference reproducible?"""
     head(f"second run, to update {to} ({why})")
-    return _history(_run(prep, train_ex, total, to, device)[1])
+    return _history(_run(prep, train_ex, total, device, Hooks(stop_at=to))[1])
 
 
 def _in_process(prep, train_ex, total: int, at: int, device, ckpt, skip, rec) -> dict:
     """The reference here, its state saved at K and its artifact written; the second run to update 1."""
     head(f"reference run ({total} updates, its state saved at update {at})")
-    ref_state, ref = _run(prep, train_ex, total, None, device, hooks=saving_at(at, ckpt, skip))
+    ref_state, ref = _run(prep, train_ex, total, device, saving_at(at, ckpt, skip))
     again = _again(prep, train_ex, total, 1, device, "is the reference reproducible?")
     artifact = write_dir_atomically(rec.dir / "artifact", lambda tmp: prep.task.save_artifact(ref_state.model, tmp))
     store_control_predictions(rec, prep, ref_state.model)

@@ -44,11 +44,11 @@ def saving_at(at: int, path, skip) -> Hooks:
     return Hooks(at_checkpoint=save)
 
 
-def _run(prep, train_ex, total: int, stop_at: int | None, device, strategy: str = "fsdp", hooks=None):
+def _run(prep, train_ex, total: int, device, strategy: str, hooks: Hooks):
     c = prep.c
     state = make_state(_sharded_model(prep, device, strategy), c.train, n_train=len(train_ex), seed=c.seed,
                        total_updates=total, device=device)
-    return state, train(state, prep.task, train_ex, [], c.train, hooks=hooks or Hooks(stop_at=stop_at))
+    return state, train(state, prep.task, train_ex, [], c.train, hooks=hooks)
 
 
 def runs_rank(job: dict) -> None:
@@ -57,9 +57,9 @@ def runs_rank(job: dict) -> None:
     rank, keep, strategy = world_rank()[1], job["keep"], job.get("strategy", "fsdp")
     prep = prepare(load_campaign(job["config"]), splits=("train", "validation"))
     train_ex, device = prep.train[: job["n_train"]], default_device()
-    ref_state, ref = _run(prep, train_ex, job["total"], None, device, strategy,
-                          hooks=saving_at(job["at"], job["state"], job["skip"]))
-    _, again = _run(prep, train_ex, job["total"], job["at"], device, strategy)
+    ref_state, ref = _run(prep, train_ex, job["total"], device, strategy,
+                          saving_at(job["at"], job["state"], job["skip"]))
+    _, again = _run(prep, train_ex, job["total"], device, strategy, Hooks(stop_at=job["at"]))
     artifact = export_artifact(prep.task, ref_state.model, Path(job["run_dir"]) / "artifact", rank, strategy)
     computed = control_predictions(prep, ref_state.model)  # every rank takes part in the forward passes
     if rank != 0:
