@@ -232,7 +232,7 @@ class _Setting:
 
     def words(self, t) -> str:
         return (f"{self.n} training examples ({self.per_epoch} updates per epoch of {self.per_update}), reference "
-                f"{self.total} updates, its state saved at {self.at}, resumed in a new process"
+                f"{self.total} updates, its state saved at update {self.at}, resumed in a new process"
                 + (f" ({self.ranks} FSDP ranks, each loading its own shards)" if self.ranks > 1 and t.strategy == "fsdp"
                    else f" ({self.ranks} {t.strategy.upper()} ranks of the world torchrun made)" if self.ranks > 1
                    else "")
