@@ -15,6 +15,10 @@ sampler, RNG state, data); all it knows of the run comes from its arguments: pat
 files on disk. It is the same idea as ``multiprocessing``'s forkserver with ``set_forkserver_preload``, written
 out here so that the child's output comes back through files passed with the request (SCM_RIGHTS), the
 environment is the request's, and nothing is left in the system's temp folder.
+
+``start_processes(fn, args, n)`` asks it for ``n`` children at once, each running ``fn(i, *args)``: the ranks
+``engine.distributed.launch`` would otherwise spawn, each paying the imports again. The answer is a
+``Ranks``, which behaves as torch's ``ProcessContext`` (``join``, ``processes``, the same exceptions).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import atexit
 import contextlib
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -203,12 +208,7 @@ def _forked(args: list[str], timeout: float, env: dict, cwd: str) -> subprocess.
     """The zygote's child; None when the zygote cannot take the request (gone): the caller goes cold."""
     z = _ZYGOTE
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        request = json.dumps({"args": list(args), "env": env, "cwd": cwd}).encode() + b"\n"
-        try:  # the files go with the first bytes; a request longer than one message follows them
-            sent = socket.send_fds(z.sock, [request], [out.fileno(), err.fileno()])
-            z.sock.sendall(request[sent:])
-        except OSError:
-            stop()
+        if not _send(z, {"args": list(args), "env": env, "cwd": cwd}, [out.fileno(), err.fileno()]):
             return None
         reader = z.sock.makefile("rb")
         pid = None
@@ -251,6 +251,278 @@ def _forked(args: list[str], timeout: float, env: dict, cwd: str) -> subprocess.
         err.seek(0)
         return subprocess.CompletedProcess([sys.executable, "-m", "pilotrun", *args], code,
                                            out.read().decode(errors="replace"), err.read().decode(errors="replace"))
+
+
+def _send(z: _Zygote, request: dict, fds: list[int]) -> bool:
+    """Send ``request`` with ``fds`` (SCM_RIGHTS); False (the zygote stopped) when it cannot take it."""
+    data = json.dumps(request).encode() + b"\n"
+    try:  # the files go with the first bytes; a request longer than one message follows them
+        sent = socket.send_fds(z.sock, [data], fds)
+        z.sock.sendall(data[sent:])
+    except OSError:
+        stop()
+        return False
+    return True
+
+
+# --- ranks: several children at once -----------------------------------------------------------------------------
+
+MAX_RANKS = 64  # a request carries the output files and one error file per rank: more ranks than this spawn cold
+
+
+def start_processes(fn, args: tuple, nprocs: int) -> "Ranks | None":
+    """``fn(i, *args)`` for i in 0..nprocs-1, each in a child of the zygote, started at once: what
+    ``torch.multiprocessing.start_processes(fn, args, nprocs, start_method="spawn")`` does (this process's
+    environment, folder, module path and standard output and error), without each child importing torch and
+    transformers again. None when the zygote cannot take
+    it (none runs, it is busy, ``PILOTRUN_FRESH=cold``, an environment its imports did not see, ``fn`` in
+    ``__main__``, which a child of the zygote cannot import, an argument JSON does not carry whole: ``_call``): the
+    caller spawns, the same processes cold."""
+    env = dict(os.environ)
+    if not (started() and env.get(COLD_ENV) != "cold" and 0 < nprocs <= MAX_RANKS
+            and getattr(fn, "__module__", "__main__") != "__main__" and same_imports(_imported(_ZYGOTE), env)):
+        return None
+    call = _call(fn, args)
+    if call is None:
+        return None
+    if not _ONE_REQUEST.acquire(blocking=False):
+        return None
+    z, errors = _ZYGOTE, []
+    try:
+        errors = [tempfile.TemporaryFile() for _ in range(nprocs)]
+        request = {"ranks": nprocs, "call": call, "env": env, "cwd": os.getcwd(), "path": list(sys.path),
+                   "argv": list(sys.argv)}
+        for stream in (sys.stdout, sys.stderr):  # what this process printed comes before what the ranks print
+            with contextlib.suppress(OSError, ValueError, AttributeError):
+                stream.flush()
+        if not _send(z, request, [1, 2, *(f.fileno() for f in errors)]):
+            raise OSError("the zygote is gone")
+        pids, rest = _read_pids(z)
+    except BaseException as e:
+        for f in errors:
+            f.close()
+        _ONE_REQUEST.release()
+        if isinstance(e, (OSError, ValueError)):
+            return None
+        stop()  # Ctrl-C before the answer: the zygote, reading the end, ends any rank it forked (_serve_ranks)
+        raise
+    return Ranks(z, pids, errors, rest)
+
+
+def _call(fn, args: tuple) -> dict | None:
+    """``fn`` and ``args`` as JSON: a module-level function by its module and name, any other argument as a value
+    JSON gives back equal (no tuple, no object); None for anything else, which spawn pickles instead. Nothing is
+    unpickled in the zygote's child: it imports the functions by name and reads the values."""
+    encoded = []
+    for x in (fn, *args):
+        if callable(x):
+            where = _function_name(x)
+            if where is None:
+                return None
+            encoded.append({"function": where})
+            continue
+        try:
+            if json.loads(json.dumps(x)) != x:
+                return None
+        except (TypeError, ValueError):
+            return None
+        encoded.append({"value": x})
+    return {"fn": encoded[0], "args": encoded[1:]}
+
+
+def _function_name(fn) -> list[str] | None:
+    """[module, qualified name] of a module-level function found again by them (as pickle records it), else None."""
+    import importlib
+
+    module, name = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
+    if not module or module == "__main__" or not name or "<" in name:
+        return None
+    try:
+        found = importlib.import_module(module)
+        for part in name.split("."):
+            found = getattr(found, part)
+    except (ImportError, AttributeError):
+        return None
+    return [module, name] if found is fn else None
+
+
+def _decoded(item: dict):
+    if "function" in item:
+        import importlib
+
+        module, name = item["function"]
+        found = importlib.import_module(module)
+        for part in name.split("."):
+            found = getattr(found, part)
+        return found
+    return item["value"]
+
+
+def _read_pids(z: _Zygote) -> tuple[list[int], bytes]:
+    """The zygote's answer to a ranks request (its ready message read first if it comes before), and what came
+    after it in the same read: a rank that ended at once has its status there."""
+    buf = b""
+    while True:
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            if not _ready(z, line):
+                return list(json.loads(line)["pids"]), buf
+        r = select.select([z.sock], [], [], None)[0]
+        data = z.sock.recv(1 << 16) if r else b""
+        if not data:
+            stop()
+            raise OSError("the zygote ended before forking the ranks")
+        buf += data
+
+
+class Ranks:
+    """The ranks a request forked: torch's ``ProcessContext`` for processes that are the zygote's children, not
+    this process's. The zygote reports each exit status as it comes (negative: killed by that signal, as
+    ``multiprocessing`` says it); ``join`` reads them and does what torch's does: on the first failure the others
+    get ``grace_period`` to end, then SIGTERM, then SIGKILL, and it raises ``ProcessRaisedException`` with the
+    failed rank's traceback or ``ProcessExitedException`` with its status. A zygote that dies under its ranks
+    takes them along (their parent-death signal) and they read as killed."""
+
+    error_files: tuple = ()  # tracebacks come through files with no name: nothing to remove afterwards
+
+    def __init__(self, z: _Zygote, pids: list[int], errors: list, reported: bytes = b""):
+        self._z, self._errors, self._buf = z, errors, reported
+        self.codes: dict[int, int] = {}
+        self._ended: list[int] = []  # rank indices in the order their ends were reported
+        self._looked = 0  # how many of them join() has judged
+        self.processes = [_Rank(self, i, pid) for i, pid in enumerate(pids)]
+
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.processes]
+
+    def _pump(self, timeout: float | None) -> None:
+        """Read the zygote's reports: what has come, else wait up to ``timeout`` s (None: forever) for one."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        seen = len(self._ended)
+        while len(self.codes) < len(self.processes):
+            while b"\n" in self._buf:
+                line, self._buf = self._buf.split(b"\n", 1)
+                msg = json.loads(line)
+                i = [p.pid for p in self.processes].index(msg["pid"])
+                self.codes[i] = int(msg["code"])
+                self._ended.append(i)
+            if len(self._ended) > seen or len(self.codes) == len(self.processes):
+                break
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                ready = select.select([self._z.sock], [], [], left)[0]
+                data = self._z.sock.recv(1 << 16) if ready else None
+            except OSError:
+                data = b""
+            if data is None:
+                break
+            if not data:  # the zygote is gone, and its ranks with it
+                for i in range(len(self.processes)):
+                    if i not in self.codes:
+                        self.codes[i] = -signal.SIGKILL
+                        self._ended.append(i)
+                stop()
+            self._buf += data
+        if len(self.codes) == len(self.processes) and self._errors is not None:
+            self._release()
+
+    def _release(self) -> None:
+        for i, f in enumerate(self._errors):
+            self.processes[i].traceback = _read_text(f)
+            f.close()
+        self._errors = None
+        _ONE_REQUEST.release()
+
+    def _join_all(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        for p in self.processes:
+            p.join(max(0.0, deadline - time.monotonic()))
+
+    def join(self, timeout: float | None = None, grace_period: float | None = None) -> bool:
+        """As ``ProcessContext.join``: True once every rank ended with 0, False while some run; raises on a
+        failure (the first reported), after the others have ended."""
+        if self._looked == len(self.processes):
+            return True
+        self._pump(timeout)
+        failed = None
+        while self._looked < len(self._ended):
+            i = self._ended[self._looked]
+            self._looked += 1
+            if self.codes[i] != 0:
+                failed = i
+                break
+        if failed is None:
+            return self._looked == len(self.processes)
+        if grace_period is not None:
+            self._join_all(grace_period)
+        for p in self.processes:
+            if p.is_alive():
+                p.terminate()
+        self._join_all(30 if grace_period is None else grace_period)
+        for p in self.processes:
+            if p.is_alive():
+                p.kill()
+            p.join()
+        from torch.multiprocessing.spawn import ProcessExitedException, ProcessRaisedException
+
+        self._looked = len(self.processes)
+        rank, code = self.processes[failed], self.codes[failed]
+        if rank.traceback:
+            raise ProcessRaisedException(f"\n\n-- Process {failed:d} terminated with the following error:\n"
+                                         + rank.traceback, failed, rank.pid)
+        if code < 0:
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = f"<Unknown signal {-code}>"
+            raise ProcessExitedException(f"process {failed:d} terminated with signal {name}", error_index=failed,
+                                         error_pid=rank.pid, exit_code=code, signal_name=name)
+        raise ProcessExitedException(f"process {failed:d} terminated with exit code {code:d}", error_index=failed,
+                                     error_pid=rank.pid, exit_code=code)
+
+
+class _Rank:
+    """One of ``Ranks``' processes, as much of ``multiprocessing.Process`` as ``launch`` and ``join`` use."""
+
+    def __init__(self, ranks: Ranks, index: int, pid: int):
+        self._ranks, self._index, self.pid = ranks, index, pid
+        self.traceback = ""
+
+    @property
+    def exitcode(self) -> int | None:
+        return self._ranks.codes.get(self._index)
+
+    def is_alive(self) -> bool:
+        if self.exitcode is None:
+            self._ranks._pump(0)
+        return self.exitcode is None
+
+    def join(self, timeout: float | None = None) -> None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.exitcode is None:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return
+            self._ranks._pump(left)
+
+    def _signal(self, signum: int) -> None:
+        if self.is_alive():  # not reported ended: its pid is still the zygote's unreaped child or running
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signum)
+
+    def terminate(self) -> None:
+        self._signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self._signal(signal.SIGKILL)
+
+
+def _read_text(f) -> str:
+    try:
+        f.seek(0)
+        return f.read().decode(errors="replace")
+    except (OSError, ValueError):
+        return ""
 
 
 def _kill(pid: int | None) -> None:
@@ -301,7 +573,7 @@ def _serve(fd: int, preload: list[str]) -> None:
         return
     while True:
         try:
-            msg, fds, _, _ = socket.recv_fds(sock, 1 << 20, 2)
+            msg, fds, _, _ = socket.recv_fds(sock, 1 << 20, 2 + MAX_RANKS)
         except OSError:
             return
         while msg and not msg.endswith(b"\n"):  # a request longer than one message: the rest follows
@@ -312,6 +584,10 @@ def _serve(fd: int, preload: list[str]) -> None:
         if not msg:
             return
         request = json.loads(msg)
+        if "ranks" in request:
+            if not _serve_ranks(sock, request, fds):
+                return
+            continue
         pid = os.fork()
         if pid == 0:
             sock.close()
@@ -335,8 +611,7 @@ def _serve(fd: int, preload: list[str]) -> None:
 def _child(request: dict, fds: list[int]) -> None:
     """In the forked child: the request's output files, environment, folder and arguments, then the console
     script as ``python -m pilotrun`` runs it; its exit status, after the exit handlers a cold process runs."""
-    code = 1
-    try:
+    def body() -> int:
         signal.signal(signal.SIGINT, signal.default_int_handler)
         os.dup2(fds[0], 1)
         os.dup2(fds[1], 2)
@@ -358,7 +633,17 @@ def _child(request: dict, fds: list[int]) -> None:
         import runpy
 
         runpy.run_module("pilotrun", run_name="__main__", alter_sys=True)
-        code = 0
+        return 0
+
+    _exit_as_an_interpreter(body)
+
+
+def _exit_as_an_interpreter(body: Callable[[], int]) -> None:
+    """``os._exit`` with ``body()``'s status, or what a cold interpreter's would be: a SystemExit's code (its
+    message printed), 1 with the traceback for any other exception; after the exit handlers a cold one runs."""
+    code = 1
+    try:
+        code = body()
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         if not isinstance(e.code, (int, type(None))):
@@ -374,3 +659,108 @@ def _child(request: dict, fds: list[int]) -> None:
             sys.stderr.flush()
         finally:
             os._exit(code)
+
+
+def _serve_ranks(sock: socket.socket, request: dict, fds: list[int]) -> bool:
+    """Fork the request's ranks, answer their ids, then each one's exit status as it ends. False when the caller
+    is gone (the zygote then ends): its ranks get SIGINT, as spawned ranks do when their parent dies (torch's
+    spawn sets that parent-death signal), and SIGKILL if they outlive ``GONE_S``."""
+    pids = []
+    request["zygote"] = os.getpid()
+    for i in range(request["ranks"]):
+        pid = os.fork()
+        if pid == 0:
+            sock.close()
+            _rank(request, i, fds)  # never returns
+        pids.append(pid)
+    for f in fds:
+        os.close(f)
+    live = set(pids)
+    try:
+        sock.sendall(json.dumps({"pids": pids}).encode() + b"\n")
+        while live:
+            for pid in sorted(live):
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    live.discard(pid)
+                    sock.sendall(json.dumps({"pid": pid, "code": os.waitstatus_to_exitcode(status)}).encode()
+                                 + b"\n")
+            if live and select.select([sock], [], [], 0.02)[0] and not sock.recv(1 << 16):
+                raise ConnectionResetError("the caller is gone")  # it sends nothing while its ranks run
+    except OSError:
+        _end_ranks(live)
+        return False
+    return True
+
+
+GONE_S = 10.0
+
+
+def _end_ranks(live: set[int]) -> None:
+    for sig in (signal.SIGINT, signal.SIGKILL):
+        for pid in live:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + GONE_S
+        while live and time.monotonic() < deadline:
+            for pid in sorted(live):
+                if os.waitpid(pid, os.WNOHANG)[0]:
+                    live.discard(pid)
+            time.sleep(0.02)
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _die_with_parent(signum: int, parent: int) -> None:
+    """``signum`` to this process when its parent (the zygote) ends, as torch's spawn asks for its ranks (Linux's
+    prctl; elsewhere nothing); a parent already gone before that ends this process now, as that signal would."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signum), 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:
+        os._exit(128 + int(signum))
+
+
+def _rank(request: dict, index: int, fds: list[int]) -> None:
+    """In a forked rank: the caller's output, environment, folder, module path and arguments, then
+    ``fn(index, *args)`` as torch's spawn runs it (its ``_wrap``): an exception's traceback goes to this rank's
+    error file and the status is 1; a KeyboardInterrupt (SIGINT from a parent that died) ends it quietly."""
+    def body() -> int:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        _die_with_parent(signal.SIGINT, request["zygote"])
+        os.dup2(fds[0], 1)
+        os.dup2(fds[1], 2)
+        error = fds[2 + index]
+        for k, f in enumerate(fds):
+            if k != 2 + index:
+                os.close(f)
+        if os.isatty(1):  # a cold interpreter's stdout on a terminal is line-buffered; the zygote's was not
+            with contextlib.suppress(AttributeError, ValueError):
+                sys.stdout.reconfigure(line_buffering=True)
+        os.environ.clear()
+        os.environ.update(request["env"])
+        os.chdir(request["cwd"])
+        sys.path[:] = request["path"]
+        sys.argv = list(request["argv"])
+        import importlib
+
+        importlib.invalidate_caches()
+        fn = _decoded(request["call"]["fn"])
+        args = [_decoded(a) for a in request["call"]["args"]]
+        try:
+            fn(index, *args)
+        except KeyboardInterrupt:
+            pass
+        except Exception:  # noqa: BLE001 - the caller raises it, with this traceback, as torch's join does
+            import traceback
+
+            with os.fdopen(error, "w") as fh:
+                fh.write(traceback.format_exc())
+            return 1
+        return 0
+
+    _exit_as_an_interpreter(body)

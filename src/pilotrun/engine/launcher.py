@@ -48,10 +48,11 @@ class Ranks:
         return broadcast_from_rank0(obj) if self.joined else obj
 
     def run(self, fn, job, here) -> None:
-        """The owner runs ``job`` on every rank: spawned (``fn(job)`` in each new process), or shared with
-        the joined followers and run here by ``here(job)`` (also the one-process case)."""
+        """The owner runs ``job`` on every rank: spawned (``fn(job)`` in each new process, as on the rental: the
+        pilot measures their start), or shared with the joined followers and run here by ``here(job)`` (also the
+        one-process case)."""
         if self.spawn:
-            launch(fn, self.world, (job,))
+            launch(fn, self.world, (job,), spawn=True)
         else:
             here(self.share(job))
 

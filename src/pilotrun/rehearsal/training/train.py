@@ -94,7 +94,7 @@ def train_run(loaded, home, *, kind: str = "train", supersedes: str | None = Non
             tmp = make_dir("pilotrun-ranks-")  # named for this process: a killed parent's is removed next time
             try:
                 job.result_path = str(tmp / "rank0.json")
-                launch(_spawned_rank, world, (job,))
+                launch(_spawned_rank, world, (job,), spawn=True)  # a run the time plan predicts: as on the rental
                 out = json.loads(Path(job.result_path).read_text())  # we wrote it a moment ago
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
