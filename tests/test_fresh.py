@@ -167,12 +167,15 @@ def test_a_request_under_other_import_time_settings_goes_cold(zygote, name, valu
 
 
 def test_variables_read_when_used_still_fork(zygote, tmp_path):
-    """The module search path (rebuilt in the child), pilotrun's run-time variables and the terminal's width do
-    not send a request cold; the defaults pilotrun sets before loading a model are the zygote's too."""
+    """The module search path (rebuilt in the child), pilotrun's run-time variables, the terminal's width and
+    torch's NVML switch (read at each ``torch.cuda.is_available()``; Lightning sets it when imported, and every
+    request of the suite after the first test that imported Lightning went cold) do not send a request cold; the
+    defaults pilotrun sets before loading a model are the zygote's too."""
     from pilotrun.startup import LIBRARY_ENV_DEFAULTS
 
     env = {k: v for k, v in zygote.env.items() if k not in LIBRARY_ENV_DEFAULTS}
-    env.update(PYTHONPATH=str(tmp_path), PILOTRUN_HOME=str(tmp_path / "home"), COLUMNS="37")
+    env.update(PYTHONPATH=str(tmp_path), PILOTRUN_HOME=str(tmp_path / "home"), COLUMNS="37",
+               PYTORCH_NVML_BASED_CUDA_CHECK="1")  # torch reads it at each is_available(); Lightning sets it
     assert fresh.same_imports(zygote.env, env)
     assert not fresh.same_imports(zygote.env, dict(env, HF_HUB_OFFLINE="0"))
     z = fresh._ZYGOTE

@@ -38,8 +38,8 @@ PRELOAD = ("torch._inductor.config", "torch.distributed")  # what the ranks impo
 @pytest.fixture(scope="module", autouse=True)
 def _module_zygote():
     """A zygote of this module's own, started under the environment the tests run in: the session's was started
-    under the suite's first one, and a library a test imported since may have set a variable a zygote compares
-    (accelerate sets PYTORCH_NVML_BASED_CUDA_CHECK), which would send these launches cold whatever the code does.
+    under the suite's first one, and a library a test imported since may have set a variable a zygote compares,
+    which would send these launches cold whatever the code does.
     The session's zygote comes back after."""
     import torch._inductor.config  # noqa: F401 - sets TORCHINDUCTOR_CACHE_DIR here, as the zygote's preload does
 

@@ -56,8 +56,13 @@ READ_AT_IMPORT = ("HF_", "HUGGINGFACE_", "TRANSFORMERS_", "TOKENIZERS_", "SAFETE
                   "MALLOC_", "GLIBC_", "XDG_", "HOME", "TEMP", "TMP", "PILOTRUN_VERBOSE")
 
 
+# Read when used, though their prefix is above: torch reads PYTORCH_NVML_BASED_CUDA_CHECK at each
+# torch.cuda.is_available() (Lightning sets it when imported: every request after a test imported Lightning went cold)
+READ_WHEN_USED = ("PYTHONPATH", "PYTORCH_NVML_BASED_CUDA_CHECK")
+
+
 def read_at_import(name: str) -> bool:
-    return name != "PYTHONPATH" and name.upper().startswith(READ_AT_IMPORT)
+    return name not in READ_WHEN_USED and name.upper().startswith(READ_AT_IMPORT)
 
 
 class _Zygote:
