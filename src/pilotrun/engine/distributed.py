@@ -234,11 +234,11 @@ def launch(fn, nproc: int, args: tuple = (), *, spawn: bool = False) -> None:
 
     from pilotrun.engine import fresh
 
-    entry_args = (fn, nproc, free_port(), args)
+    port = free_port()  # JSON carries the arguments to the zygote's ranks as a list: fn(*args) alike
     ctx = None if spawn or torch.cuda.is_available() else \
-        fresh.start_processes(_entry, (*entry_args[:3], list(args)), nproc)  # JSON's list: fn(*args) alike
+        fresh.start_processes(_entry, (fn, nproc, port, list(args)), nproc)
     if ctx is None:
-        ctx = mp.start_processes(_entry, args=entry_args, nprocs=nproc, join=False, start_method="spawn")
+        ctx = mp.start_processes(_entry, args=(fn, nproc, port, args), nprocs=nproc, join=False, start_method="spawn")
     passed_on = False
     try:
         while not ctx.join(timeout=0.2, grace_period=STOP_S):

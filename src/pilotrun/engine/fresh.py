@@ -279,13 +279,12 @@ def start_processes(fn, args: tuple, nprocs: int) -> "Ranks | None":
     """``fn(i, *args)`` for i in 0..nprocs-1, each in a child of the zygote, started at once: what
     ``torch.multiprocessing.start_processes(fn, args, nprocs, start_method="spawn")`` does (this process's
     environment, folder, module path and standard output and error), without each child importing torch and
-    transformers again. None when the zygote cannot take
-    it (none runs, it is busy, ``PILOTRUN_FRESH=cold``, an environment its imports did not see, ``fn`` in
-    ``__main__``, which a child of the zygote cannot import, an argument JSON does not carry whole: ``_call``): the
-    caller spawns, the same processes cold."""
+    transformers again. None when the zygote cannot take it (none runs, it is busy, ``PILOTRUN_FRESH=cold``, an
+    environment its imports did not see, ``fn`` in ``__main__``, which a child of the zygote cannot import, an
+    argument JSON does not carry whole: ``_call``): the caller spawns, the same processes cold."""
     env = dict(os.environ)
     if not (started() and env.get(COLD_ENV) != "cold" and 0 < nprocs <= MAX_RANKS
-            and getattr(fn, "__module__", "__main__") != "__main__" and same_imports(_imported(_ZYGOTE), env)):
+            and same_imports(_imported(_ZYGOTE), env)):
         return None
     call = _call(fn, args)
     if call is None:
@@ -337,30 +336,27 @@ def _call(fn, args: tuple) -> dict | None:
 
 def _function_name(fn) -> list[str] | None:
     """[module, qualified name] of a module-level function found again by them (as pickle records it), else None."""
-    import importlib
-
     module, name = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
     if not module or module == "__main__" or not name or "<" in name:
         return None
     try:
-        found = importlib.import_module(module)
-        for part in name.split("."):
-            found = getattr(found, part)
+        return [module, name] if _find(module, name) is fn else None
     except (ImportError, AttributeError):
         return None
-    return [module, name] if found is fn else None
+
+
+def _find(module: str, name: str):
+    """The object named ``name`` (dotted) in ``module``, imported."""
+    import importlib
+
+    found = importlib.import_module(module)
+    for part in name.split("."):
+        found = getattr(found, part)
+    return found
 
 
 def _decoded(item: dict):
-    if "function" in item:
-        import importlib
-
-        module, name = item["function"]
-        found = importlib.import_module(module)
-        for part in name.split("."):
-            found = getattr(found, part)
-        return found
-    return item["value"]
+    return _find(*item["function"]) if "function" in item else item["value"]
 
 
 def _read_pids(z: _Zygote) -> tuple[list[int], bytes]:
@@ -396,9 +392,6 @@ class Ranks:
         self._ended: list[int] = []  # rank indices in the order their ends were reported
         self._looked = 0  # how many of them join() has judged
         self.processes = [_Rank(self, i, pid) for i, pid in enumerate(pids)]
-
-    def pids(self) -> list[int]:
-        return [p.pid for p in self.processes]
 
     def _pump(self, timeout: float | None) -> None:
         """Read the zygote's reports: what has come, else wait up to ``timeout`` s (None: forever) for one."""
