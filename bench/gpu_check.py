@@ -258,7 +258,7 @@ def lane_tests(r: Runner, py: str, cpu: bool) -> None:
     files = ["tests/test_probe.py", "tests/test_pilot.py", "tests/test_estimate.py", "tests/test_loop.py",
              "tests/test_resume.py", "tests/test_verify.py", "tests/test_memory_bound.py", "tests/test_state.py",
              "tests/test_golden.py", "tests/test_fit.py", "tests/test_demo.py", "tests/test_exact_counter.py",
-             "tests/test_sheet.py", "tests/test_architectures.py"]
+             "tests/test_sheet.py", "tests/test_architectures.py", "tests/test_fresh.py"]
     xdist = [] if cpu else ["-n", "6"]
     sel = ["--co"] if cpu else []
     r.step("tests-on-cuda", [py, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-rfE", "--timeout", "150",

@@ -212,6 +212,49 @@ def test_variables_the_zygotes_own_imports_set_still_fork(monkeypatch, tmp_path)
             pass
 
 
+def _ready(z, seconds: float = 120) -> None:
+    deadline = time.monotonic() + seconds
+    while z.ready_env is None and z.proc.poll() is None and time.monotonic() < deadline:
+        fresh._imported(z)
+        time.sleep(0.05)
+
+
+def test_the_zygotes_imports_ask_for_cuda_through_nvml(monkeypatch, tmp_path):
+    """An import in the zygote that asks torch.cuda.is_available() must not initialise CUDA there (torch's default
+    check does, and every fork of it then fails its GPU run: "Cannot re-initialize CUDA in forked subprocess"), so
+    the preload runs under PYTORCH_NVML_BASED_CUDA_CHECK=1 whatever the caller set. A planted preload module writes
+    what it saw (planted defect: the zygote importing under the caller's environment, here without the variable:
+    caught, it saw nothing). The children still run under the request's environment."""
+    (tmp_path / "saw_nvml_check.py").write_text(
+        "import os, pathlib\n"
+        f"pathlib.Path({str(tmp_path / 'seen.txt')!r}).write_text(os.environ.get('PYTORCH_NVML_BASED_CUDA_CHECK', '-'))\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.delenv("PYTORCH_NVML_BASED_CUDA_CHECK", raising=False)
+    fresh.start(preload=("saw_nvml_check",))
+    _ready(fresh._ZYGOTE)
+    assert (tmp_path / "seen.txt").read_text() == "1"
+    assert "PYTORCH_NVML_BASED_CUDA_CHECK" not in fresh._ZYGOTE.ready_env  # never a reason to go cold
+    home = tmp_path / "home-from-env"
+    home.write_text("a file")
+    done = fresh.run(["runs", "--json"], timeout=60, env=dict(os.environ, PILOTRUN_HOME=str(home)))
+    assert done.returncode == 2 and str(home) in done.stderr and fresh.started()  # forked, the request's env
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA device: a CPU build of torch "
+                    "never initialises CUDA, so no fork of the zygote can be a bad one")
+def test_a_zygote_whose_imports_initialised_cuda_serves_no_request(monkeypatch, tmp_path):
+    """A preload that initialises CUDA (planted: torch.cuda.init()) makes every fork of the zygote a bad one: the
+    zygote ends after its imports instead of answering, and requests go cold with the same answer."""
+    (tmp_path / "inits_cuda.py").write_text("import torch\ntorch.cuda.init()\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    fresh.start(preload=("inits_cuda",))
+    _ready(fresh._ZYGOTE)
+    fresh._ZYGOTE.proc.wait(timeout=60)
+    assert not fresh.started()
+    done = fresh.run(["--version"], timeout=60)
+    assert done.returncode == 0 and "pilotrun" in done.stdout
+
+
 def test_a_long_request_reaches_the_zygote_whole(zygote):
     """A request longer than one socket message (a large environment): the rest follows the files, and the
     zygote reads to the end of the line (before, it parsed the first piece and died)."""

@@ -558,11 +558,18 @@ def _serve(fd: int, preload: list[str]) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the children and the caller; it ends us
     import importlib
 
+    # An import that asks torch.cuda.is_available() must not initialise CUDA here: torch's default check does
+    # (cudaGetDeviceCount), and every fork of a process that did is a "bad fork" whose GPU run fails ("Cannot
+    # re-initialize CUDA in forked subprocess"). NVML answers without it. The children run under the request's
+    # environment (``_child``), so what they do on the GPU is the caller's choice, not this one.
+    os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
     for name in preload:
         try:
             importlib.import_module(name)
         except Exception:  # noqa: BLE001 - a module that does not import is imported (and fails) in the child
             pass
+    if _forks_poisoned():
+        return  # no zygote: every request goes cold (the caller reads the socket's end), as without one
     sock = socket.socket(fileno=fd)
     try:  # ready: the environment the imports left (``_imported``), before any answer to a request
         sock.sendall(json.dumps({"ready": True, "env": {k: v for k, v in os.environ.items() if read_at_import(k)}})
@@ -604,6 +611,20 @@ def _serve(fd: int, preload: list[str]) -> None:
             sock.sendall(json.dumps({"code": code}).encode() + b"\n")
         except OSError:
             return
+
+
+def _forks_poisoned() -> bool:
+    """Whether CUDA was initialised in this process anyway (an import initialised it, or NVML failed and torch fell
+    back on the CUDA runtime): torch then marks every fork of it bad, which a forked test child reports. Never on a
+    CPU build."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda._is_compiled():
+        return False
+    pid = os.fork()
+    if pid == 0:
+        os._exit(3 if torch.cuda._is_in_bad_fork() else 0)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status) != 0
 
 
 def _child(request: dict, fds: list[int]) -> None:
