@@ -19,6 +19,7 @@ Run: ``python bench/bench_speed.py [--quick]``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -84,14 +85,12 @@ REPLAYS = (("pilotrun.probe.stream", None, "replay"), ("pilotrun.sheet.sizes", N
 FLOOR_IMPORTS = ("torch", "transformers", "transformers.models")
 
 
-def trace_seconds(argv: list[str], libraries: bool = True) -> dict:
-    """Run the CLI's ``argv`` in this process and return the wall seconds spent in fake-tensor traces (outermost
-    calls of ``TRACES``) less the allocator replays inside them, and how many traces ran. ``libraries``: import
-    ``FLOOR_IMPORTS`` before the clock starts (the floor's bare process counts them)."""
+@contextlib.contextmanager
+def traces_clock():
+    """Inside the block, the wall seconds spent in fake-tensor traces (outermost calls of ``TRACES``: ``traces``,
+    ``count``) and in the allocator replays inside them (``replays``), kept in the yielded dict; every patched
+    function is the original again after it."""
     import importlib
-
-    for name in FLOOR_IMPORTS if libraries else ():
-        importlib.import_module(name)
 
     clock = {"traces": 0.0, "replays": 0.0, "count": 0, "depth": 0}
 
@@ -118,13 +117,25 @@ def trace_seconds(argv: list[str], libraries: bool = True) -> dict:
             owner = getattr(owner, cls) if cls else owner
             patched.append((owner, name, getattr(owner, name)))
             setattr(owner, name, timed(getattr(owner, name), kind))
-    from pilotrun.cli.main import run as cli
-
     try:
-        code = cli(argv)
+        yield clock
     finally:
         for owner, name, fn in reversed(patched):
             setattr(owner, name, fn)
+
+
+def trace_seconds(argv: list[str], libraries: bool = True) -> dict:
+    """Run the CLI's ``argv`` in this process and return the wall seconds spent in fake-tensor traces (outermost
+    calls of ``TRACES``) less the allocator replays inside them, and how many traces ran. ``libraries``: import
+    ``FLOOR_IMPORTS`` before the clock starts (the floor's bare process counts them)."""
+    import importlib
+
+    for name in FLOOR_IMPORTS if libraries else ():
+        importlib.import_module(name)
+    with traces_clock() as clock:
+        from pilotrun.cli.main import run as cli
+
+        code = cli(argv)
     return {"seconds": clock["traces"] - clock["replays"], "traces": clock["count"], "exit": code}
 
 
