@@ -19,8 +19,11 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
-BPE = REPO.parent / "shared" / "data" / "tiny_bpe_tokenizer.json"
-ALPACA = REPO.parent / "shared" / "data" / "alpaca_tiny.json"
+sys.path.insert(0, str(REPO / "tests"))
+from conftest import SHARED_DATA  # noqa: E402 - the tests' rule: ../shared/data, $PILOTRUN_SHARED_DATA, /work/shared
+
+BPE = SHARED_DATA / "tiny_bpe_tokenizer.json"
+ALPACA = SHARED_DATA / "alpaca_tiny.json"
 TINY = {"model_type": "llama", "vocab_size": 2048, "hidden_size": 64, "intermediate_size": 128,
         "num_hidden_layers": 2, "num_attention_heads": 4}
 
