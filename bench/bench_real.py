@@ -135,6 +135,7 @@ def run(quick: bool = False) -> list[dict]:
 
     envelope = json.loads(done.stdout)
     work = sum((s.get("spent") or {}).get("work", 0.0) for s in envelope["stages"])
+    beyond = sheet_in_all["wall"] - (sheet_in_all["traces"] - sheet_in_all["replays"])  # the stage past its traces
     cold_wall, cold_done = runs["cold"]
     cold_env = json.loads(cold_done.stdout)
     cold_work = sum((s.get("spent") or {}).get("work", 0.0) for s in cold_env["stages"])
@@ -156,9 +157,8 @@ def run(quick: bool = False) -> list[dict]:
         {"figure": "`all` on MiniLM (22.7M, real weights) as a classifier, wall (s)", "median": wall, "runs": 1,
          "target": "<= 25", "met": wall <= 25, "command": COMMAND,
          "note": f"every stage green; a fresh process; with cold fresh processes {cold_wall:.1f}s"},
-        {"figure": "`all` on MiniLM: its sheet stage less the fake-tensor traces in it (s)",
-         "median": sheet_in_all["wall"] - (sheet_in_all["traces"] - sheet_in_all["replays"]), "runs": 1,
-         "target": "<= 1", "met": sheet_in_all["wall"] - (sheet_in_all["traces"] - sheet_in_all["replays"]) <= 1,
+        {"figure": "`all` on MiniLM: its sheet stage less the fake-tensor traces in it (s)", "median": beyond, "runs": 1,
+         "target": "<= 1", "met": beyond <= 1,
          "command": COMMAND,
          "note": f"a third `all` (exit {sheet_in_all['exit']}), as the console script runs it, the traces timed in it: "
                  f"sheet stage {sheet_in_all['wall']:.2f} s, its {sheet_in_all['count']} traces "

@@ -40,6 +40,14 @@ def _cmdline(pid: int) -> list[str]:
     return [cmd]
 
 
+def _ready(z, seconds: float = 120) -> None:
+    """Wait (up to ``seconds``) for the zygote's ready message: its preload imported, or the zygote gone."""
+    deadline = time.monotonic() + seconds
+    while z.ready_env is None and z.proc.poll() is None and time.monotonic() < deadline:
+        fresh._imported(z)
+        time.sleep(0.05)
+
+
 def test_the_zygote_is_a_new_program_not_a_fork_of_its_caller(zygote):
     """Nothing of the caller's memory can be in it: it is an interpreter exec'd for the purpose (a fork of
     the caller, the defect this guards against, would carry pytest's command line and every object in it)."""
@@ -194,10 +202,7 @@ def test_variables_the_zygotes_own_imports_set_still_fork(monkeypatch, tmp_path)
     monkeypatch.setenv("TMPDIR", str(tmp_path))  # torch makes its default cache folder in the temp folder: here
     fresh.start(preload=("torch._inductor.config",))  # what sets it (transformers' modeling imports it too)
     z = fresh._ZYGOTE
-    deadline = time.monotonic() + 120
-    while z.ready_env is None and time.monotonic() < deadline:
-        fresh._imported(z)
-        time.sleep(0.05)
+    _ready(z)
     assert "TORCHINDUCTOR_CACHE_DIR" not in z.env and "TORCHINDUCTOR_CACHE_DIR" in z.ready_env
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=z.ready_env["TORCHINDUCTOR_CACHE_DIR"])  # as the caller's torch set
     assert not fresh.same_imports(z.env, env) and fresh.same_imports(fresh._imported(z), env)
@@ -210,13 +215,6 @@ def test_variables_the_zygotes_own_imports_set_still_fork(monkeypatch, tmp_path)
             os.kill(z.proc.pid, signal.SIGCONT)
         except ProcessLookupError:
             pass
-
-
-def _ready(z, seconds: float = 120) -> None:
-    deadline = time.monotonic() + seconds
-    while z.ready_env is None and z.proc.poll() is None and time.monotonic() < deadline:
-        fresh._imported(z)
-        time.sleep(0.05)
 
 
 def test_the_zygotes_imports_ask_for_cuda_through_nvml(monkeypatch, tmp_path):
@@ -324,10 +322,7 @@ def test_the_zygote_ends_without_the_interpreters_exit(monkeypatch, tmp_path):
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
     fresh.start(preload=("exit_marker",))
     z = fresh._ZYGOTE
-    deadline = time.monotonic() + 60
-    while z.ready_env is None and time.monotonic() < deadline:  # its preload imported
-        fresh._imported(z)
-        time.sleep(0.05)
+    _ready(z, 60)  # its preload imported
     assert z.ready_env is not None
     fresh.stop()
     assert z.proc.returncode == 0 and not (tmp_path / "ran").exists()
