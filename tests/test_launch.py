@@ -184,6 +184,74 @@ def test_the_wheel_from_the_build_backend_is_the_one_pip_builds(tmp_path):
     assert _backend_wheel(intree, tmp_path / "none") == []
 
 
+def _wheel_source(monkeypatch):
+    """pilotrun ships as a wheel of this checkout, whatever its remote (a pushed clean checkout would ship a URL)."""
+    from pilotrun.sheet import ship
+
+    src = {"kind": "wheel", "root": str(ship.source_root()), "version": "x", "why": "the test's"}
+    monkeypatch.setattr(ship, "pilotrun_source", lambda: dict(src))
+    return src
+
+
+def test_the_wheel_built_beside_the_traces_is_the_one_build_wheel_ships(tmp_path, monkeypatch):
+    """Issue 50: the sheet's launch files wait for a wheel built during its traces, not for a build after them.
+    Inside ``wheel_beside`` the backend runs in the background; ``build_wheel`` takes its wheel (the planted
+    defect, a build_wheel that ignored it, would call the backend again: made to fail here), member by member the
+    one the backend builds in the foreground; its TMPDIR folder is gone after the block."""
+    from pilotrun.sheet import ship
+
+    src = _wheel_source(monkeypatch)
+    direct = ship._backend_wheel(ship.source_root(), tmp_path / "direct")
+    assert len(direct) == 1, "the build backend wrote no wheel"
+    out = tmp_path / "out"
+    with ship.wheel_beside(out):
+        record = dict(ship._BESIDE)
+        assert record and record["tmp"].is_dir() and not out.exists()  # nothing in the user's folder yet
+
+        def again(*a, **k):
+            raise AssertionError("built again after the background build")
+
+        monkeypatch.setattr(ship, "_backend_wheel", again)
+        wheel = ship.build_wheel(src, out)
+    assert wheel.parent == out and wheel.name == direct[0].name
+    a, b = zipfile.ZipFile(direct[0]), zipfile.ZipFile(wheel)
+    assert sorted(a.namelist()) == sorted(b.namelist()) and all(a.read(n) == b.read(n) for n in a.namelist())
+    assert sorted(p.name for p in out.iterdir()) == sorted([wheel.name, ship.WHEEL_KEY])
+    assert not record["tmp"].exists() and record["proc"].poll() is not None and not ship._BESIDE
+
+
+def test_a_stage_that_ends_during_the_background_wheel_build_leaves_nothing(tmp_path, monkeypatch):
+    """A failed or interrupted sheet (Ctrl-C is an exception here too) kills the build and removes its folder;
+    the user's folder is never created; a folder that keeps this source's wheel starts no build at all."""
+    from pilotrun.sheet import ship
+
+    src = _wheel_source(monkeypatch)
+    out = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):
+        with ship.wheel_beside(out):
+            record = dict(ship._BESIDE)
+            assert record["proc"].poll() is None  # still building (it takes ~0.7 s)
+            raise KeyboardInterrupt
+    assert record["proc"].poll() is not None and record["proc"].returncode != 0  # killed, not finished
+    assert not record["tmp"].exists() and not out.exists() and not ship._BESIDE
+
+    # `all` starts it while resume's fresh process runs (now=False); the sheet's own block inside leaves it be
+    with ship.wheel_beside(out, now=False) as start:
+        assert not ship._BESIDE
+        start()
+        record = dict(ship._BESIDE)
+        with ship.wheel_beside(out):
+            assert ship._BESIDE == record
+        assert ship._BESIDE == record  # not the inner block's to stop
+        wheel = ship.build_wheel(src, out)
+    assert wheel.is_file() and not record["tmp"].exists() and not ship._BESIDE
+
+    kept = ship.build_wheel(src, tmp_path / "kept")  # built in the foreground, kept by its source identity
+    with ship.wheel_beside(tmp_path / "kept"):
+        assert not ship._BESIDE  # nothing to build
+        assert ship.build_wheel(src, tmp_path / "kept") == kept
+
+
 @pytest.mark.slow
 def test_a_pilotrun_installed_from_a_wheel_is_repacked_into_one_pip_installs(tmp_path):
     """No checkout: the installed files (RECORD) become the wheel; pip installs it into a fresh target."""

@@ -180,6 +180,10 @@ def _sheet_libraries() -> None:
 
 def run_all(loaded, home, on_result=None, budgets: Budgets | None = None) -> list:
     """Run every stage; ``on_result`` sees each result as soon as its stage ends (the CLI renders it)."""
+    from pathlib import Path
+
+    from pilotrun.sheet.ship import wheel_beside
+
     budgets = budgets or Budgets()
     results = []
     said = _imported(loaded)
@@ -187,7 +191,10 @@ def run_all(loaded, home, on_result=None, budgets: Budgets | None = None) -> lis
         results.append(said)
         if on_result is not None:
             on_result(said)
-    with fresh.meanwhile(_sheet_libraries):  # while resume's fresh process runs (its start is one core's work)
+    # while resume's fresh process runs (its start is one core's work): pilotrun's wheel for the sheet's launch
+    # files started in the background (when it ships as one), the sheet's libraries imported
+    with wheel_beside(Path(home) if loaded.source is not None else None, now=False) as start_wheel, \
+            fresh.meanwhile(start_wheel), fresh.meanwhile(_sheet_libraries):
         _stages(loaded, home, budgets, results, on_result)
     forget()  # what the stages shared is not kept past them
     return results

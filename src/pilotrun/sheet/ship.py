@@ -10,9 +10,11 @@ start-up; pip stays the fallback) or repacked from the installed files.
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import pilotrun
@@ -116,17 +118,30 @@ def _kept_wheel(folder: Path, key: str | None) -> Path | None:
 
 def build_wheel(src: dict, folder: Path) -> Path:
     """The wheel of ``src`` (``pilotrun_source``) in ``folder``; replaces an older one of the same name. A wheel
-    this folder holds from the same source identity (``source_identity``) is reused, not built again."""
+    this folder holds from the same source identity (``source_identity``) is reused, not built again; one built
+    in the background for it (``wheel_beside``) is waited for and taken, not built again."""
     folder.mkdir(parents=True, exist_ok=True)
     if src["kind"] == "wheel":
+        import shutil
         import tempfile
 
         key = source_identity(Path(src["root"]))
         kept = _kept_wheel(folder, key)
         if kept is not None:
             return kept
+        early = _take_beside(src["root"], key)
         with tempfile.TemporaryDirectory(prefix="pilotrun-wheel-", dir=folder) as tmp:
-            built = _backend_wheel(Path(src["root"]), Path(tmp))
+            built = []
+            if early is not None:
+                try:  # TMPDIR may be another file system: copied in, then renamed into place below
+                    built = [Path(shutil.copy2(early, Path(tmp) / early.name))]
+                except OSError as e:
+                    if is_disk_full(e, folder):
+                        raise DiskFull(folder / early.name) from None
+                    raise
+                finally:
+                    _drop_beside()
+            built = built or _backend_wheel(Path(src["root"]), Path(tmp))
             if not built:
                 p = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
                                     "-w", tmp, src["root"]], capture_output=True, text=True, timeout=300)
@@ -143,25 +158,118 @@ def build_wheel(src: dict, folder: Path) -> Path:
     return _repack(folder)
 
 
+# The wheel being built in the background (``wheel_beside``): the checkout, its source identity, the build's process
+# and its TMPDIR folder. One at a time, in the process that started it.
+_BESIDE: dict = {}
+BESIDE_PREFIX = "pilotrun-wheel-"  # its TMPDIR folder, named for its owner (pilotrun.scratch)
+
+
+@contextmanager
+def wheel_beside(folder: Path | None, *, now: bool = True):
+    """Inside the block, pilotrun's wheel is built in the background, on another core, while the block works (the
+    sheet's traces): ``build_wheel`` inside it waits for what is left of that build instead of building it then.
+    Only where pilotrun ships as a wheel built from a checkout (``pilotrun_source``), its build backend can be
+    called directly, and ``folder`` (where the launch files go; None: nothing) keeps no wheel of the same source.
+    The block gets the function that starts it (``now=False``: the caller starts it when a core is idle; `all`
+    does while resume's fresh process runs, ``fresh.meanwhile``); one build at a time, a block inside another's
+    leaves it to the outer. The build writes only into a TMPDIR folder of this process; at the end of the block
+    that started it a build still running is killed and that folder removed, so a failed or interrupted stage, or
+    a sheet that writes no launch files, leaves nothing behind."""
+    mine: list[bool] = []
+
+    def start() -> None:
+        if folder is not None and not _BESIDE and not mine:
+            mine.append(_start_beside(Path(folder)))
+
+    if now:
+        start()
+    try:
+        yield start
+    finally:
+        if any(mine):
+            _drop_beside()
+
+
+def _start_beside(folder: Path) -> bool:
+    from pilotrun.scratch import make_dir
+
+    src = pilotrun_source()
+    if src["kind"] != "wheel":
+        return False
+    root = Path(src["root"])
+    key = source_identity(root)
+    backend = _backend_of(root)
+    if key is None or backend is None or _kept_wheel(folder, key) is not None:
+        return False
+    try:
+        tmp = make_dir(BESIDE_PREFIX)
+        proc = subprocess.Popen([sys.executable, "-c", _HOOK, backend, str(tmp)], cwd=root,
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    except OSError:  # no room in TMPDIR, no process: build_wheel builds it when it is needed, as before
+        return False
+    _BESIDE.update(root=str(root), key=key, proc=proc, tmp=tmp, pid=os.getpid())
+    return True
+
+
+def _take_beside(root: str, key: str | None) -> Path | None:
+    """The background build's wheel of checkout ``root`` at source identity ``key``, once it has ended; None when
+    there is none, it failed or it ran past the foreground's own limit (then built again, as without it)."""
+    if not _BESIDE or _BESIDE["pid"] != os.getpid() or _BESIDE["root"] != root or _BESIDE["key"] != key:
+        return None
+    try:
+        code = _BESIDE["proc"].wait(timeout=300)
+    except subprocess.TimeoutExpired:
+        _drop_beside()
+        return None
+    built = sorted(_BESIDE["tmp"].glob("pilotrun-*.whl")) if code == 0 else []
+    if len(built) != 1:
+        _drop_beside()
+        return None
+    return built[0]
+
+
+def _drop_beside() -> None:
+    """Kill the background build if it still runs and remove its folder (this process's own only: a forked
+    worker that shares the record leaves them to the process that started them)."""
+    import shutil
+
+    if not _BESIDE or _BESIDE["pid"] != os.getpid():
+        return
+    proc, tmp = _BESIDE["proc"], _BESIDE["tmp"]
+    _BESIDE.clear()
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
 # PEP 517's build_wheel hook, in a fresh interpreter in the checkout (as a build frontend calls it)
 _HOOK = ("import importlib, sys; mod, _, attr = sys.argv[1].partition(':'); backend = importlib.import_module(mod); "
          "backend = getattr(backend, attr) if attr else backend; backend.build_wheel(sys.argv[2])")
 
 
-def _backend_wheel(root: Path, out: Path) -> list[Path]:
-    """The wheel built by the checkout's own build backend (pyproject.toml's ``build-system``) into ``out``;
-    [] when that cannot be done here (no tomllib before Python 3.11, an in-tree backend, the hook failed):
-    the caller then asks pip."""
+def _backend_of(root: Path) -> str | None:
+    """The checkout's build backend (pyproject.toml's ``build-system``) as the hook imports it; None when it cannot
+    be called directly here (no tomllib before Python 3.11, an in-tree backend, no readable pyproject.toml)."""
     try:
         import tomllib
     except ImportError:
-        return []
+        return None
     try:
         system = tomllib.loads((root / "pyproject.toml").read_text(encoding="utf-8")).get("build-system") or {}
     except (OSError, ValueError):
-        return []
+        return None
     backend = system.get("build-backend")
     if not isinstance(backend, str) or system.get("backend-path"):
+        return None
+    return backend
+
+
+def _backend_wheel(root: Path, out: Path) -> list[Path]:
+    """The wheel built by the checkout's own build backend (``_backend_of``) into ``out``; [] when that cannot be
+    done here (no backend to call directly, the hook failed): the caller then asks pip."""
+    backend = _backend_of(root)
+    if backend is None:
         return []
     try:
         p = subprocess.run([sys.executable, "-c", _HOOK, backend, str(out)], cwd=root, capture_output=True,
@@ -175,7 +283,6 @@ def _repack(folder: Path) -> Path:
     """A wheel of the installed distribution's own files (RECORD), its RECORD written anew."""
     import base64
     import hashlib
-    import os
     import tempfile
     import zipfile
     from importlib import metadata

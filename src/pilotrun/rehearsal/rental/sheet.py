@@ -22,6 +22,7 @@ from pilotrun.sheet.launch import launch_plan, options_launch, write_launch
 from pilotrun.sheet.options_view import no_pilot_blocks, no_pilot_sheet, too_large_here
 from pilotrun.sheet.rates import read_rates
 from pilotrun.sheet.render import to_lines, to_markdown
+from pilotrun.sheet.ship import wheel_beside
 from pilotrun.sheet.sections import size
 from pilotrun.sheet.stack import read_target_env
 from pilotrun.signals import unless_stopping
@@ -78,14 +79,16 @@ def _sheet_stage(loaded, home, *, target_env_path: str | None = None, gpu: str |
         return StageResult("sheet", "fail", f"no pilot run for campaign {c.name!r} in {journal.path}",
                            [f"the sheet is built from the pilot's measurements; run `pilotrun pilot "
                             f"{loaded.source or 'CAMPAIGN'}` first (with the same --home)"], {"pilot_run": None})
-    sheet = build_sheet(loaded.resolved_dict() if not stale else pilot["config"], journal, pilot,
-                        target_env=target_env, gpu=gpu, rates=rates, options=options)
-    sheet["home"] = str(journal.home)
-    if stale:
-        sheet["warnings"].insert(0, stale)
-    written = []
-    if out:
-        written = _write(sheet, loaded, Path(out), sets)
+    # pilotrun's wheel for the launch files, when it ships as one, is built on the other core during the traces
+    with wheel_beside(Path(out).resolve().parent if out and loaded.source is not None else None):
+        sheet = build_sheet(loaded.resolved_dict() if not stale else pilot["config"], journal, pilot,
+                            target_env=target_env, gpu=gpu, rates=rates, options=options)
+        sheet["home"] = str(journal.home)
+        if stale:
+            sheet["warnings"].insert(0, stale)
+        written = []
+        if out:
+            written = _write(sheet, loaded, Path(out), sets)
     verdict = worst(["fail" if sheet["problems"] else "warn" if sheet["warnings"] else "ok"])
     need = sheet["memory"]
     tgt = sheet.get("target")
