@@ -100,3 +100,27 @@ def test_a_child_whose_switches_never_arrive_leaves_its_time_on_the_parents_acco
 def test_an_unknown_account_is_refused():
     with pytest.raises(ValueError, match="spent='gpu': one of startup, campaign, data, model, work"):
         progress.note("x", spent="gpu")
+
+
+def test_the_resumed_updates_are_resume_s_work_not_its_model_load(tmp_path, monkeypatch):
+    """The fresh process's accounts: building the model and reading the saved state are ``model``; its updates are
+    ``work`` from the first one (the loop's first note comes only after its first update, so the planted defect,
+    no switch before the loop, put that update on ``model``). Its loop here takes 0.6 s more than it does."""
+    from pilotrun.campaign.load import load_campaign
+    from pilotrun.rehearsal.mechanics import resume as R
+
+    path = tiny_causal_campaign(tmp_path / "c", simple_records(12), simple_records(4, start=50))
+    result = R.resume(load_campaign(path), tmp_path / "home")
+    assert result.verdict == "ok", result.messages
+    (spec,) = (tmp_path / "home").rglob("resume_spec.json")
+    real = R.train
+
+    def slow_train(*args, **kwargs):
+        time.sleep(0.6)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(R, "train", slow_train)
+    with progress.stage_progress("resume", stream=open(tmp_path / "log", "w")) as cur:
+        assert R.resume_worker(spec) == 0
+    spent = cur["spent"]
+    assert spent["work"] >= 0.6 and spent["model"] < 0.6, spent

@@ -28,7 +28,7 @@ from pathlib import Path
 from pilotrun.campaign.arithmetic import data_parallel_ranks, per_rank_update
 from pilotrun.campaign.load import load_campaign
 from pilotrun.campaign.prepare import prepare, require_weights
-from pilotrun.console.progress import head, note
+from pilotrun.console.progress import head, note, spend
 from pilotrun.engine import fresh
 from pilotrun.engine.control import store_control_predictions
 from pilotrun.engine.distributed import check_strategy, default_device, under_launcher
@@ -118,6 +118,7 @@ def resume_worker(spec_path: str | Path) -> int:
 
     note("loading the saved state", log=True, spent="model")
     restored = load_state(state, spec["state"])
+    spend("work")  # the updates from here (the loop's first note comes after its first update)
     res = train(state, prep.task, train_ex, [], c.train)
     atomic_write_json(spec["out"], {"restored": restored, "status": res.status, "reason": res.reason,
                                     "pid": os.getpid(), "history": _history(res)})
