@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from pilotrun import startup
 from pilotrun.campaign.importers import not_reproduced_lines
@@ -121,13 +122,16 @@ def _train(loaded, home, budgets):
 
 
 def _sheet(loaded, home, budgets):
-    from pathlib import Path
-
     with spending("startup"):  # the stage's imports
         from pilotrun.rehearsal.rental.sheet import sheet_stage
 
     # `all` said what an imported campaign does not reproduce at its start: the sheet does not repeat it
-    return sheet_stage(loaded, home, out=str(Path(home) / "sheet.md"), say_imported=False)
+    return sheet_stage(loaded, home, out=str(_sheet_out(home)), say_imported=False)
+
+
+def _sheet_out(home) -> Path:
+    """Where `all`'s sheet is written, its launch files beside it."""
+    return Path(home) / "sheet.md"
 
 
 def _imported(loaded):
@@ -180,8 +184,6 @@ def _sheet_libraries() -> None:
 
 def run_all(loaded, home, on_result=None, budgets: Budgets | None = None) -> list:
     """Run every stage; ``on_result`` sees each result as soon as its stage ends (the CLI renders it)."""
-    from pathlib import Path
-
     from pilotrun.sheet.ship import wheel_beside
 
     budgets = budgets or Budgets()
@@ -193,7 +195,7 @@ def run_all(loaded, home, on_result=None, budgets: Budgets | None = None) -> lis
             on_result(said)
     # while resume's fresh process runs (its start is one core's work): pilotrun's wheel for the sheet's launch
     # files started in the background (when it ships as one), the sheet's libraries imported
-    with wheel_beside(Path(home) if loaded.source is not None else None, now=False) as start_wheel, \
+    with wheel_beside(_sheet_out(home).parent if loaded.source is not None else None, now=False) as start_wheel, \
             fresh.meanwhile(start_wheel), fresh.meanwhile(_sheet_libraries):
         _stages(loaded, home, budgets, results, on_result)
     forget()  # what the stages shared is not kept past them

@@ -203,8 +203,8 @@ def _start_beside(folder: Path) -> bool:
         return False
     try:
         tmp = make_dir(BESIDE_PREFIX)
-        proc = subprocess.Popen([sys.executable, "-c", _HOOK, backend, str(tmp)], cwd=root,
-                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(_hook_command(backend, tmp), cwd=root, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     except OSError:  # no room in TMPDIR, no process: build_wheel builds it when it is needed, as before
         return False
     _BESIDE.update(root=str(root), key=key, proc=proc, tmp=tmp, pid=os.getpid())
@@ -248,6 +248,11 @@ _HOOK = ("import importlib, sys; mod, _, attr = sys.argv[1].partition(':'); back
          "backend = getattr(backend, attr) if attr else backend; backend.build_wheel(sys.argv[2])")
 
 
+def _hook_command(backend: str, out: Path) -> list[str]:
+    """The fresh interpreter that calls ``backend``'s build_wheel into ``out`` (run in the checkout)."""
+    return [sys.executable, "-c", _HOOK, backend, str(out)]
+
+
 def _backend_of(root: Path) -> str | None:
     """The checkout's build backend (pyproject.toml's ``build-system``) as the hook imports it; None when it cannot
     be called directly here (no tomllib before Python 3.11, an in-tree backend, no readable pyproject.toml)."""
@@ -272,8 +277,7 @@ def _backend_wheel(root: Path, out: Path) -> list[Path]:
     if backend is None:
         return []
     try:
-        p = subprocess.run([sys.executable, "-c", _HOOK, backend, str(out)], cwd=root, capture_output=True,
-                           text=True, timeout=300)
+        p = subprocess.run(_hook_command(backend, out), cwd=root, capture_output=True, text=True, timeout=300)
     except (OSError, subprocess.SubprocessError):
         return []
     return sorted(out.glob("pilotrun-*.whl")) if p.returncode == 0 else []
