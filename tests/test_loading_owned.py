@@ -85,3 +85,13 @@ def test_weights_sharing_one_storage_are_copied_once_and_still_share_it(tmp_path
         model.a[0, 0] = -1.0
     assert model.c[0].item() == -1.0
     assert loading.own_trained_weights(model) == 0  # nothing mapped is left
+
+
+def test_fake_and_meta_builds_are_left_alone():
+    """The estimator builds the model on fake tensors and the meta device: nothing of them is a file's map."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        fake = torch.nn.Linear(4, 4)
+    assert loading.own_trained_weights(fake) == 0
+    assert loading.own_trained_weights(torch.nn.Linear(4, 4, device="meta")) == 0

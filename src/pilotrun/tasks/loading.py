@@ -549,10 +549,12 @@ def own_trained_weights(model) -> int:
 
 
 def _mapped(p) -> bool:
-    """A plain CPU tensor whose storage torch's allocator did not make (it cannot resize it): a file's memory map."""
+    """A plain CPU tensor whose storage torch's allocator did not make (it cannot resize it): a file's memory map.
+    Never a fake or meta tensor (the estimator's builds), nor a subclass (a quantised weight, a DTensor)."""
     import torch
+    from torch._subclasses.fake_tensor import is_fake
 
-    return type(p) in (torch.Tensor, torch.nn.Parameter) and p.device.type == "cpu" \
+    return type(p) in (torch.Tensor, torch.nn.Parameter) and p.device.type == "cpu" and not is_fake(p) \
         and not p.untyped_storage().resizable()
 
 
