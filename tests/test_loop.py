@@ -83,6 +83,24 @@ def test_sampler_epochs_and_resume_position():
     assert sizes == [4, 4, 2]
 
 
+def test_sampler_draws_each_epoch_once():
+    import numpy as np
+
+    s = UpdateSampler(n=1003, micro_batch=4, accumulation=2, seed=7, drop_last=True)
+
+    def order(epoch):  # what (seed, epoch) alone defines: a resumed run draws the same
+        return np.random.default_rng([7, epoch]).permutation(1003).tolist()[:1000]
+
+    got = [i for _ in range(3 * s.updates_per_epoch) for mb in s.next_update() for i in mb]
+    assert got == order(0) + order(1) + order(2)
+    # the epoch's permutation is drawn once and kept, not drawn again for every update (10.6 ms at 1,000,000
+    # examples), and nobody's slice of it can change a later draw
+    assert s.permutation(2) is s.permutation(2)
+    assert not s.permutation(2).flags.writeable
+    s.load_state_dict({"epoch": 1, "cursor": 8, "n": 1003, "seed": 7})  # resumed into another epoch
+    assert [i for mb in s.next_update() for i in mb] == order(1)[8:16]
+
+
 def test_nan_stops_as_diverged(cli, tmp_path):
     path = tiny_causal_campaign(tmp_path, simple_records(8), train__lr=1e30, train__updates=6,
                                 train__max_grad_norm=None, train__optimizer="sgd")

@@ -9,7 +9,7 @@ skipped; otherwise it forms a smaller last update.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -27,6 +27,9 @@ class UpdateSampler:
     world: int = 1
     epoch: int = 0
     cursor: int = 0
+    # the current epoch's permutation, drawn once: drawn per update it cost 10.6 ms at 1,000,000 examples (an update's
+    # share of a GPU's 0.1 s), and the pilot draws every update of the budget to cost its shapes
+    _drawn: tuple | None = field(default=None, init=False, repr=False, compare=False)
 
     @classmethod
     def for_train(cls, t, n: int, seed: int, rank: int = 0, world: int = 1) -> "UpdateSampler":
@@ -42,7 +45,14 @@ class UpdateSampler:
         return updates_per_epoch(self.n, self.per_update, self.drop_last)
 
     def permutation(self, epoch: int) -> np.ndarray:
-        return np.random.default_rng([self.seed, epoch]).permutation(self.n)
+        """The order of ``epoch``: a function of (seed, epoch, n) alone, kept while the sampler is in that epoch
+        (read-only: the caller's slices cannot change a later draw)."""
+        key = (self.seed, epoch, self.n)
+        if self._drawn is None or self._drawn[0] != key:
+            perm = np.random.default_rng([self.seed, epoch]).permutation(self.n)
+            perm.flags.writeable = False
+            self._drawn = (key, perm)
+        return self._drawn[1]
 
     def next_update(self) -> list[list[int]]:
         """Micro-batches (lists of example indices) for this rank's share of the next update."""
