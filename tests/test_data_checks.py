@@ -191,6 +191,29 @@ def test_batched_tokenizer_gives_the_same_examples(tmp_path, bpe_dir):
     assert task.tokenizer.__class__.__name__ != "BatchedTokenizer"
 
 
+def test_the_stages_encode_in_batches(tmp_path, bpe_dir, monkeypatch):
+    """Every stage's encoding (campaign/prepare) asks the tokenizer for a chunk of records' texts at once (with a
+    fast tokenizer 3-4x quicker than a call per text) and gets exactly the examples of one call at a time."""
+    from pilotrun.data import prefetch
+
+    path = tiny_causal_campaign(tmp_path, [], model__tokenizer=str(bpe_dir))
+    c = yaml.safe_load(path.read_text())
+    c["data"].update(train=str(SHARED_DATA / "alpaca_tiny.json"), prompt="{instruction}\n{input}\n", max_length=128)
+    write_campaign(tmp_path, c)
+    monkeypatch.setattr(prefetch, "CHUNK", 32)  # 100 records: four chunks
+    asked = []
+    real = prefetch.BatchedTokenizer.prefetch
+    monkeypatch.setattr(prefetch.BatchedTokenizer, "prefetch", lambda self, texts, **kw: (asked.append(len(texts)),
+                                                                                          real(self, texts, **kw)))
+    prepared = prepare(load_campaign(path), splits=("train",))
+    assert asked == [64, 64, 64, 8]  # the prompt and the response of 32, 32, 32 and 4 records
+    task = prepared.task
+    assert task.tokenizer.__class__.__name__ != "BatchedTokenizer"
+    plain = [task.encode(r) for r in task.records("train")]
+    assert [(e.input_ids, e.labels, e.prompt_len) for e in prepared.train] == \
+        [(e.input_ids, e.labels, e.prompt_len) for e in plain]
+
+
 def test_real_alpaca_with_bpe_tokenizer(tmp_path, bpe_dir):
     path = tiny_causal_campaign(tmp_path, [], model__tokenizer=str(bpe_dir))
     c = yaml.safe_load(path.read_text())

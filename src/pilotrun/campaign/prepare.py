@@ -9,6 +9,7 @@ from pilotrun.campaign import reuse
 from pilotrun.campaign.arithmetic import batch_arithmetic
 from pilotrun.campaign.consistency import check_consistency
 from pilotrun.console.progress import note, spending
+from pilotrun.data.prefetch import encode_all
 from pilotrun.tasks import make_task
 from pilotrun.tasks.common import SPLITS
 from pilotrun.errors import BadInput
@@ -124,12 +125,13 @@ def _task(loaded, keep: bool = False):
 
 
 def _encoded(task, splits) -> dict[str, list]:
-    """Each split's records encoded ([] for a split without records: the caller keeps only the others)."""
+    """Each split's records encoded ([] for a split without records: the caller keeps only the others), the
+    tokenizer asked for a chunk of records' texts at once (data/prefetch.py)."""
     examples = {}
     for split in splits:
         note(f"reading and encoding the {split} split", log=True)
         records = task.records(split)
-        examples[split] = [task.encode(r) for r in records] if records else []
+        examples[split] = encode_all(task, records) if records else []
         if task.c.data.packing and examples[split]:
             examples[split] = pack(examples[split], task.c.data.max_length)
             note(f"the {split} split: {packing_summary(examples[split], task.c.data.max_length)}", log=True)

