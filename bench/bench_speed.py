@@ -4,8 +4,9 @@ stages' ``spent`` accounts: start-up, campaign, data, model, work).
 
 - `sheet` after a pilot, on the demo: `pilotrun pilot`, then `pilotrun sheet` twice in fresh processes; the
   first traces the estimator and keeps the traces and what the sheet derives from them (predicted memory, largest
-  sizes, options table) in the home, the second reads them without importing torch (goal ≤ 3 s). The first is
-  held to its floor (issue 50, goal ≤ 1.15): a bare process that imports torch and transformers (``FLOOR_IMPORTS``),
+  sizes, options table) in the home, the second reads them without importing torch (goal ≤ 3 s, issue 34's; the
+  first sheet's wall is informative since issue 50 retired that goal for it). The first is held to its floor
+  (issue 50, goal ≤ 1.15): a bare process that imports torch and transformers (``FLOOR_IMPORTS``),
   plus the fake-tensor traces that sheet ran (the estimator's traces and the largest-size probes, each without its
   allocator replay), timed inside a second first sheet on a copy of the same home (``--floor-child``), with the
   same imports done before its clock starts.
@@ -170,10 +171,11 @@ def _sheet_after_pilot(tmp: Path) -> list[dict]:
     load = f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
     return [
         {"figure": "`sheet` after a pilot (demo), the first: traces the estimator, keeps the traces (s)",
-         "median": first, "runs": 1, "target": "<= 3", "met": first <= 3, "command": COMMAND,
-         "note": "a fresh process after `pilotrun pilot`"},
+         "median": first, "runs": 1, "target": "informative", "met": None, "command": COMMAND,
+         "note": "a fresh process after `pilotrun pilot`; issue 34's 3 s goal retired for it by issue 50 (a sheet "
+                 "that traces imports torch and transformers first): held to its floor, two rows below"},
         {"figure": "`sheet` after a pilot (demo), the next: reads the kept traces (s)", "median": second,
-         "runs": 1, "target": "informative", "met": None, "command": COMMAND,
+         "runs": 1, "target": "<= 3", "met": second <= 3, "command": COMMAND,
          "note": f"÷ the first {second / first:.2f}; the memory figure the same: {same}; {load}"},
         {"figure": "first `sheet` after a pilot (demo) ÷ its floor", "median": first / floor, "runs": 1,
          "target": "<= 1.15", "met": first / floor <= 1.15, "command": COMMAND,
