@@ -18,7 +18,7 @@ import numpy as np
 from pilotrun.data.labels import label_checks, label_forms, scan_labels
 from pilotrun.data.mixup import MixupScan
 from pilotrun.data.pairs import PairScan
-from pilotrun.data.prefetch import CHUNK, batched
+from pilotrun.data.prefetch import batched, warmed
 from pilotrun.data.unknown import UnknownScan
 from pilotrun.tasks import make_task
 from pilotrun.tasks.base import IGNORE
@@ -256,20 +256,17 @@ def run_checks(task, loaded, splits=SPLITS) -> Report:
         for split, recs in records.items():
             s = scans[split] = SplitScan(task, c.data.max_length)
             ps = pair_scans[split] = PairScan(c.data.max_length) if paired else None
-            for start in range(0, len(recs), CHUNK):
-                chunk = recs[start:start + CHUNK]
-                warm(chunk)
-                for r in chunk:
-                    e = task.encode(r)
-                    if ps is not None:  # each sequence of the pair as the loss sees it, then the pair
-                        ps.add(r, e)
-                        for k, h in enumerate(halves(e)):
-                            s.add(r, h, half=k)
-                            unknown.add(split, h)
-                        continue
-                    s.add(r, e)
-                    mixup.add(split, r, e)
-                    unknown.add(split, e)
+            for r in warmed(recs, warm):
+                e = task.encode(r)
+                if ps is not None:  # each sequence of the pair as the loss sees it, then the pair
+                    ps.add(r, e)
+                    for k, h in enumerate(halves(e)):
+                        s.add(r, h, half=k)
+                        unknown.add(split, h)
+                    continue
+                s.add(r, e)
+                mixup.add(split, r, e)
+                unknown.add(split, e)
             if s.reencode:
                 full_task = full_task or _untruncated(task, loaded)
                 s.finish(full_task)
