@@ -303,10 +303,8 @@ def _share_reference(table, todo: list, world: int, rank: int, device) -> None:
     import torch.distributed as dist
 
     size = -(-len(todo) // world)
-    values = torch.zeros(size, 2, dtype=torch.float32)
-    for i, e in enumerate(todo[rank::world]):
-        values[i] = table.entries[e.rid][1]
-    values = values.to(device)
+    mine = [table.entries[e.rid][1] for e in todo[rank::world]]
+    values = torch.tensor(mine + [(0.0, 0.0)] * (size - len(mine)), dtype=torch.float32, device=device)
     parts = [torch.empty_like(values) for _ in range(world)]
     dist.all_gather(parts, values)
     for r, part in enumerate(parts):

@@ -213,7 +213,7 @@ def _precompute(ctx, p) -> None:
     _precompute_traced(ctx, ctx.task_for("precompute_reference"))
     values = [v for _, v in ctx.task.reference_table(ctx.state.model).entries.values()]
     if values:
-        p.check_finite(torch.stack(values), "a precomputed reference log-probability is")
+        p.check_finite(torch.tensor(values, dtype=torch.float32), "a precomputed reference log-probability is")
 
 
 # --- train: first_step (the optimizer state is allocated in it), steady_step (everything lives at once) --

@@ -12,6 +12,13 @@ pickle), and read back with it, so a run resumed in a fresh process compares its
 stored at its start, never with ones recomputed from a model that may have drifted. ``engine/loop.precompute_reference``
 fills it; a resumed run (update > 0) whose stored entries do not cover its data, or no longer match it, is refused
 (``stale``), exit 2.
+
+The values are held as Python floats (each float32 value exactly), not as tensors. The table is host memory on every
+device, and on a GPU run it never reaches the GPU's allocated bytes. On the CPU, the exact counter of live tensor bytes
+(engine/tensors.py) stands for those bytes. As tensors, a run's table (every pair of its data) counted in every phase,
+and again stacked at every save, while a pilot's holds only its worst-case pairs: the run's save read above the
+pilot's bound (1.0000348 on 25 pairs), by more as the data grows. A batch's values become a tensor on its device only
+when the loss asks for them (``lookup``), the same bytes in the pilot as in the run.
 """
 
 from __future__ import annotations
@@ -38,7 +45,8 @@ class ReferenceLogps:
     """rid → (fingerprint, the reference's summed log-probability of the chosen answer, of the rejected one)."""
 
     def __init__(self, entries: dict | None = None, source: str | None = None):
-        self.entries: dict[str, tuple[str, object]] = dict(entries or {})  # rid -> (fingerprint, tensor[2])
+        # rid -> (fingerprint, (chosen, rejected)): float32 values as Python floats, outside the tensor counter
+        self.entries: dict[str, tuple[str, tuple[float, float]]] = dict(entries or {})
         self.source = source  # the file it was read from (a checkpoint's), for the messages
 
     def __len__(self) -> int:
@@ -52,8 +60,9 @@ class ReferenceLogps:
     def put(self, examples: list, chosen, rejected) -> None:
         import torch
 
-        for e, c, r in zip(examples, chosen, rejected):
-            self.entries[e.rid] = (pair_fingerprint(e), torch.stack([c, r]).detach().float().cpu())
+        values = torch.stack([chosen, rejected], 1).detach().float().cpu().tolist()  # one copy for the batch
+        for e, (c, r) in zip(examples, values, strict=True):
+            self.entries[e.rid] = (pair_fingerprint(e), (c, r))
 
     def missing(self, examples: list) -> tuple[list, list]:
         """(the examples without an entry, those whose entry was computed on other tokens)."""
@@ -72,19 +81,19 @@ class ReferenceLogps:
 
         if any(r not in self.entries for r in rids):
             return None
-        both = torch.stack([self.entries[r][1] for r in rids]).to(device)
+        both = torch.tensor([self.entries[r][1] for r in rids], dtype=torch.float32, device=device).reshape(-1, 2)
         return both[:, 0], both[:, 1]
 
     # --- the file ---------------------------------------------------------------------------------------------
     def save(self, folder: Path) -> None:
         """``folder/reference_logps.safetensors``: the values (pairs × 2, float32); rids, fingerprints and the
         set's fingerprint in the metadata. The caller's folder is written atomically (a checkpoint's)."""
-        import torch
-        from safetensors.torch import save_file
+        import numpy as np
+        from safetensors.numpy import save_file
 
         rids = sorted(self.entries)
-        values = torch.stack([self.entries[r][1] for r in rids]) if rids else torch.zeros(0, 2)
-        save_file({"logps": values.contiguous()}, str(Path(folder) / FILE),
+        values = np.array([self.entries[r][1] for r in rids], dtype=np.float32).reshape(-1, 2)  # no tensor: see above
+        save_file({"logps": values}, str(Path(folder) / FILE),
                   metadata={"kind": "pilotrun-reference-logps", "fingerprint": self.fingerprint(),
                             "rids": json.dumps(rids), "pairs": json.dumps([self.entries[r][0] for r in rids])})
 
@@ -92,12 +101,12 @@ class ReferenceLogps:
     def load(cls, path: Path) -> "ReferenceLogps":
         from safetensors import safe_open
 
-        with safe_open(str(path), framework="pt") as f:
+        with safe_open(str(path), framework="numpy") as f:
             meta = f.metadata() or {}
-            values = f.get_tensor("logps")
+            values = f.get_tensor("logps").tolist()
         try:
             rids, fps = json.loads(meta["rids"]), json.loads(meta["pairs"])
-            table = cls({r: (fp, v) for r, fp, v in zip(rids, fps, values, strict=True)}, str(path))
+            table = cls({r: (fp, _pair(v)) for r, fp, v in zip(rids, fps, values, strict=True)}, str(path))
         except (KeyError, ValueError, TypeError) as e:
             raise BadInput(f"the stored reference log-probabilities are unreadable ({type(e).__name__}: {e})",
                            where=str(path), fix="use a checkpoint written by pilotrun, or start the run again") \
@@ -107,6 +116,12 @@ class ReferenceLogps:
                            "damaged)", where=str(path), fix="use a checkpoint written by pilotrun, or start the run "
                                                             "again")
         return table
+
+
+def _pair(row) -> tuple[float, float]:
+    """A stored row as (chosen, rejected); ValueError or TypeError unless it is two numbers."""
+    chosen, rejected = row
+    return float(chosen), float(rejected)
 
 
 def table_of(model) -> ReferenceLogps | None:
