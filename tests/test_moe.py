@@ -237,7 +237,7 @@ def test_forced_routing_sends_the_tokens_where_it_says(mode):
 
 
 def test_the_sheet_sizes_a_step_for_the_worst_routing_the_pilot_measured():
-    from pilotrun.sheet.gpu_memory import routing_worst
+    from pilotrun.probe.watch import routing_worst
 
     steady = {"phase": "steady_step", "baseline": 100, "peak_allocated": 150, "peak_reserved": 200, "inputs": {}}
     load = {"phase": "load", "baseline": 0, "peak_allocated": 100, "peak_reserved": 120, "inputs": {}}
@@ -246,6 +246,38 @@ def test_the_sheet_sizes_a_step_for_the_worst_routing_the_pilot_measured():
     assert out[0] == load and out[1]["peak_allocated"] == 170 and out[1]["peak_reserved"] == 220
     assert out[1]["inputs"]["routing"] == "skewed (forced; +20 bytes)"
     assert routing_worst([load, steady], {"skewed": {"peak_allocated": 50, "seconds": 1}})[1] == steady
+    # the worst validation batches too, when the pilot measured them under forced routing (older pilots did not)
+    ev = {"phase": "eval_longest", "baseline": 100, "peak_allocated": 130, "peak_reserved": 150, "inputs": {}}
+    routing["balanced"].update(eval_peak_allocated=45, eval_seconds=0.5)
+    routing["skewed"].update(eval_peak_allocated=35, eval_seconds=0.5)
+    out = routing_worst([load, steady, ev], routing)
+    assert out[2]["peak_allocated"] == 145 and out[2]["inputs"]["routing"] == "balanced (forced; +15 bytes)"
+    older = {m: {"peak_allocated": v["peak_allocated"], "seconds": v["seconds"]} for m, v in routing.items()}
+    assert routing_worst([load, steady, ev], older)[2] == ev
+
+
+def test_a_run_within_the_worst_routing_is_within_its_pilot():
+    """A run is judged against the rows the sheet sizes with: an update that routed worse than the pilot's router
+    did, but not beyond the routing the pilot forced, is within the bound; beyond it, a warning."""
+    from pilotrun.probe.watch import bound_rows, routing_worst
+
+    pilot = [{"phase": "steady_step", "rank": 0, "counter": "tensors+rss", "baseline": 100, "peak_allocated": 150,
+              "inputs": {}},
+             {"phase": "eval_longest", "rank": 0, "counter": "tensors+rss", "baseline": 100, "peak_allocated": 130,
+              "inputs": {}}]
+    routing = {"skewed": {"peak_allocated": 70, "seconds": 1.0, "eval_peak_allocated": 40, "eval_seconds": 0.5}}
+
+    def observed(train: int, evaluation: int) -> list[dict]:
+        return [{"phase": "train", "rank": 0, "counter": "tensors+rss", "peak_allocated": train, "inputs": {}},
+                {"phase": "evaluation", "rank": 0, "counter": "tensors+rss", "peak_allocated": evaluation,
+                 "inputs": {}}]
+
+    _, within = bound_rows(observed(165, 138), routing_worst(pilot, routing), "p")
+    assert not within["warnings"] and within["kinds"]["evaluation"]["pilot_peak"] == 140, within
+    _, raw = bound_rows(observed(165, 138), pilot, "p")  # planted: judged against the router's own routing
+    assert [w.split(":")[0] for w in raw["warnings"]] == ["train", "evaluation"], raw["warnings"]
+    _, beyond = bound_rows(observed(171, 141), routing_worst(pilot, routing), "p")
+    assert [w.split(":")[0] for w in beyond["warnings"]] == ["train", "evaluation"], beyond["warnings"]
 
 
 def test_a_preference_campaign_on_a_mixture_of_experts_trains_the_router_loss_beside_the_pair_loss(tmp_path):
@@ -268,3 +300,32 @@ def test_a_preference_campaign_on_a_mixture_of_experts_trains_the_router_loss_be
             assert out["loss"] == pytest.approx(math.log(2) + 0.3 * float(ref.aux_loss), rel=1e-5)
         else:
             assert "loss_parts" not in out and out["loss"] == pytest.approx(math.log(2), rel=1e-5)
+
+
+def test_a_runs_peaks_are_judged_against_the_worst_routing_the_pilot_measured(tmp_path, cli):
+    """The router's choice moves with the data and the weights, so a run's update or validation can route the same
+    shapes worse than the pilot's router did. The sheet sized the update for the worst routing the pilot forced, but
+    the validation for the router's own, and a run was judged against the router's own for both. The pilot now
+    measures its worst validation batches under forced routing too, and a run's peaks are judged against the rows
+    the sheet sizes with. (On this tiny Mixtral every routing peaks alike, at the logits: the planted case is the
+    next test's.)"""
+    from pilotrun.journal.store import Journal
+    from pilotrun.probe.watch import routing_worst
+
+    folder = save_model(tmp_path / "mixtral", "mixtral")
+    loaded = load_campaign(campaign(tmp_path / "c", folder, seq_cls=False))
+    home = tmp_path / "home"
+    r = cli("pilot", loaded.source, "--home", home, "--json")
+    assert r.code == 0, r.err
+    journal = Journal(home)
+    pilot = journal.get_run(r.json["data"]["run_id"])
+    routing = pilot["summary"]["time_model"]["routing"]
+    assert set(routing) == {"balanced", "skewed"}
+    assert all(v["eval_peak_allocated"] > 0 and v["eval_seconds"] > 0 for v in routing.values()), routing
+    said = next(m for m in r.json["messages"] if m.startswith("routing (a mixture of experts)"))
+    assert "the worst validation batches rose" in said and "the runs' memory bound take the highest" in said, said
+    rows = journal.phase_rows(pilot["run_id"])
+    raw = next(x for x in rows if x["phase"] == "eval_longest")
+    worst = next(x for x in routing_worst(rows, routing) if x["phase"] == "eval_longest")
+    rise = max(v["eval_peak_allocated"] for v in routing.values())
+    assert worst["peak_allocated"] == max(raw["peak_allocated"], raw["baseline"] + rise)

@@ -11,7 +11,9 @@ At the end, ``bound_rows`` compares each kind with the pilot's rows of the match
     save            save
     export          export
 
-A ratio above 1 is a warning naming the update and the sequence length. On CPU the bound is judged
+For a mixture of experts the pilot's steady_step and eval_longest rows are first raised to the worst routing the
+pilot measured (``routing_worst``: the router's choice moves with the data and the weights; the sheet sizes with the
+same rows). A ratio above 1 is a warning naming the update and the sequence length. On CPU the bound is judged
 on the exact tensor counter (engine/tensors.py, counter "tensors+rss"), on CUDA on the allocator's
 allocated counter (the bytes of live tensors' blocks): both count tensors, so there is no noise
 allowance. Reserved is not judged: the caching allocator keeps every segment an earlier block reserved,
@@ -164,6 +166,32 @@ def _allowance(row: dict, noise: int) -> str:
     if row.get("counter") == "cuda":
         return "CUDA allocated bytes: no allowance"
     return f"noise allowance {fmt_bytes(noise)}"
+
+
+ROUTED = {"steady_step": "peak_allocated", "eval_longest": "eval_peak_allocated"}  # phase: its key in ``routing``
+
+
+def routing_worst(rows: list[dict], routing: dict | None) -> list[dict]:
+    """A mixture of experts' pilot rows sized for the worst routing it measured: where the worst-case update, or the
+    worst validation batches, under forced routing (the pilot's time model: balanced, every token to the same
+    experts) rose higher above its start than the steady_step (eval_longest) row's as the router chose, that row's
+    peaks take the difference (``routing`` in its inputs says which). The sheet sizes with these rows, and a run's
+    peaks are judged against them (rehearsal/training/train.record_memory_bound). Unchanged for a dense model, when
+    the router's own was the highest, or for a pilot that measured no forced validation (before this key existed)."""
+    if not routing:
+        return rows
+    out = []
+    for r in rows:
+        key = ROUTED.get(r["phase"])
+        forced = [(mode, v[key]) for mode, v in routing.items() if v.get(key) is not None] if key else []
+        if forced and r.get("peak_allocated") is not None and r.get("baseline") is not None:
+            mode, worst = max(forced, key=lambda kv: kv[1])
+            extra = worst - (r["peak_allocated"] - r["baseline"])
+            if extra > 0:
+                r = dict(r, inputs=dict(r["inputs"], routing=f"{mode} (forced; +{extra} bytes)"),
+                         **{k: r[k] + extra for k in ("peak_allocated", "peak_reserved") if r.get(k) is not None})
+        out.append(r)
+    return out
 
 
 def bound_rows(observed: list[dict], pilot_rows: list[dict], pilot_run: str | None) -> tuple[list[dict], dict]:

@@ -216,25 +216,6 @@ def fit_table(gpu_rows: list[dict], kind: str, gpus, *, needs_bf16: bool, ranks:
     return table
 
 
-def routing_worst(rows: list[dict], routing: dict | None) -> list[dict]:
-    """A mixture of experts' pilot rows sized for the worst routing it measured: where an update under forced routing
-    (the pilot's time model: balanced, every token to the same experts) rose higher above its start than the
-    steady_step row's as the router chose, that row's peaks take the difference (``routing`` in its inputs says
-    which); unchanged for a dense model or when the router's own was the highest."""
-    if not routing:
-        return rows
-    out = []
-    for r in rows:
-        if r["phase"] == "steady_step" and r.get("peak_allocated") is not None and r.get("baseline") is not None:
-            mode, worst = max(routing.items(), key=lambda kv: kv[1]["peak_allocated"])
-            extra = worst["peak_allocated"] - (r["peak_allocated"] - r["baseline"])
-            if extra > 0:
-                r = dict(r, inputs=dict(r["inputs"], routing=f"{mode} (forced; +{extra} bytes)"),
-                         **{k: r[k] + extra for k in ("peak_allocated", "peak_reserved") if r.get(k) is not None})
-        out.append(r)
-    return out
-
-
 def fragmentation(measured: list[dict], predicted: list[dict]) -> list[dict]:
     """Per phase of a CUDA pilot: the fragmentation it measured (reserved − allocated at the phase's peaks, the worst
     rank) beside the replay's for the same campaign, each with its reserved."""

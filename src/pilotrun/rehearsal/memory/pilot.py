@@ -225,10 +225,16 @@ def routing_said(model: dict, rows: list[dict]) -> str | None:
         return None
     own = steady["peak_allocated"] - steady["baseline"]
     parts = [f"{mode} {fmt_bytes(v['peak_allocated'])} in {v['seconds']:.3g} s" for mode, v in routing.items()]
-    return (f"routing (a mixture of experts): the worst-case update rose {fmt_bytes(own)} above its start in "
+    said = (f"routing (a mixture of experts): the worst-case update rose {fmt_bytes(own)} above its start in "
             f"{steady['duration_s']:.3g} s as the router chose; forced {', '.join(parts)} (skewed: every token to "
-            "the same top-k experts, the worst dropless routing allows); the sheet's memory takes the highest, "
-            "its time plan the router's own")
+            "the same top-k experts, the worst dropless routing allows)")
+    ev = next((r for r in rows if r["phase"] == "eval_longest" and r["rank"] == 0), None)
+    forced = [f"{mode} {fmt_bytes(v['eval_peak_allocated'])}" for mode, v in routing.items() if "eval_peak_allocated" in v]
+    if ev is not None and forced:
+        said += (f"; the worst validation batches rose {fmt_bytes(ev['peak_allocated'] - ev['baseline'])} as the "
+                 f"router chose, forced {', '.join(forced)}")
+    return said + ("; the sheet's memory and the runs' memory bound take the highest, the time plan the router's "
+                   "own")
 
 
 def _columns(rows: list[dict]) -> list[str]:

@@ -205,9 +205,13 @@ def _typical_evals(state, task, pool: list, batch: int, tokens: list[int], worst
 
 
 def _routing(prep, state, wc: dict, rank: int) -> dict | None:
-    """A mixture of experts' worst-case update once more under each forced routing (tasks/moe.forced_routing:
-    balanced, and every token to the same top-k experts), each under the exact memory counter: its peak tensor
-    bytes and seconds. None for a dense model (or experts that take no routing: Llama 4's)."""
+    """A mixture of experts' worst-case update, and its worst validation batches, once more under each forced
+    routing (tasks/moe.forced_routing: balanced, and every token to the same top-k experts), each under the exact
+    memory counter: the rise of its peak tensor bytes above its start, and its seconds. The router's own choice
+    depends on the data and on the weights, which move, so a run's update or validation can route the same shapes
+    worse than the pilot's router did. The sheet sizes each of the two phases for the highest
+    (probe/watch.routing_worst), and a run's peaks are judged against it. None for a dense model (or experts that
+    take no routing: Llama 4's)."""
     model = getattr(state.model, "module", state.model)
     if not any(moe_parts(model)[1:]):
         return None
@@ -219,8 +223,13 @@ def _routing(prep, state, wc: dict, rank: int) -> dict | None:
                 return None
             with phase(f"steady_step ({mode} routing)", {}, rank=rank, rows=rows, device=default_device()):
                 run_update(state, prep.task, wc["micro_batches"], max_grad_norm=prep.c.train.max_grad_norm)
+            if wc["eval"]:
+                with phase(f"eval_longest ({mode} routing)", {}, rank=rank, rows=rows, device=default_device()):
+                    evaluate(state, prep.task, wc["eval"], prep.c.train.eval_batch)
         out[mode] = {"peak_allocated": rows[0]["peak_allocated"] - rows[0]["baseline"],
-                     "seconds": rows[0]["duration_s"]}
+                     "seconds": rows[0]["duration_s"],
+                     **({"eval_peak_allocated": rows[1]["peak_allocated"] - rows[1]["baseline"],
+                         "eval_seconds": rows[1]["duration_s"]} if len(rows) > 1 else {})}
     return out
 
 
