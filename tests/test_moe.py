@@ -329,3 +329,29 @@ def test_a_runs_peaks_are_judged_against_the_worst_routing_the_pilot_measured(tm
     worst = next(x for x in routing_worst(rows, routing) if x["phase"] == "eval_longest")
     rise = max(v["eval_peak_allocated"] for v in routing.values())
     assert worst["peak_allocated"] == max(raw["peak_allocated"], raw["baseline"] + rise)
+
+
+def test_a_validation_holds_nothing_of_its_previous_batch_through_the_next(tmp_path, cli):
+    """A mixture of experts' loss hands back its router's auxiliary term beside the sum (``loss_parts``); a
+    validation of several batches kept the previous batch's term alive through the next batch's forward, and the
+    pilot's eval_longest, one batch of the longest, never did: a run's validation read 4 bytes over the pilot's
+    (Mixtral on bench_promises' uneven campaign, 1.0000000624 ×). Here the validation records are all of one length,
+    so every batch has the pilot's worst shape."""
+    from conftest import write_jsonl
+
+    from pilotrun.journal.store import Journal
+
+    folder = save_model(tmp_path / "mixtral", "mixtral")
+    path = campaign(tmp_path / "c", folder, seq_cls=False, train__eval_batch=2,
+                    model__config_overrides={"output_router_logits": True})
+    write_jsonl(tmp_path / "c" / "data" / "validation.jsonl",
+                [{"id": i, "instruction": f"reverse the word number {i}", "output": f"{i} rebmun drow eht"}
+                 for i in range(100, 108)])
+    home = tmp_path / "home"
+    assert cli("pilot", path, "--home", home, "--json").code == 0
+    r = cli("train", path, "--home", home, "--json")
+    assert r.code == 0, r.err
+    kinds = Journal(home).get_run(r.json["data"]["run_id"])["summary"]["memory_bound"]["kinds"]
+    ev = kinds["evaluation"]
+    assert ev["counter"] == "tensors+rss" and ev["pilot_phase"] == "eval_longest"
+    assert ev["ratio"] <= 1.0, ev
