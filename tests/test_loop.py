@@ -136,3 +136,29 @@ def test_precision_modes_run(cli, tmp_path, precision):
     r = cli("train", path, "--home", tmp_path / "home", "--json")
     assert r.code == 0, r.err
     assert r.json["data"]["status"] == "completed"
+
+
+def test_an_update_whose_labels_are_all_masked_is_bad_input_naming_its_examples(tmp_path, cli):
+    """Prompts longer than data.max_length leave no target: an update drawn only from such examples has no loss.
+    It was an internal error (exit 3, ValueError) in the pilot's time model and mid-run in train; it is the data's
+    fault: exit 2, naming the examples' lines and the keys to fix. An update that keeps one target trains."""
+    from pilotrun.errors import BadInput
+
+    records = [{"instruction": "say " + "very " * 30 + f"long thing {i}", "output": f"ok {i}"} for i in range(4)]
+    records += simple_records(4, 10)  # these keep their targets
+    path = tiny_causal_campaign(tmp_path / "c", records, data__max_length=24)
+    prep = prepare(load_campaign(path), splits=("train",))
+    masked, kept = prep.train[:4], prep.train[4:]
+    assert [e.n_targets for e in masked] == [0] * 4 and all(e.n_targets > 0 for e in kept)
+    state = make_state(prep.task.build_model(), prep.c.train, n_train=8, seed=0, total_updates=2)
+    with pytest.raises(BadInput) as e:
+        run_update(state, prep.task, [masked[:2], masked[2:]], max_grad_norm=1.0)
+    assert e.value.where == masked[0].rid and str(e.value.where).endswith("train.jsonl:1")
+    assert "update 1 has no target tokens: every label of its 4 examples is masked" in str(e.value)
+    assert "data.max_length" in e.value.fix
+    out = run_update(state, prep.task, [masked[:2], [masked[2], kept[0]]], max_grad_norm=1.0)
+    assert out["finite"] and out["targets"] == kept[0].n_targets
+    path = tiny_causal_campaign(tmp_path / "all", records[:4], data__max_length=24)  # the CLI: every label masked
+    r = cli("pilot", path, "--home", tmp_path / "home")
+    assert r.code == 2 and "internal error" not in r.err, r.err
+    assert "has no target tokens" in r.err and "fix: raise data.max_length" in r.err, r.err

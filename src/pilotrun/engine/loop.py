@@ -28,6 +28,7 @@ from pilotrun.engine.optim import make_optimizer, make_scheduler
 from pilotrun.engine.precision import autocast, make_scaler
 from pilotrun.engine.sampler import UpdateSampler, update_key
 from pilotrun.engine.state import retain_checkpoints, save_state
+from pilotrun.errors import BadInput
 from pilotrun.journal.store import check_fence
 from pilotrun.tasks.base import loss_parts
 from pilotrun.verdicts import plural
@@ -134,8 +135,15 @@ def run_update(state: TrainState, task, micro_batches: list[list], *, max_grad_n
     batches = [to_device(task.collate(mb), state.device) for mb in micro_batches if mb]
     local_targets = sum(task.count_targets(b) for b in batches)
     total_targets = all_reduce_sum(local_targets, state.device)
-    if total_targets == 0:
-        raise ValueError("an update with no target tokens: every label is masked")
+    if total_targets == 0:  # the data's fault, not pilotrun's: exit 2 naming the examples (exit 3 before)
+        rids = [e.rid for mb in micro_batches for e in mb]
+        raise BadInput(f"update {state.update + 1} has no target tokens: every label of its "
+                       f"{plural(len(rids), 'example')} is masked ({', '.join(rids[:4])}"
+                       f"{' …' if len(rids) > 4 else ''}), so there is no loss to train on",
+                       where=rids[0] if rids else "data.max_length",
+                       fix="raise data.max_length so that each answer keeps its tokens, or check data.response / "
+                           "data.messages (the assistant turns); `pilotrun inspect` names every such example and "
+                           "the data.max_length that keeps them")
     loss_sum = 0.0
     part_sums: dict[str, float] = {}
     model.train()
