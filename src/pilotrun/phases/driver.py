@@ -62,6 +62,9 @@ class Quiet:
             self.nan(f"{what} is {float(value)}")
         return ok
 
+    def untimed(self):
+        return contextlib.nullcontext()  # nothing is timed
+
 
 @contextlib.contextmanager
 def quiet(name: str, inputs: dict | None = None):

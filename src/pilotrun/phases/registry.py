@@ -95,9 +95,11 @@ def _load(ctx, p) -> None:
     ctx.state = make_state(model, c.train, n_train=len(ctx.prep.train), seed=c.seed,
                            total_updates=ctx.prep.arithmetic()["updates"], device=ctx.device)
     if getattr(ctx.device, "type", str(ctx.device)) == "cpu":
-        from pilotrun.engine.tensors import track  # lazy: pulls in torch
+        from pilotrun.engine.tensors import LIVE, track  # lazy: pulls in torch
 
         track(model, reference_of(model))  # tensors a loader made without an operator (safetensors) still count
+        with p.untimed():  # and those a library made beside the model without one (bitsandbytes' 4-bit tables)
+            LIVE.sweep()
 
 
 def _load_traced(ctx) -> None:

@@ -122,10 +122,21 @@ class Phase:
             _barrier()
         self.probe.start()
         self._t0 = time.perf_counter()
+        self._untimed = 0.0
         return self
 
+    @contextmanager
+    def untimed(self):
+        """Work inside the phase that is its counter's, not the phase's (``LiveTensors.sweep``): left out of its
+        duration, which the time plan reads as the work a run repeats."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._untimed += time.perf_counter() - t0
+
     def __exit__(self, exc_type, exc, tb) -> bool:
-        duration = time.perf_counter() - self._t0
+        duration = time.perf_counter() - self._t0 - self._untimed
         verdict, note = "ok", self.note
         if exc is not None:
             stopped = exc if not isinstance(exc, Exception) else interruption(exc)
