@@ -23,7 +23,11 @@ at the sweep's speed (informative: the row is met on the plain ratio). Those fou
 ``--gauge`` also times the same workload without a pause in a process beside the runs, through the whole pilot and the
 whole sweep (a diagnostic: it holds the core the runs' one thread leaves, so it is not on by default).
 
-Run: ``python bench/bench_promises.py [--quick] [--repeats=3] [--only=demo|uneven|MiniLM] [--gauge]``.
+``--classes`` adds six campaign classes (``class_campaigns``: DPO with a reference copy and precomputed, LoRA, QLoRA,
+a mixture of experts, packed rows), opt-in: `make bench` does not run them.
+
+Run: ``python bench/bench_promises.py [--quick] [--repeats=3] [--only=demo,uneven,MiniLM,DPO,LoRA,QLoRA,mixture,packed]
+[--gauge] [--classes]``.
 """
 
 from __future__ import annotations
@@ -125,6 +129,55 @@ def minilm_campaign(tmp: Path, quick: bool) -> Path | None:
     c["plan"] = {"control": {"train.lr": 5e-5}, "variants": [{"train.lr": 1e-4}], "seeds": [0, 1]}
     path.write_text(yaml.safe_dump(c, sort_keys=False))
     return path
+
+
+def _uneven_with(tmp: Path, quick: bool, change) -> Path:
+    import yaml
+
+    path = uneven_campaign(tmp, quick)
+    c = yaml.safe_load(path.read_text())
+    change(c)
+    path.write_text(yaml.safe_dump(c, sort_keys=False))
+    return path
+
+
+def _preference(tmp: Path, quick: bool, reference: str) -> Path:
+    import yaml
+    from preference_data import by_question, preference_campaign, short_pairs
+
+    train, validation = by_question(short_pairs())
+    path = preference_campaign(tmp, train, validation, preference__reference=reference)
+    c = yaml.safe_load(path.read_text())
+    updates = 20 if quick else 40
+    c["train"].update(updates=updates, eval_every=updates // 2, save_every=updates // 2)
+    c["plan"] = {"control": {"train.lr": 1e-3}, "variants": [{"train.lr": 3e-3}], "seeds": [0, 1]}
+    path.write_text(yaml.safe_dump(c, sort_keys=False))
+    return path
+
+
+LORA = {"kind": "lora", "r": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj"]}
+MIXTRAL = {"model_type": "mixtral", "vocab_size": 384, "hidden_size": 64, "intermediate_size": 96,
+           "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "num_local_experts": 4,
+           "num_experts_per_tok": 2, "max_position_embeddings": 1024}
+
+
+def class_campaigns(tmp: Path, quick: bool) -> list[tuple[str, Path]]:
+    """Campaign classes the three above do not cover (stop 65, ``--classes``; about 15 minutes a repetition): a
+    preference run (DPO) with its reference as a copy and precomputed, on the shared Stack Exchange pairs; and the
+    uneven campaign with a LoRA adapter, on a 4-bit nf4 base (QLoRA, bf16-mixed), as a mixture of experts (Mixtral,
+    the router's loss on), and with packed rows."""
+    def qlora(c):
+        c["model"].update(adapter=LORA, quantization={"bits": 4, "type": "nf4", "compute_dtype": "bfloat16"})
+        c["train"]["precision"] = "bf16-mixed"
+
+    def moe(c):
+        c["model"].update(config=MIXTRAL, config_overrides={"output_router_logits": True, "router_aux_loss_coef": 0.02})
+
+    changes = {"LoRA": lambda c: c["model"].update(adapter=LORA), "QLoRA (4-bit nf4)": qlora,
+               "mixture of experts (Mixtral)": moe, "packed rows": lambda c: c["data"].update(packing=True)}
+    out = [(f"DPO, reference {ref}", _preference(tmp / f"dpo-{ref}", quick, ref)) for ref in ("copy", "precomputed")]
+    out += [(name, _uneven_with(tmp / f"class-{i}", quick, change)) for i, (name, change) in enumerate(changes.items())]
+    return out
 
 
 def reference_s() -> float:
@@ -271,7 +324,8 @@ def _rows(name: str, reps: list[dict]) -> list[dict]:
     return rows
 
 
-def run(quick: bool = False, repeats: int = 3, only: str | None = None, gauged: bool = False) -> list[dict]:
+def run(quick: bool = False, repeats: int = 3, only: str | None = None, gauged: bool = False,
+        classes: bool = False) -> list[dict]:
     sys.path.insert(0, str(REPO / "src"))
     rows = []
     with tempfile.TemporaryDirectory(prefix="pilotrun-bench-promises-") as d:
@@ -283,8 +337,10 @@ def run(quick: bool = False, repeats: int = 3, only: str | None = None, gauged: 
         minilm = minilm_campaign(tmp, quick)
         if minilm is not None:
             campaigns.append(("MiniLM classifier, real weights", minilm))
+        if classes:
+            campaigns += class_campaigns(tmp, quick)
         if only:
-            campaigns = [c for c in campaigns if c[0].startswith(only)]
+            campaigns = [c for c in campaigns if any(c[0].startswith(o) for o in only.split(","))]
         reps: dict[str, list[dict]] = {name: [] for name, _ in campaigns}
         for rep in range(repeats):  # interleaved: the machine's drift shows as spread between repetitions
             for i, (name, path) in enumerate(campaigns):
@@ -303,4 +359,5 @@ if __name__ == "__main__":
 
     only = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--only=")), None)
     reps = next((int(a.split("=", 1)[1]) for a in sys.argv if a.startswith("--repeats=")), 3)
-    print(markdown(run(quick="--quick" in sys.argv, repeats=reps, only=only, gauged="--gauge" in sys.argv)))
+    print(markdown(run(quick="--quick" in sys.argv, repeats=reps, only=only, gauged="--gauge" in sys.argv,
+                       classes="--classes" in sys.argv)))

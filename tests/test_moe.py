@@ -302,35 +302,6 @@ def test_a_preference_campaign_on_a_mixture_of_experts_trains_the_router_loss_be
             assert "loss_parts" not in out and out["loss"] == pytest.approx(math.log(2), rel=1e-5)
 
 
-def test_a_runs_peaks_are_judged_against_the_worst_routing_the_pilot_measured(tmp_path, cli):
-    """The router's choice moves with the data and the weights, so a run's update or validation can route the same
-    shapes worse than the pilot's router did. The sheet sized the update for the worst routing the pilot forced, but
-    the validation for the router's own, and a run was judged against the router's own for both. The pilot now
-    measures its worst validation batches under forced routing too, and a run's peaks are judged against the rows
-    the sheet sizes with. (On this tiny Mixtral every routing peaks alike, at the logits: the planted case is the
-    next test's.)"""
-    from pilotrun.journal.store import Journal
-    from pilotrun.probe.watch import routing_worst
-
-    folder = save_model(tmp_path / "mixtral", "mixtral")
-    loaded = load_campaign(campaign(tmp_path / "c", folder, seq_cls=False))
-    home = tmp_path / "home"
-    r = cli("pilot", loaded.source, "--home", home, "--json")
-    assert r.code == 0, r.err
-    journal = Journal(home)
-    pilot = journal.get_run(r.json["data"]["run_id"])
-    routing = pilot["summary"]["time_model"]["routing"]
-    assert set(routing) == {"balanced", "skewed"}
-    assert all(v["eval_peak_allocated"] > 0 and v["eval_seconds"] > 0 for v in routing.values()), routing
-    said = next(m for m in r.json["messages"] if m.startswith("routing (a mixture of experts)"))
-    assert "the worst validation batches rose" in said and "the runs' memory bound take the highest" in said, said
-    rows = journal.phase_rows(pilot["run_id"])
-    raw = next(x for x in rows if x["phase"] == "eval_longest")
-    worst = next(x for x in routing_worst(rows, routing) if x["phase"] == "eval_longest")
-    rise = max(v["eval_peak_allocated"] for v in routing.values())
-    assert worst["peak_allocated"] == max(raw["peak_allocated"], raw["baseline"] + rise)
-
-
 def test_a_validation_holds_nothing_of_its_previous_batch_through_the_next(tmp_path, cli):
     """A mixture of experts' loss hands back its router's auxiliary term beside the sum (``loss_parts``); a
     validation of several batches kept the previous batch's term alive through the next batch's forward, and the
@@ -340,6 +311,7 @@ def test_a_validation_holds_nothing_of_its_previous_batch_through_the_next(tmp_p
     from conftest import write_jsonl
 
     from pilotrun.journal.store import Journal
+    from pilotrun.probe.watch import routing_worst
 
     folder = save_model(tmp_path / "mixtral", "mixtral")
     path = campaign(tmp_path / "c", folder, seq_cls=False, train__eval_batch=2,
@@ -348,10 +320,30 @@ def test_a_validation_holds_nothing_of_its_previous_batch_through_the_next(tmp_p
                 [{"id": i, "instruction": f"reverse the word number {i}", "output": f"{i} rebmun drow eht"}
                  for i in range(100, 108)])
     home = tmp_path / "home"
-    assert cli("pilot", path, "--home", home, "--json").code == 0
+    pilot = cli("pilot", path, "--home", home, "--json")
+    assert pilot.code == 0, pilot.err
     r = cli("train", path, "--home", home, "--json")
     assert r.code == 0, r.err
-    kinds = Journal(home).get_run(r.json["data"]["run_id"])["summary"]["memory_bound"]["kinds"]
+    journal = Journal(home)
+    kinds = journal.get_run(r.json["data"]["run_id"])["summary"]["memory_bound"]["kinds"]
     ev = kinds["evaluation"]
     assert ev["counter"] == "tensors+rss" and ev["pilot_phase"] == "eval_longest"
     assert ev["ratio"] <= 1.0, ev
+
+    # the router's choice moves with the data and the weights, so a run's update or validation can route the same
+    # shapes worse than the pilot's router did: the pilot measures its worst validation batches under forced routing
+    # as it does its worst update, the sheet sizes both phases for the highest, and a run is judged against the same
+    # rows (on this tiny Mixtral every routing peaks alike, at the logits: the planted case is
+    # test_a_run_within_the_worst_routing_is_within_its_pilot)
+    run = journal.get_run(pilot.json["data"]["run_id"])
+    routing = run["summary"]["time_model"]["routing"]
+    assert set(routing) == {"balanced", "skewed"}
+    assert all(v["eval_peak_allocated"] > 0 and v["eval_seconds"] > 0 for v in routing.values()), routing
+    said = next(m for m in pilot.json["messages"] if m.startswith("routing (a mixture of experts)"))
+    assert "the worst validation batches rose" in said and "the runs' memory bound take the highest" in said, said
+    rows = journal.phase_rows(run["run_id"])
+    raw = next(x for x in rows if x["phase"] == "eval_longest")
+    worst = next(x for x in routing_worst(rows, routing) if x["phase"] == "eval_longest")
+    rise = max(v["eval_peak_allocated"] for v in routing.values())
+    assert worst["peak_allocated"] == max(raw["peak_allocated"], raw["baseline"] + rise)
+    assert ev["pilot_peak"] == worst["peak_allocated"]

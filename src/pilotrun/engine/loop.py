@@ -119,6 +119,11 @@ def to_device(batch: dict, device) -> dict:
     return {k: (v.to(device) if hasattr(v, "to") else v) for k, v in batch.items()}
 
 
+class NoTargets(BadInput):
+    """An update whose every label is masked: no loss to train on. The data's fault in a campaign (exit 2); in
+    ``fit``'s probe of a shorter data.max_length, that candidate's (rehearsal/memory/fit_probe.probe)."""
+
+
 def run_update(state: TrainState, task, micro_batches: list[list], *, max_grad_norm: float | None,
                step: bool = True, zero_grad: bool = True) -> dict:
     """One optimizer update over this rank's micro-batches (lists of encoded examples).
@@ -137,7 +142,7 @@ def run_update(state: TrainState, task, micro_batches: list[list], *, max_grad_n
     total_targets = all_reduce_sum(local_targets, state.device)
     if total_targets == 0:  # the data's fault, not pilotrun's: exit 2 naming the examples (exit 3 before)
         rids = [e.rid for mb in micro_batches for e in mb]
-        raise BadInput(f"update {state.update + 1} has no target tokens: every label of its "
+        raise NoTargets(f"update {state.update + 1} has no target tokens: every label of its "
                        f"{plural(len(rids), 'example')} is masked ({', '.join(rids[:4])}"
                        f"{' …' if len(rids) > 4 else ''}), so there is no loss to train on",
                        where=rids[0] if rids else "data.max_length",
