@@ -123,27 +123,25 @@ def minilm_campaign(tmp: Path, quick: bool) -> Path | None:
     return _two_arms(conftest_campaign(tmp / "minilm"), quick, 5e-5, 1e-4)
 
 
-def _two_arms(path: Path, quick: bool, lr: float, other: float) -> Path:
-    """The campaign at ``path`` as a sweep of two arms (train.lr ``lr`` and ``other``) × two seeds: 40 updates (20
-    with --quick), a validation and a checkpoint halfway."""
+def _edited(path: Path, change) -> Path:
+    """The campaign file at ``path`` rewritten with ``change(c)`` applied to its mapping."""
     import yaml
 
-    c = yaml.safe_load(path.read_text())
-    updates = 20 if quick else 40
-    c["train"].update(updates=updates, eval_every=updates // 2, save_every=updates // 2)
-    c["plan"] = {"control": {"train.lr": lr}, "variants": [{"train.lr": other}], "seeds": [0, 1]}
-    path.write_text(yaml.safe_dump(c, sort_keys=False))
-    return path
-
-
-def _uneven_with(tmp: Path, quick: bool, change) -> Path:
-    import yaml
-
-    path = uneven_campaign(tmp, quick)
     c = yaml.safe_load(path.read_text())
     change(c)
     path.write_text(yaml.safe_dump(c, sort_keys=False))
     return path
+
+
+def _two_arms(path: Path, quick: bool, lr: float, other: float) -> Path:
+    """The campaign at ``path`` as a sweep of two arms (train.lr ``lr`` and ``other``) × two seeds: 40 updates (20
+    with --quick), a validation and a checkpoint halfway."""
+    updates = 20 if quick else 40
+
+    def change(c):
+        c["train"].update(updates=updates, eval_every=updates // 2, save_every=updates // 2)
+        c["plan"] = {"control": {"train.lr": lr}, "variants": [{"train.lr": other}], "seeds": [0, 1]}
+    return _edited(path, change)
 
 
 def _preference(tmp: Path, quick: bool, reference: str) -> Path:
@@ -154,9 +152,6 @@ def _preference(tmp: Path, quick: bool, reference: str) -> Path:
 
 
 LORA = {"kind": "lora", "r": 8, "alpha": 16, "target_modules": ["q_proj", "v_proj"]}
-MIXTRAL = {"model_type": "mixtral", "vocab_size": 384, "hidden_size": 64, "intermediate_size": 96,
-           "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "num_local_experts": 4,
-           "num_experts_per_tok": 2, "max_position_embeddings": 1024}
 
 
 def class_campaigns(tmp: Path, quick: bool) -> list[tuple[str, Path]]:
@@ -168,13 +163,18 @@ def class_campaigns(tmp: Path, quick: bool) -> list[tuple[str, Path]]:
         c["model"].update(adapter=LORA, quantization={"bits": 4, "type": "nf4", "compute_dtype": "bfloat16"})
         c["train"]["precision"] = "bf16-mixed"
 
-    def moe(c):
-        c["model"].update(config=MIXTRAL, config_overrides={"output_router_logits": True, "router_aux_loss_coef": 0.02})
+    def moe(c):  # the tests' tiny Mixtral (tests/architectures.py), positions for the uneven campaign's 1,024 tokens
+        from architectures import MOE
+
+        mixtral = {"model_type": "mixtral", **MOE["mixtral"], "num_hidden_layers": 2, "vocab_size": 384,
+                   "max_position_embeddings": 1024}
+        c["model"].update(config=mixtral, config_overrides={"output_router_logits": True, "router_aux_loss_coef": 0.02})
 
     changes = {"LoRA": lambda c: c["model"].update(adapter=LORA), "QLoRA (4-bit nf4)": qlora,
                "mixture of experts (Mixtral)": moe, "packed rows": lambda c: c["data"].update(packing=True)}
     out = [(f"DPO, reference {ref}", _preference(tmp / f"dpo-{ref}", quick, ref)) for ref in ("copy", "precomputed")]
-    out += [(name, _uneven_with(tmp / f"class-{i}", quick, change)) for i, (name, change) in enumerate(changes.items())]
+    out += [(name, _edited(uneven_campaign(tmp / f"class-{i}", quick), change))
+            for i, (name, change) in enumerate(changes.items())]
     return out
 
 

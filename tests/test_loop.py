@@ -154,7 +154,7 @@ def test_an_update_whose_labels_are_all_masked_is_bad_input_naming_its_examples(
     with pytest.raises(BadInput) as e:
         run_update(state, prep.task, [masked[:2], masked[2:]], max_grad_norm=1.0)
     assert e.value.where == masked[0].rid and str(e.value.where).endswith("train.jsonl:1")
-    assert "update 1 has no target tokens: every label of its 4 examples is masked" in str(e.value)
+    assert "update 1 has no target tokens: every label of its 4 examples is masked (lines 1, 2, 3, 4)" in str(e.value)
     assert "data.max_length" in e.value.fix
     out = run_update(state, prep.task, [masked[:2], [masked[2], kept[0]]], max_grad_norm=1.0)
     assert out["finite"] and out["targets"] == kept[0].n_targets

@@ -142,9 +142,11 @@ def run_update(state: TrainState, task, micro_batches: list[list], *, max_grad_n
     total_targets = all_reduce_sum(local_targets, state.device)
     if total_targets == 0:  # the data's fault, not pilotrun's: exit 2 naming the examples (exit 3 before)
         rids = [e.rid for mb in micro_batches for e in mb]
+        files = {r.rpartition(":")[0] for r in rids}  # "file:line": one file's lines said as lines, not paths
+        shown = [r.rpartition(":")[2] for r in rids] if len(files) == 1 and ":" in rids[0] else rids
         raise NoTargets(f"update {state.update + 1} has no target tokens: every label of its "
-                       f"{plural(len(rids), 'example')} is masked ({', '.join(rids[:4])}"
-                       f"{' …' if len(rids) > 4 else ''}), so there is no loss to train on",
+                       f"{plural(len(rids), 'example')} is masked ({'lines ' if shown is not rids else ''}"
+                       f"{', '.join(shown[:8])}{' …' if len(rids) > 8 else ''}), so there is no loss to train on",
                        where=rids[0] if rids else "data.max_length",
                        fix="raise data.max_length so that each answer keeps its tokens, or check data.response / "
                            "data.messages (the assistant turns); `pilotrun inspect` names every such example and "

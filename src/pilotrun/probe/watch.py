@@ -171,6 +171,11 @@ def _allowance(row: dict, noise: int) -> str:
 ROUTED = {"steady_step": "peak_allocated", "eval_longest": "eval_peak_allocated"}  # phase: its key in ``routing``
 
 
+def pilot_routing(pilot: dict | None) -> dict | None:
+    """The forced routings a pilot run measured (its summary's time model), None for a dense model or no pilot."""
+    return (((pilot or {}).get("summary") or {}).get("time_model") or {}).get("routing")
+
+
 def routing_worst(rows: list[dict], routing: dict | None) -> list[dict]:
     """A mixture of experts' pilot rows sized for the worst routing it measured: where the worst-case update, or the
     worst validation batches, under forced routing (the pilot's time model: balanced, every token to the same

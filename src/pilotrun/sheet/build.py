@@ -12,7 +12,7 @@ from pilotrun.campaign.reuse import keeping_traces
 from pilotrun.phases import phases_of
 from pilotrun.probe.alloc_conf import settings_from_env
 from pilotrun.probe.sizes import parse_size
-from pilotrun.probe.watch import routing_worst
+from pilotrun.probe.watch import pilot_routing, routing_worst
 from pilotrun.sheet import estimates as E, gpu_memory as GM, plan as P
 from pilotrun.sheet.catalogue import CATALOGUE, get_gpu, match_gpu
 from pilotrun.sheet.render import to_html
@@ -43,7 +43,7 @@ def _build_sheet(cfg: dict, journal, pilot: dict, *, target_env, gpu, rates, pre
     c = loaded.campaign
     t = c.train
     rows = [dict(r, run_id=pilot["run_id"]) for r in journal.phase_rows(pilot["run_id"])]
-    rows = routing_worst(rows, ((pilot.get("summary") or {}).get("time_model") or {}).get("routing"))
+    rows = routing_worst(rows, pilot_routing(pilot))
     sheet: dict = {"campaign": c.name, "pilot_run": pilot["run_id"], "config_sha256": pilot["config_sha256"],
                    "pilot_device": rows[0].get("device"), "counter": rows[0].get("counter"), "problems": [],
                    "warnings": []}

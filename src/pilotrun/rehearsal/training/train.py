@@ -20,7 +20,7 @@ from pilotrun.journal.files import atomic_write_text
 from pilotrun.journal.runs import RunRecorder, find_pilot
 from pilotrun.journal.store import Journal, check_fence
 from pilotrun.probe.memory import release_free_memory
-from pilotrun.probe.watch import PeakWatch, bound_rows, routing_worst
+from pilotrun.probe.watch import PeakWatch, bound_rows, pilot_routing, routing_worst
 from pilotrun.rehearsal.training.val_predictions import store_validation_predictions
 from pilotrun.scratch import make_dir
 from pilotrun.tasks.preference_ref import table_of
@@ -351,8 +351,7 @@ def record_memory_bound(journal, run_id: str, name: str, sha: str, observed: lis
     peak for the same phase kind and rank: for a mixture of experts, the peak of the worst routing the pilot
     measured, as the sheet sizes it (``routing_worst``): the router's choice moves with the data and the weights."""
     pilot, stale = find_pilot(journal, name, sha, run_config)
-    routing = (((pilot or {}).get("summary") or {}).get("time_model") or {}).get("routing")
-    pilot_rows = routing_worst(journal.phase_rows(pilot["run_id"]), routing) if pilot else []
+    pilot_rows = routing_worst(journal.phase_rows(pilot["run_id"]), pilot_routing(pilot)) if pilot else []
     rows, bound = bound_rows(observed, pilot_rows, pilot["run_id"] if pilot else None)
     if stale and run_config is not None:  # find_pilot took it for want of one that measured this config
         bound["stale"] = f"{stale} (the ratio compares different work)"
