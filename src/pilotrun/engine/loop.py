@@ -17,6 +17,7 @@ import math
 import os
 import time
 import warnings
+from array import array
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -364,6 +365,9 @@ class LoopResult:
     status: str  # completed | diverged | stopped | failed (out of memory) | interrupted
     reason: str
     history: list[dict] = field(default_factory=list)
+    """Each update's record (loss, lr, the micro-batches' example ids, ...); with ``train(keep_history=False)``
+    only the latest: a run of a million updates would otherwise hold ~1 KB per update until it ends."""
+    seconds: array = field(default_factory=lambda: array("d"))  # every update's seconds, 8 bytes each
     evals: list[dict] = field(default_factory=list)
     wall_s: float = 0.0
     skipped: list[dict] = field(default_factory=list)  # updates whose optimizer step was skipped, and why
@@ -424,13 +428,16 @@ def note_best_checkpoint(state: TrainState, evals: list[dict], metric: str, goal
 
 
 def train(state: TrainState, task, train_examples: list, val_examples: list, t, *, plan_metric: str = "val_loss",
-          goal: str = "minimize", checkpoint_dir=None, hooks: Hooks | None = None, progress=None) -> LoopResult:
+          goal: str = "minimize", checkpoint_dir=None, hooks: Hooks | None = None, progress=None,
+          keep_history: bool = True) -> LoopResult:
     """The loop. ``t`` is the campaign's train section; the budget is ``state.total_updates``.
+    ``keep_history=False``: ``result.history`` keeps the latest update's record only (a long run; the journal
+    has each update's numbers), ``result.seconds`` every update's time.
 
     An out-of-memory error in an update or a validation ends the run as ``failed`` with a reason that
     says what to change (the state stays at the last complete update); any other exception propagates."""
     run = _Loop(state, task, train_examples, val_examples, t, plan_metric=plan_metric, goal=goal,
-                checkpoint_dir=checkpoint_dir, hooks=hooks or Hooks(), progress=progress)
+                checkpoint_dir=checkpoint_dir, hooks=hooks or Hooks(), progress=progress, keep_history=keep_history)
     result = run.result
     try:  # preference.reference: precomputed, before the first update (a resumed run's came with its checkpoint)
         t0 = time.perf_counter()
@@ -460,8 +467,9 @@ class _Loop:
     """One call of ``train``: sample → update → log → stop rules → validation → checkpoint, each a method."""
 
     def __init__(self, state: TrainState, task, train_examples: list, val_examples: list, t, *, plan_metric: str,
-                 goal: str, checkpoint_dir, hooks: Hooks, progress):
+                 goal: str, checkpoint_dir, hooks: Hooks, progress, keep_history: bool = True):
         self.state, self.task, self.t = state, task, t
+        self.keep_history = keep_history
         self.train_examples, self.val_examples = train_examples, val_examples
         self.plan_metric, self.goal, self.checkpoint_dir = plan_metric, goal, checkpoint_dir
         self.hooks, self.progress = hooks, progress
@@ -528,7 +536,10 @@ class _Loop:
                    seconds=time.perf_counter() - t0, wall_s=time.perf_counter() - self.started,
                    ids=[[e.rid for e in mb] for mb in micro_batches],
                    epoch=state.sampler.epoch)
+        if not self.keep_history:
+            result.history.clear()
         result.history.append(out)
+        result.seconds.append(out["seconds"])
         if out["skipped"]:
             result.skipped.append({"attempt": out["attempt"], "update": out["update"], "loss": out["loss"],
                                    "kind": "non-finite" if not out["finite"] else "overflow",

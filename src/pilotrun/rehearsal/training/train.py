@@ -141,7 +141,7 @@ def _ranked_run(job: TrainJob, prep: Prepared, rec: RunRecorder | None, hooks: H
     user = hooks or Hooks()
     result = train(state, prep.task, prep.train, prep.validation, c.train, plan_metric=c.plan.metric,
                    goal=c.plan.goal, checkpoint_dir=run_dir / "checkpoints", hooks=_journal_hooks(rec, user, watch),
-                   progress=None)
+                   progress=None, keep_history=False)  # a long run: the journal has each update's numbers
     timing["loop_s"] = result.wall_s
     if result.reference_s:  # the reference's precomputation, before the first update (the time plan's own term)
         timing["reference_s"] = result.reference_s
@@ -277,8 +277,7 @@ def _summary(job: TrainJob, t, state, result, world: int, *, arith: dict, artifa
             "wall_s": result.wall_s, "final_val_loss": result.evals[-1]["val_loss"] if result.evals else None,
             "first_val_loss": result.evals[0]["val_loss"] if result.evals else None,
             "best_metric": state.best_metric, "artifact": artifact, "arithmetic": arith, "ranks": world,
-            "seconds_per_update": _median([h["seconds"] for h in result.history[1:]] or
-                                          [h["seconds"] for h in result.history]),
+            "seconds_per_update": _median(result.seconds[1:] or result.seconds),
             "memory_bound": bound, "timing": timing, "skipped_updates": result.skipped,
             "counts": {"updates": state.update, "evals": len(result.evals),
                        "checkpoints": (state.update // t.save_every if t.save_every else 0)
