@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -34,6 +35,36 @@ def pytest_configure(config):
     expr = config.getoption("markexpr", "") or ""
     if "gpu" not in expr.replace("not gpu", ""):
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
+
+
+REFREEZE_AFTER_MODULES = 100
+_FROZE_AT = {"modules": 0}
+
+
+def pytest_collection_finish(session):
+    """What the session holds once its tests are collected (the libraries every test module imported, pytest's
+    items) is the session's for good: frozen (``engine.tensors.freeze_process``), as the zygote freezes its
+    imports, so that every run's ``release_free_memory`` collects what the tests made since and not the ~5 × 10⁵
+    objects of the session itself (it took 154 s of the suite's 707, py-spy)."""
+    from pilotrun.engine.tensors import freeze_process
+
+    freeze_process()
+    _FROZE_AT["modules"] = len(sys.modules)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """Between two test files, once the tests have imported many more modules (the model families transformers
+    imports when first built, peft, bitsandbytes): those are the session's too, frozen again with it, or every
+    collection of the files after would walk them (``freeze_process`` collects in full first; the finished file's
+    fixtures are gone by then)."""
+    yield
+    if nextitem is not None and nextitem.module is not item.module \
+            and len(sys.modules) - _FROZE_AT["modules"] >= REFREEZE_AFTER_MODULES:
+        from pilotrun.engine.tensors import freeze_process
+
+        freeze_process()
+        _FROZE_AT["modules"] = len(sys.modules)
 
 
 @pytest.fixture(scope="session", autouse=True)

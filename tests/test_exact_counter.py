@@ -125,40 +125,89 @@ def test_watch_probes_first_updates_records_and_spot_checks_only():
     assert every.probed["train"] == 3
 
 
+def _in_a_plain_process(body: str) -> None:
+    """Run ``body`` in a fresh interpreter that froze nothing of its own (this session did: conftest.py)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    p = subprocess.run([sys.executable, "-c", textwrap.dedent(body)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.strip().endswith("ok"), p.stdout
+
+
 def test_the_seed_counts_tensors_that_release_free_memory_froze():
     """release_free_memory freezes what survives its collection (gc.freeze), and gc.get_objects skips frozen
     objects: the seed counts them too, or a baseline would miss a tensor alive before the run's model."""
-    import gc
-
-    from pilotrun.engine.tensors import LiveTensors
-    from pilotrun.probe.memory import release_free_memory
-
-    held = torch.ones(8 * MiB // 4)
-    release_free_memory()
-    assert gc.get_freeze_count() > 0 and not any(o is held for o in gc.get_objects())
-    live = LiveTensors()
-    live.seed()
-    assert live.table[held.untyped_storage()._cdata][0] == 8 * MiB
-    assert gc.get_freeze_count() > 0  # what was frozen stays frozen
+    _in_a_plain_process("""
+        import gc, torch
+        from pilotrun.engine.tensors import FROZEN, LiveTensors
+        from pilotrun.probe.memory import release_free_memory
+        held = torch.ones(8 * 2**20 // 4)
+        release_free_memory()
+        assert not FROZEN.done and gc.get_freeze_count() > 0 and not any(o is held for o in gc.get_objects())
+        live = LiveTensors()
+        live.seed()
+        assert live.table[held.untyped_storage()._cdata][0] == 8 * 2**20
+        assert gc.get_freeze_count() > 0  # what was frozen stays frozen
+        print("ok")
+    """)
 
 
 def test_release_free_memory_collects_a_cycle_it_froze_the_time_before():
     """A cycle alive at one call and garbage after it is left alone by ordinary collections (frozen) and
     collected by the next call, which unfreezes before it collects."""
-    import gc
-    import weakref
+    _in_a_plain_process("""
+        import gc, weakref
+        from pilotrun.probe.memory import release_free_memory
+        class Node:
+            pass
+        a, b = Node(), Node()
+        a.other, b.other = b, a
+        gone = weakref.ref(a)
+        release_free_memory()
+        del a, b
+        gc.collect()
+        assert gone() is not None
+        release_free_memory()
+        assert gone() is None
+        print("ok")
+    """)
 
-    from pilotrun.probe.memory import release_free_memory
 
-    class Node:
-        pass
-
-    a, b = Node(), Node()
-    a.other, b.other = b, a
-    gone = weakref.ref(a)
-    release_free_memory()
-    del a, b
-    gc.collect()
-    assert gone() is not None
-    release_free_memory()
-    assert gone() is None
+def test_a_process_that_froze_its_own_keeps_it_frozen_and_collects_everything_made_since():
+    """freeze_process (the zygote after its imports, this test session after its collection): what it froze stays
+    frozen through every release_free_memory, which then collects in full everything made since (a cycle alive at
+    one call and garbage at the next among it) and freezes none of it; the exact counter's passes still count the
+    tensors it froze without unfreezing anything. Planted defects, each caught: release unfreezing and freezing
+    as before (what a run made is frozen; the cycle survives an ordinary collection), the counter's pass
+    unfreezing and freezing (the run's tensor frozen), the pass without the remembered tensors (one missed)."""
+    _in_a_plain_process("""
+        import gc, weakref, torch
+        from pilotrun.engine.tensors import LiveTensors
+        from pilotrun.engine.tensors import FROZEN, freeze_process
+        from pilotrun.probe.memory import release_free_memory
+        before = torch.ones(2**20 // 4)  # alive when the process froze its own: 1 MiB
+        freeze_process()
+        frozen = gc.get_freeze_count()
+        assert FROZEN.done and frozen > 0 and not any(o is before for o in gc.get_objects())
+        class Node:
+            pass
+        a, b = Node(), Node()
+        a.other, b.other = b, a
+        gone = weakref.ref(a)
+        made = torch.ones(2 * 2**20 // 4)  # a run's tensor, made after: 2 MiB
+        release_free_memory()
+        assert gc.get_freeze_count() == frozen, "release froze what was made after the process froze its own"
+        assert any(o is a for o in gc.get_objects()) and any(o is made for o in gc.get_objects())
+        del a, b
+        gc.collect()  # an ordinary collection: the cycle was never frozen
+        assert gone() is None
+        live = LiveTensors()
+        live.seed()
+        assert live.table[before.untyped_storage()._cdata][0] == 2**20  # frozen, and counted
+        assert live.table[made.untyped_storage()._cdata][0] == 2 * 2**20
+        assert gc.get_freeze_count() == frozen, "the counter's pass froze what is alive now"
+        assert any(o is made for o in gc.get_objects())
+        print("ok")
+    """)

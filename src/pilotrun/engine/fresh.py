@@ -568,6 +568,11 @@ def _serve(fd: int, preload: list[str]) -> None:
             importlib.import_module(name)
         except Exception:  # noqa: BLE001 - a module that does not import is imported (and fails) in the child
             pass
+    if "torch" in sys.modules:  # the imports are the zygote's for good: frozen once, its children's collections
+        # never walk them again (nor write to their pages, which a fork then shares instead of copying)
+        from pilotrun.engine.tensors import freeze_process
+
+        freeze_process()
     if _forks_poisoned():
         return  # no zygote: every request goes cold (the caller reads the socket's end), as without one
     sock = socket.socket(fileno=fd)

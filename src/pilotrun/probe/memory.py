@@ -213,18 +213,26 @@ def release_free_memory() -> None:
     transformers' are ~10⁶ objects) and the data live for the whole run, and every later full collection
     would walk them all again (0.1–0.4 s each; the model's build imports enough to trigger several). Frozen
     objects are still freed by their reference counts; the next call unfreezes and collects everything
-    first, so a cycle among them waits at most until then. ``engine.tensors`` counts frozen tensors too."""
+    first, so a cycle among them waits at most until then. ``engine.tensors`` counts frozen tensors too.
+    In a process that froze its own (``freeze_process``) the call collects everything made since and leaves
+    the frozen alone: nothing it could free was alive when that froze."""
     import gc
 
-    gc.unfreeze()
-    gc.collect()
+    from pilotrun.engine.tensors import FROZEN
+
+    if FROZEN.done:
+        gc.collect()
+    else:
+        gc.unfreeze()
+        gc.collect()
     try:
         import ctypes
 
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
         pass  # not glibc
-    gc.freeze()
+    if not FROZEN.done:
+        gc.freeze()
     import torch
 
     if torch.cuda.is_available():
