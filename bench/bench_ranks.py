@@ -11,7 +11,6 @@ Run: ``python bench/bench_ranks.py [--pairs=5]``.
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -40,8 +39,9 @@ print(json.dumps(out))
 
 
 def run(pairs: int = 5) -> list[dict]:
-    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=os.pathsep.join(
-        [str(REPO / "src")] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+    from bench.run import child_env
+
+    env = child_env()
     env.pop("PILOTRUN_FRESH", None)
     p = subprocess.run([sys.executable, "-c", CHILD, str(pairs)], capture_output=True, text=True, env=env,
                        timeout=600, check=True, cwd=REPO)

@@ -12,7 +12,6 @@ Run: ``python bench/bench_release.py [--calls=5]``.
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -43,10 +42,10 @@ print(json.dumps({"seconds": out, "frozen": gc.get_freeze_count()}))
 
 
 def _child(calls: int, how: str) -> dict:
-    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=os.pathsep.join(
-        [str(REPO / "src")] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
-    p = subprocess.run([sys.executable, "-c", CHILD, str(calls), how], capture_output=True, text=True, env=env,
-                       timeout=600, check=True, cwd=REPO)
+    from bench.run import child_env
+
+    p = subprocess.run([sys.executable, "-c", CHILD, str(calls), how], capture_output=True, text=True,
+                       env=child_env(), timeout=600, check=True, cwd=REPO)
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 

@@ -109,6 +109,13 @@ def write_results(text: str, path: Path) -> None:
         raise
 
 
+def child_env(**extra: str) -> dict:
+    """The environment of a bench's fresh Python process: this checkout's ``src`` first on its path (then the
+    caller's own), the hub offline, and ``extra``."""
+    path = [str(REPO / "src")] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=os.pathsep.join(path), **extra)
+
+
 def load_module(path: Path):
     spec = importlib.util.spec_from_file_location(f"pilotrun_bench_{path.stem}", path)
     mod = importlib.util.module_from_spec(spec)

@@ -220,18 +220,17 @@ def release_free_memory() -> None:
 
     from pilotrun.engine.tensors import FROZEN
 
-    if FROZEN.done:
-        gc.collect()
-    else:
+    ours = not FROZEN.done  # what is frozen was frozen here, by the call before: unfreeze it, collect, freeze again
+    if ours:
         gc.unfreeze()
-        gc.collect()
+    gc.collect()
     try:
         import ctypes
 
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
         pass  # not glibc
-    if not FROZEN.done:
+    if ours:
         gc.freeze()
     import torch
 

@@ -116,7 +116,7 @@ def first_losses(prep: Prepared, k: int, device=None) -> dict:
     quiet_allocator()
     state = _fresh_state(prep, device)
     result = train(state, prep.task, prep.train, [], prep.c.train, hooks=Hooks(stop_at=k))
-    seconds = [h["seconds"] for h in result.history[1:]] or [h["seconds"] for h in result.history]
+    seconds = result.seconds[1:] or result.seconds
     out = {"losses": [h["loss"] for h in result.history], "step_s": statistics.median(seconds) if seconds else None}
     del state
     quiet_allocator()
