@@ -334,3 +334,32 @@ def test_a_kept_trace_edited_or_cut_is_a_miss_traced_again(tmp_path):
     with reuse.keeping_traces(home):  # the clean case: the entry the retrace wrote is read back
         assert rows_for(traced(loaded, prep=prep, counted=False)) == fresh
     assert reuse.COUNTS["trace_hits"] - before["trace_hits"] == 1
+
+
+def test_all_that_ends_on_a_stage_raising_keeps_nothing_in_its_process(tmp_path):
+    """``all`` dropped what its stages shared only when every stage returned: a stage that raised (here a journal
+    newer than this pilotrun, refused once the first stages had built the model) left the pristine copy and the
+    encoded splits in the process, where the next pilot of a notebook or script counted that model as its own
+    memory (a test session's pilot read 532,656 bytes over its estimate in every phase)."""
+    import gc
+    import sqlite3
+
+    from pilotrun.journal.store import SCHEMA_VERSION, Journal
+    from pilotrun.errors import BadInput
+    from pilotrun.rehearsal.all import run_all
+
+    path = tiny_causal_campaign(tmp_path / "c", simple_records(12), simple_records(4, start=50))
+    home = tmp_path / "home"
+    Journal(home)
+    db = sqlite3.connect(home / "journal.sqlite")
+    db.execute(f"PRAGMA user_version={SCHEMA_VERSION + 98}")
+    db.commit()
+    db.close()
+    before = _counts()
+    with pytest.raises(BadInput, match="newer than this pilotrun"):
+        run_all(load_campaign(path), home)
+    assert reuse.COUNTS["pristine_builds"] - before["pristine_builds"] == 1  # a model was built and kept ...
+    assert not reuse._PRISTINE and not reuse._ENCODED  # ... and dropped when the stage raised
+    gc.collect()
+    alive = [o for o in gc.get_objects() if type(o).__name__ == "LlamaForCausalLM"]
+    assert not alive, f"{len(alive)} models still alive after all raised"

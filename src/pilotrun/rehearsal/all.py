@@ -195,10 +195,15 @@ def run_all(loaded, home, on_result=None, budgets: Budgets | None = None) -> lis
             on_result(said)
     # while resume's fresh process runs (its start is one core's work): pilotrun's wheel for the sheet's launch
     # files started in the background (when it ships as one), the sheet's libraries imported
-    with wheel_beside(_sheet_out(home).parent if loaded.source is not None else None, now=False) as start_wheel, \
-            fresh.meanwhile(start_wheel), fresh.meanwhile(_sheet_libraries):
-        _stages(loaded, home, budgets, results, on_result)
-    forget()  # what the stages shared is not kept past them
+    try:
+        with wheel_beside(_sheet_out(home).parent if loaded.source is not None else None, now=False) as start_wheel, \
+                fresh.meanwhile(start_wheel), fresh.meanwhile(_sheet_libraries):
+            _stages(loaded, home, budgets, results, on_result)
+    finally:
+        # what the stages shared is not kept past them, nor past a stage that raised (bad input, Ctrl-C): a model
+        # kept in a process that goes on (a notebook, a script calling run_all) would be counted as the memory of
+        # its next pilot or run
+        forget()
     return results
 
 
