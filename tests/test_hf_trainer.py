@@ -3,6 +3,9 @@ process and on two ranks (gloo)."""
 
 from __future__ import annotations
 
+import shlex
+import sys
+
 import pytest
 
 pytest.importorskip("accelerate")
@@ -53,7 +56,9 @@ def test_trainer_run_records_phases_and_loss_curve(tmp_path, cli):
     r = cli("show", cb.run_id, "--home", home, "--json")
     assert r.code == 0, r.err
     assert {p["phase"] for p in r.json["data"]["phases"]} == set(by_phase) and r.json["data"]["train_updates"] == 4
-    assert not run["command"].startswith("pilotrun") and "pytest" in run["command"]  # this process's own command
+    # this process's own command (pytest's, or a pytest-xdist worker's), not pilotrun's
+    assert not run["command"].startswith("pilotrun") and run["command"].endswith(shlex.join(sys.orig_argv[1:])), \
+        (run["command"], sys.orig_argv)
     human = cli("show", cb.run_id[:17], "--home", home)
     assert "training loss (4 updates logged): first " in human.out and "lowest" in human.out, human.out
 

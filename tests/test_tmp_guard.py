@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 TESTS = Path(__file__).resolve().parent
 
 LEAKY = '''
@@ -26,16 +28,16 @@ def test_leaks():
 '''
 
 
-def _session(tmp_path: Path, body: str) -> subprocess.CompletedProcess:
+def _session(tmp_path: Path, body: str, *options: str) -> subprocess.CompletedProcess:
     """The inner session on a machine of its own: its system temp directory is a new, empty folder (as a fresh
-    CI machine's /tmp holds no pytest-of-$USER yet)."""
+    CI machine's /tmp holds no pytest-of-$USER yet). ``options``: e.g. pytest-xdist's ``-n 2``."""
     (tmp_path / "test_inner.py").write_text(body)
     (tmp_path / "system-tmp").mkdir()
     env = dict(os.environ, PYTHONPATH=str(TESTS), COLUMNS="80", TMPDIR=str(tmp_path / "system-tmp"))
     env.pop("PILOTRUN_TEST_SHARED_TMP", None)
     env.pop("PYTEST_DEBUG_TEMPROOT", None)
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "tmp_guard", "-p", "no:cacheprovider",
-                           "--rootdir", str(tmp_path), str(tmp_path / "test_inner.py")],
+                           *options, "--rootdir", str(tmp_path), str(tmp_path / "test_inner.py")],
                           capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
 
 
@@ -55,4 +57,25 @@ def test_a_session_that_cleans_up_passes(tmp_path):
                  "    (tmp_path / 'f').write_text('x')\n")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "left these behind" not in r.stdout
+    assert list((tmp_path / "system-tmp").iterdir()) == []
+
+
+def test_under_two_xdist_workers_what_a_worker_left_fails_the_session_naming_it_and_its_test(tmp_path):
+    """``make test`` runs two pytest-xdist workers: the test that leaks runs in one of them, whose own folder the
+    session's process never sees; the worker hands the entry over and the session fails on it."""
+    pytest.importorskip("xdist")
+    r = _session(tmp_path, LEAKY, "-n", "2")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "2 passed" in r.stdout
+    line = next(x for x in r.stdout.splitlines() if "leaky-" in x)
+    assert "test_inner.py::test_leaks" in line and "$TMPDIR" in line
+    assert list((tmp_path / "system-tmp").iterdir()) == []
+
+
+def test_under_two_xdist_workers_a_clean_session_passes_and_leaves_nothing(tmp_path):
+    pytest.importorskip("xdist")
+    clean = LEAKY.split("def test_leaks")[0] + "\ndef test_uses_tmp_path(tmp_path):\n    (tmp_path / 'f').write_text('x')\n"
+    r = _session(tmp_path, clean, "-n", "2")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "2 passed" in r.stdout and "left these behind" not in r.stdout
     assert list((tmp_path / "system-tmp").iterdir()) == []

@@ -13,7 +13,12 @@ compile cache, which the session puts in it (``TORCHINDUCTOR_CACHE_DIR``).
 
 On a machine that other programs share, they too create entries in the system temp directory while the suite
 runs: ``PILOTRUN_TEST_SHARED_TMP=1`` reports those as a warning instead (the private folder stays strict).
-Register it with ``pytest_plugins = ["tmp_guard"]`` in conftest.py, or ``-p tmp_guard`` with tests/ on the path."""
+Register it with ``pytest_plugins = ["tmp_guard"]`` in conftest.py, or ``-p tmp_guard`` with tests/ on the path.
+
+Under pytest-xdist (``make test`` runs two workers) the session's process runs no test: it makes the private folder
+and judges the system temp directory and that folder at its end; each worker makes a folder of its own inside it
+(its ``TMPDIR``), charges each of its tests with what appeared there, and hands what its tests left to the session
+(``workeroutput``), which fails on it as on its own."""
 
 from __future__ import annotations
 
@@ -25,6 +30,13 @@ import pytest
 
 _STATE: dict = {}
 INDUCTOR = "torchinductor-of-the-suite"
+LEFT_BY_WORKER = "pilotrun_temp_left"  # a worker's findings, sent in its workeroutput
+
+
+def _worker() -> bool:
+    """This process is a pytest-xdist worker (its config, not the environment, says so: a test's own inner
+    session inherits the worker's PYTEST_XDIST_WORKER and is a session of its own)."""
+    return _STATE.get("worker", False)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -36,7 +48,8 @@ def pytest_configure(config):
     os.chmod(private, 0o1777)  # as the system temp directory is: tests run processes as another user (nobody)
     os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", private)  # pytest's basetemp: removed with the folder
     _STATE.update(system=system, private=private, before=set(os.listdir(system)) | {os.path.basename(private)},
-                  seen=set(), left={}, environ=os.environ.get("TMPDIR"))
+                  seen=set(), left={}, environ=os.environ.get("TMPDIR"), from_workers=[],
+                  worker=hasattr(config, "workerinput"))
     os.environ["TMPDIR"] = private
     tempfile.tempdir = private
     # torch makes its compile cache (torchinductor_$USER) in the temp directory when peft or transformers'
@@ -84,6 +97,13 @@ def _finalize_temporary_directories(private: str) -> None:
             obj.cleanup()
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """pytest-xdist, in the session's process: a worker is done; what its tests left is judged with the rest."""
+    if _STATE:
+        _STATE["from_workers"].extend(getattr(node, "workeroutput", {}).get(LEFT_BY_WORKER, []))
+
+
 def pytest_sessionfinish(session, exitstatus):
     if not _STATE:
         return
@@ -91,7 +111,8 @@ def pytest_sessionfinish(session, exitstatus):
     _charge("the session's own fixtures (torn down at its end)")
     private, system = _STATE["private"], _STATE["system"]
     left = [(name, _STATE["left"].get(name, "?")) for name in sorted(os.listdir(private)) if not _ours(name)]
-    outside = sorted(set(os.listdir(system)) - _STATE["before"] - {os.path.basename(private)})
+    # a worker's "system" is the session's folder, which holds the other worker's: the session judges it
+    outside = [] if _worker() else sorted(set(os.listdir(system)) - _STATE["before"] - {os.path.basename(private)})
     shutil.rmtree(private, ignore_errors=True)
     tempfile.tempdir = None
     if _STATE["environ"] is None:
@@ -99,6 +120,10 @@ def pytest_sessionfinish(session, exitstatus):
     else:
         os.environ["TMPDIR"] = _STATE["environ"]
     lines = [f"  {os.path.join('$TMPDIR', name)}  (left by {who})" for name, who in left]
+    if _worker():
+        session.config.workeroutput[LEFT_BY_WORKER] = lines
+        return
+    lines += _STATE["from_workers"]
     shared = os.environ.get("PILOTRUN_TEST_SHARED_TMP") == "1"
     outside_lines = [f"  {os.path.join(system, name)}  (written to the system temp directory, not $TMPDIR)"
                      for name in outside]
