@@ -43,10 +43,10 @@ OUTER_TERMINAL = "PILOTRUN_TEST_OUTER_TERMINAL"
 
 
 def _the_outer_terminal(config) -> None:
-    """A pytest-xdist worker (``make test`` runs two) starts with ``COLUMNS=80`` and ``LINES=24`` set whatever the
-    session's own environment held, and pilotrun lays its output out at ``COLUMNS`` when it writes to a pipe: a test
-    would read its output wrapped in a worker and unwrapped alone. The session (not a worker) writes down what it
-    had, and each worker sets exactly that."""
+    """A pytest-xdist worker (``make test`` runs one per core) starts with ``COLUMNS=80`` and ``LINES=24`` set
+    whatever the session's own environment held, and pilotrun lays its output out at ``COLUMNS`` when it writes to a
+    pipe: a test would read its output wrapped in a worker and unwrapped alone. The session (not a worker) writes down
+    what it had, and each worker sets exactly that."""
     keys = ("COLUMNS", "LINES")
     if not hasattr(config, "workerinput"):  # the session's own process (xdist's or a plain one)
         os.environ[OUTER_TERMINAL] = json.dumps({k: os.environ.get(k) for k in keys})

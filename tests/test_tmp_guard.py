@@ -61,8 +61,8 @@ def test_a_session_that_cleans_up_passes(tmp_path):
 
 
 def test_under_two_xdist_workers_what_a_worker_left_fails_the_session_naming_it_and_its_test(tmp_path):
-    """``make test`` runs two pytest-xdist workers: the test that leaks runs in one of them, whose own folder the
-    session's process never sees; the worker hands the entry over and the session fails on it."""
+    """``make test`` runs pytest-xdist workers (two on two cores): the test that leaks runs in one of them, whose own
+    folder the session's process never sees; the worker hands the entry over and the session fails on it."""
     pytest.importorskip("xdist")
     r = _session(tmp_path, LEAKY, "-n", "2")
     assert r.returncode == 1, r.stdout + r.stderr
@@ -74,7 +74,8 @@ def test_under_two_xdist_workers_what_a_worker_left_fails_the_session_naming_it_
 
 def test_under_two_xdist_workers_a_clean_session_passes_and_leaves_nothing(tmp_path):
     pytest.importorskip("xdist")
-    clean = LEAKY.split("def test_leaks")[0] + "\ndef test_uses_tmp_path(tmp_path):\n    (tmp_path / 'f').write_text('x')\n"
+    clean = (LEAKY.split("def test_leaks")[0]
+             + "\ndef test_uses_tmp_path(tmp_path):\n    (tmp_path / 'f').write_text('x')\n")
     r = _session(tmp_path, clean, "-n", "2")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "2 passed" in r.stdout and "left these behind" not in r.stdout

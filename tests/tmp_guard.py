@@ -15,9 +15,9 @@ On a machine that other programs share, they too create entries in the system te
 runs: ``PILOTRUN_TEST_SHARED_TMP=1`` reports those as a warning instead (the private folder stays strict).
 Register it with ``pytest_plugins = ["tmp_guard"]`` in conftest.py, or ``-p tmp_guard`` with tests/ on the path.
 
-Under pytest-xdist (``make test`` runs two workers) the session's process runs no test: it makes the private folder
-and judges the system temp directory and that folder at its end; each worker makes a folder of its own inside it
-(its ``TMPDIR``), charges each of its tests with what appeared there, and hands what its tests left to the session
+Under pytest-xdist (``make test`` runs one worker per core) the session's process runs no test: it makes the private
+folder and judges the system temp directory and that folder at its end; each worker makes a folder of its own inside
+it (its ``TMPDIR``), charges each of its tests with what appeared there, and hands what its tests left to the session
 (``workeroutput``), which fails on it as on its own."""
 
 from __future__ import annotations
