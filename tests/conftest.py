@@ -337,6 +337,18 @@ def log_stream(monkeypatch):
     return Log()
 
 
+def stamp_journal(path: Path, version: int) -> None:
+    """Stamp the journal file ``path`` with schema ``version`` (a newer pilotrun's, an older one's)."""
+    import sqlite3
+
+    db = sqlite3.connect(path)
+    try:
+        db.execute(f"PRAGMA user_version={version}")
+        db.commit()
+    finally:
+        db.close()
+
+
 def trained_once(tmp_path_factory, name: str = "trained") -> tuple[Path, Path, str]:
     """(folder, campaign, run id): a real journal in folder/home with one finished tiny train run, for
     module-scoped fixtures that build it once."""

@@ -162,15 +162,13 @@ def test_pilotrun_ships_as_a_wheel_of_this_source_unless_a_pushed_revision_can_b
 def test_the_wheel_from_the_build_backend_is_the_one_pip_builds(tmp_path):
     """The checkout's build backend, called directly (no pip start-up), writes the same wheel, member by member,
     as `pip wheel --no-deps`; a backend this cannot call (an in-tree one) leaves it to pip."""
-    import sys
-
-    from pilotrun.sheet.ship import _backend_wheel, source_root
+    from pilotrun.sheet.ship import _backend_wheel, _pip_wheel_command, source_root
 
     root = source_root()
     direct = _backend_wheel(root, tmp_path / "direct")
     assert len(direct) == 1, "the build backend wrote no wheel"
-    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
-                           str(tmp_path / "pip"), str(root)], capture_output=True, text=True)
+    # pip as build_wheel runs it when it must: holding the checkout, as every build of it does
+    done = subprocess.run(_pip_wheel_command(root, tmp_path / "pip"), cwd=root, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-1000:]
     (by_pip,) = (tmp_path / "pip").glob("pilotrun-*.whl")
     a, b = zipfile.ZipFile(direct[0]), zipfile.ZipFile(by_pip)

@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import trained_once
+from conftest import stamp_journal, trained_once
 
 from pilotrun.journal.store import SCHEMA_VERSION, Journal
 
@@ -19,15 +19,6 @@ def _user_version(path: Path) -> int:
     db = sqlite3.connect(path)
     try:
         return db.execute("PRAGMA user_version").fetchone()[0]
-    finally:
-        db.close()
-
-
-def _stamp(path: Path, version: int) -> None:
-    db = sqlite3.connect(path)
-    try:
-        db.execute(f"PRAGMA user_version={version}")
-        db.commit()
     finally:
         db.close()
 
@@ -57,7 +48,7 @@ def test_a_newer_journal_is_unchanged_after_every_verb(cli, trained, tmp_path):
     src, path, run_id = trained
     home = src / "home"
     journal = home / "journal.sqlite"
-    _stamp(journal, SCHEMA_VERSION + 98)
+    stamp_journal(journal, SCHEMA_VERSION + 98)
     try:
         before = journal.read_bytes()
         listing = sorted(p.name for p in home.iterdir())
@@ -70,7 +61,7 @@ def test_a_newer_journal_is_unchanged_after_every_verb(cli, trained, tmp_path):
             assert sorted(p.name for p in home.iterdir()) == listing, f"{verb[0]} left a file beside it"
         assert not (tmp_path / "r.html").exists() and not (tmp_path / "a.tar.gz").exists()
     finally:
-        _stamp(journal, SCHEMA_VERSION)
+        stamp_journal(journal, SCHEMA_VERSION)
 
 
 def test_the_header_lagging_behind_the_log_is_not_trusted(tmp_path):

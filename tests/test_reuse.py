@@ -9,7 +9,7 @@ import json
 import os
 
 import pytest
-from conftest import simple_records, tiny_causal_campaign
+from conftest import simple_records, stamp_journal, tiny_causal_campaign
 
 from pilotrun.campaign.load import load_campaign
 from pilotrun.campaign import reuse
@@ -342,19 +342,15 @@ def test_all_that_ends_on_a_stage_raising_keeps_nothing_in_its_process(tmp_path)
     encoded splits in the process, where the next pilot of a notebook or script counted that model as its own
     memory (a test session's pilot read 532,656 bytes over its estimate in every phase)."""
     import gc
-    import sqlite3
 
-    from pilotrun.journal.store import SCHEMA_VERSION, Journal
     from pilotrun.errors import BadInput
+    from pilotrun.journal.store import SCHEMA_VERSION, Journal
     from pilotrun.rehearsal.all import run_all
 
     path = tiny_causal_campaign(tmp_path / "c", simple_records(12), simple_records(4, start=50))
     home = tmp_path / "home"
     Journal(home)
-    db = sqlite3.connect(home / "journal.sqlite")
-    db.execute(f"PRAGMA user_version={SCHEMA_VERSION + 98}")
-    db.commit()
-    db.close()
+    stamp_journal(home / "journal.sqlite", SCHEMA_VERSION + 98)
     before = _counts()
     with pytest.raises(BadInput, match="newer than this pilotrun"):
         run_all(load_campaign(path), home)

@@ -143,9 +143,8 @@ def build_wheel(src: dict, folder: Path) -> Path:
                     _drop_beside()
             built = built or _backend_wheel(Path(src["root"]), Path(tmp))
             if not built:
-                with _checkout_lock(Path(src["root"])):
-                    p = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                                        "-q", "-w", tmp, src["root"]], capture_output=True, text=True, timeout=300)
+                p = subprocess.run(_pip_wheel_command(Path(src["root"]), Path(tmp)), cwd=src["root"],
+                                   capture_output=True, text=True, timeout=300)
                 built = sorted(Path(tmp).glob("pilotrun-*.whl"))
                 if p.returncode != 0 and is_disk_full(RuntimeError(p.stderr or p.stdout or ""), folder):
                     raise DiskFull(folder / "pilotrun-*.whl")  # pip says it in its own words: exit 2, not a crash
@@ -244,45 +243,41 @@ def _drop_beside() -> None:
     shutil.rmtree(tmp, ignore_errors=True)
 
 
-# PEP 517's build_wheel hook, in a fresh interpreter in the checkout (as a build frontend calls it), once it holds
-# the checkout (``_checkout_lock``): setuptools builds in the checkout's own build/ and egg-info folders, and two
-# builds of one checkout at once (two sheets or `all`s on one machine) broke each other in 9 of 12 tries, each
-# failing on a file the other had just moved or removed ("Directory not empty", "File exists", "No such file").
-_HOOK = """\
-import importlib, os, sys
+# Every build of the checkout, in a process of its own run in the checkout, first holds it (an exclusive flock on the
+# folder, so no file is made for it) until that process ends, a killed build included: setuptools builds in the
+# checkout's own build/ and egg-info folders, and two builds of one checkout at once (two sheets or `all`s on one
+# machine) broke each other in 9 of 12 tries, each failing on a file the other had just moved or removed ("Directory
+# not empty", "File exists", "No such file"). Where there is no flock (Windows) builds are not serialised.
+_HOLD_CHECKOUT = """\
+import os
 try:
     import fcntl
-except ImportError:  # no flock (Windows): builds of one checkout are not serialised there
+except ImportError:
     fcntl = None
-if fcntl is not None:  # the checkout (the current folder) held until this process ends, a killed build included
+if fcntl is not None:
     fcntl.flock(os.open(".", os.O_RDONLY), fcntl.LOCK_EX)
+"""
+# PEP 517's build_wheel hook, in a fresh interpreter (as a build frontend calls it)
+_HOOK = _HOLD_CHECKOUT + """\
+import importlib, sys
 mod, _, attr = sys.argv[1].partition(":")
 backend = importlib.import_module(mod)
 backend = getattr(backend, attr) if attr else backend
 backend.build_wheel(sys.argv[2])
 """
-
-
-@contextmanager
-def _checkout_lock(root: Path):
-    """The checkout held for a build this process runs itself (pip's), as the hook holds it: an exclusive flock on the
-    folder itself, so that no file is made for it."""
-    try:
-        import fcntl
-    except ImportError:
-        yield
-        return
-    fd = os.open(root, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # closing the last descriptor releases the lock
+# pip, as ``python -m pip`` runs it
+_PIP = _HOLD_CHECKOUT + "import runpy\nrunpy.run_module('pip', run_name='__main__', alter_sys=True)\n"
 
 
 def _hook_command(backend: str, out: Path) -> list[str]:
     """The fresh interpreter that calls ``backend``'s build_wheel into ``out`` (run in the checkout)."""
     return [sys.executable, "-c", _HOOK, backend, str(out)]
+
+
+def _pip_wheel_command(root: Path, out: Path) -> list[str]:
+    """``pip wheel --no-deps`` of the checkout ``root`` into ``out`` (run in the checkout): the build when the backend
+    cannot be called directly."""
+    return [sys.executable, "-c", _PIP, "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(root)]
 
 
 def _backend_of(root: Path) -> str | None:
