@@ -34,11 +34,12 @@ demo: $(VENV)/.installed
 	$(VENV)/bin/pilotrun demo --out $(or $(OUT),demo-out)
 
 # the suite in TEST_WORKERS pytest-xdist workers (auto: one per core), a test file to a worker (its module fixtures
-# built once), each worker's torch on its share of the cores (tests/conftest.py); TEST_WORKERS=0 runs it in one process
+# built once), the longest files first (tests/conftest.py's LONGEST_FIRST, kept in that order: --no-loadscope-reorder),
+# each worker's torch on its share of the cores (tests/conftest.py); TEST_WORKERS=0 runs it in one process
 TEST_WORKERS ?= auto
 
 test: $(VENV)/.installed-dev
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25
 
 bench: $(VENV)/.installed-dev
 	$(PY) bench/run.py

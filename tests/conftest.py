@@ -72,6 +72,25 @@ def _a_share_of_the_cores(config) -> None:
         sys.modules["torch"].set_num_threads(threads)
 
 
+# The test files that take longest, longest first (each file's tests summed: two runs of the default selection in
+# two workers on 2 cores, 2026-12-07). ``make test`` hands a worker a whole file at a time, in the order collected
+# (``--no-loadscope-reorder``): these first, then the rest by name, so the workers end together. xdist's own order,
+# files with the most tests first, left several of these (few tests, ~50 s each) for the end: one worker idle while
+# the other ran them (simulated on the measured durations: 594 s against 578 s, the two workers' ideal). A file
+# missing here only runs later; a stale list costs time, never a result.
+LONGEST_FIRST = ("test_options.py", "test_minilm.py", "test_architectures.py", "test_fsdp.py", "test_sheet.py",
+                 "test_trace_workers.py", "test_demo.py", "test_sheet_sources.py", "test_estimate.py",
+                 "test_distributed.py", "test_fit.py", "test_hf_trainer.py", "test_memory_bound.py",
+                 "test_launch.py", "test_pilot.py")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """The files of ``LONGEST_FIRST`` first, in its order; the others keep pytest's order (a stable sort, so each
+    file's tests stay together and in their own order). Every worker collects the same order, as xdist requires."""
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
+
 REFREEZE_AFTER_MODULES = 100
 _FROZE_AT = {"modules": 0}
 
@@ -335,6 +354,19 @@ def log_stream(monkeypatch):
 
     monkeypatch.setenv("PILOTRUN_HEARTBEAT_S", "0.05")
     return Log()
+
+
+def needs(module: str, reason: str | None = None):
+    """A file's mark for tests that need ``module``: skipped, with ``reason``, where it is not installed. Found, not
+    imported: ``pytest.importorskip`` at a file's top imports it in every worker as the suite is collected, whether or
+    not that worker runs the file, and for slow files no default run selects (lightning ~5 s, mlflow ~2 s)."""
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except ImportError:  # a parent package missing
+        found = False
+    return pytest.mark.skipif(not found, reason=reason or f"could not import {module!r}: it is not installed")
 
 
 def stamp_journal(path: Path, version: int) -> None:

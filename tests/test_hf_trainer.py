@@ -8,9 +8,10 @@ import sys
 
 import pytest
 
-pytest.importorskip("accelerate")
+import callback_workers as workers  # the tiny trainings, also run one per rank
+from conftest import needs
 
-import callback_workers as workers  # noqa: E402  (the tiny trainings, also run one per rank)
+pytestmark = needs("accelerate")
 
 
 def _tiny_trainer(tmp_path, callback, **kwargs):

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("lightning")
+import callback_workers as workers  # the tiny trainings, also run one per rank
+from conftest import needs
 
-import callback_workers as workers  # noqa: E402  (the tiny trainings, also run one per rank)
+pytestmark = needs("lightning")
 
 
 def _rows_by_phase(rows):

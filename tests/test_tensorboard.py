@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("tensorboard")
+from conftest import needs
+
+pytestmark = needs("tensorboard")
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 

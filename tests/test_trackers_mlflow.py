@@ -22,10 +22,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import write_campaign, write_demo_dir
+from conftest import needs, write_campaign, write_demo_dir
 
-pytestmark = pytest.mark.slow
-mlflow = pytest.importorskip("mlflow", reason="the mlflow package is missing: pip install 'pilotrun[mlflow]'")
+pytestmark = [pytest.mark.slow, needs("mlflow", "the mlflow package is missing: pip install 'pilotrun[mlflow]'")]
 MLFLOW = Path(sys.executable).with_name("mlflow")
 CHROMIUM = os.environ.get("PILOTRUN_CHROMIUM", "/usr/bin/chromium")
 SHOTS = os.environ.get("PILOTRUN_SHOTS_DIR")  # test-only: where the screenshot is kept (docs/ for the README's)
