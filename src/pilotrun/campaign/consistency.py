@@ -10,7 +10,7 @@ from pilotrun.tasks.common import SPLITS, template_fields
 from pilotrun.tasks.hub import snapshot_of
 from pilotrun.tasks.loading import check_model_dir, check_positions
 from pilotrun.tasks.quantized import QLORA_EXTRA, missing_bitsandbytes
-from pilotrun.tasks.base import BUILTIN_TASKS
+from pilotrun.tasks.base import BUILTIN_TASKS, METRIC_GOALS, validation_metrics
 
 
 def task_needs(c, base_dir=None) -> list[BadInput]:
@@ -58,10 +58,38 @@ def task_needs(c, base_dir=None) -> list[BadInput]:
         except BadInput as e:
             problems.append(e)
     problems += quantization_problems(c)
+    problems += plan_metric_problems(c)
     if c.train.precision == "bf16-true" and c.model.dtype == "float16":
         problems.append(BadInput("train.precision=bf16-true with model.dtype=float16", where="model.dtype",
                                  fix="set model.dtype: bfloat16 (or float32)"))
     return problems
+
+
+def plan_metric_problems(c) -> list[BadInput]:
+    """plan.metric against what the task's validations log, and plan.goal against the metric's direction. A name
+    no validation logs would leave the sweep's comparison, the best checkpoint and the patience rule nothing to read
+    (they read plan.metric alone); a goal against the metric's direction ranks the arms backwards."""
+    import difflib
+
+    metric, goal, known = c.plan.metric, c.plan.goal, validation_metrics(c.task)
+    if known is None and not metric.startswith("val_"):  # a custom task logs val_loss and val_<its take_metrics>
+        return [BadInput(f"{metric!r} is not a validation metric (those are val_loss and val_<name> for each name "
+                         "the task's take_metrics reports): the sweep's comparison, the best checkpoint and the "
+                         "patience rule would have nothing to read", where="plan.metric",
+                         fix="set plan.metric: val_loss, or val_<name> for a name your task's take_metrics reports")]
+    if known is not None and metric not in known:
+        close = difflib.get_close_matches(metric, known, n=1, cutoff=0.5)
+        return [BadInput(f"{metric!r} is not logged by a {c.task} campaign's validations (they log "
+                         f"{', '.join(known)}): the sweep's comparison, the best checkpoint and the patience rule "
+                         "would have nothing to read" + (f"; did you mean {close[0]}?" if close else ""),
+                         where="plan.metric", fix=f"set plan.metric: {close[0] if close else known[0]}"
+                         + (f" (or another of {', '.join(known)})" if len(known) > 1 else ""))]
+    want = METRIC_GOALS.get(metric)
+    if want is not None and goal != want:
+        return [BadInput(f"{goal} with plan.metric {metric}: a {'lower' if want == 'minimize' else 'higher'} {metric} "
+                         "is better, so the comparison would call the worse arm better", where="plan.goal",
+                         fix=f"set plan.goal: {want}")]
+    return []
 
 
 def quantization_problems(c) -> list[BadInput]:

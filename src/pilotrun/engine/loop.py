@@ -415,13 +415,25 @@ def _out_of_memory_ends_run(where: str):
         raise _RanOut(where, e) from e
 
 
+def plan_value(ev: dict, metric: str) -> float:
+    """plan.metric's value in a validation's results; a metric the validation did not log is bad input (a custom
+    task's ``take_metrics`` without it: ``validate`` knows the built-in tasks' names), never another metric in its
+    place, whose direction the plan's goal may not share."""
+    if not metric.startswith("val_") or metric not in ev:
+        logged = sorted(k for k in ev if k.startswith("val_"))
+        raise BadInput(f"{metric!r} is not among the metrics this validation logged ({', '.join(logged)})",
+                       where="plan.metric", fix=f"set plan.metric to one of {', '.join(logged)}, or report it from "
+                                                "the task's take_metrics (as <name>: logged as val_<name>)")
+    return ev[metric]
+
+
 def note_best_checkpoint(state: TrainState, evals: list[dict], metric: str, goal: str) -> None:
     """Before a checkpoint of ``state.update`` is saved: it becomes the best checkpoint when a validation of this
     very update beats the best one saved so far (train.keep_checkpoints keeps it)."""
     ev = evals[-1] if evals and evals[-1]["update"] == state.update else None
     if ev is None:
         return
-    value = ev.get(metric, ev["val_loss"])
+    value = plan_value(ev, metric)
     best = state.best_checkpoint
     if best is None or (value < best["metric"] if goal == "minimize" else value > best["metric"]):
         state.best_checkpoint = {"update": state.update, "metric": float(value)}
@@ -602,7 +614,7 @@ class _Loop:
         self.result.evals.append(ev)
         if self.hooks.on_eval:
             self.hooks.on_eval(state, ev)
-        value = ev.get(self.plan_metric, ev["val_loss"])
+        value = plan_value(ev, self.plan_metric)
         better = state.best_metric is None or (value < state.best_metric if self.goal == "minimize"
                                                else value > state.best_metric)
         if better:

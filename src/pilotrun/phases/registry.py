@@ -19,7 +19,7 @@ from typing import Callable
 from pilotrun.campaign.arithmetic import data_parallel_ranks
 from pilotrun.engine.artifact import export_artifact
 from pilotrun.engine.distributed import wrap_model
-from pilotrun.engine.loop import evaluate, make_state, precompute_reference, run_update, to_device
+from pilotrun.engine.loop import evaluate, make_state, plan_value, precompute_reference, run_update, to_device
 from pilotrun.engine.precision import autocast
 from pilotrun.engine.state import save_state
 from pilotrun.phases.worst import by_length
@@ -272,6 +272,7 @@ def _eval_inputs(ctx) -> dict:
 def _eval(ctx, p) -> None:
     ev = evaluate(ctx.state, ctx.task_for("eval_longest"), ctx.worst["eval"], ctx.prep.c.train.eval_batch)
     p.check_finite(ev["val_loss"], "the validation loss")
+    plan_value(ev, ctx.prep.c.plan.metric)  # a custom task's validation logs what the plan decides on
 
 
 def _eval_traced(ctx) -> None:

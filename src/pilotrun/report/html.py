@@ -85,8 +85,7 @@ def section_curves(journal) -> str:
     plan, series = data["plan"], []
     for r in sorted(data["runs"], key=lambda r: (r["arm"], r["seed"])):
         train = journal.metrics(r["run_id"], "train", "loss")
-        val = journal.metrics(r["run_id"], "validation", plan["metric"]) or \
-            journal.metrics(r["run_id"], "validation", "val_loss")
+        val = journal.metrics(r["run_id"], "validation", plan["metric"])  # never val_loss in its place
         series.append({"arm": r["arm"], "seed": r["seed"], "status": r["status"],
                        "train_steps": [m["step"] for m in train], "train_loss": [m["value"] for m in train],
                        "val_steps": [m["step"] for m in val], "val_values": [m["value"] for m in val]})
@@ -95,8 +94,7 @@ def section_curves(journal) -> str:
     points = [{"run_id": r["run_id"], "arm": r["arm"], "seed": r["seed"], "status": r["status"],
                "update": m["step"], plan["metric"]: m["value"]}
               for r in sorted(data["runs"], key=lambda r: (r["arm"], r["seed"]))
-              for m in (journal.metrics(r["run_id"], "validation", plan["metric"])
-                        or journal.metrics(r["run_id"], "validation", "val_loss"))]
+              for m in journal.metrics(r["run_id"], "validation", plan["metric"])]
     return (f'<div class="plot">{svg}</div>'
             f"<details><summary>validation points ({len(points)})</summary>"
             f"{table(['run_id', 'arm', 'seed', 'status', 'update', plan['metric']], points, _STATUS_CLASS)}"

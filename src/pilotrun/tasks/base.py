@@ -12,6 +12,19 @@ from typing import Any, Protocol, runtime_checkable
 
 IGNORE = -100  # the label value cross-entropy skips (torch's default ignore_index)
 BUILTIN_TASKS = ("causal-lm", "seq-cls", "preference")  # the tasks pilotrun builds itself; any other is package.module:Class
+# what preference's ``take_metrics`` reports per validation (logged as val_<name>); the other built-in tasks report none
+PREFERENCE_METRICS = ("reward_accuracy", "reward_margin", "chosen_reward", "rejected_reward", "chosen_logp",
+                      "rejected_logp")
+# the direction in which a validation metric is better, where it has one (plan.goal must agree)
+METRIC_GOALS = {"val_loss": "minimize", "val_reward_accuracy": "maximize", "val_reward_margin": "maximize"}
+
+
+def validation_metrics(task: str) -> tuple[str, ...] | None:
+    """The metrics a built-in task's validations log (what plan.metric may name); None for a custom task, whose
+    ``take_metrics`` is known only once it runs (the first validation checks it)."""
+    if task not in BUILTIN_TASKS:
+        return None
+    return ("val_loss",) + (tuple(f"val_{k}" for k in PREFERENCE_METRICS) if task == "preference" else ())
 
 
 @dataclass

@@ -31,7 +31,7 @@ from typing import Any
 
 from pilotrun.errors import BadInput
 from pilotrun.tasks import chat, common
-from pilotrun.tasks.base import IGNORE, Example
+from pilotrun.tasks.base import IGNORE, PREFERENCE_METRICS, Example
 from pilotrun.tasks.loading import build_model, eos_id, load_hf_artifact, no_dropout
 from pilotrun.tasks.moe import plus_router_aux
 from pilotrun.tasks.preference_loss import (MEAN_PER_TOKEN, attach_reference, beta_of, mark_reference, pair_terms,
@@ -392,8 +392,7 @@ class PreferenceTask(common.CampaignTask):
         n = sums[0]
         if not n:
             return {}
-        names = ("reward_accuracy", "reward_margin", "chosen_reward", "rejected_reward", "chosen_logp", "rejected_logp")
-        return {k: v / n for k, v in zip(names, sums[1:])}
+        return {k: v / n for k, v in zip(PREFERENCE_METRICS, sums[1:])}
 
     # --- predictions (control predictions, verify) ----------------------------------------------------------
     def predict(self, model, batch) -> list[list[int]]:

@@ -24,7 +24,7 @@ from pilotrun.journal.store import Journal, lease_s, wall_time
 from pilotrun.provenance import config_sha256
 from pilotrun.rehearsal.training import compare as cmp
 from pilotrun.campaign.sweep_runs import arm_command, check_sweep_id, encoded_for, launch_sweep_id  # noqa: F401
-from pilotrun.verdicts import StageResult
+from pilotrun.verdicts import StageResult, plural
 from pilotrun.campaign.consistency import check_campaign
 from pilotrun.engine.distributed import (broadcast_from_rank0, check_strategy, init_from_launcher, under_launcher,
     world_rank)
@@ -266,9 +266,9 @@ def _latest_of(runs: list[dict]) -> dict[tuple[str, int], dict]:
 
 
 def run_points(journal: Journal, run: dict, metric: str, goal: str) -> dict:
-    """The run's numbers for the comparison: the metric at its last validation and its best so far."""
-    vals = journal.metrics(run["run_id"], "validation", metric) or journal.metrics(run["run_id"], "validation",
-                                                                                     "val_loss")
+    """The run's numbers for the comparison: the metric at its last validation and its best so far; none where its
+    validations did not log the metric (never another metric in its place: the goal's direction is the metric's)."""
+    vals = journal.metrics(run["run_id"], "validation", metric)
     finite = [m["value"] for m in vals if m["value"] is not None and math.isfinite(m["value"])]
     best = (min(finite) if goal == "minimize" else max(finite)) if finite else None
     return {"run_id": run["run_id"], "arm": run["arm"], "seed": run["seed"], "status": run["status"],
@@ -316,6 +316,8 @@ def sweep_result(journal: Journal, sweep_id: str, ran: int, taken: list[dict] = 
     for row in data["rows"]:
         msgs.append(f"{row['arm']} [{row['overrides']}]: {row['seeds']}; {row['verdict']}"
                     + ("" if row["arm"] == "control" else f" — {row['why']}"))
+    unlogged = [r["run_id"] for r in runs if r["status"] in DONE and r["last_validation_update"] is None
+                and journal.metrics(r["run_id"], "validation", "val_loss")]
     n_done = sum(s in DONE for s in statuses)
     msgs += taken_lines(list(taken))
     if taken and n_done + len(taken) >= expected:
@@ -326,6 +328,12 @@ def sweep_result(journal: Journal, sweep_id: str, ran: int, taken: list[dict] = 
         verdict = "fail"
         msgs.append(f"{expected - n_done} of {expected} runs did not finish; continue with "
                     f"`pilotrun sweep CAMPAIGN --continue {sweep_id}`")
+    elif unlogged:
+        verdict = "fail"
+        msgs.append(f"{plural(len(unlogged), 'run')} validated without logging plan.metric {plan['metric']} "
+                    f"({', '.join(unlogged)}): they have no value to compare (a journal written before pilotrun "
+                    "checked plan.metric, which compared val_loss in its place); a new sweep with plan.metric: "
+                    "val_loss, or a metric the task logs, compares them")
     elif "diverged" in statuses:
         verdict = "warn"
         msgs.append(f"{statuses.count('diverged')} run(s) diverged; they count as failures of their arm and stay "
