@@ -8,7 +8,7 @@ from pilotrun.errors import BadInput, BadInputs
 from pilotrun.records.readers import not_text, read_records
 from pilotrun.tasks.common import SPLITS, template_fields
 from pilotrun.tasks.hub import snapshot_of
-from pilotrun.tasks.loading import check_model_dir, check_positions
+from pilotrun.tasks.loading import architecture_problems, check_model_dir, check_positions
 from pilotrun.tasks.quantized import QLORA_EXTRA, missing_bitsandbytes
 from pilotrun.tasks.base import BUILTIN_TASKS, METRIC_GOALS, validation_metrics
 
@@ -53,8 +53,11 @@ def task_needs(c, base_dir=None) -> list[BadInput]:
         problems.append(BadInput("model.config needs a tokenizer", where="model.tokenizer",
                                  fix="set model.tokenizer: byte, or a local tokenizer folder"))
     if c.task in BUILTIN_TASKS:
+        sizes = architecture_problems(c)
+        problems += sizes
         try:
-            check_positions(c, defaults=False)  # config.json or model.config as written: no torch here
+            if not sizes:
+                check_positions(c, defaults=False)  # config.json or model.config as written: no torch here
         except BadInput as e:
             problems.append(e)
     problems += quantization_problems(c)

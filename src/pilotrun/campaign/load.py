@@ -285,6 +285,11 @@ def _resolve_paths(c: Campaign, base: Path) -> dict[str, Any]:
         hub[key] = resolve(v, key, local=base / v)
         return hub[key].snapshot
 
+    for key in PATH_KEYS:  # "" would name the campaign's own folder
+        section, name = key.split(".")
+        if isinstance(getattr(getattr(c, section), name), str) and not getattr(getattr(c, section), name).strip():
+            raise BadInput(f"empty: a path relative to the campaign's folder, \"\" would name the folder itself ({base})",
+                           where=key, fix="name a file or folder, or remove the key")
     c.model.path = from_hub("model.path", c.model.path)
     c.model.tokenizer = from_hub("model.tokenizer", c.model.tokenizer)
 

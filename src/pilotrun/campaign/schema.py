@@ -26,6 +26,21 @@ def _seed_in_range(v: int) -> int:
 Seed = Annotated[int, AfterValidator(_seed_in_range)]
 
 
+def _a_size(v: str) -> str:
+    from pilotrun.errors import BadInput
+    from pilotrun.probe.sizes import parse_size
+
+    try:
+        parse_size(v)
+    except BadInput as e:  # the key's path is pydantic's
+        raise ValueError(f"{e.detail}; {e.fix}") from None
+    return v
+
+
+Size = Annotated[str, AfterValidator(_a_size)]
+"""A memory size as users write it: 24GiB, 512MiB, 1.5GB (checked when the campaign is read, not when it is used)."""
+
+
 class AdapterConfig(BaseModel):
     model_config = _STRICT
     kind: Literal["lora"] = "lora"
@@ -219,7 +234,7 @@ class PlanConfig(BaseModel):
 
 class HardwareConfig(BaseModel):
     model_config = _STRICT
-    memory_per_gpu: str = "80GiB"
+    memory_per_gpu: Size = "80GiB"
     """Memory of one target GPU, e.g. 24GiB, 80GiB."""
     gpus: PositiveInt = 1
     """GPUs in the rental."""

@@ -216,6 +216,49 @@ def folder_config_dict(path: Path) -> dict | None:
     return cfg if isinstance(cfg, dict) else None
 
 
+# a model config's structural sizes, under the names the common families give them: each a positive whole number
+# where set. transformers builds a model of 0 or -1 decoder layers, a 0-wide MLP or a 0-long position table without a
+# word; the first forward then fails deep inside (or trains nothing at all)
+SIZE_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+             "num_key_value_heads", "head_dim", "max_position_embeddings", "n_embd", "n_layer", "n_head", "n_positions",
+             "n_inner", "d_model", "num_layers", "num_heads", "d_ff", "ffn_dim")
+
+
+def architecture_problems(c) -> list[BadInput]:
+    """The model's config as written (model.config with model.config_overrides, or model.path's config.json), read
+    without transformers: every structural size (``SIZE_KEYS``) a positive whole number, and the attention heads a
+    whole number of groups of the key/value heads (grouped-query attention repeats each key/value head for a group)."""
+    if c.model.path:
+        cfg = folder_config_dict(Path(c.model.path))
+        source = f"{Path(c.model.path) / 'config.json'}"
+    else:
+        cfg, source = (c.model.config if isinstance(c.model.config, dict) else None), "model.config"
+    if cfg is None:
+        return []
+    overrides = c.model.config_overrides or {}
+    cfg = {**cfg, **overrides}
+
+    def where(key: str) -> str:
+        if key in overrides:
+            return f"model.config_overrides.{key}"
+        return f"model.config.{key}" if source == "model.config" else f"{source}: {key}"
+
+    out = []
+    for key in SIZE_KEYS:
+        v = cfg.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v <= 0):
+            out.append(BadInput(f"{key} is {v!r}: a model's {key} is a positive whole number", where=where(key),
+                                fix=f"set {key} to the size of the model you mean to rehearse, or leave it out for "
+                                    "the model_type's default"))
+    heads, groups = cfg.get("num_attention_heads"), cfg.get("num_key_value_heads")
+    if not out and isinstance(heads, int) and isinstance(groups, int) and heads % groups:
+        divisors = ", ".join(str(d) for d in range(1, heads + 1) if heads % d == 0)
+        out.append(BadInput(f"num_attention_heads {heads} is not a multiple of num_key_value_heads {groups}: each "
+                            "key/value head serves a whole group of query heads", where=where("num_key_value_heads"),
+                            fix=f"set num_key_value_heads to a divisor of {heads} ({divisors})"))
+    return out
+
+
 def check_positions(c, defaults: bool = True) -> None:
     """data.max_length against the model's position limit before anything is built: config.json of model.path,
     or model.config with its class's defaults for what it leaves out (``defaults``: transformers is imported

@@ -1,0 +1,79 @@
+"""Sizes checked when the campaign is read, not where they are used: a model config's structural sizes (model.config,
+model.config_overrides, model.path's config.json) are positive whole numbers and its attention heads whole groups of
+its key/value heads; hardware.memory_per_gpu is a size; an empty path is refused. Before, `validate` passed each of
+these: transformers built a Llama of -1 or 0 layers or a 0-wide MLP without a word (the estimate then ended in an
+internal error, exit 3, or "ok" on a model with nothing to train), 4 heads over 3 key/value groups failed in the
+first forward (exit 3), `memory_per_gpu: x` stopped the pilot after its data was read, and `model.tokenizer: ""`
+named the campaign's own folder."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+from conftest import write_campaign
+from preference_data import llama_folder
+
+
+@pytest.mark.parametrize("key, value, words", [
+    ("num_hidden_layers", -1, "num_hidden_layers is -1: a model's num_hidden_layers is a positive whole number"),
+    ("num_hidden_layers", 0, "num_hidden_layers is 0"),
+    ("intermediate_size", 0, "intermediate_size is 0"),
+    ("hidden_size", "x", "hidden_size is 'x'"),
+    ("max_position_embeddings", 0, "max_position_embeddings is 0"),
+    ("vocab_size", True, "vocab_size is True"),
+    ("num_key_value_heads", 3, "num_attention_heads 4 is not a multiple of num_key_value_heads 3"),
+])
+def test_a_model_config_size_that_builds_nothing_sound_is_exit_2_naming_the_key(demo_dir, cli, key, value, words):
+    c = yaml.safe_load((demo_dir / "campaign.yaml").read_text())
+    c["model"]["config"][key] = value
+    path = write_campaign(demo_dir, c)
+    for verb in ("validate", "estimate"):  # estimate built and traced these before: exit 3 or 0
+        r = cli(verb, path)
+        assert r.code == 2, (verb, r.err[-2000:])
+        assert f"model.config.{key}: " in r.err and words in r.err and "internal error" not in r.err
+
+
+def test_sound_sizes_and_groups_pass(demo_dir, cli):
+    c = yaml.safe_load((demo_dir / "campaign.yaml").read_text())
+    for groups in (1, 2, 4, None):  # 4 heads: any divisor, or null for one key/value head per query head
+        c["model"]["config"]["num_key_value_heads"] = groups
+        r = cli("validate", write_campaign(demo_dir, c))
+        assert r.code == 0, (groups, r.err)
+
+
+def test_an_override_and_a_folders_config_json_are_named_where_they_are(tmp_path, demo_dir, cli):
+    c = yaml.safe_load((demo_dir / "campaign.yaml").read_text())
+    c["model"]["config_overrides"] = {"num_key_value_heads": 3}
+    r = cli("validate", write_campaign(demo_dir, c))
+    assert r.code == 2 and "model.config_overrides.num_key_value_heads: num_attention_heads 4" in r.err
+    assert "fix: set num_key_value_heads to a divisor of 4 (1, 2, 4)" in r.err
+    folder = llama_folder(tmp_path / "llama")
+    c["model"] = {"path": str(folder)}
+    clean = cli("validate", write_campaign(demo_dir, c))
+    assert clean.code == 0, clean.err
+    cfg = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(dict(cfg, num_hidden_layers=0)))
+    r = cli("validate", write_campaign(demo_dir, c))
+    assert r.code == 2 and f"{folder / 'config.json'}: num_hidden_layers: num_hidden_layers is 0" in r.err
+
+
+@pytest.mark.parametrize("value", ["x", "", "-1", "1e999", "0GiB"])
+def test_memory_per_gpu_is_a_size_when_the_campaign_is_read(demo_dir, cli, value):
+    c = yaml.safe_load((demo_dir / "campaign.yaml").read_text())
+    c["hardware"]["memory_per_gpu"] = value
+    r = cli("validate", write_campaign(demo_dir, c))
+    assert r.code == 2 and "hardware.memory_per_gpu: " in r.err and "fix: " in r.err
+    assert "memory size must be positive" in r.err if value == "0GiB" else f"not a size: {value!r}" in r.err
+    c["hardware"]["memory_per_gpu"] = "80GB"
+    assert cli("validate", write_campaign(demo_dir, c)).code == 0
+
+
+@pytest.mark.parametrize("key", ["model.tokenizer", "data.train", "data.test"])
+def test_an_empty_path_is_refused_not_read_as_the_campaigns_folder(demo_dir, cli, key):
+    c = yaml.safe_load((demo_dir / "campaign.yaml").read_text())
+    section, name = key.split(".")
+    c[section][name] = " "
+    r = cli("validate", write_campaign(demo_dir, c))
+    assert r.code == 2 and f"{key}: empty: a path relative to the campaign's folder" in r.err, r.err
