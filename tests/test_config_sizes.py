@@ -77,3 +77,29 @@ def test_an_empty_path_is_refused_not_read_as_the_campaigns_folder(demo_dir, cli
     c[section][name] = " "
     r = cli("validate", write_campaign(demo_dir, c))
     assert r.code == 2 and f"{key}: empty: a path relative to the campaign's folder" in r.err, r.err
+
+
+@pytest.mark.parametrize("section, key, meant", [
+    ("config", "num_hiden_layers", "num_hidden_layers"),
+    ("config", "num_layers", "num_hidden_layers"),  # the nearest sharing the most words, not num_labels
+    ("config", "layer_norm_eps", "rms_norm_eps"),
+    ("config_overrides", "max_position_embedding", "max_position_embeddings"),
+])
+def test_a_misspelt_config_key_is_exit_2_not_the_default_built_in_its_place(demo_dir, cli, section, key, meant):
+    """transformers keeps an unknown key as a plain attribute: `num_hiden_layers: 2` built Llama's default 32 layers."""
+    c = yaml.safe_load((demo_dir / "campaign.yaml").read_text())
+    c["model"][section] = {**(c["model"].get(section) or {}), key: 2}
+    r = cli("estimate", write_campaign(demo_dir, c))
+    assert r.code == 2, r.err[-2000:]
+    assert f"model.{section}.{key}: not a setting of llama's config" in r.err and f"did you mean {meant}?" in r.err
+
+
+def test_settings_older_versions_name_and_keys_like_none_pass(demo_dir, cli, tmp_path):
+    c = yaml.safe_load((demo_dir / "campaign.yaml").read_text())
+    # rope_theta and rope_scaling: Llama's settings before transformers 5, which its config still reads
+    c["model"]["config"].update(rope_theta=10000.0, rope_scaling=None, pretraining_tp=1, my_note="kept")
+    assert cli("estimate", write_campaign(demo_dir, c)).code == 0
+    folder = llama_folder(tmp_path / "llama")
+    c["model"] = {"path": str(folder), "config_overrides": {"num_hiden_layers": 1}}
+    r = cli("estimate", write_campaign(demo_dir, c))
+    assert r.code == 2 and "model.config_overrides.num_hiden_layers: " in r.err

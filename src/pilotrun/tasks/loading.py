@@ -437,6 +437,9 @@ def _build_model(c, tokenizer, kind: str, labels: list[str] | None):
         path = Path(c.model.path)
         check_model_dir(path, weights=shape_only is None)  # the architecture alone needs config.json only
         overrides = {**(c.model.config_overrides or {}), **(shape_only or {})}  # a depth counted from wins
+        folder_type = (folder_config_dict(path) or {}).get("model_type")
+        if c.model.config_overrides and isinstance(folder_type, str) and not c.model.trust_remote_code:
+            check_config_keys(folder_type, c.model.config_overrides, "model.config_overrides")
         config = folder_config(path, c.model.trust_remote_code, overrides)
         if labels is not None and _generic_labels(config):
             for k, v in head_kwargs.items():
@@ -454,6 +457,9 @@ def _build_model(c, tokenizer, kind: str, labels: list[str] | None):
         if not model_type:
             raise BadInput("model.config has no model_type", where="model.config",
                            fix="add model_type (e.g. llama, gpt2, bert) to model.config")
+        if not c.model.trust_remote_code:
+            check_config_keys(model_type, c.model.config, "model.config")
+            check_config_keys(model_type, c.model.config_overrides or {}, "model.config_overrides")
         try:
             config = AutoConfig.for_model(model_type, **cfg, **head_kwargs)
         except Exception as e:
@@ -467,6 +473,84 @@ def _build_model(c, tokenizer, kind: str, labels: list[str] | None):
         raise BadInput("no model: set model.path (a local model folder) or model.config (random init)",
                        where="model", fix="see `pilotrun init` for both forms")
     return _finish(model, c, tokenizer, kind)
+
+
+# the settings every config class takes through PretrainedConfig's own keyword arguments
+COMMON_CONFIG_KEYS = frozenset({"bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id", "decoder_start_token_id",
+                                "torch_dtype", "dtype", "use_cache", "tie_word_embeddings", "architectures",
+                                "model_type", "transformers_version", "_name_or_path", "num_labels", "auto_map"})
+CLOSE = 0.7  # difflib's ratio from which an unknown key reads as a misspelt setting (num_hiden_layers, num_layers)
+
+
+def misspelt_config_keys(model_type: str, keys) -> list[tuple[str, str]]:
+    """(key, the setting it resembles) for each of ``keys`` that ``model_type``'s transformers config class neither
+    takes nor reads and that is within ``CLOSE`` of one it does: transformers keeps such a key as a plain attribute
+    and builds the model from the default of the setting meant (``num_hiden_layers: 2`` built 32 layers). A key that
+    resembles none is left alone (a setting of another transformers version, or one custom code reads)."""
+    import difflib
+
+    known = _config_settings(model_type)
+    if known is None:
+        return []
+    out = []
+    for key in keys:
+        if key not in known:
+            close = difflib.get_close_matches(key, sorted(known), n=5, cutoff=CLOSE)
+            if close:  # the nearest of those sharing the most words (num_layers: num_hidden_layers, not num_labels)
+                words = set(key.split("_"))
+                out.append((key, max(close, key=lambda k: len(words & set(k.split("_"))))))
+    return out
+
+
+_SETTINGS: dict[str, frozenset | None] = {}
+
+
+def _config_settings(model_type: str) -> frozenset | None:
+    """What ``model_type``'s config class takes or reads: its and its bases' ``__init__`` parameters, its attribute
+    map, sub-configs and saved keys (``to_dict``), and every key its module and transformers' config code read from the
+    keyword arguments (``kwargs.pop("rope_scaling")``: the older names each version still honours); None where the
+    class cannot be found or made."""
+    if model_type in _SETTINGS:
+        return _SETTINGS[model_type]
+    import inspect
+    import re
+    import sys
+
+    from transformers import CONFIG_MAPPING, PretrainedConfig
+
+    try:
+        cls = CONFIG_MAPPING[model_type]
+        known = set(COMMON_CONFIG_KEYS) | set(getattr(cls, "attribute_map", None) or {}) \
+            | set(getattr(cls, "sub_configs", None) or {}) | set(cls().to_dict())
+        sources = {sys.modules[PretrainedConfig.__module__]}
+        for k in cls.__mro__:
+            if isinstance(k, type) and issubclass(k, PretrainedConfig):
+                sources.add(sys.modules[k.__module__])
+                if "__init__" in k.__dict__:
+                    known |= set(inspect.signature(k.__init__).parameters) - {"self", "kwargs"}
+        rope = sys.modules.get("transformers.modeling_rope_utils")
+        for module in sources | ({rope} if rope else set()):
+            text = inspect.getsource(module)
+            known |= set(re.findall(r"kwargs\.(?:pop|get)\(\s*[\"']([A-Za-z_0-9]+)[\"']", text))
+            known |= set(re.findall(r"[\"']([A-Za-z_0-9]+)[\"']\s+(?:not\s+)?in\s+kwargs", text))
+    except Exception:  # noqa: BLE001 - an unknown or unmakeable class: its build reports it
+        known = None
+    _SETTINGS[model_type] = frozenset(known) if known is not None else None
+    return _SETTINGS[model_type]
+
+
+def check_config_keys(model_type: str, written: dict, where: str) -> None:
+    """Exit 2 naming each key of ``written`` (model.config or model.config_overrides as the user wrote them) that reads
+    as a misspelt setting of ``model_type``'s config class (``misspelt_config_keys``)."""
+    found = misspelt_config_keys(model_type, [k for k in written if k != "model_type"])
+    if not found:
+        return
+    problems = [BadInput(f"not a setting of {model_type}'s config, which ignores it and builds the model from the "
+                         f"default of the setting it takes; did you mean {close}?", where=f"{where}.{key}",
+                         fix=f"rename {key} to {close} (or remove it)") for key, close in found]
+    from pilotrun.errors import BadInputs
+
+    raise problems[0] if len(problems) == 1 else BadInputs(problems)
 
 
 def folder_config(path: Path, trust_remote_code: bool, overrides: dict):
