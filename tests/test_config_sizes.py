@@ -103,3 +103,20 @@ def test_settings_older_versions_name_and_keys_like_none_pass(demo_dir, cli, tmp
     c["model"] = {"path": str(folder), "config_overrides": {"num_hiden_layers": 1}}
     r = cli("estimate", write_campaign(demo_dir, c))
     assert r.code == 2 and "model.config_overrides.num_hiden_layers: " in r.err
+
+
+@pytest.mark.parametrize("adapter, words", [
+    ({"r": 8, "alpha": 0}, "model.adapter.alpha: alpha 0 scales the adapter's output by alpha / r = 0"),
+    ({"target_modules": []}, "model.adapter.target_modules: an empty list adapts no module"),
+    # one problem for the key, each form it may take, and no member tag of the union (was "target_modules.list[str]")
+    ({"target_modules": "q"}, "key 'model.adapter.target_modules' = \"q\": Input should be a valid list, or input "
+                              "should be 'all-linear'\n"),
+])
+def test_an_adapter_that_cannot_train_is_refused_when_read(demo_dir, cli, adapter, words):
+    c = yaml.safe_load((demo_dir / "campaign.yaml").read_text())
+    c["model"]["adapter"] = adapter
+    r = cli("validate", write_campaign(demo_dir, c))
+    assert r.code == 2 and words in r.err and "list[str]" not in r.err, r.err
+    for clean in ({"r": 8, "alpha": -16}, {"target_modules": ["q_proj"]}, {"target_modules": "all-linear"}):
+        c["model"]["adapter"] = clean
+        assert cli("validate", write_campaign(demo_dir, c)).code == 0, clean

@@ -110,8 +110,19 @@ def _submodel_at(loc: tuple) -> type[BaseModel] | None:
 def _format_errors(err: ValidationError, where: str, lines: dict[tuple, int],
                    overridden: dict[tuple, str] | None = None) -> BadInputs:
     problems = []
+    merged: dict[tuple, list] = {}  # one key's type errors under each member of its union: one problem
     for e in err.errors():
-        loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-after")))
+        # a union's members tag their errors (list[str], literal['all-linear'], function-after[...]): not keys
+        loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and "[" in p))
+        if e["type"] in ("value_error", "assertion_error", "extra_forbidden", "finite_number"):
+            problems.append((loc, e))
+        elif loc in merged:
+            merged[loc].append(e["msg"])
+        else:
+            merged[loc] = [e["msg"]]
+            problems.append((loc, e))
+    out = []
+    for loc, e in problems:
         key = ".".join(str(p) for p in loc) or "(top level)"
         line = None
         for n in range(len(loc), 0, -1):
@@ -128,22 +139,22 @@ def _format_errors(err: ValidationError, where: str, lines: dict[tuple, int],
             close = difflib.get_close_matches(str(loc[-1]), choices, n=1)
             fix = f"did you mean '{'.'.join(map(str, loc[:-1] + (close[0],)))}'?" if close else (
                 f"known keys here: {', '.join(choices)}")
-            problems.append(BadInput(f"unknown key '{key}'", where=at, fix=fix))
+            out.append(BadInput(f"unknown key '{key}'", where=at, fix=fix))
+            continue
+        shown = _short(e.get("input"))
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] in ("value_error", "assertion_error"):
+            msg, _, fix = msg.partition("; ")
+            out.append(BadInput(f"{key}: {msg}" if loc else msg, where=at, fix=fix or f"change {key} as the message says"))
+        elif e["type"] == "finite_number":
+            out.append(BadInput(f"key '{key}' = {shown}: {msg}", where=at,
+                                fix=f"set {key} to a finite number (.inf and .nan are not accepted)"))
         else:
-            value = e.get("input")
-            shown = _short(value)
-            msg = e["msg"].removeprefix("Value error, ")
-            if e["type"] in ("value_error", "assertion_error"):
-                msg, _, fix = msg.partition("; ")
-                problems.append(BadInput(f"{key}: {msg}" if loc else msg, where=at,
-                                         fix=fix or f"change {key} as the message says"))
-            elif e["type"] == "finite_number":
-                problems.append(BadInput(f"key '{key}' = {shown}: {msg}", where=at,
-                                         fix=f"set {key} to a finite number (.inf and .nan are not accepted)"))
-            else:
-                problems.append(BadInput(f"key '{key}' = {shown}: {msg}", where=at,
-                                         fix=f"set {key} to a valid value (see `pilotrun init` for a commented example)"))
-    return BadInputs(problems) if len(problems) > 1 else problems[0]
+            msgs = merged.get(loc) or [msg]
+            said = msgs[0] + "".join(f", or {m[0].lower()}{m[1:]}" for m in msgs[1:])
+            out.append(BadInput(f"key '{key}' = {shown}: {said}", where=at,
+                                fix=f"set {key} to a valid value (see `pilotrun init` for a commented example)"))
+    return BadInputs(out) if len(out) > 1 else out[0]
 
 
 def _short(value: Any, limit: int = 80) -> str:

@@ -41,17 +41,31 @@ Size = Annotated[str, AfterValidator(_a_size)]
 """A memory size as users write it: 24GiB, 512MiB, 1.5GB (checked when the campaign is read, not when it is used)."""
 
 
+def _nonzero_alpha(v: float) -> float:
+    if v == 0:
+        raise ValueError("alpha 0 scales the adapter's output by alpha / r = 0: its product never reaches the model, "
+                         "so nothing it learns changes a prediction and its gradients are 0; set alpha (e.g. 2 × r)")
+    return v
+
+
+def _some_modules(v):
+    if v == []:
+        raise ValueError("an empty list adapts no module, so the adapter would train nothing; name the modules "
+                         "(e.g. [q_proj, v_proj]), write all-linear, or remove the key for peft's choice")
+    return v
+
+
 class AdapterConfig(BaseModel):
     model_config = _STRICT
     kind: Literal["lora"] = "lora"
     """Adapter kind; LoRA through peft."""
     r: PositiveInt = 8
     """LoRA rank."""
-    alpha: float = 16.0
+    alpha: Annotated[float, AfterValidator(_nonzero_alpha)] = 16.0
     """LoRA scaling numerator (scale = alpha / r)."""
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
     """Dropout on the LoRA branch."""
-    target_modules: list[str] | Literal["all-linear"] | None = None
+    target_modules: Annotated[list[str] | Literal["all-linear"] | None, AfterValidator(_some_modules)] = None
     """Module names to adapt, e.g. [q_proj, v_proj]; all-linear adapts every linear layer but the output head;
     null lets peft pick for known architectures."""
     merged_copy: bool = False
