@@ -20,7 +20,7 @@ COUNTERS = ("baseline", "peak_allocated", "peak_reserved", "end_allocated", "end
 
 
 def _print_rows(label: str, rows: list[dict]) -> None:
-    from pilotrun.probe.sizes import fmt_bytes
+    from pilotrun.sizes import fmt_bytes
 
     print(f"\n== {label}")
     print(f"{'phase':13} {'rank':>4} {'device':7} " + " ".join(f"{c:>14}" for c in COUNTERS) +

@@ -19,9 +19,10 @@ GROUND = "ground"
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # the package root is imported before any of its modules: the ground. Its ``__getattr__`` hands out the
     # public names (pilotrun.Task, pilotrun.phase) lazily: the one import allowed to point up. console/ is how
-    # every layer speaks to the user: terminal-safe text, durations, the progress line.
+    # every layer speaks to the user: terminal-safe text, durations, the progress line; sizes.py reads the memory
+    # sizes users write (hardware.memory_per_gpu, --memory-limit) and prints them.
     (GROUND, ("pilotrun", "pilotrun.errors", "pilotrun.verdicts", "pilotrun.provenance", "pilotrun.startup",
-              "pilotrun.signals", "pilotrun.scratch", "pilotrun.console")),
+              "pilotrun.signals", "pilotrun.scratch", "pilotrun.console", "pilotrun.sizes")),
     ("journal", ("pilotrun.journal",)),
     ("records", ("pilotrun.records",)),
     ("tasks", ("pilotrun.tasks",)),

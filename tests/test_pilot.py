@@ -7,7 +7,7 @@ from conftest import simple_records, tiny_causal_campaign, write_campaign
 from pilotrun.campaign import load_campaign
 from pilotrun.rehearsal.memory.pilot import pilot
 from pilotrun.phases import phases_of
-from pilotrun.probe.sizes import fmt_bytes
+from pilotrun.sizes import fmt_bytes
 
 COUNTERS = ("baseline", "peak_allocated", "end_allocated")
 

@@ -11,7 +11,7 @@ from pilotrun.errors import BadInput
 from pilotrun.journal import Journal
 from pilotrun.probe.memory import RssProbe, make_probe
 from pilotrun.probe.recorder import ROW_KEYS, NonFinite, own_run, phase
-from pilotrun.probe.sizes import fmt_bytes, parse_size
+from pilotrun.sizes import fmt_bytes, parse_size
 
 MiB = 2**20
 

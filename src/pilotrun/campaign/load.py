@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import difflib
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -107,13 +108,16 @@ def _submodel_at(loc: tuple) -> type[BaseModel] | None:
     return model if isinstance(model, type) and issubclass(model, BaseModel) else None
 
 
+_TAG = re.compile(r"[a-z][a-z-]*\[")  # pydantic's tag of a union member's or validator's errors in their location
+
+
 def _format_errors(err: ValidationError, where: str, lines: dict[tuple, int],
                    overridden: dict[tuple, str] | None = None) -> BadInputs:
     problems = []
     merged: dict[tuple, list] = {}  # one key's type errors under each member of its union: one problem
     for e in err.errors():
         # a union's members tag their errors (list[str], literal['all-linear'], function-after[...]): not keys
-        loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and "[" in p))
+        loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and _TAG.match(p)))
         if e["type"] in ("value_error", "assertion_error", "extra_forbidden", "finite_number"):
             problems.append((loc, e))
         elif loc in merged:

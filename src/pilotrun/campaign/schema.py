@@ -1,6 +1,6 @@
 """The campaign file as typed models: one docstring per key (SPEC.md "Campaign file").
 
-Only pydantic is imported here, so ``validate`` stays fast.
+Only pydantic and the ground's errors and sizes are imported here, so ``validate`` stays fast.
 """
 
 from __future__ import annotations
@@ -8,6 +8,9 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PositiveInt, model_validator
+
+from pilotrun.sizes import parse_size
+from pilotrun.errors import BadInput
 
 # allow_inf_nan=False: .inf / .nan are refused for every number, in the file and through --set
 _STRICT = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=False, allow_inf_nan=False)
@@ -27,9 +30,6 @@ Seed = Annotated[int, AfterValidator(_seed_in_range)]
 
 
 def _a_size(v: str) -> str:
-    from pilotrun.errors import BadInput
-    from pilotrun.probe.sizes import parse_size
-
     try:
         parse_size(v)
     except BadInput as e:  # the key's path is pydantic's

@@ -28,7 +28,7 @@ from pilotrun.console.progress import stage_progress
 @common_options(home=False)
 def estimate(campaign, device, gpu_memory, options, lora_r, rates, sets, home, as_json):
     """Predicted memory per phase on fake tensors: nothing is allocated, no GPU is needed."""
-    from pilotrun.probe.sizes import parse_size
+    from pilotrun.sizes import parse_size
     from pilotrun.rehearsal.memory.estimate import estimate as run_estimate
 
     if rates and not options:
@@ -55,7 +55,7 @@ def estimate(campaign, device, gpu_memory, options, lora_r, rates, sets, home, a
 @common_options
 def fit(campaign, memory_limit, write_path, effective_batch, all_variants, sets, home, as_json):
     """Variants that fit a memory limit, least change first, each measured and checked against the control."""
-    from pilotrun.probe.sizes import parse_size
+    from pilotrun.sizes import parse_size
     from pilotrun.rehearsal.memory.fit import fit as run_fit
 
     limit = parse_size(memory_limit, where="--memory-limit")

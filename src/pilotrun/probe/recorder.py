@@ -28,7 +28,7 @@ from pilotrun.errors import BadInput
 from pilotrun.journal.runs import create_run, end_run, user_command
 from pilotrun.journal.store import Journal, resolve_home
 from pilotrun.probe.memory import make_probe
-from pilotrun.probe.sizes import fmt_bytes
+from pilotrun.sizes import fmt_bytes
 from pilotrun.signals import interruption
 
 VERDICTS = ("ok", "over-budget", "oom", "nan", "error")

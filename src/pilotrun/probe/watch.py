@@ -40,7 +40,7 @@ from pilotrun.engine.distributed import node_name
 from pilotrun.phases import names
 from pilotrun.probe.memory import TensorProbe, make_probe
 from pilotrun.probe.recorder import peak_of
-from pilotrun.probe.sizes import fmt_bytes
+from pilotrun.sizes import fmt_bytes
 
 PILOT_NAMES = {"train": names("train"), "evaluation": names("eval"), "save": names("save"),
                 "export": names("export")}

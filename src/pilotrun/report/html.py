@@ -17,7 +17,7 @@ from typing import Callable
 from pilotrun.journal.files import atomic_write_text
 from pilotrun.journal.runs import run_table_rows, shown_status
 from pilotrun.probe.recorder import figure, host_peak, peak_of
-from pilotrun.probe.sizes import fmt_bytes
+from pilotrun.sizes import fmt_bytes
 from pilotrun.rehearsal.training.compare import TABLE_COLUMNS
 from pilotrun.rehearsal.training.sweep import sweep_comparison
 from pilotrun.rehearsal.training.timecheck import sweep_time_check

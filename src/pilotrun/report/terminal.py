@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pilotrun.console.progress import SPENT
-from pilotrun.probe.sizes import fmt_bytes
+from pilotrun.sizes import fmt_bytes
 from pilotrun.report.table import cell, print_wrapped, render_table, wrap
 from pilotrun.sheet.plan import fmt_duration
 

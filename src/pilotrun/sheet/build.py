@@ -11,7 +11,7 @@ from pilotrun.campaign.load import campaign_from_dict
 from pilotrun.campaign.reuse import keeping_traces
 from pilotrun.phases import phases_of
 from pilotrun.probe.alloc_conf import settings_from_env
-from pilotrun.probe.sizes import parse_size
+from pilotrun.sizes import parse_size
 from pilotrun.probe.watch import pilot_routing, routing_worst
 from pilotrun.sheet import estimates as E, gpu_memory as GM, plan as P
 from pilotrun.sheet.catalogue import CATALOGUE, get_gpu, match_gpu

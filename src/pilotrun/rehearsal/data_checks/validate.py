@@ -7,7 +7,7 @@ from pilotrun.campaign.arms import plan_arms
 from pilotrun.campaign.consistency import check_campaign
 from pilotrun.journal.runs import find_pilot
 from pilotrun.journal.store import Journal, resolve_home
-from pilotrun.probe.sizes import fmt_bytes
+from pilotrun.sizes import fmt_bytes
 from pilotrun.verdicts import StageResult
 
 

@@ -10,7 +10,7 @@ from pilotrun.probe.alloc_conf import settings_from_env
 from pilotrun.probe.counted import training_need
 from pilotrun.probe.estimate import CATEGORIES
 from pilotrun.probe.recorder import describe_inputs, peak_of
-from pilotrun.probe.sizes import fmt_bytes, parse_size
+from pilotrun.sizes import fmt_bytes, parse_size
 from pilotrun.probe.trace import trace
 from pilotrun.verdicts import StageResult
 

@@ -19,7 +19,7 @@ from pilotrun.campaign.prepare import prepare, require_weights
 from pilotrun.console.progress import head
 from pilotrun.engine.distributed import default_device
 from pilotrun.probe.recorder import describe_inputs, figure, peak_of
-from pilotrun.probe.sizes import fmt_bytes
+from pilotrun.sizes import fmt_bytes
 from pilotrun.rehearsal.memory import fit_variants
 from pilotrun.rehearsal.memory.fit_probe import first_losses, losses_match, probe, variant_prep
 from pilotrun.rehearsal.memory.fit_rules import LOSS_UPDATES, accumulation_for

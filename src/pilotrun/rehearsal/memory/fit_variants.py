@@ -12,7 +12,7 @@ from pilotrun.engine.precision import campaign_compute_dtype
 from pilotrun.journal.files import atomic_write_text
 from pilotrun.journal.store import Journal
 from pilotrun.probe.recorder import describe_inputs, peak_of
-from pilotrun.probe.sizes import fmt_bytes
+from pilotrun.sizes import fmt_bytes
 from pilotrun.probe.trace import trace
 from pilotrun.rehearsal.memory.fit_probe import largest_fitting, probe
 from pilotrun.rehearsal.memory.fit_rules import (EVAL_BOUND, FP32_RTOL, MIXED_RTOL, TRAIN_BOUND, accumulation_for,

@@ -22,7 +22,7 @@ from pilotrun.phases.registry import BY_NAME
 from pilotrun.probe.alloc_conf import settings_from_env
 from pilotrun.probe.memory import release_free_memory
 from pilotrun.probe.recorder import figure, host_peak, peak_of
-from pilotrun.probe.sizes import fmt_bytes, parse_size
+from pilotrun.sizes import fmt_bytes, parse_size
 from pilotrun.rehearsal.memory.pilot_phases import INJECT_ENV, PilotJob, parse_inject, run_phases
 from pilotrun.sheet.gpu_memory import fragmentation
 from pilotrun.verdicts import StageResult
