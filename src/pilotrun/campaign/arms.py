@@ -109,7 +109,43 @@ def plan_arms(loaded) -> list[Arm]:
             raise _refuse(arm_id, arm.where, arm.own, ("train.stop",), "the stop rules",
                           "stop rules are declared once for the whole sweep; remove train.stop from it")
         _same_validation_encoding(arms[0], arm)
+    _no_copies(arms, len(plan.seeds))
+    for arm in arms:
+        if any(k not in COST_FREE for k in arm.own):  # its data, model or task: checked as validate checks the campaign
+            _checked(arm)
     return arms
+
+
+def _no_copies(arms: list[Arm], seeds: int) -> None:
+    """Exit 2 for an arm that trains exactly what an earlier one trains (an empty variant, or one that sets the
+    control's own values): the sweep would spend its runs on a copy and compare it as if it changed something."""
+    import json
+
+    seen: dict[str, Arm] = {}
+    for arm in arms:
+        key = json.dumps(arm.loaded.campaign.model_dump(mode="json"), sort_keys=True, default=str)
+        if key in seen:
+            said = "sets nothing" if not arm.own else f"sets {arm.label}"
+            raise BadInput(f"{arm.arm_id} {said}, so it trains exactly what {seen[key].arm_id} trains: the sweep "
+                           f"would spend {seeds} run{'s' if seeds != 1 else ''} of the rental on a copy and compare "
+                           "it as a variant", where=f"{arm.where} ({arm.arm_id})",
+                           fix=f"remove {arm.arm_id}, or set a value the plan compares")
+        seen[key] = arm
+
+
+def _checked(arm: Arm) -> None:
+    """An arm that changes the data, the model or the task, checked as ``validate`` checks the campaign (files,
+    fields, records, the batch arithmetic): a missing file of one arm would otherwise stop the sweep at that arm."""
+    from pilotrun.campaign.consistency import check_campaign
+    from pilotrun.errors import BadInputs
+
+    try:
+        check_campaign(arm.loaded)
+    except BadInput as e:
+        problems = e.problems if isinstance(e, BadInputs) else [e]
+        wrapped = [BadInput(f"{arm.arm_id} ({arm.label}): {p.detail}", where=p.where or arm.where, fix=p.fix)
+                   for p in problems]
+        raise wrapped[0] if len(wrapped) == 1 else BadInputs(wrapped) from None
 
 
 # What decides how a validation record becomes the tokens the loss sees. data.train/test, group_by and

@@ -30,11 +30,29 @@ def validate(loaded, home=None) -> StageResult:
     counts, arith = check_campaign(loaded)
     arith["checkpoints"]["bytes_each"] = pilot_checkpoint_bytes(loaded, home)
     msgs = [f"{split}: {n} records" for split, n in counts.items()] + describe(arith, fmt_bytes)
+    warnings = warmup_warnings([("train.warmup", c.train)], arith["updates"])
     if c.plan.variants or c.plan.control:
         arms = plan_arms(loaded)  # a sweep's refusals (exit 2) before any rental, as `sweep` would give them
         msgs.append(f"plan: control and {len(arms) - 1} variant{'s' if len(arms) != 2 else ''}, "
                     f"{len(c.plan.seeds)} seed(s); every arm encodes validation as the control does")
+        warnings += warmup_warnings([(f"{a.arm_id} ({a.label})", a.loaded.c.train) for a in arms
+                                     if "train.warmup" in a.own], arith["updates"])
     if c.model.trust_remote_code:
         msgs.append("model.trust_remote_code=true: code in the model folder will run; the journal records it")
-    return StageResult("validate", "ok", f"{loaded.source or 'campaign'} is valid", msgs,
-                       {"records": counts, "arithmetic": arith})
+    return StageResult("validate", "warn" if warnings else "ok",
+                       f"{loaded.source or 'campaign'} is valid" + (f"; {warnings[0]}" if warnings else ""),
+                       msgs + warnings, {"records": counts, "arithmetic": arith})
+
+
+def warmup_warnings(trains: list[tuple[str, object]], updates: int) -> list[str]:
+    """A warm-up as long as the budget or longer: the learning rate rises for the whole run (``engine/optim.lr_factor``),
+    never reaches train.lr and the schedule's decay never starts, a different experiment from the one written."""
+    out = []
+    for said, t in trains:
+        if t.warmup and t.warmup >= updates:
+            end = (f"ends at {updates}/{t.warmup} of train.lr ({t.lr * updates / t.warmup:.3g}, not {t.lr:.3g})"
+                   if t.warmup > updates else "reaches train.lr at its last update only")
+            decay = "" if t.schedule == "constant" else f"; the {t.schedule} schedule's decay never starts"
+            out.append(f"{said}: warm-up {t.warmup} updates ≥ the budget's {updates}: the learning rate rises for "
+                       f"the whole run and {end}{decay}")
+    return out
