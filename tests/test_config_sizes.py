@@ -120,3 +120,22 @@ def test_an_adapter_that_cannot_train_is_refused_when_read(demo_dir, cli, adapte
     for clean in ({"r": 8, "alpha": -16}, {"target_modules": ["q_proj"]}, {"target_modules": "all-linear"}):
         c["model"]["adapter"] = clean
         assert cli("validate", write_campaign(demo_dir, c)).code == 0, clean
+
+
+def test_float16_weights_trained_themselves_are_refused_under_fp16_mixed_and_warned_under_fp32(demo_dir, cli):
+    """fp16-mixed over model.dtype float16 failed every step of the pilot with torch's "Attempting to unscale FP16
+    gradients"; fp32 over it trains in float16 with no scaler (the demo's validation loss NaN after two updates)."""
+    c = yaml.safe_load((demo_dir / "campaign.yaml").read_text())
+    c["model"]["dtype"], c["train"]["precision"] = "float16", "fp16-mixed"
+    r = cli("validate", write_campaign(demo_dir, c))
+    assert r.code == 2 and "model.dtype: model.dtype=float16 with train.precision=fp16-mixed trains the float16 " \
+                           "weights themselves" in r.err and "fix: set model.dtype: float32" in r.err
+    c["train"]["precision"] = "fp32"
+    r = cli("validate", write_campaign(demo_dir, c), "--json")
+    assert r.code == 0 and r.json["verdict"] == "warn" and "with no grad scaler" in r.json["summary"]
+    for dtype, precision, adapter in (("float16", "fp16-mixed", {"r": 4}), ("float16", "fp32", {"r": 4}),
+                                      ("float32", "fp16-mixed", None), ("float16", "bf16-mixed", None)):
+        c["model"].update(dtype=dtype, adapter=adapter)
+        c["train"]["precision"] = precision
+        r = cli("validate", write_campaign(demo_dir, c), "--json")
+        assert r.code == 0 and r.json["verdict"] == "ok", (dtype, precision, adapter, r.err)

@@ -65,6 +65,13 @@ def task_needs(c, base_dir=None) -> list[BadInput]:
     if c.train.precision == "bf16-true" and c.model.dtype == "float16":
         problems.append(BadInput("train.precision=bf16-true with model.dtype=float16", where="model.dtype",
                                  fix="set model.dtype: bfloat16 (or float32)"))
+    if c.model.dtype == "float16" and c.model.adapter is None and c.train.precision == "fp16-mixed":
+        problems.append(BadInput("model.dtype=float16 with train.precision=fp16-mixed trains the float16 weights "
+                                 "themselves, and fp16-mixed's grad scaler unscales float32 gradients only (torch "
+                                 "refuses float16 ones: every step fails)", where="model.dtype",
+                                 fix="set model.dtype: float32 (fp16-mixed then keeps float32 weights and computes in "
+                                     "float16), or train an adapter (model.adapter: float32 weights over the float16 "
+                                     "base)"))
     return problems
 
 

@@ -31,6 +31,11 @@ def validate(loaded, home=None) -> StageResult:
     arith["checkpoints"]["bytes_each"] = pilot_checkpoint_bytes(loaded, home)
     msgs = [f"{split}: {n} records" for split, n in counts.items()] + describe(arith, fmt_bytes)
     warnings = warmup_warnings([("train.warmup", c.train)], arith["updates"])
+    if c.model.dtype == "float16" and c.model.adapter is None and c.train.precision == "fp32":
+        warnings.append("model.dtype=float16 with train.precision=fp32 trains the float16 weights themselves, with no "
+                        "grad scaler: gradients under float16's range vanish and activations over it overflow to inf "
+                        "(the loss then NaN); fp16-mixed with model.dtype: float32 keeps float32 weights and scales "
+                        "the loss, bf16-true trains bfloat16 weights in float32's range")
     if c.plan.variants or c.plan.control:
         arms = plan_arms(loaded)  # a sweep's refusals (exit 2) before any rental, as `sweep` would give them
         msgs.append(f"plan: control and {len(arms) - 1} variant{'s' if len(arms) != 2 else ''}, "
