@@ -372,7 +372,16 @@ def test_costs_from_a_rates_file_and_the_cheapest_plan_that_places_every_run(tmp
     ("h100-sxm: 2.0\nv100: 1.0\n", "rates.yaml:2: v100", "no GPU 'v100' in the built-in catalogue"),
     ("h100-sxm: -1\n", "rates.yaml:1: h100-sxm", "price -1 is not a number >= 0"),
     ("a100-80gb: {hour: 1, week: 5}\n", "rates.yaml:1: a100-80gb", "unknown key(s) 'week'"),
-    ("h100-sxm: [\n", "rates.yaml:2", "not YAML"),
+    ("h100-sxm: [\n", "rates.yaml:2", "invalid YAML"),
+    # a price YAML keeps the last of, one GPU under two names, a price that is not a finite number, a currency the
+    # sheet's Markdown table would split: each read without a word before
+    ("h100-sxm: 2\nh100-sxm: 3\n", "rates.yaml:2", "key 'h100-sxm' appears twice in one mapping (lines 1 and 2)"),
+    ("H100: 2\nh100-sxm: 3\n", "rates.yaml:2: h100-sxm", "'h100-sxm' and 'H100' both name h100-sxm"),
+    ("h100-sxm: .nan\n", "rates.yaml:1: h100-sxm", "price nan is not a number >= 0"),
+    ("a100-80gb: {hour: 1, 7: .inf}\n", "rates.yaml:1: a100-80gb.7", "price inf is not a number >= 0"),
+    ("currency: 'US|D'\nh100-sxm: 2\n", "rates.yaml:1: currency", "currency 'US|D' is not a short word or symbol"),
+    ("h100-sxm: 2\ninterconnect: {inter_node_gbs: .nan}\n", "rates.yaml:2: interconnect.inter_node_gbs",
+     "inter_node_gbs nan is not a bandwidth > 0"),
 ])
 def test_a_bad_rates_file_is_bad_input_naming_line_and_key(tmp_path, cli, text, where, what):
     path = campaign(tmp_path)
@@ -384,6 +393,17 @@ def test_a_bad_rates_file_is_bad_input_naming_line_and_key(tmp_path, cli, text, 
     res = cli("sheet", path, "--home", home, "--rates", rates, "--out", out)
     assert res.code == 2 and where in res.err and what in res.err, res.err
     assert not out.exists()  # nothing half-written
+
+
+def test_a_price_in_yamls_exponent_form_is_a_number(tmp_path):
+    """YAML 1.1 reads 2e0 and 1.5e2 (no dot or no exponent sign) as strings: they are prices as written."""
+    from pilotrun.sheet.rates import read_rates
+
+    rates = tmp_path / "rates.yaml"
+    rates.write_text("currency: €\nh100-sxm: 2e0\na100-80gb: {hour: '1.5', 7: 1.5e2}\n")
+    got = read_rates(rates)
+    assert got["currency"] == "€" and got["gpus"]["h100-sxm"]["hour"] == 2.0
+    assert got["gpus"]["a100-80gb"] == {"hour": 1.5, "plans": {7: 150.0}}
 
 
 def test_one_written_to_line_naming_the_sheet_and_its_launch_files(tmp_path, cli):

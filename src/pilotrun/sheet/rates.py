@@ -19,8 +19,11 @@ rule's lowest cost over every rated GPU that fits the campaign.
 
 from __future__ import annotations
 
+import math
+import re
 from pathlib import Path
 
+from pilotrun.campaign.yamlsafe import load_bounded
 from pilotrun.errors import BadInput
 from pilotrun.sheet.catalogue import BY_KEY, match_gpu
 
@@ -40,10 +43,34 @@ def _lines(text: str) -> dict[str, int]:
     return {str(k.value): k.start_mark.line + 1 for k, _ in node.value}
 
 
-def _price(v, where: str) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
-        raise BadInput(f"price {v!r} is not a number >= 0", where=where, fix=FORMAT)
+_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+
+
+def _number(v) -> float | None:
+    """A finite number as written: YAML's int or float, or a string YAML 1.1 leaves unread (``1e-9``, ``2E3``: an
+    exponent without a dot); None for anything else (a bool, ``2 USD``, .nan, .inf)."""
+    if isinstance(v, str) and _NUMBER.fullmatch(v.strip()):
+        v = float(v)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        return None
     return float(v)
+
+
+def _price(v, where: str) -> float:
+    x = _number(v)
+    if x is None or x < 0:
+        raise BadInput(f"price {v!r} is not a number >= 0", where=where, fix=FORMAT)
+    return x
+
+
+def _currency(v, where: str) -> str:
+    """The currency printed beside every cost: a short word or symbol (USD, €); not markup or a table's separator,
+    which the sheet's Markdown and HTML would carry."""
+    if not isinstance(v, (str, int)) or isinstance(v, bool) or len(str(v)) > 12 or any(
+            ch in "|<>&`\\" or not ch.isprintable() for ch in str(v)):
+        raise BadInput(f"currency {v!r} is not a short word or symbol", where=f"{where}: currency",
+                       fix="write it like USD, EUR or € (at most 12 characters, no | < > & ` \\)")
+    return str(v)
 
 
 NET_KEYS = ("intra_node_gbs", "inter_node_gbs")
@@ -60,31 +87,26 @@ def _interconnect(v, where: str) -> dict:
     out = {"where": where}
     for k in NET_KEYS:
         x = v.get(k)
-        if x is not None and (isinstance(x, bool) or not isinstance(x, (int, float)) or x <= 0):
-            raise BadInput(f"{k} {x!r} is not a bandwidth > 0 (GB/s per GPU)", where=f"{where}: interconnect.{k}",
-                           fix=fix)
-        out[k] = float(x) if x is not None else None
+        if x is not None and (_number(x) is None or _number(x) <= 0):
+            raise BadInput(f"{k} {x!r} is not a bandwidth > 0 (GB/s per GPU)",
+                           where=f"{where}: interconnect.{k}", fix=fix)
+        out[k] = _number(x) if x is not None else None
     return out
 
 
 def read_rates(path: str | Path) -> dict:
     """{"path", "currency", "gpus": {catalogue key: {"hour": float | None, "plans": {days: float}}}}."""
-    import yaml
-
     p = Path(path)
     if not p.is_file():
         raise BadInput("rates file not found", where=str(p), fix=f"write {FORMAT}")
     text = p.read_text(encoding="utf-8")
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"{p}:{mark.line + 1}" if mark else str(p)
-        raise BadInput(f"not YAML: {getattr(e, 'problem', e)}", where=where, fix=FORMAT) from None
+    doc, _ = load_bounded(text, str(p))  # a key twice is refused (YAML keeps the last), as in the campaign file
     if not isinstance(doc, dict) or not doc:
         raise BadInput("not a mapping of GPU → price", where=str(p), fix=FORMAT)
     lines = _lines(text)
-    out = {"path": str(p), "currency": str(doc.pop("currency", "") or ""), "gpus": {}}
+    out = {"path": str(p), "currency": _currency(doc.pop("currency", "") or "", f"{p}:{lines.get('currency', '?')}"),
+           "gpus": {}}
+    named: dict[str, str] = {}  # catalogue key -> the name the file priced it under
     if "interconnect" in doc:
         out["interconnect"] = _interconnect(doc.pop("interconnect"), f"{p}:{lines.get('interconnect', '?')}")
     for name, value in doc.items():
@@ -93,6 +115,10 @@ def read_rates(path: str | Path) -> dict:
         if gpu is None:
             raise BadInput(f"no GPU {name!r} in the built-in catalogue", where=where,
                            fix=f"use a catalogue key: {', '.join(BY_KEY)}")
+        if gpu.key in named:
+            raise BadInput(f"{name!r} and {named[gpu.key]!r} both name {gpu.key} ({gpu.name}): one price would "
+                           "silently replace the other", where=where, fix=f"keep one price for {gpu.key}")
+        named[gpu.key] = str(name)
         if isinstance(value, dict):
             unknown = [k for k in value if k != "hour" and not (isinstance(k, int) and k > 0)]
             if unknown:
