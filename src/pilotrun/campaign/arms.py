@@ -4,18 +4,22 @@
 A variant is applied on top of the control and may only change what it compares. Refused with exit 2,
 naming the arm and the key: the effective batch, the budget, the validation frequency, the stop rules,
 the seed, and anything that changes how validation records are encoded (``ENCODING_KEYS``) — arms
-measured on different validation examples would be compared as if nothing changed.
+measured on different validation examples would be compared as if nothing changed. An arm that trains exactly
+what another trains is refused too (a copy compared as a variant), and an arm that changes the data, the model or
+the task is checked as ``validate`` checks the campaign (its files, fields and records).
 """
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from typing import Any
 
 from pilotrun.campaign.arithmetic import data_parallel_ranks
+from pilotrun.campaign.consistency import check_campaign
 from pilotrun.campaign.load import line_index
-from pilotrun.errors import BadInput
+from pilotrun.errors import BadInput, BadInputs
 
 BATCH_KEYS = ("train.micro_batch", "train.accumulation", "train.nproc", "train.strategy")
 BUDGET_KEYS = ("train.updates", "train.epochs")
@@ -119,8 +123,6 @@ def plan_arms(loaded) -> list[Arm]:
 def _no_copies(arms: list[Arm], seeds: int) -> None:
     """Exit 2 for an arm that trains exactly what an earlier one trains (an empty variant, or one that sets the
     control's own values): the sweep would spend its runs on a copy and compare it as if it changed something."""
-    import json
-
     seen: dict[str, Arm] = {}
     for arm in arms:
         key = json.dumps(arm.loaded.campaign.model_dump(mode="json"), sort_keys=True, default=str)
@@ -136,9 +138,6 @@ def _no_copies(arms: list[Arm], seeds: int) -> None:
 def _checked(arm: Arm) -> None:
     """An arm that changes the data, the model or the task, checked as ``validate`` checks the campaign (files,
     fields, records, the batch arithmetic): a missing file of one arm would otherwise stop the sweep at that arm."""
-    from pilotrun.campaign.consistency import check_campaign
-    from pilotrun.errors import BadInputs
-
     try:
         check_campaign(arm.loaded)
     except BadInput as e:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from pilotrun.console.progress import spending
-from pilotrun.errors import BadInput
+from pilotrun.errors import BadInput, BadInputs
 from pilotrun.journal.base_identity import ATTR, describe_base
 from pilotrun.journal.files import reading_weights
 from pilotrun.provenance import file_identity
@@ -548,8 +548,6 @@ def check_config_keys(model_type: str, written: dict, where: str) -> None:
     problems = [BadInput(f"not a setting of {model_type}'s config, which ignores it and builds the model from the "
                          f"default of the setting it takes; did you mean {close}?", where=f"{where}.{key}",
                          fix=f"rename {key} to {close} (or remove it)") for key, close in found]
-    from pilotrun.errors import BadInputs
-
     raise problems[0] if len(problems) == 1 else BadInputs(problems)
 
 
