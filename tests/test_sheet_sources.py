@@ -214,7 +214,12 @@ def test_skypilot_loads_the_task(sheets):
     assert "RTX4090" in str(task.resources)
 
 
-def test_bisection_finds_the_memory_bound_when_memory_binds(uneven):
+def test_bisection_finds_the_memory_bound_when_memory_binds(uneven, monkeypatch):
+    import pilotrun.sheet.sizes as sizes
+
+    # the micro-batch's answer is checked below size by size; the other sizes' downward scans (seq_len from 96: 33
+    # probes, 20 s) are not this test's, and a short scan only says where it stopped
+    monkeypatch.setattr(sizes, "MAX_SCAN", 3)
     path, _ = uneven
     loaded = load_campaign(path)
     prep = prepare(loaded, splits=("train", "validation"))
