@@ -154,7 +154,7 @@ def _format_errors(err: ValidationError, where: str, lines: dict[tuple, int],
             out.append(BadInput(f"key '{key}' = {shown}: {msg}", where=at,
                                 fix=f"set {key} to a finite number (.inf and .nan are not accepted)"))
         else:
-            msgs = merged.get(loc) or [msg]
+            msgs = merged[loc]  # this key's messages under each member of its union
             said = msgs[0] + "".join(f", or {m[0].lower()}{m[1:]}" for m in msgs[1:])
             out.append(BadInput(f"key '{key}' = {shown}: {said}", where=at,
                                 fix=f"set {key} to a valid value (see `pilotrun init` for a commented example)"))
@@ -302,7 +302,8 @@ def _resolve_paths(c: Campaign, base: Path) -> dict[str, Any]:
 
     for key in PATH_KEYS:  # "" would name the campaign's own folder
         section, name = key.split(".")
-        if isinstance(getattr(getattr(c, section), name), str) and not getattr(getattr(c, section), name).strip():
+        v = getattr(getattr(c, section), name)
+        if isinstance(v, str) and not v.strip():
             raise BadInput(f"empty: a path relative to the campaign's folder, \"\" would name the folder itself ({base})",
                            where=key, fix="name a file or folder, or remove the key")
     c.model.path = from_hub("model.path", c.model.path)

@@ -31,13 +31,10 @@ FORMAT = ("a YAML mapping of GPU → price per GPU-hour, or GPU → {hour: PRICE
           "plan per GPU}; e.g. `h100-sxm: 2.49`")
 
 
-def _lines(text: str) -> dict[str, int]:
+def _lines(node) -> dict[str, int]:
+    """Each top-level key's line, from the document ``load_bounded`` composed."""
     import yaml
 
-    try:
-        node = yaml.compose(text)
-    except yaml.YAMLError:
-        return {}
     if not isinstance(node, yaml.MappingNode):
         return {}
     return {str(k.value): k.start_mark.line + 1 for k, _ in node.value}
@@ -87,10 +84,11 @@ def _interconnect(v, where: str) -> dict:
     out = {"where": where}
     for k in NET_KEYS:
         x = v.get(k)
-        if x is not None and (_number(x) is None or _number(x) <= 0):
+        gbs = None if x is None else _number(x)
+        if x is not None and (gbs is None or gbs <= 0):
             raise BadInput(f"{k} {x!r} is not a bandwidth > 0 (GB/s per GPU)",
                            where=f"{where}: interconnect.{k}", fix=fix)
-        out[k] = _number(x) if x is not None else None
+        out[k] = gbs
     return out
 
 
@@ -100,10 +98,10 @@ def read_rates(path: str | Path) -> dict:
     if not p.is_file():
         raise BadInput("rates file not found", where=str(p), fix=f"write {FORMAT}")
     text = p.read_text(encoding="utf-8")
-    doc, _ = load_bounded(text, str(p))  # a key twice is refused (YAML keeps the last), as in the campaign file
+    doc, node = load_bounded(text, str(p))  # a key twice is refused (YAML keeps the last), as in the campaign file
     if not isinstance(doc, dict) or not doc:
         raise BadInput("not a mapping of GPU → price", where=str(p), fix=FORMAT)
-    lines = _lines(text)
+    lines = _lines(node)
     out = {"path": str(p), "currency": _currency(doc.pop("currency", "") or "", f"{p}:{lines.get('currency', '?')}"),
            "gpus": {}}
     named: dict[str, str] = {}  # catalogue key -> the name the file priced it under

@@ -437,9 +437,10 @@ def _build_model(c, tokenizer, kind: str, labels: list[str] | None):
         path = Path(c.model.path)
         check_model_dir(path, weights=shape_only is None)  # the architecture alone needs config.json only
         overrides = {**(c.model.config_overrides or {}), **(shape_only or {})}  # a depth counted from wins
-        folder_type = (folder_config_dict(path) or {}).get("model_type")
-        if c.model.config_overrides and isinstance(folder_type, str) and not c.model.trust_remote_code:
-            check_config_keys(folder_type, c.model.config_overrides, "model.config_overrides")
+        if c.model.config_overrides and not c.model.trust_remote_code:  # config.json read only to check them
+            folder_type = (folder_config_dict(path) or {}).get("model_type")
+            if isinstance(folder_type, str):
+                check_config_keys(folder_type, c.model.config_overrides, "model.config_overrides")
         config = folder_config(path, c.model.trust_remote_code, overrides)
         if labels is not None and _generic_labels(config):
             for k, v in head_kwargs.items():
