@@ -46,6 +46,24 @@ def test_wrong_type_names_key_and_value(cli, demo_campaign):
     assert "train.micro_batch" in r.err and '"eight"' in r.err and "fix:" in r.err
 
 
+@pytest.mark.parametrize("section, key, written", [
+    ("train", "micro_batch", "on"), ("train", "warmup", "off"), ("train", "lr", "yes"), ("train", "updates", "true"),
+    ("hardware", "gpus", "true"), ("hardware", "rental_days", "[3, yes]"), ("plan", "seeds", "[0, on]"),
+])
+def test_a_yes_or_no_is_not_taken_for_a_number(cli, demo_campaign, section, key, written):
+    # YAML 1.1 reads on/off/yes/no as booleans and pydantic's lax mode reads those as 1 and 0: `micro_batch: on`
+    # rehearsed one example per pass and `warmup: off` none, and validate said ok
+    _edit(demo_campaign, lambda c: c.setdefault(section, {}).update({key: yaml.safe_load(written)}))
+    r = cli("validate", demo_campaign)
+    assert r.code == 2, r.err
+    assert f"{section}.{key}:" in r.err and "is a yes/no where a number belongs" in r.err, r.err
+    assert "fix: write" in r.err and "as a number" in r.err
+    # a number as a string stays accepted: --set train.lr=3e-4 arrives as the string YAML 1.1 leaves it
+    r = cli("validate", demo_campaign, "--set", f"{section}.{key}=[3]" if written.startswith("[") else
+            f"{section}.{key}=3e-4" if key == "lr" else f"{section}.{key}=2")
+    assert r.code == 0, r.err
+
+
 def test_negative_size_refused(cli, demo_campaign):
     _edit(demo_campaign, lambda c: c["train"].update(accumulation=0))
     r = cli("validate", demo_campaign)

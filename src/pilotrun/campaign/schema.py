@@ -5,15 +5,56 @@ Only pydantic and the ground's errors and sizes are imported here, so ``validate
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+import types
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PositiveInt, model_validator
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, PositiveInt, ValidationInfo, field_validator,
+                      model_validator)
 
 from pilotrun.sizes import parse_size
 from pilotrun.errors import BadInput
 
 # allow_inf_nan=False: .inf / .nan are refused for every number, in the file and through --set
 _STRICT = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=False, allow_inf_nan=False)
+
+
+def _number_kind(ann) -> str | None:
+    """"number" where a field's type takes an int or a float (under Optional or Annotated), "numbers" where it is a list
+    of them, else None. bool is its own type here, though Python counts it an int."""
+    origin = get_origin(ann)
+    if ann in (int, float):
+        return "number"
+    if origin is Annotated:
+        return _number_kind(get_args(ann)[0])
+    if origin in (Union, types.UnionType):
+        kinds = {_number_kind(a) for a in get_args(ann)} - {None}
+        return kinds.pop() if len(kinds) == 1 else None
+    if origin is list and _number_kind(get_args(ann)[0]) == "number":
+        return "numbers"
+    return None
+
+
+class Section(BaseModel):
+    """A part of the campaign file. Its numbers refuse booleans: pydantic's lax mode reads ``true`` as 1 and
+    ``false`` as 0, and YAML reads ``yes``, ``on``, ``no`` and ``off`` as booleans, so ``micro_batch: on`` would
+    rehearse one example and ``warmup: off`` none, without a word. Strings of digits stay accepted (``--set
+    train.lr=3e-4`` arrives as the string YAML 1.1 leaves it)."""
+    model_config = _STRICT
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_booleans(cls, v: Any, info: ValidationInfo) -> Any:
+        kind = _number_kind(cls.model_fields[info.field_name].annotation)
+        if kind == "number" and isinstance(v, bool):
+            said, what = str(v).lower(), info.field_name
+        elif kind == "numbers" and isinstance(v, list) and any(isinstance(x, bool) for x in v):
+            i = next(i for i, x in enumerate(v) if isinstance(x, bool))
+            said, what = f"item {i} ({str(v[i]).lower()})", f"each item of {info.field_name}"
+        else:
+            return v
+        raise ValueError(f"{said} is a yes/no where a number belongs (YAML reads yes and on as true, no and off as "
+                         f"false, and pydantic would take them as 1 and 0); write {what} as a number")
+
 
 SEED_MAX = 2**32 - 1
 """numpy takes seeds in [0, 2**32); torch and Python's random take that range too."""
@@ -55,8 +96,7 @@ def _some_modules(v):
     return v
 
 
-class AdapterConfig(BaseModel):
-    model_config = _STRICT
+class AdapterConfig(Section):
     kind: Literal["lora"] = "lora"
     """Adapter kind; LoRA through peft."""
     r: PositiveInt = 8
@@ -73,8 +113,7 @@ class AdapterConfig(BaseModel):
     alone (artifact/adapter) is always exported, and checkpoints hold only the trainable parameters."""
 
 
-class QuantizationConfig(BaseModel):
-    model_config = _STRICT
+class QuantizationConfig(Section):
     bits: Literal[4, 8] = 4
     """4 (bitsandbytes Linear4bit: QLoRA) or 8 (Linear8bitLt, LLM.int8()): the base's linear layers held in
     that many bits; the output head, embeddings and norms stay in model.dtype, as transformers leaves them."""
@@ -97,8 +136,7 @@ class QuantizationConfig(BaseModel):
         return self
 
 
-class ModelConfig(BaseModel):
-    model_config = _STRICT
+class ModelConfig(Section):
     path: str | None = None
     """Local Hugging Face model directory (relative to the campaign file), or a hub id (org/name[@revision])
     found in the local Hugging Face cache (HF_HUB_CACHE / HF_HOME); never downloads."""
@@ -124,8 +162,7 @@ class ModelConfig(BaseModel):
     router_aux_loss_coef: 0.02} to train a mixture of experts' router loss as Axolotl's model_config does."""
 
 
-class DataConfig(BaseModel):
-    model_config = _STRICT
+class DataConfig(Section):
     train: str | None = None
     """Training records (.jsonl .json .csv .parquet), relative to the campaign file."""
     validation: str | None = None
@@ -165,8 +202,7 @@ class DataConfig(BaseModel):
     TRL's packing); positions restart and attention stays within each example, and the worst case is a full row."""
 
 
-class StopConfig(BaseModel):
-    model_config = _STRICT
+class StopConfig(Section):
     on_nan: bool = True
     """Stop as diverged when a loss is NaN or infinite."""
     diverge_factor: float | None = Field(3.0, gt=1.0)
@@ -175,8 +211,7 @@ class StopConfig(BaseModel):
     """Stop after this many validations without improvement of the plan metric; null never stops."""
 
 
-class TrainConfig(BaseModel):
-    model_config = _STRICT
+class TrainConfig(Section):
     micro_batch: PositiveInt = 2
     """Examples per forward/backward pass, per rank."""
     accumulation: PositiveInt = 8
@@ -232,8 +267,7 @@ class TrainConfig(BaseModel):
         return self
 
 
-class PlanConfig(BaseModel):
-    model_config = _STRICT
+class PlanConfig(Section):
     metric: str = "val_loss"
     """The metric the comparison is decided on."""
     goal: Literal["minimize", "maximize"] = "minimize"
@@ -246,8 +280,7 @@ class PlanConfig(BaseModel):
     """Seeds every arm runs with."""
 
 
-class HardwareConfig(BaseModel):
-    model_config = _STRICT
+class HardwareConfig(Section):
     memory_per_gpu: Size = "80GiB"
     """Memory of one target GPU, e.g. 24GiB, 80GiB."""
     gpus: PositiveInt = 1
@@ -258,8 +291,7 @@ class HardwareConfig(BaseModel):
     """Share of each rental kept for evaluation and export."""
 
 
-class PreferenceConfig(BaseModel):
-    model_config = _STRICT
+class PreferenceConfig(Section):
     loss: Literal["dpo", "ipo", "simpo", "orpo"] = "dpo"
     """The preference loss, each offline (no generation during training): dpo (the sigmoid loss of DPO on the
     log-ratios to the reference) | ipo (the squared loss of IPO on per-token log-ratios) | simpo (SimPO: per-token
@@ -278,8 +310,7 @@ class PreferenceConfig(BaseModel):
     precompute_ref_log_probs) | none (simpo, orpo) | auto (adapter under LoRA, else copy; none for simpo and orpo)."""
 
 
-class NotCarriedSetting(BaseModel):
-    model_config = _STRICT
+class NotCarriedSetting(Section):
     key: str
     """The source's key (``datasets[0].type``, ``sample_packing`` ...)."""
     value: str
@@ -290,8 +321,7 @@ class NotCarriedSetting(BaseModel):
     """A campaign key that settles it once set (``val_set_size``: ``data.validation``); then it is not said."""
 
 
-class ImportedConfig(BaseModel):
-    model_config = _STRICT
+class ImportedConfig(Section):
     tool: Literal["axolotl", "hf"]
     """The source's format: axolotl (an Axolotl YAML) or hf (TrainingArguments / TRL SFTConfig)."""
     file: str
@@ -300,8 +330,7 @@ class ImportedConfig(BaseModel):
     """The source's settings the rehearsal does not reproduce; ``all`` and the sheet say them once."""
 
 
-class TrackConfig(BaseModel):
-    model_config = _STRICT
+class TrackConfig(Section):
     to: Literal["mlflow", "wandb"]
     """The team's tracker: ``train``, ``sweep`` and ``all`` log their runs to it as they go (``--track`` says the
     same for one command; ``pilotrun export`` sends what the journal already holds)."""
@@ -312,8 +341,7 @@ class TrackConfig(BaseModel):
     """The MLflow experiment, or the W&B project; default the campaign's name."""
 
 
-class Campaign(BaseModel):
-    model_config = _STRICT
+class Campaign(Section):
     name: str = "campaign"
     """A short name for the campaign."""
     seed: Seed = 0
