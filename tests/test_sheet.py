@@ -420,6 +420,47 @@ def test_one_written_to_line_naming_the_sheet_and_its_launch_files(tmp_path, cli
     assert sky["resources"]["accelerators"] == "A100-80GB:1"
 
 
+def test_a_sheet_sent_to_a_pipe_is_written_into_it_and_the_pipe_stays(tmp_path, cli):
+    # --out /dev/null or /dev/stdout: the sheet used to be renamed over the device (as root, /dev/null became a
+    # plain file) and its launch files and wheel were written into /dev
+    import stat
+    import threading
+
+    path = campaign(tmp_path)
+    home = tmp_path / "home"
+    record_pilot(path, home, {})
+    out = tmp_path / "pipe" / "sheet.md"
+    out.parent.mkdir()
+    os.mkfifo(out)
+    got = {}
+    reader = threading.Thread(target=lambda: got.update(data=out.read_bytes()), daemon=True)
+    reader.start()
+    res = cli("sheet", path, "--home", home, "--out", out, "--gpu", "a100-80gb")
+    reader.join(30)
+    assert res.code == 0, res.out + res.err
+    assert stat.S_ISFIFO(os.lstat(out).st_mode)
+    assert got["data"].decode().startswith("# Selection sheet")
+    assert sorted(p.name for p in out.parent.iterdir()) == ["sheet.md"]  # no launch files, no wheel beside a pipe
+    text = " ".join((res.out + res.err).split())
+    assert f"written to {out}; no launch files: it is not a file in a folder" in text, text
+
+
+def test_a_sheet_to_a_link_replaces_the_file_it_names_and_keeps_the_link(tmp_path, cli):
+    # the sheet was renamed over the link itself: a `latest.md -> runs/sheet.md` link became a plain file
+    path = campaign(tmp_path)
+    home = tmp_path / "home"
+    record_pilot(path, home, {})
+    (tmp_path / "real").mkdir()
+    target = tmp_path / "real" / "sheet.md"
+    target.write_text("old")
+    link = tmp_path / "latest.md"
+    link.symlink_to(target)
+    res = cli("sheet", path, "--home", home, "--out", link, "--gpu", "a100-80gb")
+    assert res.code == 0, res.out + res.err
+    assert link.is_symlink() and os.readlink(link) == str(target)
+    assert target.read_text().startswith("# Selection sheet")
+
+
 def test_an_mi300x_target_needs_a_rocm_build_of_torch(tmp_path):
     path = campaign(tmp_path, train__precision="bf16-mixed")
     home = tmp_path / "home"

@@ -12,6 +12,7 @@ import click
 
 from pilotrun.console.safe import safe
 from pilotrun.errors import EXIT_OK
+from pilotrun.journal.files import stdout_taken
 from pilotrun.verdicts import exit_code
 # The verbs' work is imported inside each command: `pilotrun --help` imports this module (lazy on purpose).
 
@@ -72,10 +73,10 @@ def home_for(home: str | None, campaign: str | None = None):
 
 
 def console(as_json: bool):
-    """Human output: stdout, or stderr under --json, at one width: ``PILOTRUN_WIDTH``, else a terminal's own,
+    """Human output: stdout, or stderr under --json or where an output file took stdout, at one width: ``PILOTRUN_WIDTH``, else a terminal's own,
     else ``COLUMNS``, else (a pipe or a file with neither set) a width no line reaches, so a log is never
     wrapped at an arbitrary 80."""
-    file = sys.stderr if as_json else sys.stdout
+    file = sys.stderr if as_json or stdout_taken() else sys.stdout
     return _console_class()(file=file, highlight=False, soft_wrap=False, width=output_width(file))
 
 

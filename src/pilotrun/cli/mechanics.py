@@ -71,7 +71,8 @@ def archive(run_id, out, home, as_json):
     from pilotrun.journal.store import Journal
 
     data = pack(Journal(home_for(home), create=False), run_id, out)
-    said = f"run {data['run_id']}: {len(data['files'])} files packed into {data['path']} ({data['bytes']} bytes)"
+    said = f"run {data['run_id']}: {len(data['files'])} files packed into {data['path']}" + (
+        f" ({data['bytes']} bytes)" if data["bytes"] is not None else "")
     if data["problems"]:  # packed as they are (a backup keeps what there is), said as verify says it
         said += (f"; WARN: {len(data['problems'])} file(s) no longer match the run's manifest, so `pilotrun verify` "
                  "refuses this archive's run: " + "; ".join(data["problems"][:5]) + ("; …" if len(data["problems"]) > 5

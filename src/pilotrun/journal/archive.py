@@ -20,7 +20,8 @@ from pathlib import Path, PurePosixPath
 
 from pilotrun.errors import BadInput
 from pilotrun.journal.checkpoints import reference, resolve
-from pilotrun.journal.files import MANIFEST, remove_stale_temps, temp_path, verify_manifest, writing
+from pilotrun.journal.files import (MANIFEST, output_file, output_kind, remove_stale_temps, verify_manifest,
+                                    writing)
 from pilotrun.journal.runs import missing_run_folder, still_alive, write_run_readme
 
 
@@ -45,11 +46,12 @@ def pack(journal, run_id: str, out: str | Path) -> dict:
                        "archive now would be no consistent copy (a checkpoint half-saved, no manifest yet)",
                        where=run_id, fix=f"archive it once it ends (`pilotrun show {run_id}` says its status), or "
                                          "stop it (its interruption is recorded) and archive then")
-    out = Path(out).resolve()
-    if run_dir.resolve() in out.parents:
+    out = Path(out).expanduser().absolute()
+    stream = output_kind(out) == "stream"  # /dev/stdout, a pipe: written into as it is packed
+    if run_dir.resolve() in Path(os.path.realpath(out)).parents:
         raise BadInput(f"--out {out} is inside the run folder it packs", where="--out", fix="write it elsewhere")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_temps(out.parent)  # what a killed archive of this host left beside its target
+    if not stream:
+        remove_stale_temps(Path(os.path.realpath(out)).parent)  # what a killed archive of this host left there
     links = sorted(p for p in run_dir.rglob("*") if p.is_symlink())
     if links:  # pilotrun writes no links; packing one would carry whatever it points at, or an unusable member
         raise BadInput(f"{links[0]} is a link (to {os.readlink(links[0])}); a run folder holds plain files only",
@@ -71,18 +73,15 @@ def pack(journal, run_id: str, out: str | Path) -> dict:
         with tempfile.TemporaryDirectory() as tmp:
             write_run_readme(Path(tmp), run)
             extra["README.md"] = (Path(tmp) / "README.md").read_bytes()
-    tmp = temp_path(out)
-    with writing(out, tmp):  # a full disk, a read-only folder: exit 2 naming --out, the partial copy removed
-        with tarfile.open(tmp, "w:gz") as tar:
-            for p in files:
-                tar.add(p, arcname=f"{run_id}/{p.relative_to(run_dir).as_posix()}", recursive=False)
-            for name, data in extra.items():
-                _add_bytes(tar, f"{run_id}/{name}", data)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, out)
+    # complete or absent (a full disk, a read-only folder: exit 2 naming --out, the partial copy removed)
+    with output_file(out, "--out") as f, tarfile.open(fileobj=f, mode="w|gz") as tar:
+        for p in files:
+            tar.add(p, arcname=f"{run_id}/{p.relative_to(run_dir).as_posix()}", recursive=False)
+        for name, data in extra.items():
+            _add_bytes(tar, f"{run_id}/{name}", data)
     names = [p.relative_to(run_dir).as_posix() for p in files] + sorted(extra)
-    return {"path": str(out), "run_id": run_id, "files": names, "bytes": out.stat().st_size, "problems": differs}
+    return {"path": str(out), "run_id": run_id, "files": names, "bytes": None if stream else out.stat().st_size,
+            "problems": differs}
 
 
 def manifest_problems(run_dir: Path) -> list[str]:

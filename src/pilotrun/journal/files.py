@@ -7,10 +7,11 @@ import json
 import os
 import shutil
 import signal
+import stat
 import sys
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, BinaryIO, Callable, Iterator, TypeVar
 
 from pilotrun.errors import BadInput, DiskFull, from_os_error
 
@@ -198,6 +199,85 @@ def atomic_write_via(path: str | Path, write: Callable[[Path], object]) -> None:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     fsync_dir(path.parent)
+
+
+def _stdio(st: os.stat_result) -> int | None:
+    """1 or 2 where ``st`` is this process's own stdout or stderr (``/dev/stdout`` names it through a link)."""
+    for fd in (1, 2):
+        try:
+            o = os.fstat(fd)
+        except OSError:
+            continue
+        if (o.st_dev, o.st_ino) == (st.st_dev, st.st_ino):
+            return fd
+    return None
+
+
+_TAKEN: set[int] = set()
+
+
+def stdout_taken() -> bool:
+    """Whether an output file went to this process's stdout (``--out /dev/stdout``): the verb's human lines then go
+    to stderr, so what a pipe reads is the file alone."""
+    return 1 in _TAKEN
+
+
+def output_kind(path: str | Path) -> str:
+    """What a path the user named for an output file (``--out``, ``--write``) is, through links: "file" (a regular
+    file, or nothing yet), "stream" (a device, a FIFO or a socket: ``/dev/null``, ``/dev/stdout``, a named pipe; or
+    this process's own stdout or stderr) or "folder"."""
+    try:
+        st = os.stat(Path(path).expanduser())
+    except OSError:  # nothing there yet, or nothing readable: the write says why
+        return "file"
+    if stat.S_ISDIR(st.st_mode):
+        return "folder"
+    return "stream" if not stat.S_ISREG(st.st_mode) or _stdio(st) is not None else "file"
+
+
+@contextmanager
+def output_file(path: str | Path, key: str) -> Iterator[BinaryIO]:
+    """A binary file to fill with an output the user named (``key``: its option). A file is written atomically
+    (complete or absent) and a link is written through: the file it names is replaced, the link stays. A stream
+    (``output_kind``) is written straight into and never replaced: renaming a file over ``/dev/null`` as root
+    leaves a plain file where every program's null device was, and over ``/dev/stdout`` it unlinks what the shell
+    redirected to. A folder is exit 2."""
+    given = Path(path).expanduser()
+    kind = output_kind(given)
+    if kind == "folder":
+        raise BadInput(f"{given} is a folder", where=key, fix=f"name a file, e.g. {key} {given / 'out'}")
+    if kind == "stream":
+        fd = _stdio(os.stat(given))
+        if fd is not None:  # our own stdout: reopening it would truncate what was printed before
+            sys.stdout.flush()
+            sys.stderr.flush()
+            _TAKEN.add(fd)
+        with writing(given), (os.fdopen(os.dup(fd), "wb") if fd is not None else open(given, "wb")) as f:
+            yield f
+        return
+    final = Path(os.path.realpath(given))
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temp_path(final)
+    with writing(final, tmp):
+        with open(tmp, "wb") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, final)
+    fsync_dir(final.parent)
+
+
+def write_output(path: str | Path, data: str | bytes, key: str) -> None:
+    """``data`` into an output file the user named, as ``output_file`` writes one."""
+    with output_file(path, key) as f:
+        f.write(data.encode("utf-8") if isinstance(data, str) else data)
+
+
+def refuse_stream(path: str | Path, key: str, why: str) -> None:
+    """Exit 2 where an output must be a file in a folder (``why``) and ``path`` is a stream."""
+    if output_kind(path) == "stream":
+        raise BadInput(f"{path} is not a file (a device, a pipe or the terminal); {why}", where=key,
+                       fix=f"name a file for {key}, e.g. {key} campaign.yaml")
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:

@@ -14,7 +14,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
-from pilotrun.journal.files import atomic_write_text
+from pilotrun.journal.files import write_output
 from pilotrun.journal.runs import run_table_rows, shown_status
 from pilotrun.probe.recorder import figure, host_peak, peak_of
 from pilotrun.sizes import fmt_bytes
@@ -341,7 +341,8 @@ def build_report(journal, sections: list[Section] | None = None) -> str:
 
 
 def write_report(journal, out: str | Path, sections: list[Section] | None = None) -> Path:
-    """Build the report and write it atomically (complete or absent, never half-written)."""
-    out = Path(out).resolve()
-    atomic_write_text(out, build_report(journal, sections))
+    """Build the report and write it atomically (complete or absent, never half-written; a device or a pipe such as
+    /dev/stdout is written into, as ``write_output`` says)."""
+    out = Path(out).expanduser().absolute()
+    write_output(out, build_report(journal, sections), "--out")
     return out

@@ -12,7 +12,7 @@ from pilotrun.campaign.importers.render import render, short
 from pilotrun.campaign.importers.source import FORMATS, detect, read_source
 from pilotrun.campaign.schema import Campaign
 from pilotrun.errors import BadInput, BadInputs
-from pilotrun.journal.files import atomic_write_text
+from pilotrun.journal.files import atomic_write_text, refuse_stream
 from pilotrun.signals import unless_stopping
 
 def import_config(source: str | Path, fmt: str | None = None, out: str | Path | None = None,
@@ -27,6 +27,8 @@ def import_config(source: str | Path, fmt: str | None = None, out: str | Path | 
     detected = fmt is None
     fmt = fmt or detect(raw, source)
     out_path = Path(out).expanduser() if out else source.parent / "campaign.yaml"
+    refuse_stream(out_path, "--out", "the campaign's paths are written relative to its folder, and every verb "
+                                     "reads it back from there")
     out_path = out_path.resolve()
     if out_path == source:
         raise BadInput("--out names the source config itself", where="--out", fix="write the campaign to another file")

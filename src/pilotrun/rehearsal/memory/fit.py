@@ -117,6 +117,8 @@ def fit(loaded, home, memory_limit: int, *, write: str | None = None, effective_
         all_variants: bool = False, pilot_rows: list[dict] | None = None, device=None) -> StageResult:
     """The fit stage. ``pilot_rows`` (the control's ledger) default to the pilot's, run or reused.
     The search stops at the first variant that fits and keeps the experiment unless ``all_variants``."""
+    if write:
+        fit_variants.check_write(loaded, write)
     require_weights(loaded)
     device = device or default_device()
     prep = prepare(loaded, splits=("train", "validation"))

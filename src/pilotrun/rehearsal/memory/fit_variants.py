@@ -9,7 +9,7 @@ from pilotrun.campaign.load import PATH_KEYS, apply_overrides, load_campaign
 from pilotrun.console.progress import head
 from pilotrun.errors import BadInput
 from pilotrun.engine.precision import campaign_compute_dtype
-from pilotrun.journal.files import atomic_write_text
+from pilotrun.journal.files import atomic_write_text, refuse_stream
 from pilotrun.journal.store import Journal
 from pilotrun.probe.recorder import describe_inputs, peak_of
 from pilotrun.sizes import fmt_bytes
@@ -189,16 +189,25 @@ def control_ledger(loaded, home, limit: int, prep=None) -> tuple[list[dict], str
 
 # --- writing the chosen variant -----------------------------------------------------------------
 
-def write_campaign(loaded, chosen: dict, path, over: dict, limit: int) -> Path:
-    """The campaign file with the chosen variant's keys changed, and a comment saying what and why."""
-    import yaml
-
+def check_write(loaded, path) -> Path:
+    """Where ``--write`` puts the chosen variant's campaign file, refused before anything is measured: a campaign
+    file to start from, and a new file (not an existing one, not a device or a pipe)."""
+    refuse_stream(path, "--write", "the campaign's paths are written relative to its folder, and every verb reads "
+                                   "it back from there")
     path = Path(path).resolve()
     if loaded.source is None:
         raise BadInput("the campaign has no file to start from", where="--write", fix="run fit on a campaign file")
     if path.exists():
         raise BadInput(f"{path} exists; fit writes a new file and never overwrites", where="--write",
                        fix="name a file that does not exist yet")
+    return path
+
+
+def write_campaign(loaded, chosen: dict, path, over: dict, limit: int) -> Path:
+    """The campaign file with the chosen variant's keys changed, and a comment saying what and why."""
+    import yaml
+
+    path = check_write(loaded, path)
     raw = yaml.safe_load(Path(loaded.source).read_text(encoding="utf-8")) or {}
     if path.parent != Path(loaded.source).resolve().parent:
         resolved = loaded.resolved_dict()

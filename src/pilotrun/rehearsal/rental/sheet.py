@@ -12,7 +12,7 @@ from pathlib import Path
 
 from pilotrun.campaign.importers import not_reproduced_lines
 from pilotrun.errors import DiskFull, from_os_error
-from pilotrun.journal.files import atomic_write_text
+from pilotrun.journal.files import output_kind, write_output
 from pilotrun.journal.runs import find_pilot
 from pilotrun.journal.store import Journal
 from pilotrun.sheet import plan as P
@@ -34,24 +34,23 @@ def sheet_stage(loaded, home, *, target_env_path: str | None = None, gpu: str | 
                 options: bool = True, say_imported: bool = True) -> StageResult:
     """The sheet; for an imported campaign it says once which of the source's settings the rehearsal does not
     reproduce (``say_imported``: `all` says it itself)."""
-    result = _sheet_stage(loaded, home, target_env_path=target_env_path, gpu=gpu, out=out, rates_path=rates_path,
-                          sets=sets, options=options)
     lines = not_reproduced_lines(loaded.campaign) if say_imported else []
+    preface = "\n".join(["## Not reproduced by the rehearsal", "", lines[0], ""] +
+                         [f"- {x.strip()}" for x in lines[1:]]) + "\n\n" if lines else ""
+    result = _sheet_stage(loaded, home, target_env_path=target_env_path, gpu=gpu, out=out, rates_path=rates_path,
+                          sets=sets, options=options, preface=preface)
     if lines:
         result.messages[:0] = lines
         result.data["not_reproduced"] = lines
-        if "markdown" in result.data:
-            md = "\n".join(["## Not reproduced by the rehearsal", "", lines[0], ""] +
-                            [f"- {x.strip()}" for x in lines[1:]]) + "\n\n"
-            result.data["markdown"] = md + result.data["markdown"]
-            if out:
-                atomic_write_text(out, result.data["markdown"])
     return result
 
 
 def _sheet_stage(loaded, home, *, target_env_path: str | None = None, gpu: str | None = None,
                  out: str | None = None, rates_path: str | None = None, sets: tuple[str, ...] = (),
-                 options: bool = True) -> StageResult:
+                 options: bool = True, preface: str = "") -> StageResult:
+    """``preface``: Markdown put before the sheet's own (the settings not reproduced). The launch files and the
+    wheel go beside ``out`` when it is a file; a device or a pipe (``--out /dev/stdout``) gets the Markdown only."""
+    beside = bool(out) and output_kind(out) == "file"
     target_env = read_target_env(target_env_path) if target_env_path else None
     if gpu:
         get_gpu(gpu)  # a bad --gpu is a bad input before anything else
@@ -65,22 +64,22 @@ def _sheet_stage(loaded, home, *, target_env_path: str | None = None, gpu: str |
         too_large = too_large_here(loaded)  # the estimator knows the model's size before anything is loaded
         if too_large is not None:
             result = no_pilot_sheet(loaded, too_large, rates=rates)
-            if out and loaded.source is not None:
+            if beside and loaded.source is not None:
                 result.data["launch"] = options_launch(result.data, loaded, sets, str(journal.home))
-            result.data["markdown"] = to_markdown({"blocks": no_pilot_blocks(result.data)})
+            result.data["markdown"] = preface + to_markdown({"blocks": no_pilot_blocks(result.data)})
             if out:
-                atomic_write_text(out, result.data["markdown"])
+                write_output(out, result.data["markdown"], "--out")
                 written = [Path(out)]
                 if (result.data.get("launch") or {}).get("files"):
                     written += write_launch(result.data, loaded, Path(out), result.data["launch"]["files"])
                 result.data["written"] = [str(p) for p in written]
-                result.messages.append(f"written to {Path(out).parent}: " + ", ".join(p.name for p in written))
+                result.messages.append(_written(out, written, beside))
             return result
         return StageResult("sheet", "fail", f"no pilot run for campaign {c.name!r} in {journal.path}",
                            [f"the sheet is built from the pilot's measurements; run `pilotrun pilot "
                             f"{loaded.source or 'CAMPAIGN'}` first (with the same --home)"], {"pilot_run": None})
     # pilotrun's wheel for the launch files, when it ships as one, is built on the other core during the traces
-    with wheel_beside(Path(out).resolve().parent if out and loaded.source is not None else None):
+    with wheel_beside(Path(out).resolve().parent if beside and loaded.source is not None else None):
         sheet = build_sheet(loaded.resolved_dict() if not stale else pilot["config"], journal, pilot,
                             target_env=target_env, gpu=gpu, rates=rates, options=options)
         sheet["home"] = str(journal.home)
@@ -88,7 +87,7 @@ def _sheet_stage(loaded, home, *, target_env_path: str | None = None, gpu: str |
             sheet["warnings"].insert(0, stale)
         written = []
         if out:
-            written = _write(sheet, loaded, Path(out), sets)
+            written = _write(sheet, loaded, Path(out), sets, preface, beside)
     verdict = worst(["fail" if sheet["problems"] else "warn" if sheet["warnings"] else "ok"])
     need = sheet["memory"]
     tgt = sheet.get("target")
@@ -103,16 +102,22 @@ def _sheet_stage(loaded, home, *, target_env_path: str | None = None, gpu: str |
     fit_rows = [{"gpu": f["name"], "memory": f"{f['memory_bytes'] / 2**30:g} GiB",
                  "need": size(f["need"]),
                  "verdict": f["verdict"], "campaign time": P.fmt_duration(f.get("campaign_s"))} for f in sheet["fit"]]
-    sheet["markdown"] = to_markdown(sheet)
-    lines = to_lines(sheet) + ([f"written to {Path(out).parent}: " + ", ".join(p.name for p in written)]
-                               if written else [])
+    sheet["markdown"] = preface + to_markdown(sheet)
+    lines = to_lines(sheet) + ([_written(out, written, beside)] if out else [])
     return StageResult("sheet", verdict, summary, lines, sheet, fit_cols, fit_rows)
 
 
-def _write(sheet, loaded, out: Path, sets) -> list[Path]:
-    """sheet.md and, for the chosen GPU and plan, the launch files next to it."""
+def _written(out: str, written: list[Path], beside: bool) -> str:
+    if beside:
+        return f"written to {Path(out).parent}: " + ", ".join(p.name for p in written)
+    return (f"written to {out}; no launch files: it is not a file in a folder (a device or a pipe), so name a file "
+            "to get them beside it")
+
+
+def _write(sheet, loaded, out: Path, sets, preface: str, beside: bool) -> list[Path]:
+    """sheet.md and, for the chosen GPU and plan, the launch files next to it (``beside``: ``out`` is a file)."""
     files = []
-    ch = sheet.get("launch")
+    ch = sheet.get("launch") if beside else None  # a device or a pipe has no folder for the launch files
     if ch and loaded.source is not None:
         try:
             sheet["launch"]["files"] = launch_plan(sheet, loaded, BY_KEY[ch["gpu"]], ch["plan"], sets)
@@ -122,11 +127,11 @@ def _write(sheet, loaded, out: Path, sets) -> list[Path]:
             if refused is not None:  # a full disk, a read-only --out: exit 2 naming it, not a sheet without files
                 raise refused from None
             sheet["warnings"].append(f"no launch files: {type(e).__name__}: {e}")
-    elif not ch:
+    elif beside and not ch:
         sheet["warnings"].append("no launch files: no GPU and plan to launch (see the problems above)")
-    atomic_write_text(out, to_markdown(sheet))
+    write_output(out, preface + to_markdown(sheet), "--out")
     files.append(out)
-    if (sheet.get("launch") or {}).get("files"):
+    if beside and (sheet.get("launch") or {}).get("files"):
         files += write_launch(sheet, loaded, out, sheet["launch"]["files"])
     sheet["written"] = [str(p) for p in files]
     return files

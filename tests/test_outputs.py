@@ -1,0 +1,107 @@
+"""Files the user names for a verb's output (--out, --write, --tensorboard): a device or a pipe is written into and
+never replaced, a link is written through and kept, and a value left empty is refused."""
+
+import io
+import os
+import stat
+import tarfile
+import threading
+
+import pytest
+from conftest import run_cli_process
+
+from pilotrun.journal.store import Journal
+
+
+def _reader(path):
+    """The other end of a named pipe: what was written into it, once the writer closes it."""
+    got = {}
+    thread = threading.Thread(target=lambda: got.update(data=path.read_bytes()), daemon=True)
+    thread.start()
+    return thread, got
+
+
+def test_an_archive_and_a_report_sent_to_a_pipe_leave_it_a_pipe(cli, demo_campaign, tmp_path):
+    # archive and report renamed a temporary file over --out: a pipe (or, as root, /dev/null) became a plain file
+    home = tmp_path / "home"
+    r = cli("train", demo_campaign, "--home", home, "--set", "train.updates=1", "--json")
+    assert r.code == 0, r.err
+    run_id = r.json["data"]["run_id"]
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    thread, got = _reader(pipe)
+    r = cli("archive", run_id, "--home", home, "--out", pipe)
+    thread.join(60)
+    assert r.code == 0, r.err
+    assert stat.S_ISFIFO(os.lstat(pipe).st_mode)
+    with tarfile.open(fileobj=io.BytesIO(got["data"]), mode="r:gz") as tar:
+        assert f"{run_id}/config.yaml" in tar.getnames()
+    assert f"packed into {pipe}" in r.out and "bytes)" not in r.out
+    assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name]
+
+    thread, got = _reader(pipe)
+    r = cli("report", "--home", home, "--out", pipe)
+    thread.join(60)
+    assert r.code == 0, r.err
+    assert stat.S_ISFIFO(os.lstat(pipe).st_mode) and got["data"].startswith(b"<!DOCTYPE html>")
+
+
+def test_a_report_to_stdout_is_the_file_alone_on_stdout(tmp_path):
+    # a link into /proc/self/fd/1, as /dev/stdout is: the report goes to the process's stdout (a pipe here), the
+    # verb's own lines to stderr, and the link stays
+    home = tmp_path / "home"
+    Journal(home)
+    link = tmp_path / "stdout"
+    link.symlink_to("/proc/self/fd/1")
+    p = run_cli_process("report", "--home", home, "--out", link)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.startswith("<!DOCTYPE html>") and p.stdout.endswith("</html>\n")
+    assert "report: wrote" in p.stderr
+    assert link.is_symlink()
+
+
+def test_a_campaign_file_is_never_written_into_a_pipe(tmp_path, cli, demo_campaign):
+    # its paths are relative to its folder: import --out and fit --write refuse a device or a pipe, --force or not
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    source = tmp_path / "axolotl.yml"
+    (tmp_path / "d.jsonl").write_text('{"instruction": "q", "input": "", "output": "a"}\n')
+    source.write_text("base_model: ./m\ndatasets:\n  - path: d.jsonl\n    type: alpaca\nmicro_batch_size: 1\n")
+    r = cli("import", source, "--out", pipe, "--force")
+    assert r.code == 2 and "is not a file (a device, a pipe or the terminal)" in r.err, r.err
+    assert "fix: name a file for --out" in r.err
+    r = cli("fit", demo_campaign, "--memory-limit", "1GiB", "--write", pipe, "--home", tmp_path / "home")
+    assert r.code == 2 and "is not a file (a device, a pipe or the terminal)" in r.err, r.err
+    assert stat.S_ISFIFO(os.lstat(pipe).st_mode)
+
+
+@pytest.mark.parametrize("argv, option", [
+    (("split", "{data}", "--out", ""), "--out"),
+    (("split", "{data}", "--out", "{tmp}/s", "--period", " "), "--period"),
+    (("import", "{tmp}/axolotl.yml", "--out", ""), "--out"),
+    (("estimate", "{campaign}", "--gpu-memory", ""), "--gpu-memory"),
+    (("show", "RUN", "--tensorboard", ""), "--tensorboard"),
+    (("validate", "{campaign}", "--set", ""), "--set"),
+    (("note", ""), "TEXT"),
+])
+def test_a_value_left_empty_is_refused(cli, demo_campaign, tmp_path, monkeypatch, argv, option):
+    # an unset shell variable (--out "$OUT") used to read as the option left out, or as the current folder: split
+    # and show wrote there, import wrote beside its source and estimate planned without a memory limit
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "axolotl.yml").write_text("base_model: ./m\nmicro_batch_size: 1\n")
+    data = demo_campaign.parent / "data" / "train.jsonl"
+    args = [a.format(data=data, tmp=tmp_path, campaign=demo_campaign) for a in argv]
+    before = sorted(os.listdir(tmp_path))
+    r = cli(*args, "--home", tmp_path / "home") if argv[0] != "import" else cli(*args)
+    assert r.code == 2, r.err
+    assert f"Invalid value for '{option}': it is empty: give a value, or leave it out" in r.err, r.err
+    assert sorted(os.listdir(tmp_path)) == before
+
+
+def test_split_ratios_must_be_finite(cli, demo_campaign, tmp_path):
+    # nan passed every comparison: --ratios nan put every record in train and said ok
+    data = demo_campaign.parent / "data" / "train.jsonl"
+    for ratios in ("nan", "nan,nan,nan", "0.8,nan,0.2"):
+        r = cli("split", data, "--out", tmp_path / "s", "--ratios", ratios)
+        assert r.code == 2 and "holds a share that is not a finite number" in r.err, (ratios, r.err)
+    assert not (tmp_path / "s").exists()
