@@ -142,6 +142,19 @@ def test_over_budget_names_phase_and_inputs_and_fails(tmp_path, cli):
     assert all(r["peak_allocated"] % 512 == 0 for r in phases)  # the CUDA allocator's rounding
 
 
+@pytest.mark.parametrize("r", [65, 2**70])
+def test_a_lora_rank_above_every_adapted_layer_is_bad_input(tmp_path, cli, r):
+    # the update B·A of a 64-wide projection has rank 64 at most; 2**70 failed inside torch (exit 3)
+    path = _campaign(tmp_path, model__config=dict(TINY_LLAMA))
+    res = cli("estimate", path, "--set", f"model.adapter={{r: {r}, target_modules: [q_proj, v_proj]}}")
+    assert res.code == 2, res.err
+    assert f"model.adapter.r: LoRA rank {r} is above every adapted layer's smaller side (at most 64, q_proj)" in res.err
+    assert "fix: set model.adapter.r to 64 or less" in res.err
+    res = cli("estimate", path, "--options", "--lora-r", r)
+    assert res.code == 2 and f"--lora-r: LoRA rank {r} is above" in res.err, res.err
+    assert cli("estimate", path, "--set", "model.adapter={r: 64, target_modules: [q_proj, v_proj]}").code == 0
+
+
 def test_fsdp_divides_state_by_ranks_but_not_activations(tmp_path):
     from pilotrun.campaign.load import load_campaign
     from pilotrun.rehearsal.memory.estimate import estimate

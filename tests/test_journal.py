@@ -54,6 +54,10 @@ def test_runs_show_note(cli, tmp_path):
     run_id = cli("train", path, "--home", home, "--json").json["data"]["run_id"]
     r = cli("runs", "--home", home, "--json")
     assert r.code == 0 and [x["run_id"] for x in r.json["data"]["runs"]] == [run_id]
+    # a kind the journal never held is said as such (it read "0 runs of kind trian", as an empty journal would)
+    r = cli("runs", "--home", home, "--kind", "trian", "--json")
+    assert r.code == 0 and r.json["verdict"] == "warn" and r.json["data"]["runs"] == []
+    assert r.json["summary"] == "no run of kind 'trian' in this journal; its kinds: train"
     assert cli("note", "lr looks high", "--run", run_id, "--home", home).code == 0
     assert cli("note", "go with lr 1e-3", "--decision", "--home", home).code == 0
     r = cli("show", run_id, "--home", home, "--json")

@@ -25,8 +25,12 @@ def runs(kind, home, as_json):
 
     j = _journal(home)
     data = run_table_rows(j, j.list_runs(kind=kind))[::-1]  # newest first, the one order of runs and the report
-    return emit_data({"runs": data}, as_json, lambda con, d: render_runs(con, d["runs"]),
-                     summary=f"{len(data)} runs" + (f" of kind {kind}" if kind else "") + ", newest first")
+    summary = f"{len(data)} runs" + (f" of kind {kind}" if kind else "") + ", newest first"
+    kinds = sorted({r["kind"] for r in j.list_runs()}) if kind and not data else []
+    if kinds:  # a kind the journal never held (a typo: --kind pilto) said as such, not as an empty journal
+        summary = f"no run of kind {kind!r} in this journal; its kinds: {', '.join(kinds)}"
+    return emit_data({"runs": data}, as_json, lambda con, d: con.print(summary, markup=False) if kinds else
+                     render_runs(con, d["runs"]), summary=summary, verdict="warn" if kinds else "ok")
 
 
 @cli.command()

@@ -66,6 +66,26 @@ for _name in COMMAND_MODULES:
     importlib.import_module(_name)
 
 
+def _refuse_empty(ctx: click.Context, param: click.Parameter, value):
+    """A value given as "" or blanks on the command line (an unset shell variable: ``--out "$OUT"``) is refused.
+    Left through, "" reads as no value (``--gpu-memory ""`` estimated with no limit, ``import --out ""`` wrote
+    beside the source) or as the current folder (``split --out ""``, ``show --tensorboard ""`` wrote there)."""
+    from click.core import ParameterSource
+
+    if ctx.get_parameter_source(param.name) is ParameterSource.COMMANDLINE:
+        values = value if isinstance(value, (tuple, list)) else (value,)
+        if any(isinstance(v, str) and not v.strip() for v in values):
+            raise click.BadParameter("it is empty: give a value, or leave it out")
+    return value
+
+
+for _command in cli.commands.values():  # every verb's options and arguments but its flags
+    for _param in _command.params:
+        if not getattr(_param, "is_flag", False):
+            assert _param.callback is None, f"{_command.name} {_param.name}: _refuse_empty would replace its callback"
+            _param.callback = _refuse_empty
+
+
 def _internal_error(exc: BaseException) -> tuple[int, str]:
     fd, path = tempfile.mkstemp(prefix="pilotrun-error-", suffix=".txt")
     with os.fdopen(fd, "w") as f:

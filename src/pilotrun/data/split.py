@@ -11,6 +11,7 @@ from __future__ import annotations
 import bisect
 import hashlib
 import json
+import math
 from pathlib import Path
 
 from pilotrun.data.leakage import period_key
@@ -28,6 +29,9 @@ def parse_ratios(text: str) -> tuple[float, ...]:
     except ValueError:
         raise BadInput(f"--ratios '{text}' is not a list of numbers", where="--ratios",
                        fix="give two or three shares that sum to 1, e.g. 0.8,0.1,0.1") from None
+    if not all(math.isfinite(r) for r in ratios):  # nan passes every comparison below: --ratios nan put all in train
+        raise BadInput(f"--ratios '{text}' holds a share that is not a finite number", where="--ratios",
+                       fix="give two or three finite shares that sum to 1, e.g. 0.8,0.1,0.1")
     if not 1 <= len(ratios) <= 3 or any(r < 0 for r in ratios) or ratios[0] <= 0:
         raise BadInput(f"--ratios '{text}': need 1 to 3 shares, none negative, train above 0", where="--ratios",
                        fix="e.g. 0.8,0.1,0.1 (train, validation, test)")

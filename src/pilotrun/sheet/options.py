@@ -28,6 +28,7 @@ import time
 
 from pilotrun.campaign.arithmetic import batch_arithmetic, data_parallel_ranks, examples_per_update
 from pilotrun.campaign.prepare import prepare
+from pilotrun.errors import BadInput
 from pilotrun.phases import names
 from pilotrun.probe.trace import rows_for, traced
 from pilotrun.sheet import plan as P
@@ -146,7 +147,12 @@ def options_table(loaded, *, prep=None, rates: dict | None = None, lora_r: int |
         traces[key] = traces[same] if same else traced(variants[key], device=device, prep=prep, after_steps=share)
 
     need("written")
-    need("lora")
+    try:
+        need("lora")
+    except BadInput as e:  # the rank --lora-r gave, not the campaign's
+        if lora_r and e.where == "model.adapter.r":
+            raise BadInput(e.detail, where="--lora-r", fix=e.fix.replace("model.adapter.r", "--lora-r")) from None
+        raise
     work = _work(loaded, prep)
     work["net"] = (rates or {}).get("interconnect") or {}
     tp = tp_degree(c.model)

@@ -806,6 +806,7 @@ def _apply_adapter(model, adapter, kind: str):
     from peft import LoraConfig, TaskType, get_peft_model
 
     targets, _ = lora_targets(model, adapter)
+    _check_rank(model, adapter.r, targets)
     cfg = LoraConfig(r=adapter.r, lora_alpha=adapter.alpha, lora_dropout=adapter.dropout,
                      target_modules="all-linear" if targets == ["all-linear"] else targets,
                      task_type=TaskType.CAUSAL_LM if kind == "causal-lm" else TaskType.SEQ_CLS)
@@ -814,6 +815,27 @@ def _apply_adapter(model, adapter, kind: str):
     except ValueError as e:
         raise BadInput(f"cannot apply the LoRA adapter: {e}", where="model.adapter.target_modules",
                        fix=f"name modules that exist in the model: {', '.join(linear_layers(model))}") from None
+
+
+def _check_rank(model, r: int, targets: list[str]) -> None:
+    """Exit 2 where the LoRA rank ``r`` is above every adapted layer's smaller side: an update B·A of such a layer
+    has at most that rank, so the rest adds parameters and memory and nothing else (and a rank past torch's sizes,
+    ``r: 1e21``, failed inside torch as an internal error)."""
+    sides = {}
+    for name, m in model.named_modules():
+        short = name.rpartition(".")[2]
+        if targets == ["all-linear"] or short in targets:
+            dims = [getattr(m, "in_features", None), getattr(m, "out_features", None)]
+            if None in dims and getattr(getattr(m, "weight", None), "ndim", 0) == 2:
+                dims = list(m.weight.shape)  # GPT-2's Conv1D holds no in/out_features
+            if None not in dims:
+                sides[short] = max(sides.get(short, 0), min(dims))
+    if sides and r > max(sides.values()):
+        widest = max(sides, key=sides.get)
+        raise BadInput(f"LoRA rank {r} is above every adapted layer's smaller side (at most {sides[widest]}, "
+                       f"{widest}): an adapter's update of such a layer has at most that rank, so a larger r adds "
+                       "parameters and memory and changes nothing else", where="model.adapter.r",
+                       fix=f"set model.adapter.r to {sides[widest]} or less (8 to 64 is usual)")
 
 
 def lora_wrapped(model, adapter, kind: str) -> list[str]:
