@@ -226,3 +226,11 @@ def test_cli_fit_runs_or_reuses_the_control_and_reports(tmp_path, cli):
     assert res.code == 0, res.err
     assert res.json["verdict"] == "ok" and "nothing to change" in res.json["summary"]
     assert res.json["data"]["limit"] == 64 * 2**30
+
+
+@pytest.mark.parametrize("value", ["0", "-1"])
+def test_an_effective_batch_below_one_is_refused(cli, demo_campaign, tmp_path, value):
+    # it was taken: "variants keep -1 examples per update instead of the control's 16"
+    r = cli("fit", demo_campaign, "--memory-limit", "1GiB", "--effective-batch", value, "--home", tmp_path / "h")
+    assert r.code == 2 and "Invalid value for '--effective-batch'" in r.err and "x>=1" in r.err, r.err
+    assert not (tmp_path / "h").exists()

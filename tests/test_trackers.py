@@ -272,6 +272,12 @@ def test_export_bad_input(tmp_path, demo, cli):
     r = cli("export", run_id, "--to", "mlflow", "--uri", secret, "--home", home, "--json")
     assert r.code == 2 and r.json["error"]["where"] == secret.replace("s3cret", "***"), r.err
     assert "s3cret" not in r.err + r.out and "alice:***@127.0.0.1" in r.err
+    # a URI MLflow itself refuses (a folder store, MLflow 3's old default; a scheme it lacks) was exit 3
+    for uri, said in ((str(tmp_path / "mlruns"), "The filesystem tracking backend"), ("foo://bar", "foo://bar")):
+        r = cli("export", run_id, "--to", "mlflow", "--uri", uri, "--home", home)
+        assert r.code == 2, r.err
+        assert f"MLflow tracking URI: MLflow refuses the tracking URI {uri}: " in r.err and said in r.err, r.err
+        assert "fix: pass a database (--uri sqlite:///PATH/mlflow.db)" in r.err
 
 
 def test_only_the_tracker_modules_import_mlflow_or_wandb():

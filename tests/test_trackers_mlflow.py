@@ -198,12 +198,27 @@ def test_a_run_logged_live_is_not_duplicated_by_its_export(mlflow_server, tmp_pa
 
 class _Chromium:
     """Headless chromium driven over its DevTools pipe (fds 3 and 4, NUL-separated JSON): its profile, TMPDIR
-    and log in the test's folder; closed with the test."""
+    and log in a short folder of the temp directory (its socket's path must stay within the 107 bytes a socket's
+    address holds, which a test's own folder can pass), removed with the test."""
 
-    def __init__(self, folder: Path):
-        self.folder, self.n, self.buf = folder, 0, b""
+    def __init__(self):
+        import tempfile
+
+        self.folder, self.n, self.buf = Path(tempfile.mkdtemp(prefix="chr-")), 0, b""
 
     def __enter__(self):
+        try:
+            return self._start()
+        except BaseException:  # a chromium that never answered: killed, its folder removed
+            if hasattr(self, "proc"):
+                if self.proc.poll() is None:
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+                self.log.close()
+            shutil.rmtree(self.folder, ignore_errors=True)
+            raise
+
+    def _start(self):
         r3, w3 = os.pipe()
         r4, w4 = os.pipe()
 
@@ -217,8 +232,7 @@ class _Chromium:
              "--disable-background-networking", "--disable-component-update", "--no-first-run",
              f"--user-data-dir={self.folder / 'chromium-profile'}", "about:blank"],
             pass_fds=(3, 4), preexec_fn=pipes, stdout=subprocess.DEVNULL, stderr=self.log,
-            env=dict(os.environ, TMPDIR=str(self.folder)), start_new_session=True)  # a longer one: its socket's
-        # path is past the 107 bytes a socket's address holds
+            env=dict(os.environ, TMPDIR=str(self.folder)), start_new_session=True)
         os.close(r3)
         os.close(w4)
         self.w, self.r = w3, r4
@@ -238,6 +252,7 @@ class _Chromium:
         os.close(self.w)
         os.close(self.r)
         self.log.close()
+        shutil.rmtree(self.folder, ignore_errors=True)
         return False
 
     def call(self, method: str, session: bool = False, **params):
@@ -292,7 +307,7 @@ def test_the_mlflow_ui_compares_the_sweeps_arms(exported_sweep, cli, tmp_path):
     url = (f"{uri}/#/compare-runs?runs={urllib.parse.quote(ids)}"
            f"&experiments={urllib.parse.quote(json.dumps([exp.experiment_id]))}")
     shot = tmp_path / "shot.png"
-    with _Chromium(tmp_path) as page:
+    with _Chromium() as page:
         page.open(url + "&workflowType=machine_learning")  # MLflow 3's training-runs view, not the GenAI one
         page.wait("document.body && document.body.innerText.includes('Comparing 4 Runs')")
         # MLflow opens its assistant's panel on a first visit (a quarter of the page): closed, as a user would

@@ -48,7 +48,7 @@ def estimate(campaign, device, gpu_memory, options, lora_r, rates, sets, home, a
 @click.option("--memory-limit", required=True, metavar="SIZE", help="the memory one rank may use, e.g. 24GiB")
 @click.option("--write", "write_path", type=click.Path(dir_okay=False), default=None,
               help="write the chosen variant as a new campaign file, with a comment saying what changed and why")
-@click.option("--effective-batch", type=int, default=None,
+@click.option("--effective-batch", type=click.IntRange(1), default=None,
               show_default="the campaign's", help="examples per update every variant must keep")
 @click.option("--all-variants", is_flag=True, help="measure every variant, not only up to the first that fits")
 @set_option

@@ -94,7 +94,7 @@ class LiveTracker:
         try:
             self.tracker = self.make()
         except Exception as e:  # noqa: BLE001 - a tracker that cannot even be set up is reported, never raised
-            self._give_up(e, bug=raised_by_pilotrun(e))
+            self._give_up(e, bug=not isinstance(e, BadInput) and raised_by_pilotrun(e))
             return None
         return exporter_class(journal, self.tracker)
 
@@ -117,7 +117,8 @@ class LiveTracker:
 
     def _give_up(self, e: BaseException, tries: int = 1, bug: bool = False) -> None:
         what = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
-        self.failure = f"{type(e).__name__}: {what}" + (f" (tried {tries} times)" if tries > 1 else "")
+        said = what if isinstance(e, BadInput) else f"{type(e).__name__}: {what}"  # a refusal says itself
+        self.failure = said + (f" (tried {tries} times)" if tries > 1 else "")
         if bug:  # training goes on all the same: the journal has the runs
             self.failure = f"an error in pilotrun itself, not the tracker's ({self.failure}); please report it"
 

@@ -18,6 +18,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from pilotrun.errors import BadInput
 from pilotrun.integrations.trackers import content as C
+from pilotrun.signals import unless_stopping
 
 STATUS = {"running": "RUNNING", "created": "RUNNING", "completed": "FINISHED", "stopped": "FINISHED",
           "check failed": "FAILED", "diverged": "FAILED", "failed": "FAILED", "interrupted": "KILLED"}
@@ -82,7 +83,16 @@ class MlflowTracker:
         self.uri = resolve_uri(self.home, uri)
         self.target = shown(self.uri)  # printed, and the journal's key: never a password
         self.experiment_name = experiment
-        self.client = MlflowClient(tracking_uri=self.uri)
+        try:
+            self.client = MlflowClient(tracking_uri=self.uri)
+        except Exception as e:  # noqa: BLE001 - MLflow refuses the URI itself: a folder store (MLflow 3), a scheme
+            unless_stopping(e)
+            said = (str(e).strip() or type(e).__name__).split(". ")[0][:300]
+            raise BadInput(f"MLflow refuses the tracking URI {self.target}: {said}", where="MLflow tracking URI",
+                           fix="pass a database (--uri sqlite:///PATH/mlflow.db) or a server (--uri http://HOST:5000), "
+                               "or fix the campaign's track.uri or $MLFLOW_TRACKING_URI, wherever it came from; "
+                               "MLflow 3 writes a folder store (./mlruns) only with MLFLOW_ALLOW_FILE_STORE=true"
+                           ) from None
         self._experiments: dict[str, str] = {}
         self._sent: dict[str, set[tuple[str, int]]] = {}  # tracker run id -> (key, step) already in MLflow
         self._asked: dict[str, set[str] | None] = {}  # tracker run id -> the keys whose history was read from MLflow
