@@ -20,9 +20,10 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     # the package root is imported before any of its modules: the ground. Its ``__getattr__`` hands out the
     # public names (pilotrun.Task, pilotrun.phase) lazily: the one import allowed to point up. console/ is how
     # every layer speaks to the user: terminal-safe text, durations, the progress line; sizes.py reads the memory
-    # sizes users write (hardware.memory_per_gpu, --memory-limit) and prints them.
+    # sizes users write (hardware.memory_per_gpu, --memory-limit) and prints them; jsonsafe.py reads JSON nested too
+    # deep as bad JSON (a data line, a config.json), never a RecursionError.
     (GROUND, ("pilotrun", "pilotrun.errors", "pilotrun.verdicts", "pilotrun.provenance", "pilotrun.startup",
-              "pilotrun.signals", "pilotrun.scratch", "pilotrun.console", "pilotrun.sizes")),
+              "pilotrun.signals", "pilotrun.scratch", "pilotrun.console", "pilotrun.sizes", "pilotrun.jsonsafe")),
     ("journal", ("pilotrun.journal",)),
     ("records", ("pilotrun.records",)),
     ("tasks", ("pilotrun.tasks",)),

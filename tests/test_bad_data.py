@@ -18,6 +18,9 @@ def _assert_nothing_written(home):
     (b'{"instruction": "a", "output": "b"}\n{"instruction": "a"}\n', ":2", "no field 'output'"),
     (b'{"instruction": "a", "output": "b"}\n[1, 2]\n', ":2", "not an object"),
     (b"", "", "no records"),
+    # nested past the interpreter's recursion limit: a RecursionError, exit 3
+    (b'{"instruction": "a", "output": "b"}\n{"instruction": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n", ":2",
+     "nested deeper than the JSON reader goes"),
 ])
 @pytest.mark.parametrize("verb", ["validate", "train"])
 def test_malformed_jsonl(cli, tmp_path, content, where, message, verb):

@@ -37,6 +37,9 @@ def _copy(model_dir, tmp_path):
     ("estimate", "[1, 2, 3]", "config.json holds a JSON list, not an object of the model's settings"),
     ("pilot", '"llama"', "config.json holds a JSON str, not an object of the model's settings"),
     ("validate", '{"model_type": "llama",', "config.json is not valid JSON"),
+    # nested past the interpreter's recursion limit: a RecursionError, exit 3
+    ("estimate", '{"model_type": "llama", "x": ' + "[" * 100_000 + "]" * 100_000 + "}",
+     "config.json is not valid JSON (nested deeper than the JSON reader goes"),
 ])
 def test_config_json_that_is_not_an_object_is_exit_2(cli, tmp_path, model_dir, verb, text, words):
     folder = _copy(model_dir, tmp_path)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pilotrun.campaign.arithmetic import batch_arithmetic
 from pilotrun.campaign.schema import PreferenceConfig
 from pilotrun.errors import BadInput, BadInputs
+from pilotrun import jsonsafe
 from pilotrun.records.readers import not_text, read_records
 from pilotrun.tasks.common import SPLITS, template_fields
 from pilotrun.tasks.hub import snapshot_of
@@ -330,7 +331,6 @@ def _tokenizer_size(spec) -> tuple[int, str] | None:
     """(ids the tokenizer can give: its largest id + 1, where that was read), without importing
     transformers: the built-in byte tokenizer, or a folder's tokenizer.json (its model's vocabulary and
     added tokens) or vocab.txt. None when the folder holds neither (a SentencePiece model file)."""
-    import json
     from pathlib import Path
 
     if spec == "byte":
@@ -339,7 +339,7 @@ def _tokenizer_size(spec) -> tuple[int, str] | None:
     path = folder / "tokenizer.json"
     if path.is_file():
         try:
-            t = json.loads(path.read_text(encoding="utf-8"))
+            t = jsonsafe.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return None  # the tokenizer load says what is wrong with the file
         vocab = (t.get("model") or {}).get("vocab") or {}
@@ -355,7 +355,6 @@ def _tokenizer_size(spec) -> tuple[int, str] | None:
 
 def _model_vocab(c) -> tuple[int, str] | None:
     """(model's vocabulary size, the key it came from): model.config's vocab_size or config.json's."""
-    import json
     from pathlib import Path
 
     if c.model.config is not None:
@@ -363,7 +362,7 @@ def _model_vocab(c) -> tuple[int, str] | None:
         return (n, "model.config.vocab_size") if isinstance(n, int) else None
     path = Path(c.model.path) / "config.json"
     try:
-        n = json.loads(path.read_text(encoding="utf-8")).get("vocab_size")
+        n = jsonsafe.loads(path.read_text(encoding="utf-8")).get("vocab_size")
     except (OSError, ValueError, AttributeError):
         return None
     return (n, f"vocab_size in {path}") if isinstance(n, int) else None

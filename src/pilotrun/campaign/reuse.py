@@ -29,6 +29,7 @@ import pilotrun
 from pilotrun import __version__
 from pilotrun.console.progress import spending
 from pilotrun.journal.files import atomic_write_bytes
+from pilotrun import jsonsafe
 from pilotrun.provenance import file_sha256
 from pilotrun.tasks.loading import shape_only
 
@@ -227,11 +228,11 @@ def stored_trace(key: str | None) -> dict | None:
         return None
     try:
         head, _, body = gzip.decompress((folder / f"{key}.json.gz").read_bytes()).partition(b"\n")
-        header = json.loads(head)
+        header = jsonsafe.loads(head)
         if (not isinstance(header, dict) or header.get("key") != key
                 or header.get("sha256") != hashlib.sha256(body).hexdigest()):
             return None
-        trace = json.loads(body)
+        trace = jsonsafe.loads(body)
     except Exception:  # noqa: BLE001 - none yet, or damaged in any way: a miss, traced again
         return None
     if not isinstance(trace, dict):
@@ -278,7 +279,7 @@ def kept_result(loaded, what: dict, compute):
     stored = stored_trace(key)
     if stored is not None and "value" in stored:
         return stored["value"]
-    value = json.loads(json.dumps(compute()))  # as a later read gives it back (lists, string keys)
+    value = jsonsafe.loads(json.dumps(compute()))  # as a later read gives it back (lists, string keys)
     if key is not None:
         store_trace(key, {"value": value})
     return value

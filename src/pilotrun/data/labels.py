@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from pilotrun.errors import BadInput
+from pilotrun import jsonsafe
 from pilotrun.tasks.seq_cls import as_id
 from pilotrun.verdicts import Check
 
@@ -80,7 +80,7 @@ def model_id2label(c) -> dict[int, str] | None:
         return None
     path = Path(c.model.path) / "config.json"
     try:
-        cfg = json.loads(path.read_text(encoding="utf-8"))
+        cfg = jsonsafe.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     raw = cfg.get("id2label") or {}

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from pilotrun.engine.loop import to_device
 from pilotrun.engine.precision import autocast
 from pilotrun.journal.files import reading_weights
+from pilotrun import jsonsafe
 from pilotrun.tasks.base import BUILTIN_TASKS, IGNORE
 
 if TYPE_CHECKING:
@@ -84,10 +85,10 @@ def load_control(path) -> dict:
 
     with reading_weights(path, "stored control predictions"), safe_open(str(path), framework="pt") as f:
         md = f.metadata() or {}
-        rids = json.loads(md.get("rids", "[]"))
+        rids = jsonsafe.loads(md.get("rids", "[]"))
         values = [f.get_tensor(f"{i}.values") for i in range(len(rids))]
         indices = [f.get_tensor(f"{i}.indices") for i in range(len(rids))]
-    return {"rids": rids, "meta": json.loads(md.get("meta", "{}")), "values": values, "indices": indices}
+    return {"rids": rids, "meta": jsonsafe.loads(md.get("meta", "{}")), "values": values, "indices": indices}
 
 
 def tokenizer_facts(task) -> dict:

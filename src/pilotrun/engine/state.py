@@ -35,6 +35,7 @@ from pilotrun.journal.checkpoints import named_by, resolve, write_reference
 from pilotrun.journal.files import (MANIFEST, commit_dir, kill_point, remove_stale_temps, temp_path, reading_weights,
                                     write_manifest, writing)
 from pilotrun.journal.leases import check_fence
+from pilotrun import jsonsafe
 from pilotrun.tasks.preference_ref import FILE as REFERENCE_FILE
 from pilotrun.tasks.preference_ref import ReferenceLogps, attach_table, table_of
 
@@ -169,7 +170,7 @@ def load_state(state, path: str | Path) -> list[str]:
                        where=str(asked), fix="use an earlier complete checkpoint")
 
     rank = world_rank()[1]
-    written_by = check_world(path, json.loads((path / MANIFEST).read_text()), state.model)
+    written_by = check_world(path, jsonsafe.loads((path / MANIFEST).read_text()), state.model)
     if written_by is not None:
         opt = read_optimizer_shard(path, rank) if (path / shard_names(rank)[1]).is_file() else None
         restored = load_shards(state, path, rank, opt) if (path / shard_names(rank)[0]).is_file() else []
@@ -209,10 +210,10 @@ def _load_rest(state, path: Path) -> list[str]:
 
     restored = []
     if (path / "scheduler.json").is_file():
-        state.scheduler.load_state_dict(json.loads((path / "scheduler.json").read_text()))
+        state.scheduler.load_state_dict(jsonsafe.loads((path / "scheduler.json").read_text()))
         restored.append("scheduler")
     if (path / "scaler.json").is_file() and state.scaler is not None:
-        state.scaler.load_state_dict(json.loads((path / "scaler.json").read_text()))
+        state.scaler.load_state_dict(jsonsafe.loads((path / "scaler.json").read_text()))
         restored.append("scaler")
     if (path / "rng.safetensors").is_file():
         with reading_weights(path / "rng.safetensors", "checkpoint's random states"):
@@ -221,15 +222,15 @@ def _load_rest(state, path: Path) -> list[str]:
         cuda = [t[k] for k in sorted(k for k in t if k.startswith("cuda"))]
         if cuda and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(cuda)
-        r = json.loads((path / "rng.json").read_text())
+        r = jsonsafe.loads((path / "rng.json").read_text())
         random.setstate((r["python"][0], tuple(r["python"][1]), r["python"][2]))
         np.random.set_state(_np_state_from_json(r["numpy"]))
         restored.append("rng")
     if (path / "sampler.json").is_file():
-        state.sampler.load_state_dict(json.loads((path / "sampler.json").read_text()))
+        state.sampler.load_state_dict(jsonsafe.loads((path / "sampler.json").read_text()))
         restored.append("sampler")
     if (path / "counters.json").is_file():
-        state.load_counters(json.loads((path / "counters.json").read_text()))
+        state.load_counters(jsonsafe.loads((path / "counters.json").read_text()))
         restored.append("counters")
     if (path / REFERENCE_FILE).is_file():  # the reference log-probabilities stored at the run's start
         with reading_weights(path / REFERENCE_FILE, "checkpoint's reference log-probabilities"):
@@ -249,7 +250,7 @@ def latest_checkpoint(folder: str | Path) -> Path | None:
     def newest(found: tuple[Path, Path]):
         asked, held = found
         counters = held / "counters.json"
-        update = json.loads(counters.read_text()).get("update", -1) if counters.is_file() else -1
+        update = jsonsafe.loads(counters.read_text()).get("update", -1) if counters.is_file() else -1
         return (update, held.name == "final", held.name)
 
     done = [(p, held) for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")

@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 
 from pilotrun.errors import BadInput
+from pilotrun import jsonsafe
 from pilotrun.provenance import file_sha256
 
 ATTR = "pilotrun_base"  # set by tasks/loading.build_model on an adapted model
@@ -91,7 +92,7 @@ def write_base(folder: Path, model) -> None:
 
 def check_base(folder: Path, model) -> None:
     """Refuse (nothing loaded) when the checkpoint was trained on another base model than this one."""
-    saved = json.loads((folder / BASE_FILE).read_text())
+    saved = jsonsafe.loads((folder / BASE_FILE).read_text())
     described = base_of(model)
     if described is None:
         raise BadInput(f"{folder} is an adapter-only checkpoint but this campaign's model has no adapter; nothing "

@@ -14,11 +14,11 @@ load, latest, retention), ``verify`` and ``archive`` read checkpoints through it
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
 from pilotrun.journal.files import MANIFEST, commit_dir, listed_files, temp_path, verify_manifest, write_manifest
+from pilotrun import jsonsafe
 from pilotrun.provenance import file_sha256
 
 REF_KIND = "pilotrun-checkpoint-ref"
@@ -30,7 +30,7 @@ def reference(path: str | Path) -> dict | None:
     """The reference manifest of ``path`` when it is a reference (``final`` standing for a numbered checkpoint),
     else None (a checkpoint of its own, or no readable manifest: ``folder_problems`` says why)."""
     try:
-        m = json.loads((Path(path) / MANIFEST).read_text())
+        m = jsonsafe.loads((Path(path) / MANIFEST).read_text())
     except (OSError, ValueError):
         return None
     return m if isinstance(m, dict) and m.get("kind") == REF_KIND else None
@@ -95,7 +95,7 @@ def write_reference(path: str | Path, target: str | Path) -> Path:
     if target.parent != path.parent or not NUMBERED.fullmatch(target.name) or found:
         raise ValueError(f"{path} can stand only for a complete numbered checkpoint beside it: {target} "
                          f"({'; '.join(found) or 'not a numbered checkpoint beside it'})")
-    counters = json.loads((target / "counters.json").read_text()) if (target / "counters.json").is_file() else {}
+    counters = jsonsafe.loads((target / "counters.json").read_text()) if (target / "counters.json").is_file() else {}
     tmp = temp_path(path)
     if tmp.exists():
         shutil.rmtree(tmp)

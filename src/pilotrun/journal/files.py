@@ -15,6 +15,7 @@ from typing import Any, BinaryIO, Callable, Iterator, TypeVar
 
 from pilotrun.errors import BadInput, DiskFull, from_os_error
 
+from pilotrun import jsonsafe
 from pilotrun.provenance import files_sha256
 from pilotrun.scratch import host_tag, pid_alive
 
@@ -323,7 +324,7 @@ def verify_manifest(root: str | Path, only: str | None = None) -> list[str]:
     if not mpath.is_file():
         return [f"{mpath}: no manifest"]
     try:
-        manifest = json.loads(mpath.read_text())
+        manifest = jsonsafe.loads(mpath.read_text())
         files = manifest["files"]
         if not isinstance(files, dict):
             raise TypeError("'files' is not a mapping")
@@ -351,7 +352,7 @@ def verify_manifest(root: str | Path, only: str | None = None) -> list[str]:
 def listed_files(root: str | Path) -> set[str] | None:
     """The paths manifest.json lists (None when it cannot be read)."""
     try:
-        files = json.loads((Path(root) / MANIFEST).read_text()).get("files")
+        files = jsonsafe.loads((Path(root) / MANIFEST).read_text()).get("files")
     except (OSError, ValueError, AttributeError):
         return None
     return set(files) if isinstance(files, dict) else None

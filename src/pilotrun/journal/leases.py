@@ -8,7 +8,6 @@ imported here: the store imports this module).
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
 import socket
@@ -17,6 +16,7 @@ import time
 from datetime import datetime
 
 from pilotrun import signals
+from pilotrun import jsonsafe
 from pilotrun.signals import Reaped
 
 LEASE_ENV = "PILOTRUN_LEASE_S"
@@ -119,7 +119,7 @@ class Lease(threading.Thread):
         if self.run_id not in self.reaped:
             with self.journal.connect() as db:
                 row = db.execute("SELECT status, summary_json FROM runs WHERE run_id=?", (self.run_id,)).fetchone()
-            status, summary = (row[0], json.loads(row[1] or "{}")) if row else ("gone", {})
+            status, summary = (row[0], jsonsafe.loads(row[1] or "{}")) if row else ("gone", {})
             why = summary.get("reason") or f"its status is {status!r}"
             self.reaped[self.run_id] = (
                 f"the journal reaped run {self.run_id} while this process was stopped (SIGSTOP, Ctrl-Z or a "

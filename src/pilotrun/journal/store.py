@@ -25,6 +25,7 @@ from pilotrun.journal.leases import (LEASE_ENV, OWNER, Lease, check_fence, fence
                                      wall_time)
 from pilotrun.journal.schema import MIGRATIONS, SCHEMA, SCHEMA_VERSION
 from pilotrun.journal.versions import as_bad_input, check_home, connect_read_only, open_checked, unopenable
+from pilotrun import jsonsafe
 from pilotrun.scratch import pid_alive
 
 __all__ = ["FINAL", "SCHEMA", "SCHEMA_VERSION", "Journal", "Lease", "check_fence", "iso", "last_heartbeat", "lease_s",
@@ -280,7 +281,7 @@ class Journal:
         with self.connect() as db:
             rows = [dict(r) for r in db.execute("SELECT * FROM phases WHERE run_id=? ORDER BY id", (run_id,))]
         for r in rows:
-            r["inputs"] = json.loads(r.pop("inputs_json") or "{}")
+            r["inputs"] = jsonsafe.loads(r.pop("inputs_json") or "{}")
         return rows
 
     def add_predictions(self, run_id: str, split: str, items: list[tuple[str, Any]]) -> None:
@@ -292,7 +293,7 @@ class Journal:
 
     def predictions(self, run_id: str, split: str) -> dict[str, Any]:
         with self.connect() as db:
-            return {r["example_id"]: json.loads(r["payload_json"]) for r in
+            return {r["example_id"]: jsonsafe.loads(r["payload_json"]) for r in
                     db.execute("SELECT * FROM predictions WHERE run_id=? AND split=?", (run_id, split))}
 
     def add_note(self, text: str, run_id: str | None = None, decision: bool = False) -> int:
@@ -371,7 +372,7 @@ class Journal:
         if row is None:
             return None
         d = dict(row)
-        d["plan"] = json.loads(d.pop("plan_json"))
+        d["plan"] = jsonsafe.loads(d.pop("plan_json"))
         return d
 
     def find_sweep(self, plan_sha256: str) -> dict | None:
@@ -385,7 +386,7 @@ def _run_dict(row: sqlite3.Row) -> dict:
     d = dict(row)
     for k in ("config_json", "packages_json", "data_json", "summary_json"):
         v = d.pop(k)
-        d[k.removesuffix("_json")] = json.loads(v) if v else None
+        d[k.removesuffix("_json")] = jsonsafe.loads(v) if v else None
     return d
 
 

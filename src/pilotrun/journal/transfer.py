@@ -11,6 +11,7 @@ from pathlib import Path
 
 from pilotrun.journal.files import MANIFEST, atomic_write_bytes
 from pilotrun.journal.store import Journal
+from pilotrun import jsonsafe
 from pilotrun.provenance import file_sha256
 
 TABLES = ("phases", "metrics", "predictions")
@@ -79,10 +80,8 @@ def unpack_folder(data: bytes, root: Path) -> list[str]:
 def check_arrived(root: Path, written: list[str]) -> list[str]:
     """The files of ``written`` that do not match the manifest the worker wrote among them (empty when every
     file arrived whole); a folder that came without a manifest is a finding too."""
-    import json
-
     if MANIFEST not in written:
         return [f"{MANIFEST}: missing"]
-    files = json.loads((Path(root) / MANIFEST).read_text()).get("files", {})
+    files = jsonsafe.loads((Path(root) / MANIFEST).read_text()).get("files", {})
     return [rel for rel in written if Path(rel).name != MANIFEST  # a checkpoint's own manifest lists its files
             and (rel not in files or file_sha256(Path(root) / rel) != files[rel].get("sha256"))]

@@ -11,7 +11,6 @@ the report read the names and kinds from here. Adding a phase is one entry here 
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -22,6 +21,7 @@ from pilotrun.engine.distributed import wrap_model
 from pilotrun.engine.loop import evaluate, make_state, plan_value, precompute_reference, run_update, to_device
 from pilotrun.engine.precision import autocast
 from pilotrun.engine.state import save_state
+from pilotrun import jsonsafe
 from pilotrun.phases.worst import by_length
 from pilotrun.tasks.base import BUILTIN_TASKS, loss_parts
 from pilotrun.tasks.loading import torch_dtype
@@ -302,7 +302,7 @@ def _export(ctx, p) -> None:
         p.inputs.update(parts=ctx.written, bytes=_dir_bytes(art))
         merged = art / "merged" / "config.json"
         if ctx.prep.c.model.quantization is not None and merged.is_file():  # what the merged weights are
-            p.inputs["merged"] = json.loads(merged.read_text()).get("pilotrun_dequantized")
+            p.inputs["merged"] = jsonsafe.loads(merged.read_text()).get("pilotrun_dequantized")
 
 
 def _export_traced(ctx) -> None:

@@ -23,6 +23,7 @@ import weakref
 
 from pilotrun.errors import BadInput
 from pilotrun.engine.optim import PAGED_MIN_NUMEL
+from pilotrun import jsonsafe
 from pilotrun.probe.fake_ops import inner_temporaries, stand_in
 from pilotrun.tasks import make_task
 from pilotrun.tasks.base import BUILTIN_TASKS
@@ -531,7 +532,6 @@ def _fake_deepcopies():
 def architecture_config(loaded) -> dict | None:
     """The model's config as a dict (model.config, or model.path's config.json) for a built-in task, else None:
     what the counted path reads the depth from."""
-    import json
     from pathlib import Path
 
     c = loaded.campaign
@@ -542,7 +542,7 @@ def architecture_config(loaded) -> dict | None:
 
     path = Path(c.model.path)
     check_model_dir(path, weights=False)  # the architecture is all the estimate needs
-    return json.loads((path / "config.json").read_text(encoding="utf-8"))
+    return jsonsafe.loads((path / "config.json").read_text(encoding="utf-8"))
 
 
 def fake_build(loaded, fake_mode, overrides: dict | None = None):

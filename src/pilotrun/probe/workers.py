@@ -32,6 +32,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from pilotrun import jsonsafe
+
 WORKERS_ENV = "PILOTRUN_TRACE_WORKERS"  # "1" (or 0): one after the other; "2": a worker; unset: one if a core is idle
 # test switch: the worker "exit"s with status 3 before it answers, or answers a "truncate"d body and exits 0
 TEST_ENV = "PILOTRUN_TEST_TRACE_WORKER"
@@ -142,9 +144,9 @@ def _answer(data: bytes) -> Any | None:
     """The value a worker wrote (a JSON header with its body's sha256, a line feed, the JSON body), or None."""
     head, _, body = data.partition(b"\n")
     try:
-        if json.loads(head) != {"sha256": hashlib.sha256(body).hexdigest()}:
+        if jsonsafe.loads(head) != {"sha256": hashlib.sha256(body).hexdigest()}:
             return None
-        return json.loads(body)
+        return jsonsafe.loads(body)
     except ValueError:
         return None
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from pilotrun.errors import BadInput
+from pilotrun import jsonsafe
 
 FORMATS = (".jsonl", ".json", ".csv", ".parquet")
 _CSV_FIELD_LIMIT = 2**31 - 1
@@ -134,7 +135,7 @@ def _read_jsonl(text: str, path: Path) -> list[Record]:
         if not line.strip():
             continue
         try:
-            obj = json.loads(line)
+            obj = jsonsafe.loads(line)
         except json.JSONDecodeError as e:
             raise BadInput(f"invalid JSON: {e.msg} (column {e.colno})", where=f"{path}:{n}",
                            fix="each line must hold one JSON object") from None
@@ -147,7 +148,7 @@ def _read_jsonl(text: str, path: Path) -> list[Record]:
 
 def _read_json(text: str, path: Path) -> list[Record]:
     try:
-        obj = json.loads(text)
+        obj = jsonsafe.loads(text)
     except json.JSONDecodeError as e:
         raise BadInput(f"invalid JSON: {e.msg} (column {e.colno})", where=f"{path}:{e.lineno}",
                        fix="the file must hold a JSON list of objects") from None

@@ -7,9 +7,9 @@ fix) are the reader's own.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from pilotrun import jsonsafe
 from pilotrun.records.readers import Record, read_records
 from pilotrun.errors import BadInput
 
@@ -32,7 +32,7 @@ def iter_chunks(path: str | Path, size: int = CHUNK):
             if not raw.strip():
                 continue
             try:
-                obj = json.loads(raw)
+                obj = jsonsafe.loads(raw)
             except ValueError:
                 obj = None
             if not isinstance(obj, dict):

@@ -29,6 +29,7 @@ import time
 from pilotrun.campaign.arithmetic import batch_arithmetic, data_parallel_ranks, examples_per_update
 from pilotrun.campaign.prepare import prepare
 from pilotrun.errors import BadInput
+from pilotrun import jsonsafe
 from pilotrun.phases import names
 from pilotrun.probe.trace import rows_for, traced
 from pilotrun.sheet import plan as P
@@ -222,13 +223,12 @@ def _meanings(c) -> dict:
 
 def _config_dict(model) -> dict | None:
     """model.config, or model.path's config.json, as a dict (with model.config_overrides); None when unreadable."""
-    import json
     from pathlib import Path
 
     cfg = model.config if isinstance(model.config, dict) else None
     if cfg is None and model.path and (Path(model.path) / "config.json").is_file():
         try:
-            cfg = json.loads((Path(model.path) / "config.json").read_text())
+            cfg = jsonsafe.loads((Path(model.path) / "config.json").read_text())
         except (OSError, ValueError):
             cfg = None
     if isinstance(cfg, dict) and getattr(model, "config_overrides", None):

@@ -9,7 +9,6 @@ start-up; pip stays the fallback) or repacked from the installed files.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
@@ -22,6 +21,7 @@ from pilotrun.campaign.load import apply_overrides, parse_set
 from pilotrun.campaign.reuse import package_digest
 from pilotrun.errors import DiskFull
 from pilotrun.journal.files import atomic_write_json, is_disk_full
+from pilotrun import jsonsafe
 from pilotrun.provenance import package_versions
 from pilotrun.tasks.hub import is_hub_id
 
@@ -107,7 +107,7 @@ def _kept_wheel(folder: Path, key: str | None) -> Path | None:
     if key is None:
         return None
     try:
-        kept = json.loads((folder / WHEEL_KEY).read_text())
+        kept = jsonsafe.loads((folder / WHEEL_KEY).read_text())
         wheel = folder / kept["wheel"]
         if kept.get("key") == key and wheel.is_file() and wheel.stat().st_size == kept.get("size"):
             return wheel

@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 from pilotrun.errors import BadInput
+from pilotrun import jsonsafe
 
 TORCH_FLOOR = "2.4"  # pilotrun's own floor (pyproject.toml dependencies)
 BF16_MIN_CC = 8.0  # bf16 tensor cores start at Ampere
@@ -48,7 +49,7 @@ def read_target_env(path: str | Path) -> dict:
         raise BadInput("target env file not found", where=str(p),
                        fix="on the target machine run `pilotrun env --json > target-env.json` and pass that file")
     try:
-        doc = json.loads(p.read_text(encoding="utf-8"))
+        doc = jsonsafe.loads(p.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise BadInput(f"not JSON: {e}", where=str(p), fix="pass the output of `pilotrun env --json`") from None
     env = doc.get("data", doc) if isinstance(doc, dict) else None

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from pilotrun.errors import BadInput
+from pilotrun import jsonsafe
 
 # org/name as the hub spells them: letters, digits, - _ . (no leading dot), one slash; then @revision
 _HUB_ID = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*)(?:@(?P<rev>[\w./-]+))?$")
@@ -126,13 +127,11 @@ def snapshot_of(folder: str | Path | None) -> tuple[str, str] | None:
 def missing_weights(folder: str | Path) -> list[str]:
     """The weight files a cached snapshot lacks: the shards its model.safetensors.index.json names that are
     absent, or model.safetensors when no index is cached either (empty when the weights are there)."""
-    import json
-
     p = Path(folder)
     index = p / "model.safetensors.index.json"
     if index.is_file():
         try:
-            shards = sorted(set(json.loads(index.read_text(encoding="utf-8")).get("weight_map", {}).values()))
+            shards = sorted(set(jsonsafe.loads(index.read_text(encoding="utf-8")).get("weight_map", {}).values()))
         except (OSError, ValueError):
             shards = []
         return [s for s in shards if not (p / s).is_file()]

@@ -12,6 +12,7 @@ from pilotrun.console.progress import spending
 from pilotrun.errors import BadInput, BadInputs
 from pilotrun.journal.base_identity import ATTR, describe_base
 from pilotrun.journal.files import reading_weights
+from pilotrun import jsonsafe
 from pilotrun.provenance import file_identity
 from pilotrun.startup import LIBRARY_ENV_DEFAULTS
 from pilotrun.tasks.hub import fetch_command, missing_weights, snapshot_of
@@ -207,10 +208,8 @@ def check_max_length(c, cfg, source: str) -> None:
 
 def folder_config_dict(path: Path) -> dict | None:
     """config.json of a model folder as a dict (no transformers, no torch); None when it cannot be read."""
-    import json
-
     try:
-        cfg = json.loads((path / "config.json").read_text(encoding="utf-8"))
+        cfg = jsonsafe.loads((path / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     return cfg if isinstance(cfg, dict) else None
@@ -286,10 +285,8 @@ def check_positions(c, defaults: bool = True) -> None:
 def check_config_json(path: Path) -> dict:
     """A model folder's config.json as a JSON object; anything else (damaged, a list, a string) is exit 2 naming
     the file, before any stage builds or traces the model."""
-    import json
-
     try:
-        cfg = json.loads(path.read_text(encoding="utf-8"))
+        cfg = jsonsafe.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError) as e:
         raise BadInput(f"cannot read {path.name}: {e}", where=str(path),
                        fix="check the file's permissions, or write it again with save_pretrained") from None
@@ -311,7 +308,6 @@ def check_safetensors(path: Path) -> dict:
     """A weights file whose header parses and whose tensors all lie within the file, each exactly as long as its
     dtype and shape say (a truncated copy, a garbage header, a renamed pickle): exit 2 naming the file before any
     run exists. Reads the header only (no torch); returns it."""
-    import json
     import math
 
     def bad(why: str) -> BadInput:
@@ -326,7 +322,7 @@ def check_safetensors(path: Path) -> dict:
             n = int.from_bytes(head, "little") if len(head) == 8 else -1
             if n < 2 or 8 + n > size:
                 raise bad(f"its header claims {n} bytes, the file has {size}")
-            header = json.loads(f.read(n))
+            header = jsonsafe.loads(f.read(n))
     except OSError as e:
         raise BadInput(f"cannot read the weights: {e.strerror}", where=str(path),
                        fix="check the file's permissions") from None
@@ -388,12 +384,10 @@ def check_model_dir(path: Path, weights: bool = True) -> None:
 
 def model_weight_files(path: Path) -> list[Path]:
     """The safetensors files that hold a model folder's weights: the shards its index names, else model.safetensors."""
-    import json
-
     index = path / "model.safetensors.index.json"
     if index.is_file():
         try:
-            files = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+            files = sorted(set(jsonsafe.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             raise BadInput(f"{index.name} is not the index save_pretrained writes (no weight_map)", where=str(index),
                            fix="copy the model folder again, or write it again with save_pretrained") from None
@@ -850,8 +844,6 @@ def lora_wrapped(model, adapter, kind: str) -> list[str]:
 def load_hf_artifact(c, tokenizer, kind: str, path, labels: list[str] | None = None):
     """Load an exported artifact as a user would; an adapter goes onto its base model (the folder it
     names, or for a base built from model.config, that config rebuilt under the campaign seed)."""
-    import json
-
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
     path = Path(path)
@@ -863,7 +855,7 @@ def load_hf_artifact(c, tokenizer, kind: str, path, labels: list[str] | None = N
         if (path / "adapter_config.json").is_file():
             from peft import AutoPeftModelForCausalLM, AutoPeftModelForSequenceClassification, PeftModel
 
-            base = json.loads((path / "adapter_config.json").read_text()).get("base_model_name_or_path")
+            base = jsonsafe.loads((path / "adapter_config.json").read_text()).get("base_model_name_or_path")
             if base and Path(base).is_dir() and c.model.quantization is None:  # a quantised base: built below
                 auto = AutoPeftModelForCausalLM if kind == "causal-lm" else AutoPeftModelForSequenceClassification
                 return auto.from_pretrained(str(path), local_files_only=True, **held)

@@ -28,6 +28,7 @@ import json
 from pathlib import Path
 
 from pilotrun.errors import BadInput
+from pilotrun import jsonsafe
 from pilotrun.tasks.preference_loss import unwrapped
 
 TABLE_ATTR = "pilotrun_reference_logps"
@@ -105,7 +106,7 @@ class ReferenceLogps:
             meta = f.metadata() or {}
             values = f.get_tensor("logps").tolist()
         try:
-            rids, fps = json.loads(meta["rids"]), json.loads(meta["pairs"])
+            rids, fps = jsonsafe.loads(meta["rids"]), jsonsafe.loads(meta["pairs"])
             table = cls({r: (fp, _pair(v)) for r, fp, v in zip(rids, fps, values, strict=True)}, str(path))
         except (KeyError, ValueError, TypeError) as e:
             raise BadInput(f"the stored reference log-probabilities are unreadable ({type(e).__name__}: {e})",

@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pilotrun.errors import BadInput
+from pilotrun import jsonsafe
 from pilotrun.tasks.preference import PairExample
 from pilotrun.tasks.base import IGNORE, Example
 
@@ -36,8 +37,6 @@ def tokenizer_absent(c) -> Path | None:
 def config_vocabulary(c) -> "ConfigVocabulary | None":
     """The tokenizer's stand-in when the campaign's tokenizer folder holds no tokenizer (``tokenizer_absent``):
     the vocabulary of the model's config.json (or model.config), else None (the real tokenizer is loaded)."""
-    import json
-
     folder = tokenizer_absent(c)
     if folder is None:
         return None
@@ -45,7 +44,7 @@ def config_vocabulary(c) -> "ConfigVocabulary | None":
     model = Path(c.model.path) / "config.json" if c.model.path else None
     if model is not None and model.is_file():
         try:
-            config = json.loads(model.read_text(encoding="utf-8"))
+            config = jsonsafe.loads(model.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return None  # the model's own load names the broken file
     return ConfigVocabulary(config if isinstance(config, dict) else {}, folder)

@@ -17,6 +17,7 @@ from pilotrun.campaign.importers.builder import Builder, empty
 from pilotrun.campaign.importers.keys import check_keys, unknown_reason
 from pilotrun.campaign.importers.reasons import HF_NOTHING_PREFIXES, HF_REASONS, NOTHING
 from pilotrun.campaign.importers.settings import optimizer, precision, schedule, strategy_from_deepspeed
+from pilotrun import jsonsafe
 
 TOOL_LABEL = "TrainingArguments/TRL"
 
@@ -39,7 +40,7 @@ def accelerator_defaults() -> dict[str, Any]:
 
     from transformers.trainer_pt_utils import AcceleratorConfig
 
-    return json.loads(json.dumps(dataclasses.asdict(AcceleratorConfig()), default=str))
+    return jsonsafe.loads(json.dumps(dataclasses.asdict(AcceleratorConfig()), default=str))
 
 
 def same(v: Any, d: Any) -> bool:

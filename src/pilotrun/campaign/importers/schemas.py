@@ -13,11 +13,12 @@ from __future__ import annotations
 import dataclasses
 import enum
 import importlib.util
-import json
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
+
+from pilotrun import jsonsafe
 
 DATA = Path(__file__).parent / "schemas"
 TOOLS = ("axolotl", "transformers", "trl")
@@ -165,7 +166,7 @@ def stored(tool: str) -> tuple[Schema, ...]:
     """The data files of ``tool``, newest version first."""
     out = []
     for path in sorted(DATA.glob(f"{tool}-*.json")):
-        raw = json.loads(path.read_text(encoding="utf-8"))
+        raw = jsonsafe.loads(path.read_text(encoding="utf-8"))
         out.append(Schema(raw["tool"], raw["version"], raw["source"], raw["keys"], raw.get("groups", {})))
     return tuple(sorted(out, key=lambda s: _version_key(s.version), reverse=True))
 

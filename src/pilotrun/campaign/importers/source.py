@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from pilotrun.campaign import yamlsafe
 from pilotrun.errors import BadInput
+from pilotrun import jsonsafe
 
 FORMATS = ("axolotl", "hf")
 MAX_BYTES = 1 << 20
@@ -44,7 +44,7 @@ def read_source(path: Path) -> dict[str, Any]:
         raise BadInput(f"not UTF-8 text (byte {e.start})", where=str(path), fix="save the file as UTF-8") from None
     if path.suffix.lower() == ".json":
         try:
-            raw = json.loads(text)
+            raw = jsonsafe.loads(text)
         except ValueError as e:
             raise BadInput(f"not valid JSON: {e}", where=str(path), fix="write the arguments with to_json_string()") from None
     else:

@@ -17,6 +17,7 @@ from datetime import datetime
 from pathlib import Path
 
 from pilotrun.journal.runs import flat, shown_status
+from pilotrun import jsonsafe
 
 RUN_FILES = ("config.yaml", "revisions.json", "README.md")
 """The run folder's files a tracker gets (checkpoints and the artifact stay in the run folder: too large)."""
@@ -188,7 +189,7 @@ def sweeps_of(journal, name: str) -> list[str]:
     """The ids of campaign ``name``'s sweeps, in the journal's order."""
     with journal.connect() as db:
         rows = db.execute(f"SELECT sweep_id, plan_json FROM sweeps ORDER BY {journal.order}").fetchall()
-    return [r["sweep_id"] for r in rows if json.loads(r["plan_json"]).get("campaign") == name]
+    return [r["sweep_id"] for r in rows if jsonsafe.loads(r["plan_json"]).get("campaign") == name]
 
 
 def campaigns(journal) -> list[str]:

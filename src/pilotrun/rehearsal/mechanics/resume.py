@@ -20,7 +20,6 @@ saved state (read by this stage only), to plant the defects this check exists to
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +39,7 @@ from pilotrun.errors import BadInput
 from pilotrun.journal.files import atomic_write_json, write_dir_atomically
 from pilotrun.journal.runs import RunRecorder
 from pilotrun.journal.store import Journal
+from pilotrun import jsonsafe
 from pilotrun.rehearsal.mechanics.resume_ranks import run_joined, run_sharded, saving_at, work_sharded
 from pilotrun.tasks.base import BUILTIN_TASKS
 from pilotrun.verdicts import StageResult
@@ -104,7 +104,7 @@ def resume_worker(spec_path: str | Path) -> int:
     """The fresh process: load the saved state and continue to the end; history to spec["out"]."""
     import transformers  # noqa: F401 - the fresh process's imports are its start-up (the parent's account)
 
-    spec = json.loads(Path(spec_path).read_text())
+    spec = jsonsafe.loads(Path(spec_path).read_text())
     if spec.get("ranks", 1) > 1:  # the shards of an FSDP model load into as many new ranks as wrote them
         work_sharded(spec)
         return 0
@@ -343,7 +343,7 @@ def _fresh_process(rec, spec: dict, at: int):
     the finished process)``."""
     head(f"resumed run (a new process, from update {at})", spent="startup")  # until the worker's first note
     proc = fresh.run(["_resume-worker", str(rec.dir / "resume_spec.json")], timeout=3600)
-    return (json.loads(Path(spec["out"]).read_text()) if proc.returncode == 0 else None), proc
+    return (jsonsafe.loads(Path(spec["out"]).read_text()) if proc.returncode == 0 else None), proc
 
 
 def _judged(rec, ref: dict, worker: dict | None, proc, joined_failed: str | None, s: _Setting,

@@ -25,6 +25,7 @@ from pilotrun.engine.state import load_state, save_state
 from pilotrun.journal.files import atomic_write_json
 from pilotrun.journal.runs import RunRecorder
 from pilotrun.journal.store import Journal
+from pilotrun import jsonsafe
 
 
 def _sharded_model(prep, device, strategy: str = "fsdp"):
@@ -91,7 +92,7 @@ def worker_rank(spec: dict) -> None:
 def run_sharded(spec: dict, ranks: int) -> dict:
     """Launch the reference and the second run on ``ranks`` ranks; returns rank 0's outcome."""
     launch(runs_rank, ranks, (spec,))
-    return json.loads(Path(spec["out"]).read_text())
+    return jsonsafe.loads(Path(spec["out"]).read_text())
 
 
 def work_sharded(spec: dict) -> None:
@@ -128,7 +129,7 @@ def run_joined(job: dict, spec: dict) -> tuple[dict | None, dict | None, list]:
     if rank != 0:
         return None, None, []
     ok = all(code == 0 for code, _ in workers)
-    return (json.loads(Path(job["out"]).read_text()), json.loads(Path(spec["out"]).read_text()) if ok else None,
+    return (jsonsafe.loads(Path(job["out"]).read_text()), jsonsafe.loads(Path(spec["out"]).read_text()) if ok else None,
             workers)
 
 

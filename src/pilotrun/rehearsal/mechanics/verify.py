@@ -29,6 +29,7 @@ from pilotrun.journal.checkpoints import reference, resolve
 from pilotrun.journal.files import MANIFEST, atomic_write_json, listed_files, verify_manifest
 from pilotrun.journal.runs import missing_run_folder
 from pilotrun.journal.store import Journal
+from pilotrun import jsonsafe
 from pilotrun.tasks import make_task
 from pilotrun.tasks.base import Example
 from pilotrun.signals import unless_stopping
@@ -98,7 +99,7 @@ def verify(home, run_id: str) -> StageResult:
             tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-5:])
             return StageResult("verify", "fail", f"run {run_id}: the artifact does not reload",
                                [f"the fresh process failed (exit {proc.returncode}): {tail}"], {"run_id": run_id})
-        reloaded = json.loads(out.read_text())
+        reloaded = jsonsafe.loads(out.read_text())
     if "bad_input" in reloaded:  # the manifest cannot be read: the worker's BadInput, said here as this verb's
         raise BadInput(**reloaded["bad_input"])
     if "refused" in reloaded:
@@ -187,7 +188,7 @@ def verify_worker(run_dir: str, control_path: str, out_path: str) -> int:
     if refused:
         atomic_write_json(out_path, {"pid": os.getpid(), "refused": refused})
         return 0
-    control = json.loads(Path(control_path).read_text())
+    control = jsonsafe.loads(Path(control_path).read_text())
     rids = list(control)
     if any("labels" not in c for c in control.values()):
         raise BadInput("the control predictions hold no labels (a run from an older pilotrun)", where=str(run_dir),
@@ -266,7 +267,7 @@ def _cannot_load(sub: Path) -> str | None:
     cfg = sub / "adapter_config.json"
     if not cfg.is_file():
         return None
-    base = json.loads(cfg.read_text()).get("base_model_name_or_path")
+    base = jsonsafe.loads(cfg.read_text()).get("base_model_name_or_path")
     if base and not Path(base).is_dir():
         return f"its base model ({base}) is not a folder on disk"
     return None

@@ -17,6 +17,7 @@ from pilotrun.engine.distributed import check_strategy, gather_to_rank0
 from pilotrun.engine.launcher import Ranks
 from pilotrun.journal.runs import RunRecorder
 from pilotrun.journal.store import Journal
+from pilotrun import jsonsafe
 from pilotrun.phases import phases_of
 from pilotrun.phases.registry import BY_NAME
 from pilotrun.probe.alloc_conf import settings_from_env
@@ -41,10 +42,8 @@ def _rank_main(job: PilotJob, prep=None) -> None:
 
 
 def _read_json(path) -> dict | None:
-    import json
-
     try:
-        return json.loads(path.read_text())
+        return jsonsafe.loads(path.read_text())
     except (OSError, ValueError):
         return None  # a pilot whose train phases failed times no typical update
 

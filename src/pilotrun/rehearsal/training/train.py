@@ -19,6 +19,7 @@ from pilotrun.engine.state import save_final
 from pilotrun.journal.files import atomic_write_text
 from pilotrun.journal.runs import RunRecorder, find_pilot
 from pilotrun.journal.store import Journal, check_fence
+from pilotrun import jsonsafe
 from pilotrun.probe.memory import release_free_memory
 from pilotrun.probe.watch import PeakWatch, bound_rows, pilot_routing, routing_worst
 from pilotrun.rehearsal.training.val_predictions import store_validation_predictions
@@ -88,14 +89,13 @@ def train_run(loaded, home, *, kind: str = "train", supersedes: str | None = Non
         overhead["run_overhead_s"] += time.perf_counter() - t_record  # the run's journal entry and folder
         job = TrainJob(loaded, str(journal.home), rec.run_id, kind, save_artifact, validation_predictions)
         if spawn:
-            import json
             import shutil
 
             tmp = make_dir("pilotrun-ranks-")  # named for this process: a killed parent's is removed next time
             try:
                 job.result_path = str(tmp / "rank0.json")
                 launch(_spawned_rank, world, (job,), spawn=True)  # a run the time plan predicts: as on the rental
-                out = json.loads(Path(job.result_path).read_text())  # we wrote it a moment ago
+                out = jsonsafe.loads(Path(job.result_path).read_text())  # we wrote it a moment ago
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
         else:
