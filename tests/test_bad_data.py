@@ -21,6 +21,9 @@ def _assert_nothing_written(home):
     # nested past the interpreter's recursion limit: a RecursionError, exit 3
     (b'{"instruction": "a", "output": "b"}\n{"instruction": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n", ":2",
      "nested deeper than the JSON reader goes"),
+    # a key twice: JSON readers keep the last ("bad"), silently
+    (b'{"instruction": "a", "output": "b"}\n{"instruction": "a", "output": "good", "output": "bad"}\n', ":2",
+     "key 'output' appears twice in one JSON object; a JSON reader keeps the last, silently"),
 ])
 @pytest.mark.parametrize("verb", ["validate", "train"])
 def test_malformed_jsonl(cli, tmp_path, content, where, message, verb):
@@ -42,6 +45,17 @@ def test_csv_with_missing_column(cli, tmp_path):
     path.write_text(text)
     r = cli("validate", path)
     assert r.code == 2 and "train.csv:3" in r.err and "columns" in r.err
+
+
+def test_a_csv_column_named_twice_is_refused(cli, tmp_path):
+    # a record kept the last of the two columns, silently
+    path = tiny_causal_campaign(tmp_path, simple_records(2))
+    text = path.read_text().replace("data/train.jsonl", "data/train.csv")
+    path.write_text(text)
+    (tmp_path / "data" / "train.csv").write_text("instruction,output,output\na,good,bad\n")
+    r = cli("validate", path)
+    assert r.code == 2, r.err
+    assert "train.csv:1: the header names 'output' (columns 2, 3) more than once" in r.err, r.err
 
 
 def test_json_list_and_parquet_are_read(tmp_path):

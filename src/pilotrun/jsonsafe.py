@@ -12,11 +12,11 @@ import json
 from typing import Any
 
 
-def loads(text: str | bytes) -> Any:
-    """``json.loads``; a document nested too deep is a ``json.JSONDecodeError`` (a ``ValueError``), located at the
-    first bracket past the depth the reader managed."""
+def loads(text: str | bytes, **kwargs) -> Any:
+    """``json.loads`` (``kwargs`` passed on); a document nested too deep is a ``json.JSONDecodeError`` (a
+    ``ValueError``), located at the first bracket past the depth the reader managed."""
     try:
-        return json.loads(text)
+        return json.loads(text, **kwargs)
     except RecursionError:
         doc = text if isinstance(text, str) else bytes(text).decode("utf-8", "replace")
         raise json.JSONDecodeError("nested deeper than the JSON reader goes (arrays or objects about a thousand "

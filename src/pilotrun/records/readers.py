@@ -127,6 +127,29 @@ def read_records(path: str | Path, key: str | None = None) -> list[Record]:
     return records
 
 
+class KeyTwice(Exception):
+    """A key written twice in one JSON object (``key``)."""
+
+    def __init__(self, key: str):
+        super().__init__(key)
+        self.key = key
+
+
+def object_once(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object's pairs as a dict, each key once: a JSON reader keeps the last of a key written twice, so
+    ``{"output": "good", "output": "bad"}`` trained on "bad" without a word."""
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        raise KeyTwice(next(k for k, _ in pairs if k in seen or seen.add(k)))
+    return out
+
+
+def key_twice(e: KeyTwice, where: str) -> BadInput:
+    return BadInput(f"key {e.key!r} appears twice in one JSON object; a JSON reader keeps the last, silently",
+                    where=where, fix=f"keep one {e.key!r} in that object (or rename the other)")
+
+
 def _read_jsonl(text: str, path: Path) -> list[Record]:
     out = []
     # records end at "\n" only: str.splitlines would also split inside a string holding U+2028 or U+0085
@@ -135,10 +158,12 @@ def _read_jsonl(text: str, path: Path) -> list[Record]:
         if not line.strip():
             continue
         try:
-            obj = jsonsafe.loads(line)
+            obj = jsonsafe.loads(line, object_pairs_hook=object_once)
         except json.JSONDecodeError as e:
             raise BadInput(f"invalid JSON: {e.msg} (column {e.colno})", where=f"{path}:{n}",
                            fix="each line must hold one JSON object") from None
+        except KeyTwice as e:
+            raise key_twice(e, f"{path}:{n}") from None
         if not isinstance(obj, dict):
             raise BadInput(f"a JSON {type(obj).__name__}, not an object", where=f"{path}:{n}",
                            fix="each line must hold one JSON object such as {\"prompt\": ..., \"response\": ...}")
@@ -148,10 +173,12 @@ def _read_jsonl(text: str, path: Path) -> list[Record]:
 
 def _read_json(text: str, path: Path) -> list[Record]:
     try:
-        obj = jsonsafe.loads(text)
+        obj = jsonsafe.loads(text, object_pairs_hook=object_once)
     except json.JSONDecodeError as e:
         raise BadInput(f"invalid JSON: {e.msg} (column {e.colno})", where=f"{path}:{e.lineno}",
                        fix="the file must hold a JSON list of objects") from None
+    except KeyTwice as e:
+        raise key_twice(e, str(path)) from None
     if isinstance(obj, dict) and len(obj) == 1 and isinstance(next(iter(obj.values())), list):
         obj = next(iter(obj.values()))
     if not isinstance(obj, list):
@@ -175,6 +202,7 @@ def _read_csv(text: str, path: Path) -> list[Record]:
         return []
     except csv.Error as e:
         raise BadInput(f"invalid CSV: {e}", where=f"{path}:1", fix="write the header as comma-separated names") from None
+    _columns_once(header, f"{path}:1")
     out = []
     rows = iter(reader)
     while True:
@@ -193,6 +221,17 @@ def _read_csv(text: str, path: Path) -> list[Record]:
                            where=f"{path}:{line}", fix="quote fields that contain commas; give every row each column")
         out.append(Record(dict(zip(header, row)), f"{path}:{line}", len(out)))
     return out
+
+
+def _columns_once(names: list[str], where: str) -> None:
+    """Each CSV column named once: a record keeps the last of two columns of one name, silently (pyarrow refuses
+    such a Parquet file itself)."""
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        said = ", ".join(f"{n!r} (columns {', '.join(str(i + 1) for i, m in enumerate(names) if m == n)})"
+                         for n in twice)
+        raise BadInput(f"the header names {said} more than once; a record would keep only the last", where=where,
+                       fix="rename or remove the repeated columns")
 
 
 def _read_parquet(path: Path) -> list[Record]:
