@@ -40,6 +40,9 @@ def _copy(model_dir, tmp_path):
     # nested past the interpreter's recursion limit: a RecursionError, exit 3
     ("estimate", '{"model_type": "llama", "x": ' + "[" * 100_000 + "]" * 100_000 + "}",
      "config.json is not valid JSON (nested deeper than the JSON reader goes"),
+    # a key twice: transformers keeps the last, silently
+    ("validate", '{"model_type": "llama", "num_hidden_layers": 2, "num_hidden_layers": 32}',
+     "config.json gives 'num_hidden_layers' twice in one object; transformers would keep the last, silently"),
 ])
 def test_config_json_that_is_not_an_object_is_exit_2(cli, tmp_path, model_dir, verb, text, words):
     folder = _copy(model_dir, tmp_path)

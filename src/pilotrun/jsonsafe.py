@@ -43,3 +43,21 @@ def _too_deep(doc: str, limit: int = 1000) -> int:
         elif ch in "]}":
             depth -= 1
     return 0
+
+
+class KeyTwice(Exception):
+    """A key written twice in one JSON object (``key``): ``json`` keeps the last, silently."""
+
+    def __init__(self, key: str):
+        super().__init__(key)
+        self.key = key
+
+
+def object_once(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An ``object_pairs_hook``: the object's pairs as a dict, each key once, else ``KeyTwice`` (a data record
+    ``{"output": "good", "output": "bad"}`` trained on "bad" without a word)."""
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        raise KeyTwice(next(k for k, _ in pairs if k in seen or seen.add(k)))
+    return out

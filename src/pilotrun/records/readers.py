@@ -127,25 +127,7 @@ def read_records(path: str | Path, key: str | None = None) -> list[Record]:
     return records
 
 
-class KeyTwice(Exception):
-    """A key written twice in one JSON object (``key``)."""
-
-    def __init__(self, key: str):
-        super().__init__(key)
-        self.key = key
-
-
-def object_once(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """An object's pairs as a dict, each key once: a JSON reader keeps the last of a key written twice, so
-    ``{"output": "good", "output": "bad"}`` trained on "bad" without a word."""
-    out = dict(pairs)
-    if len(out) != len(pairs):
-        seen: set[str] = set()
-        raise KeyTwice(next(k for k, _ in pairs if k in seen or seen.add(k)))
-    return out
-
-
-def key_twice(e: KeyTwice, where: str) -> BadInput:
+def key_twice(e: jsonsafe.KeyTwice, where: str) -> BadInput:
     return BadInput(f"key {e.key!r} appears twice in one JSON object; a JSON reader keeps the last, silently",
                     where=where, fix=f"keep one {e.key!r} in that object (or rename the other)")
 
@@ -158,11 +140,11 @@ def _read_jsonl(text: str, path: Path) -> list[Record]:
         if not line.strip():
             continue
         try:
-            obj = jsonsafe.loads(line, object_pairs_hook=object_once)
+            obj = jsonsafe.loads(line, object_pairs_hook=jsonsafe.object_once)
         except json.JSONDecodeError as e:
             raise BadInput(f"invalid JSON: {e.msg} (column {e.colno})", where=f"{path}:{n}",
                            fix="each line must hold one JSON object") from None
-        except KeyTwice as e:
+        except jsonsafe.KeyTwice as e:
             raise key_twice(e, f"{path}:{n}") from None
         if not isinstance(obj, dict):
             raise BadInput(f"a JSON {type(obj).__name__}, not an object", where=f"{path}:{n}",
@@ -173,11 +155,11 @@ def _read_jsonl(text: str, path: Path) -> list[Record]:
 
 def _read_json(text: str, path: Path) -> list[Record]:
     try:
-        obj = jsonsafe.loads(text, object_pairs_hook=object_once)
+        obj = jsonsafe.loads(text, object_pairs_hook=jsonsafe.object_once)
     except json.JSONDecodeError as e:
         raise BadInput(f"invalid JSON: {e.msg} (column {e.colno})", where=f"{path}:{e.lineno}",
                        fix="the file must hold a JSON list of objects") from None
-    except KeyTwice as e:
+    except jsonsafe.KeyTwice as e:
         raise key_twice(e, str(path)) from None
     if isinstance(obj, dict) and len(obj) == 1 and isinstance(next(iter(obj.values())), list):
         obj = next(iter(obj.values()))

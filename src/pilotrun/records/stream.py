@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pilotrun import jsonsafe
-from pilotrun.records.readers import KeyTwice, Record, key_twice, object_once, read_records
+from pilotrun.records.readers import Record, key_twice, read_records
 from pilotrun.errors import BadInput
 
 CHUNK = 8192
@@ -32,10 +32,10 @@ def iter_chunks(path: str | Path, size: int = CHUNK):
             if not raw.strip():
                 continue
             try:
-                obj = jsonsafe.loads(raw, object_pairs_hook=object_once)
+                obj = jsonsafe.loads(raw, object_pairs_hook=jsonsafe.object_once)
             except ValueError:
                 obj = None
-            except KeyTwice as e:
+            except jsonsafe.KeyTwice as e:
                 raise key_twice(e, f"{path}:{n}") from None
             if not isinstance(obj, dict):
                 read_records(path)  # raises the located error

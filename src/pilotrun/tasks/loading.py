@@ -283,13 +283,16 @@ def check_positions(c, defaults: bool = True) -> None:
 
 
 def check_config_json(path: Path) -> dict:
-    """A model folder's config.json as a JSON object; anything else (damaged, a list, a string) is exit 2 naming
-    the file, before any stage builds or traces the model."""
+    """A model folder's config.json as a JSON object, each key once; anything else (damaged, a list, a string, a key
+    twice) is exit 2 naming the file, before any stage builds or traces the model."""
     try:
-        cfg = jsonsafe.loads(path.read_text(encoding="utf-8"))
+        cfg = jsonsafe.loads(path.read_text(encoding="utf-8"), object_pairs_hook=jsonsafe.object_once)
     except (OSError, UnicodeDecodeError) as e:
         raise BadInput(f"cannot read {path.name}: {e}", where=str(path),
                        fix="check the file's permissions, or write it again with save_pretrained") from None
+    except jsonsafe.KeyTwice as e:  # transformers keeps the last: num_hidden_layers given twice builds the second
+        raise BadInput(f"{path.name} gives {e.key!r} twice in one object; transformers would keep the last, silently",
+                       where=str(path), fix=f"keep one {e.key!r} (the value the model was saved with)") from None
     except ValueError as e:
         raise BadInput(f"{path.name} is not valid JSON ({e})", where=str(path),
                        fix="write it again with model.save_pretrained (or repair the JSON by hand)") from None
