@@ -146,6 +146,13 @@ def test_set_typed_parsing(cli, demo_campaign):
     ("trian.lr=0.1", "did you mean 'train.lr'"),
     ("train.lr", "not KEY=VALUE"),
     ("train.micro_batch=big", "train.micro_batch"),
+    # --set values are read within the campaign file's bounds: an alias bomb (validate took 34 s and 640 MB on
+    # this one, nine times that one level deeper) and a nesting thousands deep (a RecursionError, exit 3)
+    ("model.config.x=[&a [x,x,x,x,x,x,x,x,x], &b [*a,*a,*a,*a,*a,*a,*a,*a,*a], &c [*b,*b,*b,*b,*b,*b,*b,*b,*b], "
+     "&d [*c,*c,*c,*c,*c,*c,*c,*c,*c], &e [*d,*d,*d,*d,*d,*d,*d,*d,*d], &f [*e,*e,*e,*e,*e,*e,*e,*e,*e], "
+     "&g [*f,*f,*f,*f,*f,*f,*f,*f,*f]]", "--set model.config.x:1: the value anchored at line 1 is repeated"),
+    ("name=" + "[" * 5000 + "]" * 5000, "--set name:1: invalid YAML: exceeded maximum nesting depth"),
+    ("name={a: 1, a: 2}", "key 'a' appears twice in one mapping"),
 ])
 def test_bad_set(cli, demo_campaign, item, message):
     r = cli("validate", demo_campaign, "--set", item)

@@ -206,12 +206,18 @@ def _validate(raw: dict[str, Any], source: Path | None, lines: dict[tuple, int],
         raise _format_errors(err, where, lines, overridden) from None
 
 
-def _coerce_value(text: str) -> Any:
-    """--set values are YAML scalars/flow collections: 1e-4, true, null, [1, 2], {a: 1}."""
+def _coerce_value(text: str, where: str) -> Any:
+    """--set values are YAML scalars/flow collections: 1e-4, true, null, [1, 2], {a: 1}, read within the campaign
+    file's bounds (``yamlsafe``: an alias bomb such as ``[&a [x,x,x], &b [*a,*a,*a], ...]`` held validate for
+    minutes and gigabytes, and a value nested thousands deep was a RecursionError); text that is no YAML is itself."""
     try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError:
+        node = yamlsafe.compose(text, where)
+    except BadInput as e:
+        if "nesting depth" in e.detail:  # YAML, but nested past libyaml's limit: not a string the user meant
+            raise
         return text
+    yamlsafe.check_bounds(node, where)
+    return yamlsafe.construct(node, where)
 
 
 def parse_set(items: list[str] | tuple[str, ...]) -> dict[str, Any]:
@@ -224,7 +230,7 @@ def parse_set(items: list[str] | tuple[str, ...]) -> dict[str, Any]:
         key = key.strip()
         if not key:
             raise BadInput(f"--set {item!r} has an empty key", where="--set", fix="write it as --set train.lr=3e-4")
-        out[key] = _coerce_value(value)
+        out[key] = _coerce_value(value, f"--set {key}")
     return out
 
 
