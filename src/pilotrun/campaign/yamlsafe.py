@@ -98,7 +98,8 @@ def _check_expansion(root: yaml.Node, indegree: dict[int, int], where: str) -> N
         raise BadInput(f"the value anchored at line {line} is repeated by aliases {indegree[nid] - 1} times; expanded, "
                        f"the document would hold {size[id(root)]:,} values (at most {MAX_NODES:,} may come from "
                        "aliases)", where=f"{where}:{line}",
-                       fix="write the values out instead of nesting aliases (a campaign, a rates file, a config or a --set value is small)")
+                       fix="write the values out instead of nesting aliases (a campaign, a rates file, a config or "
+                           "a --set value is small)")
 
 
 def _no_duplicate_keys(node: yaml.MappingNode, where: str) -> None:
