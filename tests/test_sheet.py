@@ -420,6 +420,25 @@ def test_one_written_to_line_naming_the_sheet_and_its_launch_files(tmp_path, cli
     assert sky["resources"]["accelerators"] == "A100-80GB:1"
 
 
+def test_the_campaign_time_is_the_busiest_lanes_and_gpus_beyond_the_runs_are_said_idle(tmp_path):
+    # 4 runs on 3 lanes take two runs' time: the sheet said 4/3 of one; 64 GPUs said a 16th of a run's time, and
+    # 2**70 GPUs were an OverflowError (exit 3) packing that many lanes
+    path = campaign(tmp_path)  # control and one variant, seeds 0 and 1: 4 runs
+    home = tmp_path / "home"
+    record_pilot(path, home, {})
+    for gpus, lanes, rounds in ((3, 3, 2), (2**70, 4, 1)):
+        r = sheet_stage(load_campaign(path, {"hardware.gpus": gpus}), home, options=False)
+        tm = r.data["time"]
+        assert (tm["lanes"], len(tm["runs"])) == (lanes, 4)
+        assert tm["campaign_s"] == pytest.approx(rounds * tm["per_run_s"])
+        target = next(f for f in r.data["fit"] if f["name"] == r.data["target"]["name"])
+        assert target["campaign_s"] == pytest.approx(tm["campaign_s"])
+        idle = [w for w in r.data["warnings"] if "would stay idle" in w]
+        assert idle == ([f"hardware.gpus={gpus}: 4 run(s) of 1 GPU(s) each keep 4 busy, and {gpus - 4} would stay "
+                         "idle the whole rental (paid for); set hardware.gpus: 4, or give each run more ranks "
+                         "(train.nproc)"] if gpus > 4 else []), idle
+
+
 def test_a_sheet_sent_to_a_pipe_is_written_into_it_and_the_pipe_stays(tmp_path, cli):
     # --out /dev/null or /dev/stdout: the sheet used to be renamed over the device (as root, /dev/null became a
     # plain file) and its launch files and wheel were written into /dev

@@ -151,7 +151,8 @@ def time(s: dict) -> list[tuple]:
                  for x in tm["terms"]] + [["one run", "", "", P.fmt_duration(tm["per_run_s"])]]))
     out.append(("p", f"{len(tm['runs'])} runs (control first, then variants, then extra seeds) × "
                      f"{P.fmt_duration(tm['per_run_s'])} = {P.fmt_duration(tm['total_s'])} of GPU time, on "
-                     f"{tm['lanes']} parallel lane(s) (hardware.gpus / ranks per run)."))
+                     f"{tm['lanes']} parallel lane(s) (hardware.gpus / ranks per run, at most one per run)"
+                     + (f": {P.fmt_duration(tm['campaign_s'])} of wall time." if tm.get("campaign_s") else ".")))
     notes = [f"{r['label']}: {r['note']}" for r in tm["runs"] if r.get("note")]
     if notes:
         out.append(("list", notes))

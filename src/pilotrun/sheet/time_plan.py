@@ -84,7 +84,8 @@ def time_plan(sheet, c, t, rows, peaks, pilot, fits, target, ranks, rates) -> No
         counts["exact_updates"] = n if n is not None else exact_updates([(x, x) for x in model["budget_update_tokens"]])
     plan_for, work, shape = _unit_plan(c, t, rows, peaks, pilot, measured, counts)
     u, terms, per_run = plan_for(target)
-    lanes = max(1, c.hardware.gpus // ranks)
+    # runs side by side, one per lane of `ranks` GPUs; a lane beyond the number of runs has none to take
+    lanes = min(max(1, c.hardware.gpus // ranks), len(runs))
     _priced_runs(runs, per_run)
     plans = P.pack(runs, c.hardware.rental_days, c.hardware.reserve, lanes)
     plans_by_gpu, wall = _per_gpu(fits, runs, lanes, plan_for, c)
@@ -94,6 +95,7 @@ def time_plan(sheet, c, t, rows, peaks, pilot, fits, target, ranks, rates) -> No
                      "prepare_s": summary.get("prepare_s"), "startup_s": summary.get("startup_s"), "counts": counts,
                      "work": work, "terms": terms, "per_run_s": per_run, "runs": runs,
                      "total_s": per_run * len(runs), "lanes": lanes, "plans": plans,
+                     "campaign_s": _wall(len(runs), lanes, per_run),
                      "target": target.key if target else None,
                      "why": P.time_reasons(u["scaling"], terms, [f["campaign_s"] for f in fits if f["fits"]]),
                      "source_gpu": source_gpu if isinstance(source_gpu, str) or source_gpu is None else source_gpu.key}
@@ -109,6 +111,11 @@ def time_plan(sheet, c, t, rows, peaks, pilot, fits, target, ranks, rates) -> No
     sheet["time"]["here"] = {"units": u_here["units"], "terms": terms_here, "per_run_s": per_run_here}
     if rates is not None:
         sheet["costs"] = costs(rates, plans_by_gpu, c.hardware.gpus, wall, c.hardware.reserve)
+    idle = c.hardware.gpus - lanes * ranks
+    if c.hardware.gpus >= ranks and lanes == len(runs) and idle >= ranks:
+        sheet["warnings"].append(f"hardware.gpus={c.hardware.gpus}: {len(runs)} run(s) of {ranks} GPU(s) each keep "
+                                 f"{lanes * ranks} busy, and {idle} would stay idle the whole rental (paid for); set "
+                                 f"hardware.gpus: {lanes * ranks}, or give each run more ranks (train.nproc)")
     if c.hardware.gpus < ranks:
         sheet["problems"].append(f"hardware.gpus={c.hardware.gpus} is fewer than the {ranks} ranks of a run "
                                  f"(train.nproc); set hardware.gpus: {ranks}")
@@ -202,15 +209,20 @@ def _priced_runs(runs: list[dict], per_run: float) -> None:
                          f"`pilotrun pilot CAMPAIGN --set ...`")
 
 
+def _wall(n_runs: int, lanes: int, per_run: float) -> float:
+    """The campaign's wall time: ``n_runs`` runs of ``per_run`` each, side by side on ``lanes`` lanes, each lane's
+    runs one after another (6 runs on 4 lanes take two runs' time, not one and a half)."""
+    return -(-n_runs // lanes) * per_run
+
+
 def _per_gpu(fits, runs, lanes, plan_for, c) -> tuple[dict, dict]:
-    """Per catalogue GPU that fits: its campaign time (into ``fits``), its packed plans, and the wall a rental
-    must hold (the busiest lane's runs one after another)."""
+    """Per catalogue GPU that fits: its campaign time (into ``fits``: the wall a rental must hold, the busiest
+    lane's runs one after another) and its packed plans."""
     plans_by_gpu, wall = {}, {}
     for f, g in zip(fits, CATALOGUE):
         if f["fits"]:
             g_per_run = plan_for(g)[2]
-            wall[g.key] = -(-len(runs) // lanes) * g_per_run
-            f["campaign_s"] = g_per_run * len(runs) / lanes
+            wall[g.key] = f["campaign_s"] = _wall(len(runs), lanes, g_per_run)
             plans_by_gpu[g.key] = P.pack([dict(r, seconds=g_per_run) for r in runs], c.hardware.rental_days,
                                          c.hardware.reserve, lanes)
         else:

@@ -94,7 +94,7 @@ def _sheet_stage(loaded, home, *, target_env_path: str | None = None, gpu: str |
     summary = (f"needs {size(need['need'])} per GPU (peak at {need['phase']}, {need['kind']})"
                if need["need"] else "no GPU memory figure") + (f"; target {tgt['name']}" if tgt else "; no GPU fits")
     if sheet.get("time"):
-        summary += f"; campaign {P.fmt_duration(sheet['time']['total_s'] / sheet['time']['lanes'])}"
+        summary += f"; campaign {P.fmt_duration(sheet['time']['campaign_s'])}"
     if (sheet.get("costs") or {}).get("cheapest"):
         ch = sheet["costs"]["cheapest"]
         summary += f"; cheapest {ch['plan']} plan {ch['gpu']} {ch['cost']:,.2f} {sheet['costs']['currency']}".rstrip()
