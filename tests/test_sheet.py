@@ -198,6 +198,16 @@ def test_bad_target_env_and_bad_gpu_are_bad_input(tmp_path, cli):
     assert res.code == 2 and "not a `pilotrun env --json` output: missing cuda" in res.err
     res = cli("sheet", path, "--home", home, "--gpu", "v100")
     assert res.code == 2 and "no GPU 'v100' in the built-in catalogue" in res.err
+    # a target env edited by hand: "80GB" was a TypeError (exit 3), -1 failed every phase, a list name exit 3
+    good = json.loads(target_env(tmp_path, "NVIDIA H100 80GB HBM3", "9.0", 80, True).read_text())
+    for key, value, said in (("memory_bytes", "80GB", "devices[0].memory_bytes is '80GB', not a positive number"),
+                             ("memory_bytes", -1, "devices[0].memory_bytes is -1, not a positive number of bytes"),
+                             ("name", ["H100"], "devices[0].name is ['H100'], not a GPU's name")):
+        doc = json.loads(json.dumps(good))
+        doc["data"]["devices"][0][key] = value
+        bad.write_text(json.dumps(doc))
+        res = cli("sheet", path, "--home", home, "--target-env", bad)
+        assert res.code == 2 and f"not a `pilotrun env --json` output: {said}" in res.err, res.err
 
 
 def test_a_renamed_copy_finds_the_pilot_by_what_it_measured(tmp_path):

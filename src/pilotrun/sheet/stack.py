@@ -58,7 +58,39 @@ def read_target_env(path: str | Path) -> dict:
     if missing:
         raise BadInput(f"not a `pilotrun env --json` output: missing {', '.join(missing)}", where=str(p),
                        fix="on the target machine run `pilotrun env --json > target-env.json`")
+    wrong = _env_shape(env)
+    if wrong:
+        raise BadInput(f"not a `pilotrun env --json` output: {wrong}", where=str(p),
+                       fix="on the target machine run `pilotrun env --json > target-env.json` again, and pass that "
+                           "file as it is written")
     return env
+
+
+def _env_shape(env: dict) -> str | None:
+    """What of a target env is not as ``pilotrun env --json`` writes it, in the keys the sheet reads (a file edited
+    by hand: a memory of "80GB" was a TypeError, exit 3, and a negative one failed every phase), else None."""
+    def integer(v) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    for key in ("torch", "cuda", "bf16", "packages", "distributed"):
+        if not isinstance(env[key], dict):
+            return f"{key} is {type(env[key]).__name__}, not an object"
+    if not isinstance(env["torch"].get("version"), str):
+        return f"torch.version is {env['torch'].get('version')!r}, not a version string"
+    if not isinstance(env["devices"], list):
+        return f"devices is {type(env['devices']).__name__}, not a list"
+    for i, d in enumerate(env["devices"]):
+        if not isinstance(d, dict):
+            return f"devices[{i}] is {type(d).__name__}, not an object"
+        if not isinstance(d.get("name"), str):
+            return f"devices[{i}].name is {d.get('name')!r}, not a GPU's name"
+        if not integer(d.get("memory_bytes")) or d["memory_bytes"] <= 0:
+            return f"devices[{i}].memory_bytes is {d.get('memory_bytes')!r}, not a positive number of bytes"
+        if d.get("compute_capability") is not None and not isinstance(d["compute_capability"], str):
+            return f"devices[{i}].compute_capability is {d['compute_capability']!r}, not a string such as \"9.0\""
+    if any(not isinstance(v, (str, type(None))) for v in env["packages"].values()):
+        return "packages maps a name to something other than a version string"
+    return None
 
 
 def check_stack(req: dict, env: dict, need_bytes: int | None, gpu=None) -> list[dict]:
