@@ -64,6 +64,13 @@ def test_a_yes_or_no_is_not_taken_for_a_number(cli, demo_campaign, section, key,
     assert r.code == 0, r.err
 
 
+@pytest.mark.parametrize("days, said", [("[]", "[] plans no rental"), ("[3, 3]", "[3, 3] lists a length twice")])
+def test_rental_days_are_some_distinct_lengths(cli, demo_campaign, days, said):
+    # [] gave a sheet with no plan and no launch files, and [3, 3] the same plan twice, both without a word
+    r = cli("validate", demo_campaign, "--set", f"hardware.rental_days={days}")
+    assert r.code == 2 and f"hardware.rental_days: {said}" in r.err and "fix: list distinct lengths" in r.err, r.err
+
+
 def test_negative_size_refused(cli, demo_campaign):
     _edit(demo_campaign, lambda c: c["train"].update(accumulation=0))
     r = cli("validate", demo_campaign)

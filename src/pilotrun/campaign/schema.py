@@ -96,6 +96,13 @@ def _some_modules(v):
     return v
 
 
+def _some_days(v: list[int]) -> list[int]:
+    if not v or len(set(v)) != len(v):
+        raise ValueError(f"{v} {'plans no rental' if not v else 'lists a length twice'}: the sheet packs the runs "
+                         "into each rental length once; list distinct lengths in days, e.g. [3, 7, 30]")
+    return v
+
+
 class AdapterConfig(Section):
     kind: Literal["lora"] = "lora"
     """Adapter kind; LoRA through peft."""
@@ -285,7 +292,7 @@ class HardwareConfig(Section):
     """Memory of one target GPU, e.g. 24GiB, 80GiB."""
     gpus: PositiveInt = 1
     """GPUs in the rental."""
-    rental_days: list[PositiveInt] = Field(default_factory=lambda: [3, 7, 30])
+    rental_days: Annotated[list[PositiveInt], AfterValidator(_some_days)] = Field(default_factory=lambda: [3, 7, 30])
     """Rental lengths to plan for."""
     reserve: float = Field(0.2, ge=0.0, lt=1.0)
     """Share of each rental kept for evaluation and export."""
