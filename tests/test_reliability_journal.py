@@ -123,6 +123,26 @@ def test_a_damaged_journal_names_the_file_and_the_recovery(cli, trained, tmp_pat
     assert (home / "journal.sqlite").read_bytes() == before
 
 
+@pytest.mark.parametrize("column, value", [("summary_json", "{"), ("config_json", "[" * 100_000 + "]" * 100_000)])
+def test_a_run_row_whose_json_was_changed_outside_pilotrun_is_exit_2(cli, trained, tmp_path, column, value):
+    # the triggers keep a run's config immutable to pilotrun; sqlite3 by hand is not pilotrun: runs, show, report
+    # and archive were exit 3 on such a row (a JSONDecodeError, or a RecursionError for the deep one)
+    import shutil
+
+    home = tmp_path / "home"
+    shutil.copytree(trained[0] / "home", home)
+    db = sqlite3.connect(home / "journal.sqlite")
+    db.execute("DROP TRIGGER runs_immutable")
+    db.execute(f"UPDATE runs SET {column}=? WHERE run_id=?", (value, trained[2]))
+    db.commit()
+    db.close()
+    for verb in (("runs",), ("show", trained[2]), ("report", "--out", tmp_path / "r.html")):
+        r = cli(*verb, "--home", home)
+        assert r.code == 2, (verb, r.code, r.err)
+        assert f"{home / 'journal.sqlite'}: the journal is damaged: run {trained[2]}'s {column} is not JSON" in r.err
+        assert "fix: restore a backup of the journal" in r.err and "Traceback" not in r.err
+
+
 @pytest.mark.parametrize("verb", [("runs",), ("note", "x")])
 def test_a_home_below_a_file(cli, tmp_path, monkeypatch, verb):
     (tmp_path / "afile").write_text("x")

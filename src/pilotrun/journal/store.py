@@ -214,10 +214,28 @@ class Journal:
                 self.finish_run(r["run_id"], "interrupted",
                                 {"reason": f"the process ended without finishing the run ({where})"})
 
+    def _decoded(self, text: str, what: str) -> Any:
+        """A JSON column of the journal; one that is no JSON (a row edited by hand, a bad disk) is exit 2 naming the
+        journal and the row, as a damaged journal is, not exit 3."""
+        try:
+            return jsonsafe.loads(text)
+        except ValueError as e:
+            raise BadInput(f"the journal is damaged: {what} is not JSON ({e}); pilotrun writes it once, so it was "
+                           "changed outside pilotrun", where=str(self.path),
+                           fix="restore a backup of the journal (journal.sqlite.bak-*, the mirror's copy) if there is "
+                               "one, or write that column's JSON back by hand with sqlite3") from None
+
+    def _run_dict(self, row: sqlite3.Row) -> dict:
+        d = dict(row)
+        for k in ("config_json", "packages_json", "data_json", "summary_json"):
+            v = d.pop(k)
+            d[k.removesuffix("_json")] = self._decoded(v, f"run {d['run_id']}'s {k}") if v else None
+        return d
+
     def get_run(self, run_id: str) -> dict | None:
         with self.connect() as db:
             row = db.execute("SELECT * FROM runs WHERE run_id=?", (run_id,)).fetchone()
-        return _run_dict(row) if row else None
+        return self._run_dict(row) if row else None
 
     def require_run(self, run_id: str, *, where: str = "RUN_ID") -> dict:
         """The run whose id is ``run_id`` or starts with it (a unique prefix, as git takes hashes)."""
@@ -240,7 +258,7 @@ class Journal:
                 args.append(val)
         with self.connect() as db:
             # the journal's sequence, never a clock: a clock stepped back cannot reorder runs
-            return [_run_dict(r) for r in db.execute(q + f" ORDER BY {self.order}", args)]
+            return [self._run_dict(r) for r in db.execute(q + f" ORDER BY {self.order}", args)]
 
     # --- metrics, phases, predictions, notes ------------------------------------------------------
     def add_metrics(self, run_id: str, rows: list[tuple[str, str, int, float, int | None, float | None]],
@@ -281,7 +299,7 @@ class Journal:
         with self.connect() as db:
             rows = [dict(r) for r in db.execute("SELECT * FROM phases WHERE run_id=? ORDER BY id", (run_id,))]
         for r in rows:
-            r["inputs"] = jsonsafe.loads(r.pop("inputs_json") or "{}")
+            r["inputs"] = self._decoded(r.pop("inputs_json") or "{}", f"a phase row of run {run_id}")
         return rows
 
     def add_predictions(self, run_id: str, split: str, items: list[tuple[str, Any]]) -> None:
@@ -293,7 +311,7 @@ class Journal:
 
     def predictions(self, run_id: str, split: str) -> dict[str, Any]:
         with self.connect() as db:
-            return {r["example_id"]: jsonsafe.loads(r["payload_json"]) for r in
+            return {r["example_id"]: self._decoded(r["payload_json"], f"a prediction of run {run_id}") for r in
                     db.execute("SELECT * FROM predictions WHERE run_id=? AND split=?", (run_id, split))}
 
     def add_note(self, text: str, run_id: str | None = None, decision: bool = False) -> int:
@@ -325,7 +343,7 @@ class Journal:
         process not gone from this host). Returns (the cells claimed, the others' claims on the rest)."""
         host, bound = socket.gethostname(), lease_s()
         with self.transaction() as db:
-            runs = [_run_dict(r) for r in db.execute(f"SELECT * FROM runs WHERE sweep_id=? ORDER BY {self.order}",
+            runs = [self._run_dict(r) for r in db.execute(f"SELECT * FROM runs WHERE sweep_id=? ORDER BY {self.order}",
                                                      (sweep_id,))]
             cells = wanted(runs)
             held = {(r["arm"], r["seed"]): dict(r) for r in db.execute("SELECT * FROM claims WHERE sweep_id=?",
@@ -372,7 +390,7 @@ class Journal:
         if row is None:
             return None
         d = dict(row)
-        d["plan"] = jsonsafe.loads(d.pop("plan_json"))
+        d["plan"] = self._decoded(d.pop("plan_json"), f"sweep {sweep_id}'s plan")
         return d
 
     def find_sweep(self, plan_sha256: str) -> dict | None:
@@ -382,12 +400,6 @@ class Journal:
         return self.get_sweep(row["sweep_id"]) if row else None
 
 
-def _run_dict(row: sqlite3.Row) -> dict:
-    d = dict(row)
-    for k in ("config_json", "packages_json", "data_json", "summary_json"):
-        v = d.pop(k)
-        d[k.removesuffix("_json")] = jsonsafe.loads(v) if v else None
-    return d
 
 
 def _resolve_prefix(journal: Journal, table: str, col: str, prefix: str, *, where: str, what: str,
