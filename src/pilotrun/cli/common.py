@@ -73,9 +73,9 @@ def home_for(home: str | None, campaign: str | None = None):
 
 
 def console(as_json: bool):
-    """Human output: stdout, or stderr under --json or where an output file took stdout, at one width: ``PILOTRUN_WIDTH``, else a terminal's own,
-    else ``COLUMNS``, else (a pipe or a file with neither set) a width no line reaches, so a log is never
-    wrapped at an arbitrary 80."""
+    """Human output: stdout, or stderr under --json or where an output file took stdout (``--out /dev/stdout``), at
+    one width: ``PILOTRUN_WIDTH``, else a terminal's own, else ``COLUMNS``, else (a pipe or a file with neither set)
+    a width no line reaches, so a log is never wrapped at an arbitrary 80."""
     file = sys.stderr if as_json or stdout_taken() else sys.stdout
     return _console_class()(file=file, highlight=False, soft_wrap=False, width=output_width(file))
 

@@ -223,17 +223,33 @@ def stdout_taken() -> bool:
     return 1 in _TAKEN
 
 
+def _special(mode: int) -> str | None:
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return None
+    return ("a FIFO (named pipe)" if stat.S_ISFIFO(mode) else "a character device" if stat.S_ISCHR(mode) else
+            "a block device" if stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode) else "a special file")
+
+
+def special_file(path: Path) -> str | None:
+    """What ``path`` (its target, through symlinks) is when it exists and is no regular file nor folder: "a FIFO
+    (named pipe)", "a character device" ...; else None. Its stat never blocks, where opening a FIFO does."""
+    try:
+        return _special(path.stat().st_mode)
+    except OSError:
+        return None
+
+
 def output_kind(path: str | Path) -> str:
     """What a path the user named for an output file (``--out``, ``--write``) is, through links: "file" (a regular
-    file, or nothing yet), "stream" (a device, a FIFO or a socket: ``/dev/null``, ``/dev/stdout``, a named pipe; or
-    this process's own stdout or stderr) or "folder"."""
+    file, or nothing yet), "stream" (``special_file``'s devices, FIFOs and sockets: ``/dev/null``, ``/dev/stdout``, a
+    named pipe; or this process's own stdout or stderr) or "folder"."""
     try:
         st = os.stat(Path(path).expanduser())
     except OSError:  # nothing there yet, or nothing readable: the write says why
         return "file"
     if stat.S_ISDIR(st.st_mode):
         return "folder"
-    return "stream" if not stat.S_ISREG(st.st_mode) or _stdio(st) is not None else "file"
+    return "stream" if _special(st.st_mode) or _stdio(st) is not None else "file"
 
 
 @contextmanager

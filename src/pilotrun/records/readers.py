@@ -10,13 +10,13 @@ import csv
 import io
 import json
 import math
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pilotrun.errors import BadInput
 from pilotrun import jsonsafe
+from pilotrun.journal.files import special_file
 
 FORMATS = (".jsonl", ".json", ".csv", ".parquet")
 _CSV_FIELD_LIMIT = 2**31 - 1
@@ -42,19 +42,6 @@ def not_text(value) -> str | None:
     if isinstance(value, float) and not math.isfinite(value):
         return "not a number (NaN)" if math.isnan(value) else "an infinity"
     return None
-
-
-def special_file(path: Path) -> str | None:
-    """What ``path`` (its target, through symlinks) is when it exists and is no regular file nor folder: "a FIFO
-    (named pipe)", "a character device" ...; else None. Its stat never blocks, where opening a FIFO does."""
-    try:
-        mode = path.stat().st_mode
-    except OSError:
-        return None
-    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
-        return None
-    return ("a FIFO (named pipe)" if stat.S_ISFIFO(mode) else "a character device" if stat.S_ISCHR(mode) else
-            "a block device" if stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode) else "a special file")
 
 
 def _decode(raw: bytes, path: Path) -> str:
