@@ -93,3 +93,32 @@ def test_sections_are_pluggable(journal_with_everything, tmp_path):
     notes = next(s for s in SECTIONS if s[0] == "Notes and decisions")
     only = write_report(Journal(home), tmp_path / "only.html", [notes]).read_text()
     assert "<svg" not in only and "keep lr 3e-3" in only
+
+
+@pytest.mark.parametrize("counter", ["tensors+rss", "cuda"])
+def test_journal_text_reaches_the_page_and_its_plots_as_written(tmp_path, cli, counter):
+    """A run name, a phase and a note are the user's words: two dollar signs are not mathtext (matplotlib raised on
+    "$\\frac$": exit 3), markup is escaped, and control characters are shown escaped, in the tables and the plots."""
+    from pilotrun.journal.store import Journal
+
+    evil = "lr $\\frac$, cost $5 vs $10 <script>x</script>\x00\x1b[31m\u202eevil"
+    home = tmp_path / "home"
+    j = Journal(home)
+    rid = j.create_run(kind="train", name=evil, config={}, config_sha256="0" * 64, campaign_path=None, seed=0,
+                       git_rev=None, packages={}, data={}, trust_remote_code=False)
+    j.add_metrics(rid, [("train", "loss", s, 2.0 - s / 10, None, None) for s in range(1, 4)]
+                  + [("validation", "val_loss", 3, 1.9, None, None)])
+    j.add_phase_rows(rid, [{"phase": evil, "rank": 0, "device": "cpu", "counter": counter, "baseline": 2 ** 20,
+                            "peak_allocated": 2 ** 22, "peak_reserved": 2 ** 23 if counter == "cuda" else None,
+                            "duration_s": 0.5, "verdict": "ok"}])
+    j.finish_run(rid, "completed", {})
+    j.add_note(evil, run_id=rid)
+    out = tmp_path / "report.html"
+    r = cli("report", "--home", home, "--out", out)
+    assert r.code == 0, r.err
+    assert "missing from font" not in r.err  # controls never reach the font
+    text = out.read_text(encoding="utf-8")
+    shown = "lr $\\frac$, cost $5 vs $10 &lt;script&gt;x&lt;/script&gt;\\x00\\x1b[31m\\u202eevil"
+    assert text.count(shown) >= 4  # the runs table, the run's heading, the note, and the plots' text
+    assert ">train: " + shown in text  # the loss curve's legend, as text (mathtext would have drawn paths)
+    assert "<script>" not in text and not any(ch in text for ch in "\x00\x1b\u202e")

@@ -14,6 +14,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
+from pilotrun.console.safe import escape_controls
 from pilotrun.journal.files import write_output
 from pilotrun.journal.runs import run_table_rows, shown_status
 from pilotrun.probe.recorder import figure, host_peak, peak_of
@@ -41,13 +42,15 @@ details.run{margin:.4em 0;border-left:3px solid #ddd;padding-left:.6em}details.r
 
 
 def esc(v) -> str:
+    """``v`` as HTML text: markup escaped, and control characters shown escaped as the terminal shows them
+    (console.safe), so a run name cannot hide words behind U+202E or put a NUL in the page."""
     if v is None:
         return ""
     if isinstance(v, float):
         return esc(f"{v:.4g}" if math.isfinite(v) else str(v))
     if isinstance(v, (dict, list)):
-        return html.escape(json.dumps(v, default=str))
-    return html.escape(str(v))
+        return html.escape(json.dumps(v, default=str))  # json.dumps already writes controls as \uNNNN
+    return html.escape(escape_controls(str(v)))
 
 
 def table(columns: list[str], rows: list[dict], classes: dict[str, Callable[[dict], str]] | None = None) -> str:

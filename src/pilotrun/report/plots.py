@@ -6,11 +6,13 @@ kept as text (so a reader can search it), and ids salted per figure so two plots
 
 from __future__ import annotations
 
+import functools
 import io
 import itertools
 import math
 import re
 
+from pilotrun.console.safe import safe
 from pilotrun.sheet.plan import fmt_duration
 
 _salt = itertools.count()
@@ -23,6 +25,21 @@ def _pyplot():
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def _plain_text(draw):
+    """Every text of the figure ``draw`` makes is drawn as written: a run name, an arm, a label or a phase holding
+    two dollar signs ("$\\frac$", "cost $5 vs $10") is not parsed as mathtext, which raised inside matplotlib (a
+    report of exit 3) or set the words between the dollars in italics; and its control characters are shown escaped
+    as the terminal shows them (console.safe), not handed to the font (a warning per glyph, then raw bytes in the
+    page) or left to reorder the words around them (U+202E)."""
+    @functools.wraps(draw)
+    def plain(*args, **kwargs):
+        import matplotlib
+
+        with matplotlib.rc_context({"text.parse_math": False}):
+            return draw(*safe(args), **safe(kwargs))
+    return plain
 
 
 def to_svg(fig) -> str:
@@ -45,6 +62,7 @@ def _finite(steps, values):
     return [p[0] for p in pts], [p[1] for p in pts]
 
 
+@_plain_text
 def loss_curves(series: list[dict], labels: dict[str, str], arms: list[str], title: str = "") -> str:
     """Training loss per update (left) and validation points (right): arms by colour, seeds as thin
     lines, diverged runs dashed and marked with an X at their last point, stopped runs with a bar.
@@ -93,6 +111,7 @@ def loss_curves(series: list[dict], labels: dict[str, str], arms: list[str], tit
     return to_svg(fig)
 
 
+@_plain_text
 def phase_ledger(rows: list[dict], title: str = "") -> str:
     """Memory per phase and rank as horizontal bars: grey up to the phase's baseline, coloured (by
     verdict) from the baseline to the peak allocated, light for the peak reserved where the device has
@@ -144,6 +163,7 @@ _VERDICT_COLOUR = {"ok": "#4c9a2a", "over-budget": "#d98c00", "oom": "#c0392b", 
 CPU_COUNTERS = ("rss", "tensors+rss")  # RSS alone, or the exact tensor counter (allocated) beside RSS (reserved)
 
 
+@_plain_text
 def _increase_ledger(rows: list[dict], title: str) -> str:
     plt = _pyplot()
     mib = 2 ** 20
@@ -174,6 +194,7 @@ def _duration(s: float) -> str:
     return fmt_duration(s)
 
 
+@_plain_text
 def paired_bars(labels: list[str], a: list[float], b: list[float], names: tuple[str, str], *, unit: str,
                 title: str = "", band: tuple[float, float] | None = None) -> str:
     """Two bars per label (e.g. pilot peak and observed peak; predicted and actual seconds), with the
