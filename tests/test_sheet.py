@@ -553,3 +553,23 @@ def test_the_next_sheet_reads_its_estimates_from_the_home_without_importing_torc
     train = path.parent / "data" / "train.jsonl"
     train.write_text(train.read_text() + train.read_text().splitlines()[0] + "\n")
     assert sheet()["imported"] == ["torch", "transformers"]  # another data file: estimated again
+
+
+def test_the_users_words_in_the_sheet_file_keep_their_line_and_show_their_controls():
+    """A campaign name, a label or a path is the user's: written raw, "a\\nb" ended the sheet's heading and a table
+    row early, and an escape sequence in it ran when the file was printed with cat (the terminal already escaped)."""
+    from pilotrun.sheet.render import to_html, to_lines, to_markdown
+
+    evil = "a\nb\t|c \x1b]0;PWNED\x07\u202eevil"
+    sheet = {"blocks": [("h", "Selection sheet — " + evil), ("p", evil), ("list", [evil]),
+                        ("table", ["campaign", "GiB"], [[evil, 1.5]])]}
+    md = to_markdown(sheet)
+    assert not any(ch in md for ch in "\x1b\x07\u202e\t")
+    lines = md.splitlines()
+    assert lines[0] == "# Selection sheet — a\\nb\\t|c \\x1b]0;PWNED\\x07\\u202eevil"
+    row = next(x for x in lines if x.startswith("| a"))
+    assert row.startswith("| a\\nb\\t\\|c \\x1b]0;PWNED\\x07\\u202eevil |") and row.rstrip().endswith("|")
+    assert len([x for x in lines if x.startswith("|")]) == 3  # header, rule, the one row: nothing split
+    assert lines[2].startswith("a b ") and lines[2].endswith("|c \\x1b]0;PWNED\\x07\\u202eevil")  # wrapped as before
+    for text in (to_html(sheet), "\n".join(to_lines(sheet))):
+        assert not any(ch in text for ch in "\x1b\x07\u202e") and "\\x1b]0;PWNED" in text

@@ -10,6 +10,7 @@ from __future__ import annotations
 import html
 import textwrap
 
+from pilotrun.console.safe import escape_controls, safe
 from pilotrun.sheet import sections as S
 
 WIDTH = 100
@@ -22,11 +23,17 @@ def blocks(s: dict) -> list[tuple]:
     a table in Markdown and HTML, one line per row (the items) on a terminal; section by section (a dict
     holding ready ``blocks`` is rendered as they are)."""
     if "blocks" in s:
-        return s["blocks"]
+        return safe(s["blocks"])
     out: list[tuple] = []
     for section in SECTIONS:
         out += section(s)
-    return out
+    return safe(out)  # the campaign's name, labels and paths are the user's words: controls shown escaped
+
+
+def _one_line(text) -> str:
+    """A heading's or a table cell's text on one line: a line break or a tab the user's words hold (a campaign name
+    of "a\\nb") is shown escaped, as the other controls are, instead of ending the heading or the row."""
+    return escape_controls(str(text)).replace("\n", "\\n").replace("\t", "\\t")
 
 
 def _wrap(text: str, first: str = "", rest: str = "") -> list[str]:
@@ -36,7 +43,7 @@ def _wrap(text: str, first: str = "", rest: str = "") -> list[str]:
 
 def table_lines(cols: list, rows: list[list], markdown: bool = True) -> list[str]:
     """Columns padded to their widest cell; numbers right-aligned."""
-    cell = (lambda v: str(v).replace("|", "\\|")) if markdown else str  # noqa: E731
+    cell = (lambda v: _one_line(v).replace("|", "\\|")) if markdown else str  # noqa: E731
     grid = [[cell(c) for c in cols]] + [[cell(v) for v in r] for r in rows]
     widths = [max(len(r[i]) for r in grid) for i in range(len(cols))]
     numeric = [all(_numberish(r[i]) for r in grid[1:] if r[i]) and any(r[i] for r in grid[1:])
@@ -59,7 +66,7 @@ def to_markdown(s: dict) -> str:
     lines: list[str] = []
     for b in blocks(s):
         if b[0] == "h":
-            lines += [("# " if not lines else "## ") + b[1], ""]
+            lines += [("# " if not lines else "## ") + _one_line(b[1]), ""]
         elif b[0] == "p":
             lines += _wrap(b[1]) + [""]
         elif b[0] == "list":
