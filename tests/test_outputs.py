@@ -75,6 +75,29 @@ def test_a_campaign_file_is_never_written_into_a_pipe(tmp_path, cli, demo_campai
     assert stat.S_ISFIFO(os.lstat(pipe).st_mode)
 
 
+def test_init_writes_through_a_link_and_never_replaces_a_folder_or_a_pipe(tmp_path, cli):
+    # init checked exists(), which a link naming nothing yet fails, then renamed a file over the link; a folder named
+    # campaign.yaml was exit 3 under --force (IsADirectoryError)
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    (linked / "campaign.yaml").symlink_to("kept/starter.yaml")
+    r = cli("init", linked)
+    assert r.code == 2 and "campaign.yaml already exists" in r.err, r.err
+    (linked / "kept").mkdir()
+    r = cli("init", linked, "--force")
+    assert r.code == 0, r.err
+    assert (linked / "campaign.yaml").is_symlink() and "task: causal-lm" in (linked / "kept/starter.yaml").read_text()
+    for name, make in (("folder", os.mkdir), ("pipe", os.mkfifo)):
+        (tmp_path / name).mkdir()
+        make(tmp_path / name / "campaign.yaml")
+        r = cli("init", tmp_path / name, "--force")
+        assert r.code == 2 and "init writes the campaign there as a file" in r.err, r.err
+        assert "fix: give init another FOLDER" in r.err
+    assert (tmp_path / "folder/campaign.yaml").is_dir()
+    assert stat.S_ISFIFO(os.lstat(tmp_path / "pipe/campaign.yaml").st_mode)
+    assert not [p for p in tmp_path.rglob("*") if ".tmp-" in p.name]
+
+
 @pytest.mark.parametrize("argv, option", [
     (("split", "{data}", "--out", ""), "--out"),
     (("split", "{data}", "--out", "{tmp}/s", "--period", " "), "--period"),

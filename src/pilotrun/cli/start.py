@@ -74,13 +74,22 @@ def demo(out, quick, examples, max_updates, at, train_updates, home, as_json):
 @common_options(home=False)
 def init(folder, task, force, home, as_json):
     """Write a commented starter campaign.yaml for a task into FOLDER."""
+    import os
+
     from pilotrun.campaign.templates import starter
-    from pilotrun.journal.files import atomic_write_text
+    from pilotrun.journal.files import output_kind, write_output
 
     path = Path(folder) / "campaign.yaml"
-    if path.exists() and not force:
+    # a link counts as there even when it names nothing yet; with --force it is written through (the file it names
+    # is replaced, the link stays), as every output file is; a folder or a device there is never replaced
+    if os.path.lexists(path) and not force:
         raise BadInput("campaign.yaml already exists", where=str(path), fix="pass --force to overwrite it")
-    atomic_write_text(path, starter(task))
+    kind = output_kind(path)
+    if kind != "file":
+        what = "a folder" if kind == "folder" else "not a file (a device, a pipe or the terminal)"
+        raise BadInput(f"{path} is {what}; init writes the campaign there as a file", where=str(path),
+                       fix=f"give init another FOLDER, or move {path} away")
+    write_output(path, starter(task), str(path))
     return emit(StageResult("init", "ok", f"wrote {path}", [f"edit it, then run `pilotrun validate {path}`"],
                             {"path": str(path)}), as_json)
 
