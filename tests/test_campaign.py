@@ -215,3 +215,35 @@ def test_override_paths_relative_to_campaign_file(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     loaded = load_campaign(path).with_overrides({"data.validation": "data/other.jsonl"})
     assert loaded.campaign.data.validation == str((tmp_path / "proj" / "data" / "other.jsonl").resolve())
+
+
+@pytest.mark.parametrize("prompt, said", [
+    ("Q: {question", "its braces do not pair (expected '}' before end of string)"),
+    ("Q: {question} }", "its braces do not pair (Single '}' encountered in format string)"),
+    ('Answer in JSON like {"a": 1}. Q: {question}', 'the placeholder {"a": 1} formats the field'),
+    ("{question:d}", "the placeholder {question:d} formats the field (:d: a width or a format code)"),
+    ("{question!a}", "the placeholder {question!a} converts the field (!a: its repr"),
+    ("{question!s}", "the placeholder {question!s} converts the field (!s)"),
+    ("{}", "the placeholder {} names no field (a positional placeholder)"),
+    ("{0}: {question}", "the placeholder {0} names no field"),
+    ("{question.upper}", "reads an attribute or an item of the field"),
+    ("{question[0]}", "reads an attribute or an item of the field"),
+])
+def test_a_prompt_template_is_fields_and_doubled_braces_only(prompt, said, tmp_path):
+    """data.prompt is rendered with str.format, so anything of Python's format language but {field} and {{ }} is
+    refused when the campaign is read, naming the placeholder, with the way to write a literal brace."""
+    from pilotrun.campaign.load import campaign_from_dict
+    from pilotrun.errors import BadInput
+
+    with pytest.raises(BadInput) as e:
+        campaign_from_dict({"data": {"prompt": prompt}}, tmp_path)
+    assert "data.prompt" in str(e.value) and said in str(e.value), str(e.value)
+    assert "double it ({{ or }})" in e.value.fix
+
+
+@pytest.mark.parametrize("prompt", ["question", "", "Q: {question}\nA: ", "{{literal}} and {question} in {{braces}}",
+                                    "{topic}: {question with spaces}"])
+def test_a_plain_prompt_template_is_taken(prompt, tmp_path):
+    from pilotrun.campaign.load import campaign_from_dict
+
+    assert campaign_from_dict({"data": {"prompt": prompt}}, tmp_path).campaign.data.prompt == prompt

@@ -244,6 +244,23 @@ def test_axolotl_typo_is_named_and_nothing_written(tmp_path, data, cli):
     assert carried(imp)["model.adapter.dropout"] == ("lora_dropout", 0.05)
 
 
+def test_an_imported_value_the_campaign_refuses_names_its_source_key(tmp_path, data, cli):
+    """Axolotl renders a user-defined format with str.format, as pilotrun renders data.prompt: a format whose braces do
+    not pair is refused naming the source's key and the campaign key it maps to (it was pydantic's raw report)."""
+    cfg = dict(AXOLOTL_LORA)
+    cfg["datasets"] = [{"path": "data/alpaca_train.jsonl", "type": {
+        "field_instruction": "instruction", "field_output": "output",
+        "format": "[INST] {instruction} {{ [/INST] }", "no_input_format": "[INST] {instruction} [/INST]"}}]
+    src = write(tmp_path / "format.yml", cfg)
+    r = cli("import", src)
+    assert r.code == 2, r.err
+    assert f"{src}: datasets[0].type.format (imported as data.prompt): data.prompt: its braces do not pair" in r.err
+    assert "validation error" not in r.err and "double it ({{ or }})" in r.err
+    assert not (tmp_path / "campaign.yaml").exists()
+    cfg["datasets"][0]["type"]["format"] = "[INST] {{ {instruction} }} [/INST]"  # the literal braces doubled
+    assert cli("import", write(src, cfg)).code == 0, r.err
+
+
 def test_axolotl_schema_keys_and_plugin_arguments(tmp_path, data):
     """Keys Axolotl's schema or its plugins define import (the hand-written list refused them as typos); a plugin's
     argument is named with its plugin, loaded by the file or not; a key of no schema far from every known key is

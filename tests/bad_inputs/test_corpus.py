@@ -64,6 +64,10 @@ CONFIG_CASES = [
     ("prompt-field-missing", _set("data", prompt="question"), "no field 'question'"),
     ("response-field-missing", _set("data", response="answer"), "no field 'answer'"),
     ("template-field-missing", _set("data", prompt="Q: {question}\nA: "), "no field 'question'"),
+    # data.prompt is rendered with str.format: only {field} and {{ }} are taken (a width padded every prompt to a GB)
+    ("template-brace-unpaired", _set("data", prompt="if (x) { return {instruction}"), "its braces do not pair"),
+    ("template-width", _set("data", prompt="{instruction:>999999999}"), "the placeholder {instruction:>999999999}"),
+    ("template-repr", _set("data", prompt="Q: {instruction!r}"), "converts the field (!r: its repr"),
     ("group-by-missing", _set("data", group_by="conversation"), "no field 'conversation'"),
     ("seq-cls-keys-missing", lambda c: c.update(task="seq-cls"), "data.labels"),
     ("seq-cls-keys-on-causal", _set("data", labels=["a", "b"]), "data.labels is a seq-cls key"),

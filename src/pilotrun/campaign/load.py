@@ -111,8 +111,10 @@ def _submodel_at(loc: tuple) -> type[BaseModel] | None:
 _TAG = re.compile(r"[a-z][a-z-]*\[")  # pydantic's tag of a union member's or validator's errors in their location
 
 
-def _format_errors(err: ValidationError, where: str, lines: dict[tuple, int],
-                   overridden: dict[tuple, str] | None = None) -> BadInputs:
+def campaign_errors(err: ValidationError, where: str, lines: dict[tuple, int],
+                    overridden: dict[tuple, str] | None = None) -> BadInputs:
+    """The schema's refusals as bad input, one per key: ``where`` the file (``lines`` its keys' line numbers), and
+    ``overridden`` what to name instead where a key's value came from elsewhere (``--set KEY``, an imported setting)."""
     problems = []
     merged: dict[tuple, list] = {}  # one key's type errors under each member of its union: one problem
     for e in err.errors():
@@ -203,7 +205,7 @@ def _validate(raw: dict[str, Any], source: Path | None, lines: dict[tuple, int],
         return Campaign.model_validate(raw)
     except ValidationError as err:
         overridden = {tuple(k.split(".")): f"--set {k}={_short(v)}" for k, v in (overrides or {}).items()}
-        raise _format_errors(err, where, lines, overridden) from None
+        raise campaign_errors(err, where, lines, overridden) from None
 
 
 def _coerce_value(text: str, where: str) -> Any:

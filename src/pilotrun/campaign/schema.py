@@ -5,6 +5,7 @@ Only pydantic and the ground's errors and sizes are imported here, so ``validate
 
 from __future__ import annotations
 
+import string
 import types
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
@@ -169,6 +170,34 @@ class ModelConfig(Section):
     router_aux_loss_coef: 0.02} to train a mixture of experts' router loss as Axolotl's model_config does."""
 
 
+def _plain_template(v: str | None) -> str | None:
+    """data.prompt: a field's name, or a template of ``{field}`` placeholders with ``{{`` and ``}}`` for literal braces;
+    nothing more of Python's format language, which the prompt is rendered with. Left to ``str.format`` a brace that
+    does not pair (a prompt quoting code) was exit 3, ``{q!r}`` trained on the field's repr, ``{q:d}`` was exit 3 at
+    the first record and ``{q:>999999999}`` padded every prompt to a GB (the pilot was killed for memory), all after
+    ``validate`` said ok; JSON quoted in the prompt (``{"a": 1}``) read as a field named '"a"'."""
+    if not v:
+        return v
+    literal = "to write a brace in the prompt, double it ({{ or }})"
+    try:
+        parts = list(string.Formatter().parse(v))
+    except ValueError as e:
+        raise ValueError(f"its braces do not pair ({e}); a placeholder is {{field}}, and {literal}") from None
+    for _, name, spec, conv in parts:
+        if name is None:
+            continue
+        shown = "{" + name + (f"!{conv}" if conv else "") + (f":{spec}" if spec else "") + "}"
+        why = ("names no field (a positional placeholder)" if not name.strip() or name.isdigit() else
+               f"converts the field (!{conv}" + (": its repr, quotes and escapes, would be in the prompt)" if conv in "ra"
+                                                 else ")") if conv else
+               f"formats the field (:{spec}: a width or a format code), where the prompt takes its text as it is"
+               if spec else "reads an attribute or an item of the field ('.' or '[')" if any(c in name for c in ".[")
+               else None)
+        if why:
+            raise ValueError(f"the placeholder {shown} {why}; write a placeholder as {{field}} alone, and {literal}")
+    return v
+
+
 class DataConfig(Section):
     train: str | None = None
     """Training records (.jsonl .json .csv .parquet), relative to the campaign file."""
@@ -176,9 +205,9 @@ class DataConfig(Section):
     """Validation records, same formats."""
     test: str | None = None
     """Test records, same formats (optional)."""
-    prompt: str | None = None
-    """causal-lm and preference: the prompt field, or a template over fields such as "Q: {question}\\nA: "; "" for no prompt
-    (completion: the whole response field is in the loss)."""
+    prompt: Annotated[str | None, AfterValidator(_plain_template)] = None
+    """causal-lm and preference: the prompt field, or a template over fields such as "Q: {question}\\nA: " (a literal
+    brace written {{ or }}); "" for no prompt (completion: the whole response field is in the loss)."""
     response: str | None = None
     """causal-lm: the response field: the only tokens in the loss."""
     messages: str | None = None

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from pilotrun.campaign.importers import foreign, schemas
 from pilotrun.campaign.importers.axolotl import import_axolotl
 from pilotrun.campaign.importers.builder import Builder, Imported
 from pilotrun.campaign.importers.hf import import_hf
 from pilotrun.campaign.importers.render import render, short
 from pilotrun.campaign.importers.source import FORMATS, detect, read_source
+from pilotrun.campaign.load import campaign_errors
 from pilotrun.campaign.schema import Campaign
 from pilotrun.errors import BadInput, BadInputs
 from pilotrun.journal.files import atomic_write_text, refuse_stream
@@ -51,7 +54,10 @@ def import_config(source: str | Path, fmt: str | None = None, out: str | Path | 
         campaign[sec].setdefault(k, None)
     try:
         Campaign.model_validate(campaign)
-    except Exception as e:  # a value the campaign refuses (a negative lr ...): named, nothing written
+    except ValidationError as e:  # a value the campaign refuses (a negative lr ...): named by its source key
+        raise campaign_errors(e, str(source), {}, {tuple(c.key.split(".")): f"{source}: {c.source} (imported as {c.key})"
+                                                   for c in b.carried}) from None
+    except Exception as e:
         unless_stopping(e)
         raise BadInput(f"the imported values do not make a valid campaign: {e}", where=str(source),
                        fix="correct the value in the source config") from None
