@@ -36,6 +36,15 @@ class SelfPaddingTask(CausalLMTask):
         return e
 
 
+class MaskEverythingTask(CausalLMTask):
+    """Masks the answer too (every label -100) in the records the campaign's "mask" field marks."""
+    def encode(self, record):
+        e = super().encode(record)
+        if record.fields.get("mask"):
+            e.labels = [IGNORE] * len(e.labels)
+        return e
+
+
 class NoPromptMaskTask(CausalLMTask):
     """labels = input_ids: the prompt is in the loss."""
     def encode(self, record):
@@ -118,6 +127,35 @@ def test_prompt_tokens_in_the_loss(tmp_path, planted):
     report = _checks(_custom(tiny_causal_campaign(tmp_path, simple_records(4)), f"{planted}:NoPromptMaskTask"))
     hit, = _found(report, "prompt-in-loss", "fail")
     assert "4 of 4 examples have a target at a prompt position" in hit.message
+
+
+@pytest.mark.parametrize("masked, verdict", [(2, "warn"), (4, "fail")])
+def test_examples_with_no_target_at_all(tmp_path, planted, masked, verdict):
+    # a custom encode that masks the answer as well: not truncation (max_length cut nothing), and nothing to learn
+    recs = [dict(r, mask=i < masked) for i, r in enumerate(simple_records(4))]
+    report = _checks(_custom(tiny_causal_campaign(tmp_path, recs), f"{planted}:MaskEverythingTask"))
+    hit, = [c for c in report.checks if c.name == "no-target" and c.split == "train"]
+    assert hit.verdict == verdict
+    assert f"{masked} of 4 examples ({masked / 4:.1%}) have no target at all" in hit.message
+    assert "train.jsonl:1" in hit.message
+    assert not [c for c in report.checks if c.name == "truncation"]  # max_length is not blamed
+
+
+def test_a_chat_template_that_drops_the_assistant_turns_is_refused(tmp_path, cli):
+    # the template renders the user's turns only: every conversation would have no target (inspect said ok)
+    recs = [{"messages": [{"role": "user", "content": f"question {i}"}, {"role": "assistant", "content": f"answer {i}"}]}
+            for i in range(4)]
+    template = "{% for m in messages %}{% if m.role != 'assistant' %}{{ m.content }}\n{% endif %}{% endfor %}"
+    path = tiny_causal_campaign(tmp_path, recs, data__prompt=None, data__response=None, data__messages="messages",
+                                data__chat_template=template)
+    r = cli("inspect", path)
+    assert r.code == 2, r.out + r.err
+    assert "train.jsonl:1: the chat template renders none of the conversation's assistant turns (the first, " \
+           "'answer 0', adds no text" in r.err
+    c = yaml.safe_load(path.read_text())
+    c["data"]["chat_template"] = "{% for m in messages %}{{ m.content }}</s>\n{% endfor %}"
+    write_campaign(tmp_path, c)
+    assert cli("inspect", path).code == 0
 
 
 def test_max_length_that_cuts_answers(tmp_path):

@@ -81,6 +81,7 @@ class SplitScan:
         self.prompt_pos: list[str] = []
         self.echo: list[str] = []
         self.no_target: list[str] = []
+        self.untrained: list[str] = []  # no target, and not for max_length's cut (a custom task's encode masks all)
         self.cut: list[tuple[str, int]] = []
         self.pad_trained: list[str] = []
         self.reencode: list[tuple[int, Any]] = []
@@ -129,7 +130,9 @@ class SplitScan:
             if span.size and np.array_equal(span, prompt):
                 self.echo.append(e.rid)
         full = e.target_len_full
-        if full and n_t == 0:
+        if n_t == 0 and (not full or ids.size < self.max_length):  # no target, and max_length cut nothing
+            self.untrained.append(e.rid)
+        elif full and n_t == 0:
             self.no_target.append(e.rid)
         elif full and n_t < full:
             self.cut.append((e.rid, full - n_t))
@@ -205,6 +208,13 @@ def split_checks(split: str, s: SplitScan, c, pairs: PairScan | None = None) -> 
                              f"{_ids(s.no_target)}; data.max_length={stats['keep_99']} keeps 99% of the targets, "
                              f"{stats['keep_100']} keeps all", split,
                              {"count": len(s.no_target), "share": share, "ids": s.no_target[:FEW]}))
+        if s.untrained and pairs is None:
+            share = len(s.untrained) / n
+            out.append(Check("no-target", "fail" if len(s.untrained) == s.n else "warn",
+                             f"{len(s.untrained)} of {s.n} examples ({share:.1%}) have no target at all (every "
+                             f"label is -100, and data.max_length cut nothing): they cost their compute and teach "
+                             f"nothing, e.g. {_ids(s.untrained)}; does the task's encode mask the answer too?", split,
+                             {"count": len(s.untrained), "share": share, "ids": s.untrained[:FEW]}))
         partly = s.cut if pairs is None else []  # examples with no target left are not in it
         if partly:
             worst_loss = max(k for _, k in partly)

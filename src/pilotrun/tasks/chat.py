@@ -99,6 +99,13 @@ def render(tokenizer, template: str, msgs: list[dict], where: str) -> tuple[str,
                            fix="use a template whose rendering of the first turns is a prefix of the whole "
                                "(most are), or data.chat_template: plain")
         spans.append((len(before), len(through)))
+    if spans and all(a == b for a, b in spans):  # every assistant turn rendered as nothing: no token to train on
+        turn = next(m["content"] for m in msgs if m["role"] == "assistant")
+        shown = turn if len(turn) <= 60 else turn[:57] + "..."
+        raise BadInput(f"the chat template renders none of the conversation's assistant turns (the first, {shown!r}, "
+                       "adds no text to the conversation before it): nothing to train on", where=where,
+                       fix="use the template the model is served with, one that writes the assistant's replies (or "
+                           "data.chat_template: auto for the tokenizer's own)")
     return full, spans
 
 
