@@ -67,6 +67,7 @@ def report(out, home, as_json):
     from pilotrun.report.html import write_report
 
     journal = Journal(home_for(home), create=False)
-    path = write_report(journal, Path(out) if out else journal.home / "report.html")
+    with stage_progress("report"):  # a journal of hundreds of runs draws for a minute: each run's plots
+        path = write_report(journal, Path(out) if out else journal.home / "report.html")
     return emit(StageResult("report", "ok", f"wrote {path}", ["open it in a browser; it needs no network"],
                             {"path": str(path)}), as_json)
