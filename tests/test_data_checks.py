@@ -158,6 +158,27 @@ def test_a_chat_template_that_drops_the_assistant_turns_is_refused(tmp_path, cli
     assert cli("inspect", path).code == 0
 
 
+def test_encoding_every_split_says_how_far_it_is(tmp_path, monkeypatch):
+    # a million records encode for minutes: inspect says which split and how many records, then how many of the cut
+    # examples it has measured again without the cut (batched, as the first pass), each with its counts
+    import pilotrun.data.checks as checks
+
+    said = []
+    monkeypatch.setattr(checks, "NOTE_EVERY", 2)
+    monkeypatch.setattr(checks, "note", lambda text, **kw: said.append((text, kw["done"], kw["total"])))
+    recs = [{"instruction": f"q{i}", "output": "y" * (80 if i % 2 else 5)} for i in range(6)]  # 3 cut at 64
+    report = _checks(tiny_causal_campaign(tmp_path, recs, simple_records(3, 100)))
+    assert said == [("encoding train: 0/6 records through task.encode", 0, 6),
+                    ("encoding train: 2/6 records through task.encode", 2, 6),
+                    ("encoding train: 4/6 records through task.encode", 4, 6),
+                    ("measuring train examples data.max_length cut: 0/3", 0, 3),
+                    ("measuring train examples data.max_length cut: 2/3", 2, 3),
+                    ("encoding validation: 0/3 records through task.encode", 0, 3),
+                    ("encoding validation: 2/3 records through task.encode", 2, 3)]
+    hit, = _found(report, "truncation", "warn")  # the batched second pass measures what the single one did
+    assert "3 of 6 answers are partly cut by data.max_length=64 (the largest loses 19 target tokens)" in hit.message
+
+
 def test_max_length_that_cuts_answers(tmp_path):
     recs = [{"instruction": "x" * 20, "output": "y" * 30},   # 20 prompt + 31 targets: partly cut at 40
             {"instruction": "z" * 45, "output": "w"},        # prompt alone is longer than 40: no target

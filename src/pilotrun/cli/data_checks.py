@@ -20,10 +20,13 @@ _SPLITS = click.Choice(["train", "validation", "test"])
 @common_options(home=False)
 def inspect(campaign, n, split, sets, home, as_json):
     """N examples exactly as the loss sees them (trained / masked / padding), then the data-set-wide checks."""
+    from pilotrun.console.progress import stage_progress
     from pilotrun.report.tokens import render_examples
     from pilotrun.rehearsal.data_checks.inspect import inspect as run_inspect
 
-    result = run_inspect(load(campaign, sets), n=n, split=split)
+    loaded = load(campaign, sets)
+    with stage_progress("inspect"):  # every record of every split goes through task.encode: minutes for millions
+        result = run_inspect(loaded, n=n, split=split)
     if n:
         render_examples(result.data["examples"], console(as_json), split)
     return emit(result, as_json)

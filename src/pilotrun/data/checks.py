@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from pilotrun.console.progress import note
 from pilotrun.data.labels import label_checks, label_forms, scan_labels
 from pilotrun.data.mixup import MixupScan
 from pilotrun.data.pairs import PairScan
@@ -25,6 +26,8 @@ from pilotrun.tasks.base import IGNORE
 from pilotrun.tasks.common import SPLITS, template_fields
 from pilotrun.tasks.preference import halves
 from pilotrun.verdicts import FEW, Check, worst
+
+NOTE_EVERY = 1000  # records between two progress notes while encoding
 
 BARS = "▁▂▃▄▅▆▇█"
 
@@ -149,20 +152,30 @@ class SplitScan:
         # pad == eos: one trained EOS ends a turn; two in a row is padding in the labels
         return bool((trained_pad[1:] & trained_pad[:-1]).any())
 
-    def finish(self, full_task) -> None:
-        """Measure the untruncated length of the examples max_length cut, to suggest a max_length."""
-        for i, record, half in self.reencode:
-            e = full_task.encode(record)
-            if half is not None:
-                e = halves(e)[half]
-            lab = np.asarray(e.labels)
-            if lab.size == len(e.input_ids):
-                t = np.flatnonzero(lab != IGNORE)
-                self.need[i] = int(t[-1]) + 1 if t.size else len(e.input_ids)
-            else:
-                self.need[i] = len(e.input_ids)
-                if len(e.input_ids) > self.max_length:
-                    self.cut.append((self.rids[i], len(e.input_ids) - self.max_length))
+    def finish(self, full_task, split: str = "") -> None:
+        """Measure the untruncated length of the examples max_length cut, to suggest a max_length: encoded again
+        without the cut, the tokenizer served in batches as the first pass was (one call per text took as long as
+        that whole pass where half the examples were cut)."""
+        records = [record for _, record, _ in self.reencode]
+        with batched(full_task) as warm:
+            for k, ((i, record, half), _) in enumerate(zip(self.reencode, warmed(records, warm))):
+                if k % NOTE_EVERY == 0:
+                    note(f"measuring {split} examples data.max_length cut: {k:,}/{len(records):,}", done=k,
+                         total=len(records))
+                self._measure(full_task, i, record, half)
+
+    def _measure(self, full_task, i: int, record, half) -> None:
+        e = full_task.encode(record)
+        if half is not None:
+            e = halves(e)[half]
+        lab = np.asarray(e.labels)
+        if lab.size == len(e.input_ids):
+            t = np.flatnonzero(lab != IGNORE)
+            self.need[i] = int(t[-1]) + 1 if t.size else len(e.input_ids)
+        else:
+            self.need[i] = len(e.input_ids)
+            if len(e.input_ids) > self.max_length:
+                self.cut.append((self.rids[i], len(e.input_ids) - self.max_length))
 
 
 def config_checks(c) -> list[Check]:
@@ -266,7 +279,9 @@ def run_checks(task, loaded, splits=SPLITS) -> Report:
         for split, recs in records.items():
             s = scans[split] = SplitScan(task, c.data.max_length)
             ps = pair_scans[split] = PairScan(c.data.max_length) if paired else None
-            for r in warmed(recs, warm):
+            for i, r in enumerate(warmed(recs, warm)):
+                if i % NOTE_EVERY == 0:  # a million records encode for minutes (the slow byte tokenizer: 2 s per 5,000)
+                    note(f"encoding {split}: {i:,}/{len(recs):,} records through task.encode", done=i, total=len(recs))
                 e = task.encode(r)
                 if ps is not None:  # each sequence of the pair as the loss sees it, then the pair
                     ps.add(r, e)
@@ -279,7 +294,7 @@ def run_checks(task, loaded, splits=SPLITS) -> Report:
                 unknown.add(split, e)
             if s.reencode:
                 full_task = full_task or _untruncated(task, loaded)
-                s.finish(full_task)
+                s.finish(full_task, split)
     for split, s in scans.items():
         found, stats[split] = split_checks(split, s, c, pair_scans.get(split))
         checks += found
