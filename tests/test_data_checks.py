@@ -143,8 +143,8 @@ def test_examples_with_no_target_at_all(tmp_path, planted, masked, verdict):
 
 def test_a_chat_template_that_drops_the_assistant_turns_is_refused(tmp_path, cli):
     # the template renders the user's turns only: every conversation would have no target (inspect said ok)
-    recs = [{"messages": [{"role": "user", "content": f"question {i}"}, {"role": "assistant", "content": f"answer {i}"}]}
-            for i in range(4)]
+    recs = [{"messages": [{"role": "user", "content": f"question {i}"},
+                          {"role": "assistant", "content": f"answer {i}"}]} for i in range(4)]
     template = "{% for m in messages %}{% if m.role != 'assistant' %}{{ m.content }}\n{% endif %}{% endfor %}"
     path = tiny_causal_campaign(tmp_path, recs, data__prompt=None, data__response=None, data__messages="messages",
                                 data__chat_template=template)
