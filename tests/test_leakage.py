@@ -145,3 +145,42 @@ def test_unit_signature_does_not_depend_on_where_the_units_records_lie(tmp_path)
     assert a.names == b.names == [f"c{k}" for k in range(5)]
     assert np.array_equal(a.digest, b.digest) and np.array_equal(a.sig, b.sig)
     assert a.where[1].endswith("train.jsonl:4") and b.where[1].endswith("train.jsonl:2")
+
+
+def test_a_unit_is_one_unit_whatever_file_holds_it(tmp_path):
+    # pandas writes an id column that had a missing value as floats: patient 3 is 3.0 in the Parquet training file,
+    # 3 in the JSONL validation file and "3" in a CSV; compared as str(), no patient crossed
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tiny_causal_campaign(tmp_path, [{"instruction": "x", "output": "y"}])
+    rows = [{"instruction": f"train question {i}", "output": f"answer {i}", "patient": float(i % 6)} for i in range(12)]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "data" / "train.parquet")
+    write_jsonl(tmp_path / "data" / "validation.jsonl",
+                [{"instruction": f"held-out question {i}", "output": f"reply {i}", "patient": i} for i in (3, 40)])
+    (tmp_path / "data" / "test.csv").write_text("instruction,output,patient\nanother question,a reply,5.0\n")
+    c = yaml.safe_load(path.read_text())
+    c["data"].update(train="data/train.parquet", validation="data/validation.jsonl", test="data/test.csv",
+                     group_by="patient")
+    write_campaign(tmp_path, c)
+    result = leakage(load_campaign(path))
+    assert result.verdict == "fail"
+    hits = {c["split"]: c for c in result.data["checks"] if c["name"] == "shared-units"}
+    assert hits["validation"]["data"]["values"] == ["3"] and hits["test"]["data"]["values"] == ["5"]
+    assert "1 of 2 (50.0%) validation units of 'patient' (data.group_by) also occur in train" \
+        in hits["validation"]["message"]
+
+
+def test_unit_keys():
+    import datetime as dt
+    from decimal import Decimal
+
+    from pilotrun.records.values import unit_key
+
+    assert unit_key(17) == unit_key(17.0) == unit_key("17") == unit_key(Decimal("17.00")) == "17"
+    assert unit_key(17.5) == "17.5" and unit_key(float("nan")) == "NaN" and unit_key(10 ** 16) == unit_key(1e16)
+    assert unit_key("17.0") == unit_key("17.000") == "17" and unit_key("-3.0") == "-3" and unit_key("017.0") == "017"
+    assert unit_key("17.5") == "17.5" and unit_key("1e3") == "1e3" and unit_key("v17.0") == "v17.0"
+    assert unit_key(True) == "true" and unit_key(None) == "null" and unit_key("017") == "017"
+    assert unit_key(dt.date(2024, 1, 2)) == "2024-01-02"
+    assert unit_key({"b": 1, "a": [2, dt.date(2024, 1, 2)]}) == unit_key({"a": [2, dt.date(2024, 1, 2)], "b": 1})

@@ -22,6 +22,7 @@ import numpy as np
 from pilotrun.data import minhash
 from pilotrun.errors import BadInput
 from pilotrun.records.stream import iter_chunks
+from pilotrun.records.values import unit_key
 from pilotrun.tasks import common
 from pilotrun.verdicts import Check
 
@@ -207,7 +208,7 @@ def reduce_split(c, split: str, chunks) -> SplitUnits:
     for records in chunks:
         if d.group_by:
             _require(records, d.group_by, "data.group_by", path)
-            code.append(np.fromiter((codes.setdefault(str(r.fields[d.group_by]), len(codes)) for r in records),
+            code.append(np.fromiter((codes.setdefault(unit_key(r.fields[d.group_by]), len(codes)) for r in records),
                                     dtype=np.int64, count=len(records)))
         if d.period_by:
             _require(records, d.period_by, "data.period_by", path)

@@ -18,6 +18,7 @@ from pilotrun.data.leakage import period_key
 from pilotrun.errors import BadInput
 from pilotrun.journal.files import atomic_write_text
 from pilotrun.records.readers import read_records
+from pilotrun.records.values import json_value, unit_key
 from pilotrun.verdicts import StageResult
 
 SPLITS = ("train", "validation", "test")
@@ -69,8 +70,7 @@ def unit_of(record, by: str | None) -> str:
     """The unit a record belongs to: the value of its field ``by`` (a list or an object is one value: two records
     share a unit when their values are equal, as JSON), else the record itself (its fields, so exact copies
     stay together in one split)."""
-    value = record.fields[by] if by else record.fields
-    return json.dumps(value, sort_keys=True, ensure_ascii=False) if not isinstance(value, str) else value
+    return unit_key(record.fields[by] if by else record.fields)
 
 
 def split_records(records, by: str | None, ratios, seed: int = 0, period: str | None = None):
@@ -118,7 +118,11 @@ def split_file(data: str | Path, by: str | None, ratios, out: str | Path, seed: 
     if out.exists() and not out.is_dir():
         raise BadInput("is a file, not a folder", where=str(out), fix="give --out a folder")
     rows, messages, written = [], [], {}
-    texts = {s: "".join(json.dumps(r.fields, ensure_ascii=False) + "\n" for r in rs) for s, rs in parts.items() if rs}
+    try:  # a Parquet file's dates, times and decimals as JSON text (json_value)
+        texts = {s: "".join(json.dumps(r.fields, ensure_ascii=False, default=json_value) + "\n" for r in rs)
+                 for s, rs in parts.items() if rs}
+    except BadInput as e:
+        raise BadInput(e.detail, where=str(data), fix=e.fix) from None
     for split, text in texts.items():
         written[split] = str(out / f"{split}.jsonl")
         atomic_write_text(out / f"{split}.jsonl", text)

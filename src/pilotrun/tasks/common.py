@@ -8,6 +8,7 @@ from typing import Any
 
 from pilotrun.errors import BadInput
 from pilotrun.records.readers import not_text, read_records
+from pilotrun.records.values import unit_key
 from pilotrun.tasks import chat
 from pilotrun.tasks.base import IGNORE, Example
 from pilotrun.tasks.loading import leading_specials, load_tokenizer, pad_id, save_hf_artifact
@@ -58,7 +59,7 @@ def render_prompt(record, prompt: str) -> str:
 def group_of(record, c) -> str | None:
     if c.data.group_by is None:
         return None
-    return str(field(record, c.data.group_by, "data.group_by"))
+    return unit_key(field(record, c.data.group_by, "data.group_by"))
 
 
 def period_of(record, c) -> str | None:
