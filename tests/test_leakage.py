@@ -184,3 +184,27 @@ def test_unit_keys():
     assert unit_key(True) == "true" and unit_key(None) == "null" and unit_key("017") == "017"
     assert unit_key(dt.date(2024, 1, 2)) == "2024-01-02"
     assert unit_key({"b": 1, "a": [2, dt.date(2024, 1, 2)]}) == unit_key({"a": [2, dt.date(2024, 1, 2)], "b": 1})
+
+
+def test_records_with_no_unit_are_named_and_never_one_shared_unit(tmp_path):
+    # null, NaN and blank ids were one unit "null" per split: reported as a unit train and validation share (and
+    # where only one split lacked ids, nothing was said); each is now its own unit, compared by its text, and named
+    train = [{"instruction": f"train question {i}", "output": f"answer {i}", "patient": [None, 1, 2, float("nan")][i]}
+             for i in range(4)]
+    val = [{"instruction": f"held-out question {i}", "output": f"reply {i}", "patient": [None, "  ", 7][i]}
+           for i in range(3)]
+    path = tiny_causal_campaign(tmp_path, train, val, data__group_by="patient")
+    result = leakage(load_campaign(path))
+    assert result.verdict == "warn", result.messages
+    assert not [c for c in result.data["checks"] if c["name"] == "shared-units"]
+    hits = {c["split"]: c for c in result.data["checks"] if c["name"] == "no-unit"}
+    train_path, val_path = tmp_path / "data" / "train.jsonl", tmp_path / "data" / "validation.jsonl"
+    assert hits["train"]["message"].startswith(
+        f"2 of 4 (50.0%) train records have no value for 'patient' (data.group_by: null, NaN or blank), e.g. "
+        f"{train_path}:1, {train_path}:4")
+    assert hits["validation"]["data"]["records"] == [f"{val_path}:1", f"{val_path}:2"]
+    # a copy among them is still found by its text
+    write_jsonl(val_path, val + [dict(train[0])])
+    result = leakage(load_campaign(path))
+    hit, = [c for c in result.data["checks"] if c["name"] == "exact-duplicates"]
+    assert f"{val_path}:4 = {train_path}:1" in hit["message"]

@@ -84,6 +84,13 @@ def test_bad_ratios_and_fields_exit_2(tmp_path, cli):
     assert res.code == 2 and "d.jsonl:2" in res.err and "no field 'cid' (named by --by)" in res.err
     res = cli("split", data, "--by", "x", "--period", "when", "--out", tmp_path / "o")
     assert res.code == 2 and "no field 'when' (named by --period)" in res.err
+    # a unit with no value (null, a pandas NaN, blank) cannot be placed: as a value, all were one unit "null"
+    empty = write_jsonl(tmp_path / "e.jsonl", [{"cid": "a", "x": 1}, {"cid": None, "x": 2}, {"cid": " ", "x": 3},
+                                               {"cid": float("nan"), "x": 4}])
+    res = cli("split", empty, "--by", "cid", "--out", tmp_path / "o")
+    assert res.code == 2, res.err
+    assert "3 of 4 records in" in res.err and "have no value for 'cid' (named by --by: null, NaN or blank), e.g. " \
+        f"{empty}:2, {empty}:3, {empty}:4" in res.err and "split without --by" in res.err
     assert not (tmp_path / "o").exists()  # nothing written on bad input
 
 

@@ -22,7 +22,7 @@ import numpy as np
 from pilotrun.data import minhash
 from pilotrun.errors import BadInput
 from pilotrun.records.stream import iter_chunks
-from pilotrun.records.values import unit_key
+from pilotrun.records.values import no_unit, unit_key
 from pilotrun.tasks import common
 from pilotrun.verdicts import Check
 
@@ -185,6 +185,7 @@ class SplitUnits:
     prompt_digest: np.ndarray | None = None  # uint64 per record: the normalised prompt (0: none)
     record_digest: np.ndarray | None = None  # uint64 per record: the normalised record text
     record_where: list[str] | None = None
+    no_unit: list[str] | None = None  # the records whose group_by value is null, NaN or blank: each its own unit
     _index: list | None = None
 
     def index(self) -> list:
@@ -201,15 +202,16 @@ def reduce_split(c, split: str, chunks) -> SplitUnits:
     """One split, chunk by chunk of records, to a hash and a signature per unit."""
     d = c.data
     path = getattr(d, split)
-    digests, sigs, where, periods, code = [], [], [], [] if d.period_by else None, []
+    digests, sigs, where, periods, code, missing = [], [], [], [] if d.period_by else None, [], []
     codes: dict[str, int] = {}
     text, prompt = text_of(c), prompt_of(c)
     prompts: list[np.ndarray] = []
     for records in chunks:
         if d.group_by:
             _require(records, d.group_by, "data.group_by", path)
-            code.append(np.fromiter((codes.setdefault(unit_key(r.fields[d.group_by]), len(codes)) for r in records),
-                                    dtype=np.int64, count=len(records)))
+            keys = [unit_key(v) if not no_unit(v := r.fields[d.group_by]) else NO_UNIT + r.where for r in records]
+            missing += [r.where for r in records if no_unit(r.fields[d.group_by])]
+            code.append(np.fromiter((codes.setdefault(k, len(codes)) for k in keys), dtype=np.int64, count=len(keys)))
         if d.period_by:
             _require(records, d.period_by, "data.period_by", path)
             periods += [r.fields[d.period_by] for r in records]
@@ -241,7 +243,7 @@ def reduce_split(c, split: str, chunks) -> SplitUnits:
     for k in range(minhash.PERMS):
         unit_sig[k] = np.minimum.reduceat(np.concatenate([c[k] for c in sigs])[order], starts)
     return SplitUnits(split, len(where), [where[order[s]] for s in starts], list(codes), unit_digest, unit_sig,
-                      periods, **per_record)
+                      periods, **per_record, no_unit=missing)
 
 
 def _share(n: int, of: int) -> str:
@@ -249,14 +251,29 @@ def _share(n: int, of: int) -> str:
 
 
 def _unit(u: SplitUnits, i: int) -> str:
-    return f"{u.where[i]}" + (f" ({u.names[i]})" if u.names is not None else "")
+    if u.names is None or u.names[i].startswith(NO_UNIT):
+        return u.where[i]
+    return f"{u.where[i]} ({u.names[i]})"
+
+
+NO_UNIT = "\x00no value: "  # the key of a record with no unit value, followed by where it is: never shared
+
+
+def missing_units(u: SplitUnits, field: str) -> Check | None:
+    if not u.no_unit:
+        return None
+    return Check("no-unit", "warn", f"{_share(len(u.no_unit), u.records)} {u.split} records have no value for "
+                 f"'{field}' (data.group_by: null, NaN or blank), e.g. {', '.join(u.no_unit[:FEW])}: no split can be "
+                 "kept free of their unit, so each is compared alone, by its text only; give every record its unit, "
+                 "or remove them", u.split, {"count": len(u.no_unit), "records": u.no_unit[:FEW]})
 
 
 def group_overlap(a: SplitUnits, b: SplitUnits, field: str) -> Check | None:
     shared = sorted(set(a.names) & set(b.names))
     if not shared:
         return None
-    return Check("shared-units", "fail", f"{_share(len(shared), len(b.names))} {b.split} units of '{field}' "
+    units = len(b.names) - len(b.no_unit or ())
+    return Check("shared-units", "fail", f"{_share(len(shared), units)} {b.split} units of '{field}' "
                  f"(data.group_by) also occur in {a.split}, e.g. {', '.join(map(repr, shared[:FEW]))}; split by "
                  f"unit with `pilotrun split DATA --by {field}`", b.split, {"count": len(shared), "values": shared[:FEW]})
 
@@ -398,6 +415,8 @@ def leakage_checks(loaded, threshold: float = 0.8) -> tuple[list[Check], dict]:
             with _no_cycle_collection():
                 units[split] = reduce_split(c, split, iter_chunks(getattr(c.data, split)))
     checks: list[Check] = []
+    if c.data.group_by:
+        checks += [found for u in units.values() if (found := missing_units(u, c.data.group_by))]
     names = list(units)
     for i, sa in enumerate(names):
         for sb in names[i + 1:]:

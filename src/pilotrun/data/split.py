@@ -18,7 +18,7 @@ from pilotrun.data.leakage import period_key
 from pilotrun.errors import BadInput
 from pilotrun.journal.files import atomic_write_text
 from pilotrun.records.readers import read_records
-from pilotrun.records.values import json_value, unit_key
+from pilotrun.records.values import json_value, no_unit, unit_key
 from pilotrun.verdicts import StageResult
 
 SPLITS = ("train", "validation", "test")
@@ -43,12 +43,20 @@ def parse_ratios(text: str) -> tuple[float, ...]:
 
 
 def _require(records, name: str, option: str, path) -> None:
-    missing = [r for r in records if name not in r.fields or r.fields[name] is None]
+    """Every record has the field ``name`` and a value in it: not null, NaN (a missing id in a pandas float column)
+    or blank, which a split by unit or period cannot place (as a value, all of them were one unit "null")."""
+    missing = [r for r in records if name not in r.fields]
     if missing:
         present = ", ".join(sorted(missing[0].fields)) or "none"
         raise BadInput(f"{len(missing)} of {len(records)} records in {path} have no field '{name}' (named by "
                        f"{option}); fields present: {present}", where=missing[0].where,
                        fix=f"give every record a '{name}', or name another field with {option}")
+    empty = [r.where for r in records if no_unit(r.fields[name])]
+    if empty:
+        raise BadInput(f"{len(empty)} of {len(records)} records in {path} have no value for '{name}' (named by "
+                       f"{option}: null, NaN or blank), e.g. {', '.join(empty[:3])}: the split cannot place them",
+                       where=empty[0], fix=f"give every record its '{name}', or remove those records"
+                       + (" (or split without --by: each record its own unit)" if option == "--by" else ""))
 
 
 def _rank(seed: int, value: str) -> bytes:

@@ -4,8 +4,8 @@ A unit of ``data.group_by`` (a patient, a conversation, a document) is the same 
 format, so the split, the leakage check and the tasks compare it through one key (``unit_key``). A Parquet column that
 pandas wrote with a missing value holds floats (17.0) where a JSONL file holds ints (17) and a CSV file text ("17"):
 compared as ``str()``, patient 17 of train and patient 17 of validation were two units, and ``leakage`` said nothing
-crosses (pandas writes such a column to CSV as "17.0" too). Parquet also gives dates, times and decimals, which ``json.dumps`` refuses (``split`` of such a file was an
-internal error); ``json_value`` writes them as JSON.
+crosses (pandas writes such a column to CSV as "17.0" too). Parquet also gives dates, times and decimals, which
+``json.dumps`` refuses (``split`` of such a file was an internal error); ``json_value`` writes them as JSON.
 """
 
 from __future__ import annotations
@@ -49,3 +49,11 @@ def unit_key(value: Any) -> str:
     if isinstance(value, (dt.datetime, dt.date, dt.time)):
         return value.isoformat()
     return json.dumps(value, sort_keys=True, ensure_ascii=False, default=json_value)
+
+
+def no_unit(value: Any) -> bool:
+    """Whether a record's unit value says nothing: null, NaN (a missing id in a pandas float column) or blank text.
+    Taken as a value, every such record of a file was one unit, "null": the split put all of them in one split, and
+    leakage reported 'null' as a unit both splits share."""
+    return value is None or (isinstance(value, float) and math.isnan(value)) or (isinstance(value, str) and not
+                                                                                value.strip())
