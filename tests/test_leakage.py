@@ -3,6 +3,7 @@
 import json
 
 import numpy as np
+import pytest
 import yaml
 from conftest import tiny_causal_campaign, write_campaign, write_jsonl
 
@@ -208,3 +209,22 @@ def test_records_with_no_unit_are_named_and_never_one_shared_unit(tmp_path):
     result = leakage(load_campaign(path))
     hit, = [c for c in result.data["checks"] if c["name"] == "exact-duplicates"]
     assert f"{val_path}:4 = {train_path}:1" in hit["message"]
+
+
+@pytest.mark.parametrize("missing", [float("nan"), None, ""])
+def test_a_record_with_no_period_is_left_out_of_the_order_and_named(tmp_path, missing):
+    # a NaN first in train made its range nan..nan (validation 'overlapped' it); a null turned every period to text,
+    # where "None" sorts after "2023-06"; blank alike: each gave a false period-order fail
+    months = [missing] + [f"2023-0{i}" for i in range(1, 6)]
+    train = [{"instruction": f"q{i}", "output": f"a{i}", "month": m} for i, m in enumerate(months)]
+    val = [{"instruction": "v1", "output": "x", "month": "2023-07"}]
+    path = tiny_causal_campaign(tmp_path, train, val, data__period_by="month")
+    result = leakage(load_campaign(path))
+    assert not [c for c in result.data["checks"] if c["name"] == "period-order"], result.messages
+    hit = _one(result, "no-period")
+    assert hit["verdict"] == "warn" and hit["split"] == "train"
+    assert hit["message"].startswith(f"1 of 6 (16.7%) train records have no value for 'month' (data.period_by: null, "
+                                     f"NaN or blank), e.g. {tmp_path / 'data' / 'train.jsonl'}:1")
+    write_jsonl(tmp_path / "data" / "validation.jsonl", val + [{"instruction": "v2", "output": "y", "month": "2023-02"}])
+    hit = _one(leakage(load_campaign(path)), "period-order")  # a real overlap is still one
+    assert "validation periods 2023-02..2023-07 overlap train periods 2023-01..2023-05" in hit["message"]

@@ -186,6 +186,7 @@ class SplitUnits:
     record_digest: np.ndarray | None = None  # uint64 per record: the normalised record text
     record_where: list[str] | None = None
     no_unit: list[str] | None = None  # the records whose group_by value is null, NaN or blank: each its own unit
+    no_period: list[str] | None = None  # the records whose period_by value is null, NaN or blank: out of the order
     _index: list | None = None
 
     def index(self) -> list:
@@ -202,7 +203,7 @@ def reduce_split(c, split: str, chunks) -> SplitUnits:
     """One split, chunk by chunk of records, to a hash and a signature per unit."""
     d = c.data
     path = getattr(d, split)
-    digests, sigs, where, periods, code, missing = [], [], [], [] if d.period_by else None, [], []
+    digests, sigs, where, periods, code, missing, no_period = [], [], [], [] if d.period_by else None, [], [], []
     codes: dict[str, int] = {}
     text, prompt = text_of(c), prompt_of(c)
     prompts: list[np.ndarray] = []
@@ -215,6 +216,7 @@ def reduce_split(c, split: str, chunks) -> SplitUnits:
         if d.period_by:
             _require(records, d.period_by, "data.period_by", path)
             periods += [r.fields[d.period_by] for r in records]
+            no_period += [r.where for r in records if no_unit(r.fields[d.period_by])]
         texts = [normalise(text(r)) for r in records]
         digests.append(np.fromiter((_digest(exact_key(t)) if t else 0 for t in texts), dtype=np.uint64,
                                    count=len(texts)))
@@ -228,7 +230,7 @@ def reduce_split(c, split: str, chunks) -> SplitUnits:
                   "record_where": where} if prompt is not None else {}
     if not d.group_by:
         sig = np.concatenate(sigs, axis=1) if sigs else np.empty((minhash.PERMS, 0), np.uint32)
-        return SplitUnits(split, len(where), where, None, digest, sig, periods, **per_record)
+        return SplitUnits(split, len(where), where, None, digest, sig, periods, **per_record, no_period=no_period)
     code = np.concatenate(code) if code else np.empty(0, np.int64)
     # units usually come in runs (a conversation's records together): then the order is the file's own
     order = np.arange(code.size) if np.all(code[1:] >= code[:-1]) else np.argsort(code, kind="stable")
@@ -243,7 +245,7 @@ def reduce_split(c, split: str, chunks) -> SplitUnits:
     for k in range(minhash.PERMS):
         unit_sig[k] = np.minimum.reduceat(np.concatenate([c[k] for c in sigs])[order], starts)
     return SplitUnits(split, len(where), [where[order[s]] for s in starts], list(codes), unit_digest, unit_sig,
-                      periods, **per_record, no_unit=missing)
+                      periods, **per_record, no_unit=missing, no_period=no_period)
 
 
 def _share(n: int, of: int) -> str:
@@ -370,13 +372,25 @@ def period_order(units: dict[str, SplitUnits], key: str) -> list[Check]:
     if train is None or train.periods is None:
         return []
     names = list(units)
-    keyed = dict(zip(names, (period_key(units[s].periods) for s in names)))
+    out = []
+    # a record with no period (null, NaN, blank) is left out of the order, and named: a NaN compared as nothing
+    # (min and max of the split went wrong) and a null turned every period of its split to text ("10" < "9")
+    periods = {s: [v for v in units[s].periods if not no_unit(v)] for s in names}
+    for s in names:
+        if units[s].no_period:
+            none = units[s].no_period
+            out.append(Check("no-period", "warn", f"{_share(len(none), len(units[s].periods))} {s} records have no "
+                             f"value for '{key}' (data.period_by: null, NaN or blank), e.g. {', '.join(none[:FEW])}: "
+                             "the period order leaves them out; give every record its period", s,
+                             {"count": len(none), "records": none[:FEW]}))
+    if not periods["train"]:
+        return out
+    keyed = dict(zip(names, (period_key(periods[s]) for s in names)))
     kinds = {type(v[0]) for v in keyed.values() if v}
     if len(kinds) > 1:
-        keyed = {s: [str(x) for x in units[s].periods] for s in names}
-    raw = {s: dict(zip(keyed[s], units[s].periods)) for s in names}
+        keyed = {s: [str(x) for x in periods[s]] for s in names}
+    raw = {s: dict(zip(keyed[s], periods[s])) for s in names}
     lo_t, hi_t = min(keyed["train"]), max(keyed["train"])
-    out = []
     for s in names:
         if s == "train" or not keyed[s]:
             continue
