@@ -148,6 +148,21 @@ def test_set_typed_parsing(cli, demo_campaign):
     assert c.train.lr == pytest.approx(3e-4) and c.train.drop_last is False
 
 
+def test_set_of_a_key_that_takes_text_is_the_text_written():
+    """YAML read a template as a mapping (data.prompt={question}, and "Q: {question}: {answer}" as no YAML at all),
+    a name as a date or a number, and each was refused as not a string; where the key takes only text, the text
+    written is the value (YAML's own quoting and null still apply)."""
+    from pilotrun.campaign import parse_set
+
+    assert parse_set(["data.prompt={question}", "data.response=Q: {question}: {answer}", "name=2024-01-01",
+                      "data.group_by=123", "data.train=true", 'model.path="my model"', "data.test=null"]) == {
+        "data.prompt": "{question}", "data.response": "Q: {question}: {answer}", "name": "2024-01-01",
+        "data.group_by": "123", "data.train": "true", "model.path": "my model", "data.test": None}
+    # keys that take other things keep YAML's reading
+    assert parse_set(["train.micro_batch=3", "data.labels=[a, b]", "model.config={a: 1}"]) == {
+        "train.micro_batch": 3, "data.labels": ["a", "b"], "model.config": {"a": 1}}
+
+
 @pytest.mark.parametrize("item, message", [
     ("train.lrr=0.1", "did you mean 'train.lr'"),
     ("trian.lr=0.1", "did you mean 'train.lr'"),
@@ -158,8 +173,8 @@ def test_set_typed_parsing(cli, demo_campaign):
     ("model.config.x=[&a [x,x,x,x,x,x,x,x,x], &b [*a,*a,*a,*a,*a,*a,*a,*a,*a], &c [*b,*b,*b,*b,*b,*b,*b,*b,*b], "
      "&d [*c,*c,*c,*c,*c,*c,*c,*c,*c], &e [*d,*d,*d,*d,*d,*d,*d,*d,*d], &f [*e,*e,*e,*e,*e,*e,*e,*e,*e], "
      "&g [*f,*f,*f,*f,*f,*f,*f,*f,*f]]", "--set model.config.x:1: the value anchored at line 1 is repeated"),
-    ("name=" + "[" * 5000 + "]" * 5000, "--set name:1: invalid YAML: exceeded maximum nesting depth"),
-    ("name={a: 1, a: 2}", "key 'a' appears twice in one mapping"),
+    ("model.config=" + "[" * 5000 + "]" * 5000, "--set model.config:1: invalid YAML: exceeded maximum nesting depth"),
+    ("model.config={a: 1, a: 2}", "key 'a' appears twice in one mapping"),
 ])
 def test_bad_set(cli, demo_campaign, item, message):
     r = cli("validate", demo_campaign, "--set", item)

@@ -12,7 +12,7 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -232,8 +232,28 @@ def parse_set(items: list[str] | tuple[str, ...]) -> dict[str, Any]:
         key = key.strip()
         if not key:
             raise BadInput(f"--set {item!r} has an empty key", where="--set", fix="write it as --set train.lr=3e-4")
-        out[key] = _coerce_value(value, f"--set {key}")
+        try:
+            out[key] = _coerce_value(value, f"--set {key}")
+        except BadInput:
+            if not _text_only(key):
+                raise
+            out[key] = value  # "Q: {question}: {answer}" is no YAML (a mapping as a key): the text meant
+        if out[key] is not None and not isinstance(out[key], str) and _text_only(key):
+            # YAML read the text as something else: --set data.prompt={question} a mapping, --set name=2024-01-01 a
+            # date, --set data.group_by=123 a number; where the key takes only text, the text is what was meant
+            out[key] = value
     return out
+
+
+def _text_only(key: str) -> bool:
+    """Whether the campaign key ``key`` (dotted) takes text and nothing else (null aside)."""
+    parts = key.split(".")
+    model = _submodel_at(tuple(parts[:-1]))
+    field = model.model_fields.get(parts[-1]) if model is not None else None
+    if field is None:
+        return False
+    kinds = {a for a in (get_args(field.annotation) or (field.annotation,)) if a is not type(None)}
+    return kinds == {str}
 
 
 def apply_overrides(raw: dict[str, Any], overrides: dict[str, Any], *, where: str = "--set") -> dict[str, Any]:
