@@ -40,6 +40,14 @@ def _chat(tmp_path, path, messages):
                                            messages="messages"))
 
 
+def _parquet_train(tmp_path, path, records):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist(records), tmp_path / "data" / "train.parquet")
+    _edit(path, _set("data", train="data/train.parquet"))
+
+
 FIELD_CASES = [
     ("response-is-a-list", _train_records(_records_with(3, output=["a", "b"])),
      "field 'output' (named by data.response) is a list, not text", "train.jsonl:4"),
@@ -58,6 +66,11 @@ FIELD_CASES = [
     ("chat-role-is-an-object", lambda tmp_path, path: _chat(tmp_path, path, [
         {"role": {"r": 1}, "content": "q"}, {"role": "assistant", "content": "a"}]),
      "message 0 of field 'messages' has a role or content that is an object, not text", "chat.jsonl:8"),
+    # a Parquet binary column (older writers and Spark store strings so): str() trained on "b'reverse word2'"
+    ("prompt-is-binary", lambda tmp_path, path: _parquet_train(tmp_path, path, [
+        dict(r, instruction=r["instruction"].encode()) for r in simple_records(8)]),
+     "field 'instruction' (named by data.prompt) is binary data (a Parquet binary column: cast it to string",
+     "train.parquet[0]"),
     ("data-symlink-loop", lambda tmp_path, path: (
         (tmp_path / "data" / "train.jsonl").unlink(),
         (tmp_path / "data" / "train.jsonl").symlink_to(tmp_path / "data" / "loop.jsonl"),

@@ -36,11 +36,14 @@ class Record:
 def not_text(value) -> str | None:
     """Why ``value`` is no text a task may read (str() would train its repr: "nan", "[1, 2]", "{'a': 1}"), or None:
     a list (a JSON array, a Parquet list), an object (a JSON object, a Parquet struct), a NaN or an infinity (JSON's
-    NaN/Infinity, a Parquet float). Validate (``campaign.consistency``) and the tasks share it."""
+    NaN/Infinity, a Parquet float), bytes (a Parquet binary column, which older writers and Spark give strings as).
+    Validate (``campaign.consistency``) and the tasks share it."""
     if isinstance(value, (list, tuple, dict)):
         return "a list" if isinstance(value, (list, tuple)) else "an object"
     if isinstance(value, float) and not math.isfinite(value):
         return "not a number (NaN)" if math.isnan(value) else "an infinity"
+    if isinstance(value, (bytes, bytearray, memoryview)):  # str() trained on "b'Give three tips…'"
+        return "binary data (a Parquet binary column: cast it to string, e.g. pyarrow's table.cast)"
     return None
 
 
