@@ -225,6 +225,7 @@ def test_a_record_with_no_period_is_left_out_of_the_order_and_named(tmp_path, mi
     assert hit["verdict"] == "warn" and hit["split"] == "train"
     assert hit["message"].startswith(f"1 of 6 (16.7%) train records have no value for 'month' (data.period_by: null, "
                                      f"NaN or blank), e.g. {tmp_path / 'data' / 'train.jsonl'}:1")
-    write_jsonl(tmp_path / "data" / "validation.jsonl", val + [{"instruction": "v2", "output": "y", "month": "2023-02"}])
+    write_jsonl(tmp_path / "data" / "validation.jsonl",
+                val + [{"instruction": "v2", "output": "y", "month": "2023-02"}])
     hit = _one(leakage(load_campaign(path)), "period-order")  # a real overlap is still one
     assert "validation periods 2023-02..2023-07 overlap train periods 2023-01..2023-05" in hit["message"]

@@ -187,9 +187,10 @@ def _plain_template(v: str | None) -> str | None:
         if name is None:
             continue
         shown = "{" + name + (f"!{conv}" if conv else "") + (f":{spec}" if spec else "") + "}"
+        converts = f"converts the field (!{conv}" + (
+            ": its repr, quotes and escapes, would be in the prompt)" if conv in ("r", "a") else ")")
         why = ("names no field (a positional placeholder)" if not name.strip() or name.isdigit() else
-               f"converts the field (!{conv}" + (": its repr, quotes and escapes, would be in the prompt)" if conv in "ra"
-                                                 else ")") if conv else
+               converts if conv else
                f"formats the field (:{spec}: a width or a format code), where the prompt takes its text as it is"
                if spec else "reads an attribute or an item of the field ('.' or '[')" if any(c in name for c in ".[")
                else None)

@@ -55,8 +55,8 @@ def import_config(source: str | Path, fmt: str | None = None, out: str | Path | 
     try:
         Campaign.model_validate(campaign)
     except ValidationError as e:  # a value the campaign refuses (a negative lr ...): named by its source key
-        raise campaign_errors(e, str(source), {}, {tuple(c.key.split(".")): f"{source}: {c.source} (imported as {c.key})"
-                                                   for c in b.carried}) from None
+        blamed = {tuple(c.key.split(".")): f"{source}: {c.source} (imported as {c.key})" for c in b.carried}
+        raise campaign_errors(e, str(source), {}, blamed) from None
     except Exception as e:
         unless_stopping(e)
         raise BadInput(f"the imported values do not make a valid campaign: {e}", where=str(source),
