@@ -68,6 +68,8 @@ CONFIG_CASES = [
     ("template-brace-unpaired", _set("data", prompt="if (x) { return {instruction}"), "its braces do not pair"),
     ("template-width", _set("data", prompt="{instruction:>999999999}"), "the placeholder {instruction:>999999999}"),
     ("template-repr", _set("data", prompt="Q: {instruction!r}"), "converts the field (!r: its repr"),
+    ("response-written-as-a-template", _set("data", response="{output}"),
+     "fix: write data.response: output (it names a field; data.prompt alone is a template)"),
     ("group-by-missing", _set("data", group_by="conversation"), "no field 'conversation'"),
     ("seq-cls-keys-missing", lambda c: c.update(task="seq-cls"), "data.labels"),
     ("seq-cls-keys-on-causal", _set("data", labels=["a", "b"]), "data.labels is a seq-cls key"),
@@ -83,6 +85,10 @@ FILE_CASES = [
     ("empty-file", _write_data("train.jsonl", b""), "no records"),
     ("empty-response", _write_data("train.jsonl", b'{"instruction": "a", "output": ""}\n' * 8), "is empty"),
     ("jsonl-array-line", _write_data("train.jsonl", b'[1]\n'), "not an object"),
+    ("jsonl-under-a-json-name", lambda tmp_path, path: (
+        _write_data("train.json", b'{"instruction": "a", "output": "b"}\n{"instruction": "c", "output": "d"}\n')(
+            tmp_path, path), _edit(path, _set("data", train="data/train.json"))),
+     "fix: this reads as JSON Lines (one object per line): name the file train.jsonl"),
     ("broken-yaml", lambda tmp_path, path: path.write_text("name: x\ntrain: [\n"), "invalid YAML"),
     ("yaml-not-mapping", lambda tmp_path, path: path.write_text("- a\n- b\n"), "must be a mapping"),
 ]

@@ -7,7 +7,7 @@ from pilotrun.campaign.schema import PreferenceConfig
 from pilotrun.errors import BadInput, BadInputs
 from pilotrun import jsonsafe
 from pilotrun.records.readers import not_text, read_records
-from pilotrun.tasks.common import SPLITS, template_fields
+from pilotrun.tasks.common import SPLITS, missing_field_fix, template_fields
 from pilotrun.tasks.hub import snapshot_of
 from pilotrun.tasks.loading import architecture_problems, check_model_dir, check_positions
 from pilotrun.tasks.quantized import QLORA_EXTRA, missing_bitsandbytes
@@ -227,7 +227,7 @@ def check_records(c) -> dict[str, int]:
                 problems.append(BadInput(
                     f"{len(missing)} of {len(records)} records have no field '{f}' (named by {key}); "
                     f"fields present: {present}", where=missing[0].where,
-                    fix=f"set {key} to an existing field, or add '{f}' to every record"))
+                    fix=missing_field_fix(f, key, missing[0].fields)))
                 continue
             bad = _not_readable(records, f, key)
             if bad:

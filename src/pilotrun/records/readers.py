@@ -147,8 +147,10 @@ def _read_json(text: str, path: Path) -> list[Record]:
     try:
         obj = jsonsafe.loads(text, object_pairs_hook=jsonsafe.object_once)
     except json.JSONDecodeError as e:
+        lines = e.msg == "Extra data" and e.colno == 1  # one object per line: JSON Lines under a .json name
         raise BadInput(f"invalid JSON: {e.msg} (column {e.colno})", where=f"{path}:{e.lineno}",
-                       fix="the file must hold a JSON list of objects") from None
+                       fix=f"this reads as JSON Lines (one object per line): name the file {path.stem}.jsonl"
+                       if lines else "the file must hold a JSON list of objects") from None
     except jsonsafe.KeyTwice as e:
         raise key_twice(e, str(path)) from None
     if isinstance(obj, dict) and len(obj) == 1 and isinstance(next(iter(obj.values())), list):

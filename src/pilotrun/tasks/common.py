@@ -16,11 +16,20 @@ from pilotrun.tasks.loading import leading_specials, load_tokenizer, pad_id, sav
 SPLITS = ("train", "validation", "test")
 
 
+def missing_field_fix(name: str, key: str, fields) -> str:
+    """The fix for a field ``key`` names that a record lacks: a field's name written as a template ("{output}" for
+    data.response, which names a field) is answered with the name meant."""
+    inner = name[1:-1].strip() if name.startswith("{") and name.endswith("}") else None
+    if inner and inner in fields and key != "data.prompt":
+        return f"write {key}: {inner} (it names a field; data.prompt alone is a template)"
+    return f"set {key} to one of the fields, or add '{name}' to every record"
+
+
 def field(record, name: str, key: str) -> Any:
     if name not in record.fields:
         present = ", ".join(sorted(record.fields)) or "none"
         raise BadInput(f"record has no field '{name}' (named by {key}); fields present: {present}",
-                       where=record.where, fix=f"set {key} to one of the fields, or add '{name}' to every record")
+                       where=record.where, fix=missing_field_fix(name, key, record.fields))
     return record.fields[name]
 
 
