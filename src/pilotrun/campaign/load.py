@@ -232,16 +232,16 @@ def parse_set(items: list[str] | tuple[str, ...]) -> dict[str, Any]:
         key = key.strip()
         if not key:
             raise BadInput(f"--set {item!r} has an empty key", where="--set", fix="write it as --set train.lr=3e-4")
+        text = _text_only(key)
         try:
-            out[key] = _coerce_value(value, f"--set {key}")
+            read = _coerce_value(value, f"--set {key}")
         except BadInput:
-            if not _text_only(key):
+            if not text:
                 raise
-            out[key] = value  # "Q: {question}: {answer}" is no YAML (a mapping as a key): the text meant
-        if out[key] is not None and not isinstance(out[key], str) and _text_only(key):
-            # YAML read the text as something else: --set data.prompt={question} a mapping, --set name=2024-01-01 a
-            # date, --set data.group_by=123 a number; where the key takes only text, the text is what was meant
-            out[key] = value
+            read = value  # "Q: {question}: {answer}" is no YAML (a mapping as a key): the text meant
+        # YAML may read the text as something else: --set data.prompt={question} a mapping, --set name=2024-01-01 a
+        # date, --set data.group_by=123 a number; where the key takes only text, the text is what was meant
+        out[key] = value if text and read is not None and not isinstance(read, str) else read
     return out
 
 

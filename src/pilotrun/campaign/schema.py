@@ -184,19 +184,25 @@ def _plain_template(v: str | None) -> str | None:
     except ValueError as e:
         raise ValueError(f"its braces do not pair ({e}); a placeholder is {{field}}, and {literal}") from None
     for _, name, spec, conv in parts:
-        if name is None:
-            continue
-        shown = "{" + name + (f"!{conv}" if conv else "") + (f":{spec}" if spec else "") + "}"
-        converts = f"converts the field (!{conv}" + (
-            ": its repr, quotes and escapes, would be in the prompt)" if conv in ("r", "a") else ")")
-        why = ("names no field (a positional placeholder)" if not name.strip() or name.isdigit() else
-               converts if conv else
-               f"formats the field (:{spec}: a width or a format code), where the prompt takes its text as it is"
-               if spec else "reads an attribute or an item of the field ('.' or '[')" if any(c in name for c in ".[")
-               else None)
+        why = _not_plain(name, spec, conv) if name is not None else None
         if why:
+            shown = "{" + name + (f"!{conv}" if conv else "") + (f":{spec}" if spec else "") + "}"
             raise ValueError(f"the placeholder {shown} {why}; write a placeholder as {{field}} alone, and {literal}")
     return v
+
+
+def _not_plain(name: str, spec: str, conv: str | None) -> str | None:
+    """What a placeholder of a prompt template does beyond naming a field, or None."""
+    if not name.strip() or name.isdigit():
+        return "names no field (a positional placeholder)"
+    if conv:
+        return f"converts the field (!{conv}" + (
+            ": its repr, quotes and escapes, would be in the prompt)" if conv in ("r", "a") else ")")
+    if spec:
+        return f"formats the field (:{spec}: a width or a format code), where the prompt takes its text as it is"
+    if any(c in name for c in ".["):
+        return "reads an attribute or an item of the field ('.' or '[')"
+    return None
 
 
 class DataConfig(Section):

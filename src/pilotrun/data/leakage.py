@@ -181,12 +181,12 @@ class SplitUnits:
     names: list[str] | None  # unit values (group_by), or None when records are units
     digest: np.ndarray  # uint64 hash of the normalised unit text
     sig: np.ndarray  # (PERMS, units) MinHash signatures, one column per unit
-    periods: list | None
+    periods: list | None  # the period_by values of the records that have one
     prompt_digest: np.ndarray | None = None  # uint64 per record: the normalised prompt (0: none)
     record_digest: np.ndarray | None = None  # uint64 per record: the normalised record text
     record_where: list[str] | None = None
     no_unit: list[str] | None = None  # the records whose group_by value is null, NaN or blank: each its own unit
-    no_period: list[str] | None = None  # the records whose period_by value is null, NaN or blank: out of the order
+    no_period: list[str] | None = None  # the records whose period_by value is null, NaN or blank: not in periods
     _index: list | None = None
 
     def index(self) -> list:
@@ -210,13 +210,23 @@ def reduce_split(c, split: str, chunks) -> SplitUnits:
     for records in chunks:
         if d.group_by:
             _require(records, d.group_by, "data.group_by", path)
-            keys = [unit_key(v) if not no_unit(v := r.fields[d.group_by]) else NO_UNIT + r.where for r in records]
-            missing += [r.where for r in records if no_unit(r.fields[d.group_by])]
+            keys = []
+            for r in records:
+                value = r.fields[d.group_by]
+                if no_unit(value):  # each its own unit, never shared, named by missing_units
+                    missing.append(r.where)
+                    keys.append(NO_UNIT + r.where)
+                else:
+                    keys.append(unit_key(value))
             code.append(np.fromiter((codes.setdefault(k, len(codes)) for k in keys), dtype=np.int64, count=len(keys)))
         if d.period_by:
             _require(records, d.period_by, "data.period_by", path)
-            periods += [r.fields[d.period_by] for r in records]
-            no_period += [r.where for r in records if no_unit(r.fields[d.period_by])]
+            for r in records:  # a record with no period is out of the order (period_order names it)
+                value = r.fields[d.period_by]
+                if no_unit(value):
+                    no_period.append(r.where)
+                else:
+                    periods.append(value)
         texts = [normalise(text(r)) for r in records]
         digests.append(np.fromiter((_digest(exact_key(t)) if t else 0 for t in texts), dtype=np.uint64,
                                    count=len(texts)))
@@ -373,16 +383,16 @@ def period_order(units: dict[str, SplitUnits], key: str) -> list[Check]:
         return []
     names = list(units)
     out = []
-    # a record with no period (null, NaN, blank) is left out of the order, and named: a NaN compared as nothing
-    # (min and max of the split went wrong) and a null turned every period of its split to text ("10" < "9")
-    periods = {s: [v for v in units[s].periods if not no_unit(v)] for s in names}
+    # a record with no period (null, NaN, blank) is out of the order (reduce_split keeps none for it), and named: a
+    # NaN compared as nothing (min and max of the split went wrong) and a null turned every period to text ("10" < "9")
+    periods = {s: units[s].periods for s in names}
     for s in names:
         if units[s].no_period:
             none = units[s].no_period
-            out.append(Check("no-period", "warn", f"{_share(len(none), len(units[s].periods))} {s} records have no "
-                             f"value for '{key}' (data.period_by: null, NaN or blank), e.g. {', '.join(none[:FEW])}: "
-                             "the period order leaves them out; give every record its period", s,
-                             {"count": len(none), "records": none[:FEW]}))
+            out.append(Check("no-period", "warn", f"{_share(len(none), len(none) + len(periods[s]))} {s} records "
+                             f"have no value for '{key}' (data.period_by: null, NaN or blank), e.g. "
+                             f"{', '.join(none[:FEW])}: the period order leaves them out; give every record its "
+                             "period", s, {"count": len(none), "records": none[:FEW]}))
     if not periods["train"]:
         return out
     keyed = dict(zip(names, (period_key(periods[s]) for s in names)))

@@ -48,10 +48,11 @@ def pack(journal, run_id: str, out: str | Path) -> dict:
                                          "stop it (its interruption is recorded) and archive then")
     out = Path(out).expanduser().absolute()
     stream = output_kind(out) == "stream"  # /dev/stdout, a pipe: written into as it is packed
-    if run_dir.resolve() in Path(os.path.realpath(out)).parents:
+    real = Path(os.path.realpath(out))  # a link is written through: the file it names is what gets replaced
+    if run_dir.resolve() in real.parents:
         raise BadInput(f"--out {out} is inside the run folder it packs", where="--out", fix="write it elsewhere")
     if not stream:
-        remove_stale_temps(Path(os.path.realpath(out)).parent)  # what a killed archive of this host left there
+        remove_stale_temps(real.parent)  # what a killed archive of this host left there
     links = sorted(p for p in run_dir.rglob("*") if p.is_symlink())
     if links:  # pilotrun writes no links; packing one would carry whatever it points at, or an unusable member
         raise BadInput(f"{links[0]} is a link (to {os.readlink(links[0])}); a run folder holds plain files only",

@@ -400,8 +400,6 @@ class Journal:
         return self.get_sweep(row["sweep_id"]) if row else None
 
 
-
-
 def _resolve_prefix(journal: Journal, table: str, col: str, prefix: str, *, where: str, what: str,
                     extra: str) -> str:
     prefix = (prefix or "").strip()

@@ -23,7 +23,7 @@ from pilotrun.errors import BadInput
 def json_value(value: Any) -> Any:
     """``json.dumps``' ``default``: a date, time or datetime as its ISO text, a decimal as its exact text; anything
     else is bad input (a JSON line cannot hold it)."""
-    if isinstance(value, (dt.datetime, dt.date, dt.time)):
+    if isinstance(value, (dt.date, dt.time)):  # a datetime is a date
         return value.isoformat()
     if isinstance(value, Decimal):
         return str(value)
@@ -40,14 +40,10 @@ def unit_key(value: Any) -> str:
     ISO text; lists and objects as JSON with sorted keys (two records share a unit when their values are equal)."""
     if isinstance(value, str):  # "17.0": a float column pandas wrote to CSV, where the JSONL file says 17
         return value[: value.index(".")] if _WHOLE_TEXT.fullmatch(value) else value
-    if isinstance(value, bool) or value is None:
-        return json.dumps(value)
     if isinstance(value, (float, Decimal)) and math.isfinite(value) and value == int(value):
         return str(int(value))
-    if isinstance(value, (int, float, Decimal)):
-        return str(value) if isinstance(value, Decimal) else json.dumps(value)
-    if isinstance(value, (dt.datetime, dt.date, dt.time)):
-        return value.isoformat()
+    if isinstance(value, (dt.date, dt.time, Decimal)):
+        return json_value(value)
     return json.dumps(value, sort_keys=True, ensure_ascii=False, default=json_value)
 
 
@@ -55,5 +51,6 @@ def no_unit(value: Any) -> bool:
     """Whether a record's unit value says nothing: null, NaN (a missing id in a pandas float column) or blank text.
     Taken as a value, every such record of a file was one unit, "null": the split put all of them in one split, and
     leakage reported 'null' as a unit both splits share."""
-    return value is None or (isinstance(value, float) and math.isnan(value)) or (isinstance(value, str) and not
-                                                                                value.strip())
+    if isinstance(value, str):
+        return not value.strip()
+    return value is None or (isinstance(value, float) and math.isnan(value))
