@@ -44,7 +44,8 @@ def test_report_is_one_self_contained_file_with_plots_and_tables(journal_with_ev
     r = cli("report", "--home", home, "--out", out)
     assert r.code == 0, r.err
     # progress on stderr: a journal of hundreds of runs draws for a minute (200 runs: 40 s), each section said
-    assert "pilotrun report: started" in r.err and "pilotrun report: Notes and decisions" in r.err
+    assert "pilotrun report: started" in r.err and "pilotrun report: section 1/6: Runs (" in r.err
+    assert "pilotrun report: section 5/6: Notes and decisions (" in r.err
     assert "pilotrun report: ended" in r.err
     text = out.read_text(encoding="utf-8")
     assert text.startswith("<!DOCTYPE html>")

@@ -265,7 +265,7 @@ def section_runs(journal) -> str:
     out = [f'<p class="muted">{many} to its own part below.</p>'
            f'<div class="scroll"><table class="runs"><tr>{head}</tr>{body}</table></div>']
     for n, run in enumerate(reversed(runs)):
-        note(f"run {n + 1}/{len(runs)}: its curves and ledger", done=n, total=len(runs))
+        note(f"run {n + 1}/{len(runs)}", done=n, total=len(runs))
         out.append(f'<details class="run"{" open" if n < RUNS_OPEN else ""}>{_one_run(journal, run)}</details>')
     return "".join(out)
 
@@ -340,7 +340,8 @@ def build_report(journal, sections: list[Section] | None = None) -> str:
               f"runs: {esc(', '.join(f'{k} {n}' for k, n in sorted(kinds.items())) or 'none')}</p>")
     body = [header]
     for i, (title, fn) in enumerate(sections):
-        head(title)
+        short = title if len(title) <= 40 else title.partition(":")[0]  # with its counts, one line of an 80-column log
+        head(f"section {i + 1}/{len(sections)}: {short}")
         body.append(f'<section id="s{i}"><h2>{esc(title)}</h2>{fn(journal)}</section>')
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>pilotrun report</title>"
             f"<style>{CSS}</style></head><body>{''.join(body)}</body></html>\n")
