@@ -6,6 +6,7 @@ A check that gives a failing verdict is not an exception: stages return verdicts
 from __future__ import annotations
 
 import errno
+import re
 from pathlib import Path
 
 from pilotrun.console.safe import escape_controls
@@ -85,6 +86,53 @@ def from_os_error(exc: BaseException, path=None) -> BadInput | None:
             return None
         exc, seen = exc.__cause__ or exc.__context__, seen + 1
     return None
+
+
+def not_utf8(text: str) -> str | None:
+    """What in ``text`` no UTF-8 text holds, or None: "byte 0xe9" for a byte that did not decode (Python carries a
+    command-line argument, a file name or an environment variable in another encoding, such as Latin-1, as the lone
+    surrogate U+DC80..U+DCFF), "\\ud800" for another lone surrogate. SQLite, JSON files and tokenizers refuse
+    such text: a campaign under a Latin-1 folder name trained for 5 s, then was exit 3 recording its run."""
+    m = _SURROGATE.search(text)
+    if m is None:
+        return None
+    o = ord(m.group())
+    return f"byte 0x{o - 0xDC00:02x}" if 0xDC80 <= o <= 0xDCFF else f"\\u{o:04x}"
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+_UTF16_MARKS = (b"\xff\xfe", b"\xfe\xff")  # the byte-order marks of UTF-16 (and UTF-32 little-endian)
+
+
+def utf8_of(raw: bytes, path) -> str:
+    """A file's bytes as text: UTF-8, a leading byte-order mark dropped (Excel's "CSV UTF-8", Notepad, PowerShell's
+    ``Out-File -Encoding utf8``: no part of the first field or key). Else bad input at the line of the first byte
+    that is not, naming it: a UTF-16 file (PowerShell's ``>``, Notepad's "Unicode") said as such, where a Latin-1
+    fix would garble it."""
+    try:
+        return raw.decode("utf-8").removeprefix("\ufeff")
+    except UnicodeDecodeError as e:
+        name = Path(str(path)).name
+        if raw.startswith(_UTF16_MARKS):
+            raise BadInput(f"the file is UTF-16 (it starts with the byte-order mark 0x{raw[0]:02x} 0x{raw[1]:02x}, as "
+                           "PowerShell's > and Notepad's \"Unicode\" write it), not UTF-8", where=f"{path}:1",
+                           fix=f"convert it: iconv -f UTF-16 -t UTF-8 {name} > utf8-{name}, and use that file "
+                           "(or save it as UTF-8)") from None
+        line = raw[: e.start].count(b"\n") + 1
+        column = e.start - raw.rfind(b"\n", 0, e.start)
+        raise BadInput(f"byte 0x{raw[e.start]:02x} (line {line}, column {column}) is not UTF-8", where=f"{path}:{line}",
+                       fix="save the file as UTF-8 (one in Latin-1: iconv -f latin1 -t utf-8)") from None
+
+
+def utf8_path(path, where: str | None = None) -> None:
+    """Bad input where the path ``path`` (as resolved) is not UTF-8 text (``not_utf8``)."""
+    bad = not_utf8(str(path))
+    if bad:
+        raise BadInput(f"the path holds {bad}, which is not UTF-8: pilotrun writes its paths into the journal, JSON "
+                       "and reports as UTF-8 text", where=where or str(path),
+                       fix="rename the file or folder with a UTF-8 name (e.g. `convmv -f latin1 -t utf-8 --notest "
+                       "NAME`), or work from a folder whose path is UTF-8")
 
 
 _PACKAGE = Path(__file__).resolve().parent

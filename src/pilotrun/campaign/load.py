@@ -20,7 +20,7 @@ from pydantic import BaseModel, ValidationError
 from pilotrun.campaign import yamlsafe
 from pilotrun.tasks.hub import is_hub_id, resolve
 from pilotrun.campaign.schema import Campaign
-from pilotrun.errors import BadInput, BadInputs
+from pilotrun.errors import BadInput, BadInputs, utf8_of, utf8_path
 from pilotrun.journal.files import dump_yaml  # noqa: F401  (part of campaign's API)
 from pilotrun.provenance import config_sha256
 from pilotrun.console.progress import spending
@@ -301,10 +301,7 @@ def _read_text(path: Path) -> str:
     if len(data) > yamlsafe.MAX_BYTES:  # grown since stat, or a special file
         raise BadInput(f"the campaign file holds more than {yamlsafe.MAX_BYTES // 1024} KiB", where=str(path),
                        fix="keep records in data files (data.train ...) and the campaign to its settings")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise BadInput(f"not UTF-8 text (byte {e.start})", where=str(path), fix="save the file as UTF-8") from None
+    return utf8_of(data, path)
 
 
 def _read_yaml(path: Path) -> tuple[dict[str, Any], dict[tuple, int]]:
@@ -356,10 +353,12 @@ def _resolve_paths(c: Campaign, base: Path) -> dict[str, Any]:
 
 def _resolve(path: Path) -> Path:
     try:
-        return path.resolve()
+        resolved = path.resolve()
     except (OSError, RuntimeError) as e:  # RuntimeError: a symlink loop before Python 3.13
         raise BadInput(f"cannot resolve the campaign path: {e}", where=str(path),
                        fix="the path is a symlink loop or unreachable; point at the file itself") from None
+    utf8_path(resolved)  # its folder holds every path the campaign names, which the journal records
+    return resolved
 
 
 def load_campaign(path: str | Path, overrides: dict[str, Any] | None = None) -> LoadedCampaign:

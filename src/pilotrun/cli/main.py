@@ -13,7 +13,7 @@ import click
 
 from pilotrun import __version__, signals, startup
 from pilotrun.cli.common import home_source
-from pilotrun.errors import EXIT_BAD_INPUT, EXIT_INTERNAL, BadInput, from_os_error
+from pilotrun.errors import EXIT_BAD_INPUT, EXIT_INTERNAL, BadInput, from_os_error, not_utf8
 from pilotrun.signals import exit_code_of, interruption
 # The verbs' work is imported inside each command: `pilotrun --help` imports this module (lazy on purpose).
 
@@ -69,13 +69,23 @@ for _name in COMMAND_MODULES:
 def _refuse_empty(ctx: click.Context, param: click.Parameter, value):
     """A value given as "" or blanks on the command line (an unset shell variable: ``--out "$OUT"``) is refused.
     Left through, "" reads as no value (``--gpu-memory ""`` estimated with no limit, ``import --out ""`` wrote
-    beside the source) or as the current folder (``split --out ""``, ``show --tensorboard ""`` wrote there)."""
+    beside the source) or as the current folder (``split --out ""``, ``show --tensorboard ""`` wrote there).
+    So is a value, from the command line or the environment ($PILOTRUN_HOME), holding bytes that are not UTF-8 (a
+    Latin-1 terminal, a file name in another encoding): ``note`` and ``--set name=…`` were exit 3 writing it, and a
+    campaign path holding one passed ``validate``, then ``train`` was exit 3 after building its model."""
     from click.core import ParameterSource
 
+    values = value if isinstance(value, (tuple, list)) else (value,)
     if ctx.get_parameter_source(param.name) is ParameterSource.COMMANDLINE:
-        values = value if isinstance(value, (tuple, list)) else (value,)
         if any(isinstance(v, str) and not v.strip() for v in values):
             raise click.BadParameter("it is empty: give a value, or leave it out")
+    bad = next((b for b in map(not_utf8, (v for v in values if isinstance(v, str))) if b), None)
+    if bad:
+        env = ctx.get_parameter_source(param.name) is ParameterSource.ENVIRONMENT and param.envvar
+        raise click.BadParameter(f"it holds {bad}, which is not UTF-8 (a terminal or a file name in another "
+                                 "encoding); pilotrun keeps what it is given as UTF-8 text: give the value in UTF-8, "
+                                 "or rename the file with a UTF-8 name",
+                                 param_hint=f"${env} (for {param.opts[0]})" if env else None)
     return value
 
 

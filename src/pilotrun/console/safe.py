@@ -1,7 +1,8 @@
 """Text that users or files supply (notes, run names, labels, record excerpts, values in error messages),
 made safe to print: control characters are shown escaped, so a note cannot retitle, clear or rewrite the
 terminal it is printed in. Line breaks and tabs stay; everything else below U+0020, DEL, the C1 controls,
-and the bidirectional overrides that reorder what is shown are written as \\xNN or \\uNNNN.
+the bidirectional overrides that reorder what is shown, and lone surrogates (a byte of a file name or argument that is
+not UTF-8; no terminal can encode one) are written as \\xNN or \\uNNNN.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import dataclasses
 import re
 from typing import Any
 
-_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
 
 
 def _escaped(m: re.Match) -> str:

@@ -20,7 +20,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterator
 
-from pilotrun.errors import BadInput
+from pilotrun.errors import BadInput, utf8_path
 from pilotrun.journal.leases import (LEASE_ENV, OWNER, Lease, check_fence, fence_inside, last_heartbeat, lease_s,
                                      wall_time)
 from pilotrun.journal.schema import MIGRATIONS, SCHEMA, SCHEMA_VERSION
@@ -51,11 +51,13 @@ def new_run_id(prefix: str = "") -> str:
 def resolve_home(home: str | Path | None, campaign_path: str | Path | None = None) -> Path:
     """--home, else $PILOTRUN_HOME, else .pilotrun/ beside the campaign file (or in the current folder)."""
     if home:
-        return Path(home).expanduser().resolve()
-    if os.environ.get("PILOTRUN_HOME"):
-        return Path(os.environ["PILOTRUN_HOME"]).expanduser().resolve()
-    base = Path(campaign_path).resolve().parent if campaign_path else Path.cwd()
-    return base / ".pilotrun"
+        resolved = Path(home).expanduser().resolve()
+    elif os.environ.get("PILOTRUN_HOME"):
+        resolved = Path(os.environ["PILOTRUN_HOME"]).expanduser().resolve()
+    else:
+        resolved = (Path(campaign_path).resolve().parent if campaign_path else Path.cwd()) / ".pilotrun"
+    utf8_path(resolved, where="--home")  # the journal records paths under it
+    return resolved
 
 
 def _wal(db: sqlite3.Connection) -> None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pilotrun.errors import BadInput
+from pilotrun.errors import BadInput, utf8_of
 from pilotrun import jsonsafe
 from pilotrun.journal.files import special_file
 
@@ -45,16 +45,6 @@ def not_text(value) -> str | None:
     if isinstance(value, (bytes, bytearray, memoryview)):  # str() trained on "b'Give three tips…'"
         return "binary data (a Parquet binary column: cast it to string, e.g. pyarrow's table.cast)"
     return None
-
-
-def _decode(raw: bytes, path: Path) -> str:
-    """UTF-8, a leading byte-order mark dropped (Excel's "CSV UTF-8", Notepad): it is no part of the first field."""
-    try:
-        return raw.decode("utf-8").removeprefix("\ufeff")
-    except UnicodeDecodeError as e:
-        line = raw[: e.start].count(b"\n") + 1
-        raise BadInput(f"byte 0x{raw[e.start]:02x} at offset {e.start} is not UTF-8", where=f"{path}:{line}",
-                       fix="re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
 
 
 def near_match(path: Path) -> Path | None:
@@ -105,7 +95,7 @@ def read_records(path: str | Path, key: str | None = None) -> list[Record]:
             raise BadInput(f"cannot read the data file: {e.strerror or e}", where=str(path),
                            fix="check its permissions (`ls -l`): the user running pilotrun must be able to read it"
                            ) from None
-        text = _decode(raw, path)
+        text = utf8_of(raw, path)
         if suffix == ".jsonl":
             records = _read_jsonl(text, path)
         elif suffix == ".json":
@@ -122,6 +112,12 @@ def key_twice(e: jsonsafe.KeyTwice, where: str) -> BadInput:
                     where=where, fix=f"keep one {e.key!r} in that object (or rename the other)")
 
 
+def lone_surrogate(e: jsonsafe.LoneSurrogate, where: str) -> BadInput:
+    return BadInput(f"{e.msg} (column {e.colno})", where=where,
+                    fix=f"write the character meant in place of {e.escape} (both halves of a pair, as \\ud83d\\ude00 "
+                    "for 😀, or the character itself), or remove it")
+
+
 def _read_jsonl(text: str, path: Path) -> list[Record]:
     out = []
     # records end at "\n" only: str.splitlines would also split inside a string holding U+2028 or U+0085
@@ -131,6 +127,8 @@ def _read_jsonl(text: str, path: Path) -> list[Record]:
             continue
         try:
             obj = jsonsafe.loads(line, object_pairs_hook=jsonsafe.object_once)
+        except jsonsafe.LoneSurrogate as e:
+            raise lone_surrogate(e, f"{path}:{n}") from None
         except json.JSONDecodeError as e:
             raise BadInput(f"invalid JSON: {e.msg} (column {e.colno})", where=f"{path}:{n}",
                            fix="each line must hold one JSON object") from None
@@ -146,6 +144,8 @@ def _read_jsonl(text: str, path: Path) -> list[Record]:
 def _read_json(text: str, path: Path) -> list[Record]:
     try:
         obj = jsonsafe.loads(text, object_pairs_hook=jsonsafe.object_once)
+    except jsonsafe.LoneSurrogate as e:
+        raise lone_surrogate(e, f"{path}:{e.lineno}") from None
     except json.JSONDecodeError as e:
         lines = e.msg == "Extra data" and e.colno == 1  # one object per line: JSON Lines under a .json name
         raise BadInput(f"invalid JSON: {e.msg} (column {e.colno})", where=f"{path}:{e.lineno}",
@@ -215,6 +215,39 @@ def _read_parquet(path: Path) -> list[Record]:
         table = pq.read_table(path)
     except Exception as e:  # pyarrow raises several types for a damaged file
         raise BadInput(f"cannot read parquet: {e}", where=str(path), fix="rewrite the file with pyarrow or pandas") from None
-    return [Record(row, f"{path}[{i}]", i) for i, row in enumerate(table.to_pylist())]
+    try:
+        rows = table.to_pylist()
+    except UnicodeDecodeError as e:  # pyarrow reads a string column's bytes unchecked and decodes them here
+        raise _not_utf8(table, path, e) from None
+    return [Record(row, f"{path}[{i}]", i) for i, row in enumerate(rows)]
+
+
+def _not_utf8(table, path: Path, e: UnicodeDecodeError) -> BadInput:
+    """Bad input naming the first column and row of ``table`` whose text is not UTF-8 (searched only once decoding
+    the whole table failed, cell by cell in the column that fails)."""
+    byte = f"byte 0x{e.object[e.start]:02x}" if e.start < len(e.object) else "a cut sequence"
+    for name in table.column_names:
+        row = 0
+        for chunk in table.column(name).chunks:
+            try:
+                chunk.to_pylist()
+            except UnicodeDecodeError:
+                bad = next((i for i in range(len(chunk)) if _undecodable(chunk[i])), 0)
+                return BadInput(f"column {name!r}, row {row + bad}: a string column holding text that is not UTF-8 "
+                                f"({byte}): the writer stored bytes of another encoding (Latin-1, UTF-16) as strings",
+                                where=f"{path}[{row + bad}]",
+                                fix=f"write {name!r} again as UTF-8 text: its values read as bytes (pyarrow: "
+                                f"table.column({name!r}).cast(pa.binary())), decoded from their real encoding")
+            row += len(chunk)
+    return BadInput(f"text that is not UTF-8 ({byte}) in a string column", where=str(path),
+                    fix="rewrite the file's string columns as UTF-8 text")
+
+
+def _undecodable(cell) -> bool:
+    try:
+        cell.as_py()
+    except UnicodeDecodeError:
+        return True
+    return False
 
 

@@ -24,7 +24,7 @@ import re
 from pathlib import Path
 
 from pilotrun.campaign.yamlsafe import load_bounded
-from pilotrun.errors import BadInput
+from pilotrun.errors import BadInput, utf8_of
 from pilotrun.sheet.catalogue import BY_KEY, match_gpu
 
 FORMAT = ("a YAML mapping of GPU → price per GPU-hour, or GPU → {hour: PRICE, DAYS: PRICE of the whole "
@@ -97,7 +97,7 @@ def read_rates(path: str | Path) -> dict:
     p = Path(path)
     if not p.is_file():
         raise BadInput("rates file not found", where=str(p), fix=f"write {FORMAT}")
-    text = p.read_text(encoding="utf-8")
+    text = utf8_of(p.read_bytes(), p)
     doc, node = load_bounded(text, str(p))  # a key twice is refused (YAML keeps the last), as in the campaign file
     if not isinstance(doc, dict) or not doc:
         raise BadInput("not a mapping of GPU → price", where=str(p), fix=FORMAT)

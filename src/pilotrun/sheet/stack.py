@@ -6,7 +6,7 @@ import json
 import re
 from pathlib import Path
 
-from pilotrun.errors import BadInput
+from pilotrun.errors import BadInput, utf8_of
 from pilotrun import jsonsafe
 
 TORCH_FLOOR = "2.4"  # pilotrun's own floor (pyproject.toml dependencies)
@@ -49,8 +49,8 @@ def read_target_env(path: str | Path) -> dict:
         raise BadInput("target env file not found", where=str(p),
                        fix="on the target machine run `pilotrun env --json > target-env.json` and pass that file")
     try:
-        doc = jsonsafe.loads(p.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        doc = jsonsafe.loads(utf8_of(p.read_bytes(), p))
+    except json.JSONDecodeError as e:
         raise BadInput(f"not JSON: {e}", where=str(p), fix="pass the output of `pilotrun env --json`") from None
     env = doc.get("data", doc) if isinstance(doc, dict) else None
     missing = [k for k in ("torch", "cuda", "devices", "bf16", "packages", "distributed")

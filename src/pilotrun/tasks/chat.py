@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pilotrun.errors import BadInput
+from pilotrun.errors import BadInput, utf8_of
 from pilotrun.records.readers import not_text
 from pilotrun.tasks.base import IGNORE
 
@@ -48,7 +48,7 @@ def resolve(c, tokenizer, base_dir=None) -> tuple[str, str | None]:
         if not path.is_file():
             raise BadInput(f"chat template file not found: {path}", where="data.chat_template",
                            fix="point at a .jinja file (relative to the campaign file) or write the template inline")
-        return "explicit", path.read_text(encoding="utf-8")
+        return "explicit", utf8_of(path.read_bytes(), path)
     return "explicit", key
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from pilotrun.campaign import yamlsafe
-from pilotrun.errors import BadInput
+from pilotrun.errors import BadInput, utf8_of
 from pilotrun import jsonsafe
 
 FORMATS = ("axolotl", "hf")
@@ -38,10 +38,7 @@ def read_source(path: Path) -> dict[str, Any]:
     if len(data) > MAX_BYTES:
         raise BadInput(f"the config holds more than {MAX_BYTES >> 10} KiB", where=str(path),
                        fix="pass the training config itself, not a data file")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise BadInput(f"not UTF-8 text (byte {e.start})", where=str(path), fix="save the file as UTF-8") from None
+    text = utf8_of(data, path)
     if path.suffix.lower() == ".json":
         try:
             raw = jsonsafe.loads(text)
