@@ -70,6 +70,24 @@ def test_memory_per_gpu_is_a_size_when_the_campaign_is_read(demo_dir, cli, value
     assert cli("validate", write_campaign(demo_dir, c)).code == 0
 
 
+@pytest.mark.parametrize("value", [80, 141.0, "24"])
+def test_memory_per_gpu_without_a_unit(demo_dir, cli, value):
+    # `memory_per_gpu: 80` was "Input should be a valid string", and --set hardware.memory_per_gpu=80 planned for 80
+    # bytes: every phase of the pilot then failed over that limit
+    c = yaml.safe_load((demo_dir / "campaign.yaml").read_text())
+    c["hardware"]["memory_per_gpu"] = value
+    r = cli("validate", write_campaign(demo_dir, c))
+    assert r.code == 2, r.err
+    shown = f"{float(value):g}"
+    assert (f"hardware.memory_per_gpu: '{value}' has no unit, so it reads as {shown} bytes (a number alone is "
+            f"bytes), less than any GPU holds") in r.err, r.err
+    assert f"fix: write the unit: {shown}GiB (or {shown}GB)" in r.err
+    r = cli("validate", demo_dir / "campaign.yaml", "--set", f"hardware.memory_per_gpu={value}")
+    assert r.code == 2 and f"'{value}' has no unit" in r.err, r.err
+    c["hardware"]["memory_per_gpu"] = 80 * 2**30  # bytes, as a number: a size without a unit, of a GPU's order
+    assert cli("validate", write_campaign(demo_dir, c)).code == 0
+
+
 @pytest.mark.parametrize("key", ["model.tokenizer", "data.train", "data.test"])
 def test_an_empty_path_is_refused_not_read_as_the_campaigns_folder(demo_dir, cli, key):
     c = yaml.safe_load((demo_dir / "campaign.yaml").read_text())

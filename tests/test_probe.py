@@ -154,7 +154,8 @@ def test_memory_limit_gives_over_budget_naming_phase_and_inputs():
 
 
 @pytest.mark.parametrize("text,expected", [("24GiB", 24 * 2**30), ("512MiB", 512 * MiB), ("1.5GB", 1_500_000_000),
-                                           ("80G", 80 * 2**30), ("4096", 4096), (" 2 gib ", 2 * 2**30), (1024, 1024)])
+                                           ("80G", 80 * 2**30), ("85899345920", 80 * 2**30), (" 2 gib ", 2 * 2**30),
+                                           (2**20, 2**20), ("1KiB", 1024), ("4096B", 4096)])
 def test_parse_size(text, expected):
     assert parse_size(text) == expected
 
@@ -164,6 +165,17 @@ def test_bad_size_names_the_flag(text):
     with pytest.raises(BadInput) as e:
         parse_size(text, where="--memory-limit")
     assert e.value.where == "--memory-limit" and "24GiB" in str(e.value)
+
+
+@pytest.mark.parametrize("text, fix", [("80", "80GiB"), (80, "80GiB"), ("24", "24GiB"), ("1.5", "1.5GiB"),
+                                       (141.0, "141GiB"), ("1048575", "1048575GiB")])
+def test_a_size_without_a_unit_below_a_mebibyte_is_refused(text, fix):
+    # `memory_per_gpu: 80` and `--memory-limit 80` planned for 80 bytes: every phase failed over a limit of 80 B
+    with pytest.raises(BadInput) as e:
+        parse_size(text, where="hardware.memory_per_gpu")
+    assert f"{text!r} has no unit, so it reads as {int(float(text))} bytes (a number alone is bytes), less than any " \
+           "GPU holds" in str(e.value)
+    assert e.value.fix == f"write the unit: {fix} (or {fix[:-3]}GB)"
 
 
 def test_fmt_bytes():

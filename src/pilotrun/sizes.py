@@ -15,7 +15,8 @@ _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-zA-Z]*)\s*$")
 
 
 def parse_size(text, where: str = "--memory-limit") -> int:
-    """Bytes from "24GiB" (binary), "1.5GB" (decimal), "512MiB", "80G" or a plain number of bytes."""
+    """Bytes from "24GiB" (binary), "1.5GB" (decimal), "512MiB", "80G" or a plain number of bytes (at least
+    ``BARE_MIN``: ``80`` is a unit left out, refused rather than planned for as 80 bytes; ``80B`` says bytes)."""
     if isinstance(text, bool):
         raise BadInput(f"not a size: {text!r}", where=where, fix="write it like 24GiB, 512MiB or 1.5GB")
     if isinstance(text, (int, float)):
@@ -29,7 +30,15 @@ def parse_size(text, where: str = "--memory-limit") -> int:
     n = int(value * _UNITS[unit])
     if n <= 0:
         raise BadInput(f"a memory size must be positive, got {text!r}", where=where, fix="e.g. 24GiB")
+    if unit == "" and n < BARE_MIN:
+        shown = str(int(value)) if value.is_integer() else str(value)
+        raise BadInput(f"{text!r} has no unit, so it reads as {n} bytes (a number alone is bytes), less than any GPU "
+                       "holds", where=where, fix=f"write the unit: {shown}GiB (or {shown}GB)")
     return n
+
+
+BARE_MIN = 2**20
+"""The least size written without a unit (a number of bytes): one below 1 MiB is a unit left out, not a GPU."""
 
 
 def fmt_bytes(n: int | None) -> str:

@@ -9,8 +9,8 @@ import string
 import types
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
-from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, PositiveInt, ValidationInfo, field_validator,
-                      model_validator)
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PositiveInt, ValidationInfo,
+                      field_validator, model_validator)
 
 from pilotrun.sizes import parse_size
 from pilotrun.errors import BadInput
@@ -79,7 +79,13 @@ def _a_size(v: str) -> str:
     return v
 
 
-Size = Annotated[str, AfterValidator(_a_size)]
+def _size_text(v: Any) -> Any:
+    """A number written for a size (``memory_per_gpu: 80``) read as its text, so the size's own check says what is
+    wrong with it (no unit) instead of "not a valid string"."""
+    return str(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v
+
+
+Size = Annotated[str, BeforeValidator(_size_text), AfterValidator(_a_size)]
 """A memory size as users write it: 24GiB, 512MiB, 1.5GB (checked when the campaign is read, not when it is used)."""
 
 
