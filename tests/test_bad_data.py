@@ -58,6 +58,22 @@ def test_a_csv_column_named_twice_is_refused(cli, tmp_path):
     assert "train.csv:1: the header names 'output' (columns 2, 3) more than once" in r.err, r.err
 
 
+@pytest.mark.parametrize("sep, said", [(";", "semicolons (as Excel writes CSV where the decimal mark is a comma)"),
+                                       ("\t", "tabs"), ("|", "vertical bars")])
+def test_a_csv_separated_by_another_character(cli, tmp_path, sep, said):
+    # read with commas, each record was one field named 'instruction;output': "no record has 'output'"
+    path = tiny_causal_campaign(tmp_path, simple_records(2))
+    path.write_text(path.read_text().replace("data/train.jsonl", "data/train.csv"))
+    (tmp_path / "data" / "train.csv").write_text(f"instruction{sep}output\nreverse abc{sep}cba\nupper x{sep}X\n")
+    r = cli("validate", path)
+    assert r.code == 2, r.err
+    assert f"train.csv:1: the header is one column, {'instruction' + sep + 'output'!r}: the file is separated by " \
+           f"{said}, and a CSV file here is separated by commas" in r.err, r.err
+    assert f"pd.read_csv(f, sep={sep!r})" in r.err
+    (tmp_path / "data" / "train.csv").write_text("instruction,output\nreverse a;b|c\tx,b;a\n" + "upper x,X\n" * 4)
+    assert cli("validate", path).code == 0  # the separators inside a comma-separated file's fields are text
+
+
 def test_json_list_and_parquet_are_read(tmp_path):
     import json
 

@@ -177,6 +177,7 @@ def _read_csv(text: str, path: Path) -> list[Record]:
     except csv.Error as e:
         raise BadInput(f"invalid CSV: {e}", where=f"{path}:1", fix="write the header as comma-separated names") from None
     _columns_once(header, f"{path}:1")
+    _commas(header, path)
     out = []
     rows = iter(reader)
     while True:
@@ -195,6 +196,24 @@ def _read_csv(text: str, path: Path) -> list[Record]:
                            where=f"{path}:{line}", fix="quote fields that contain commas; give every row each column")
         out.append(Record(dict(zip(header, row)), f"{path}:{line}", len(out)))
     return out
+
+
+_OTHER_SEPARATORS = {";": "semicolons (as Excel writes CSV where the decimal mark is a comma)", "\t": "tabs",
+                     "|": "vertical bars"}
+
+
+def _commas(header: list[str], path: Path) -> None:
+    """A header read as one column that holds another separator: the file is separated by it, not by commas. Read on,
+    each record was one field named 'instruction;output', and the message was that no record has 'output'."""
+    if len(header) != 1:
+        return
+    found = [s for s in _OTHER_SEPARATORS if s in header[0]]
+    if found:
+        sep = max(found, key=header[0].count)
+        raise BadInput(f"the header is one column, {header[0]!r}: the file is separated by {_OTHER_SEPARATORS[sep]}, "
+                       "and a CSV file here is separated by commas", where=f"{path}:1",
+                       fix="save it with commas between fields (pandas: pd.read_csv(f, sep=" + repr(sep) + ")"
+                       ".to_csv(f, index=False)), or as .jsonl")
 
 
 def _columns_once(names: list[str], where: str) -> None:
