@@ -73,6 +73,12 @@ CONFIG_CASES = [
     ("group-by-missing", _set("data", group_by="conversation"), "no field 'conversation'"),
     ("seq-cls-keys-missing", lambda c: c.update(task="seq-cls"), "data.labels"),
     ("seq-cls-keys-on-causal", _set("data", labels=["a", "b"]), "data.labels is a seq-cls key"),
+    # a preference campaign without its task: causal-lm trained on data.response alone, data.chosen read by nothing
+    ("preference-keys-on-causal", _set("data", chosen="output"),
+     "data.chosen: data.chosen is a preference key; this campaign is causal-lm, which does not read it"),
+    ("causal-keys-on-seq-cls", lambda c: (c.update(task="seq-cls"), c["data"].update(text="instruction", label="output",
+                                                                                    labels=["a", "b"])),
+     "data.response is a causal-lm key; this campaign is seq-cls, which does not read it"),
     ("messages-and-prompt", _set("data", messages="conversations"), "choose one form"),
     ("too-few-examples", _set("train", micro_batch=8, accumulation=4), "fewer than one update"),
     ("bf16-true-with-fp16", lambda c: (c["train"].update(precision="bf16-true"), c["model"].update(dtype="float16")),

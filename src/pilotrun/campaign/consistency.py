@@ -25,10 +25,7 @@ def task_needs(c, base_dir=None) -> list[BadInput]:
         if d.messages is not None and (d.prompt is not None or d.response is not None):
             problems.append(BadInput("data.messages with data.prompt/response: choose one form", where="data.messages",
                                      fix="set data.prompt and data.response to null for chat data"))
-        for k in ("text", "label", "labels"):
-            if getattr(d, k) is not None:
-                problems.append(BadInput(f"data.{k} is a seq-cls key; this campaign is causal-lm", where=f"data.{k}",
-                                         fix=f"remove data.{k}, or set task: seq-cls"))
+        problems += _other_tasks_keys(c)
     elif c.task == "preference":
         problems += preference_needs(c)
     elif c.task == "seq-cls":
@@ -38,6 +35,7 @@ def task_needs(c, base_dir=None) -> list[BadInput]:
                                          fix="seq-cls needs data.text, data.label and data.labels (ordered class names)"))
         if d.labels is not None and len(set(d.labels)) != len(d.labels):
             problems.append(BadInput("data.labels has repeated names", where="data.labels", fix="list each class once"))
+        problems += _other_tasks_keys(c)
     if d.packing and c.task != "causal-lm":
         problems.append(BadInput(f"data.packing packs causal-lm examples into rows; this campaign is {c.task}",
                                  where="data.packing", fix="remove data.packing (or set it to false)"))
@@ -138,6 +136,24 @@ def quantization_problems(c) -> list[BadInput]:
     if importlib.util.find_spec("bitsandbytes") is None:
         problems.append(missing_bitsandbytes())
     return problems
+
+
+# the data keys each built-in task reads (preference's own are checked in preference_needs)
+TASK_KEYS = {"causal-lm": ("prompt", "response", "messages"), "seq-cls": ("text", "label", "labels")}
+_OWNER = {"prompt": "causal-lm and preference", "messages": "causal-lm and preference", "response": "causal-lm",
+          "chosen": "preference", "rejected": "preference", "text": "seq-cls", "label": "seq-cls", "labels": "seq-cls"}
+
+
+def _other_tasks_keys(c) -> list[BadInput]:
+    """A data key of another task set in a causal-lm or seq-cls campaign: that task's field, read by nothing here
+    (``data.chosen`` on causal-lm trained on data.response alone, without a word: a preference campaign missing its
+    ``task: preference``)."""
+    out = []
+    for k, owner in _OWNER.items():
+        if k not in TASK_KEYS[c.task] and getattr(c.data, k) is not None:
+            out.append(BadInput(f"data.{k} is a {owner} key; this campaign is {c.task}, which does not read it",
+                                where=f"data.{k}", fix=f"remove data.{k}, or set task: {owner.split(' and ')[0]}"))
+    return out
 
 
 def preference_needs(c) -> list[BadInput]:
