@@ -115,3 +115,55 @@ def test_internal_error_exits_3(cli, tmp_path, monkeypatch):
     assert r.code == 3 and "internal error" in r.err and "planted bug" in r.err and "Traceback" not in r.err
     (saved,) = (tmp_path / "tmp").glob("pilotrun-error-*.txt")
     assert str(saved) in r.err and "ZeroDivisionError: planted bug" in saved.read_text()
+
+
+@pytest.mark.parametrize("suffix, module", [(".gz", "gzip"), (".bz2", "bz2"), (".xz", "lzma")])
+def test_compressed_data_files_are_read(cli, tmp_path, suffix, module):
+    # Hugging Face datasets (so Axolotl) read train.jsonl.gz; pilotrun said "unknown data format '.gz'", and an
+    # imported config naming one carried a path validate then refused
+    import importlib
+
+    records = simple_records(6)
+    path = tiny_causal_campaign(tmp_path, records)
+    plain = tmp_path / "data" / "train.jsonl"
+    packed = plain.with_name("train.jsonl" + suffix)
+    packed.write_bytes(importlib.import_module(module).compress(plain.read_bytes()))
+    plain.unlink()
+    path.write_text(path.read_text().replace("data/train.jsonl", f"data/train.jsonl{suffix}"))
+    r = cli("validate", path)
+    assert r.code == 0 and "train: 6 records" in r.err + r.out, r.err
+    from pilotrun.records.readers import read_records
+
+    got = read_records(packed)
+    assert [x.fields for x in got] == records and got[2].where == f"{packed}:3"
+    packed.write_bytes(packed.read_bytes()[:20])  # cut short in the copy
+    r = cli("validate", path)
+    assert r.code == 2 and f"train.jsonl{suffix}: cannot decompress it as {module}" in r.err, r.err
+    packed.write_bytes(b'{"instruction": "a", "output": "b"}\n')  # named .gz, not compressed
+    r = cli("validate", path)
+    assert r.code == 2 and f"cannot decompress it as {module}" in r.err, r.err
+    assert "name it for the compression it holds" in r.err
+
+
+def test_a_compressed_parquet_and_a_decompression_bomb_are_refused(tmp_path, monkeypatch):
+    import lzma
+
+    from pilotrun.errors import BadInput
+    from pilotrun.records import readers
+
+    (tmp_path / "a.parquet.gz").write_bytes(b"")
+    with pytest.raises(BadInput) as e:
+        readers.read_records(tmp_path / "a.parquet.gz")
+    assert "unknown data format '.parquet.gz'" in str(e.value)
+    assert "(or .jsonl, .json and .csv compressed: .gz, .bz2, .xz)" in str(e.value)
+    # a few KB that expand to gigabytes: read whole, it would take the memory; past 1000 times its size and the floor
+    # (1 GiB, lowered here to keep the test small) it is refused
+    monkeypatch.setattr(readers, "_BOMB_FLOOR", 2**20)
+    bomb = lzma.compress(b"\n" * (64 * 2**20))
+    (tmp_path / "bomb.jsonl.xz").write_bytes(bomb)
+    assert len(bomb) * 1000 < 64 * 2**20
+    with pytest.raises(BadInput) as e:
+        readers.read_records(tmp_path / "bomb.jsonl.xz")
+    assert f"from {len(bomb)} bytes, more than 1000 times its size: a decompression bomb" in str(e.value)
+    (tmp_path / "ok.jsonl.xz").write_bytes(lzma.compress(b'{"a": "' + b"x" * 500_000 + b'"}\n'))  # 1000x is data
+    assert len(readers.read_records(tmp_path / "ok.jsonl.xz")) == 1

@@ -213,7 +213,8 @@ def _not_plain(name: str, spec: str, conv: str | None) -> str | None:
 
 class DataConfig(Section):
     train: str | None = None
-    """Training records (.jsonl .json .csv .parquet), relative to the campaign file."""
+    """Training records (.jsonl .json .csv .parquet; the first three also .gz .bz2 .xz), relative to the campaign
+    file."""
     validation: str | None = None
     """Validation records, same formats."""
     test: str | None = None

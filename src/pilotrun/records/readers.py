@@ -19,6 +19,18 @@ from pilotrun import jsonsafe
 from pilotrun.journal.files import special_file
 
 FORMATS = (".jsonl", ".json", ".csv", ".parquet")
+COMPRESSED = {".gz": "gzip", ".bz2": "bz2", ".xz": "lzma"}
+"""A text format's file compressed (``train.jsonl.gz``), as Hugging Face datasets and so Axolotl read it: the module
+that opens it."""
+_BOMB_RATIO, _BOMB_FLOOR = 1000, 2**30  # past both, what a compressed file gives is a decompression bomb, not data
+
+
+def data_format(path: Path) -> tuple[str, str | None]:
+    """(the format's suffix, the compression's or None): ``train.jsonl.gz`` → (".jsonl", ".gz")."""
+    suffix = path.suffix.lower()
+    if suffix in COMPRESSED:
+        return Path(path.stem).suffix.lower(), suffix
+    return suffix, None
 _CSV_FIELD_LIMIT = 2**31 - 1
 
 
@@ -83,9 +95,11 @@ def read_records(path: str | Path, key: str | None = None) -> list[Record]:
     if special:  # reading a FIFO blocks until a writer comes, a device never ends: refused before it is opened
         raise BadInput(f"is {special}, not a regular file{named}", where=str(path),
                        fix="point at a data file on disk (write what the pipe or device gives into a file first)")
-    suffix = path.suffix.lower()
-    if suffix not in FORMATS:
-        raise BadInput(f"unknown data format '{suffix}'", where=str(path), fix=f"use one of {', '.join(FORMATS)}")
+    suffix, compressed = data_format(path)
+    formats = f"one of {', '.join(FORMATS)} (or .jsonl, .json and .csv compressed: {', '.join(COMPRESSED)})"
+    if suffix not in FORMATS or (compressed and suffix == ".parquet"):
+        said = f"'{suffix}{compressed}'" if compressed else f"'{suffix}'"
+        raise BadInput(f"unknown data format {said}", where=str(path), fix=f"use {formats}")
     if suffix == ".parquet":
         records = _read_parquet(path)
     else:
@@ -95,6 +109,8 @@ def read_records(path: str | Path, key: str | None = None) -> list[Record]:
             raise BadInput(f"cannot read the data file: {e.strerror or e}", where=str(path),
                            fix="check its permissions (`ls -l`): the user running pilotrun must be able to read it"
                            ) from None
+        if compressed:
+            raw = _decompressed(raw, compressed, path)
         text = utf8_of(raw, path)
         if suffix == ".jsonl":
             records = _read_jsonl(text, path)
@@ -105,6 +121,34 @@ def read_records(path: str | Path, key: str | None = None) -> list[Record]:
     if not records:
         raise BadInput("no records in the file", where=str(path), fix="fill the file or remove the key")
     return records
+
+
+def _decompressed(raw: bytes, suffix: str, path: Path) -> bytes:
+    """The bytes a compressed data file holds, read in pieces so that a decompression bomb (a few KB that expand past
+    memory) is refused once it passes both ``_BOMB_FLOOR`` and ``_BOMB_RATIO`` times its own size."""
+    import importlib
+    import zlib
+
+    module = importlib.import_module(COMPRESSED[suffix])
+    damaged = (OSError, EOFError, ValueError, zlib.error, getattr(module, "LZMAError", OSError))
+    limit = max(_BOMB_FLOOR, _BOMB_RATIO * len(raw))
+    out = bytearray()
+    try:
+        with module.open(io.BytesIO(raw), "rb") as f:
+            while piece := f.read(2**24):
+                out += piece
+                if len(out) > limit:
+                    raise BadInput(f"expands past {limit >> 20} MiB from {len(raw)} bytes, more than {_BOMB_RATIO} "
+                                   "times its size: a decompression bomb, not a data file", where=str(path),
+                                   fix="decompress it yourself and check what it holds, then name that file")
+    except damaged as e:  # each module's own: gzip's BadGzipFile and zlib.error, bz2's OSError, lzma's LZMAError
+        raise BadInput(f"cannot decompress it as {COMPRESSED[suffix]} ({e})", where=str(path),
+                       fix=f"check the file (e.g. `{_TEST[suffix]} {path.name}`): copy it again, or name it for "
+                           "the compression it holds") from None
+    return bytes(out)
+
+
+_TEST = {".gz": "gzip -t", ".bz2": "bzip2 -t", ".xz": "xz -t"}
 
 
 def key_twice(e: jsonsafe.KeyTwice, where: str) -> BadInput:
