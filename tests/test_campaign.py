@@ -148,6 +148,17 @@ def test_set_typed_parsing(cli, demo_campaign):
     assert c.train.lr == pytest.approx(3e-4) and c.train.drop_last is False
 
 
+def test_set_of_a_control_key_sets_that_dotted_key():
+    # plan.control's keys are dotted keys: --set plan.control.train.lr=0.1 made a nested {train: {lr: 0.1}} that
+    # nothing read, beside the control's train.lr, which stayed as it was
+    from pilotrun.campaign.load import apply_overrides
+
+    raw = {"plan": {"control": {"train.lr": 0.003}, "variants": [{"train.lr": 0.01}]}}
+    assert apply_overrides(raw, {"plan.control.train.lr": 0.1})["plan"]["control"] == {"train.lr": 0.1}
+    assert apply_overrides({"plan": {"control": None}}, {"plan.control.model.config.hidden_size": 64}) == {
+        "plan": {"control": {"model.config.hidden_size": 64}}}
+
+
 def test_set_of_a_key_that_takes_text_is_the_text_written():
     """YAML read a template as a mapping (data.prompt={question}, and "Q: {question}: {answer}" as no YAML at all),
     a name as a date or a number, and each was refused as not a string; where the key takes only text, the text
@@ -175,6 +186,14 @@ def test_set_of_a_key_that_takes_text_is_the_text_written():
      "&g [*f,*f,*f,*f,*f,*f,*f,*f,*f]]", "--set model.config.x:1: the value anchored at line 1 is repeated"),
     ("model.config=" + "[" * 5000 + "]" * 5000, "--set model.config:1: invalid YAML: exceeded maximum nesting depth"),
     ("model.config={a: 1, a: 2}", "key 'a' appears twice in one mapping"),
+    # an item of a list: "did you mean 'plan.variants.train.lr'" (no such key either), or "set the whole value"
+    ("plan.variants[0].train.lr=0.1", "'plan.variants' is a list, and --set takes no item of it; cannot set "
+     "'plan.variants[0].train.lr'\n  fix: set the whole list: --set 'plan.variants=[...]' (its value now: "
+     "[{train.lr: 0.001}, {train.lr: 0.01}])"),
+    ("plan.variants.1.train.lr=0.1", "'plan.variants' is a list, and --set takes no item of it"),
+    ("hardware.rental_days.0=5", "fix: set the whole list: --set 'hardware.rental_days=[...]' (its value now: "
+     "[3, 7, 30])"),
+    ("plan.control.train.lrr=0.1", "plan.control: unknown key 'train.lrr'"),
 ])
 def test_bad_set(cli, demo_campaign, item, message):
     r = cli("validate", demo_campaign, "--set", item)

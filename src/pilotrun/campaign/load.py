@@ -265,6 +265,9 @@ def apply_overrides(raw: dict[str, Any], overrides: dict[str, Any], *, where: st
         for i, part in enumerate(parts):
             sub = _submodel_at(tuple(parts[:i]))
             known = _known_keys(sub) if sub is not None else None
+            indexed = re.fullmatch(r"(\w+)\[\d+\]", part)
+            if known is not None and part not in known and indexed and indexed.group(1) in known:
+                raise _an_item(parts[:i] + [indexed.group(1)], node.get(indexed.group(1)), key, where)
             if known is not None and part not in known:
                 close = difflib.get_close_matches(part, known, n=1)
                 fix = (f"did you mean '{'.'.join(parts[:i] + [close[0]] + parts[i + 1:])}'?" if close
@@ -272,15 +275,31 @@ def apply_overrides(raw: dict[str, Any], overrides: dict[str, Any], *, where: st
                 raise BadInput(f"unknown key '{key}'", where=where, fix=fix)
             if i == len(parts) - 1:
                 node[part] = value
+            elif parts[:i + 1] == ["plan", "control"]:  # its keys are dotted keys: the rest of the path is one
+                if not isinstance(node.get(part), dict):
+                    node[part] = {}
+                node[part][".".join(parts[i + 1:])] = value  # (plan.control.train.lr set a nested train: {lr},
+                break  # read by nothing, and the control kept its train.lr)
             else:
                 child = node.get(part)
                 if child is None:
                     child = node[part] = {}
+                if isinstance(child, list):
+                    raise _an_item(parts[:i + 1], child, key, where)
                 if not isinstance(child, dict):
                     raise BadInput(f"'{'.'.join(parts[:i+1])}' is not a section; cannot set '{key}'", where=where,
                                    fix="set the whole value instead")
                 node = child
     return raw
+
+
+def _an_item(parts: list[str], value: Any, key: str, where: str) -> BadInput:
+    """``--set plan.variants.0.train.lr=…`` (or ``plan.variants[0]…``): a list's item is not a key; the list is set
+    whole, and its value now is said in the form --set reads, to copy and edit."""
+    name = ".".join(parts)
+    now = yaml.safe_dump(value, default_flow_style=True, width=10**6).strip() if value is not None else None
+    return BadInput(f"'{name}' is a list, and --set takes no item of it; cannot set '{key}'", where=where,
+                    fix=f"set the whole list: --set '{name}=[...]'" + (f" (its value now: {now})" if now else ""))
 
 
 def _read_text(path: Path) -> str:
