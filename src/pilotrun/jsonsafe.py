@@ -38,8 +38,13 @@ def loads(text: str | bytes, **kwargs) -> Any:
         doc = text if isinstance(text, str) else bytes(text).decode("utf-8", "replace")
         raise json.JSONDecodeError("nested deeper than the JSON reader goes (arrays or objects about a thousand "
                                    "levels deep)", doc, _too_deep(doc)) from None
-    _no_lone_surrogate(text)
+    marks = _MARKS if isinstance(text, str) else _BYTE_MARKS
+    if marks[0] in text or marks[1] in text:  # two substring searches: most documents hold no surrogate escape
+        _no_lone_surrogate(text)
     return out
+
+
+_MARKS, _BYTE_MARKS = ("\\ud", "\\uD"), (b"\\ud", b"\\uD")
 
 
 def _no_lone_surrogate(text: str | bytes) -> None:
