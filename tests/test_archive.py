@@ -36,6 +36,9 @@ def test_archive_of_a_run_round_trips(cli, demo_campaign, tmp_path):
     # a run without a README gets one generated into the archive (the folder itself is left as it was)
     r = cli("archive", overfit_run, "--home", home, "--out", tmp_path / "o.tar.gz")
     assert r.code == 0
+    # how far the packing is (gzip packs ~30 MiB/s: a run of a few GB was minutes without a word)
+    n = sum(1 for p in (home / "runs" / overfit_run).rglob("*") if p.is_file())
+    assert f"pilotrun archive: packing {n} files, " in r.err and "pilotrun archive: ended (" in r.err, r.err
     with tarfile.open(tmp_path / "o.tar.gz") as tar:
         assert f"{overfit_run}/README.md" in tar.getnames()
     assert not (home / "runs" / overfit_run / "README.md").exists()
@@ -109,3 +112,24 @@ def test_archive_says_files_that_no_longer_match_the_manifest_and_refuses_a_runn
     r = cli("archive", run_id, "--home", tmp_path / "home", "--out", out, "--json")
     assert r.code == 0 and r.json["verdict"] == "warn" and r.json["data"]["problems"] == got
     assert "WARN: 2 file(s) no longer match the run's manifest, so `pilotrun verify` refuses" in r.json["summary"]
+
+
+def test_archive_says_how_far_it_is(cli, demo_campaign, tmp_path, monkeypatch):
+    from pilotrun.journal import archive
+
+    home = tmp_path / "home"
+    r = cli("train", demo_campaign, "--home", home, "--set", "train.updates=2", "--json")
+    run_id = r.json["data"]["run_id"]
+    folder = home / "runs" / run_id
+    (folder / "big.bin").write_bytes(os.urandom(40 * 2**20))  # 40 MiB: said every 16 MiB within the file too
+    sizes = [p.stat().st_size for p in folder.rglob("*") if p.is_file()]
+    said = []
+    monkeypatch.setattr(archive, "note", lambda text, **kw: said.append((text, kw["done"], kw["total"])))
+    archive.pack(Journal(home), run_id, tmp_path / "a.tar.gz")
+    total = sum(sizes)
+    assert all(t == total >> 20 for _, _, t in said)
+    files = [text.split(": ", 1)[1] for text, _, _ in said if "file " in text]
+    assert len(set(files)) == len(sizes) and said[-1][0].startswith(f"{archive.fmt_bytes(total)} of ")
+    within = [done for text, done, _ in said if text.endswith(": big.bin")]
+    assert len(within) >= 3 and within == sorted(within), said  # at the file's start, then at 16 and 32 MiB read
+    assert said[-1][1] == total >> 20
