@@ -147,6 +147,7 @@ def test_wandb_offline_files_hold_the_run(tmp_path, demo, monkeypatch, cli):
     r = cli("export", run_id, "--to", "wandb", "--home", home, "--json")
     assert r.code == 0, r.err
     assert r.json["data"]["counts"] == {"sent": 1, "updated": 0, "unchanged": 0}
+    assert "pilotrun export: sending 1 run to W&B" in r.err and "pilotrun export: ended (" in r.err, r.err
     (folder,) = (home / "wandb").glob(f"offline-run-*-{run_id}")
     recs = read_records(folder / f"run-{run_id}.wandb")
     run = recs["run"][0]

@@ -110,14 +110,18 @@ def _history(client, run_id: str, key: str) -> list[tuple[int, float | None]]:
             for m in sorted(client.get_metric_history(run_id, key), key=lambda m: m.step)]
 
 
-def test_a_sweep_with_a_diverging_arm_in_a_live_mlflow_server(exported_sweep, cli):
+def test_a_sweep_with_a_diverging_arm_in_a_live_mlflow_server(exported_sweep, cli, monkeypatch):
     from mlflow import MlflowClient
 
+    from pilotrun.integrations.trackers import export
     from pilotrun.journal.store import Journal
 
     uri, home, sweep_id, _ = exported_sweep
+    said = []  # its progress line's counts: a server takes a second or more a run, a journal of hundreds minutes
+    monkeypatch.setattr(export, "note", lambda text, **kw: said.append((text.split(":")[0], kw.get("done"))))
     data = _export(cli, sweep_id, "--to", "mlflow", "--uri", uri, "--home", home)
     assert data["counts"] == {"sent": 4, "updated": 0, "unchanged": 0}
+    assert said == [(f"run {k}/4", k - 1) for k in range(1, 5)], said
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name("tracker-sweep")  # one experiment per campaign
     assert exp.tags["mlflow.experimentKind"] == "custom_model_development"

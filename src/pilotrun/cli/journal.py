@@ -118,9 +118,12 @@ def export(what, to, uri, experiment, home, as_json):
     from pilotrun.journal.store import Journal
 
     journal = Journal(home, create=False)
-    result = run_export(journal, to, what if campaign_name is None else None, campaign_name=campaign_name,
-                        uri=uri or (track.uri if same else None),
-                        experiment=experiment or (track.experiment if same else None))
+    from pilotrun.console.progress import stage_progress
+
+    with stage_progress("export"):  # a server takes a second or more a run: a journal of hundreds is minutes
+        result = run_export(journal, to, what if campaign_name is None else None, campaign_name=campaign_name,
+                            uri=uri or (track.uri if same else None),
+                            experiment=experiment or (track.experiment if same else None))
     return emit(result, as_json)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from pilotrun.console.progress import head, note
 from pilotrun.errors import BadInput, raised_by_pilotrun
 from pilotrun.integrations.trackers import content as C
 from pilotrun.journal.tracked import record_tracked, tracked
@@ -48,6 +49,9 @@ def failed(tracker, exc: BaseException) -> TrackerFailed:
                          "in the journal and not sent twice")
 
 
+TRACKER_NAMES = {"mlflow": "MLflow", "wandb": "W&B"}
+
+
 class Exporter:
     """Sends subjects to one tracker, keeping each tracker id in the journal."""
 
@@ -55,6 +59,8 @@ class Exporter:
         self.journal, self.tracker = journal, tracker
         self.done: list[dict] = []  # what each call did: subject, kind, tracker id, action
         self.sweeps: dict[str, dict] = {}  # the sweeps whose runs were sent: id -> the arms' labels
+        self.total, self.k = 0, 0  # runs `export` will look at, and how many it has: its progress line's count
+        # (0: the live tracker's exporter, on a worker thread beside the training's own line, says nothing)
 
     def _row(self, subject: str) -> dict | None:
         return tracked(self.journal, self.tracker.name, self.tracker.target, subject)
@@ -66,6 +72,10 @@ class Exporter:
     def run(self, run_id: str, *, live: bool = False) -> str:
         """One run (its sweep's parent first, if it has one). Returns the tracker's id for it."""
         run = self.journal.get_run(run_id)
+        if self.total:
+            self.k += 1
+            self.total = max(self.total, self.k)  # a sweep's run under another campaign name, counted as it comes
+            note(f"run {self.k}/{self.total}: {run_id} ({run['kind']})", done=self.k - 1, total=self.total)
         row = self._row(run_id)
         digest = C.run_digest(self.journal, run)
         if row and row["state"] == "complete" and (row["digest"] == digest or not self.tracker.updatable):
@@ -137,6 +147,9 @@ class Exporter:
         from pilotrun.report.html import write_report
         from pilotrun.scratch import make_dir
 
+        if self.total:
+            note(f"campaign {name}'s own run: its sheet, report and notes")
+
         tmp = make_dir("pilotrun-export-")
         try:
             files = C.sheet_files(self.journal.home) + [write_report(self.journal, tmp / "report.html")]
@@ -170,15 +183,20 @@ def export(journal, to: str, what: str | None = None, *, campaign_name: str | No
     if kind == "campaign" and not journal.list_runs(name=subject):
         raise BadInput(f"the journal {journal.path} has no run of campaign {subject!r}", where="CAMPAIGN",
                        fix="run a stage of it first (pilotrun all CAMPAIGN), or pass the --home of its runs")
+    head(f"opening {TRACKER_NAMES[to]} (importing its package)")
     tracker = make_tracker(to, journal.home, uri=uri, experiment=experiment)
     ex = Exporter(journal, tracker)
+    names = [subject] if kind == "campaign" else C.campaigns(journal) if kind == "all" else []
+    ex.total = 1 if kind == "run" else len(journal.list_runs(sweep_id=subject)) if kind == "sweep" else \
+        sum(len(journal.list_runs(name=n)) for n in names)
+    head(f"sending {ex.total} run{'s' if ex.total != 1 else ''} to {TRACKER_NAMES[to]}")
     try:
         if kind == "run":
             ex.run(subject)
         elif kind == "sweep":
             ex.sweep(subject)
         else:
-            for name in ([subject] if kind == "campaign" else C.campaigns(journal)):
+            for name in names:
                 ex.campaign(name)
     except BadInput:
         raise
