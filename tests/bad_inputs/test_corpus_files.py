@@ -63,6 +63,12 @@ FIELD_CASES = [
     ("chat-content-is-a-list", lambda tmp_path, path: _chat(tmp_path, path, [
         {"role": "user", "content": "q"}, {"role": "assistant", "content": ["a", "b"]}]),
      "message 1 of field 'messages' has a role or content that is a list, not text", "chat.jsonl:8"),
+    # OpenAI's content parts: was "a list, not text", which did not say what to do with them
+    ("chat-content-is-parts", lambda tmp_path, path: _chat(tmp_path, path, [
+        {"role": "user", "content": [{"type": "text", "text": "q"}, {"type": "image_url", "image_url": {"url": "x"}}]},
+        {"role": "assistant", "content": "a"}]),
+     "message 0 of field 'messages' has its content as a list of parts (type text, image_url: OpenAI's and the "
+     "multimodal form), not text; join its text parts into one string", "chat.jsonl:8"),
     ("chat-role-is-an-object", lambda tmp_path, path: _chat(tmp_path, path, [
         {"role": {"r": 1}, "content": "q"}, {"role": "assistant", "content": "a"}]),
      "message 0 of field 'messages' has a role or content that is an object, not text", "chat.jsonl:8"),

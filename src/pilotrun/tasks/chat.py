@@ -66,6 +66,13 @@ def messages_of(record, msgs, name: str = "messages", *, need_assistant: bool = 
         if role is None or content is None:
             raise BadInput(f"message {k} lacks role/content (or from/value)", where=record.where,
                            fix="give every message a role and a content")
+        parts = isinstance(content, list) and content and all(isinstance(x, dict) and "type" in x for x in content)
+        if parts:  # [{type: text, text: ...}]: what the record holds is no text the rehearsal renders as the tool would
+            kinds = ", ".join(dict.fromkeys(str(x["type"]) for x in content))
+            raise BadInput(f"message {k} of field '{name}' has its content as a list of parts (type {kinds}: OpenAI's "
+                           "and the multimodal form), not text; join its text parts into one string (an image "
+                           "part is no input of a text model)", where=record.where,
+                           fix="write each message's content as one string: the text of its parts joined")
         bad = not_text(content) or not_text(role)
         if bad is not None:
             raise BadInput(f"message {k} of field '{name}' has a role or content that is {bad}, not text",
