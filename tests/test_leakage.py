@@ -229,3 +229,31 @@ def test_a_record_with_no_period_is_left_out_of_the_order_and_named(tmp_path, mi
                 val + [{"instruction": "v2", "output": "y", "month": "2023-02"}])
     hit = _one(leakage(load_campaign(path)), "period-order")  # a real overlap is still one
     assert "validation periods 2023-02..2023-07 overlap train periods 2023-01..2023-05" in hit["message"]
+
+
+@pytest.mark.parametrize("val_month, said", [
+    # day-first or month-first dates sort by their first number: 12/01/2022 after 01/15/2023
+    ("07/01/2023", "its values are dates not written as ISO dates ('01/01/2023'): compared as text they sort by their "
+                   "first part"),
+    # one value of another kind turned every period to text
+    ("July 2023", "its values are not of one kind (an ISO date: '2023-01'; text: 'July 2023')"),
+])
+def test_periods_without_a_time_order_are_named_not_compared_as_text(tmp_path, val_month, said):
+    import datetime
+
+    us = val_month.count("/") == 2
+    months = [datetime.date(2023, i, 1).strftime("%m/%d/%Y" if us else "%Y-%m") for i in range(1, 7)]
+    train = [{"instruction": f"q{i}", "output": f"a{i}", "month": m} for i, m in enumerate(months)]
+    val = [{"instruction": "v1", "output": "x", "month": val_month}]
+    path = tiny_causal_campaign(tmp_path, train, val, data__period_by="month")
+    result = leakage(load_campaign(path))
+    assert result.verdict == "fail" and not [c for c in result.data["checks"] if c["name"] == "period-order"]
+    hit = _one(result, "period-format")
+    assert hit["message"].startswith(f"data.period_by 'month': {said}"), hit["message"]
+    assert hit["message"].endswith("the period order cannot be checked: write every 'month' as an ISO date "
+                                   "(2023-02-15) or a number")
+    # the clean case: the same months, every one an ISO date, are ordered (validation after train: nothing to say)
+    write_jsonl(tmp_path / "data" / "train.jsonl", [dict(r, month=f"2023-0{i + 1}") for i, r in enumerate(train)])
+    write_jsonl(tmp_path / "data" / "validation.jsonl", [dict(val[0], month="2023-07")])
+    result = leakage(load_campaign(path))
+    assert result.verdict == "ok" and not [c for c in result.data["checks"] if c["name"].startswith("period")]

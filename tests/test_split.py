@@ -3,6 +3,7 @@
 import json
 import random
 
+import pytest
 from conftest import write_campaign, write_jsonl
 
 from pilotrun.campaign import load_campaign
@@ -63,6 +64,32 @@ def test_split_by_period_sends_earliest_to_train(tmp_path, cli):
     assert months["train"][-1] < months["validation"][0] <= months["validation"][-1] < months["test"][0]
     path = _campaign(tmp_path, tmp_path / "p", group_by="conversation_id", period_by="month")
     assert leakage(load_campaign(path)).verdict == "ok"
+
+
+@pytest.mark.parametrize("fmt, said", [
+    ("%m/%d/%Y", "its values are dates not written as ISO dates ('06/01/2022'): compared as text they sort by their "
+                 "first part (12/01/2022 after 01/15/2023), not by time"),
+    ("%d.%m.%Y", "its values are dates not written as ISO dates ('01.06.2022')"),
+    ("%b %d, %Y", "its values are dates not written as ISO dates ('Jun 01, 2022')"),
+])
+def test_a_split_by_dates_that_sort_as_text_is_refused(tmp_path, cli, fmt, said):
+    # ordered as text, a split "by period" of month-first dates put 2022's autumn in validation and 2023 in train
+    import datetime
+
+    days = [datetime.date(2022, 6, 1) + datetime.timedelta(days=4 * i) for i in range(120)]
+    recs = [{"id": i, "instruction": f"q{i}", "output": "a", "day": d.strftime(fmt)} for i, d in enumerate(days)]
+    data = write_jsonl(tmp_path / "d.jsonl", recs)
+    res = cli("split", data, "--by", "id", "--period", "day", "--ratios", "0.8,0.2", "--out", tmp_path / "o")
+    assert res.code == 2, res.err
+    assert f"--period day: {said}" in res.err and "; a split by period would not follow time" in res.err, res.err
+    assert "fix: write every 'day' as an ISO date (2023-02-15) or a number, then split again" in res.err
+    assert not (tmp_path / "o").exists()
+    # the clean case: the same days as ISO dates split in time order
+    write_jsonl(tmp_path / "d.jsonl", [dict(r, day=d.isoformat()) for r, d in zip(recs, days)])
+    res = cli("split", data, "--by", "id", "--period", "day", "--ratios", "0.8,0.2", "--out", tmp_path / "o")
+    assert res.code == 0, res.err
+    parts = _read(tmp_path / "o")
+    assert max(r["day"] for r in parts["train"]) < min(r["day"] for r in parts["validation"])
 
 
 def test_split_reports_units_spanning_periods(tmp_path, cli):

@@ -14,7 +14,7 @@ import json
 import math
 from pathlib import Path
 
-from pilotrun.data.leakage import period_key
+from pilotrun.data.leakage import period_key, unordered_periods
 from pilotrun.errors import BadInput
 from pilotrun.journal.files import atomic_write_text
 from pilotrun.records.readers import read_records
@@ -121,6 +121,11 @@ def split_file(data: str | Path, by: str | None, ratios, out: str | Path, seed: 
         _require(records, by, "--by", data)
     if period:
         _require(records, period, "--period", data)
+        unordered = unordered_periods([r.fields[period] for r in records])
+        if unordered:
+            raise BadInput(f"--period {period}: {unordered}; a split by period would not follow time",
+                           where=str(data), fix=f"write every '{period}' as an ISO date (2023-02-15) or a number, then "
+                                                "split again")
     parts, spanning = split_records(records, by, ratios, seed, period)
     out = Path(out)
     if out.exists() and not out.is_dir():
