@@ -396,8 +396,9 @@ def unordered_periods(values) -> str | None:
             shown = "; ".join(f"{k}: {x!r}" for k, x in first.items())
             return (f"its values are not of one kind ({shown}), so they would be compared as text, whose order is "
                     "not time's")
-    other = next((v for v in values if isinstance(v, str) and _OTHER_DATE.fullmatch(v.strip())), None)
-    if "text" in first and other is not None:
+    other = "text" in first and next((v for v in values if isinstance(v, str) and _OTHER_DATE.fullmatch(v.strip())),
+                                     None)
+    if other:
         return (f"its values are dates not written as ISO dates ({other!r}): compared as text they sort by their "
                 "first part (12/01/2022 after 01/15/2023), not by time")
     return None
