@@ -71,3 +71,34 @@ def test_label_that_looks_numeric_but_is_no_int_is_exit_2(tmp_path, cli, bad):
         assert "Traceback" not in r.err
         assert f"{bad!r}" in err and "not in data.labels ['neg', 'pos']" in err, err
         assert "train.jsonl:2" in err
+
+
+@pytest.mark.parametrize("labels", [["false", "true"], ["True", "False"]])
+def test_a_boolean_label_is_the_class_named_so(tmp_path, cli, labels):
+    # a JSON true (pandas' bool column, "is_spam": true) was "True is not in data.labels ['false', 'true']", read
+    # as Python spells it; it is the class named "true" in any case
+    from pilotrun.tasks.seq_cls import SeqClsTask
+
+    path = _seqcls(tmp_path, [True, False, True, False], [False, True], labels)
+    task = SeqClsTask(load_campaign(path).campaign)
+    from pilotrun.records.readers import read_records
+
+    ids = [task.label_id(r) for r in read_records(tmp_path / "data" / "train.jsonl")]
+    true_id = [n.lower() for n in labels].index("true")
+    assert ids == [true_id, 1 - true_id] * 2
+    assert cli("inspect", path).code == 0
+
+
+def test_a_boolean_label_without_its_class_and_booleans_in_data_labels(tmp_path, cli):
+    path = _seqcls(tmp_path, [True, False, True, False], [False, True], ["ham", "spam"])
+    r = cli("inspect", path)
+    assert r.code == 2, r.err
+    assert "2 label values are not in data.labels ['ham', 'spam']: true (3 records, first " in r.err, r.err
+    assert "(yes/no values: JSON or Parquet booleans)" in r.err
+    assert 'fix: name the classes "false" and "true" in data.labels, in the order of their ids' in r.err
+    # YAML reads labels: [false, true] unquoted as booleans: "Input should be a valid string"
+    path.write_text(path.read_text().replace("- ham\n", "- false\n").replace("- spam\n", "- true\n"))
+    r = cli("validate", path)
+    assert r.code == 2, r.err
+    assert "data.labels: item 0 (false) is a yes/no: YAML reads false, true, no, yes, off and on unquoted as " \
+           "booleans" in r.err, r.err

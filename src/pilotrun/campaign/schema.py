@@ -176,6 +176,18 @@ class ModelConfig(Section):
     router_aux_loss_coef: 0.02} to train a mixture of experts' router loss as Axolotl's model_config does."""
 
 
+def _names_not_booleans(v: Any) -> Any:
+    """data.labels' names as written: YAML reads false, true, no, yes, off and on unquoted as booleans, whose spelling
+    is lost (pydantic said "Input should be a valid string")."""
+    if isinstance(v, list):
+        i = next((i for i, x in enumerate(v) if isinstance(x, bool)), None)
+        if i is not None:
+            raise ValueError(f"item {i} ({str(v[i]).lower()}) is a yes/no: YAML reads false, true, no, yes, off and on "
+                             "unquoted as booleans; quote each class name as the data writes it (\"false\", "
+                             "\"true\")")
+    return v
+
+
 def _plain_template(v: str | None) -> str | None:
     """data.prompt: a field's name, or a template of ``{field}`` placeholders with ``{{`` and ``}}`` for literal braces;
     nothing more of Python's format language, which the prompt is rendered with. Left to ``str.format`` a brace that
@@ -239,7 +251,7 @@ class DataConfig(Section):
     """seq-cls: the text field."""
     label: str | None = None
     """seq-cls: the label field (a class name or an id)."""
-    labels: list[str] | None = None
+    labels: Annotated[list[str] | None, BeforeValidator(_names_not_booleans)] = None
     """seq-cls: ordered class names; id i means labels[i]."""
     group_by: str | None = None
     """Leakage unit (conversation, patient, source document ...): a field of each record."""

@@ -25,12 +25,16 @@ def scan_labels(task, records: dict[str, list]) -> None:
             try:
                 task.label_id(r)
             except BadInput:
-                unknown.setdefault(repr(r.fields[name]), []).append(r.where)
+                value = r.fields[name]  # a boolean as JSON writes it (false), not as Python does (False)
+                unknown.setdefault(str(value).lower() if isinstance(value, bool) else repr(value), []).append(r.where)
     if unknown:
         listed = "; ".join(f"{v} ({len(w)} records, first {w[0]})" for v, w in unknown.items())
         first = next(iter(unknown.values()))[0]
-        raise BadInput(f"{len(unknown)} label values are not in data.labels {task.labels}: {listed}", where=first,
-                       fix="add these classes to data.labels (in id order), or correct the records")
+        yes_no = set(unknown) <= {"false", "true"}
+        raise BadInput(f"{len(unknown)} label values are not in data.labels {task.labels}: {listed}"
+                       + (" (yes/no values: JSON or Parquet booleans)" if yes_no else ""), where=first,
+                       fix="name the classes \"false\" and \"true\" in data.labels, in the order of their ids"
+                       if yes_no else "add these classes to data.labels (in id order), or correct the records")
 
 
 def label_forms(task, records: dict[str, list]) -> list:

@@ -35,11 +35,19 @@ class SeqClsTask(common.CampaignTask):
         self.label2id = {n: i for i, n in enumerate(self.labels)}
 
     def label_id(self, record) -> int:
-        """A class name of data.labels, else an id: an int or a string of ASCII digits ("2", " 2", "-1");
-        anything else ("²", "--1", "1.0", true) is bad input, never an internal error."""
+        """A class name of data.labels, else an id: an int or a string of ASCII digits ("2", " 2", "-1"); a boolean
+        (JSON's true, a Parquet bool column) is the class named "true" or "false" (any case); anything else ("²",
+        "--1", "1.0") is bad input, never an internal error."""
         value = common.field(record, self.c.data.label, "data.label")
         if isinstance(value, str) and value in self.label2id:
             return self.label2id[value]
+        if isinstance(value, bool):  # a JSON or Parquet true/false: the class of that name, as JSON writes it
+            named = [i for i, n in enumerate(self.labels) if n.strip().lower() == str(value).lower()]
+            if len(named) == 1:
+                return named[0]
+            raise BadInput(f"label {str(value).lower()} is a yes/no (a JSON or Parquet boolean), and data.labels "
+                           f"{self.labels} names no class {str(value).lower()!r}", where=record.where,
+                           fix="name the two classes \"false\" and \"true\" in data.labels, in the order of their ids")
         i = as_id(value)
         if i is not None and 0 <= i < len(self.labels):
             return i
