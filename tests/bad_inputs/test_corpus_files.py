@@ -69,6 +69,11 @@ FIELD_CASES = [
         {"role": "assistant", "content": "a"}]),
      "message 0 of field 'messages' has its content as a list of parts (type text, image_url: OpenAI's and the "
      "multimodal form), not text; join its text parts into one string", "chat.jsonl:8"),
+    # roles are read as written: 'Assistant' was "no assistant turn: nothing to train on", without why
+    ("chat-role-capitalised", lambda tmp_path, path: _chat(tmp_path, path, [
+        {"role": "User", "content": "q"}, {"role": "Assistant", "content": "a"}]),
+     "conversation has no assistant turn: nothing to train on (its roles: User, Assistant); roles are read as "
+     "written, and 'Assistant' is not 'assistant'", "chat.jsonl:8"),
     ("chat-role-is-an-object", lambda tmp_path, path: _chat(tmp_path, path, [
         {"role": {"r": 1}, "content": "q"}, {"role": "assistant", "content": "a"}]),
      "message 0 of field 'messages' has a role or content that is an object, not text", "chat.jsonl:8"),

@@ -79,8 +79,13 @@ def messages_of(record, msgs, name: str = "messages", *, need_assistant: bool = 
                            where=record.where, fix="give every message a string role and a string content")
         out.append({"role": ROLE_ALIASES.get(str(role), str(role)), "content": str(content)})
     if need_assistant and not any(m["role"] == "assistant" for m in out):
-        raise BadInput("conversation has no assistant turn: nothing to train on", where=record.where,
-                       fix="remove the record or add the assistant's reply")
+        roles = list(dict.fromkeys(m["role"] for m in out))
+        near = [r for r in roles if r.strip().lower() in ("assistant", *(k for k, v in ROLE_ALIASES.items()
+                                                                              if v == "assistant"))]
+        raise BadInput(f"conversation has no assistant turn: nothing to train on (its roles: {', '.join(roles)})"
+                       + (f"; roles are read as written, and {near[0]!r} is not 'assistant'" if near else ""),
+                       where=record.where, fix=f"write the role as 'assistant' (the data's {near[0]!r})" if near
+                       else "remove the record or add the assistant's reply")
     return out
 
 
