@@ -179,6 +179,48 @@ def test_a_4bit_base_silently_loaded_otherwise_is_refused(tmp_path, planted):
     assert "config.json" in e.value.fix
 
 
+def _prequantised(folder):
+    """A base saved as the hub's -bnb-4bit copies are: loaded in 4 bits by bitsandbytes, saved with its packed weights
+    and a quantization_config in config.json."""
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    plain = _base(folder.with_name(folder.name + "-plain"))
+    q = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.float32)
+    AutoModelForCausalLM.from_pretrained(plain, quantization_config=q, device_map={"": "cpu"}).save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("adapter", [None, LORA], ids=["full", "lora"])
+def test_a_prequantised_folder_without_model_quantization_is_refused(tmp_path, cli, adapter):
+    # transformers loads the folder in 4 bits whatever the campaign says: a full fine-tune trained the norms and the
+    # embeddings alone and said ok, a LoRA campaign trained on a base it does not name
+    base = _prequantised(tmp_path / "base")
+    path = _campaign(tmp_path, {"path": str(base), "tokenizer": "byte", **({"adapter": adapter} if adapter else {})})
+    r = cli("validate", path)
+    assert r.code == 2, r.err
+    assert (f"model.quantization: the model folder holds weights bitsandbytes quantised to 4 bits ({base}/config.json: "
+            "quantization_config), and model.quantization is null: ") in r.err, r.err
+    held = "{bits: 4, type: nf4, double_quant: false, compute_dtype: float32}"
+    assert f"fix: set model.quantization: {held} (what the folder holds)" in r.err
+    assert ("trains only the layers left unquantised" if adapter is None else "a base the campaign does not name") \
+        in r.err
+    # the clean case: the campaign says what the folder holds, and the adapter trains on it
+    path = _campaign(tmp_path, {"path": str(base), "tokenizer": "byte", "adapter": LORA,
+                                "quantization": yaml.safe_load(held)}, name="d")
+    r = cli("overfit", path, "--examples", "2", "--max-updates", "2", "--home", tmp_path / "home")
+    assert r.code in (0, 1) and "error" not in r.err, r.err
+
+
+@pytest.mark.parametrize("method", ["gptq", "awq", "fp8"])
+def test_a_folder_quantised_by_another_method_is_refused(tmp_path, cli, method):
+    # GPTQ and AWQ said "requires optimum" with a fix about config.json; an FP8 folder trained on the CPU and said ok
+    base = _base(tmp_path / "base", {"quant_method": method, "bits": 4})
+    r = cli("validate", _campaign(tmp_path, {"path": str(base), "tokenizer": "byte"}))
+    assert r.code == 2, r.err
+    assert f"model.path: the model folder holds weights quantised by {method} ({base}/config.json: " \
+           "quantization_config); pilotrun rehearses unquantised bases" in r.err, r.err
+
+
 def test_a_folder_base_loads_in_4bit_and_the_checkpoint_refuses_another_quantisation(tmp_path):
     from pilotrun.engine.loop import make_state
     from pilotrun.engine.state import load_state, save_state

@@ -60,6 +60,7 @@ def task_needs(c, base_dir=None) -> list[BadInput]:
         except BadInput as e:
             problems.append(e)
     problems += quantization_problems(c)
+    problems += folder_quantization(c)
     problems += plan_metric_problems(c)
     if c.train.precision == "bf16-true" and c.model.dtype == "float16":
         problems.append(BadInput("train.precision=bf16-true with model.dtype=float16", where="model.dtype",
@@ -99,6 +100,47 @@ def plan_metric_problems(c) -> list[BadInput]:
                          "is better, so the comparison would call the worse arm better", where="plan.goal",
                          fix=f"set plan.goal: {want}")]
     return []
+
+
+def folder_quantization(c) -> list[BadInput]:
+    """A model folder whose config.json says its weights are quantised (``quantization_config``: a bitsandbytes
+    4-bit base saved for QLoRA, as the hub's -bnb-4bit copies are; GPTQ, AWQ, FP8 ...). transformers loads it so
+    whatever the campaign says: with model.quantization null a LoRA campaign trained on a 4-bit base the campaign
+    does not name, and a full fine-tune trained the few layers left unquantised (norms, embeddings) and said ok;
+    an FP8 folder trained on the CPU. A bitsandbytes folder under model.quantization is compared with what is built
+    (tasks/quantized.check_quantized)."""
+    from pathlib import Path
+
+    if c.model.path is None or c.task not in BUILTIN_TASKS:
+        return []
+    path = Path(c.model.path) / "config.json"
+    try:
+        qc = jsonsafe.loads(path.read_text(encoding="utf-8")).get("quantization_config")
+    except (OSError, ValueError, AttributeError):
+        return []  # the folder's own checks say what is wrong with it
+    if not isinstance(qc, dict):
+        return []
+    method = str(qc.get("quant_method") or "an unnamed method")
+    bits = 4 if qc.get("load_in_4bit") else 8 if qc.get("load_in_8bit") else None
+    if method == "bitsandbytes" and bits is not None:
+        if c.model.quantization is not None:
+            return []
+        held = "{bits: 8}" if bits == 8 else (
+            f"{{bits: 4, type: {qc.get('bnb_4bit_quant_type', 'fp4')}, double_quant: "
+            f"{str(bool(qc.get('bnb_4bit_use_double_quant'))).lower()}, compute_dtype: "
+            f"{str(qc.get('bnb_4bit_compute_dtype') or 'float32').removeprefix('torch.')}}}")
+        trains = ("a full fine-tune of it trains only the layers left unquantised (norms, embeddings)"
+                  if c.model.adapter is None else "the rehearsal would train on a base the campaign does not name")
+        return [BadInput(f"the model folder holds weights bitsandbytes quantised to {bits} bits ({path}: "
+                         f"quantization_config), and model.quantization is null: {trains}", where="model.quantization",
+                         fix=f"set model.quantization: {held} (what the folder holds)"
+                             + (" and model.adapter (e.g. {kind: lora, r: 16}): a quantised base trains through an "
+                                "adapter only" if c.model.adapter is None else "")
+                             + ", or point model.path at the unquantised model")]
+    return [BadInput(f"the model folder holds weights quantised by {method} ({path}: quantization_config); pilotrun "
+                     "rehearses unquantised bases, and bitsandbytes' 4- and 8-bit ones (model.quantization), only",
+                     where="model.path", fix="point model.path at the unquantised model it was made from (with "
+                                             "model.quantization: {bits: 4} and model.adapter for QLoRA on it)")]
 
 
 def quantization_problems(c) -> list[BadInput]:
