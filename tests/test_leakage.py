@@ -29,6 +29,12 @@ def test_clean_demo_passes(demo_campaign, cli):
     assert "nothing crosses train / validation / test" in result.summary
     res = cli("leakage", demo_campaign, "--json")
     assert res.code == 0 and res.json["data"]["unit"] == "conversation_id"
+    # how far it is (hashing and MinHash of millions of records is minutes): each split read, then the comparison
+    said = [ln.split(" (")[0] for ln in res.err.splitlines() if ln.startswith("pilotrun leakage: ")]
+    assert said == ["pilotrun leakage: started", "pilotrun leakage: reading train",
+                    "pilotrun leakage: reading validation", "pilotrun leakage: reading test",
+                    "pilotrun leakage: comparing train / validation / test: units, exact and near duplicates, shared "
+                    "prompts", "pilotrun leakage: ended"], res.err
 
 
 def test_inspect_and_leakage_join_all_after_validate():

@@ -59,6 +59,10 @@ def test_split_by_period_sends_earliest_to_train(tmp_path, cli):
     data = write_jsonl(tmp_path / "all.jsonl", recs)
     res = cli("split", data, "--by", "conversation_id", "--period", "month", "--out", tmp_path / "p")
     assert res.code == 0, res.out + res.err
+    said = [ln.split(" (")[0] for ln in res.err.splitlines() if ln.startswith("pilotrun split: ")]
+    assert said[:3] == ["pilotrun split: started", f"pilotrun split: reading {data}",
+                        f"pilotrun split: placing {len(recs)} records by 'conversation_id' and period 'month'"], res.err
+    assert said[3:] == ["pilotrun split: writing train", "pilotrun split: ended"], said
     parts = _read(tmp_path / "p")
     months = {s: sorted({r["month"] for r in rs}) for s, rs in parts.items()}
     assert months["train"][-1] < months["validation"][0] <= months["validation"][-1] < months["test"][0]

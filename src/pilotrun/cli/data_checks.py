@@ -40,9 +40,13 @@ def inspect(campaign, n, split, sets, home, as_json):
 @common_options(home=False)
 def leakage(campaign, near_threshold, sets, home, as_json):
     """Units of data.group_by shared by splits, exact and near duplicates across splits, period order."""
+    from pilotrun.console.progress import stage_progress
     from pilotrun.rehearsal.data_checks.leakage import leakage as run_leakage
 
-    return emit(run_leakage(load(campaign, sets), near_threshold), as_json)
+    loaded = load(campaign, sets)
+    with stage_progress("leakage"):  # every record of every split hashed and signed: minutes for millions
+        result = run_leakage(loaded, near_threshold)
+    return emit(result, as_json)
 
 
 @cli.command()
@@ -58,6 +62,10 @@ def leakage(campaign, near_threshold, sets, home, as_json):
 def split(data, by, period, ratios, out, seed, home, as_json):
     """A deterministic split of DATA by unit (or by period; without --by, by record) into
     OUT/{train,validation,test}.jsonl."""
+    from pilotrun.console.progress import stage_progress
     from pilotrun.data.split import parse_ratios, split_file
 
-    return emit(split_file(data, by, parse_ratios(ratios), out, seed=seed, period=period), as_json)
+    parsed = parse_ratios(ratios)
+    with stage_progress("split"):  # reading, placing and writing millions of records is a minute
+        result = split_file(data, by, parsed, out, seed=seed, period=period)
+    return emit(result, as_json)

@@ -19,6 +19,7 @@ from datetime import date, datetime
 
 import numpy as np
 
+from pilotrun.console.progress import head, note
 from pilotrun.data import minhash
 from pilotrun.errors import BadInput
 from pilotrun.records.stream import iter_chunks
@@ -235,6 +236,7 @@ def reduce_split(c, split: str, chunks) -> SplitUnits:
         if prompt is not None:
             keys = (exact_key(normalise(prompt(r))) for r in records)
             prompts.append(np.fromiter((_digest(k) if k else 0 for k in keys), dtype=np.uint64, count=len(records)))
+        note(f"{len(where):,} records hashed and signed")
     digest = np.concatenate(digests) if digests else np.empty(0, np.uint64)
     per_record = {"prompt_digest": np.concatenate(prompts) if prompts else None, "record_digest": digest,
                   "record_where": where} if prompt is not None else {}
@@ -477,8 +479,10 @@ def leakage_checks(loaded, threshold: float = 0.8) -> tuple[list[Check], dict]:
 
     for split in common.SPLITS:
         if getattr(c.data, split):
+            head(f"reading {split}")  # a file of millions of records is minutes of hashing and MinHash
             with _no_cycle_collection():
                 units[split] = reduce_split(c, split, iter_chunks(getattr(c.data, split)))
+    head(f"comparing {' / '.join(units)}: units, exact and near duplicates, shared prompts")
     checks: list[Check] = []
     if c.data.group_by:
         checks += [found for u in units.values() if (found := missing_units(u, c.data.group_by))]

@@ -14,6 +14,7 @@ import json
 import math
 from pathlib import Path
 
+from pilotrun.console.progress import head
 from pilotrun.data.leakage import period_key, unordered_periods
 from pilotrun.errors import BadInput
 from pilotrun.journal.files import atomic_write_text
@@ -116,7 +117,10 @@ def split_records(records, by: str | None, ratios, seed: int = 0, period: str | 
 def split_file(data: str | Path, by: str | None, ratios, out: str | Path, seed: int = 0,
                period: str | None = None) -> StageResult:
     """``by`` None: each record is its own unit (records with no unit field; exact copies stay together)."""
+    head(f"reading {data}")
     records = read_records(data)
+    head(f"placing {len(records):,} records by {f'{by!r}' if by else 'record'}" + (f" and period {period!r}" if period
+                                                                                     else ""))
     if by:
         _require(records, by, "--by", data)
     if period:
@@ -131,6 +135,7 @@ def split_file(data: str | Path, by: str | None, ratios, out: str | Path, seed: 
     if out.exists() and not out.is_dir():
         raise BadInput("is a file, not a folder", where=str(out), fix="give --out a folder")
     rows, messages, written = [], [], {}
+    head(f"writing {', '.join(f'{s} ({len(rs):,})' for s, rs in parts.items())} into {out}")
     try:  # a Parquet file's dates, times and decimals as JSON text (json_value)
         texts = {s: "".join(json.dumps(r.fields, ensure_ascii=False, default=json_value) + "\n" for r in rs)
                  for s, rs in parts.items() if rs}
