@@ -135,6 +135,10 @@ def test_over_budget_names_phase_and_inputs_and_fails(tmp_path, cli):
 
     ok = cli("estimate", path, "--gpu-memory", "80GiB", "--json")
     assert ok.code == 0, ok.err
+    # what it is doing (a 70B model's traces are seconds each on 2 cores): the phases traced, on the stage's line
+    said = [ln.split(" (")[0] for ln in ok.err.splitlines() if ln.startswith("pilotrun estimate: ")]
+    assert said[0] == "pilotrun estimate: started" and said[-1] == "pilotrun estimate: ended", ok.err
+    assert "pilotrun estimate: tracing every phase on fake tensors" in said, said
     phases = ok.json["data"]["phases"]
     assert [r["phase"] for r in phases] == ["load", "first_step", "steady_step", "eval_longest", "save", "export",
                                             "reload"]

@@ -38,9 +38,15 @@ def estimate(campaign, device, gpu_memory, options, lora_r, rates, sets, home, a
         from pilotrun.sheet.rates import read_rates
 
         priced = read_rates(rates) if rates else None  # a bad file is a bad input before anything is traced
-        return emit(options_result(load(campaign, sets), rates=priced, lora_r=lora_r), as_json)
+        loaded = load(campaign, sets)
+        with stage_progress("estimate"):  # a 70B model's options: a minute of traces on 2 cores
+            result = options_result(loaded, rates=priced, lora_r=lora_r)
+        return emit(result, as_json)
     limit = parse_size(gpu_memory, where="--gpu-memory") if gpu_memory else None
-    return emit(run_estimate(load(campaign, sets), device=device, gpu_memory=limit), as_json)
+    loaded = load(campaign, sets)
+    with stage_progress("estimate"):
+        result = run_estimate(loaded, device=device, gpu_memory=limit)
+    return emit(result, as_json)
 
 
 @cli.command()

@@ -39,8 +39,11 @@ def env(home, as_json):
 @common_options
 def sheet(campaign, out, target_env, rates, gpu, sets, home, as_json):
     """Selection sheet, rental time plan, costs and launch files from the pilot's measurements."""
+    from pilotrun.console.progress import stage_progress
     from pilotrun.rehearsal.rental.sheet import sheet_stage
 
-    result = sheet_stage(load(campaign, sets), home_for(home, campaign), target_env_path=target_env, gpu=gpu,
-                         out=out, rates_path=rates, sets=tuple(sets))
+    loaded = load(campaign, sets)
+    with stage_progress("sheet"):  # its options' traces: seconds each for a 70B model
+        result = sheet_stage(loaded, home_for(home, campaign), target_env_path=target_env, gpu=gpu, out=out,
+                             rates_path=rates, sets=tuple(sets))
     return emit(result, as_json)

@@ -28,6 +28,7 @@ import time
 
 from pilotrun.campaign.arithmetic import batch_arithmetic, data_parallel_ranks, examples_per_update
 from pilotrun.campaign.prepare import prepare
+from pilotrun.console.progress import head
 from pilotrun.errors import BadInput
 from pilotrun import jsonsafe
 from pilotrun.phases import names
@@ -139,12 +140,16 @@ def options_table(loaded, *, prep=None, rates: dict | None = None, lora_r: int |
     prep = prep or prepare(loaded, splits=("train", "validation"), shapes=True)
     variants = _variants(loaded, r)
     traces: dict[str, dict] = {"written": written} if written is not None else {}
+    labels = {"written": "the campaign as written", "ckpt": "it with activation checkpointing", "lora": f"LoRA r={r}",
+              "qlora": f"QLoRA 4-bit r={r}"}
 
     def need(key: str) -> None:
         if key in traces:
             return
         same = next((k for k, w in variants.items() if w is variants[key] and k in traces), None)
         share = traces["written"] if key == "ckpt" and "written" in traces else None  # ckpt changes the steps only
+        if not same:  # a 70B model's traces are seconds each: the sheet and estimate --options say which
+            head(f"options: tracing {labels[key]} on fake tensors")
         traces[key] = traces[same] if same else traced(variants[key], device=device, prep=prep, after_steps=share)
 
     need("written")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 from pilotrun.campaign.prepare import prepare
+from pilotrun.console.progress import head
 from pilotrun.errors import BadInput
 from pilotrun.probe.alloc_conf import settings_from_env
 from pilotrun.probe.counted import training_need
@@ -36,6 +37,7 @@ def estimate(loaded, *, device: str = "cuda", gpu_memory: int | None = None, pre
         limit = parse_size(loaded.campaign.hardware.memory_per_gpu, where="hardware.memory_per_gpu")
     settings, variable = settings_from_env(os.environ)  # as the user's launch sets the allocator
     prep = prep or prepare(loaded, splits=("train", "validation"), shapes=True)
+    head(f"tracing every phase on fake tensors ({device})")
     out = trace(loaded, device=device, prep=prep, settings=settings)
     rows = out["rows"]
     worst = max(rows, key=lambda r: peak_of(r) or 0)
