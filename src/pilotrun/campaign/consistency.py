@@ -104,8 +104,8 @@ def plan_metric_problems(c) -> list[BadInput]:
 
 def folder_quantization(c) -> list[BadInput]:
     """A model folder whose config.json says its weights are quantised (``quantization_config``: a bitsandbytes
-    4-bit base saved for QLoRA, as the hub's -bnb-4bit copies are; GPTQ, AWQ, FP8 ...). transformers loads it so
-    whatever the campaign says: with model.quantization null a LoRA campaign trained on a 4-bit base the campaign
+    4-bit base saved for QLoRA, as the hub's -bnb-4bit copies are; GPTQ, AWQ, FP8 ...). transformers loads it
+    quantised whatever the campaign says: with model.quantization null a LoRA campaign trained on a 4-bit base the campaign
     does not name, and a full fine-tune trained the few layers left unquantised (norms, embeddings) and said ok;
     an FP8 folder trained on the CPU. A bitsandbytes folder under model.quantization is compared with what is built
     (tasks/quantized.check_quantized)."""

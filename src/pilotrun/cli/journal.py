@@ -100,6 +100,7 @@ def export(what, to, uri, experiment, home, as_json):
     from pathlib import Path
 
     from pilotrun.cli.common import emit
+    from pilotrun.console.progress import stage_progress
     from pilotrun.errors import BadInput
     from pilotrun.integrations.trackers.export import export as run_export
 
@@ -118,8 +119,6 @@ def export(what, to, uri, experiment, home, as_json):
     from pilotrun.journal.store import Journal
 
     journal = Journal(home, create=False)
-    from pilotrun.console.progress import stage_progress
-
     with stage_progress("export"):  # a server takes a second or more a run: a journal of hundreds is minutes
         result = run_export(journal, to, what if campaign_name is None else None, campaign_name=campaign_name,
                             uri=uri or (track.uri if same else None),

@@ -101,26 +101,32 @@ class _Packed:
         self.done, self.file, self.n, self.said = 0, 0, len(files), 0
         head(f"packing {self.n} files, {fmt_bytes(self.total)}")
 
-    def reading(self, f, name: str):
+    def reading(self, f, name: str) -> "_Reading":
+        """``f`` (the file ``name``) as tarfile reads it, in pieces, each counted."""
         self.file += 1
         self.name = name
         self._say()
-        packed = self
+        return _Reading(f, self)
 
-        class Reader:  # tarfile reads the file through this, in pieces
-            def read(self, size: int = -1) -> bytes:
-                data = f.read(size)
-                packed.done += len(data)
-                if packed.done - packed.said >= packed.EVERY:
-                    packed._say()
-                return data
-
-        return Reader()
+    def read(self, n: int) -> None:
+        self.done += n
+        if self.done - self.said >= self.EVERY:
+            self._say()
 
     def _say(self) -> None:
         self.said = self.done
         note(f"{fmt_bytes(self.done)} of {fmt_bytes(self.total)} — file {self.file}/{self.n}: {self.name}",
              done=self.done >> 20, total=max(self.total >> 20, 1))
+
+
+class _Reading:
+    def __init__(self, f, packed: _Packed):
+        self.f, self.packed = f, packed
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.f.read(size)
+        self.packed.read(len(data))
+        return data
 
 
 def manifest_problems(run_dir: Path) -> list[str]:
