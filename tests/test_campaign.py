@@ -194,6 +194,9 @@ def test_set_of_a_key_that_takes_text_is_the_text_written():
     ("hardware.rental_days.0=5", "fix: set the whole list: --set 'hardware.rental_days=[...]' (its value now: "
      "[3, 7, 30])"),
     ("plan.control.train.lrr=0.1", "plan.control: unknown key 'train.lrr'"),
+    # a comma in a number: YAML's text, "set train.lr to a valid value" said nothing of it
+    ("train.lr=0,001", "fix: write 0.001 (a decimal point: YAML reads 0,001 as text)"),
+    ("train.micro_batch=1,000", "fix: write 1000 (no thousands separator: YAML reads 1,000 as text)"),
 ])
 def test_bad_set(cli, demo_campaign, item, message):
     r = cli("validate", demo_campaign, "--set", item)

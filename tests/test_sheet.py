@@ -381,6 +381,9 @@ def test_costs_from_a_rates_file_and_the_cheapest_plan_that_places_every_run(tmp
 @pytest.mark.parametrize("text, where, what", [
     ("h100-sxm: 2.0\nv100: 1.0\n", "rates.yaml:2: v100", "no GPU 'v100' in the built-in catalogue"),
     ("h100-sxm: -1\n", "rates.yaml:1: h100-sxm", "price -1 is not a number >= 0"),
+    # a decimal comma is text to YAML: the fix gives the number as YAML reads one
+    ("h100-sxm: 2,49\n", "rates.yaml:1: h100-sxm", "price '2,49' is not a number >= 0\n  fix: write 2.49 (a decimal "
+                                                   "point: YAML reads 2,49 as text)"),
     ("a100-80gb: {hour: 1, week: 5}\n", "rates.yaml:1: a100-80gb", "unknown key(s) 'week'"),
     ("h100-sxm: [\n", "rates.yaml:2", "invalid YAML"),
     # a price YAML keeps the last of, one GPU under two names, a price that is not a finite number, a currency the

@@ -135,6 +135,20 @@ def utf8_path(path, where: str | None = None) -> None:
                        "NAME`), or work from a folder whose path is UTF-8")
 
 
+_COMMA_NUMBER = re.compile(r"\s*-?\d+,\d+([eE][-+]?\d+)?\s*")
+
+
+def comma_number_fix(value, whole: bool) -> str | None:
+    """The fix for a number written with a comma (``0,001``, ``2,49``; ``1,000`` where a whole number belongs), which
+    YAML and JSON read as text: the same number as they read it. None for any other value."""
+    if not isinstance(value, str) or not _COMMA_NUMBER.fullmatch(value):
+        return None
+    text = value.strip()
+    if whole:
+        return f"write {text.replace(',', '')} (no thousands separator: YAML reads {text} as text)"
+    return f"write {text.replace(',', '.')} (a decimal point: YAML reads {text} as text)"
+
+
 _PACKAGE = Path(__file__).resolve().parent
 
 

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ValidationError
 from pilotrun.campaign import yamlsafe
 from pilotrun.tasks.hub import is_hub_id, resolve
 from pilotrun.campaign.schema import Campaign
-from pilotrun.errors import BadInput, BadInputs, utf8_of, utf8_path
+from pilotrun.errors import BadInput, BadInputs, comma_number_fix, utf8_of, utf8_path
 from pilotrun.journal.files import dump_yaml  # noqa: F401  (part of campaign's API)
 from pilotrun.provenance import config_sha256
 from pilotrun.console.progress import spending
@@ -158,8 +158,9 @@ def campaign_errors(err: ValidationError, where: str, lines: dict[tuple, int],
         else:
             msgs = merged[loc]  # this key's messages under each member of its union
             said = msgs[0] + "".join(f", or {m[0].lower()}{m[1:]}" for m in msgs[1:])
+            comma = comma_number_fix(e.get("input"), whole=e["type"].startswith("int"))
             out.append(BadInput(f"key '{key}' = {shown}: {said}", where=at,
-                                fix=f"set {key} to a valid value (see `pilotrun init` for a commented example)"))
+                                fix=comma or f"set {key} to a valid value (see `pilotrun init` for a commented example)"))
     return BadInputs(out) if len(out) > 1 else out[0]
 
 

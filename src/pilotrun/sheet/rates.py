@@ -24,7 +24,7 @@ import re
 from pathlib import Path
 
 from pilotrun.campaign.yamlsafe import load_bounded
-from pilotrun.errors import BadInput, utf8_of
+from pilotrun.errors import BadInput, comma_number_fix, utf8_of
 from pilotrun.sheet.catalogue import BY_KEY, match_gpu
 
 FORMAT = ("a YAML mapping of GPU → price per GPU-hour, or GPU → {hour: PRICE, DAYS: PRICE of the whole "
@@ -56,7 +56,7 @@ def _number(v) -> float | None:
 def _price(v, where: str) -> float:
     x = _number(v)
     if x is None or x < 0:
-        raise BadInput(f"price {v!r} is not a number >= 0", where=where, fix=FORMAT)
+        raise BadInput(f"price {v!r} is not a number >= 0", where=where, fix=comma_number_fix(v, whole=False) or FORMAT)
     return x
 
 
