@@ -360,15 +360,6 @@ def near_duplicates(a: SplitUnits, b: SplitUnits, threshold: float) -> Check | N
                  {"count": int(n_units), "pairs": [[_unit(b, ib[k]), _unit(a, ia[k]), float(sim[k])] for k in top]})
 
 
-def period_key(values: list):
-    """Periods as comparable values: numbers, ISO dates/times, else their text."""
-    for conv in (float, _iso):
-        try:
-            return [conv(v) for v in values]
-        except (TypeError, ValueError):
-            continue
-    return [str(v) for v in values]
-
 
 # a date written another way than ISO: day and month first (12/01/2022, 1.12.2022, 01-12-2022), a slashed ISO order
 # (2022/12/01), a month's name (Dec 1, 2022; 1 December 2022). As text they sort by month or by name, not by time
@@ -376,34 +367,30 @@ _OTHER_DATE = re.compile(r"\d{1,2}[/.\-]\d{1,2}[/.\-]\d{2,4}|\d{4}[/.]\d{1,2}[/.
                          r"|\d{1,2} [A-Za-z]{3,9}\.? \d{4}")
 
 
-def _period_kind(v) -> str:
-    for kind, conv in (("a number", float), ("an ISO date", _iso)):
-        try:
-            conv(v)
-            return kind
-        except (TypeError, ValueError):
-            continue
-    return "text"
-
-
-def unordered_periods(values) -> str | None:
-    """Why ``values`` (periods, as read) have no time order when compared, or None. ``period_key`` orders numbers
-    and ISO dates, and anything else as text: where the periods are of several kinds (2023-01-05 beside 02/15/2023)
-    every one was compared as text, and dates written day- or month-first sort by their first number (12/01/2022
-    after 01/15/2023): a split "by period" put 2022's autumn in validation and 2023 in train, and said ok."""
-    first: dict[str, object] = {}
+def period_keys(values: list) -> tuple[list | None, str | None]:
+    """(``values``, periods as read, as comparable keys: numbers, ISO dates and times, else their text; None), or
+    (None, why they have no time order). Periods of several kinds (2023-01-05 beside 02/15/2023) were all compared
+    as text, and dates written day- or month-first sort as text by their first number (12/01/2022 after
+    01/15/2023): a split "by period" put 2022's autumn in validation and 2023 in train, and said ok."""
+    keys, first = [], {}
     for v in values:
-        first.setdefault(_period_kind(v), v)
+        for kind, conv in (("a number", float), ("an ISO date", _iso), ("text", str)):
+            try:
+                keys.append(conv(v))
+            except (TypeError, ValueError):
+                continue
+            first.setdefault(kind, v)
+            break
         if len(first) > 1:
             shown = "; ".join(f"{k}: {x!r}" for k, x in first.items())
-            return (f"its values are not of one kind ({shown}), so they would be compared as text, whose order is "
-                    "not time's")
+            return None, (f"its values are not of one kind ({shown}), so they would be compared as text, whose "
+                          "order is not time's")
     other = "text" in first and next((v for v in values if isinstance(v, str) and _OTHER_DATE.fullmatch(v.strip())),
                                      None)
     if other:
-        return (f"its values are dates not written as ISO dates ({other!r}): compared as text they sort by their "
-                "first part (12/01/2022 after 01/15/2023), not by time")
-    return None
+        return None, (f"its values are dates not written as ISO dates ({other!r}): compared as text they sort by "
+                      "their first part (12/01/2022 after 01/15/2023), not by time")
+    return keys, None
 
 
 def _iso(v):
@@ -433,15 +420,14 @@ def period_order(units: dict[str, SplitUnits], key: str) -> list[Check]:
                              "period", s, {"count": len(none), "records": none[:FEW]}))
     if not periods["train"]:
         return out
-    unordered = unordered_periods([v for s in names for v in periods[s]])
+    keys, unordered = period_keys([v for s in names for v in periods[s]])  # one kind across the splits
     if unordered:
         return out + [Check("period-format", "fail", f"data.period_by '{key}': {unordered}; the period order cannot "
                             f"be checked: write every '{key}' as an ISO date (2023-02-15) or a number", "train",
                             {"reason": unordered})]
-    keyed = dict(zip(names, (period_key(periods[s]) for s in names)))
-    kinds = {type(v[0]) for v in keyed.values() if v}
-    if len(kinds) > 1:
-        keyed = {s: [str(x) for x in periods[s]] for s in names}
+    keyed, at = {}, 0
+    for s in names:
+        keyed[s], at = keys[at:at + len(periods[s])], at + len(periods[s])
     raw = {s: dict(zip(keyed[s], periods[s])) for s in names}
     lo_t, hi_t = min(keyed["train"]), max(keyed["train"])
     for s in names:

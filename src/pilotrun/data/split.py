@@ -15,7 +15,7 @@ import math
 from pathlib import Path
 
 from pilotrun.console.progress import head
-from pilotrun.data.leakage import period_key, unordered_periods
+from pilotrun.data.leakage import period_keys
 from pilotrun.errors import BadInput
 from pilotrun.journal.files import atomic_write_text
 from pilotrun.records.readers import read_records
@@ -82,17 +82,17 @@ def unit_of(record, by: str | None) -> str:
     return unit_key(record.fields[by] if by else record.fields)
 
 
-def split_records(records, by: str | None, ratios, seed: int = 0, period: str | None = None):
-    """{split: [records]} and the number of units whose records span more than one period block."""
+def split_records(records, by: str | None, ratios, seed: int = 0, keys: list | None = None):
+    """{split: [records]} and the number of units whose records span more than one period block (``keys``: each
+    record's period, comparable: ``period_keys``; None splits by unit alone)."""
     units: dict[str, list] = {}
     for r in records:
         units.setdefault(unit_of(r, by), []).append(r)
     spanning = 0
-    if period is None:
+    if keys is None:
         order = sorted(units, key=lambda u: _rank(seed, u))
         where = dict(zip(order, _assign([len(units[u]) for u in order], ratios)))
     else:
-        keys = period_key([r.fields[period] for r in records])
         key_of = {id(r): k for r, k in zip(records, keys)}
         first = {u: min(key_of[id(r)] for r in rs) for u, rs in units.items()}
         periods = sorted(set(first.values()))
@@ -123,14 +123,15 @@ def split_file(data: str | Path, by: str | None, ratios, out: str | Path, seed: 
                                                                                      else ""))
     if by:
         _require(records, by, "--by", data)
+    keys = None
     if period:
         _require(records, period, "--period", data)
-        unordered = unordered_periods([r.fields[period] for r in records])
+        keys, unordered = period_keys([r.fields[period] for r in records])
         if unordered:
             raise BadInput(f"--period {period}: {unordered}; a split by period would not follow time",
                            where=str(data), fix=f"write every '{period}' as an ISO date (2023-02-15) or a number, then "
                                                 "split again")
-    parts, spanning = split_records(records, by, ratios, seed, period)
+    parts, spanning = split_records(records, by, ratios, seed, keys)
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise BadInput("is a file, not a folder", where=str(out), fix="give --out a folder")
