@@ -9,7 +9,7 @@ from pilotrun import jsonsafe
 from pilotrun.records.readers import not_text, read_records
 from pilotrun.tasks.common import SPLITS, missing_field_fix, template_fields
 from pilotrun.tasks.hub import snapshot_of
-from pilotrun.tasks.loading import architecture_problems, check_model_dir, check_positions
+from pilotrun.tasks.loading import architecture_problems, check_model_dir, check_positions, folder_config_dict
 from pilotrun.tasks.quantized import QLORA_EXTRA, missing_bitsandbytes
 from pilotrun.tasks.base import BUILTIN_TASKS, METRIC_GOALS, validation_metrics
 
@@ -105,19 +105,16 @@ def plan_metric_problems(c) -> list[BadInput]:
 def folder_quantization(c) -> list[BadInput]:
     """A model folder whose config.json says its weights are quantised (``quantization_config``: a bitsandbytes
     4-bit base saved for QLoRA, as the hub's -bnb-4bit copies are; GPTQ, AWQ, FP8 ...). transformers loads it
-    quantised whatever the campaign says: with model.quantization null a LoRA campaign trained on a 4-bit base the campaign
-    does not name, and a full fine-tune trained the few layers left unquantised (norms, embeddings) and said ok;
-    an FP8 folder trained on the CPU. A bitsandbytes folder under model.quantization is compared with what is built
+    quantised whatever the campaign says: with model.quantization null a LoRA campaign trained on a 4-bit base the
+    campaign does not name, and a full fine-tune trained the few layers left unquantised (norms, embeddings) and said
+    ok; an FP8 folder trained on the CPU. A bitsandbytes folder under model.quantization is compared with what is built
     (tasks/quantized.check_quantized)."""
     from pathlib import Path
 
     if c.model.path is None or c.task not in BUILTIN_TASKS:
         return []
     path = Path(c.model.path) / "config.json"
-    try:
-        qc = jsonsafe.loads(path.read_text(encoding="utf-8")).get("quantization_config")
-    except (OSError, ValueError, AttributeError):
-        return []  # the folder's own checks say what is wrong with it
+    qc = (folder_config_dict(path.parent) or {}).get("quantization_config")  # unreadable: the folder's checks say so
     if not isinstance(qc, dict):
         return []
     method = str(qc.get("quant_method") or "an unnamed method")

@@ -159,8 +159,8 @@ def campaign_errors(err: ValidationError, where: str, lines: dict[tuple, int],
             msgs = merged[loc]  # this key's messages under each member of its union
             said = msgs[0] + "".join(f", or {m[0].lower()}{m[1:]}" for m in msgs[1:])
             comma = comma_number_fix(e.get("input"), whole=e["type"].startswith("int"))
-            out.append(BadInput(f"key '{key}' = {shown}: {said}", where=at,
-                                fix=comma or f"set {key} to a valid value (see `pilotrun init` for a commented example)"))
+            fix = comma or f"set {key} to a valid value (see `pilotrun init` for a commented example)"
+            out.append(BadInput(f"key '{key}' = {shown}: {said}", where=at, fix=fix))
     return BadInputs(out) if len(out) > 1 else out[0]
 
 

@@ -6,6 +6,7 @@ import click
 
 from pilotrun.cli.common import campaign_argument, common_options, console, emit, load, set_option
 from pilotrun.cli.main import cli
+from pilotrun.console.progress import stage_progress
 # The verbs' work is imported inside each command: `pilotrun --help` imports this module (lazy on purpose).
 
 _SPLITS = click.Choice(["train", "validation", "test"])
@@ -20,7 +21,6 @@ _SPLITS = click.Choice(["train", "validation", "test"])
 @common_options(home=False)
 def inspect(campaign, n, split, sets, home, as_json):
     """N examples exactly as the loss sees them (trained / masked / padding), then the data-set-wide checks."""
-    from pilotrun.console.progress import stage_progress
     from pilotrun.report.tokens import render_examples
     from pilotrun.rehearsal.data_checks.inspect import inspect as run_inspect
 
@@ -40,7 +40,6 @@ def inspect(campaign, n, split, sets, home, as_json):
 @common_options(home=False)
 def leakage(campaign, near_threshold, sets, home, as_json):
     """Units of data.group_by shared by splits, exact and near duplicates across splits, period order."""
-    from pilotrun.console.progress import stage_progress
     from pilotrun.rehearsal.data_checks.leakage import leakage as run_leakage
 
     loaded = load(campaign, sets)
@@ -62,7 +61,6 @@ def leakage(campaign, near_threshold, sets, home, as_json):
 def split(data, by, period, ratios, out, seed, home, as_json):
     """A deterministic split of DATA by unit (or by period; without --by, by record) into
     OUT/{train,validation,test}.jsonl."""
-    from pilotrun.console.progress import stage_progress
     from pilotrun.data.split import parse_ratios, split_file
 
     parsed = parse_ratios(ratios)

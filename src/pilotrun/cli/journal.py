@@ -6,6 +6,7 @@ import click
 
 from pilotrun.cli.common import common_options, emit_data, home_for, load
 from pilotrun.cli.main import cli
+from pilotrun.console.progress import stage_progress
 # The verbs' work is imported inside each command: `pilotrun --help` imports this module (lazy on purpose).
 
 
@@ -100,7 +101,6 @@ def export(what, to, uri, experiment, home, as_json):
     from pathlib import Path
 
     from pilotrun.cli.common import emit
-    from pilotrun.console.progress import stage_progress
     from pilotrun.errors import BadInput
     from pilotrun.integrations.trackers.export import export as run_export
 

@@ -6,6 +6,7 @@ import click
 
 from pilotrun.cli.common import campaign_argument, common_options, console, emit, home_for, load, set_option
 from pilotrun.cli.main import cli
+from pilotrun.console.progress import stage_progress
 from pilotrun.sheet.catalogue import BY_KEY
 # The verbs' work is imported inside each command: `pilotrun --help` imports this module (lazy on purpose).
 
@@ -39,7 +40,6 @@ def env(home, as_json):
 @common_options
 def sheet(campaign, out, target_env, rates, gpu, sets, home, as_json):
     """Selection sheet, rental time plan, costs and launch files from the pilot's measurements."""
-    from pilotrun.console.progress import stage_progress
     from pilotrun.rehearsal.rental.sheet import sheet_stage
 
     loaded = load(campaign, sets)

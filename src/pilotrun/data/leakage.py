@@ -363,8 +363,8 @@ def near_duplicates(a: SplitUnits, b: SplitUnits, threshold: float) -> Check | N
 
 # a date written another way than ISO: day and month first (12/01/2022, 1.12.2022, 01-12-2022), a slashed ISO order
 # (2022/12/01), a month's name (Dec 1, 2022; 1 December 2022). As text they sort by month or by name, not by time
-_OTHER_DATE = re.compile(r"\d{1,2}[/.\-]\d{1,2}[/.\-]\d{2,4}|\d{4}[/.]\d{1,2}[/.]\d{1,2}|[A-Za-z]{3,9}\.? \d{1,2},? \d{4}"
-                         r"|\d{1,2} [A-Za-z]{3,9}\.? \d{4}")
+_OTHER_DATE = re.compile(r"\d{1,2}[/.\-]\d{1,2}[/.\-]\d{2,4}|\d{4}[/.]\d{1,2}[/.]\d{1,2}"
+                         r"|[A-Za-z]{3,9}\.? \d{1,2},? \d{4}|\d{1,2} [A-Za-z]{3,9}\.? \d{4}")
 
 
 def period_keys(values: list) -> tuple[list | None, str | None]:

@@ -31,6 +31,8 @@ def data_format(path: Path) -> tuple[str, str | None]:
     if suffix in COMPRESSED:
         return Path(path.stem).suffix.lower(), suffix
     return suffix, None
+
+
 _CSV_FIELD_LIMIT = 2**31 - 1
 
 

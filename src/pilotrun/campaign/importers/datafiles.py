@@ -7,9 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from pilotrun.campaign.importers.builder import Builder
-from pilotrun.records.readers import data_format
-
-DATA_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv")
+from pilotrun.records.readers import FORMATS, data_format
 
 
 def local_path_of(b: Builder, value: Any) -> Path:
@@ -20,7 +18,7 @@ def local_path_of(b: Builder, value: Any) -> Path:
 def data_file(folder: Path, split: str) -> tuple[Path | None, list[Path]]:
     """The one data file of a local data-set folder (the split's, by datasets' naming, when it holds several):
     (file, []) or (None, the candidates)."""
-    files = sorted(p for p in folder.rglob("*") if p.is_file() and data_format(p)[0] in DATA_SUFFIXES
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and data_format(p)[0] in FORMATS
                    and not any(part.startswith(".") for part in p.relative_to(folder).parts))
     if len(files) == 1:
         return files[0], []
