@@ -33,8 +33,7 @@ def test_clean_demo_passes(demo_campaign, cli):
     said = [ln.split(" (")[0] for ln in res.err.splitlines() if ln.startswith("pilotrun leakage: ")]
     assert said == ["pilotrun leakage: started", "pilotrun leakage: reading train",
                     "pilotrun leakage: reading validation", "pilotrun leakage: reading test",
-                    "pilotrun leakage: comparing train / validation / test: units, exact and near duplicates, shared "
-                    "prompts", "pilotrun leakage: ended"], res.err
+                    "pilotrun leakage: comparing train / validation / test", "pilotrun leakage: ended"], res.err
 
 
 def test_inspect_and_leakage_join_all_after_validate():

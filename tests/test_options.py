@@ -137,8 +137,8 @@ def test_70b_sheet_without_pilot_lists_options(tmp_path, cli):
                str(rates), "--json")
     assert done.code == 0, done.err  # warn: estimator only
     said = [ln.split(" (")[0] for ln in done.err.splitlines() if ln.startswith("pilotrun sheet: ")]  # 20 s of traces
-    assert "pilotrun sheet: options: tracing the campaign as written on fake tensors" in said, done.err
-    assert "pilotrun sheet: options: tracing LoRA r=16 on fake tensors" in said and said[-1] == "pilotrun sheet: ended"
+    assert "pilotrun sheet: tracing as written" in said, done.err
+    assert "pilotrun sheet: tracing LoRA r=16" in said and said[-1] == "pilotrun sheet: ended"
     payload = done.json
     assert payload["verdict"] == "warn"
     assert payload["messages"][0].startswith("NO PILOT: the model is too large to pilot on this machine")

@@ -468,7 +468,7 @@ def leakage_checks(loaded, threshold: float = 0.8) -> tuple[list[Check], dict]:
             head(f"reading {split}")  # a file of millions of records is minutes of hashing and MinHash
             with _no_cycle_collection():
                 units[split] = reduce_split(c, split, iter_chunks(getattr(c.data, split)))
-    head(f"comparing {' / '.join(units)}: units, exact and near duplicates, shared prompts")
+    head(f"comparing {' / '.join(units)}")  # units, exact and near duplicates, shared prompts, periods
     checks: list[Check] = []
     if c.data.group_by:
         checks += [found for u in units.values() if (found := missing_units(u, c.data.group_by))]

@@ -140,8 +140,7 @@ def options_table(loaded, *, prep=None, rates: dict | None = None, lora_r: int |
     prep = prep or prepare(loaded, splits=("train", "validation"), shapes=True)
     variants = _variants(loaded, r)
     traces: dict[str, dict] = {"written": written} if written is not None else {}
-    labels = {"written": "the campaign as written", "ckpt": "it with activation checkpointing", "lora": f"LoRA r={r}",
-              "qlora": f"QLoRA 4-bit r={r}"}
+    labels = {"written": "as written", "ckpt": "with checkpointing", "lora": f"LoRA r={r}", "qlora": f"QLoRA r={r}"}
 
     def need(key: str) -> None:
         if key in traces:
@@ -149,7 +148,7 @@ def options_table(loaded, *, prep=None, rates: dict | None = None, lora_r: int |
         same = next((k for k, w in variants.items() if w is variants[key] and k in traces), None)
         share = traces["written"] if key == "ckpt" and "written" in traces else None  # ckpt changes the steps only
         if not same:  # a 70B model's traces are seconds each: the sheet and estimate --options say which
-            head(f"options: tracing {labels[key]} on fake tensors")
+            head(f"tracing {labels[key]}")  # on fake tensors; the phases' notes follow
         traces[key] = traces[same] if same else traced(variants[key], device=device, prep=prep, after_steps=share)
 
     need("written")
