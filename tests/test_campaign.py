@@ -183,8 +183,8 @@ def test_set_of_a_key_that_takes_text_is_the_text_written():
     # this one, nine times that one level deeper) and a nesting thousands deep (a RecursionError, exit 3)
     ("model.config.x=[&a [x,x,x,x,x,x,x,x,x], &b [*a,*a,*a,*a,*a,*a,*a,*a,*a], &c [*b,*b,*b,*b,*b,*b,*b,*b,*b], "
      "&d [*c,*c,*c,*c,*c,*c,*c,*c,*c], &e [*d,*d,*d,*d,*d,*d,*d,*d,*d], &f [*e,*e,*e,*e,*e,*e,*e,*e,*e], "
-     "&g [*f,*f,*f,*f,*f,*f,*f,*f,*f]]", "--set model.config.x:1: the value anchored at line 1 is repeated"),
-    ("model.config=" + "[" * 5000 + "]" * 5000, "--set model.config:1: invalid YAML: exceeded maximum nesting depth"),
+     "&g [*f,*f,*f,*f,*f,*f,*f,*f,*f]]", "--set model.config.x: the value anchored at line 1 is repeated"),
+    ("model.config=" + "[" * 5000 + "]" * 5000, "--set model.config: invalid YAML: exceeded maximum nesting depth"),
     ("model.config={a: 1, a: 2}", "key 'a' appears twice in one mapping"),
     # an item of a list: "did you mean 'plan.variants.train.lr'" (no such key either), or "set the whole value"
     ("plan.variants[0].train.lr=0.1", "'plan.variants' is a list, and --set takes no item of it; cannot set "
@@ -197,11 +197,43 @@ def test_set_of_a_key_that_takes_text_is_the_text_written():
     # a comma in a number: YAML's text, "set train.lr to a valid value" said nothing of it
     ("train.lr=0,001", "fix: write 0.001 (a decimal point: YAML reads 0,001 as text)"),
     ("train.micro_batch=1,000", "fix: write 1000 (no thousands separator: YAML reads 1,000 as text)"),
+    # an exponent past what a float holds: 1e-400 read as lr 0 (overfit then failed on "train.lr = 0"), 1e400 as
+    # infinity; as YAML's float, as the text YAML 1.1 leaves, and quoted
+    ("train.lr=1e-400", "--set train.lr: 1e-400 is smaller than any number a float holds (about 5e-324): it would "
+     "read as 0\n  fix: check the exponent"),
+    ("train.lr=1.0e-400", "1.0e-400 is smaller than any number a float holds"),
+    ('train.lr="1e-400"', "train.lr: 1e-400 is smaller than any number a float holds (about 5e-324): it would "
+     "read as 0\n  fix: check the exponent"),
+    ("train.weight_decay=1e400", "1e400 is larger than any number a float holds (about 1.8e308): it would read as "
+     "infinity"),
+    # a whole number written with an exponent is read as one; one that is not whole says what it is
+    ("train.updates=2.5e0", "train.updates: 2.5e0 is 2.5, not a whole number\n  fix: write a whole number"),
+    ("train.warmup=1e-1", "train.warmup: 1e-1 is 0.1, not a whole number"),
 ])
 def test_bad_set(cli, demo_campaign, item, message):
     r = cli("validate", demo_campaign, "--set", item)
     assert r.code == 2, r.err
     assert message in r.err and "Traceback" not in r.err
+
+
+def test_a_whole_number_written_with_an_exponent_is_read_as_that_number(cli, demo_campaign):
+    """`updates: 1e3` is text to YAML 1.1 (an exponent without a dot), and pydantic refused it: "unable to parse
+    string as an integer", where `1.0e+3` (a YAML float) was read as 1000. Both are 1000 now, in the file and
+    through --set, in a list too; a float's exponent past its range is refused at its line."""
+    from pilotrun.campaign import load_campaign
+
+    text = demo_campaign.read_text()
+    assert "updates: 12\n" in text and "\n  lr: 0.003\n" in text and "  - 30\n" in text
+    demo_campaign.write_text(text.replace("updates: 12\n", "updates: 1e3\n").replace("  - 30\n", "  - 3E1\n"))
+    c = load_campaign(demo_campaign).campaign
+    assert c.train.updates == 1000 and c.hardware.rental_days == [3, 7, 30]
+    r = cli("validate", demo_campaign, "--set", "train.eval_every=5e1", "--set", "train.warmup=1.0e+1", "--json")
+    assert r.code == 0, r.err
+    assert "budget (train.updates): 1000 updates" in r.err
+    line = 1 + next(i for i, ln in enumerate(text.splitlines()) if ln.strip() == "lr: 0.003")
+    demo_campaign.write_text(text.replace("\n  lr: 0.003\n", "\n  lr: 3.0e-400\n"))
+    r = cli("validate", demo_campaign)
+    assert r.code == 2 and f"campaign.yaml:{line}: 3.0e-400 is smaller than any number a float holds" in r.err, r.err
 
 
 def test_paths_relative_to_campaign_file(tmp_path, monkeypatch):

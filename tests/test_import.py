@@ -387,6 +387,21 @@ def test_sft_config_typo(tmp_path, cli):
     assert not (tmp_path / "campaign.yaml").exists()
 
 
+@pytest.mark.parametrize("name, text", [
+    ("sft.json", '{"per_device_train_batch_size": 2,\n "learning_rate": 1e-400}'),  # JSON's reader: 0.0
+    ("axolotl.yml", "base_model: m\nlearning_rate: 2.0e-400\nmicro_batch_size: 2\n"),  # YAML's float: 0.0
+    ("args.yaml", "per_device_train_batch_size: 2\nlearning_rate: 1e-400\n"),  # YAML 1.1's text, then float()
+])
+def test_a_number_past_a_float_is_refused_not_imported_as_zero(tmp_path, cli, name, text):
+    """The source's lr of 1e-400 was imported as train.lr: 0.0 without a word."""
+    (tmp_path / name).write_text(text)
+    r = cli("import", tmp_path / name)
+    assert r.code == 2 and f"{name}:2: " in r.err and "is smaller than any number a float holds" in r.err, r.err
+    assert not (tmp_path / "campaign.yaml").exists()
+    (tmp_path / name).write_text(text.replace("-400", "-4"))
+    assert cli("import", tmp_path / name).code == 0
+
+
 def test_training_args_bin_refused_never_loaded(tmp_path, cli):
     """A pickle whose load would create a marker file: refused (exit 2), the marker never appears."""
     marker = tmp_path / "UNPICKLED"

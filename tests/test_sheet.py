@@ -395,6 +395,8 @@ def test_costs_from_a_rates_file_and_the_cheapest_plan_that_places_every_run(tmp
     ("currency: 'US|D'\nh100-sxm: 2\n", "rates.yaml:1: currency", "currency 'US|D' is not a short word or symbol"),
     ("h100-sxm: 2\ninterconnect: {inter_node_gbs: .nan}\n", "rates.yaml:2: interconnect.inter_node_gbs",
      "inter_node_gbs nan is not a bandwidth > 0"),
+    # an exponent past a float: a price of 0, silently (the GPU would have been free)
+    ("h100-sxm: 2\na100-80gb: {hour: 1e-400}\n", "rates.yaml:2", "1e-400 is smaller than any number a float holds"),
 ])
 def test_a_bad_rates_file_is_bad_input_naming_line_and_key(tmp_path, cli, text, where, what):
     path = campaign(tmp_path)

@@ -149,6 +149,28 @@ def comma_number_fix(value, whole: bool) -> str | None:
     return f"write {text.replace(',', '.')} (a decimal point: YAML reads {text} as text)"
 
 
+EXPONENT_NUMBER = re.compile(r"\s*[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+\s*")
+EXPONENT_FIX = "check the exponent: write the number you mean (e.g. 1e-4, not 1e-400)"
+
+
+def beyond_a_float(text: str) -> str | None:
+    """What is wrong with a number written with an exponent past what a float holds, which every reader (YAML, JSON,
+    pydantic) takes without a word: ``1e-400`` reads as 0 (``lr: 1e-400`` would train nothing), ``1e400`` as
+    infinity. None for any other text."""
+    if len(text) > 400 or not EXPONENT_NUMBER.fullmatch(text):
+        return None
+    import decimal
+    import math
+
+    d = decimal.Decimal(text.strip())
+    f = float(d)
+    if not math.isfinite(f):
+        return f"{text.strip()} is larger than any number a float holds (about 1.8e308): it would read as infinity"
+    if f == 0 and d != 0:
+        return f"{text.strip()} is smaller than any number a float holds (about 5e-324): it would read as 0"
+    return None
+
+
 _PACKAGE = Path(__file__).resolve().parent
 
 

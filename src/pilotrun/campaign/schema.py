@@ -5,6 +5,7 @@ Only pydantic and the ground's errors and sizes are imported here, so ``validate
 
 from __future__ import annotations
 
+import decimal
 import string
 import types
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
@@ -13,7 +14,7 @@ from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fi
                       field_validator, model_validator)
 
 from pilotrun.sizes import parse_size
-from pilotrun.errors import BadInput
+from pilotrun.errors import EXPONENT_FIX, EXPONENT_NUMBER, BadInput, beyond_a_float
 
 # allow_inf_nan=False: .inf / .nan are refused for every number, in the file and through --set
 _STRICT = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=False, allow_inf_nan=False)
@@ -35,6 +36,35 @@ def _number_kind(ann) -> str | None:
     return None
 
 
+def _whole_kind(ann) -> bool:
+    """Whether the number a field takes (under Optional, Annotated or a list) is an int."""
+    if ann is int:
+        return True
+    if get_origin(ann) in (Annotated, list):
+        return _whole_kind(get_args(ann)[0])
+    if get_origin(ann) in (Union, types.UnionType):
+        return any(_whole_kind(a) for a in get_args(ann) if a is not type(None))
+    return False
+
+
+def _as_written(v: Any, whole: bool) -> Any:
+    """A number written with an exponent, as the number it is. ``updates: 1e5`` is read as 100000: YAML 1.1 leaves an
+    exponent without a dot as text, which pydantic would refuse as "unable to parse string as an integer" where
+    ``1.0e+5`` (a YAML float) reads as 100000; one that is not whole (``2.5e0``) is refused, naming what it is; one
+    past what a float holds (``errors.beyond_a_float``) too."""
+    if not isinstance(v, str) or len(v) > 400 or not EXPONENT_NUMBER.fullmatch(v):
+        return v
+    problem = beyond_a_float(v)
+    if problem:  # quoted ("1e-400"), so yamlsafe let it pass as text
+        raise ValueError(f"{problem}; {EXPONENT_FIX}")
+    if not whole:
+        return v
+    d = decimal.Decimal(v.strip())
+    if d != d.to_integral_value():
+        raise ValueError(f"{v.strip()} is {d:f}, not a whole number; write a whole number")
+    return int(d)
+
+
 class Section(BaseModel):
     """A part of the campaign file. Its numbers refuse booleans: pydantic's lax mode reads ``true`` as 1 and
     ``false`` as 0, and YAML reads ``yes``, ``on``, ``no`` and ``off`` as booleans, so ``micro_batch: on`` would
@@ -45,12 +75,17 @@ class Section(BaseModel):
     @field_validator("*", mode="before")
     @classmethod
     def _no_booleans(cls, v: Any, info: ValidationInfo) -> Any:
-        kind = _number_kind(cls.model_fields[info.field_name].annotation)
+        ann = cls.model_fields[info.field_name].annotation
+        kind = _number_kind(ann)
         if kind == "number" and isinstance(v, bool):
             said, what = str(v).lower(), info.field_name
         elif kind == "numbers" and isinstance(v, list) and any(isinstance(x, bool) for x in v):
             i = next(i for i, x in enumerate(v) if isinstance(x, bool))
             said, what = f"item {i} ({str(v[i]).lower()})", f"each item of {info.field_name}"
+        elif kind == "number":
+            return _as_written(v, _whole_kind(ann))
+        elif kind == "numbers" and isinstance(v, list):
+            return [_as_written(x, _whole_kind(ann)) for x in v]
         else:
             return v
         raise ValueError(f"{said} is a yes/no where a number belongs (YAML reads yes and on as true, no and off as "

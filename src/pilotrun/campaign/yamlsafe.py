@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from pilotrun.errors import BadInput
+from pilotrun.errors import EXPONENT_FIX, BadInput, beyond_a_float
 
 MAX_BYTES = 256 << 10
 """A campaign file is a few KB; anything over 256 KiB is refused before it is parsed (parsing that much
@@ -26,6 +26,11 @@ def _line(node: yaml.Node) -> int:
     return node.start_mark.line + 1
 
 
+def _at(where: str, line: int) -> str:
+    """``where`` with a line; a ``--set`` value is one line and is named alone (``--set train.lr``, not ``:1``)."""
+    return where if where.startswith("--set ") else f"{where}:{line}"
+
+
 def compose(text: str, where: str) -> yaml.Node | None:
     """Compose ``text`` into nodes; a YAML syntax error is a BadInput naming the line."""
     loader = _Loader(text)
@@ -33,7 +38,7 @@ def compose(text: str, where: str) -> yaml.Node | None:
         return loader.get_single_node()
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
-        at = f"{where}:{mark.line + 1}" if mark else where
+        at = _at(where, mark.line + 1) if mark else where
         problem = getattr(e, "problem", None) or str(e)
         raise BadInput(f"invalid YAML: {problem}", where=at, fix="fix the YAML syntax at that line") from None
     finally:
@@ -51,6 +56,8 @@ def check_bounds(root: yaml.Node | None, where: str) -> None:
         node = stack.pop()
         if isinstance(node, yaml.MappingNode):
             _no_duplicate_keys(node, where)
+        elif isinstance(node, yaml.ScalarNode) and not node.style:  # plain (None; the C loader says "")
+            _a_float_holds(node, where)
         for c in _children(node):
             seen = indegree.get(id(c), 0)
             indegree[id(c)] = seen + 1
@@ -88,7 +95,7 @@ def _check_expansion(root: yaml.Node, indegree: dict[int, int], where: str) -> N
         for c in _children(node):
             if id(c) in busy:
                 raise BadInput(f"a YAML alias refers to the value that contains it (anchor at line {_line(c)})",
-                               where=f"{where}:{_line(c)}", fix="remove the recursive alias; write the value out")
+                               where=_at(where, _line(c)), fix="remove the recursive alias; write the value out")
             if id(c) not in size:
                 stack.append((c, False))
     if size[id(root)] - len(indegree) > MAX_NODES:
@@ -97,7 +104,7 @@ def _check_expansion(root: yaml.Node, indegree: dict[int, int], where: str) -> N
         line = _line(nodes[nid])
         raise BadInput(f"the value anchored at line {line} is repeated by aliases {indegree[nid] - 1} times; expanded, "
                        f"the document would hold {size[id(root)]:,} values (at most {MAX_NODES:,} may come from "
-                       "aliases)", where=f"{where}:{line}",
+                       "aliases)", where=_at(where, line),
                        fix="write the values out instead of nesting aliases (a campaign, a rates file, a config or "
                            "a --set value is small)")
 
@@ -110,9 +117,17 @@ def _no_duplicate_keys(node: yaml.MappingNode, where: str) -> None:
         key = k.value
         if key in seen:
             raise BadInput(f"key '{key}' appears twice in one mapping (lines {seen[key]} and {_line(k)}); "
-                           "YAML would silently keep the last", where=f"{where}:{_line(k)}",
+                           "YAML would silently keep the last", where=_at(where, _line(k)),
                            fix=f"keep one '{key}' and delete the other")
         seen[key] = _line(k)
+
+
+def _a_float_holds(node: yaml.ScalarNode, where: str) -> None:
+    """A plain number past what a float holds (``errors.beyond_a_float``), as YAML's float or as the text YAML 1.1
+    leaves (``1e-400``: an exponent without a dot), is refused at its line."""
+    problem = beyond_a_float(node.value)
+    if problem:
+        raise BadInput(problem, where=_at(where, _line(node)), fix=EXPONENT_FIX)
 
 
 def construct(node: yaml.Node | None, where: str) -> Any:
@@ -125,7 +140,7 @@ def construct(node: yaml.Node | None, where: str) -> Any:
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         problem = getattr(e, "problem", None) or str(e)
-        at = f"{where}:{mark.line + 1}" if mark else where
+        at = _at(where, mark.line + 1) if mark else where
         raise BadInput(f"invalid YAML: {problem}", where=at, fix="fix the YAML at that line") from None
     finally:
         loader.dispose()

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from pilotrun.campaign import yamlsafe
-from pilotrun.errors import BadInput, utf8_of
+from pilotrun.errors import EXPONENT_FIX, BadInput, beyond_a_float, utf8_of
 from pilotrun import jsonsafe
 
 FORMATS = ("axolotl", "hf")
@@ -25,6 +25,19 @@ def _refuse_pickle(path: Path, head: bytes) -> None:
                            "`pilotrun import args.json`")
 
 
+class _BeyondAFloat(ValueError):
+    pass
+
+
+def _a_float_holds(text: str) -> float:
+    """A JSON number as ``json`` reads it, unless it is past what a float holds (``"learning_rate": 1e-400`` read
+    as 0, and imported as lr 0)."""
+    problem = beyond_a_float(text)
+    if problem:
+        raise _BeyondAFloat(problem, text)
+    return float(text)
+
+
 def read_source(path: Path) -> dict[str, Any]:
     try:
         if not path.is_file():
@@ -41,7 +54,10 @@ def read_source(path: Path) -> dict[str, Any]:
     text = utf8_of(data, path)
     if path.suffix.lower() == ".json":
         try:
-            raw = jsonsafe.loads(text)
+            raw = jsonsafe.loads(text, parse_float=_a_float_holds)
+        except _BeyondAFloat as e:  # the number's first place as written: JSON's reader gives no position
+            line = text[:max(text.find(e.args[1]), 0)].count("\n") + 1
+            raise BadInput(e.args[0], where=f"{path}:{line}", fix=EXPONENT_FIX) from None
         except ValueError as e:
             raise BadInput(f"not valid JSON: {e}", where=str(path), fix="write the arguments with to_json_string()") from None
     else:
