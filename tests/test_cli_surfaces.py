@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -295,6 +296,42 @@ def test_a_long_stage_writes_a_plain_progress_line_to_a_log(tmp_path):
     assert len(lines) >= 2, p.stderr  # the start line, then heartbeats
     assert lines[0] == "pilotrun train: started" and "\x1b" not in p.stderr
     assert any("update " in ln and "/3" in ln for ln in lines) or len(lines) >= 3, p.stderr
+
+
+def test_a_beat_before_a_stage_says_what_it_does_says_it_is_starting(log_stream):
+    """A stage opening its journal or importing torch has no head yet: its beats read "pilotrun archive (0 s)", a
+    bare name; they say "starting" now."""
+    import time
+
+    from pilotrun.console.progress import head, stage_progress
+
+    with stage_progress("archive", stream=log_stream):
+        time.sleep(0.3)
+        head("packing 3 files")
+    lines = log_stream.getvalue().splitlines()
+    assert lines[0] == "pilotrun archive: started" and lines[-1].startswith("pilotrun archive: ended"), lines
+    assert any(re.fullmatch(r"pilotrun archive: starting \(0 s\)", ln) for ln in lines), lines
+    assert all(ln.startswith("pilotrun archive: ") for ln in lines), lines
+
+
+@pytest.mark.parametrize("variable, value, said", [
+    ("PILOTRUN_WIDTH", "1", "PILOTRUN_WIDTH='1' is not a width of at least 40 columns"),  # a character a line
+    ("PILOTRUN_WIDTH", "wide", "PILOTRUN_WIDTH='wide' is not a width"),  # dropped without a word
+    ("PILOTRUN_WIDTH", "39", "is not a width of at least 40 columns"),
+    ("PILOTRUN_HEARTBEAT_S", "nan", "PILOTRUN_HEARTBEAT_S='nan' is not a finite number of seconds above 0"),
+    ("PILOTRUN_HEARTBEAT_S", "-5", "PILOTRUN_HEARTBEAT_S='-5' is not"),  # a beat every 50 ms
+    ("PILOTRUN_HEARTBEAT_S", "0", "is not a finite number of seconds above 0"),
+    ("PILOTRUN_HEARTBEAT_S", "30s", "is not a finite number of seconds above 0"),
+])
+def test_pilotruns_own_variables_are_checked_as_its_options_are(cli, demo_campaign, monkeypatch, variable, value,
+                                                                said):
+    monkeypatch.setenv(variable, value)
+    r = cli("validate", demo_campaign, "--json")
+    assert r.code == 2 and said in r.err, r.err
+    assert r.json["error"]["where"] == f"${variable}" and "unset it" in r.json["error"]["fix"]
+    for clean in {"PILOTRUN_WIDTH": ("", "40"), "PILOTRUN_HEARTBEAT_S": ("", "0.2")}[variable]:  # "": unset
+        monkeypatch.setenv(variable, clean)
+        assert cli("validate", demo_campaign).code == 0
 
 
 def test_heartbeat_names_what_the_stage_is_doing(log_stream):

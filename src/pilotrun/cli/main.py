@@ -58,8 +58,36 @@ class RehearsalOrder(click.Group):
 def cli(verbose: bool):
     """pilotrun rehearses a fine-tuning campaign on a small pilot, so the GPU rental is chosen from
     measurements and the real campaign runs once. Start with `pilotrun demo` or `pilotrun init`."""
+    _own_variables()
     if verbose:
         os.environ["PILOTRUN_VERBOSE"] = "1"  # tasks/loading.quiet_transformers; fresh processes inherit it
+
+
+MIN_WIDTH = 40
+"""The narrowest output pilotrun lays out (a table falls back to one ``column  value`` block per row there)."""
+
+
+def _own_variables() -> None:
+    """pilotrun's own settings in the environment, checked as its options are (empty reads as unset): a value the
+    readers cannot use was dropped without a word (``PILOTRUN_WIDTH=wide``, ``PILOTRUN_HEARTBEAT_S=nan``: the log
+    went unwrapped, its beats every 30 s), or taken as said (``PILOTRUN_WIDTH=1`` printed a character a line,
+    ``PILOTRUN_HEARTBEAT_S=-5`` a beat every 50 ms)."""
+    import math
+
+    width = os.environ.get("PILOTRUN_WIDTH", "").strip()
+    if width and not (width.isdigit() and int(width) >= MIN_WIDTH):
+        raise BadInput(f"PILOTRUN_WIDTH={width!r} is not a width of at least {MIN_WIDTH} columns",
+                       where="$PILOTRUN_WIDTH", fix="set it to the columns output is laid out at (e.g. 100), or unset "
+                                                    "it for the terminal's width")
+    beat = os.environ.get("PILOTRUN_HEARTBEAT_S", "").strip()
+    try:
+        seconds = float(beat) if beat else 1.0
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise BadInput(f"PILOTRUN_HEARTBEAT_S={beat!r} is not a finite number of seconds above 0",
+                       where="$PILOTRUN_HEARTBEAT_S", fix="set the seconds between a log's progress lines (e.g. 30, "
+                                                          "the default), or unset it")
 
 
 for _name in COMMAND_MODULES:

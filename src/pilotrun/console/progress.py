@@ -255,7 +255,8 @@ def text(cur: dict) -> str:
         shown, counted = _counted(cur)
         what = " — ".join(i["text"] for i in shown)
         left = _left(cur, *counted, now) if counted else ""
-    return f"pilotrun {cur['label']}{': ' + what if what else ''} ({_fmt(now - cur['t0'])}{left})"
+    # before its first head a stage is starting (opening the journal, importing torch): never a bare beat
+    return f"pilotrun {cur['label']}: {what or 'starting'} ({_fmt(now - cur['t0'])}{left})"
 
 
 def stopped_by(exc: BaseException) -> str:
