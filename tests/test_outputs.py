@@ -128,3 +128,16 @@ def test_split_ratios_must_be_finite(cli, demo_campaign, tmp_path):
         r = cli("split", data, "--out", tmp_path / "s", "--ratios", ratios)
         assert r.code == 2 and "holds a share that is not a finite number" in r.err, (ratios, r.err)
     assert not (tmp_path / "s").exists()
+
+
+def test_split_ratios_and_seed_as_written(cli, demo_campaign, tmp_path):
+    """--ratios 1e-400,0.5,0.5 was refused for "train above 0", a share written above 0 (it reads as 0); --seed took
+    any integer (-5, 2**80), where a campaign's seed and `train --seed` take 0..4294967295."""
+    data = demo_campaign.parent / "data" / "train.jsonl"
+    r = cli("split", data, "--out", tmp_path / "s", "--ratios", "1e-400,0.5,0.5")
+    assert r.code == 2 and "1e-400 is smaller than any number a float holds" in r.err, r.err
+    for seed in ("-5", str(2**32), str(2**80)):
+        r = cli("split", data, "--out", tmp_path / "s", "--seed", seed)
+        assert r.code == 2 and f"Invalid value for '--seed': {seed} is not in the range 0<=x<=4294967295" in r.err
+    assert not (tmp_path / "s").exists()
+    assert cli("split", data, "--out", tmp_path / "s", "--seed", str(2**32 - 1), "--ratios", "0.5,0.5").code == 0

@@ -56,7 +56,9 @@ def leakage(campaign, near_threshold, sets, home, as_json):
 @click.option("--period", default=None, metavar="FIELD", help="a time field: earliest periods go to train")
 @click.option("--ratios", default="0.8,0.1,0.1", show_default=True, help="train,validation[,test] shares, summing to 1")
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="folder for train/validation/test.jsonl")
-@click.option("--seed", type=int, default=0, show_default=True, help="seed of the unit order")
+# the campaign's seed range (campaign.schema.SEED_MAX), written here so that `--help` does not import pydantic
+@click.option("--seed", type=click.IntRange(0, 2**32 - 1), default=0, show_default=True,
+              help="seed of the unit order (0..4294967295, as the campaign's seed)")
 @common_options(home=False)
 def split(data, by, period, ratios, out, seed, home, as_json):
     """A deterministic split of DATA by unit (or by period; without --by, by record) into

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from pilotrun.console.progress import head
 from pilotrun.data.leakage import period_keys
-from pilotrun.errors import BadInput
+from pilotrun.errors import EXPONENT_FIX, BadInput, beyond_a_float
 from pilotrun.journal.files import atomic_write_text
 from pilotrun.records.readers import read_records
 from pilotrun.records.values import json_value, no_unit, unit_key
@@ -26,6 +26,9 @@ SPLITS = ("train", "validation", "test")
 
 
 def parse_ratios(text: str) -> tuple[float, ...]:
+    beyond = next(filter(None, map(beyond_a_float, text.split(","))), None)
+    if beyond:  # 1e-400 reads as 0: "train above 0" would blame a share the user wrote above 0
+        raise BadInput(f"--ratios '{text}': {beyond}", where="--ratios", fix=EXPONENT_FIX)
     try:
         ratios = tuple(float(x) for x in text.split(","))
     except ValueError:
