@@ -102,3 +102,26 @@ def test_a_boolean_label_without_its_class_and_booleans_in_data_labels(tmp_path,
     assert r.code == 2, r.err
     assert "data.labels: item 0 (false) is a yes/no: YAML reads false, true, no, yes, off and on unquoted as " \
            "booleans" in r.err, r.err
+
+
+def test_a_label_written_in_another_case_is_named_with_its_class_not_as_a_class_to_add(tmp_path, cli):
+    """A CSV written by pandas says True and False for a bool column; against data.labels ["false", "true"] the fix
+    said "add these classes to data.labels", which would have made four classes of two."""
+    (tmp_path / "data").mkdir()
+    rows = "text,label\n" + "good movie,True\nbad film,False\ngreat, true\nawful,FALSE\n" * 3
+    for split in ("train", "validation"):
+        (tmp_path / "data" / f"{split}.csv").write_text(rows)
+    path = _seqcls(tmp_path / "c", [], [], ["false", "true"])
+    c = path.read_text().replace("data/train.jsonl", str(tmp_path / "data" / "train.csv"))
+    path.write_text(c.replace("data/validation.jsonl", str(tmp_path / "data" / "validation.csv")))
+    r = cli("inspect", path)
+    assert r.code == 2, r.err
+    err = " ".join(r.err.split())
+    assert "4 label values are not in data.labels ['false', 'true']: 'True' (6 records, first " in err, err
+    assert ("fix: these are classes of data.labels written in another case or with spaces ('True' → 'true', "
+            "'False' → 'false', ' true' → 'true', 'FALSE' → 'false'; a CSV written by pandas says True and False)"
+            in err), err
+    # a value that is no class in any case is still a class to add
+    (tmp_path / "data" / "train.csv").write_text(rows + "meh,neutral\n")
+    r = cli("inspect", path)
+    assert r.code == 2 and "add these classes to data.labels" in r.err and "another case" not in r.err, r.err

@@ -18,6 +18,7 @@ def scan_labels(task, records: dict[str, list]) -> None:
         return
     name = task.c.data.label
     unknown: dict[str, list[str]] = {}
+    values: dict[str, object] = {}  # each unknown value as shown, as written
     for recs in records.values():
         for r in recs:
             if name not in r.fields:
@@ -26,15 +27,33 @@ def scan_labels(task, records: dict[str, list]) -> None:
                 task.label_id(r)
             except BadInput:
                 value = r.fields[name]  # a boolean as JSON writes it (false), not as Python does (False)
-                unknown.setdefault(str(value).lower() if isinstance(value, bool) else repr(value), []).append(r.where)
+                shown = str(value).lower() if isinstance(value, bool) else repr(value)
+                unknown.setdefault(shown, []).append(r.where)
+                values[shown] = value
     if unknown:
         listed = "; ".join(f"{v} ({len(w)} records, first {w[0]})" for v, w in unknown.items())
         first = next(iter(unknown.values()))[0]
         yes_no = set(unknown) <= {"false", "true"}
+        cased = _written_otherwise(values, task.labels)
+        fix = ("name the classes \"false\" and \"true\" in data.labels, in the order of their ids" if yes_no else
+               f"these are classes of data.labels written in another case or with spaces ({cased}; a CSV written by "
+               "pandas says True and False): correct the records to the names data.labels gives, or name the classes "
+               "as the records write them" if cased else
+               "add these classes to data.labels (in id order), or correct the records")
         raise BadInput(f"{len(unknown)} label values are not in data.labels {task.labels}: {listed}"
-                       + (" (yes/no values: JSON or Parquet booleans)" if yes_no else ""), where=first,
-                       fix="name the classes \"false\" and \"true\" in data.labels, in the order of their ids"
-                       if yes_no else "add these classes to data.labels (in id order), or correct the records")
+                       + (" (yes/no values: JSON or Parquet booleans)" if yes_no else ""), where=first, fix=fix)
+
+
+def _written_otherwise(values: dict[str, object], labels: list[str]) -> str | None:
+    """``'True' → 'true'`` for each unknown value (shown → as written) that is one class of ``labels`` but for case
+    and surrounding spaces, when every one of them is; else None (a class to add, not a spelling)."""
+    pairs = []
+    for shown, value in values.items():
+        named = [n for n in labels if isinstance(value, str) and n.strip().casefold() == value.strip().casefold()]
+        if len(named) != 1:
+            return None
+        pairs.append(f"{shown} → {named[0]!r}")
+    return ", ".join(pairs)
 
 
 def label_forms(task, records: dict[str, list]) -> list:
