@@ -246,6 +246,21 @@ def test_pretraining_dataset_is_read_or_refused_by_its_own_key(folder, cli):
     assert r.code == 2 and "pretraining_dataset[0].path = 'HuggingFaceFW/fineweb' is a hub data set" in r.err
 
 
+def test_a_data_file_missing_from_its_local_folder_is_named_with_what_the_folder_holds(folder, cli):
+    """`path: org/set` with `data_files: [sub/train.json]`: a local folder of that name holding another file was
+    "datasets[0].path = 'org/set' is no local file" (the folder is there); the file it lacks is named now."""
+    write_jsonl(folder / "org" / "set" / "train.jsonl", [{"instruction": "a", "input": "", "output": "b"}])
+    cfg = dict(BASE, datasets=[{"path": "org/set", "data_files": ["sub/train.json"], "type": "alpaca"}])
+    r = cli("import", write(folder / "df.yml", cfg), "--out", folder / "df.yaml")
+    assert r.code == 2, r.err
+    assert "datasets[0].data_files = 'sub/train.json' is not in the local folder 'org/set' (it holds train.jsonl)" \
+           in r.err and "fix: put the data set's file at org/set/sub/train.json" in r.err, r.err
+    assert not (folder / "df.yaml").exists()
+    write_jsonl(folder / "org" / "set" / "sub" / "train.json", [{"instruction": "a", "input": "", "output": "b"}])
+    imp = import_config(folder / "df.yml")
+    assert carried(imp)["data.train"][1].endswith("org/set/sub/train.json")
+
+
 def test_save_strategy_decides_what_save_steps_means(folder):
     """A dump's save_steps (500, the default it writes) is read only under save_strategy "steps"."""
     from transformers import TrainingArguments

@@ -11,6 +11,7 @@ other fields is asked for.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 from pilotrun.campaign.importers.builder import Builder, empty
@@ -92,6 +93,15 @@ def _one_dataset(raw: dict[str, Any], b: Builder, d: dict[str, Any], key: str, s
                   if candidates else "put the data set's .jsonl, .json, .parquet or .csv file there")
             return
         local = found
+    folder = local_path_of(b, path) if path else None
+    if files and folder is not None and folder.is_dir() and (local is None or not local.is_file()):
+        held = sorted(p.relative_to(folder).as_posix() for p in itertools.islice(folder.rglob("*"), 1000)
+                      if p.is_file())
+        b.ask(f"{src}.data_files = {files[0] if len(files) == 1 else files!r} is not in the local folder {path!r}"
+              + (f" (it holds {', '.join(held[:4])}{' …' if len(held) > 4 else ''})" if held else " (it is empty)"),
+              f"put the data set's file at {path}/{files[0]} (its path in the hub data set), or set data_files to "
+              "the file the folder holds")
+        return
     if not path or local is None or not local.is_file():
         where = f"{src}.path = {path!r}"
         remote = path and (is_hub_id(str(path), b.source.parent) or "://" in str(path))
