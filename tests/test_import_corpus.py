@@ -39,6 +39,7 @@ RULES = {
     "several-data-sets": "a campaign trains on one file",
     "data-set-type": "does not say which fields are the prompt and the response",
     "accelerate": "an accelerate launch config",
+    "axolotl-cloud": "an Axolotl cloud config",
     "llama-factory": "a LLaMA-Factory config",
     "torchtune": "a torchtune recipe config",
 }

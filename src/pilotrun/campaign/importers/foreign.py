@@ -2,7 +2,8 @@
 
 LLaMA-Factory's YAML (``stage``, ``finetuning_type``, ``template``, ``cutoff_len`` beside TrainingArguments keys),
 torchtune's recipe configs (``_component_`` builders), accelerate's launch configs (``distributed_type``,
-``num_processes``) and DeepSpeed's JSON (``zero_optimization``) are told by keys only they have. They are refused
+``num_processes``), DeepSpeed's JSON (``zero_optimization``) and Axolotl's cloud configs (``gpu``, ``volumes``,
+``secrets``: where ``axolotl train --cloud`` runs) are told by keys only they have. They are refused
 whatever ``--from`` says: read as Axolotl or TrainingArguments they would import as half a campaign.
 """
 
@@ -16,6 +17,9 @@ from pilotrun.errors import BadInput
 LLAMA_FACTORY = ("finetuning_type", "cutoff_len", "lora_rank", "dataset_dir", "quantization_bit", "template")
 ACCELERATE = ("distributed_type", "compute_environment", "num_processes", "machine_rank", "num_machines")
 DEEPSPEED = ("zero_optimization", "train_micro_batch_size_per_gpu", "train_batch_size")
+AXOLOTL_CLOUD = ("provider", "gpu", "gpu_count", "node_count", "volumes", "secrets", "dockerfile_commands",
+                 "memory_preprocess", "timeout_preprocess")
+"""Keys of the file ``axolotl train config.yml --cloud cloud.yaml`` takes (examples/cloud: Modal, Baseten)."""
 BY_HAND = ("start from `pilotrun init` and copy the values over: cutoff_len → data.max_length, "
            "per_device_train_batch_size → train.micro_batch, gradient_accumulation_steps → train.accumulation, "
            "learning_rate → train.lr, num_train_epochs → train.epochs, lora_rank → model.adapter.r, "
@@ -41,6 +45,8 @@ def which(raw: dict[str, Any]) -> str | None:
         return "accelerate"
     if keys & set(DEEPSPEED) and not keys & {"base_model", "per_device_train_batch_size", "datasets"}:
         return "deepspeed"
+    if len(keys & set(AXOLOTL_CLOUD)) >= 2 and not keys & {"base_model", "datasets", "model_name_or_path"}:
+        return "axolotl-cloud"
     return None
 
 
@@ -63,6 +69,14 @@ def refuse(raw: dict[str, Any], path: Path) -> None:
                        fix="import the training config it launches (Axolotl YAML, TrainingArguments or TRL file), "
                            f"then set train.nproc: {raw.get('num_processes') or 'N'} and train.strategy: fsdp (or "
                            "ddp) as the launch config says")
+    if tool == "axolotl-cloud":
+        gpus = raw.get("gpu_count")
+        raise BadInput(f"an Axolotl cloud config ({', '.join(k for k in AXOLOTL_CLOUD if k in raw)}): it says where "
+                       "to run (`axolotl train config.yml --cloud` this file), not what to train", where=str(path),
+                       fix="import the training config it runs (config.yml in that command)"
+                           + (f", then set hardware.gpus: {gpus}" if isinstance(gpus, int) and gpus > 0 else "")
+                           + (f"; for the GPU it names ({raw['gpu']}), give `pilotrun sheet --gpu` the catalogue's "
+                              "key (h100-sxm, a100-80gb …)" if raw.get("gpu") else ""))
     if tool == "deepspeed":
         raise BadInput("a DeepSpeed config (zero_optimization): it says how to shard, not what to train",
                        where=str(path),
