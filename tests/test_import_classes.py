@@ -312,6 +312,45 @@ def test_a_deepspeed_json_is_refused_with_what_to_do(folder):
     assert "import the training config that names it" in e.value.fix
 
 
+def _folder_files(folder):
+    """The JSON files a Hugging Face model or output folder holds, each written by its own library."""
+    from peft import LoraConfig
+    from transformers import GenerationConfig, LlamaConfig, TrainerState
+
+    model = folder / "out"
+    LlamaConfig(vocab_size=128, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                intermediate_size=32).save_pretrained(model)
+    GenerationConfig(max_new_tokens=16, do_sample=False).save_pretrained(model)
+    LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]).save_pretrained(model / "adapter")
+    TrainerState(global_step=10, max_steps=10, train_batch_size=8, num_train_epochs=1).save_to_json(
+        str(model / "trainer_state.json"))
+    (model / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 2048, "tokenizer_class":
+                                                             "PreTrainedTokenizerFast", "pad_token": None}))
+    return model
+
+
+@pytest.mark.parametrize("name, said, fix", [
+    ("config.json", "a model's config.json (model_type llama): it describes a model, not how to train it",
+     "a campaign names this folder as model.path"),
+    ("generation_config.json", "a model's generation config (generation_config.json)", "as model.path"),
+    ("adapter/adapter_config.json", "a PEFT adapter's config (LORA, adapter_config.json): it describes a trained "
+     "adapter", "model.adapter: {r: 4, alpha: 8, dropout: 0.0, target_modules: ['q_proj', 'v_proj']}"),
+    # its train_batch_size made it "a DeepSpeed config (zero_optimization)"
+    ("trainer_state.json", "the Trainer's record of a run (trainer_state.json: global_step 10, log_history)",
+     "import the run's arguments: `trainer.args.to_json_string()`"),
+    ("tokenizer_config.json", "a tokenizer's config (tokenizer_config.json)", "(or model.tokenizer)"),
+])
+def test_a_model_or_output_folders_own_file_is_named_not_read_as_a_training_config(folder, cli, name, said, fix):
+    """Each was "cannot tell the config's format … say it: --from axolotl or --from hf", and --from then read a
+    model's shape as training arguments; what each file is, and what to import instead, is said whatever --from
+    says."""
+    path = _folder_files(folder) / name
+    for args in ((), ("--from", "hf"), ("--from", "axolotl")):
+        r = cli("import", path, *args, "--out", folder / "c.yaml")
+        assert r.code == 2 and said in r.err and fix in " ".join(r.err.split()), r.err
+        assert not (folder / "c.yaml").exists()
+
+
 # ---------------------------------------------------------------- the schemas
 def test_the_generator_reads_pydantic_models_and_plugins_from_a_source_tree(tmp_path):
     import importlib.util

@@ -34,9 +34,39 @@ def _components(raw: Any, depth: int = 0) -> bool:
     return False
 
 
+TRAINING_KEYS = {"base_model", "datasets", "micro_batch_size", "per_device_train_batch_size", "learning_rate",
+                 "model_name_or_path", "dataset_name", "output_dir"}
+"""Keys a training config has (Axolotl's, the Trainer's, TRL's): a file holding one is never a model folder's file."""
+MODEL_SHAPE = ("hidden_size", "n_embd", "d_model", "num_hidden_layers", "n_layer", "vocab_size")
+GENERATION = ("max_new_tokens", "do_sample", "temperature", "top_p", "top_k", "num_beams", "repetition_penalty")
+
+
+def folder_file(raw: dict[str, Any]) -> str | None:
+    """Which file of a Hugging Face model or output folder ``raw`` is (its config.json, generation_config.json,
+    a PEFT adapter_config.json, tokenizer_config.json, the Trainer's trainer_state.json), by its keys; else None.
+    Each describes a model or records a run: none says how to train (a trainer_state.json's train_batch_size was
+    taken for a DeepSpeed config's)."""
+    keys = set(raw)
+    if keys & TRAINING_KEYS:
+        return None
+    if {"log_history", "global_step"} <= keys:
+        return "trainer-state"
+    if "peft_type" in keys:
+        return "adapter"
+    if "model_type" in keys and (keys & set(MODEL_SHAPE) or "architectures" in keys):
+        return "model"
+    if "tokenizer_class" in keys or "added_tokens_decoder" in keys or "model_max_length" in keys:
+        return "tokenizer"
+    if "transformers_version" in keys and keys & set(GENERATION + ("bos_token_id", "eos_token_id")):
+        return "generation"
+    return None
+
+
 def which(raw: dict[str, Any]) -> str | None:
     """The foreign tool a config is from, by keys only it has, else None."""
     keys = set(raw)
+    if folder_file(raw):
+        return "folder-file"
     if _components(raw):
         return "torchtune"
     if len(keys & set(LLAMA_FACTORY)) >= 2 or "stage" in keys and keys & set(LLAMA_FACTORY):
@@ -52,6 +82,8 @@ def which(raw: dict[str, Any]) -> str | None:
 
 def refuse(raw: dict[str, Any], path: Path) -> None:
     tool = which(raw)
+    if tool == "folder-file":
+        _refuse_folder_file(raw, path)
     if tool == "torchtune":
         raise BadInput("a torchtune recipe config (its `_component_` builders name Python classes): pilotrun does not "
                        "read torchtune's format", where=str(path),
@@ -82,3 +114,31 @@ def refuse(raw: dict[str, Any], path: Path) -> None:
                        where=str(path),
                        fix="import the training config that names it (its `deepspeed:` key is read: ZeRO-3 → fsdp, "
                            "ZeRO-1/2 → ddp)")
+
+
+def _refuse_folder_file(raw: dict[str, Any], path: Path) -> None:
+    kind = folder_file(raw)
+    folder = path.parent
+    then = "import the training config that fine-tunes it (Axolotl YAML, TrainingArguments or TRL file), or start "\
+           "from `pilotrun init`"
+    if kind == "trainer-state":
+        raise BadInput(f"the Trainer's record of a run (trainer_state.json: global_step {raw.get('global_step')}, "
+                       "log_history): it records what a run did, not how to train", where=str(path),
+                       fix="import the run's arguments: `trainer.args.to_json_string()` written to a .json (the "
+                           "training_args.bin beside it is a pickle, which pilotrun never loads)")
+    if kind == "adapter":
+        lora = {k: raw.get(s) for k, s in (("r", "r"), ("alpha", "lora_alpha"), ("dropout", "lora_dropout"),
+                                            ("target_modules", "target_modules")) if raw.get(s) is not None}
+        shown = ", ".join(f"{k}: {sorted(v) if isinstance(v, (list, set)) else v}" for k, v in lora.items())
+        raise BadInput(f"a PEFT adapter's config ({raw.get('peft_type')}, adapter_config.json): it describes a trained "
+                       "adapter, not how to train one", where=str(path),
+                       fix=then + (f"; its settings as the campaign writes them: model.adapter: {{{shown}}}"
+                                   if raw.get("peft_type") == "LORA" and shown else ""))
+    what = {"model": f"a model's config.json (model_type {raw.get('model_type')}): it describes a model",
+            "tokenizer": "a tokenizer's config (tokenizer_config.json): it describes a tokenizer",
+            "generation": "a model's generation config (generation_config.json): it says how the model samples "
+                          "text"}[kind]
+    raise BadInput(f"{what}, not how to train it", where=str(path),
+                   fix=f"{then}; a campaign names this folder as model.path" + (" (or model.tokenizer)"
+                                                                                if kind == "tokenizer" else "")
+                       + f": {folder}")
