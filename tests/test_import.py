@@ -584,3 +584,26 @@ def test_import_refuses_to_overwrite(tmp_path, data, cli):
     assert (tmp_path / "campaign.yaml").read_text() == "name: mine\n"
     with pytest.raises(BadInput, match="unknown format"):
         import_config(src, "torchtune")
+
+
+@pytest.mark.parametrize("name, said", [
+    ("axolotl.yml", "not a campaign file: an Axolotl config (base_model, datasets, micro_batch_size"),
+    ("sft.json", "not a campaign file: a Hugging Face TrainingArguments / TRL config (per_device_train_batch_size"),
+    ("accelerate.yaml", "not a campaign file: an accelerate launch config"),
+])
+def test_a_campaign_verb_given_the_config_to_import_says_so_once(tmp_path, cli, name, said):
+    """`pilotrun all axolotl.yml` listed each key as unknown, the first "did you mean 'model'?" for base_model."""
+    texts = {"axolotl.yml": "base_model: m\ndatasets:\n  - path: d.jsonl\n    type: alpaca\nmicro_batch_size: 2\n"
+                            "seed: 42\n",
+             "sft.json": json.dumps({"per_device_train_batch_size": 2, "learning_rate": 1e-4, "max_steps": 10}),
+             "accelerate.yaml": "distributed_type: FSDP\nnum_processes: 8\nmachine_rank: 0\n"}
+    (tmp_path / name).write_text(texts[name])
+    for verb in ("validate", "all", "sheet"):
+        r = cli(verb, tmp_path / name, "--home", tmp_path / "home")
+        assert r.code == 2 and said in r.err, (verb, r.err)
+        assert "unknown key" not in r.err and not (tmp_path / "home").exists()
+        if name != "accelerate.yaml":
+            assert f"fix: write the campaign from it with `pilotrun import {tmp_path / name}`" in r.err
+    # a campaign with a typo in its top level still gets the unknown-key rule
+    (tmp_path / "c.yaml").write_text("name: x\nmodle: {path: m}\n")
+    assert "unknown key 'modle'" in cli("validate", tmp_path / "c.yaml").err

@@ -10,6 +10,7 @@ import copy
 import difflib
 import json
 import re
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_args
@@ -331,7 +332,31 @@ def _read_yaml(path: Path) -> tuple[dict[str, Any], dict[tuple, int]]:
     if not isinstance(raw, dict):
         raise BadInput("the campaign file must be a mapping of keys (name:, model:, data:, train: ...)",
                        where=str(path), fix="see `pilotrun init` for the shape")
+    _another_tools(raw, path)
     return raw, _node_lines(node)
+
+
+def _another_tools(raw: dict[str, Any], path: Path) -> None:
+    """A campaign verb given the config the campaign is to be imported from (``pilotrun all axolotl.yml``), or a file
+    no campaign is made from (an accelerate launch config, a model's config.json): said once as what it is, where
+    each of its keys was an "unknown key" of its own (40 of them for an Axolotl file, the first "did you mean
+    'model'?" for base_model)."""
+    if not raw or raw.keys() & {"model", "data", "train"}:
+        return
+    from pilotrun.campaign.importers import foreign
+    from pilotrun.campaign.importers.source import detect
+
+    try:
+        foreign.refuse(raw, path)
+        fmt = detect(raw, path)
+    except BadInput as e:
+        if "cannot tell the config's format" in e.detail:  # no tool's: its unknown keys say what is wrong
+            return
+        raise BadInput(f"not a campaign file: {e.detail}", where=e.where, fix=e.fix) from None
+    tool = "an Axolotl config" if fmt == "axolotl" else "a Hugging Face TrainingArguments / TRL config"
+    raise BadInput(f"not a campaign file: {tool} ({', '.join(list(raw)[:4])} …)", where=str(path),
+                   fix=f"write the campaign from it with `pilotrun import {shlex.quote(str(path))}` (campaign.yaml "
+                       "beside it, every key it carries commented with its source), then run this verb on that file")
 
 
 def _resolve_paths(c: Campaign, base: Path) -> dict[str, Any]:
