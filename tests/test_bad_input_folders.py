@@ -139,6 +139,25 @@ def test_clean_model_folder_passes(cli, tmp_path, model_dir):
     assert r.code == 0, r.err
 
 
+@pytest.mark.parametrize("verb", ["validate", "estimate", "train"])
+def test_a_peft_adapters_folder_as_model_path_is_named_with_its_base(cli, tmp_path, model_dir, verb):
+    """A LoRA adapter saved by peft (adapter_config.json, adapter_model.safetensors) as model.path was "no config.json
+    … save the model with save_pretrained"; it is named as an adapter now, with its base and its settings."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    adapter = tmp_path / "adapter"
+    base = AutoModelForCausalLM.from_pretrained(model_dir)
+    get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj"])).save_pretrained(adapter)
+    assert not (adapter / "config.json").exists()
+    r = cli(verb, _campaign_on(tmp_path, adapter), "--home", tmp_path / "home")
+    assert r.code == 2, r.err
+    err = " ".join(r.err.split())
+    assert f"model.path: {adapter} is a PEFT adapter's folder (LORA, trained on {model_dir}), not a model" in err, err
+    assert f"fix: set model.path to its base ({model_dir}) and model.adapter to {{r: 4, alpha: 8}}" in err
+    assert "merge_and_unload()" in err and not (tmp_path / "home" / "runs").exists()
+
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     tmp, _, run_id = trained_once(tmp_path_factory)

@@ -350,6 +350,25 @@ def check_safetensors(path: Path) -> dict:
     return header
 
 
+def _adapter_folder(path: Path) -> BadInput:
+    """model.path naming a PEFT adapter's folder (adapter_config.json and its weights, no config.json): a campaign
+    trains from a base model; "no config.json … save the model with save_pretrained" sent the user to save it again."""
+    try:
+        cfg = jsonsafe.loads((path / "adapter_config.json").read_bytes())
+    except (OSError, ValueError):
+        cfg = {}
+    cfg = cfg if isinstance(cfg, dict) else {}
+    base = cfg.get("base_model_name_or_path")
+    said = f", trained on {base}" if isinstance(base, str) and base else ""
+    lora = ", ".join(f"{k}: {cfg[s]}" for k, s in (("r", "r"), ("alpha", "lora_alpha")) if cfg.get(s) is not None)
+    return BadInput(f"{path} is a PEFT adapter's folder ({cfg.get('peft_type') or 'adapter'}{said}), not a model: "
+                    "a campaign trains from a base model", where="model.path",
+                    fix=(f"set model.path to its base ({base})" if said else "set model.path to its base model")
+                        + (f" and model.adapter to {{{lora}}} to rehearse training an adapter like it" if lora else "")
+                        + "; to train on from this adapter, merge it into the base first (PeftModel.from_pretrained"
+                          "(base, folder).merge_and_unload().save_pretrained(merged)) and name the merged folder")
+
+
 def check_model_dir(path: Path, weights: bool = True) -> None:
     """A model folder with config.json and (unless ``weights`` is false: the estimate, or ``validate`` of a
     hub snapshot) safetensors weights; a cached hub snapshot without them names the missing files."""
@@ -357,6 +376,8 @@ def check_model_dir(path: Path, weights: bool = True) -> None:
         raise BadInput(f"model folder not found: {path}", where="model.path",
                        fix="point at a folder written by model.save_pretrained (nothing is downloaded)")
     if not (path / "config.json").is_file():
+        if (path / "adapter_config.json").is_file():
+            raise _adapter_folder(path)
         raise BadInput(f"no config.json in {path}", where="model.path",
                        fix="save the model with save_pretrained, which writes config.json beside the weights")
     check_config_json(path / "config.json")
