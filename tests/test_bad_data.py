@@ -167,3 +167,39 @@ def test_a_compressed_parquet_and_a_decompression_bomb_are_refused(tmp_path, mon
     assert f"from {len(bomb)} bytes, more than 1000 times its size: a decompression bomb" in str(e.value)
     (tmp_path / "ok.jsonl.xz").write_bytes(lzma.compress(b'{"a": "' + b"x" * 500_000 + b'"}\n'))  # 1000x is data
     assert len(readers.read_records(tmp_path / "ok.jsonl.xz")) == 1
+
+
+def test_a_data_set_saved_by_datasets_is_read_from_its_arrow_shard(cli, tmp_path):
+    """`Dataset.save_to_disk` writes a folder of Arrow IPC shards beside state.json: named as data.train it was "is a
+    folder, not a data file", and its .arrow shard "unknown data format '.arrow'". A shard (stream format) and a
+    Feather / Arrow IPC file (file format) are read now; the folder is named for what it is, with the file to name."""
+    import datasets
+    import pyarrow.feather as feather
+
+    from pilotrun.records.readers import read_records
+
+    records = simple_records(6)
+    path = tiny_causal_campaign(tmp_path, records)
+    ds = datasets.Dataset.from_list(records)
+    ds.save_to_disk(str(tmp_path / "one"))
+    ds.save_to_disk(str(tmp_path / "three"), num_shards=3)
+    datasets.DatasetDict({"train": ds, "test": ds.select(range(2))}).save_to_disk(str(tmp_path / "dict"))
+    feather.write_feather(ds.data.table, str(tmp_path / "train.arrow"))  # the IPC file format
+    shard = tmp_path / "one" / "data-00000-of-00001.arrow"
+    for data in (shard, tmp_path / "train.arrow"):
+        got = read_records(data)
+        assert [r.fields for r in got] == records and got[4].where == f"{data}[4]"
+        r = cli("validate", path, "--set", f"data.train={data}")
+        assert r.code == 0 and "train: 6 records" in r.err + r.out, r.err
+    for folder, said, fix in [
+        ("one", "is a data set that datasets' save_to_disk wrote (1 .arrow shard), not a data file",
+         f"fix: set data.train to its one shard: {shard}"),
+        ("three", "(3 .arrow shards)", f"datasets.load_from_disk('{tmp_path / 'three'}').to_json('train.jsonl')"),
+        ("dict", "is a DatasetDict that datasets' save_to_disk wrote (splits: train, test)",
+         f"name one split's data: for train, set data.train to its one shard: {tmp_path / 'dict' / 'train'}/"),
+    ]:
+        r = cli("validate", path, "--set", f"data.train={tmp_path / folder}")
+        assert r.code == 2 and said in r.err and fix in r.err, r.err
+    shard.write_bytes(shard.read_bytes()[:100])  # cut short
+    r = cli("validate", path, "--set", f"data.train={shard}")
+    assert r.code == 2 and "cannot read it as an Arrow IPC file" in r.err, r.err

@@ -261,6 +261,23 @@ def test_a_data_file_missing_from_its_local_folder_is_named_with_what_the_folder
     assert carried(imp)["data.train"][1].endswith("org/set/sub/train.json")
 
 
+def test_a_local_folder_that_save_to_disk_wrote_is_read_as_axolotl_loads_it(folder):
+    """Axolotl loads a local folder written by `save_to_disk` with `load_from_disk`; its state.json and
+    dataset_info.json were two more "data files" beside a shard pilotrun could not read. Its shard is the file now,
+    the split's in a DatasetDict."""
+    import datasets
+
+    rows = [{"instruction": f"say {i}", "input": "", "output": str(i)} for i in range(8)]
+    datasets.Dataset.from_list(rows).save_to_disk(str(folder / "single"))
+    datasets.DatasetDict({"train": datasets.Dataset.from_list(rows), "test": datasets.Dataset.from_list(rows[:2])}
+                         ).save_to_disk(str(folder / "splits"))
+    for name, shard in (("single", "single/data-00000-of-00001.arrow"),
+                        ("splits", "splits/train/data-00000-of-00001.arrow")):
+        cfg = dict(BASE, datasets=[{"path": name, "type": "alpaca"}])
+        imp = import_config(write(folder / f"{name}.yml", cfg), out=folder / f"{name}.yaml")
+        assert carried(imp)["data.train"][1].endswith(shard), carried(imp)["data.train"]
+
+
 def test_save_strategy_decides_what_save_steps_means(folder):
     """A dump's save_steps (500, the default it writes) is read only under save_strategy "steps"."""
     from transformers import TrainingArguments

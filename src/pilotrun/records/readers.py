@@ -18,7 +18,12 @@ from pilotrun.errors import BadInput, utf8_of
 from pilotrun import jsonsafe
 from pilotrun.journal.files import special_file
 
-FORMATS = (".jsonl", ".json", ".csv", ".parquet")
+FORMATS = (".jsonl", ".json", ".csv", ".parquet", ".arrow")
+"""``.arrow``: an Arrow IPC file, stream or file format (what ``datasets``' ``save_to_disk`` writes as its shards)."""
+SAVE_TO_DISK_FILES = ("state.json", "dataset_info.json", "dataset_dict.json")
+"""What ``datasets``' ``save_to_disk`` writes beside its .arrow shards: JSON, but no records."""
+TABLES = (".parquet", ".arrow")
+"""Formats read as a table by pyarrow: never compressed outside, their rows indexed ``path[i]``."""
 COMPRESSED = {".gz": "gzip", ".bz2": "bz2", ".xz": "lzma"}
 """A text format's file compressed (``train.jsonl.gz``), as Hugging Face datasets and so Axolotl read it: the module
 that opens it."""
@@ -92,18 +97,20 @@ def read_records(path: str | Path, key: str | None = None) -> list[Record]:
         raise BadInput(f"data file not found{named}{folder}", where=str(path),
                        fix=f"check {key or 'the path'} (relative to the campaign file)")
     if path.is_dir():
-        raise BadInput("is a folder, not a data file", where=str(path), fix=f"point at one of {', '.join(FORMATS)}")
+        raise _a_folder(path, key)
     special = special_file(path)
     if special:  # reading a FIFO blocks until a writer comes, a device never ends: refused before it is opened
         raise BadInput(f"is {special}, not a regular file{named}", where=str(path),
                        fix="point at a data file on disk (write what the pipe or device gives into a file first)")
     suffix, compressed = data_format(path)
     formats = f"one of {', '.join(FORMATS)} (or .jsonl, .json and .csv compressed: {', '.join(COMPRESSED)})"
-    if suffix not in FORMATS or (compressed and suffix == ".parquet"):
+    if suffix not in FORMATS or (compressed and suffix in TABLES):
         said = f"'{suffix}{compressed}'" if compressed else f"'{suffix}'"
         raise BadInput(f"unknown data format {said}", where=str(path), fix=f"use {formats}")
     if suffix == ".parquet":
         records = _read_parquet(path)
+    elif suffix == ".arrow":
+        records = _read_arrow(path)
     else:
         try:
             raw = path.read_bytes()
@@ -123,6 +130,39 @@ def read_records(path: str | Path, key: str | None = None) -> list[Record]:
     if not records:
         raise BadInput("no records in the file", where=str(path), fix="fill the file or remove the key")
     return records
+
+
+def _a_folder(path: Path, key: str | None) -> BadInput:
+    """A folder named where a data file belongs, with the file to name instead where the folder says it: one that
+    ``datasets``' ``save_to_disk`` wrote (its state.json lists its .arrow shards), a DatasetDict (its splits'
+    folders), or a folder holding one data file."""
+    set_key = f"set {key or 'the key'} to"
+    try:
+        state = jsonsafe.loads((path / "state.json").read_bytes()) if (path / "state.json").is_file() else None
+        splits = (jsonsafe.loads((path / "dataset_dict.json").read_bytes()).get("splits")
+                  if (path / "dataset_dict.json").is_file() else None)
+        files = sorted(p for p in path.iterdir() if p.is_file() and data_format(p)[0] in FORMATS
+                       and p.name not in SAVE_TO_DISK_FILES)
+    except (OSError, ValueError, AttributeError):
+        state = splits = None
+        files = []
+    shards = [f.get("filename") for f in state.get("_data_files") or [] if isinstance(f, dict)] \
+        if isinstance(state, dict) else []
+    if shards:
+        what = f"a data set that datasets' save_to_disk wrote ({len(shards)} .arrow shard{'s' if len(shards) > 1 else ''})"
+        fix = (f"{set_key} its one shard: {path / shards[0]}" if len(shards) == 1 else
+               f"write its records into one file: datasets.load_from_disk({str(path)!r}).to_json('train.jsonl'), "
+               f"and {set_key} it")
+    elif isinstance(splits, list) and splits:
+        what = f"a DatasetDict that datasets' save_to_disk wrote (splits: {', '.join(map(str, splits))})"
+        first = _a_folder(path / str(splits[0]), key) if (path / str(splits[0])).is_dir() else None
+        fix = f"name one split's data: for {splits[0]}, " + (first.fix if first else f"{set_key} {path / str(splits[0])}")
+    elif len(files) == 1:
+        what, fix = "a folder holding one data file", f"{set_key} {files[0]}"
+    else:
+        what = "a folder" + (f" holding {len(files)} data files" if files else "")
+        fix = f"point at one file: one of {', '.join(FORMATS)}" + (" (concatenate them into one)" if files else "")
+    return BadInput(f"is {what}, not a data file", where=str(path), fix=fix)
 
 
 def _decompressed(raw: bytes, suffix: str, path: Path) -> bytes:
@@ -280,6 +320,28 @@ def _read_parquet(path: Path) -> list[Record]:
         table = pq.read_table(path)
     except Exception as e:  # pyarrow raises several types for a damaged file
         raise BadInput(f"cannot read parquet: {e}", where=str(path), fix="rewrite the file with pyarrow or pandas") from None
+    return _table_records(table, path)
+
+
+def _read_arrow(path: Path) -> list[Record]:
+    """An Arrow IPC file: the stream format (``datasets``' shards and cache files) or the file format (pyarrow's
+    ``ipc.new_file``, Feather v2), told by the file format's magic bytes."""
+    import pyarrow as pa
+
+    try:
+        with pa.memory_map(str(path)) as source:
+            magic = source.read(6)
+            source.seek(0)
+            reader = pa.ipc.open_file(source) if magic == b"ARROW1" else pa.ipc.open_stream(source)
+            table = reader.read_all()
+    except Exception as e:  # pyarrow raises several types for a damaged file
+        raise BadInput(f"cannot read it as an Arrow IPC file: {e}", where=str(path),
+                       fix="write it again (datasets' save_to_disk, or pyarrow.ipc), or export the records as .jsonl"
+                       ) from None
+    return _table_records(table, path)
+
+
+def _table_records(table, path: Path) -> list[Record]:
     try:
         rows = table.to_pylist()
     except UnicodeDecodeError as e:  # pyarrow reads a string column's bytes unchecked and decodes them here
