@@ -125,3 +125,20 @@ def test_a_label_written_in_another_case_is_named_with_its_class_not_as_a_class_
     (tmp_path / "data" / "train.csv").write_text(rows + "meh,neutral\n")
     r = cli("inspect", path)
     assert r.code == 2 and "add these classes to data.labels" in r.err and "another case" not in r.err, r.err
+
+
+@pytest.mark.parametrize("labels, said, fix", [
+    # Hugging Face's multi_label_classification: the fix said to add [0, 1] to data.labels as a class
+    ([[0, 1], [1], [0], [0, 1]], "several classes a record (multi-label classification), where seq-cls trains one "
+     "class of data.labels a record", "fix: give each record one class"),
+    # a score to predict: 0.25 … were "classes to add"
+    ([0.25, 0.5, 0.75, 0.1], "are fractions (0.25 …): a score to predict (regression), where seq-cls trains one class",
+     "fix: give each record a class name of data.labels or its id 0..n-1 (bin the scores into classes)"),
+])
+def test_labels_of_another_task_are_named_as_that_task_not_as_classes_to_add(tmp_path, cli, labels, said, fix):
+    path = _seqcls(tmp_path, labels, labels[:2], ["neg", "pos"])
+    for verb in ("validate", "inspect") if isinstance(labels[0], list) else ("inspect",):  # validate reads no values
+        r = cli(verb, path)
+        err = " ".join(r.err.split())
+        assert r.code == 2 and said in err and fix in err, (verb, err)
+        assert "add these classes" not in err

@@ -328,6 +328,11 @@ def _not_readable(records, f: str, key: str) -> tuple[str, str, str] | None:
         return (f"field '{f}' (named by {key}) is no conversation the task can read in {n}: {w}", r.where,
                 "give each record a list of {role, content} with text in them: fix or drop those records")
     what = "a label" if key == "data.label" else "text"
+    if key == "data.label" and w == "a list":  # [0, 2]: HF's problem_type multi_label_classification
+        from pilotrun.tasks.seq_cls import MULTI_LABEL_FIX, ONE_CLASS
+
+        return (f"field '{f}' (named by {key}) is a list, not a label, in {n}: several classes a record (multi-label "
+                f"classification), {ONE_CLASS}", r.where, MULTI_LABEL_FIX)
     return (f"field '{f}' (named by {key}) is {w}, not {what}, in {n}", r.where,
             f"give '{f}' {'a label' if what == 'a label' else 'a string'} in every record (a number is read as text; "
             "NaN, lists and objects are not): fix or drop those records")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from pilotrun.errors import BadInput
 from pilotrun import jsonsafe
-from pilotrun.tasks.seq_cls import as_id
+from pilotrun.tasks.seq_cls import MULTI_LABEL_FIX, ONE_CLASS, as_id
 from pilotrun.verdicts import Check
 
 FEW = 3
@@ -35,6 +35,19 @@ def scan_labels(task, records: dict[str, list]) -> None:
         first = next(iter(unknown.values()))[0]
         yes_no = set(unknown) <= {"false", "true"}
         cased = _written_otherwise(values, task.labels)
+        lists = [k for k, v in values.items() if isinstance(v, (list, tuple))]
+        if lists:
+            raise BadInput(f"{len(unknown)} label values are not in data.labels {task.labels}: {listed}; {len(lists)} "
+                           f"of them are lists ({lists[0]} …): several classes a record (multi-label classification), "
+                           f"{ONE_CLASS}", where=first, fix=MULTI_LABEL_FIX)
+        fractions = [v for v in values.values() if isinstance(v, float) and not v.is_integer()]
+        if fractions and len(fractions) * 2 >= len(values):  # 0.25, 0.5 …: a score to predict, not a class
+            raise BadInput(f"{len(unknown)} label values are not in data.labels {task.labels}: {listed}; "
+                           f"{len(fractions)} of them are fractions ({fractions[0]:g} …): a score to predict "
+                           f"(regression), {ONE_CLASS}", where=first,
+                           fix="give each record a class name of data.labels or its id 0..n-1 (bin the scores into "
+                               "classes); regression is not a task pilotrun rehearses (a custom task, task: "
+                               "package.module:TaskClass, can train its loss)")
         fix = ("name the classes \"false\" and \"true\" in data.labels, in the order of their ids" if yes_no else
                f"these are classes of data.labels written in another case or with spaces ({cased}; a CSV written by "
                "pandas says True and False): correct the records to the names data.labels gives, or name the classes "

@@ -13,6 +13,13 @@ from pilotrun.tasks.loading import build_model, load_hf_artifact
 
 _ID = re.compile(r"-?[0-9]+")
 
+ONE_CLASS = "where seq-cls trains one class of data.labels a record"
+MULTI_LABEL_FIX = ("give each record one class (one record per class it has, or the one that matters); multi-label "
+                   "classification is not a task pilotrun rehearses (a custom task, task: package.module:TaskClass, "
+                   "can train its loss)")
+"""A label that is a list ([0, 2]: Hugging Face's problem_type multi_label_classification), said by validate and
+inspect alike."""
+
 
 def as_id(value) -> int | None:
     """The class id a label value reads as, if it is one: an int (not a bool) or ASCII digits, optionally
