@@ -90,6 +90,44 @@ def test_json_list_and_parquet_are_read(tmp_path):
     assert [r.fields for r in got] == recs and got[1].where.endswith("a.parquet[1]")
 
 
+def test_a_json_object_of_columns_is_read_and_other_objects_are_named(tmp_path):
+    """`json.dump(Dataset.to_dict())` and `DataFrame.to_dict(orient="list")` write columns, which Hugging Face
+    datasets' JSON reader reads as a table: pilotrun said "the JSON file must hold a list of objects". pandas'
+    default to_json() (a {index: value} column per field), columns of different lengths and several lists of records
+    in one object are named as such."""
+    import json
+
+    import pandas as pd
+
+    from pilotrun.errors import BadInput
+    from pilotrun.records.readers import read_records
+
+    recs = simple_records(4)
+    frame = pd.DataFrame(recs)
+    cases = {"cols.json": frame.to_dict(orient="list"), "one.json": {"instruction": [r["instruction"] for r in recs]},
+             "wrapped.json": {"data": recs}}
+    for name, obj in cases.items():
+        (tmp_path / name).write_text(json.dumps(obj))
+    assert [r.fields for r in read_records(tmp_path / "cols.json")] == recs
+    assert read_records(tmp_path / "cols.json")[3].where == f"{tmp_path / 'cols.json'}[3]"
+    assert [r.fields for r in read_records(tmp_path / "one.json")] == [{"instruction": r["instruction"]} for r in recs]
+    assert [r.fields for r in read_records(tmp_path / "wrapped.json")] == recs
+    frame.to_json(tmp_path / "pandas.json")  # orient="columns": {"instruction": {"0": ...}, ...}
+    short = dict(frame.to_dict(orient="list"), output=[r["output"] for r in recs][:3])
+    (tmp_path / "short.json").write_text(json.dumps(short))
+    (tmp_path / "splits.json").write_text(json.dumps({"train": recs[:3], "test": recs[3:]}))
+    for name, said, fix in [
+        ("pandas.json", "a column of {index: value} per field, as pandas' to_json() writes by default",
+         "df.to_json('pandas.jsonl', orient='records', lines=True)"),
+        ("short.json", "columns of different lengths (output: 3; the others: 4)", "one value a record"),
+        ("splits.json", "holds 2 lists of records ('train', 'test'): a campaign reads one list a file",
+         "a file of its own"),
+    ]:
+        with pytest.raises(BadInput) as e:
+            read_records(tmp_path / name)
+        assert said in e.value.detail and fix in e.value.fix, str(e.value)
+
+
 def test_shared_alpaca_and_stack_exchange_read(tmp_path):
     from conftest import SHARED_DATA
 

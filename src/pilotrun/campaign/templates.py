@@ -51,7 +51,7 @@ model:
   gradient_checkpointing: false
   trust_remote_code: false
 data:
-  train: data/train.jsonl      # .jsonl .json .csv .parquet
+  train: data/train.jsonl      # .jsonl .json .csv .parquet .arrow
   validation: data/validation.jsonl
   test: null
   prompt: "Q: {instruction}\\nA: "   # a field name, or a template over fields

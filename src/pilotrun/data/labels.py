@@ -37,9 +37,9 @@ def scan_labels(task, records: dict[str, list]) -> None:
         cased = _written_otherwise(values, task.labels)
         lists = [k for k, v in values.items() if isinstance(v, (list, tuple))]
         if lists:
-            raise BadInput(f"{len(unknown)} label values are not in data.labels {task.labels}: {listed}; {len(lists)} "
-                           f"of them are lists ({lists[0]} …): several classes a record (multi-label classification), "
-                           f"{ONE_CLASS}", where=first, fix=MULTI_LABEL_FIX)
+            raise BadInput(f"{len(unknown)} label values are not in data.labels {task.labels}: {listed}; "
+                           f"{len(lists)} of them are lists ({lists[0]} …): several classes a record (multi-label "
+                           f"classification), {ONE_CLASS}", where=first, fix=MULTI_LABEL_FIX)
         fractions = [v for v in values.values() if isinstance(v, float) and not v.is_integer()]
         if fractions and len(fractions) * 2 >= len(values):  # 0.25, 0.5 …: a score to predict, not a class
             raise BadInput(f"{len(unknown)} label values are not in data.labels {task.labels}: {listed}; "

@@ -149,14 +149,16 @@ def _a_folder(path: Path, key: str | None) -> BadInput:
     shards = [f.get("filename") for f in state.get("_data_files") or [] if isinstance(f, dict)] \
         if isinstance(state, dict) else []
     if shards:
-        what = f"a data set that datasets' save_to_disk wrote ({len(shards)} .arrow shard{'s' if len(shards) > 1 else ''})"
+        what = (f"a data set that datasets' save_to_disk wrote ({len(shards)} .arrow "
+                f"shard{'s' if len(shards) > 1 else ''})")
         fix = (f"{set_key} its one shard: {path / shards[0]}" if len(shards) == 1 else
                f"write its records into one file: datasets.load_from_disk({str(path)!r}).to_json('train.jsonl'), "
                f"and {set_key} it")
     elif isinstance(splits, list) and splits:
         what = f"a DatasetDict that datasets' save_to_disk wrote (splits: {', '.join(map(str, splits))})"
         first = _a_folder(path / str(splits[0]), key) if (path / str(splits[0])).is_dir() else None
-        fix = f"name one split's data: for {splits[0]}, " + (first.fix if first else f"{set_key} {path / str(splits[0])}")
+        fix = f"name one split's data: for {splits[0]}, " + (first.fix if first else
+                                                              f"{set_key} {path / str(splits[0])}")
     elif len(files) == 1:
         what, fix = "a folder holding one data file", f"{set_key} {files[0]}"
     else:
@@ -239,8 +241,8 @@ def _read_json(text: str, path: Path) -> list[Record]:
                        if lines else "the file must hold a JSON list of objects") from None
     except jsonsafe.KeyTwice as e:
         raise key_twice(e, str(path)) from None
-    if isinstance(obj, dict) and len(obj) == 1 and isinstance(next(iter(obj.values())), list):
-        obj = next(iter(obj.values()))
+    if isinstance(obj, dict):
+        obj = _records_of_object(obj, path)
     if not isinstance(obj, list):
         raise BadInput("the JSON file must hold a list of objects", where=str(path),
                        fix="write [{...}, {...}] or use .jsonl with one object per line")
@@ -251,6 +253,38 @@ def _read_json(text: str, path: Path) -> list[Record]:
                            fix="every item must be an object of fields")
         out.append(Record(item, f"{path}[{i}]", i))
     return out
+
+
+def _records_of_object(obj: dict, path: Path):
+    """The records a JSON object holds, as Hugging Face datasets' JSON reader takes them: one list of records under one
+    key (``{"data": [...]}``), or columns (``{"instruction": [...], "output": [...]}``, what ``json.dump`` of
+    ``Dataset.to_dict()`` or ``DataFrame.to_dict(orient="list")`` writes). Refused, naming the shape: pandas'
+    ``to_json()`` by default (a column of ``{"0": …}`` per field), and several lists of records (``{"train": [...],
+    "test": [...]}``), of which a campaign's file is one. Anything else is left to the caller's message."""
+    values = list(obj.values())
+    rows = [v for v in values if isinstance(v, list) and v and all(isinstance(x, dict) for x in v)]
+    if len(obj) == 1 and isinstance(values[0], list) and (rows or not values[0]):
+        return values[0]
+    if len(rows) > 1:
+        keys = [k for k, v in obj.items() if isinstance(v, list) and v and all(isinstance(x, dict) for x in v)]
+        raise BadInput(f"the JSON object holds {len(rows)} lists of records ({', '.join(map(repr, keys[:4]))}): a "
+                       "campaign reads one list a file", where=str(path),
+                       fix="write each list to a file of its own (a split each: data.train, data.validation …)")
+    if values and all(isinstance(v, list) for v in values) and not rows:
+        lengths = {len(v) for v in values}
+        if len(lengths) == 1 and 0 not in lengths:
+            n = lengths.pop()
+            return [{k: v[i] for k, v in obj.items()} for i in range(n)]
+        common = max(lengths, key=lambda n: sum(len(v) == n for v in values))
+        odd = [f"{k}: {len(v)}" for k, v in obj.items() if len(v) != common]
+        raise BadInput(f"the JSON object holds columns of different lengths ({', '.join(odd[:4])}; the others: "
+                       f"{common})", where=str(path), fix="give every column one value a record")
+    if values and all(isinstance(v, dict) for v in values) and len({tuple(v) for v in values}) == 1:
+        raise BadInput("the JSON object holds a column of {index: value} per field, as pandas' to_json() writes "
+                       "by default", where=str(path),
+                       fix=f"write the records one a line: df.to_json('{path.stem}.jsonl', orient='records', "
+                           "lines=True)")
+    return obj
 
 
 def _read_csv(text: str, path: Path) -> list[Record]:

@@ -352,7 +352,8 @@ def check_safetensors(path: Path) -> dict:
 
 def _adapter_folder(path: Path) -> BadInput:
     """model.path naming a PEFT adapter's folder (adapter_config.json and its weights, no config.json): a campaign
-    trains from a base model; "no config.json … save the model with save_pretrained" sent the user to save it again."""
+    trains from a base model; "no config.json … save the model with save_pretrained" sent the user to save it
+    again."""
     try:
         cfg = jsonsafe.loads((path / "adapter_config.json").read_bytes())
     except (OSError, ValueError):
