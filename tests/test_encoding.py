@@ -156,3 +156,21 @@ def test_lora_adapter(tmp_path):
     model = _task(path).build_model()
     trainable = [n for n, p in model.named_parameters() if p.requires_grad]
     assert trainable and all("lora" in n for n in trainable)
+
+
+def test_a_tokenizer_file_as_model_tokenizer_is_named_with_the_folder_to_name(cli, tmp_path, bpe_tokenizer_dir):
+    """model.tokenizer naming a file was "tokenizer folder not found" of a file that is there: the shared BPE
+    tokenizer saved alone (tokenizers' Tokenizer.save) is named with where to put it, a saved folder's own file
+    with its folder."""
+    for tok, said, fix in [
+        (SHARED_DATA / "tiny_bpe_tokenizer.json", "tiny_bpe_tokenizer.json is a file, not a tokenizer folder",
+         "is read from a folder holding it as tokenizer.json"),
+        (bpe_tokenizer_dir / "tokenizer.json", f"is a file of the tokenizer folder {bpe_tokenizer_dir}, not the "
+         "folder", f"fix: set model.tokenizer to the folder: {bpe_tokenizer_dir}"),
+        (bpe_tokenizer_dir / "tokenizer_config.json", "is a file of the tokenizer folder", f"{bpe_tokenizer_dir}"),
+    ]:
+        path = tiny_causal_campaign(tmp_path / "c", simple_records(8), model__tokenizer=str(tok))
+        for verb in ("validate", "inspect"):
+            r = cli(verb, path)
+            err = " ".join(r.err.split())
+            assert r.code == 2 and f"model.tokenizer: {tok}" in err and said in err and fix in err, (verb, err)

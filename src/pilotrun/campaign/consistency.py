@@ -9,7 +9,8 @@ from pilotrun import jsonsafe
 from pilotrun.records.readers import not_text, read_records
 from pilotrun.tasks.common import SPLITS, missing_field_fix, template_fields
 from pilotrun.tasks.hub import snapshot_of
-from pilotrun.tasks.loading import architecture_problems, check_model_dir, check_positions, folder_config_dict
+from pilotrun.tasks.loading import (architecture_problems, check_model_dir, check_positions, folder_config_dict,
+                                    no_tokenizer_folder)
 from pilotrun.tasks.quantized import QLORA_EXTRA, missing_bitsandbytes
 from pilotrun.tasks.base import BUILTIN_TASKS, METRIC_GOALS, validation_metrics
 
@@ -376,8 +377,7 @@ def _task_and_model_files(c, base_dir=None) -> list[BadInput]:
             problems.append(e)
     tok = c.model.tokenizer
     if tok not in (None, "byte") and not Path(tok).is_dir():
-        problems.append(BadInput(f"tokenizer folder not found: {tok}", where="model.tokenizer",
-                                 fix="point at a folder written by tokenizer.save_pretrained, or use 'byte'"))
+        problems.append(no_tokenizer_folder(Path(tok)))
     if c.model.config is not None and not c.model.config.get("model_type"):
         problems.append(BadInput("model.config has no model_type", where="model.config",
                                  fix="add model_type (e.g. llama, gpt2, bert) to model.config"))

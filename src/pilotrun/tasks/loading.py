@@ -82,6 +82,24 @@ def weights_dtype(model_dtype: str, precision: str) -> str:
     return "bfloat16" if precision == "bf16-true" else model_dtype
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+                   "vocab.json", "merges.txt", "vocab.txt")
+
+
+def no_tokenizer_folder(path: Path) -> BadInput:
+    """model.tokenizer naming no folder: a file of a tokenizer folder (named with the folder), a tokenizers JSON file
+    saved alone (``Tokenizer.save``: to put in a folder as tokenizer.json), else not found."""
+    if path.is_file() and path.name in TOKENIZER_FILES:
+        return BadInput(f"{path} is a file of the tokenizer folder {path.parent}, not the folder",
+                        where="model.tokenizer", fix=f"set model.tokenizer to the folder: {path.parent}")
+    if path.is_file() and path.suffix.lower() == ".json":
+        return BadInput(f"{path} is a file, not a tokenizer folder", where="model.tokenizer",
+                        fix="a tokenizer saved alone (tokenizers' Tokenizer.save) is read from a folder holding it as "
+                            "tokenizer.json: copy it there and set model.tokenizer to that folder")
+    return BadInput(f"tokenizer folder not found: {path}", where="model.tokenizer",
+                    fix="point at a folder written by tokenizer.save_pretrained, or use 'byte'")
+
+
 def load_tokenizer(c) -> Any:
     """The campaign's tokenizer: "byte" is transformers' ByT5Tokenizer, otherwise a local folder."""
     spec = c.model.tokenizer or c.model.path
@@ -94,8 +112,7 @@ def load_tokenizer(c) -> Any:
         return ByT5Tokenizer()
     path = Path(spec)
     if not path.is_dir():
-        raise BadInput(f"tokenizer folder not found: {path}", where="model.tokenizer",
-                       fix="point at a folder written by tokenizer.save_pretrained, or use 'byte'")
+        raise no_tokenizer_folder(path)
     from transformers import AutoTokenizer
 
     try:
