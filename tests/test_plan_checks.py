@@ -75,6 +75,12 @@ def test_same_setting_written_again_is_not_a_change(demo_dir):
     ([{"train.lr": 3e-3}], "plan.variants[0] sets train.lr=0.003, so it trains exactly what plan.control trains"),
     ([{"train.lr": 1e-3}, {"train.lr": 1e-3}], "plan.variants[1] sets train.lr=0.001, so it trains exactly what "
                                                "plan.variants[0] trains"),
+    # what no weight depends on: the run's name, the rental, how often it saves (each passed as a variant)
+    ([{"name": "other"}], "plan.variants[0] sets only name=other, which no weight of a run depends on, so it trains "
+                          "exactly what plan.control trains"),
+    ([{"hardware.gpus": 2}], "plan.variants[0] sets only hardware.gpus=2, which no weight of a run depends on"),
+    ([{"train.lr": 1e-3}, {"train.lr": 1e-3, "train.save_every": 3}], "plan.variants[1] sets train.lr=0.001, "
+     "train.save_every=3, so it trains exactly what plan.variants[0] trains"),
 ])
 @pytest.mark.parametrize("verb", ["validate", "sweep"])
 def test_an_arm_that_copies_another_is_refused_before_any_run(demo_dir, cli, variants, said, verb):

@@ -120,14 +120,38 @@ def plan_arms(loaded) -> list[Arm]:
     return arms
 
 
+UNTRAINED = {"name": None, "hardware": None, "track": None, "imported": None,
+             "train": ("save_every", "keep_checkpoints", "eval_batch")}
+"""What no weight of a run depends on (its name, the rental, the tracker, where it was imported from, how often it
+saves, the validation's batch size): an arm differing only there trains what another arm trains."""
+
+
+def _trained(campaign) -> str:
+    out = campaign.model_dump(mode="json")
+    for section, keys in UNTRAINED.items():
+        if keys is None:
+            out.pop(section, None)
+        else:
+            for k in keys:
+                (out.get(section) or {}).pop(k, None)
+    return json.dumps(out, sort_keys=True, default=str)
+
+
+def _untrained_key(key: str) -> bool:
+    section, _, name = key.partition(".")
+    return section in UNTRAINED and (UNTRAINED[section] is None or name in UNTRAINED[section])
+
+
 def _no_copies(arms: list[Arm], seeds: int) -> None:
-    """Exit 2 for an arm that trains exactly what an earlier one trains (an empty variant, or one that sets the
-    control's own values): the sweep would spend its runs on a copy and compare it as if it changed something."""
+    """Exit 2 for an arm that trains exactly what an earlier one trains (an empty variant, one that sets the control's
+    own values, or one that changes only what no weight depends on: ``UNTRAINED``): the sweep would spend its runs on
+    a copy and compare it as if it changed something."""
     seen: dict[str, Arm] = {}
     for arm in arms:
-        key = json.dumps(arm.loaded.campaign.model_dump(mode="json"), sort_keys=True, default=str)
+        key = _trained(arm.loaded.campaign)
         if key in seen:
-            said = "sets nothing" if not arm.own else f"sets {arm.label}"
+            said = ("sets nothing" if not arm.own else f"sets only {arm.label}, which no weight of a run depends on"
+                    if all(map(_untrained_key, arm.own)) else f"sets {arm.label}")
             raise BadInput(f"{arm.arm_id} {said}, so it trains exactly what {seen[key].arm_id} trains: the sweep "
                            f"would spend {seeds} run{'s' if seeds != 1 else ''} of the rental on a copy and compare "
                            "it as a variant", where=f"{arm.where} ({arm.arm_id})",
