@@ -236,6 +236,26 @@ def test_a_whole_number_written_with_an_exponent_is_read_as_that_number(cli, dem
     assert r.code == 2 and f"campaign.yaml:{line}: 3.0e-400 is smaller than any number a float holds" in r.err, r.err
 
 
+def test_a_path_holding_a_shell_variable_says_it_is_not_expanded(cli, demo_campaign, monkeypatch):
+    """`data.train: $DATA/train.jsonl` was "data file not found" of <campaign folder>/$DATA/train.jsonl: YAML reads
+    the variable as text. It is named, with its value here, unless a path of that very name exists."""
+    monkeypatch.setenv("PILOTRUN_TEST_DATA", str(demo_campaign.parent / "data"))
+    monkeypatch.delenv("PILOTRUN_TEST_UNSET", raising=False)
+    for value, said, fix in [
+        ("$PILOTRUN_TEST_DATA/train.jsonl", "data.train: '$PILOTRUN_TEST_DATA/train.jsonl' holds $PILOTRUN_TEST_DATA: "
+         "a campaign file's paths are read as written, no variable expanded",
+         f"fix: write the path itself ({demo_campaign.parent / 'data' / 'train.jsonl'} with $PILOTRUN_TEST_DATA as "
+         "this shell has it)"),
+        ("${PILOTRUN_TEST_UNSET}/train.jsonl", "holds ${PILOTRUN_TEST_UNSET}", "($PILOTRUN_TEST_UNSET is not set here "
+         "either), or let the shell expand it: --set data.train=\"${PILOTRUN_TEST_UNSET}/train.jsonl\""),
+    ]:
+        r = cli("validate", demo_campaign, "--set", f"data.train={value}")
+        assert r.code == 2 and said in r.err and fix in r.err, r.err
+    (demo_campaign.parent / "$odd").mkdir()  # a folder really named so is read
+    (demo_campaign.parent / "data" / "train.jsonl").rename(demo_campaign.parent / "$odd" / "train.jsonl")
+    assert cli("validate", demo_campaign, "--set", "data.train=$odd/train.jsonl").code == 0
+
+
 def test_paths_relative_to_campaign_file(tmp_path, monkeypatch):
     from pilotrun.campaign import load_campaign
 

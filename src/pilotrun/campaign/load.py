@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import difflib
 import json
+import os
 import re
 import shlex
 from dataclasses import dataclass, field
@@ -376,6 +377,7 @@ def _resolve_paths(c: Campaign, base: Path) -> dict[str, Any]:
         if isinstance(v, str) and not v.strip():
             raise BadInput(f"empty: a path relative to the campaign's folder, \"\" would name the folder itself ({base})",
                            where=key, fix="name a file or folder, or remove the key")
+        _no_shell_variable(key, v, base)
     c.model.path = from_hub("model.path", c.model.path)
     c.model.tokenizer = from_hub("model.tokenizer", c.model.tokenizer)
 
@@ -394,6 +396,29 @@ def _resolve_paths(c: Campaign, base: Path) -> dict[str, Any]:
     c.data.validation = res(c.data.validation)
     c.data.test = res(c.data.test)
     return hub
+
+
+_SHELL_VARIABLE = re.compile(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?|%([A-Za-z_][A-Za-z0-9_]*)%")
+
+
+def _no_shell_variable(key: str, value, base: Path) -> None:
+    """A path holding ``$DATA``, ``${HOME}`` or ``%USERPROFILE%`` that does not exist as written: YAML reads it as text
+    and no reader expands it, so it was "data file not found" of ``…/campaign-folder/$DATA/train.jsonl``."""
+    if not isinstance(value, str) or value == "byte":
+        return
+    found = _SHELL_VARIABLE.search(value)
+    if found is None:
+        return
+    p = Path(value).expanduser()
+    if (p if p.is_absolute() else base / p).exists():  # a folder really named so
+        return
+    name = found.group(1) or found.group(2)
+    now = os.environ.get(name)
+    raise BadInput(f"{value!r} holds {found.group(0)}: a campaign file's paths are read as written, no variable "
+                   "expanded", where=key,
+                   fix="write the path itself" + (f" ({os.path.expandvars(value)} with ${name} as this shell has it)"
+                                                   if now is not None else f" (${name} is not set here either)")
+                       + f", or let the shell expand it: --set {key}=\"{value}\"")
 
 
 def _resolve(path: Path) -> Path:
