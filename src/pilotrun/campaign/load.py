@@ -377,6 +377,9 @@ def _resolve_paths(c: Campaign, base: Path) -> dict[str, Any]:
         if isinstance(v, str) and not v.strip():
             raise BadInput(f"empty: a path relative to the campaign's folder, \"\" would name the folder itself ({base})",
                            where=key, fix="name a file or folder, or remove the key")
+        if isinstance(v, str) and "\x00" in v:  # os.stat raised ValueError on it: exit 3
+            raise BadInput(f"{v!r} holds a NUL character (\\0, YAML's \"\\0\" escape), which no path can hold",
+                           where=key, fix="write the path without it")
         _no_shell_variable(key, v, base)
     c.model.path = from_hub("model.path", c.model.path)
     c.model.tokenizer = from_hub("model.tokenizer", c.model.tokenizer)
