@@ -10,6 +10,7 @@ from pilotrun.campaign.importers.builder import Builder, empty
 from pilotrun.campaign.importers.keys import check_keys, unknown_reason
 from pilotrun.campaign.importers.reasons import PACKED_VALIDATION, AXOLOTL_REASONS, PLUGIN_ARGUMENT_REASONS, reason
 from pilotrun.campaign.importers.settings import optimizer, precision, schedule, strategy_from_deepspeed
+from pilotrun.campaign.importers.values import check_values
 from pilotrun.tasks.hub import is_hub_id
 
 # the defaults Axolotl applies when a key is absent, which differ from pilotrun's and move the rehearsal (its
@@ -66,6 +67,9 @@ def check_axolotl_keys(raw: dict[str, Any], b: Builder) -> set[str]:
 
 
 def import_axolotl(raw: dict[str, Any], b: Builder) -> None:
+    check_values(raw, ("axolotl",), b)  # the numbers the mappers compute with, and the data sets they walk
+    if b.problems:  # a datasets: 3 is no list to check the keys of
+        return
     handled = check_axolotl_keys(raw, b)
     for key in ("rl", "reward_model", "process_reward_model"):  # never a supervised campaign (rl.py)
         if raw.get(key) and not (key == "rl" and preference.carries(raw[key])):  # dpo, ipo, orpo, simpo: preference.py

@@ -17,6 +17,7 @@ from pilotrun.campaign.importers.builder import Builder, empty
 from pilotrun.campaign.importers.keys import check_keys, unknown_reason
 from pilotrun.campaign.importers.reasons import HF_NOTHING_PREFIXES, HF_REASONS, NOTHING
 from pilotrun.campaign.importers.settings import optimizer, precision, schedule, strategy_from_deepspeed
+from pilotrun.campaign.importers.values import check_values
 from pilotrun import jsonsafe
 
 TOOL_LABEL = "TrainingArguments/TRL"
@@ -68,6 +69,9 @@ def import_hf(raw: dict[str, Any], b: Builder) -> None:
     defaults["accelerator_config"] = accelerator_defaults()
     typos, unknown = check_keys(raw, known, b.source, f"{schemas.label('transformers')} / {schemas.label('trl')}")
     b.problems += typos
+    check_values(raw, ("transformers", "trl"), b, none_is_unset=False)  # what the mappers compute with
+    if b.problems:
+        return
     used: set[str] = set(unknown)
     if preference_key(raw):  # a DPOConfig: the preference task (importers/preference.py)
         preference.trl_dpo(raw, b, used, lambda v, k: same(v, defaults.get(k)))
