@@ -12,7 +12,8 @@ written atomically with a comment block listing what was not carried, and carrie
 ``imported.not_carried`` so ``all`` and the sheet can say it.
 
 The package, one job per module: ``source`` reads the file and tells its format, ``foreign`` refuses other
-tools' files, ``schemas`` the tools' keys, ``keys`` the unknown-key rule, ``builder`` the campaign being built,
+tools' files, ``schemas`` the tools' keys, ``keys`` the unknown-key rule, ``values`` each value against its declared
+type, ``builder`` the campaign being built,
 ``settings`` what both tools spell alike, ``preference`` offline preference configs, ``rl`` RL refusals, ``axolotl`` and ``axolotl_data``
 Axolotl's YAML, ``datafiles`` a data set's local file, ``hf`` TrainingArguments / SFTConfig, ``trl_cli`` a TRL
 CLI file's model and data, ``reasons`` what leaving a setting out does, ``render`` the commented YAML,
