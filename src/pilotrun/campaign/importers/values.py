@@ -53,7 +53,8 @@ def alternatives(annotation: str) -> list[str] | None:
         if name == "Annotated":
             found = alternatives(_split(inner, ",")[0])
         elif name == "Optional":
-            found = (alternatives(inner) or None) and alternatives(inner) + ["None"]
+            inside = alternatives(inner)
+            found = None if inside is None else inside + ["None"]
         elif name == "Union":
             found = alternatives(" | ".join(_split(inner, ",")))
         elif name in ("None", "NoneType"):
@@ -123,33 +124,30 @@ def said(kinds: list[str]) -> str:
     return " or ".join(out) or "nothing (leave it out)"
 
 
-def annotation_of(tool: str, key: str, group: str | None = None) -> str | None:
-    """The winning schema's annotation of ``key`` (of ``group``'s keys: Axolotl's ``datasets``), if any knows it."""
+def annotation_of(tool: str, key: str) -> str | None:
+    """The winning schema's annotation of ``key``, if any of the tool's schemas knows it."""
     for s in schemas.schemas(tool):
-        keys = s.keys if group is None else {k: v for name, g in s.groups.items() if name == group
-                                             for k, v in g.items()}
-        if key in keys and isinstance(keys[key].get("type"), str):
-            return keys[key]["type"]
+        if key in s.keys and isinstance(s.keys[key].get("type"), str):
+            return s.keys[key]["type"]
     return None
 
 
-def check_values(raw: dict[str, Any], tools: tuple[str, ...], b: Builder, group: str | None = None,
-                 prefix: str = "", none_is_unset: bool = True) -> None:
+def check_values(raw: dict[str, Any], tools: tuple[str, ...], b: Builder, none_is_unset: bool = True) -> None:
     """Each key of ``raw`` whose tool declares a type: a value of another type is a problem of ``b`` naming it;
     a number written as text becomes that number in ``raw``. ``none_is_unset``: a null is the key left out (an
     Axolotl YAML's ``key:``); else (a TrainingArguments dump, which writes null only where the type allows it) a null
     where a number belongs is refused as the class would refuse it."""
     for key, value in list(raw.items()):
         if isinstance(value, str) and "\x00" in value:  # no config's value holds one; a path with it was exit 3
-            b.problems.append(BadInput(f"{prefix}{key} = {value!r} holds a NUL character (\\0)", where=str(b.source),
-                                       fix=f"write {prefix}{key} without it"))
+            b.problems.append(BadInput(f"{key} = {value!r} holds a NUL character (\\0)", where=str(b.source),
+                                       fix=f"write {key} without it"))
             continue
-        tool, annotation = next(((t, a) for t in tools if (a := annotation_of(t, key, group)) is not None),
+        tool, annotation = next(((t, a) for t in tools if (a := annotation_of(t, key)) is not None),
                                 (tools[0], None))
         kinds = alternatives(annotation) if annotation else None
         label = schemas.primary(tool).label
         if kinds and key in DATA_SET_LISTS and value is not None and not isinstance(value, list):
-            b.problems.append(BadInput(f"{prefix}{key} = {short(value)}: {label} takes a list of data sets there",
+            b.problems.append(BadInput(f"{key} = {short(value)}: {label} takes a list of data sets there",
                                        where=str(b.source),
                                        fix=f"write {key} as a list: - path: train.jsonl"))
             continue
@@ -168,9 +166,9 @@ def check_values(raw: dict[str, Any], tools: tuple[str, ...], b: Builder, group:
             raw[key] = read
             continue
         what = said(kinds)
-        nan = isinstance(value, float) or (isinstance(value, str) and _NUMBER.fullmatch(value) is None
-                                           and value.strip().lower() in ("nan", "inf", "-inf", "infinity"))
+        nan = numeric and (isinstance(value, float) or isinstance(value, str) and value.strip().lower() in (
+            "nan", "inf", "-inf", "infinity"))
         b.problems.append(BadInput(
-            f"{prefix}{key} = {short(value)}: {label} takes {what} there"
+            f"{key} = {short(value)}: {label} takes {what} there"
             + (" (a finite one)" if nan else ""), where=str(b.source),
-            fix=f"write {prefix}{key} as {what}, as the source tool's own validation asks"))
+            fix=f"write {key} as {what}, as the source tool's own validation asks"))
