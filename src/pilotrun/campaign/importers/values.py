@@ -151,7 +151,8 @@ def check_values(raw: dict[str, Any], tools: tuple[str, ...], b: Builder, none_i
                                        where=str(b.source),
                                        fix=f"write {key} as a list: - path: train.jsonl"))
             continue
-        if "str" in (kinds or []) and {"int", "float"} & set(kinds) and not any(k.startswith("literal:") for k in kinds):
+        if kinds and "str" in kinds and {"int", "float"} & set(kinds) and not any(k.startswith("literal:")
+                                                                                for k in kinds):
             kinds = [k for k in kinds if k != "str"]  # Axolotl's learning_rate: str | float, the str a number's text
         numeric = kinds and {"int", "float"} & set(kinds) and set(kinds) <= {"int", "float", "None"} | {
             k for k in kinds if k.startswith("literal:")}
