@@ -482,3 +482,15 @@ def test_numbers_written_as_text_are_read_as_the_tools_read_them(folder):
         import_config(write(folder / "h.json", hf), out=folder / "h.yaml")
     got = carried(import_config(write(folder / "h.json", dict(hf, save_steps=5)), out=folder / "h.yaml"))
     assert got["train.micro_batch"][1] == 4 and got["train.lr"][1] == 1e-4 and got["train.updates"][1] == 10
+
+
+@pytest.mark.parametrize("key, value", [("roles", "x"), ("roles", {"user": True}), ("message_property_mappings", 3),
+                                        ("message_property_mappings", ["role", "from"])])
+def test_a_turn_mapping_of_another_shape_is_asked_for(folder, cli, key, value):
+    """A chat data set's roles or message_property_mappings of another shape was exit 3 (AttributeError: no
+    .items(); TypeError) in the SFT and the preference importers alike."""
+    d = {"path": "sharegpt.jsonl", "type": "chat_template", "field_messages": "conversations", key: value}
+    r = cli("import", write(folder / "t.yml", dict(BASE, datasets=[d])), "--out", folder / "t.yaml")
+    assert r.code == 2 and f"datasets[0].{key} = " in r.err and "Axolotl reads a mapping of names there" in r.err, r.err
+    d[key] = {"role": "from", "content": "value"} if key == "message_property_mappings" else {"user": ["human"]}
+    assert cli("import", write(folder / "t.yml", dict(BASE, datasets=[d])), "--out", folder / "t.yaml").code == 0

@@ -15,6 +15,7 @@ import itertools
 from typing import Any
 
 from pilotrun.campaign.importers.builder import Builder, empty
+from pilotrun.campaign.importers.render import short
 from pilotrun.campaign.importers.datafiles import data_file, local_path_of
 from pilotrun.campaign.importers.reasons import AXOLOTL_REASONS
 from pilotrun.tasks.chat import ROLE_ALIASES
@@ -180,11 +181,29 @@ def _user_defined(b: Builder, kind: dict, src: str) -> None:
 TURN_FIELDS = {"role": ("role", "from"), "content": ("content", "value")}
 
 
+def _a_mapping(b: Builder, d: dict[str, Any], key: str, src: str, example: str) -> dict | None:
+    """``d[key]`` as the mapping Axolotl reads there (names onto names, or onto lists of names), {} when left out;
+    None, with the problem asked, for a value of another shape (``roles: x`` was exit 3 here)."""
+    value = d.get(key) or {}
+
+    def name(x) -> bool:
+        return isinstance(x, (str, int)) and not isinstance(x, bool)
+
+    if isinstance(value, dict) and all(name(k) and (name(v) or v is None or isinstance(v, list) and all(map(name, v)))
+                                       for k, v in value.items()):
+        return value
+    b.ask(f"{src}.{key} = {short(value)}: Axolotl reads a mapping of names there", f"write it as {example}")
+    return None
+
+
 def conversations(raw: dict[str, Any], b: Builder, d: dict[str, Any], src: str, strategy: str, style: str) -> None:
     sharegpt = strategy.startswith("sharegpt")
     field = d.get("field_messages") or d.get("field") or ("conversations" if sharegpt else "messages")
     b.put(f"{src}.field_messages" if d.get("field_messages") else f"{src}.type", "data.messages", field)
-    mapping = dict(d.get("message_property_mappings") or {})
+    mapping = _a_mapping(b, d, "message_property_mappings", src, "{role: from, content: value}")
+    roles = _a_mapping(b, d, "roles", src, "{user: [human], assistant: [gpt]}")
+    if mapping is None or roles is None:
+        return
     for old, prop in (("message_field_role", "role"), ("message_field_content", "content")):
         if d.get(old):
             mapping.setdefault(prop, d[old])
@@ -196,8 +215,8 @@ def conversations(raw: dict[str, Any], b: Builder, d: dict[str, Any], src: str, 
     elif any(f != prop for prop, f in mapping.items()):
         b.skip(f"{src}.message_property_mappings", mapping, "nothing to rehearse: pilotrun's chat reader takes these "
                                                             "turn fields as they are")
-    roles = d.get("roles") or {}
-    strange = {alias: role for role, aliases in roles.items() for alias in (aliases or [])
+    strange = {alias: role for role, aliases in roles.items()
+               for alias in ([aliases] if isinstance(aliases, (str, int)) else aliases or [])
                if ROLE_ALIASES.get(str(alias), str(alias)) != role}
     if strange:
         b.ask(f"{src}.roles reads {', '.join(f'{a!r} as {r}' for a, r in strange.items())}; pilotrun reads the roles "
