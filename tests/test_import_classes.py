@@ -459,6 +459,7 @@ def test_no_value_of_another_type_is_an_internal_error(tmp_path, name):
     ("sequence_len: .nan\n", "sequence_len = NaN: axolotl 0.18.0 takes a whole number there (a finite one)"),
     ("datasets: 3\n", "datasets = 3: axolotl 0.18.0 takes a list of data sets there"),
     ("base_model: [a, b]\n", "base_model = [\"a\", \"b\"]: axolotl 0.18.0 takes text there"),
+    ("lora_target_modules: 3\n", "lora_target_modules = 3: axolotl 0.18.0 takes text or a list there"),
 ])
 def test_a_value_of_another_type_names_the_key_and_the_type_axolotl_declares(folder, cli, text, said):
     cfg = dict(BASE, datasets=[{"path": "alpaca.jsonl", "type": "alpaca"}])
@@ -485,12 +486,15 @@ def test_numbers_written_as_text_are_read_as_the_tools_read_them(folder):
 
 
 @pytest.mark.parametrize("key, value", [("roles", "x"), ("roles", {"user": True}), ("message_property_mappings", 3),
-                                        ("message_property_mappings", ["role", "from"])])
+                                        ("message_property_mappings", ["role", "from"]), ("data_files", 3),
+                                        ("data_files", [["a.jsonl"]])])
 def test_a_turn_mapping_of_another_shape_is_asked_for(folder, cli, key, value):
-    """A chat data set's roles or message_property_mappings of another shape was exit 3 (AttributeError: no
-    .items(); TypeError) in the SFT and the preference importers alike."""
+    """A chat data set's roles, message_property_mappings or data_files of another shape was exit 3 (AttributeError:
+    no .items(); TypeError) in the SFT and the preference importers alike."""
     d = {"path": "sharegpt.jsonl", "type": "chat_template", "field_messages": "conversations", key: value}
     r = cli("import", write(folder / "t.yml", dict(BASE, datasets=[d])), "--out", folder / "t.yaml")
-    assert r.code == 2 and f"datasets[0].{key} = " in r.err and "Axolotl reads a mapping of names there" in r.err, r.err
-    d[key] = {"role": "from", "content": "value"} if key == "message_property_mappings" else {"user": ["human"]}
+    reads = "a file's path or a list of paths" if key == "data_files" else "a mapping of names"
+    assert r.code == 2 and f"datasets[0].{key} = " in r.err and f"Axolotl reads {reads} there" in r.err, r.err
+    d[key] = {"message_property_mappings": {"role": "from", "content": "value"}, "roles": {"user": ["human"]},
+              "data_files": "sharegpt.jsonl"}[key]
     assert cli("import", write(folder / "t.yml", dict(BASE, datasets=[d])), "--out", folder / "t.yaml").code == 0

@@ -80,7 +80,11 @@ def _one_dataset(raw: dict[str, Any], b: Builder, d: dict[str, Any], key: str, s
     path = d.get("path")
     local = local_path_of(b, path) if path else None
     files = d.get("data_files")
-    files = [files] if isinstance(files, str) else list(files or [])
+    files = [files] if isinstance(files, str) else files or []
+    if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
+        b.ask(f"{src}.data_files = {short(d.get('data_files'))}: Axolotl reads a file's path or a list of paths there",
+              "write data_files as a path, e.g. data_files: train.jsonl")
+        return
     if files and len(files) == 1 and (local_path_of(b, files[0]).is_file() or local is None or not local.is_dir()):
         local = local_path_of(b, files[0])
     elif files and local is not None and local.is_dir() and len(files) == 1:

@@ -157,8 +157,10 @@ def check_values(raw: dict[str, Any], tools: tuple[str, ...], b: Builder, none_i
         numeric = kinds and {"int", "float"} & set(kinds) and set(kinds) <= {"int", "float", "None"} | {
             k for k in kinds if k.startswith("literal:")}
         text = kinds and set(kinds) <= {"str", "None"} and "str" in kinds
-        if text and value is not None and not isinstance(value, str):  # a path or a name: base_model: [a, b]
-            ok, read = False, value
+        scalar = isinstance(value, (bool, int, float)) and kinds and not any(
+            k in ("int", "float", "bool") or k.startswith("literal:") for k in kinds)
+        if (text and value is not None and not isinstance(value, str)) or scalar:
+            ok, read = False, value  # a path or a name as a list (base_model: [a, b]), modules as a number
         elif not numeric or (value is None and (none_is_unset or "None" in kinds)):
             continue  # only what the mappers compute with: a key of another type is carried as text or named
         else:
