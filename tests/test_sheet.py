@@ -397,6 +397,9 @@ def test_costs_from_a_rates_file_and_the_cheapest_plan_that_places_every_run(tmp
      "inter_node_gbs nan is not a bandwidth > 0"),
     # an exponent past a float: a price of 0, silently (the GPU would have been free)
     ("h100-sxm: 2\na100-80gb: {hour: 1e-400}\n", "rates.yaml:2", "1e-400 is smaller than any number a float holds"),
+    # the campaign given as the rates: "name: no GPU 'name' in the built-in catalogue"
+    ("name: x\ntask: causal-lm\nmodel: {path: m}\n", "rates.yaml", "none of its keys names a GPU (name, task, model): "
+                                                                  "it is a campaign file, not a rates file"),
 ])
 def test_a_bad_rates_file_is_bad_input_naming_line_and_key(tmp_path, cli, text, where, what):
     path = campaign(tmp_path)

@@ -105,6 +105,13 @@ def read_rates(path: str | Path) -> dict:
     out = {"path": str(p), "currency": _currency(doc.pop("currency", "") or "", f"{p}:{lines.get('currency', '?')}"),
            "gpus": {}}
     named: dict[str, str] = {}  # catalogue key -> the name the file priced it under
+    priced = [k for k in doc if k != "interconnect"]
+    if priced and not any(BY_KEY.get(str(k).lower()) or match_gpu(str(k)) for k in priced):
+        campaign = len({"name", "task", "model", "data", "train", "plan", "hardware"} & set(doc)) >= 2
+        raise BadInput(f"none of its keys names a GPU ({', '.join(map(str, priced[:4]))}"
+                       f"{' …' if len(priced) > 4 else ''})" + (": it is a campaign file, not a rates file"
+                                                                 if campaign else ""), where=str(p),
+                       fix=f"pass --rates a rates file: {FORMAT}")
     if "interconnect" in doc:
         out["interconnect"] = _interconnect(doc.pop("interconnect"), f"{p}:{lines.get('interconnect', '?')}")
     for name, value in doc.items():
