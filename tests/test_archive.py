@@ -33,6 +33,14 @@ def test_archive_of_a_run_round_trips(cli, demo_campaign, tmp_path):
     command = Journal(home).get_run(run_id)["command"]
     assert f"```\n{command}\n```" in (restored / "README.md").read_text()
     assert verify_manifest(restored) == []  # every packed file still matches its sha256
+    # the archive named where a run id belongs: "run …/run.tar.gz does not exist"; the run it packs is named now
+    for verb in ("verify", "show"):
+        r = cli(verb, out, "--home", home)
+        assert r.code == 2 and f"{out} is a file, not a run id: an archive of run {run_id}" in r.err, r.err
+        assert f"fix: pass the run's id ({run_id}), which this journal holds" in r.err
+    Journal(tmp_path / "other").add_note("a journal that does not hold the run")
+    r = cli("verify", out, "--home", tmp_path / "other")
+    assert r.code == 2 and "fix: extract it (tar -xzf) and check its files against its manifest.json" in r.err
     # a run without a README gets one generated into the archive (the folder itself is left as it was)
     r = cli("archive", overfit_run, "--home", home, "--out", tmp_path / "o.tar.gz")
     assert r.code == 0

@@ -607,3 +607,12 @@ def test_a_campaign_verb_given_the_config_to_import_says_so_once(tmp_path, cli, 
     # a campaign with a typo in its top level still gets the unknown-key rule
     (tmp_path / "c.yaml").write_text("name: x\nmodle: {path: m}\n")
     assert "unknown key 'modle'" in cli("validate", tmp_path / "c.yaml").err
+
+
+def test_a_pilotrun_campaign_given_to_import_says_it_is_one(cli, demo_campaign):
+    """It was "cannot tell the config's format … say it: --from", and with --from axolotl it was imported as one."""
+    for args in ((), ("--from", "axolotl"), ("--from", "hf")):
+        r = cli("import", demo_campaign, *args, "--out", demo_campaign.parent / "again.yaml")
+        assert r.code == 2 and "a pilotrun campaign already (model:, data:, train: …)" in r.err, r.err
+        assert f"fix: run the verbs on it: pilotrun validate {demo_campaign}" in r.err
+        assert not (demo_campaign.parent / "again.yaml").exists()

@@ -347,6 +347,8 @@ def _another_tools(raw: dict[str, Any], path: Path) -> None:
     from pilotrun.campaign.importers import foreign
     from pilotrun.campaign.importers.source import detect
 
+    if foreign.which(raw) == "pilotrun":  # a campaign lacking a section (plan: and hardware: only): its keys say
+        return
     try:
         foreign.refuse(raw, path)
         fmt = detect(raw, path)

@@ -402,6 +402,27 @@ class Journal:
         return self.get_sweep(row["sweep_id"]) if row else None
 
 
+def _is_run_id(text: str) -> bool:
+    import re
+
+    return re.fullmatch(r"\d{8}-\d{6}-[0-9a-f]{6}", text) is not None
+
+
+def _archive_of(path: str) -> str | None:
+    """The run a file named where a run id belongs packs (``pilotrun archive``'s first member is RUN_ID/...), or None
+    when it is no such archive. Only the first header is read."""
+    import tarfile
+
+    try:
+        if not Path(path).is_file():
+            return None
+        with tarfile.open(path, "r|*") as tar:
+            first = tar.next()
+    except (OSError, tarfile.TarError, ValueError, EOFError):
+        return None
+    return first.name.split("/")[0] if first is not None and "/" in first.name else None
+
+
 def _resolve_prefix(journal: Journal, table: str, col: str, prefix: str, *, where: str, what: str,
                     extra: str) -> str:
     prefix = (prefix or "").strip()
@@ -415,6 +436,13 @@ def _resolve_prefix(journal: Journal, table: str, col: str, prefix: str, *, wher
         rows = db.execute(f"SELECT {col}, {extra} FROM {table} WHERE substr({col}, 1, ?)=? ORDER BY {col} LIMIT 21",
                           (len(prefix), prefix)).fetchall()
     if not rows:
+        packed = _archive_of(prefix) if what == "run" else None
+        if packed is not None:  # `pilotrun verify run.tar.gz`: the archive's own run, if this journal holds it
+            held = _is_run_id(packed) and journal.get_run(packed) is not None
+            raise BadInput(f"{prefix} is a file, not a run id: an archive of run {packed}", where=where,
+                           fix=f"pass the run's id ({packed}), which this journal holds" if held
+                           else "extract it (tar -xzf) and check its files against its manifest.json (each file's "
+                                "sha256; its README.md says how the run was made); a run is named here by its id")
         raise BadInput(f"{what} {prefix} does not exist in {journal.path} (no {what} id starts with it)", where=where,
                        fix="list them with `pilotrun runs` (and pass the same --home)")
     if len(rows) > 1:

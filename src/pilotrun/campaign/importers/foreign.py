@@ -65,6 +65,8 @@ def folder_file(raw: dict[str, Any]) -> str | None:
 def which(raw: dict[str, Any]) -> str | None:
     """The foreign tool a config is from, by keys only it has, else None."""
     keys = set(raw)
+    if len(keys & {"model", "data", "train", "plan", "hardware"}) >= 2 and not keys & TRAINING_KEYS:
+        return "pilotrun"
     if folder_file(raw):
         return "folder-file"
     if _components(raw):
@@ -82,6 +84,9 @@ def which(raw: dict[str, Any]) -> str | None:
 
 def refuse(raw: dict[str, Any], path: Path) -> None:
     tool = which(raw)
+    if tool == "pilotrun":
+        raise BadInput("a pilotrun campaign already (model:, data:, train: …), not a config to import from",
+                       where=str(path), fix=f"run the verbs on it: pilotrun validate {path}")
     if tool == "folder-file":
         _refuse_folder_file(raw, path)
     if tool == "torchtune":
