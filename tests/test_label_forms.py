@@ -142,3 +142,18 @@ def test_labels_of_another_task_are_named_as_that_task_not_as_classes_to_add(tmp
         err = " ".join(r.err.split())
         assert r.code == 2 and said in err and fix in err, (verb, err)
         assert "add these classes" not in err
+
+
+@pytest.mark.parametrize("labels, said", [
+    (["neg"], "data.labels ['neg'] names 1 class: a classifier chooses among two or more"),
+    ([], "data.labels [] names no classes"),
+    (["neg", "pos", ""], "data.labels item 2 is '': a class with no name"),
+    (["neg", " ", "pos"], "data.labels item 1 is ' ': a class with no name"),
+])
+def test_data_labels_name_two_or_more_classes_each_with_a_name(tmp_path, cli, labels, said):
+    """One class (its softmax is 1 whatever the weights: the loss is 0), none, or a blank name (a trailing comma's)
+    passed validate."""
+    path = _seqcls(tmp_path, ["neg", "pos"], ["pos"], labels)
+    r = cli("validate", path)
+    assert r.code == 2 and said in r.err, r.err
+    assert cli("validate", _seqcls(tmp_path / "ok", ["neg", "pos"], ["pos"], ["neg", "pos"])).code == 0

@@ -90,7 +90,7 @@ def test_packing_is_refused_for_a_task_without_rows_of_tokens(tmp_path, cli):
 
     c = yaml.safe_load(path.read_text())
     c["task"] = "seq-cls"
-    c["data"] = {"train": "data/train.jsonl", "text": "instruction", "label": "output", "labels": ["a"],
+    c["data"] = {"train": "data/train.jsonl", "text": "instruction", "label": "output", "labels": ["a", "b"],
                  "packing": True}
     path.write_text(yaml.safe_dump(c))
     r = cli("validate", path)

@@ -36,6 +36,15 @@ def task_needs(c, base_dir=None) -> list[BadInput]:
                                          fix="seq-cls needs data.text, data.label and data.labels (ordered class names)"))
         if d.labels is not None and len(set(d.labels)) != len(d.labels):
             problems.append(BadInput("data.labels has repeated names", where="data.labels", fix="list each class once"))
+        elif d.labels is not None and len(d.labels) < 2:  # a softmax over one class is 1 whatever the weights
+            problems.append(BadInput(f"data.labels {d.labels} names {len(d.labels) or 'no'} class"
+                                     f"{'' if len(d.labels) == 1 else 'es'}: a classifier chooses among two or more "
+                                     "(its loss over one class is 0 whatever it learns)", where="data.labels",
+                                     fix="list every class the labels name, in the order of their ids"))
+        blank = [i for i, n in enumerate(d.labels or []) if not n.strip()]
+        if blank:  # [neg, pos, ""]: a trailing comma's class, which no record names
+            problems.append(BadInput(f"data.labels item {blank[0]} is {d.labels[blank[0]]!r}: a class with no name",
+                                     where="data.labels", fix="remove it, or name the class"))
         problems += _other_tasks_keys(c)
     if d.packing and c.task != "causal-lm":
         problems.append(BadInput(f"data.packing packs causal-lm examples into rows; this campaign is {c.task}",
