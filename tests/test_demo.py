@@ -38,3 +38,24 @@ def test_demo_data_is_deterministic_and_split_by_conversation(tmp_path):
         ids[split] = {r["conversation_id"] for r in recs}
         assert len({r["family"] for r in recs}) == 4
     assert not (ids["train"] & ids["validation"]) and not (ids["train"] & ids["test"])
+
+
+def test_the_demo_never_replaces_a_users_campaign_or_data(tmp_path, cli):
+    """`pilotrun demo --out my-project` replaced the campaign.yaml and data/train.jsonl there with the demo's."""
+    from pilotrun.demo.synth import write_demo
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "campaign.yaml").write_text("name: precious\n")
+    r = cli("demo", "--out", mine)
+    assert r.code == 2 and "campaign.yaml: holds a campaign.yaml the demo did not write" in r.err, r.err
+    assert (mine / "campaign.yaml").read_text() == "name: precious\n" and not (mine / "data").exists()
+    data = tmp_path / "data-only"
+    (data / "data").mkdir(parents=True)
+    (data / "data" / "train.jsonl").write_text('{"instruction": "mine", "output": "mine"}\n')
+    r = cli("demo", "--out", data)
+    assert r.code == 2 and "train.jsonl: holds a data file the demo did not write" in r.err, r.err
+    assert "mine" in (data / "data" / "train.jsonl").read_text() and not (data / "campaign.yaml").exists()
+    # the demo's own folder is written again (make demo, twice)
+    first = write_demo(tmp_path / "again", n_conversations=20).read_text()
+    assert write_demo(tmp_path / "again", n_conversations=20).read_text() == first

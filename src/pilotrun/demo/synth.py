@@ -12,6 +12,7 @@ import random
 from pathlib import Path
 
 from pilotrun.campaign.load import dump_yaml
+from pilotrun.errors import BadInput
 from pilotrun.journal.files import atomic_write_text
 
 CONSONANTS = "bdfgklmnprstvz"
@@ -89,14 +90,42 @@ def demo_campaign() -> dict:
     }
 
 
+HEADER = ("# pilotrun demo campaign: a ~0.9M-parameter Llama built from a config, the built-in byte\n"
+          "# tokenizer, and a synthetic instruction data set split by conversation.\n")
+
+
 def write_demo(out: str | Path, n_conversations: int = 320) -> Path:
-    """Write campaign.yaml and data/{train,validation,test}.jsonl into out; returns the campaign path."""
+    """Write campaign.yaml and data/{train,validation,test}.jsonl into out; returns the campaign path. A folder
+    holding a campaign the demo did not write, or data files of its names with other records beside no demo
+    campaign, is refused before anything is written: ``demo --out my-project`` replaced the user's own."""
     out = Path(out)
     splits = split_by_conversation(conversations(n_conversations))
-    for split, records in splits.items():
-        atomic_write_text(out / "data" / f"{split}.jsonl", "".join(json.dumps(r) + "\n" for r in records))
-    header = ("# pilotrun demo campaign: a ~0.9M-parameter Llama built from a config, the built-in byte\n"
-              "# tokenizer, and a synthetic instruction data set split by conversation.\n")
+    files = {out / "data" / f"{split}.jsonl": "".join(json.dumps(r) + "\n" for r in records)
+             for split, records in splits.items()}
     path = out / "campaign.yaml"
-    atomic_write_text(path, header + dump_yaml(demo_campaign()))
+    _nothing_of_the_users(path, files)
+    for target, text in files.items():
+        atomic_write_text(target, text)
+    atomic_write_text(path, HEADER + dump_yaml(demo_campaign()))
     return path
+
+
+def _nothing_of_the_users(path: Path, files: dict[Path, str]) -> None:
+    fix = "give --out a new or empty folder (the demo writes campaign.yaml and data/*.jsonl there)"
+    if path.exists():
+        try:
+            ours = path.read_text(encoding="utf-8", errors="replace").startswith(HEADER.splitlines()[0])
+        except OSError:
+            ours = False
+        if not ours:
+            raise BadInput("holds a campaign.yaml the demo did not write; the demo would replace it", where=str(path),
+                           fix=fix)
+        return  # the demo's own folder: its data are the demo's too
+    for target, text in files.items():
+        try:
+            theirs = target.exists() and target.read_text(encoding="utf-8", errors="replace") != text
+        except OSError:
+            theirs = True
+        if theirs:
+            raise BadInput("holds a data file the demo did not write; the demo would replace it", where=str(target),
+                           fix=fix)
