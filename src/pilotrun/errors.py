@@ -149,6 +149,8 @@ def comma_number_fix(value, whole: bool) -> str | None:
     return f"write {text.replace(',', '.')} (a decimal point: YAML reads {text} as text)"
 
 
+NUMBER = re.compile(r"\s*[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?\s*")
+"""A number as text: ``2``, ``2.49``, ``.5``, ``1e-4`` (what a reader of YAML 1.1's leftover text takes as one)."""
 EXPONENT_NUMBER = re.compile(r"\s*[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+\s*")
 EXPONENT_FIX = "check the exponent: write the number you mean (e.g. 1e-4, not 1e-400)"
 

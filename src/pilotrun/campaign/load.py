@@ -351,11 +351,12 @@ def _another_tools(raw: dict[str, Any], path: Path) -> None:
         return
     try:
         foreign.refuse(raw, path)
-        fmt = detect(raw, path)
     except BadInput as e:
-        if "cannot tell the config's format" in e.detail:  # no tool's: its unknown keys say what is wrong
-            return
         raise BadInput(f"not a campaign file: {e.detail}", where=e.where, fix=e.fix) from None
+    try:
+        fmt = detect(raw, path)
+    except BadInput:  # no tool's: its unknown keys say what is wrong
+        return
     tool = "an Axolotl config" if fmt == "axolotl" else "a Hugging Face TrainingArguments / TRL config"
     raise BadInput(f"not a campaign file: {tool} ({', '.join(list(raw)[:4])} …)", where=str(path),
                    fix=f"write the campaign from it with `pilotrun import {shlex.quote(str(path))}` (campaign.yaml "

@@ -402,12 +402,6 @@ class Journal:
         return self.get_sweep(row["sweep_id"]) if row else None
 
 
-def _is_run_id(text: str) -> bool:
-    import re
-
-    return re.fullmatch(r"\d{8}-\d{6}-[0-9a-f]{6}", text) is not None
-
-
 def _archive_of(path: str) -> str | None:
     """The run a file named where a run id belongs packs (``pilotrun archive``'s first member is RUN_ID/...), or None
     when it is no such archive. Only the first header is read."""
@@ -438,7 +432,7 @@ def _resolve_prefix(journal: Journal, table: str, col: str, prefix: str, *, wher
     if not rows:
         packed = _archive_of(prefix) if what == "run" else None
         if packed is not None:  # `pilotrun verify run.tar.gz`: the archive's own run, if this journal holds it
-            held = _is_run_id(packed) and journal.get_run(packed) is not None
+            held = journal.get_run(packed) is not None
             raise BadInput(f"{prefix} is a file, not a run id: an archive of run {packed}", where=where,
                            fix=f"pass the run's id ({packed}), which this journal holds" if held
                            else "extract it (tar -xzf) and check its files against its manifest.json (each file's "

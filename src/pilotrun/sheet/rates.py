@@ -20,11 +20,10 @@ rule's lowest cost over every rated GPU that fits the campaign.
 from __future__ import annotations
 
 import math
-import re
 from pathlib import Path
 
 from pilotrun.campaign.yamlsafe import load_bounded
-from pilotrun.errors import BadInput, comma_number_fix, utf8_of
+from pilotrun.errors import NUMBER, BadInput, comma_number_fix, utf8_of
 from pilotrun.sheet.catalogue import BY_KEY, match_gpu
 
 FORMAT = ("a YAML mapping of GPU → price per GPU-hour, or GPU → {hour: PRICE, DAYS: PRICE of the whole "
@@ -40,13 +39,10 @@ def _lines(node) -> dict[str, int]:
     return {str(k.value): k.start_mark.line + 1 for k, _ in node.value}
 
 
-_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
-
-
 def _number(v) -> float | None:
     """A finite number as written: YAML's int or float, or a string YAML 1.1 leaves unread (``1e-9``, ``2E3``: an
     exponent without a dot); None for anything else (a bool, ``2 USD``, .nan, .inf)."""
-    if isinstance(v, str) and _NUMBER.fullmatch(v.strip()):
+    if isinstance(v, str) and NUMBER.fullmatch(v):
         v = float(v)
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
         return None

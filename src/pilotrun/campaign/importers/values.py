@@ -11,17 +11,15 @@ A type this reader does not know (a class of the tool's: a data set entry, an en
 from __future__ import annotations
 
 import math
-import re
 from typing import Any
 
 from pilotrun.campaign.importers import schemas
 from pilotrun.campaign.importers.builder import Builder
 from pilotrun.campaign.importers.render import short
-from pilotrun.errors import BadInput
+from pilotrun.errors import NUMBER, BadInput
 
 DATA_SET_LISTS = ("datasets", "test_datasets", "pretraining_dataset")
 """Axolotl's keys of data set entries, which the mappers walk: a list (of entries or paths), or left out."""
-_NUMBER = re.compile(r"\s*[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?\s*")
 _NAMES = {"int": "a whole number", "float": "a number", "str": "text", "bool": "true or false", "list": "a list",
           "dict": "a mapping"}
 
@@ -98,7 +96,7 @@ def read_as(value: Any, kinds: list[str]) -> tuple[bool, Any]:
         return True, value
     if isinstance(value, (int, float)):
         return math.isfinite(value), value
-    if isinstance(value, str) and _NUMBER.fullmatch(value):
+    if isinstance(value, str) and NUMBER.fullmatch(value):
         number = float(value)
         if not math.isfinite(number):
             return False, value
