@@ -150,3 +150,21 @@ def test_restoring_over_a_link_or_a_name_past_255_bytes_is_refused_before_writin
         extract(tar_of("run3/" + "n" * 300), target)
     assert sorted(p.name for p in target.iterdir()) == ["run1", "run2"]
     assert [p.name for p in extract(tar_of("run4/ok.txt"), target)] == ["ok.txt"]  # the clean case
+
+
+@pytest.mark.parametrize("json_out", [False, True], ids=["text", "json"])
+def test_a_relative_name_past_255_bytes_is_exit_2_in_text_and_in_the_envelope(cli, tmp_path, monkeypatch, json_out):
+    """`split --out eee…` (300 bytes, no '/') was a traceback and exit 1: the refusal was said, then telling whether
+    the path it named exists raised the same 'File name too long' again. It is exit 2 naming the path as the file."""
+    import json
+
+    from conftest import write_jsonl
+
+    monkeypatch.chdir(tmp_path)
+    data = write_jsonl(tmp_path / "d.jsonl", simple_records(8))
+    r = cli("split", data, "--out", "e" * 300, *(["--json"] if json_out else []))
+    assert r.code == 2 and "Traceback" not in r.err and "longer than the file system allows" in r.err, (r.code, r.err)
+    if json_out:
+        error = json.loads(r.out)["error"]
+        assert error["file"] == "e" * 300 and error["key"] is None, error
+    assert cli("split", data, "--out", "e" * 20).code == 0  # the clean case

@@ -48,6 +48,15 @@ def for_results(results, verb: str | None, exit_code: int) -> dict:
                     data={"stages": [r.stage for r in results]}, stages=stages)
 
 
+def _a_path(where: str) -> bool:
+    """Whether ``where`` names a path: one that exists, or one the system refused to look up (a name too long,
+    a NUL), which only a path is (the refusal is the error being reported)."""
+    try:
+        return Path(where).exists()
+    except (OSError, ValueError):
+        return True
+
+
 def error_info(exc: BaseException, kind: str) -> dict:
     """The ``error`` member: the message, and where the input is wrong split into file/line/key."""
     where = getattr(exc, "where", None)
@@ -57,7 +66,7 @@ def error_info(exc: BaseException, kind: str) -> dict:
         m = _FILE_LINE.match(where)
         if m:
             info.update(file=m["file"], line=int(m["line"]), key=m["key"])
-        elif "/" in where or Path(where).suffix.lower() in _FILE_SUFFIXES or Path(where).exists():
+        elif "/" in where or Path(where).suffix.lower() in _FILE_SUFFIXES or _a_path(where):
             info["file"] = where
         else:
             info["key"] = where  # an option (--set), an argument (RUN_ID), a variable or a campaign key (train.lr)
