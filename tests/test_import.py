@@ -559,6 +559,15 @@ def test_all_and_sheet_say_once_what_is_not_reproduced(tmp_path, data, cache, cl
     r = cli("sheet", tmp_path / "campaign.yaml", "--home", tmp_path / "home")
     assert "no pilot run" in r.out
     assert r.out.count("eval_sample_packing = false") == 1 and r.out.count(lines[0]) == 1
+    # its sheet begins with them: written again over it, it is still a sheet of pilotrun's (refuse_replacing)
+    from test_sheet import record_pilot
+
+    record_pilot(tmp_path / "campaign.yaml", tmp_path / "home", {})
+    out = tmp_path / "sheet" / "imported.md"
+    for _ in range(2):
+        r = cli("sheet", tmp_path / "campaign.yaml", "--home", tmp_path / "home", "--out", out, "--gpu", "a100-80gb")
+        assert r.code == 0, r.out + r.err
+    assert out.read_text().startswith("## Not reproduced by the rehearsal\n")
     # a campaign not imported says nothing of the kind
     plain = hub_campaign(tmp_path, data, "acme/tiny-llama")
     assert not_reproduced_lines(load_campaign(plain).campaign) == [] and _imported(load_campaign(plain)) is None

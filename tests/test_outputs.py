@@ -46,6 +46,32 @@ def test_an_archive_and_a_report_sent_to_a_pipe_leave_it_a_pipe(cli, demo_campai
     assert stat.S_ISFIFO(os.lstat(pipe).st_mode) and got["data"].startswith(b"<!DOCTYPE html>")
 
 
+def test_an_archive_or_a_report_never_replaces_a_file_pilotrun_did_not_write_as_one(cli, demo_campaign, tmp_path):
+    # `archive RUN --out campaign.yaml` and `report --out campaign.yaml` replaced the campaign (a tar.gz, a page in
+    # its place), and `--out backup.tar.gz` any other archive: exit 2 naming it, the file as it was; an archive or a
+    # report of pilotrun's is replaced as before (the clean case)
+    home = tmp_path / "home"
+    r = cli("train", demo_campaign, "--home", home, "--set", "train.updates=1", "--json")
+    assert r.code == 0, r.err
+    run_id = r.json["data"]["run_id"]
+    other = tmp_path / "backup.tar.gz"
+    with tarfile.open(other, "w:gz") as tar:
+        tar.add(demo_campaign, arcname="mine/campaign.yaml")
+    for path in (demo_campaign, other):
+        before = path.read_bytes()
+        for argv, what in ((["archive", run_id], "archive"), (["report"], "report")):
+            r = cli(*argv, "--home", home, "--out", path)
+            assert r.code == 2 and f"{path}: holds a file that is no {what} of pilotrun's" in r.err, r.err
+            assert path.read_bytes() == before
+    said = {demo_campaign: f"its first line: {demo_campaign.read_text().splitlines()[0][:60]!r}", other: "binary data"}
+    assert said[demo_campaign] in cli("report", "--home", home, "--out", demo_campaign).err
+    assert said[other] in cli("report", "--home", home, "--out", other).err
+    for argv, out in ((["archive", run_id], tmp_path / "run.tar.gz"), (["report"], tmp_path / "report.html")):
+        for _ in range(2):  # written, then written again over its own
+            assert cli(*argv, "--home", home, "--out", out).code == 0
+    assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name]
+
+
 def test_a_report_to_stdout_is_the_file_alone_on_stdout(tmp_path):
     # a link into /proc/self/fd/1, as /dev/stdout is: the report goes to the process's stdout (a pipe here), the
     # verb's own lines to stderr, and the link stays

@@ -438,6 +438,34 @@ def test_one_written_to_line_naming_the_sheet_and_its_launch_files(tmp_path, cli
     assert sky["resources"]["accelerators"] == "A100-80GB:1"
 
 
+def test_a_sheet_never_replaces_the_campaign_or_a_launch_file_of_the_users(tmp_path, cli):
+    # `sheet c.yaml --out c.yaml` replaced the campaign with the sheet, and `--out train.md` the user's own
+    # train.sbatch with pilotrun's: exit 2 naming the file, before anything is written; a sheet and launch files of
+    # pilotrun's are replaced as before (the clean case)
+    from pilotrun.sheet.launch import LAUNCH_HEADS
+
+    path = campaign(tmp_path)
+    home = tmp_path / "home"
+    record_pilot(path, home, {})
+    before = path.read_bytes()
+    res = cli("sheet", path, "--home", home, "--out", path, "--gpu", "a100-80gb")
+    assert res.code == 2 and path.read_bytes() == before, (res.code, res.err)
+    assert "holds a file that is no selection sheet of pilotrun's (its first line:" in res.err, res.err
+    out = tmp_path / "out" / "train.md"
+    out.parent.mkdir()
+    mine = out.parent / "train.sbatch"
+    mine.write_text("#!/bin/bash\nsrun python my_train.py\n")
+    res = cli("sheet", path, "--home", home, "--out", out, "--gpu", "a100-80gb")
+    assert res.code == 2 and f"{mine}: holds a file that is no launch file of pilotrun's" in res.err, res.err
+    assert sorted(p.name for p in out.parent.iterdir()) == ["train.sbatch"] and "my_train" in mine.read_text()
+    mine.unlink()
+    for _ in range(2):  # written, then written again over its own files
+        res = cli("sheet", path, "--home", home, "--out", out, "--gpu", "a100-80gb")
+        assert res.code == 0, res.out + res.err
+    for suffix, first in LAUNCH_HEADS.items():  # each launch file begins as the check expects
+        assert (out.parent / f"train{suffix}").read_bytes().startswith(first), suffix
+
+
 def test_the_campaign_time_is_the_busiest_lanes_and_gpus_beyond_the_runs_are_said_idle(tmp_path):
     # 4 runs on 3 lanes take two runs' time: the sheet said 4/3 of one; 64 GPUs said a 16th of a run's time, and
     # 2**70 GPUs were an OverflowError (exit 3) packing that many lanes
@@ -489,7 +517,7 @@ def test_a_sheet_to_a_link_replaces_the_file_it_names_and_keeps_the_link(tmp_pat
     record_pilot(path, home, {})
     (tmp_path / "real").mkdir()
     target = tmp_path / "real" / "sheet.md"
-    target.write_text("old")
+    target.write_text("# Selection sheet — an earlier one\n")  # pilotrun's: replaced (a file of the user's is not)
     link = tmp_path / "latest.md"
     link.symlink_to(target)
     res = cli("sheet", path, "--home", home, "--out", link, "--gpu", "a100-80gb")

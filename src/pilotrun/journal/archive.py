@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import shutil
 import tarfile
 import time
@@ -21,12 +22,13 @@ from pathlib import Path, PurePosixPath
 from pilotrun.console.progress import head, note
 from pilotrun.errors import BadInput
 from pilotrun.journal.checkpoints import reference, resolve
-from pilotrun.journal.files import (MANIFEST, output_file, output_kind, remove_stale_temps, verify_manifest,
-                                    writing)
+from pilotrun.journal.files import (MANIFEST, output_file, output_kind, refuse_replacing, remove_stale_temps,
+                                    verify_manifest, writing)
 from pilotrun.journal.runs import missing_run_folder, still_alive, write_run_readme
 from pilotrun.sizes import fmt_bytes
 
 
+RUN_ID = re.compile(r"\d{8}-\d{6}-[0-9a-f]{6}$")  # how a run's id ends (journal.store.new_run_id; a prefix may lead)
 NAME_MAX = 255  # bytes of one name in a path (ext4, xfs, btrfs, tmpfs)
 
 
@@ -34,6 +36,19 @@ def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
     info = tarfile.TarInfo(name)
     info.size, info.mtime, info.mode = len(data), int(time.time()), 0o644
     tar.addfile(info, io.BytesIO(data))
+
+
+def _an_archive(first: bytes) -> bool:
+    """Whether a file beginning with ``first`` is an archive ``pack`` wrote: gzip, whose first member lies in a run's
+    folder (``RUN_ID/``)."""
+    try:
+        data = zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(first, 2**16)
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
+            member = tar.next()
+    except (zlib.error, tarfile.TarError, EOFError, OSError):
+        return False
+    top = PurePosixPath(member.name).parts[0] if member is not None and member.name else ""
+    return RUN_ID.search(top) is not None and member.name != top
 
 
 def pack(journal, run_id: str, out: str | Path) -> dict:
@@ -50,6 +65,7 @@ def pack(journal, run_id: str, out: str | Path) -> dict:
                                          "stop it (its interruption is recorded) and archive then")
     out = Path(out).expanduser().absolute()
     stream = output_kind(out) == "stream"  # /dev/stdout, a pipe: written into as it is packed
+    refuse_replacing(out, "--out", _an_archive, "archive")
     real = Path(os.path.realpath(out))  # a link is written through: the file it names is what gets replaced
     if run_dir.resolve() in real.parents:
         raise BadInput(f"--out {out} is inside the run folder it packs", where="--out", fix="write it elsewhere")

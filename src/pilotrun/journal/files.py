@@ -290,6 +290,37 @@ def write_output(path: str | Path, data: str | bytes, key: str) -> None:
         f.write(data.encode("utf-8") if isinstance(data, str) else data)
 
 
+HEAD_BYTES = 64 * 1024  # what ``refuse_replacing`` reads of a file to tell whether pilotrun wrote it
+
+
+def refuse_replacing(path: str | Path, key: str, ours: Callable[[bytes], bool], what: str) -> None:
+    """Exit 2, before anything is written, where ``path`` holds a file that pilotrun did not write: ``ours`` tells
+    pilotrun's own ``what`` (a selection sheet, a report, an archive) by its first ``HEAD_BYTES``. An output replaces
+    a former output of its kind, never the campaign it read, a data file or the user's own script of the same name.
+    An empty file, a stream (``/dev/stdout``) or nothing there is no file to lose; a folder is refused where
+    written."""
+    given = Path(path).expanduser()
+    try:
+        st = os.stat(given)
+        if not stat.S_ISREG(st.st_mode) or st.st_size == 0:
+            return
+        with open(given, "rb") as f:
+            first = f.read(HEAD_BYTES)
+    except OSError:  # nothing there, or nothing readable: the write says why
+        return
+    if ours(first):
+        return
+    line = first[:200].split(b"\n", 1)[0]
+    try:
+        begins = "binary data" if b"\0" in first[:512] else f"its first line: {line.decode('utf-8')[:60]!r}"
+    except UnicodeDecodeError:
+        begins = "binary data"
+    raise BadInput(f"holds a file that is no {what} of pilotrun's ({begins}); writing the {what} would replace it",
+                   where=str(path),
+                   fix=f"name a new file for {key}, or move {path} away first (pilotrun replaces only a {what} it "
+                       "wrote)")
+
+
 def refuse_stream(path: str | Path, key: str, why: str) -> None:
     """Exit 2 where an output must be a file in a folder (``why``) and ``path`` is a stream."""
     if output_kind(path) == "stream":

@@ -16,7 +16,7 @@ from typing import Callable
 
 from pilotrun.console.progress import head, note
 from pilotrun.console.safe import escape_controls
-from pilotrun.journal.files import write_output
+from pilotrun.journal.files import refuse_replacing, write_output
 from pilotrun.journal.runs import run_table_rows, shown_status
 from pilotrun.probe.recorder import figure, host_peak, peak_of
 from pilotrun.sizes import fmt_bytes
@@ -330,6 +330,9 @@ SECTIONS: list[Section] = [
 ]
 
 
+REPORT_HEAD = "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>pilotrun report</title>"
+
+
 def build_report(journal, sections: list[Section] | None = None) -> str:
     sections = SECTIONS if sections is None else sections
     kinds: dict[str, int] = {}
@@ -343,13 +346,14 @@ def build_report(journal, sections: list[Section] | None = None) -> str:
         short = title if len(title) <= 40 else title.partition(":")[0]  # with its counts, one line of an 80-column log
         head(f"section {i + 1}/{len(sections)}: {short}")
         body.append(f'<section id="s{i}"><h2>{esc(title)}</h2>{fn(journal)}</section>')
-    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>pilotrun report</title>"
-            f"<style>{CSS}</style></head><body>{''.join(body)}</body></html>\n")
+    return (f"{REPORT_HEAD}<style>{CSS}</style></head><body>{''.join(body)}</body></html>\n")
 
 
 def write_report(journal, out: str | Path, sections: list[Section] | None = None) -> Path:
     """Build the report and write it atomically (complete or absent, never half-written; a device or a pipe such as
-    /dev/stdout is written into, as ``write_output`` says)."""
+    /dev/stdout is written into, as ``write_output`` says). A file there that is no report of pilotrun's is exit 2
+    before the report is built (``refuse_replacing``)."""
     out = Path(out).expanduser().absolute()
+    refuse_replacing(out, "--out", lambda first: first.startswith(REPORT_HEAD.encode()), "report")
     write_output(out, build_report(journal, sections), "--out")
     return out

@@ -26,7 +26,7 @@ from pilotrun.campaign.arms import plan_arms
 from pilotrun.campaign.load import parse_set
 from pilotrun.campaign.sweep_runs import arm_command, launch_sweep_id, slug
 from pilotrun.errors import BadInput
-from pilotrun.journal.files import atomic_write_text
+from pilotrun.journal.files import atomic_write_text, refuse_replacing
 from pilotrun.sheet.catalogue import BY_KEY
 from pilotrun.sheet.options import OPTIONS
 from pilotrun.sheet.options_view import pick
@@ -308,13 +308,33 @@ def sbatch_script(s: dict, launch: dict, wheel: Path | None) -> str:
     return "\n".join(lines) + "\n"
 
 
+# how each launch file begins (its suffix beside the sheet's stem → its first bytes): a file there that does not is
+# not replaced (``refuse_launch_over``)
+LAUNCH_HEADS = {".commands.sh": b"#!/usr/bin/env bash\n# The sweep of campaign ",
+                ".sky.yaml": b"# SkyPilot managed job for campaign ",
+                ".sbatch": b"#!/bin/bash\n#SBATCH --job-name=pilotrun-"}
+
+
+def launch_files(out: Path) -> list[Path]:
+    """The launch files' paths beside the sheet ``out`` (``sheet.md`` → ``sheet.commands.sh`` ...)."""
+    stem = Path(out).with_suffix("")
+    return [Path(f"{stem}{suffix}") for suffix in LAUNCH_HEADS]
+
+
+def refuse_launch_over(out: Path) -> None:
+    """Exit 2 where a launch file's path beside ``out`` holds a file of the user's (their own ``train.sbatch`` beside
+    ``--out train.md``), before anything is written."""
+    for path, head in zip(launch_files(out), LAUNCH_HEADS.values()):
+        refuse_replacing(path, "--out", lambda first, head=head: first.startswith(head), "launch file")
+
+
 def write_launch(s: dict, loaded, out: Path, launch: dict) -> list[Path]:
     """The three files next to ``out`` (sheet.md), each written atomically, and pilotrun's wheel when it
     ships as one; returns their paths."""
     import yaml
 
-    stem = out.with_suffix("")
-    launch["stem"] = stem.name
+    paths = launch_files(out)
+    launch["stem"] = out.with_suffix("").name
     out = out.resolve()  # the wheel's path in the files: absolute, wherever the job is submitted from
     wheel = build_wheel(launch["pilotrun"], out.parent) if launch["pilotrun"]["kind"] != "vcs" else None
 
@@ -326,9 +346,8 @@ def write_launch(s: dict, loaded, out: Path, launch: dict) -> list[Path]:
 
     Dumper.add_representer(str, text_block)
     sky = sky_header(s, launch) + yaml.dump(sky_task(s, launch, wheel), Dumper=Dumper, sort_keys=False, width=100)
-    files = {Path(f"{stem}.commands.sh"): commands_script(s, launch),
-             Path(f"{stem}.sky.yaml"): sky,
-             Path(f"{stem}.sbatch"): sbatch_script(s, launch, wheel)}
+    texts = [commands_script(s, launch), sky, sbatch_script(s, launch, wheel)]
+    files = dict(zip(paths, texts))
     for path, text in files.items():
         atomic_write_text(path, text)
     return list(files) + ([wheel] if wheel is not None else [])

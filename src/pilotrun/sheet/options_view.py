@@ -9,6 +9,8 @@ from pilotrun.sheet.options import options_table
 from pilotrun.tasks.hub import fetch_command, missing_weights, snapshot_of
 from pilotrun.verdicts import StageResult
 
+TITLE = "Selection sheet — "  # the sheet's heading, before the campaign's name (with a pilot or without: sections.py)
+
 COLUMNS = ["GPU", "GPUs", "option", "per-GPU peak (phase)", "campaign time", "cost", "experiment"]
 
 
@@ -197,7 +199,7 @@ def to_lines(table: dict, *, with_rows: bool = False) -> list[str]:
 
 def no_pilot_blocks(sheet: dict) -> list[tuple]:
     """The sheet without a pilot (``no_pilot_sheet``'s data) in the sheet's block form."""
-    return [("h", f"Selection sheet — {sheet['campaign']}"), ("p", sheet["head"]),
+    return [("h", f"{TITLE}{sheet['campaign']}"), ("p", sheet["head"]),
             ("p", f"What to pilot instead: {sheet['pilot_instead']}")] + blocks(sheet["options"]) + \
         launch_blocks(sheet.get("launch"))
 

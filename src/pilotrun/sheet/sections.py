@@ -10,7 +10,7 @@ from __future__ import annotations
 from pilotrun.sheet import gpu_memory as GM
 from pilotrun.sheet import plan as P
 from pilotrun.sheet.catalogue import BY_KEY
-from pilotrun.sheet.options_view import blocks
+from pilotrun.sheet.options_view import TITLE, blocks
 from pilotrun.sheet.sizes import DEFINITION
 
 GiB, MiB = 2**30, 2**20
@@ -24,7 +24,7 @@ def _inputs(d: dict) -> str:
 
 
 def header(s: dict) -> list[tuple]:
-    out = [("h", f"Selection sheet — {s['campaign']}"),
+    out = [("h", f"{TITLE}{s['campaign']}"),
            ("p", f"From pilot run {s['pilot_run']} (config sha256 {s['config_sha256'][:12]}), run on "
                  f"{s['pilot_device']} (counter {s['counter']}).")]
     if s["problems"] or s["warnings"]:

@@ -12,14 +12,14 @@ from pathlib import Path
 
 from pilotrun.campaign.importers import not_reproduced_lines
 from pilotrun.errors import DiskFull, from_os_error
-from pilotrun.journal.files import output_kind, write_output
+from pilotrun.journal.files import output_kind, refuse_replacing, write_output
 from pilotrun.journal.runs import find_pilot
 from pilotrun.journal.store import Journal
 from pilotrun.sheet import plan as P
 from pilotrun.sheet.build import build_sheet
 from pilotrun.sheet.catalogue import BY_KEY, get_gpu
-from pilotrun.sheet.launch import launch_plan, options_launch, write_launch
-from pilotrun.sheet.options_view import no_pilot_blocks, no_pilot_sheet, too_large_here
+from pilotrun.sheet.launch import launch_plan, options_launch, refuse_launch_over, write_launch
+from pilotrun.sheet.options_view import TITLE, no_pilot_blocks, no_pilot_sheet, too_large_here
 from pilotrun.sheet.rates import read_rates
 from pilotrun.sheet.render import to_lines, to_markdown
 from pilotrun.sheet.ship import wheel_beside
@@ -29,13 +29,22 @@ from pilotrun.signals import unless_stopping
 from pilotrun.verdicts import StageResult, worst
 
 
+PREFACE = "## Not reproduced by the rehearsal"  # an imported campaign's sheet begins with it, then the sheet's title
+
+
+def _a_sheet(first: bytes) -> bool:
+    """Whether a file beginning with ``first`` is a sheet pilotrun wrote (with or without the preface)."""
+    title = f"# {TITLE}".encode()
+    return first.startswith(title) or first.startswith(PREFACE.encode()) and b"\n" + title in first
+
+
 def sheet_stage(loaded, home, *, target_env_path: str | None = None, gpu: str | None = None,
                 out: str | None = None, rates_path: str | None = None, sets: tuple[str, ...] = (),
                 options: bool = True, say_imported: bool = True) -> StageResult:
     """The sheet; for an imported campaign it says once which of the source's settings the rehearsal does not
     reproduce (``say_imported``: `all` says it itself)."""
     lines = not_reproduced_lines(loaded.campaign) if say_imported else []
-    preface = "\n".join(["## Not reproduced by the rehearsal", "", lines[0], ""] +
+    preface = "\n".join([PREFACE, "", lines[0], ""] +
                          [f"- {x.strip()}" for x in lines[1:]]) + "\n\n" if lines else ""
     result = _sheet_stage(loaded, home, target_env_path=target_env_path, gpu=gpu, out=out, rates_path=rates_path,
                           sets=sets, options=options, preface=preface)
@@ -51,6 +60,10 @@ def _sheet_stage(loaded, home, *, target_env_path: str | None = None, gpu: str |
     """``preface``: Markdown put before the sheet's own (the settings not reproduced). The launch files and the
     wheel go beside ``out`` when it is a file; a device or a pipe (``--out /dev/stdout``) gets the Markdown only."""
     beside = bool(out) and output_kind(out) == "file"
+    if out:  # a file of the user's there (the campaign itself, a data file, their own train.sbatch) is not replaced
+        refuse_replacing(out, "--out", _a_sheet, "selection sheet")
+        if beside and loaded.source is not None:
+            refuse_launch_over(Path(out))
     target_env = read_target_env(target_env_path) if target_env_path else None
     if gpu:
         get_gpu(gpu)  # a bad --gpu is a bad input before anything else
