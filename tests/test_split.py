@@ -178,3 +178,43 @@ def test_a_parquet_file_with_dates_splits_and_its_float_ids_stay_whole(tmp_path,
     assert not (units["train"] & units["validation"]) and not (units["train"] & units["test"])
     res = cli("split", tmp_path / "all.parquet", "--by", "day", "--out", tmp_path / "d")
     assert res.code == 0, res.err
+
+
+def test_split_replaces_only_what_an_earlier_split_wrote(tmp_path, cli):
+    # `split data/train.jsonl --out data/` replaced the records it split with 80 % of them, and `--out data/` the
+    # user's own validation.jsonl; a 0.9,0.1 split over a 0.8,0.1,0.1 one left the old test.jsonl, whose records are
+    # now in train. What split wrote is in OUT/split.json with each file's sha256: only those are replaced
+    recs = _records()
+    data = write_jsonl(tmp_path / "data" / "train.jsonl", recs)
+    before = data.read_bytes()
+    r = cli("split", data, "--out", tmp_path / "data")
+    assert r.code == 2 and "the DATA being split" in r.err and data.read_bytes() == before, r.err
+    mine = write_jsonl(tmp_path / "data" / "validation.jsonl", recs[:3])
+    whole = write_jsonl(tmp_path / "all.jsonl", recs)
+    r = cli("split", whole, "--out", tmp_path / "data")
+    assert r.code == 2 and f"{data}: split did not write this file" in r.err, r.err
+    assert sorted(p.name for p in (tmp_path / "data").iterdir()) == ["train.jsonl", "validation.jsonl"]
+    assert data.read_bytes() == before and len(mine.read_text().splitlines()) == 3
+
+    out = tmp_path / "s"
+    assert cli("split", whole, "--out", out).code == 0  # the clean case, then over its own files
+    ledger = json.loads((out / "split.json").read_text())
+    assert ledger["ratios"] == [0.8, 0.1, 0.1] and set(ledger["files"]) == {"train.jsonl", "validation.jsonl",
+                                                                              "test.jsonl"}
+    r = cli("split", whole, "--out", out, "--ratios", "0.9,0.1", "--seed", "3")
+    assert r.code == 0, r.err
+    assert f"removed {out / 'test.jsonl'}: an earlier split's, and this split has no test part" in r.out
+    assert sorted(_read(out)) == ["train", "validation"]
+    assert "pending" not in json.loads((out / "split.json").read_text())
+    with open(out / "train.jsonl", "a") as f:  # edited by hand since: no longer what split wrote
+        f.write(json.dumps(recs[0]) + "\n")
+    r = cli("split", whole, "--out", out)
+    assert r.code == 2 and "or it changed since" in r.err and not (out / "test.jsonl").exists(), r.err
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "split.json").write_text("{}")
+    r = cli("split", whole, "--out", tmp_path / "t")
+    assert r.code == 2 and "holds a split.json that split did not write" in r.err, r.err
+    ledger["files"]["train.jsonl"] = []  # edited into another type: it lists nothing (was a TypeError, exit 3)
+    (out / "split.json").write_text(json.dumps(ledger))
+    r = cli("split", whole, "--out", out)
+    assert r.code == 2 and f"{out / 'train.jsonl'}: split did not write this file" in r.err, r.err

@@ -12,12 +12,14 @@ import bisect
 import hashlib
 import json
 import math
+import os
 from pathlib import Path
 
 from pilotrun.console.progress import head
 from pilotrun.data.leakage import period_keys
 from pilotrun.errors import EXPONENT_FIX, BadInput, beyond_a_float
 from pilotrun.journal.files import atomic_write_text
+from pilotrun.provenance import file_sha256
 from pilotrun.records.readers import read_records
 from pilotrun.records.values import json_value, no_unit, unit_key
 from pilotrun.verdicts import StageResult
@@ -117,9 +119,80 @@ def split_records(records, by: str | None, ratios, seed: int = 0, keys: list | N
     return out, spanning
 
 
+LEDGER = "split.json"  # in --out: what split wrote there (sha256 of each file) and how: all a later split replaces
+WRITTEN_BY = "pilotrun split"
+
+
+def _ledger(out: Path) -> dict[str, set[str]]:
+    """File name → the sha256s an earlier split wrote under it in ``out`` (its ``split.json``; ``pending``: the files
+    of a split cut short between its ledger and its last file). A split.json that split did not write is exit 2."""
+    path = out / LEDGER
+    if not os.path.lexists(path):
+        return {}
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        doc = None
+    if not isinstance(doc, dict) or doc.get("written_by") != WRITTEN_BY:
+        raise BadInput(f"holds a {LEDGER} that split did not write; split records in it what it writes there",
+                       where=str(path), fix=f"give --out another folder, or move {path} away first")
+    known: dict[str, set[str]] = {}
+    for part in ("files", "pending"):
+        for name, digest in (doc.get(part) or {}).items() if isinstance(doc.get(part), dict) else ():
+            if isinstance(digest, str):  # a value edited into another type lists nothing
+                known.setdefault(name, set()).add(digest)
+    return known
+
+
+def _replaceable(out: Path, data: Path) -> dict[str, str]:
+    """Of train/validation/test.jsonl in ``out``, those an earlier split wrote there and nobody changed since (name →
+    sha256): this split replaces them, or removes them where it writes no such part now (a test.jsonl of an earlier
+    0.8,0.1,0.1 split beside a new 0.9,0.1 one holds records now in train). DATA itself, or a file of records split did
+    not write (the user's own train.jsonl in `--out data/`), is exit 2 before anything is read: it would be lost."""
+    known, ours = _ledger(out), {}
+    for s in SPLITS:
+        path = out / f"{s}.jsonl"
+        try:
+            if not path.is_file() or path.stat().st_size == 0:
+                continue  # nothing there to lose (a folder of that name is refused where it is written)
+            if os.path.samefile(path, data):
+                raise BadInput(f"--out {out} would replace {path}, the DATA being split", where=str(path),
+                               fix=f"give --out another folder, e.g. --out {out / 'split'}")
+            digest = file_sha256(path)
+        except OSError:
+            continue  # unreadable: the write says why
+        if digest not in known.get(path.name, ()):
+            raise BadInput(f"split did not write this file (or it changed since: no {LEDGER} beside it lists it); the "
+                           "split would replace it", where=str(path),
+                           fix=f"give --out a new folder, or move {path} away first")
+        ours[path.name] = digest
+    return ours
+
+
+def _write_split(out: Path, texts: dict[str, str], ours: dict[str, str], how: dict) -> list[str]:
+    """The split's files, its ledger before them (naming them pending) and after; an earlier split's file that this
+    one does not write is removed. Returns what was said of the removed ones."""
+    new = {f"{s}.jsonl": hashlib.sha256(t.encode("utf-8")).hexdigest() for s, t in texts.items()}
+    ledger = {"written_by": WRITTEN_BY, **how}
+    atomic_write_text(out / LEDGER, json.dumps({**ledger, "files": ours, "pending": new}, indent=2) + "\n")
+    for split, text in texts.items():
+        atomic_write_text(out / f"{split}.jsonl", text)
+    said = []
+    for name in sorted(set(ours) - set(new)):
+        (out / name).unlink(missing_ok=True)
+        said.append(f"removed {out / name}: an earlier split's, and this split has no {name[:-6]} part")
+    atomic_write_text(out / LEDGER, json.dumps({**ledger, "files": new}, indent=2) + "\n")
+    return said
+
+
 def split_file(data: str | Path, by: str | None, ratios, out: str | Path, seed: int = 0,
                period: str | None = None) -> StageResult:
-    """``by`` None: each record is its own unit (records with no unit field; exact copies stay together)."""
+    """``by`` None: each record is its own unit (records with no unit field; exact copies stay together). What an
+    earlier split wrote in ``out`` is replaced; nothing else there is (``_replaceable``)."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise BadInput("is a file, not a folder", where=str(out), fix="give --out a folder")
+    ours = _replaceable(out, Path(data))
     head(f"reading {data}")
     records = read_records(data)
     head(f"placing {len(records):,} records by {f'{by!r}' if by else 'record'}" + (f" and period {period!r}" if period
@@ -135,9 +208,6 @@ def split_file(data: str | Path, by: str | None, ratios, out: str | Path, seed: 
                            where=str(data), fix=f"write every '{period}' as an ISO date (2023-02-15) or a number, then "
                                                 "split again")
     parts, spanning = split_records(records, by, ratios, seed, keys)
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise BadInput("is a file, not a folder", where=str(out), fix="give --out a folder")
     rows, messages, written = [], [], {}
     head(f"writing {', '.join(f'{s} ({len(rs):,})' for s, rs in parts.items())} into {out}")
     try:  # a Parquet file's dates, times and decimals as JSON text (json_value)
@@ -145,9 +215,9 @@ def split_file(data: str | Path, by: str | None, ratios, out: str | Path, seed: 
                  for s, rs in parts.items() if rs}
     except BadInput as e:
         raise BadInput(e.detail, where=str(data), fix=e.fix) from None
-    for split, text in texts.items():
-        written[split] = str(out / f"{split}.jsonl")
-        atomic_write_text(out / f"{split}.jsonl", text)
+    how = {"data": str(Path(data).resolve()), "by": by, "period": period, "ratios": list(ratios), "seed": seed}
+    messages += _write_split(out, texts, ours, how)
+    written = {split: str(out / f"{split}.jsonl") for split in texts}
     for split, rs in parts.items():
         n_units = len({unit_of(r, by) for r in rs})
         rows.append({"split": split, "records": len(rs), "units": n_units, "share": round(len(rs) / len(records), 4),
