@@ -207,3 +207,25 @@ def test_a_model_that_cannot_be_built_stops_a_two_rank_train_before_any_run(tmp_
     r = cli("train", str(path), "--home", str(tmp_path / "home"))
     assert r.code == 2 and "the model's embedding has 100 rows" in r.err
     assert not (tmp_path / "home" / "runs").exists()
+
+
+@pytest.mark.parametrize("env, said", [
+    ({"WORLD_SIZE": "2", "RANK": "1"}, "$WORLD_SIZE=2 and $RANK=1 are set, as torchrun sets them for each rank, but "
+                                       "$MASTER_ADDR and $MASTER_PORT not"),
+    ({"WORLD_SIZE": "x"}, "$WORLD_SIZE='x' is not a whole number"),
+    ({"WORLD_SIZE": "2", "RANK": "7", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"},
+     "$RANK=7 is not a rank of $WORLD_SIZE=2 (0 to 1)"),
+], ids=["no-rendezvous", "not-a-number", "rank-past-world"])
+def test_launcher_variables_left_in_a_shell_are_exit_2_naming_them(tmp_path, cli, monkeypatch, env, said):
+    # WORLD_SIZE and RANK exported by hand (or left from a job script) with no torchrun: exit 3 inside torch
+    # ("MASTER_ADDR expected, but not set"), and WORLD_SIZE=x a ValueError, in train, pilot, resume and sweep
+    path = tiny_causal_campaign(tmp_path / "c", simple_records(8), simple_records(4, start=100), train__updates=1)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    r = cli("train", path, "--home", tmp_path / "home")
+    assert r.code == 2 and said in r.err and "env -u WORLD_SIZE -u RANK" in r.err, (r.code, r.err)
+    assert "Traceback" not in r.err and not torch.distributed.is_initialized()
+    for k in env:
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("RANK", "5")  # RANK alone (no world of several): a process of its own, as before
+    assert cli("train", path, "--home", tmp_path / "home").code == 0

@@ -59,11 +59,48 @@ def is_initialized() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
+NOT_TORCHRUN = ("unset them to run in this process alone (env -u WORLD_SIZE -u RANK pilotrun ...), or start pilotrun "
+               "with torchrun --nproc_per_node N -m pilotrun ...")
+
+
+def _launcher_int(name: str, default: int | None = None) -> int:
+    """A launcher's variable as the integer it must be; another value is exit 2 naming it (was a ValueError)."""
+    import os
+
+    text = os.environ.get(name)
+    if text is None and default is not None:
+        return default
+    try:
+        return int(text)
+    except (TypeError, ValueError):
+        raise BadInput(f"${name}={text!r} is not a whole number, as torchrun sets it for each rank it starts",
+                       where=name, fix=NOT_TORCHRUN) from None
+
+
 def under_launcher() -> bool:
     """True when torchrun (or a launcher like it) started this process as one rank of several."""
     import os
 
-    return int(os.environ.get("WORLD_SIZE", "1")) > 1 and "RANK" in os.environ
+    return _launcher_int("WORLD_SIZE", 1) > 1 and "RANK" in os.environ
+
+
+def check_launcher_env() -> None:
+    """What env:// rendezvous reads, checked before it does: a shell where WORLD_SIZE and RANK were exported by hand
+    or left from a job script, with no MASTER_ADDR, was exit 3 inside torch ("MASTER_ADDR expected, but not set")."""
+    import os
+
+    world, rank = _launcher_int("WORLD_SIZE"), _launcher_int("RANK")
+    if not 0 <= rank < world:
+        raise BadInput(f"$RANK={rank} is not a rank of $WORLD_SIZE={world} (0 to {world - 1})", where="RANK",
+                       fix=NOT_TORCHRUN)
+    missing = [v for v in ("MASTER_ADDR", "MASTER_PORT") if not os.environ.get(v)]
+    if missing:
+        raise BadInput(f"$WORLD_SIZE={world} and $RANK={rank} are set, as torchrun sets them for each rank, but "
+                       f"{' and '.join('$' + v for v in missing)} not: no launcher started this process, so it has "
+                       "no rank 0 to meet", where="WORLD_SIZE", fix=NOT_TORCHRUN)
+    for name in ("MASTER_PORT", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        if name in os.environ:
+            _launcher_int(name)
 
 
 def node_name() -> str:
@@ -150,6 +187,7 @@ def init_from_launcher() -> None:
     import os
 
     if not is_initialized():
+        check_launcher_env()
         init_process_group(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]))
 
 
