@@ -297,3 +297,33 @@ def test_a_cluster_that_cannot_hold_a_run_is_bad_input():
     assert demand == {"num_cpus": 2, "num_gpus": 2} and capacity(demand, {"CPU": 8, "GPU": 1}) == 0
     assert capacity(run_demand(1, {"CPU": 3}), {"CPU": 3}) == 3
     assert capacity(run_demand(2, {"CPU": 16, "GPU": 8}), {"CPU": 16, "GPU": 8}) == 4
+
+
+def test_an_address_where_no_head_listens_is_bad_input_at_once(demo_dir, tmp_path):
+    # `--ray 127.0.0.1:1` (a typo'd port, a head since stopped) had ray.init try again and again, about 40 s a round:
+    # still "starting" after 2 minutes. Nothing accepting there is exit 2 at once, given or behind --ray auto's
+    # $RAY_ADDRESS; an address where something listens goes on to ray.init (the clean case)
+    import socket
+
+    from pilotrun.errors import BadInput
+    from pilotrun.rehearsal.training.sweep_ray import _head_answers
+
+    pytest.importorskip("ray", reason="Ray is not installed (pip install 'pilotrun[ray]')")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = f"127.0.0.1:{s.getsockname()[1]}"  # free once closed: nothing listens there
+    campaign = _campaign(demo_dir)
+    for argv, env in (([closed], {}), (["auto"], {"RAY_ADDRESS": closed})):
+        code = ("from pilotrun.cli.main import run; import sys\n"
+                f"sys.exit(run(['sweep', {str(campaign)!r}, '--home', {str(tmp_path / 'h')!r}, '--ray', *{argv!r}]))")
+        started = time.monotonic()
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                           env={**os.environ, **env})
+        assert r.returncode == 2 and "no Ray head answers at " in r.stderr, r.stderr
+        assert ("$RAY_ADDRESS=" in r.stderr) == bool(env) and time.monotonic() - started < 60
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        assert _head_answers(f"127.0.0.1:{s.getsockname()[1]}") is None
+    with pytest.raises(BadInput, match="Connection refused"):
+        _head_answers(closed)
