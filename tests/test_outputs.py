@@ -21,12 +21,17 @@ def _reader(path):
     return thread, got
 
 
+def _one_run(cli, campaign, home) -> str:
+    """A finished one-update train run of ``campaign`` in ``home``: its id."""
+    r = cli("train", campaign, "--home", home, "--set", "train.updates=1", "--json")
+    assert r.code == 0, r.err
+    return r.json["data"]["run_id"]
+
+
 def test_an_archive_and_a_report_sent_to_a_pipe_leave_it_a_pipe(cli, demo_campaign, tmp_path):
     # archive and report renamed a temporary file over --out: a pipe (or, as root, /dev/null) became a plain file
     home = tmp_path / "home"
-    r = cli("train", demo_campaign, "--home", home, "--set", "train.updates=1", "--json")
-    assert r.code == 0, r.err
-    run_id = r.json["data"]["run_id"]
+    run_id = _one_run(cli, demo_campaign, home)
     pipe = tmp_path / "pipe"
     os.mkfifo(pipe)
     thread, got = _reader(pipe)
@@ -51,9 +56,7 @@ def test_an_archive_or_a_report_never_replaces_a_file_pilotrun_did_not_write_as_
     # its place), and `--out backup.tar.gz` any other archive: exit 2 naming it, the file as it was; an archive or a
     # report of pilotrun's is replaced as before (the clean case)
     home = tmp_path / "home"
-    r = cli("train", demo_campaign, "--home", home, "--set", "train.updates=1", "--json")
-    assert r.code == 0, r.err
-    run_id = r.json["data"]["run_id"]
+    run_id = _one_run(cli, demo_campaign, home)
     other = tmp_path / "backup.tar.gz"
     with tarfile.open(other, "w:gz") as tar:
         tar.add(demo_campaign, arcname="mine/campaign.yaml")
