@@ -64,6 +64,29 @@ def test_ambiguous_prefix_exits_2_listing_candidates(cli, tmp_path):
     assert r.code == 2 and "run zzz does not exist" in r.err and "--run" in r.err
 
 
+def test_a_run_folders_path_given_as_a_run_id_names_its_run(cli, tmp_path, monkeypatch):
+    # `show .pilotrun/runs/RUN_ID/` (as the shell completes it), a file in it, or `RUN_ID/` in runs/: "run … does not
+    # exist" of a run the journal holds. Its run is named now, with the --home of the journal that holds it
+    home, other = tmp_path / "home", tmp_path / "other"
+    (run_id,) = _runs(home, 1)
+    (home / "runs" / run_id).mkdir(parents=True, exist_ok=True)
+    Journal(other).add_note("a journal that does not hold the run")
+    folder = home / "runs" / run_id
+    for verb, given in (("show", f"{folder}/"), ("verify", folder / "config.yaml"), ("archive", folder)):
+        r = cli(verb, given, "--home", home, *(["--out", tmp_path / "a.tar.gz"] if verb == "archive" else []))
+        assert r.code == 2 and f"{given} is a path, not a run id: the folder of run {run_id}" in r.err, r.err
+        assert f"fix: pass the run's id ({run_id})" in r.err
+    r = cli("note", "x", "--run", folder, "--home", other)
+    assert r.code == 2 and f"the folder of run {run_id} in the journal at {home}" in r.err, r.err
+    assert f"fix: pass the run's id with that journal's home: {run_id} --home {home}" in r.err
+    monkeypatch.chdir(home / "runs")
+    r = cli("show", f"{run_id}/", "--home", home)
+    assert r.code == 2 and f"{run_id}/ is a path, not a run id" in r.err, r.err
+    assert cli("show", run_id, "--home", home).code == 0  # the id itself, as before
+    r = cli("show", "x/y", "--home", home)  # a path that names no run: as any id that does not exist
+    assert r.code == 2 and "run x/y does not exist" in r.err, r.err
+
+
 def test_runs_never_cuts_an_id_at_any_width(tmp_path):
     from pilotrun.report.terminal import render_runs
 

@@ -417,6 +417,26 @@ def _archive_of(path: str) -> str | None:
     return first.name.split("/")[0] if first is not None and "/" in first.name else None
 
 
+def _folder_of(journal: Journal, given: str, where: str) -> BadInput | None:
+    """A path named where a run id belongs, as a shell completes it (``.pilotrun/runs/RUN_ID/``, a file in it, or
+    ``RUN_ID/`` in runs/), said as the folder of its run: this journal's, or another home's (its journal.sqlite
+    above runs/). None when no part of the path names a run so."""
+    if "/" not in given and os.sep not in given:
+        return None
+    parts = Path(given).parts
+    for i, part in enumerate(parts):
+        if journal.get_run(part) is not None:
+            return BadInput(f"{given} is a path, not a run id: the folder of run {part}" + (
+                "" if i == len(parts) - 1 else " (a file in it)"), where=where, fix=f"pass the run's id ({part})")
+    full = Path(os.path.abspath(given)).parts
+    for i in range(2, len(full)):
+        home = Path(*full[:i - 1])
+        if full[i - 1] == "runs" and (home / "journal.sqlite").is_file() and home != journal.home.absolute():
+            return BadInput(f"{given} is a path, not a run id: the folder of run {full[i]} in the journal at {home}",
+                            where=where, fix=f"pass the run's id with that journal's home: {full[i]} --home {home}")
+    return None
+
+
 def _resolve_prefix(journal: Journal, table: str, col: str, prefix: str, *, where: str, what: str,
                     extra: str) -> str:
     prefix = (prefix or "").strip()
@@ -437,6 +457,9 @@ def _resolve_prefix(journal: Journal, table: str, col: str, prefix: str, *, wher
                            fix=f"pass the run's id ({packed}), which this journal holds" if held
                            else "extract it (tar -xzf) and check its files against its manifest.json (each file's "
                                 "sha256; its README.md says how the run was made); a run is named here by its id")
+        folder = _folder_of(journal, prefix, where) if what == "run" else None
+        if folder is not None:
+            raise folder
         raise BadInput(f"{what} {prefix} does not exist in {journal.path} (no {what} id starts with it)", where=where,
                        fix="list them with `pilotrun runs` (and pass the same --home)")
     if len(rows) > 1:
