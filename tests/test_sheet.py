@@ -197,7 +197,12 @@ def test_bad_target_env_and_bad_gpu_are_bad_input(tmp_path, cli):
     res = cli("sheet", path, "--home", home, "--target-env", bad)
     assert res.code == 2 and "not a `pilotrun env --json` output: missing cuda" in res.err
     res = cli("sheet", path, "--home", home, "--gpu", "v100")
-    assert res.code == 2 and "no GPU 'v100' in the built-in catalogue" in res.err
+    assert res.code == 2 and "no GPU 'v100' in the built-in catalogue" in res.err and "did you mean" not in res.err
+    # a key in other case or a device's name: the keys it may mean, first in the fix
+    for given, meant in (("H100", "h100-pcie or h100-sxm"), ("NVIDIA A100-SXM4-40GB", "a100-40gb"),
+                         ("rtx 4090", "rtx4090")):
+        res = cli("sheet", path, "--home", home, "--gpu", given)
+        assert res.code == 2 and f"fix: did you mean {meant}? choose one of: t4, " in res.err, res.err
     # a target env edited by hand: "80GB" was a TypeError (exit 3), -1 failed every phase, a list name exit 3
     good = json.loads(target_env(tmp_path, "NVIDIA H100 80GB HBM3", "9.0", 80, True).read_text())
     for key, value, said in (("memory_bytes", "80GB", "devices[0].memory_bytes is '80GB', not a positive number"),

@@ -118,9 +118,20 @@ BY_KEY = {g.key: g for g in CATALOGUE}
 def get_gpu(key: str) -> GPU:
     gpu = BY_KEY.get(key.lower())
     if gpu is None:
+        near = _near(key)
         raise BadInput(f"no GPU {key!r} in the built-in catalogue", where="--gpu",
-                       fix=f"choose one of: {', '.join(BY_KEY)}")
+                       fix=(f"did you mean {' or '.join(near)}? " if near else "")
+                       + f"choose one of: {', '.join(BY_KEY)}")
     return gpu
+
+
+def _near(given: str) -> list[str]:
+    """The catalogue keys a --gpu that is none of them names: a key's beginning in other case or spacing ("H100" →
+    h100-pcie, h100-sxm), else a device name as torch or nvidia-smi says it ("NVIDIA H100 80GB HBM3" → h100-sxm)."""
+    flat = "".join(c for c in given.lower() if c.isalnum())
+    begun = [k for k in BY_KEY if flat and "".join(c for c in k if c.isalnum()).startswith(flat)]
+    matched = match_gpu(given)
+    return begun or ([matched.key] if matched is not None else [])
 
 
 def match_gpu(device_name: str | None, memory_bytes: int | None = None) -> GPU | None:
