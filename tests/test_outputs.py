@@ -170,3 +170,15 @@ def test_split_ratios_and_seed_as_written(cli, demo_campaign, tmp_path):
         assert r.code == 2 and f"Invalid value for '--seed': {seed} is not in the range 0<=x<=4294967295" in r.err
     assert not (tmp_path / "s").exists()
     assert cli("split", data, "--out", tmp_path / "s", "--seed", str(2**32 - 1), "--ratios", "0.5,0.5").code == 0
+
+
+def test_all_refuses_a_sheet_of_the_users_in_its_home_before_any_stage(cli, demo_campaign, tmp_path):
+    # `all --home .` in a folder holding the user's own sheet.md: the sheet stage replaced it after every other
+    # stage had run. Now exit 2 before the first stage: nothing is run or written
+    home = tmp_path / "project"
+    home.mkdir()
+    (home / "sheet.md").write_text("# my notes on GPUs\n")
+    r = cli("all", demo_campaign, "--home", home)
+    assert r.code == 2 and f"{home / 'sheet.md'}: holds a file that is no selection sheet of pilotrun's" in r.err, r.err
+    assert "pass another --home (`all` writes its sheet and launch files there)" in r.err
+    assert sorted(p.name for p in home.iterdir()) == ["sheet.md"] and "overfit" not in r.err

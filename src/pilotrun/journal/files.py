@@ -293,12 +293,13 @@ def write_output(path: str | Path, data: str | bytes, key: str) -> None:
 HEAD_BYTES = 64 * 1024  # what ``refuse_replacing`` reads of a file to tell whether pilotrun wrote it
 
 
-def refuse_replacing(path: str | Path, key: str, ours: Callable[[bytes], bool], what: str) -> None:
+def refuse_replacing(path: str | Path, key: str, ours: Callable[[bytes], bool], what: str,
+                     fix: str | None = None) -> None:
     """Exit 2, before anything is written, where ``path`` holds a file that pilotrun did not write: ``ours`` tells
     pilotrun's own ``what`` (a selection sheet, a report, an archive) by its first ``HEAD_BYTES``. An output replaces
     a former output of its kind, never the campaign it read, a data file or the user's own script of the same name.
     An empty file, a stream (``/dev/stdout``) or nothing there is no file to lose; a folder is refused where
-    written."""
+    written. ``fix``: what to do instead where the path is not one an option names (`all`'s home/sheet.md)."""
     given = Path(path).expanduser()
     try:
         st = os.stat(given)
@@ -317,8 +318,8 @@ def refuse_replacing(path: str | Path, key: str, ours: Callable[[bytes], bool], 
         begins = "binary data"
     raise BadInput(f"holds a file that is no {what} of pilotrun's ({begins}); writing the {what} would replace it",
                    where=str(path),
-                   fix=f"name a new file for {key}, or move {path} away first (pilotrun replaces only a {what} it "
-                       "wrote)")
+                   fix=fix or f"name a new file for {key}, or move {path} away first (pilotrun replaces only a "
+                                  f"{what} it wrote)")
 
 
 def refuse_stream(path: str | Path, key: str, why: str) -> None:

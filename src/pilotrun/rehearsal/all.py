@@ -186,7 +186,12 @@ def run_all(loaded, home, on_result=None, budgets: Budgets | None = None) -> lis
     """Run every stage; ``on_result`` sees each result as soon as its stage ends (the CLI renders it)."""
     from pilotrun.sheet.ship import wheel_beside
 
+    from pilotrun.rehearsal.rental.sheet import refuse_sheet_over
+
     budgets = budgets or Budgets()
+    sheet = _sheet_out(home)  # checked before the stages' minutes, not at the sheet after them
+    refuse_sheet_over(sheet, loaded, fix=f"move it away from {sheet.parent}, or pass another --home (`all` writes its "
+                                         "sheet and launch files there)")
     results = []
     said = _imported(loaded)
     if said is not None:

@@ -321,11 +321,11 @@ def launch_files(out: Path) -> list[Path]:
     return [Path(f"{stem}{suffix}") for suffix in LAUNCH_HEADS]
 
 
-def refuse_launch_over(out: Path) -> None:
+def refuse_launch_over(out: Path, fix: str | None = None) -> None:
     """Exit 2 where a launch file's path beside ``out`` holds a file of the user's (their own ``train.sbatch`` beside
     ``--out train.md``), before anything is written."""
     for path, head in zip(launch_files(out), LAUNCH_HEADS.values()):
-        refuse_replacing(path, "--out", lambda first, head=head: first.startswith(head), "launch file")
+        refuse_replacing(path, "--out", lambda first, head=head: first.startswith(head), "launch file", fix)
 
 
 def write_launch(s: dict, loaded, out: Path, launch: dict) -> list[Path]:

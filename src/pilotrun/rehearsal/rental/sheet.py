@@ -38,6 +38,14 @@ def _a_sheet(first: bytes) -> bool:
     return first.startswith(title) or first.startswith(PREFACE.encode()) and b"\n" + title in first
 
 
+def refuse_sheet_over(out: str | Path, loaded, beside: bool = True, fix: str | None = None) -> None:
+    """Exit 2 where the sheet at ``out`` or a launch file beside it (``beside``: ``out`` is a file in a folder) would
+    replace a file of the user's: the campaign itself, a data file, their own train.sbatch (``refuse_replacing``)."""
+    refuse_replacing(out, "--out", _a_sheet, "selection sheet", fix)
+    if beside and loaded.source is not None:
+        refuse_launch_over(Path(out), fix)
+
+
 def sheet_stage(loaded, home, *, target_env_path: str | None = None, gpu: str | None = None,
                 out: str | None = None, rates_path: str | None = None, sets: tuple[str, ...] = (),
                 options: bool = True, say_imported: bool = True) -> StageResult:
@@ -60,10 +68,8 @@ def _sheet_stage(loaded, home, *, target_env_path: str | None = None, gpu: str |
     """``preface``: Markdown put before the sheet's own (the settings not reproduced). The launch files and the
     wheel go beside ``out`` when it is a file; a device or a pipe (``--out /dev/stdout``) gets the Markdown only."""
     beside = bool(out) and output_kind(out) == "file"
-    if out:  # a file of the user's there (the campaign itself, a data file, their own train.sbatch) is not replaced
-        refuse_replacing(out, "--out", _a_sheet, "selection sheet")
-        if beside and loaded.source is not None:
-            refuse_launch_over(Path(out))
+    if out:
+        refuse_sheet_over(out, loaded, beside)
     target_env = read_target_env(target_env_path) if target_env_path else None
     if gpu:
         get_gpu(gpu)  # a bad --gpu is a bad input before anything else
