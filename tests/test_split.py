@@ -218,3 +218,18 @@ def test_split_replaces_only_what_an_earlier_split_wrote(tmp_path, cli):
     (out / "split.json").write_text(json.dumps(ledger))
     r = cli("split", whole, "--out", out)
     assert r.code == 2 and f"{out / 'train.jsonl'}: split did not write this file" in r.err, r.err
+
+
+def test_a_split_folder_or_its_ledger_named_as_data_names_the_file_to_use(tmp_path, cli):
+    # data.train: the folder split wrote was "a folder holding 4 data files" (its split.json counted as one), and
+    # data.validation: its split.json "must hold a list of objects"; each now names the split's file for the key
+    out = tmp_path / "s"
+    assert cli("split", write_jsonl(tmp_path / "all.jsonl", _records()), "--out", out).code == 0
+    campaign = _campaign(tmp_path, out)
+    r = cli("validate", campaign, "--set", f"data.train={out}")
+    assert r.code == 2 and "is a folder that split wrote (train.jsonl, validation.jsonl, test.jsonl)" in r.err, r.err
+    assert f"fix: set data.train to {out / 'train.jsonl'}" in r.err
+    r = cli("validate", campaign, "--set", f"data.validation={out / 'split.json'}")
+    assert r.code == 2 and "is the split.json that split writes beside its files" in r.err, r.err
+    assert f"fix: set data.validation to {out / 'validation.jsonl'}" in r.err
+    assert cli("validate", campaign).code == 0  # the split's own files (the clean case)

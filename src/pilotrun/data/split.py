@@ -20,7 +20,7 @@ from pilotrun.data.leakage import period_keys
 from pilotrun.errors import EXPONENT_FIX, BadInput, beyond_a_float
 from pilotrun.journal.files import atomic_write_text
 from pilotrun.provenance import file_sha256
-from pilotrun.records.readers import read_records
+from pilotrun.records.readers import SPLIT_LEDGER, SPLIT_WRITTEN_BY, read_records
 from pilotrun.records.values import json_value, no_unit, unit_key
 from pilotrun.verdicts import StageResult
 
@@ -119,8 +119,7 @@ def split_records(records, by: str | None, ratios, seed: int = 0, keys: list | N
     return out, spanning
 
 
-LEDGER = "split.json"  # in --out: what split wrote there (sha256 of each file) and how: all a later split replaces
-WRITTEN_BY = "pilotrun split"
+LEDGER, WRITTEN_BY = SPLIT_LEDGER, SPLIT_WRITTEN_BY  # in --out: what split wrote there (each file's sha256) and how
 
 
 def _ledger(out: Path) -> dict[str, set[str]]:

@@ -20,6 +20,8 @@ from pilotrun.journal.files import special_file
 
 FORMATS = (".jsonl", ".json", ".csv", ".parquet", ".arrow")
 """``.arrow``: an Arrow IPC file, stream or file format (what ``datasets``' ``save_to_disk`` writes as its shards)."""
+SPLIT_LEDGER, SPLIT_WRITTEN_BY = "split.json", "pilotrun split"
+"""What ``pilotrun split`` writes beside its files (data/split.py): how they were made and each one's sha256."""
 SAVE_TO_DISK_FILES = ("state.json", "dataset_info.json", "dataset_dict.json")
 """What ``datasets``' ``save_to_disk`` writes beside its .arrow shards: JSON, but no records."""
 TABLES = (".parquet", ".arrow")
@@ -124,7 +126,7 @@ def read_records(path: str | Path, key: str | None = None) -> list[Record]:
         if suffix == ".jsonl":
             records = _read_jsonl(text, path)
         elif suffix == ".json":
-            records = _read_json(text, path)
+            records = _read_json(text, path, key)
         else:
             records = _read_csv(text, path)
     if not records:
@@ -132,11 +134,28 @@ def read_records(path: str | Path, key: str | None = None) -> list[Record]:
     return records
 
 
+def _split_fix(folder: Path, key: str | None) -> str:
+    """Which of a split's files to name: the one of the key's split (data.validation → validation.jsonl)."""
+    part = {"data.validation": "validation", "data.test": "test"}.get(key or "", "train")
+    return (f"set {key or 'the key'} to {folder / f'{part}.jsonl'} (and data.validation, data.test to that folder's "
+            "validation.jsonl, test.jsonl)")
+
+
 def _a_folder(path: Path, key: str | None) -> BadInput:
     """A folder named where a data file belongs, with the file to name instead where the folder says it: one that
     ``datasets``' ``save_to_disk`` wrote (its state.json lists its .arrow shards), a DatasetDict (its splits'
     folders), or a folder holding one data file."""
     set_key = f"set {key or 'the key'} to"
+    if (path / SPLIT_LEDGER).is_file():
+        try:
+            ledger = jsonsafe.loads((path / SPLIT_LEDGER).read_bytes())
+        except (OSError, ValueError):
+            ledger = None
+        files = ledger.get("files") if isinstance(ledger, dict) and ledger.get("written_by") == SPLIT_WRITTEN_BY \
+            else None
+        if isinstance(files, dict) and files:
+            return BadInput(f"is a folder that split wrote ({', '.join(map(str, files))}), not a data file",
+                            where=str(path), fix=_split_fix(path, key))
     try:
         state = jsonsafe.loads((path / "state.json").read_bytes()) if (path / "state.json").is_file() else None
         splits = (jsonsafe.loads((path / "dataset_dict.json").read_bytes()).get("splits")
@@ -229,7 +248,7 @@ def _read_jsonl(text: str, path: Path) -> list[Record]:
     return out
 
 
-def _read_json(text: str, path: Path) -> list[Record]:
+def _read_json(text: str, path: Path, key: str | None = None) -> list[Record]:
     try:
         obj = jsonsafe.loads(text, object_pairs_hook=jsonsafe.object_once)
     except jsonsafe.LoneSurrogate as e:
@@ -241,6 +260,9 @@ def _read_json(text: str, path: Path) -> list[Record]:
                        if lines else "the file must hold a JSON list of objects") from None
     except jsonsafe.KeyTwice as e:
         raise key_twice(e, str(path)) from None
+    if isinstance(obj, dict) and obj.get("written_by") == SPLIT_WRITTEN_BY:
+        raise BadInput(f"is the {SPLIT_LEDGER} that split writes beside its files (how they were made), not data",
+                       where=str(path), fix=_split_fix(path.parent, key))
     if isinstance(obj, dict):
         obj = _records_of_object(obj, path)
     if not isinstance(obj, list):
