@@ -12,7 +12,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import re
 import shutil
 import tarfile
 import time
@@ -25,10 +24,10 @@ from pilotrun.journal.checkpoints import reference, resolve
 from pilotrun.journal.files import (MANIFEST, output_file, output_kind, refuse_replacing, remove_stale_temps,
                                     verify_manifest, writing)
 from pilotrun.journal.runs import missing_run_folder, still_alive, write_run_readme
+from pilotrun.journal.store import RUN_ID
 from pilotrun.sizes import fmt_bytes
 
 
-RUN_ID = re.compile(r"\d{8}-\d{6}-[0-9a-f]{6}$")  # how a run's id ends (journal.store.new_run_id; a prefix may lead)
 NAME_MAX = 255  # bytes of one name in a path (ext4, xfs, btrfs, tmpfs)
 
 
@@ -38,17 +37,23 @@ def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
     tar.addfile(info, io.BytesIO(data))
 
 
+def packed_run(f) -> str | None:
+    """The folder an archive's first member lies in (``pack`` writes ``RUN_ID/...``), read from the file object
+    ``f`` (any compression tarfile reads; only the first header), or None when it is no tar or that member lies in
+    no folder."""
+    try:
+        with tarfile.open(fileobj=f, mode="r|*") as tar:
+            first = tar.next()
+    except (OSError, tarfile.TarError, ValueError, EOFError, zlib.error):
+        return None
+    return first.name.split("/")[0] if first is not None and "/" in first.name else None
+
+
 def _an_archive(first: bytes) -> bool:
     """Whether a file beginning with ``first`` is an archive ``pack`` wrote: gzip, whose first member lies in a run's
     folder (``RUN_ID/``)."""
-    try:
-        data = zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(first, 2**16)
-        with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
-            member = tar.next()
-    except (zlib.error, tarfile.TarError, EOFError, OSError):
-        return False
-    top = PurePosixPath(member.name).parts[0] if member is not None and member.name else ""
-    return RUN_ID.search(top) is not None and member.name != top
+    run = packed_run(io.BytesIO(first)) if first.startswith(b"\x1f\x8b") else None
+    return run is not None and RUN_ID.search(run) is not None
 
 
 def pack(journal, run_id: str, out: str | Path) -> dict:

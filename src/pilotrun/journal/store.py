@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import socket
 import sqlite3
@@ -41,6 +42,10 @@ FINAL = ("completed", "diverged", "stopped", "failed", "interrupted")
 
 def now() -> str:
     return iso(wall_time())
+
+
+RUN_ID = re.compile(r"\d{8}-\d{6}-[0-9a-f]{6}$")
+"""How an id ``new_run_id`` draws ends (a prefix may lead): what tells a run's folder in a file of another journal."""
 
 
 def new_run_id(prefix: str = "") -> str:
@@ -405,16 +410,15 @@ class Journal:
 def _archive_of(path: str) -> str | None:
     """The run a file named where a run id belongs packs (``pilotrun archive``'s first member is RUN_ID/...), or None
     when it is no such archive. Only the first header is read."""
-    import tarfile
+    from pilotrun.journal.archive import packed_run
 
     try:
         if not Path(path).is_file():
             return None
-        with tarfile.open(path, "r|*") as tar:
-            first = tar.next()
-    except (OSError, tarfile.TarError, ValueError, EOFError):
+        with open(path, "rb") as f:
+            return packed_run(f)
+    except (OSError, ValueError):
         return None
-    return first.name.split("/")[0] if first is not None and "/" in first.name else None
 
 
 def _folder_of(journal: Journal, given: str, where: str) -> BadInput | None:
