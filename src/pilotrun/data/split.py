@@ -20,7 +20,8 @@ from pilotrun.data.leakage import period_keys
 from pilotrun.errors import EXPONENT_FIX, BadInput, beyond_a_float
 from pilotrun.journal.files import atomic_write_text
 from pilotrun.provenance import file_sha256
-from pilotrun.records.readers import SPLIT_LEDGER, SPLIT_WRITTEN_BY, read_records
+from pilotrun.records.readers import SPLIT_LEDGER as LEDGER, SPLIT_WRITTEN_BY as WRITTEN_BY
+from pilotrun.records.readers import a_split_ledger, read_records
 from pilotrun.records.values import json_value, no_unit, unit_key
 from pilotrun.verdicts import StageResult
 
@@ -119,9 +120,6 @@ def split_records(records, by: str | None, ratios, seed: int = 0, keys: list | N
     return out, spanning
 
 
-LEDGER, WRITTEN_BY = SPLIT_LEDGER, SPLIT_WRITTEN_BY  # in --out: what split wrote there (each file's sha256) and how
-
-
 def _ledger(out: Path) -> dict[str, set[str]]:
     """File name → the sha256s an earlier split wrote under it in ``out`` (its ``split.json``; ``pending``: the files
     of a split cut short between its ledger and its last file). A split.json that split did not write is exit 2."""
@@ -132,7 +130,7 @@ def _ledger(out: Path) -> dict[str, set[str]]:
         doc = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         doc = None
-    if not isinstance(doc, dict) or doc.get("written_by") != WRITTEN_BY:
+    if not a_split_ledger(doc):
         raise BadInput(f"holds a {LEDGER} that split did not write; split records in it what it writes there",
                        where=str(path), fix=f"give --out another folder, or move {path} away first")
     known: dict[str, set[str]] = {}

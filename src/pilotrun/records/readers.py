@@ -22,6 +22,13 @@ FORMATS = (".jsonl", ".json", ".csv", ".parquet", ".arrow")
 """``.arrow``: an Arrow IPC file, stream or file format (what ``datasets``' ``save_to_disk`` writes as its shards)."""
 SPLIT_LEDGER, SPLIT_WRITTEN_BY = "split.json", "pilotrun split"
 """What ``pilotrun split`` writes beside its files (data/split.py): how they were made and each one's sha256."""
+
+
+def a_split_ledger(doc) -> bool:
+    """Whether a JSON document is the ledger ``pilotrun split`` writes (``written_by``)."""
+    return isinstance(doc, dict) and doc.get("written_by") == SPLIT_WRITTEN_BY
+
+
 SAVE_TO_DISK_FILES = ("state.json", "dataset_info.json", "dataset_dict.json")
 """What ``datasets``' ``save_to_disk`` writes beside its .arrow shards: JSON, but no records."""
 TABLES = (".parquet", ".arrow")
@@ -151,8 +158,7 @@ def _a_folder(path: Path, key: str | None) -> BadInput:
             ledger = jsonsafe.loads((path / SPLIT_LEDGER).read_bytes())
         except (OSError, ValueError):
             ledger = None
-        files = ledger.get("files") if isinstance(ledger, dict) and ledger.get("written_by") == SPLIT_WRITTEN_BY \
-            else None
+        files = ledger.get("files") if a_split_ledger(ledger) else None
         if isinstance(files, dict) and files:
             return BadInput(f"is a folder that split wrote ({', '.join(map(str, files))}), not a data file",
                             where=str(path), fix=_split_fix(path, key))
@@ -260,7 +266,7 @@ def _read_json(text: str, path: Path, key: str | None = None) -> list[Record]:
                        if lines else "the file must hold a JSON list of objects") from None
     except jsonsafe.KeyTwice as e:
         raise key_twice(e, str(path)) from None
-    if isinstance(obj, dict) and obj.get("written_by") == SPLIT_WRITTEN_BY:
+    if a_split_ledger(obj):
         raise BadInput(f"is the {SPLIT_LEDGER} that split writes beside its files (how they were made), not data",
                        where=str(path), fix=_split_fix(path.parent, key))
     if isinstance(obj, dict):

@@ -184,9 +184,8 @@ def _sheet_libraries() -> None:
 
 def run_all(loaded, home, on_result=None, budgets: Budgets | None = None) -> list:
     """Run every stage; ``on_result`` sees each result as soon as its stage ends (the CLI renders it)."""
-    from pilotrun.sheet.ship import wheel_beside
-
     from pilotrun.rehearsal.rental.sheet import refuse_sheet_over
+    from pilotrun.sheet.ship import wheel_beside
 
     budgets = budgets or Budgets()
     sheet = _sheet_out(home)  # checked before the stages' minutes, not at the sheet after them

@@ -346,7 +346,7 @@ def build_report(journal, sections: list[Section] | None = None) -> str:
         short = title if len(title) <= 40 else title.partition(":")[0]  # with its counts, one line of an 80-column log
         head(f"section {i + 1}/{len(sections)}: {short}")
         body.append(f'<section id="s{i}"><h2>{esc(title)}</h2>{fn(journal)}</section>')
-    return (f"{REPORT_HEAD}<style>{CSS}</style></head><body>{''.join(body)}</body></html>\n")
+    return f"{REPORT_HEAD}<style>{CSS}</style></head><body>{''.join(body)}</body></html>\n"
 
 
 def write_report(journal, out: str | Path, sections: list[Section] | None = None) -> Path:

@@ -315,16 +315,17 @@ LAUNCH_HEADS = {".commands.sh": b"#!/usr/bin/env bash\n# The sweep of campaign "
                 ".sbatch": b"#!/bin/bash\n#SBATCH --job-name=pilotrun-"}
 
 
-def launch_files(out: Path) -> list[Path]:
-    """The launch files' paths beside the sheet ``out`` (``sheet.md`` → ``sheet.commands.sh`` ...)."""
+def launch_files(out: Path) -> dict[str, Path]:
+    """Each launch file's suffix → its path beside the sheet ``out`` (``sheet.md`` → ``sheet.commands.sh`` ...)."""
     stem = Path(out).with_suffix("")
-    return [Path(f"{stem}{suffix}") for suffix in LAUNCH_HEADS]
+    return {suffix: Path(f"{stem}{suffix}") for suffix in LAUNCH_HEADS}
 
 
 def refuse_launch_over(out: Path, fix: str | None = None) -> None:
     """Exit 2 where a launch file's path beside ``out`` holds a file of the user's (their own ``train.sbatch`` beside
     ``--out train.md``), before anything is written."""
-    for path, head in zip(launch_files(out), LAUNCH_HEADS.values()):
+    for suffix, path in launch_files(out).items():
+        head = LAUNCH_HEADS[suffix]
         refuse_replacing(path, "--out", lambda first, head=head: first.startswith(head), "launch file", fix)
 
 
@@ -346,8 +347,8 @@ def write_launch(s: dict, loaded, out: Path, launch: dict) -> list[Path]:
 
     Dumper.add_representer(str, text_block)
     sky = sky_header(s, launch) + yaml.dump(sky_task(s, launch, wheel), Dumper=Dumper, sort_keys=False, width=100)
-    texts = [commands_script(s, launch), sky, sbatch_script(s, launch, wheel)]
-    files = dict(zip(paths, texts))
+    texts = {".commands.sh": commands_script(s, launch), ".sky.yaml": sky, ".sbatch": sbatch_script(s, launch, wheel)}
+    files = {path: texts[suffix] for suffix, path in paths.items()}
     for path, text in files.items():
         atomic_write_text(path, text)
     return list(files) + ([wheel] if wheel is not None else [])

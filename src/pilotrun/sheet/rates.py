@@ -39,6 +39,11 @@ def _lines(node) -> dict[str, int]:
     return {str(k.value): k.start_mark.line + 1 for k, _ in node.value}
 
 
+def _gpu_named(name):
+    """The catalogue GPU a rates file's key names: a catalogue key, or the GPU's name (H100 → h100-sxm)."""
+    return BY_KEY.get(str(name).lower()) or match_gpu(str(name))
+
+
 def _number(v) -> float | None:
     """A finite number as written: YAML's int or float, or a string YAML 1.1 leaves unread (``1e-9``, ``2E3``: an
     exponent without a dot); None for anything else (a bool, ``2 USD``, .nan, .inf)."""
@@ -102,7 +107,7 @@ def read_rates(path: str | Path) -> dict:
            "gpus": {}}
     named: dict[str, str] = {}  # catalogue key -> the name the file priced it under
     priced = [k for k in doc if k != "interconnect"]
-    if priced and not any(BY_KEY.get(str(k).lower()) or match_gpu(str(k)) for k in priced):
+    if priced and not any(map(_gpu_named, priced)):
         campaign = len({"name", "task", "model", "data", "train", "plan", "hardware"} & set(doc)) >= 2
         raise BadInput(f"none of its keys names a GPU ({', '.join(map(str, priced[:4]))}"
                        f"{' …' if len(priced) > 4 else ''})" + (": it is a campaign file, not a rates file"
@@ -112,7 +117,7 @@ def read_rates(path: str | Path) -> dict:
         out["interconnect"] = _interconnect(doc.pop("interconnect"), f"{p}:{lines.get('interconnect', '?')}")
     for name, value in doc.items():
         where = f"{p}:{lines.get(str(name), '?')}: {name}"
-        gpu = BY_KEY.get(str(name).lower()) or match_gpu(str(name))
+        gpu = _gpu_named(name)
         if gpu is None:
             raise BadInput(f"no GPU {name!r} in the built-in catalogue", where=where,
                            fix=f"use a catalogue key: {', '.join(BY_KEY)}")
