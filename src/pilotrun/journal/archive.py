@@ -24,7 +24,7 @@ from pilotrun.journal.checkpoints import reference, resolve
 from pilotrun.journal.files import (MANIFEST, output_file, output_kind, refuse_replacing, remove_stale_temps,
                                     verify_manifest, writing)
 from pilotrun.journal.runs import missing_run_folder, still_alive, write_run_readme
-from pilotrun.journal.store import RUN_ID
+from pilotrun.journal.store import RUN_ID, packed_run
 from pilotrun.sizes import fmt_bytes
 
 
@@ -35,18 +35,6 @@ def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
     info = tarfile.TarInfo(name)
     info.size, info.mtime, info.mode = len(data), int(time.time()), 0o644
     tar.addfile(info, io.BytesIO(data))
-
-
-def packed_run(f) -> str | None:
-    """The folder an archive's first member lies in (``pack`` writes ``RUN_ID/...``), read from the file object
-    ``f`` (any compression tarfile reads; only the first header), or None when it is no tar or that member lies in
-    no folder."""
-    try:
-        with tarfile.open(fileobj=f, mode="r|*") as tar:
-            first = tar.next()
-    except (OSError, tarfile.TarError, ValueError, EOFError, zlib.error):
-        return None
-    return first.name.split("/")[0] if first is not None and "/" in first.name else None
 
 
 def _an_archive(first: bytes) -> bool:

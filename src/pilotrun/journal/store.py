@@ -407,11 +407,24 @@ class Journal:
         return self.get_sweep(row["sweep_id"]) if row else None
 
 
+def packed_run(f) -> str | None:
+    """The folder an archive's first member lies in (``pilotrun archive`` writes ``RUN_ID/...``), read from the file
+    object ``f`` (any compression tarfile reads; only the first header), or None when it is no tar or that member lies
+    in no folder."""
+    import tarfile
+    import zlib
+
+    try:
+        with tarfile.open(fileobj=f, mode="r|*") as tar:
+            first = tar.next()
+    except (OSError, tarfile.TarError, ValueError, EOFError, zlib.error):
+        return None
+    return first.name.split("/")[0] if first is not None and "/" in first.name else None
+
+
 def _archive_of(path: str) -> str | None:
     """The run a file named where a run id belongs packs (``pilotrun archive``'s first member is RUN_ID/...), or None
     when it is no such archive. Only the first header is read."""
-    from pilotrun.journal.archive import packed_run
-
     try:
         if not Path(path).is_file():
             return None
